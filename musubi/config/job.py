@@ -1,0 +1,184 @@
+"""Pydantic models of a training job: what `musubi train JOB.yaml` reads.
+
+Every field carries a description (it is the documentation of the YAML, shown
+by `musubi schema`). This module must not import torch: configs are validated
+on the launcher side before any worker process is started.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+#: Job and run names become directory names: a safe alphabet, no path tricks.
+SAFE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+ScalarArg = Annotated[str | int | float | bool | None, Field()]
+
+
+class StrictModel(BaseModel):
+    """Base: unknown keys are refused (with a suggestion), types are strict."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+def check_safe_name(value: str) -> str:
+    """Refuse names that could escape a run directory or break a shell."""
+    if not SAFE_NAME_RE.fullmatch(value) or value in {".", ".."} or ".." in value:
+        raise ValueError(
+            "must be 1-64 characters of letters, digits, '.', '_' or '-', starting with a letter or digit"
+        )
+    return value
+
+
+class SyntheticSpec(StrictModel):
+    """Generated data, deterministic from `seed` and the sample index (no files needed)."""
+
+    train_size: int = Field(512, ge=1, le=50_000_000, description="Number of training samples.")
+    val_size: int = Field(64, ge=0, le=10_000_000, description="Number of validation samples (0: no validation).")
+    image_size: int = Field(
+        224, ge=16, le=8192, description="Image side in pixels (classification, detection)."
+    )
+    num_classes: int = Field(10, ge=1, le=100_000, description="Classes (classification, detection).")
+    objects: int = Field(4, ge=1, le=512, description="Detection: objects per image.")
+    min_object: int = Field(8, ge=2, description="Detection: smallest object side in pixels.")
+    max_object: int = Field(48, ge=2, description="Detection: largest object side in pixels.")
+    seq_len: int = Field(128, ge=2, le=1_048_576, description="LM: tokens per sample.")
+    vocab: int = Field(256, ge=2, le=1_000_000, description="LM: vocabulary size.")
+    on_device: bool = Field(
+        False,
+        description="Generate a pool of batches once, directly on the rank's device, and cycle it "
+        "(no data loader): for benchmarks that must measure the step, not the input pipeline.",
+    )
+    seed: int = Field(0, ge=0, description="Seed of the generator; the same seed gives the same data.")
+
+    @model_validator(mode="after")
+    def _object_range(self) -> SyntheticSpec:
+        if self.min_object > self.max_object:
+            raise ValueError("min_object must be <= max_object")
+        if self.max_object >= self.image_size:
+            raise ValueError("max_object must be smaller than image_size")
+        return self
+
+
+class DataSplit(StrictModel):
+    """One split on disk: an image folder, a COCO image folder + annotation file, or a text file."""
+
+    path: str = Field(description="Image-folder root, COCO image directory, or (lm) a UTF-8 text file.")
+    annotations: str | None = Field(None, description="Detection: COCO annotation JSON for this split.")
+
+
+class DataSpec(StrictModel):
+    """Where samples come from: `synthetic:` or `train:` (+ optional `val:`) on disk."""
+
+    synthetic: SyntheticSpec | None = Field(None, description="Generated data (no files).")
+    train: DataSplit | None = Field(None, description="Training split on disk.")
+    val: DataSplit | None = Field(None, description="Validation split on disk.")
+    image_size: int | None = Field(
+        None, ge=16, le=8192, description="Resize on-disk images to this side (classification, detection)."
+    )
+    seq_len: int = Field(128, ge=2, le=1_048_576, description="LM text files: tokens per sample.")
+    workers: int = Field(2, ge=0, le=64, description="Data-loader worker processes per rank.")
+    pin_memory: bool = Field(True, description="Pin host batches for faster copies to the GPU.")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> DataSpec:
+        if self.synthetic is None and self.train is None:
+            raise ValueError("give either data.synthetic or data.train")
+        if self.synthetic is not None and (self.train is not None or self.val is not None):
+            raise ValueError("data.synthetic and data.train/val are exclusive: choose one source")
+        return self
+
+
+class TrainSpec(StrictModel):
+    """The optimisation: batch, LR rule, precision, strategy and loop lengths."""
+
+    epochs: int = Field(1, ge=1, le=100_000, description="Passes over the training set.")
+    max_steps: int | None = Field(
+        None, ge=1, description="Stop after this many optimizer steps (across epochs), if given."
+    )
+    batch: int = Field(16, ge=1, le=1_000_000, description="Per-rank micro-batch (samples per forward).")
+    global_batch: int | None = Field(
+        None,
+        ge=1,
+        description="If set, the per-rank batch is derived: global_batch / (world x accumulation), "
+        "which must divide exactly.",
+    )
+    accumulation: int = Field(1, ge=1, le=4096, description="Micro-batches per optimizer step.")
+    optimizer: Literal["sgd", "adamw"] = Field("sgd", description="Optimizer.")
+    lr: float = Field(0.01, gt=0, le=10, description="Learning rate at `base_batch` global samples.")
+    base_batch: int = Field(
+        64, ge=1, description="The global batch `lr` was tuned for; the LR rule scales from it."
+    )
+    lr_rule: Literal["linear", "sqrt", "none"] = Field(
+        "linear", description="How the LR follows the global batch: lr x (G/base)^1, ^0.5 or unchanged."
+    )
+    warmup_steps: int = Field(0, ge=0, description="Linear LR warmup, in optimizer steps.")
+    schedule: Literal["cosine", "constant"] = Field("cosine", description="LR after warmup.")
+    momentum: float = Field(0.9, ge=0, lt=1, description="SGD momentum (AdamW: beta1).")
+    weight_decay: float = Field(1e-4, ge=0, le=1, description="Weight decay.")
+    grad_clip: float | None = Field(None, gt=0, description="Clip the global gradient norm to this value.")
+    precision: Literal["auto", "bf16", "fp16", "fp32"] = Field(
+        "auto",
+        description="Autocast dtype: bf16, fp16 (with a gradient scaler) or fp32. `auto`: bf16 on GPU, "
+        "fp32 on CPU ranks.",
+    )
+    strategy: Literal["ddp", "fsdp"] = Field(
+        "ddp", description="ddp: replicate; fsdp: shard parameters, grads and optimizer state (FSDP2)."
+    )
+    channels_last: bool = Field(False, description="Use channels-last memory format for image models.")
+    seed: int = Field(0, ge=0, description="Seed of model init and sampling.")
+    deterministic: bool = Field(
+        False,
+        description="Deterministic kernels; a run stopped and resumed gives bitwise the same weights.",
+    )
+    log_every: int = Field(10, ge=1, description="Log scalars every N optimizer steps.")
+    eval_every: int = Field(1, ge=1, description="Validate every N epochs (and at the end).")
+    timeout_s: int = Field(600, ge=10, le=86_400, description="Timeout of collectives, in seconds.")
+
+
+class CheckpointSpec(StrictModel):
+    """When checkpoints are written and how many are kept."""
+
+    every_steps: int | None = Field(
+        None, ge=1, description="Checkpoint every N optimizer steps; None: at the end of each epoch."
+    )
+    keep_last: int = Field(3, ge=1, le=1000, description="Committed checkpoints kept (older ones deleted).")
+    enabled: bool = Field(True, description="Write checkpoints at all.")
+
+
+class JobSpec(StrictModel):
+    """One training job: a task (model + data + loss + metric) and how to train it."""
+
+    name: str = Field(description="Job name; becomes the job's directory name.")
+    task: str = Field(
+        description="classification, detection, lm, or a user task as `module:function`."
+    )
+    model: str = Field(description="Model name within the task (e.g. resnet50, fcos_resnet50_fpn, gpt).")
+    model_args: dict[str, ScalarArg] = Field(
+        default_factory=dict, description="Keyword arguments for the model constructor."
+    )
+    weights: str | None = Field(None, description="Local weights file to start from (nothing is downloaded).")
+    data: DataSpec = Field(description="Data source.")
+    train: TrainSpec = Field(default_factory=TrainSpec, description="Optimisation.")
+    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec, description="Checkpointing.")
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        return check_safe_name(v)
+
+    @field_validator("task")
+    @classmethod
+    def _task(cls, v: str) -> str:
+        if v in {"classification", "detection", "lm"}:
+            return v
+        if re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*", v):
+            return v
+        raise ValueError("must be classification, detection, lm, or `package.module:function`")
+
+    def resolved(self) -> dict[str, Any]:
+        """The job as plain JSON-able data (what run.json/job.json record)."""
+        return self.model_dump(mode="json")

@@ -1,0 +1,117 @@
+"""YAML loading, `--set key=value` overrides, and errors that name the field and the fix."""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from musubi.config.errors import ConfigError
+from musubi.config.job import JobSpec
+
+#: A job file larger than this is refused before parsing (hostile or mistaken input).
+MAX_CONFIG_BYTES = 1 << 20
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    """Parse a YAML mapping safely (no Python object tags), bounded in size."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"{p}: no such file; give the path of a job YAML (see examples/)")
+    if p.stat().st_size > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{p}: larger than {MAX_CONFIG_BYTES} bytes; a job file is a few KiB")
+    try:
+        data = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"{p}:{where} not valid YAML ({getattr(e, 'problem', e)}); fix the syntax") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{p}: not UTF-8 text; save the job file as UTF-8") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{p}: the top level must be a mapping of keys (name:, task:, model:, ...)")
+    return data
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """`train.batch=32` -> (['train', 'batch'], 32); the value is read as a YAML scalar."""
+    if "=" not in text:
+        raise ConfigError(f"--set {text!r}: expected key=value, e.g. --set train.batch=32")
+    key, _, raw = text.partition("=")
+    parts = [k for k in key.strip().split(".") if k]
+    if not parts:
+        raise ConfigError(f"--set {text!r}: empty key; e.g. --set train.lr=0.1")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError:
+        value = raw
+    return parts, value
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply dotted `key=value` overrides to a nested mapping (in place) and return it."""
+    for text in overrides:
+        parts, value = parse_override(text)
+        node = data
+        for k in parts[:-1]:
+            nxt = node.get(k)
+            if nxt is None:
+                nxt = node[k] = {}
+            if not isinstance(nxt, dict):
+                raise ConfigError(f"--set {text!r}: {k} is not a section; set a leaf key such as {k}=...")
+            node = nxt
+        node[parts[-1]] = value
+    return data
+
+
+def _fields_at(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
+    """The field names a model accepts at a location (for 'did you mean')."""
+    cur: Any = model
+    for part in loc:
+        if not (isinstance(cur, type) and issubclass(cur, BaseModel)) or part not in cur.model_fields:
+            return []
+        ann = cur.model_fields[part].annotation
+        args = [a for a in getattr(ann, "__args__", ()) if isinstance(a, type) and issubclass(a, BaseModel)]
+        cur = args[0] if args else ann
+    if isinstance(cur, type) and issubclass(cur, BaseModel):
+        return list(cur.model_fields)
+    return []
+
+
+def format_validation_error(err: ValidationError, model: type[BaseModel], source: str) -> str:
+    """Turn pydantic's report into one line: the field, what is wrong, the fix."""
+    e = err.errors()[0]
+    loc = tuple(x for x in e["loc"] if not isinstance(x, int) or True)
+    field = ".".join(str(x) for x in loc) or "(top level)"
+    kind = e["type"]
+    if kind == "extra_forbidden":
+        known = _fields_at(model, loc[:-1])
+        guess = difflib.get_close_matches(str(loc[-1]), known, n=1)
+        hint = f"did you mean '{guess[0]}'?" if guess else f"known keys: {', '.join(known)}"
+        msg = f"unknown key {field}; {hint}"
+    elif kind == "missing":
+        msg = f"{field} is required; add it to the job file"
+    else:
+        text = e["msg"].removeprefix("Value error, ")
+        msg = f"{field}: {text} (got {e.get('input')!r})"
+    more = len(err.errors()) - 1
+    if more:
+        msg += f" (+{more} more problem{'s' if more > 1 else ''})"
+    return f"{source}: {msg}"
+
+
+def load_job(path: str | Path, overrides: list[str] | None = None) -> JobSpec:
+    """Read, override and validate a job file; raise ConfigError with one line on any problem."""
+    data = apply_overrides(read_yaml(path), list(overrides or []))
+    return job_from_dict(data, source=str(path))
+
+
+def job_from_dict(data: dict[str, Any], source: str = "job") -> JobSpec:
+    """Validate an already-parsed job mapping."""
+    try:
+        return JobSpec.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(format_validation_error(err, JobSpec, source)) from None

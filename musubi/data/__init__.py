@@ -1,0 +1,1 @@
+"""Datasets: synthetic generators, COCO reading, text tokens."""

@@ -1,0 +1,1 @@
+"""Model + data + loss + metric bundles (classification, detection, lm, user tasks)."""

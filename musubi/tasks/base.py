@@ -1,0 +1,103 @@
+"""The task contract: model + data + loss + metric, knowing nothing of distribution.
+
+The runtime owns devices, process groups, samplers, precision and wrapping; a
+task only says how to build a model, where samples come from, how a batch
+becomes a loss, and how predictions become a metric. Metrics are reduced by the
+runtime (it passes a sum-all-reduce callable), so a task never touches a
+process group itself.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import Dataset, default_collate
+
+from musubi.config.job import JobSpec
+
+#: Sums a tensor over all ranks and returns the result (identity on one rank).
+Reducer = Callable[[torch.Tensor], torch.Tensor]
+
+
+class Metric(abc.ABC):
+    """Accumulates predictions of one validation pass; one instance per pass and rank."""
+
+    @abc.abstractmethod
+    def update(self, outputs: Any, batch: Any) -> None:
+        """Add one batch's predictions (from `Task.predict`) and its targets."""
+
+    @abc.abstractmethod
+    def compute(self, reduce_sum: Reducer) -> dict[str, float]:
+        """Global metric values; every rank calls this (it may run collectives through `reduce_sum`)."""
+
+
+class Task(abc.ABC):
+    """A model + data + loss + metric bundle built from a job spec."""
+
+    #: Name of the headline metric (higher is better), e.g. "top1" or "map50".
+    primary_metric: str = "val_loss"
+
+    def __init__(self, spec: JobSpec) -> None:
+        self.spec = spec
+
+    def validate(self) -> None:
+        """Fail fast, before any worker starts: unknown model, missing files (raise ConfigError)."""
+
+    # -- model -------------------------------------------------------------
+    @abc.abstractmethod
+    def build_model(self) -> nn.Module:
+        """A freshly initialised model on the CPU (seeded by the runtime); nothing downloaded."""
+
+    # -- data --------------------------------------------------------------
+    @abc.abstractmethod
+    def train_dataset(self) -> Dataset:
+        """Map-style training set; `__getitem__` must be a pure function of the index."""
+
+    def val_dataset(self) -> Dataset | None:
+        """Map-style validation set, or None when the job has none."""
+        return None
+
+    def collate(self, samples: list[Any]) -> Any:
+        """Samples -> batch (on the host)."""
+        return default_collate(samples)
+
+    def to_device(self, batch: Any, device: torch.device) -> Any:
+        """Move a host batch to the device (non-blocking where memory is pinned)."""
+        return move_to(batch, device)
+
+    def batch_size_of(self, batch: Any) -> int:
+        """Samples in a batch (for throughput figures)."""
+        first = batch[0] if isinstance(batch, (list, tuple)) else batch
+        return len(first)
+
+    def device_batch(self, batch_size: int, device: torch.device, generator: torch.Generator) -> Any:
+        """One synthetic batch generated directly on `device` (for `synthetic.on_device`)."""
+        raise NotImplementedError(f"task {self.spec.task!r} has no on-device synthetic data")
+
+    # -- step --------------------------------------------------------------
+    @abc.abstractmethod
+    def loss(self, model: nn.Module, batch: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Training forward: (scalar loss to backpropagate, detached named parts for logging)."""
+
+    @abc.abstractmethod
+    def predict(self, model: nn.Module, batch: Any) -> Any:
+        """Evaluation forward (the runtime has set eval mode and no_grad)."""
+
+    @abc.abstractmethod
+    def make_metric(self, device: torch.device) -> Metric:
+        """A fresh metric accumulator for one validation pass."""
+
+
+def move_to(obj: Any, device: torch.device) -> Any:
+    """Recursively move tensors in lists/tuples/dicts to `device`."""
+    if isinstance(obj, torch.Tensor):
+        return obj.to(device, non_blocking=True)
+    if isinstance(obj, dict):
+        return {k: move_to(v, device) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(move_to(v, device) for v in obj)
+    return obj

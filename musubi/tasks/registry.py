@@ -1,0 +1,41 @@
+"""Task lookup: built-in task names or a user task given as `module:function`."""
+
+from __future__ import annotations
+
+import importlib
+
+from musubi.config.errors import ConfigError
+from musubi.config.job import JobSpec
+from musubi.tasks.base import Task
+
+
+def build_task(spec: JobSpec) -> Task:
+    """The Task object for a job (validated by the caller with `task.validate()`)."""
+    if spec.task == "classification":
+        from musubi.tasks.classification import ClassificationTask
+
+        return ClassificationTask(spec)
+    if spec.task == "detection":
+        from musubi.tasks.detection import DetectionTask
+
+        return DetectionTask(spec)
+    if spec.task == "lm":
+        from musubi.tasks.lm import LMTask
+
+        return LMTask(spec)
+    module_name, _, func_name = spec.task.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ConfigError(
+            f"task: cannot import module {module_name!r} ({e}); put it on PYTHONPATH or fix the name"
+        ) from None
+    factory = getattr(module, func_name, None)
+    if not callable(factory):
+        raise ConfigError(f"task: {module_name!r} has no callable {func_name!r}; check the `module:function` name")
+    task = factory(spec)
+    if not isinstance(task, Task):
+        raise ConfigError(
+            f"task: {spec.task} returned {type(task).__name__}, not a musubi.tasks.base.Task subclass"
+        )
+    return task
