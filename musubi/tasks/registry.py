@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 
 from musubi.config.errors import ConfigError
 from musubi.config.job import JobSpec
@@ -24,6 +26,10 @@ def build_task(spec: JobSpec) -> Task:
 
         return LMTask(spec)
     module_name, _, func_name = spec.task.partition(":")
+    # Like `python -m`, resolve user modules from the working directory too (the
+    # workers, started as `python -m`, see it; the console script would not).
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
     try:
         module = importlib.import_module(module_name)
     except ImportError as e:

@@ -1,0 +1,80 @@
+"""The `musubi` command line (typer + rich): parse, call, print. No logic lives here."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+from musubi.config.errors import ConfigError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Musubi: train a fleet of PyTorch models across many GPUs as one system.")
+err_console = Console(stderr=True, soft_wrap=True)
+
+
+def _fail(message: str, code: int) -> None:
+    err_console.print(f"[bold red]error:[/] {message}", highlight=False, markup=True)
+    raise typer.Exit(code)
+
+
+@app.command()
+def train(
+    job: Path = typer.Argument(..., help="Job YAML (see examples/)."),
+    nproc: Optional[int] = typer.Option(None, "--nproc", help="Ranks: default all visible GPUs, else 2 CPU ranks."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Run directory (default runs/<time>-<name>)."),
+    resume: bool = typer.Option(False, "--resume", help="Continue from the newest committed checkpoint."),
+    max_steps: Optional[int] = typer.Option(
+        None, "--max-steps", help="Stop (and checkpoint) after this global optimizer step; the LR schedule "
+        "is unchanged, so a later --resume continues exactly."),
+    set_: list[str] = typer.Option([], "--set", help="Override a job field: --set train.batch=32 (repeatable)."),
+    device: Optional[str] = typer.Option(None, "--device", help="cuda or cpu (default: cuda if a GPU is visible)."),
+) -> None:
+    """Train one job on all GPUs of this machine (or N CPU ranks) through torchrun."""
+    from musubi.runtime.launch import TrainRequest, launch_train
+
+    if max_steps is not None and max_steps < 1:
+        _fail(f"--max-steps {max_steps}: must be >= 1", 2)
+    req = TrainRequest(job_path=job, nproc=nproc, out=out, resume=resume, max_steps=max_steps,
+                       overrides=list(set_), device=device, argv=sys.argv)
+    try:
+        result = launch_train(req)
+    except ConfigError as e:
+        _fail(str(e), 2)
+        return
+    if result.code != 0:
+        _fail(f"{result.error} (logs: {result.job_dir / 'logs'})", result.code)
+    Console().print(f"[green]run directory:[/] {result.run_dir}", highlight=False)
+
+
+@app.command()
+def env(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+    """One block describing this machine and stack, to paste into a bug report."""
+    from musubi.store.rundir import env_record
+
+    rec = env_record()
+    if as_json:
+        print(json.dumps(rec, indent=1))
+        return
+    import musubi
+
+    print(f"musubi {musubi.__version__}")
+    for k, v in rec.items():
+        if k == "gpus":
+            for g in v:
+                print(f"gpu{g['index']}: {g['name']} {g['memory_gib']} GiB driver {g['driver']} {g['uuid']}")
+        else:
+            print(f"{k}: {v}")
+
+
+def main() -> None:  # pragma: no cover - console entry point
+    """Entry point for `python -m musubi.cli`."""
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,1 @@
+"""What runs inside each rank: init, device binding, wrapping, loop, AMP, checkpoints."""

@@ -1,0 +1,246 @@
+"""Checkpoints with torch.distributed.checkpoint, committed atomically.
+
+Layout of one checkpoint: `checkpoints/step-000000123/` holds the DCP shards
+(`*.distcp` and `.metadata`), `state.json` (trainer state shared by all ranks:
+step, epoch, data position, scheduler and scaler) and, written last by rank 0
+once every rank's shards are on disk, `COMMITTED`: a JSON marker that lists
+every file with its size. A directory without a valid marker, or whose files
+do not match the marker, is never loaded.
+
+Per-rank state (RNG streams) is stored under rank-specific keys (`rank3/...`)
+in the same DCP checkpoint, as tensors: nothing is unpickled on load.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+
+from musubi.config.errors import ConfigError
+from musubi.runtime.world import World
+
+log = logging.getLogger("musubi.checkpoint")
+
+MARKER = "COMMITTED"
+STATE_FILE = "state.json"
+_DIR_RE = re.compile(r"^step-(\d{9})$")
+
+
+def model_signature(model: nn.Module) -> str:
+    """A short hash of parameter/buffer names and shapes (to refuse another model's checkpoint)."""
+    h = hashlib.sha256()
+    for name, t in sorted(model.state_dict().items()):
+        h.update(f"{name}:{tuple(t.shape)};".encode())
+    return h.hexdigest()[:16]
+
+
+def step_dir(root: Path, step: int) -> Path:
+    """Directory of the checkpoint taken after optimizer step `step`."""
+    return root / f"step-{step:09d}"
+
+
+def _fsync_write(path: Path, text: str) -> None:
+    """Write a file durably and atomically: temp file, fsync, rename, fsync the directory."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    dfd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+def _listing(d: Path) -> dict[str, int]:
+    return {p.name: p.stat().st_size for p in sorted(d.iterdir()) if p.is_file() and p.name != MARKER}
+
+
+@dataclass(frozen=True)
+class Committed:
+    """A checkpoint whose marker is valid and whose files match it."""
+
+    path: Path
+    step: int
+    marker: dict[str, Any]
+
+
+def verify(d: Path) -> Committed | None:
+    """The checkpoint in `d` if it is committed and intact, else None (with the reason logged)."""
+    m = _DIR_RE.match(d.name)
+    if not m or not d.is_dir():
+        return None
+    marker_path = d / MARKER
+    if not marker_path.is_file():
+        log.warning("skipping %s: no %s marker (a save that did not finish)", d.name, MARKER)
+        return None
+    try:
+        marker = json.loads(marker_path.read_text(encoding="utf-8"))
+        files = marker["files"]
+        step = int(marker["step"])
+    except (ValueError, KeyError, TypeError):
+        log.warning("skipping %s: unreadable %s marker", d.name, MARKER)
+        return None
+    if step != int(m.group(1)):
+        log.warning("skipping %s: marker says step %s", d.name, step)
+        return None
+    actual = _listing(d)
+    for name, size in files.items():
+        if actual.get(name) != size:
+            log.warning("skipping %s: %s is missing or has the wrong size (damaged checkpoint)", d.name, name)
+            return None
+    return Committed(d, step, marker)
+
+
+def committed_checkpoints(root: Path) -> list[Committed]:
+    """All intact committed checkpoints under `root`, oldest first."""
+    if not root.is_dir():
+        return []
+    found = [verify(d) for d in sorted(root.iterdir()) if _DIR_RE.match(d.name)]
+    return [c for c in found if c is not None]
+
+
+def latest_checkpoint(root: Path) -> Committed | None:
+    """The newest intact committed checkpoint, or None."""
+    found = committed_checkpoints(root)
+    return found[-1] if found else None
+
+
+def _rank_key(rank: int) -> str:
+    return f"rank{rank}"
+
+
+def save_checkpoint(
+    root: Path,
+    step: int,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    trainer_state: dict[str, Any],
+    rank_state: dict[str, torch.Tensor],
+    world: World,
+    keep_last: int,
+) -> Path:
+    """Collective: write every rank's shards, then commit (rank 0) and apply retention."""
+    d = step_dir(root, step)
+    t0 = time.perf_counter()
+    if world.is_main:
+        root.mkdir(parents=True, exist_ok=True)
+        if d.exists():
+            if verify(d) is not None:
+                log.info("checkpoint %s already committed", d.name)
+            # A leftover of a save that died (or the same step saved again): replace it.
+            shutil.rmtree(d)
+    world.barrier()
+    state: dict[str, Any] = {
+        "model": get_model_state_dict(model),
+        "optim": get_optimizer_state_dict(model, optimizer),
+        _rank_key(world.rank): rank_state,
+    }
+    dcp.save(state, checkpoint_id=str(d))
+    # dcp.save returns on rank 0 after every rank's write result was gathered and
+    # .metadata written: all shards are on disk. Only then is the marker written.
+    world.barrier()
+    if world.is_main:
+        _fsync_write(d / STATE_FILE, json.dumps(trainer_state, indent=1))
+        marker = {
+            "step": step,
+            "world_size": world.size,
+            "signature": trainer_state.get("signature"),
+            "time": time.time(),
+            "files": _listing(d),
+        }
+        _fsync_write(d / MARKER, json.dumps(marker, indent=1))
+        _retain(root, keep_last)
+    world.barrier()
+    log.info("checkpoint step %d committed in %.2fs: %s", step, time.perf_counter() - t0, d)
+    return d
+
+
+def _retain(root: Path, keep_last: int) -> None:
+    """Delete committed checkpoints beyond the newest `keep_last`, and older unfinished ones."""
+    committed = committed_checkpoints(root)
+    keep = {c.path for c in committed[-keep_last:]}
+    newest = committed[-1].step if committed else -1
+    for d in root.iterdir():
+        m = _DIR_RE.match(d.name)
+        if not m or d in keep:
+            continue
+        if int(m.group(1)) < newest:
+            shutil.rmtree(d, ignore_errors=True)
+
+
+def load_checkpoint(
+    ckpt: Committed,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    rank_template: dict[str, torch.Tensor],
+    world: World,
+    signature: str,
+) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """Collective: check compatibility, load shards into model/optimizer; return (trainer, rank) state."""
+    marker = ckpt.marker
+    if marker.get("signature") not in (None, signature):
+        raise ConfigError(
+            f"{ckpt.path}: checkpoint is of another model (signature {marker.get('signature')} != {signature}); "
+            "resume with the job that wrote it or start a new run directory"
+        )
+    if int(marker.get("world_size", world.size)) != world.size:
+        raise ConfigError(
+            f"{ckpt.path}: written by {marker['world_size']} ranks, this run has {world.size}; exact resume "
+            f"needs the same world size: use --nproc {marker['world_size']}"
+        )
+    trainer_state = json.loads((ckpt.path / STATE_FILE).read_text(encoding="utf-8"))
+    state: dict[str, Any] = {
+        "model": get_model_state_dict(model),
+        "optim": get_optimizer_state_dict(model, optimizer),
+        _rank_key(world.rank): rank_template,
+    }
+    try:
+        dcp.load(state, checkpoint_id=str(ckpt.path))
+    except Exception as e:  # DCP wraps per-rank failures in CheckpointException
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ConfigError(
+            f"{ckpt.path}: cannot be loaded ({first[:200]}); move it aside to resume from an earlier one"
+        ) from None
+    set_model_state_dict(model, state["model"])
+    set_optimizer_state_dict(model, optimizer, state["optim"])
+    return trainer_state, state[_rank_key(world.rank)]
+
+
+def read_full_state(ckpt_dir: Path) -> dict[str, Any]:
+    """The whole checkpoint as one state dict on the CPU, without a process group.
+
+    Uses DCP's own converter (a torch.save file in a temporary directory), then
+    loads it with weights_only=True: nothing is unpickled beyond tensors and
+    containers.
+    """
+    import tempfile
+
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    if verify(Path(ckpt_dir)) is None:
+        raise ConfigError(f"{ckpt_dir}: not a committed, intact checkpoint; pick another step directory")
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "full.pt"
+        dcp_to_torch_save(str(ckpt_dir), str(out))
+        return torch.load(out, map_location="cpu", weights_only=True)

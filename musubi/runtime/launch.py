@@ -1,0 +1,227 @@
+"""Launcher side of `musubi train`: validate, lay out the run directory, start torchrun, report.
+
+Workers are always started by torchrun (`torch.distributed.run`), one process
+per GPU or N gloo CPU ranks; Musubi never writes its own launcher. Everything
+that can be checked before a worker starts is checked here, so a bad job fails
+in a second with one line, and an existing run directory is never overwritten.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from musubi.config.errors import ConfigError
+from musubi.config.load import load_job
+from musubi.runtime.checkpoint import latest_checkpoint
+from musubi.store.rundir import default_run_dir, env_record, read_json, run_record, write_json
+
+EXIT_OK, EXIT_FAIL, EXIT_CONFIG = 0, 1, 2
+
+
+@dataclass
+class TrainRequest:
+    """What `musubi train` was asked."""
+
+    job_path: Path
+    nproc: int | None = None
+    out: Path | None = None
+    resume: bool = False
+    max_steps: int | None = None
+    overrides: list[str] = field(default_factory=list)
+    device: str | None = None  # "cuda" | "cpu" | None (GPUs if any)
+    argv: list[str] = field(default_factory=list)
+
+
+@dataclass
+class TrainResult:
+    """How it went: exit code, where, and the one-line error if any."""
+
+    code: int
+    run_dir: Path
+    job_dir: Path
+    error: str | None = None
+
+
+def visible_gpus() -> int:
+    """GPUs this process may use (CUDA_VISIBLE_DEVICES applied)."""
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def resolve_world(nproc: int | None, device: str | None) -> tuple[int, str]:
+    """(ranks, device kind): all GPUs by default, else 2 CPU ranks (or fewer cores)."""
+    if nproc is not None and nproc < 1:
+        raise ConfigError(f"--nproc {nproc}: must be >= 1")
+    gpus = visible_gpus()
+    kind = device or ("cuda" if gpus else "cpu")
+    if kind == "cuda":
+        if gpus == 0:
+            raise ConfigError("--device cuda but no GPU is visible; check CUDA_VISIBLE_DEVICES or use --device cpu")
+        n = nproc or gpus
+        if n > gpus:
+            raise ConfigError(
+                f"--nproc {n} but only {gpus} GPU(s) are visible: two ranks would share a GPU; "
+                f"use --nproc {gpus} or fewer"
+            )
+        return n, kind
+    if kind != "cpu":
+        raise ConfigError(f"--device {kind!r}: use cuda or cpu")
+    return nproc or max(1, min(2, os.cpu_count() or 1)), kind
+
+
+def _pick_run_dir(req: TrainRequest, name: str) -> Path:
+    if req.resume:
+        if req.out is not None:
+            return req.out
+        runs = sorted(Path("runs").glob(f"*-{name}")) if Path("runs").is_dir() else []
+        if not runs:
+            raise ConfigError(f"--resume: no earlier run of {name!r} under runs/; give --out RUN_DIR")
+        return runs[-1]
+    if req.out is None:
+        return default_run_dir(name)
+    return req.out
+
+
+def prepare(req: TrainRequest) -> tuple[Path, Path, dict, int, str]:
+    """Validate everything checkable before launch; lay out RUN/ and RUN/JOB/job.json."""
+    spec = load_job(req.job_path, req.overrides)
+    nproc, kind = resolve_world(req.nproc, req.device)
+    from musubi.tasks.registry import build_task
+
+    build_task(spec).validate()
+    if spec.train.global_batch is not None:
+        denom = nproc * spec.train.accumulation
+        if spec.train.global_batch % denom:
+            raise ConfigError(
+                f"train.global_batch={spec.train.global_batch} is not divisible by {nproc} ranks x "
+                f"{spec.train.accumulation} accumulation; use a multiple of {denom} or change --nproc"
+            )
+    run_dir = _pick_run_dir(req, spec.name)
+    job_dir = run_dir / spec.name
+    if req.resume:
+        if not job_dir.is_dir():
+            raise ConfigError(f"--resume: {job_dir} does not exist; nothing to resume (run without --resume)")
+        if latest_checkpoint(job_dir / "checkpoints") is None:
+            raise ConfigError(
+                f"--resume: no committed checkpoint in {job_dir / 'checkpoints'}; run without --resume"
+            )
+        record = read_json(job_dir / "job.json") if (job_dir / "job.json").is_file() else {}
+        old = record.get("config")
+        if old and (old.get("task"), old.get("model")) != (spec.task, spec.model):
+            raise ConfigError(
+                f"--resume: {job_dir} holds {old.get('task')}/{old.get('model')}, the job file asks for "
+                f"{spec.task}/{spec.model}; use the same job or another --out"
+            )
+        attempts = int(record.get("attempts", 0)) + 1
+    else:
+        if (job_dir.exists() and any(job_dir.iterdir())) or (run_dir / "run.json").exists():
+            raise ConfigError(f"{run_dir} already holds a run; pass --resume to continue it or choose another --out")
+        attempts = 1
+    job_dir.mkdir(parents=True, exist_ok=True)
+    config = spec.resolved()
+    if not req.resume or not (run_dir / "run.json").exists():
+        write_json(run_dir / "run.json", run_record({"jobs": [config]}, req.argv))
+    write_json(run_dir / "env.json", env_record())
+    record = {"config": config, "status": "running", "attempts": attempts, "nproc": nproc, "device": kind,
+              "resume": req.resume}
+    prev = job_dir / "job.json"
+    if prev.is_file():
+        record["history"] = read_json(prev).get("history", [])
+    write_json(job_dir / "job.json", record)
+    return run_dir, job_dir, record, nproc, kind
+
+
+def torchrun_argv(job_dir: Path, nproc: int, resume: bool, stop_at_step: int | None) -> list[str]:
+    """The torchrun command line of one single-node job (its own free rendezvous port)."""
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
+            f"--nproc-per-node={nproc}", "--max-restarts=0", "-m", "musubi.runtime.worker", str(job_dir)]
+    if resume:
+        argv.append("--resume")
+    if stop_at_step is not None:
+        argv += ["--stop-at-step", str(stop_at_step)]
+    return argv
+
+
+def worker_env(kind: str, nproc: int, deterministic: bool) -> dict[str, str]:
+    """Environment of the workers: device kind, thread counts, determinism switches."""
+    env = dict(os.environ)
+    env["MUSUBI_DEVICE"] = kind
+    env["PYTHONUNBUFFERED"] = "1"
+    # Split the cores between ranks instead of letting each rank spawn one thread per core.
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    if deterministic:
+        env.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # required by deterministic cuBLAS
+    return env
+
+
+def _tee_stderr(stream, log_path: Path) -> threading.Thread:
+    """Copy torchrun's stderr to a file; only our workers' one-line errors reach the console."""
+
+    def pump() -> None:
+        with open(log_path, "a", encoding="utf-8") as f:
+            for line in stream:
+                f.write(line)
+                f.flush()
+
+    th = threading.Thread(target=pump, daemon=True)
+    th.start()
+    return th
+
+
+def first_error(job_dir: Path) -> tuple[str | None, str | None]:
+    """(kind, message) of the lowest rank that recorded an error."""
+    logs = job_dir / "logs"
+    files = sorted(logs.glob("error-rank*.txt"), key=lambda p: int(p.stem.removeprefix("error-rank"))) \
+        if logs.is_dir() else []
+    for p in files:
+        try:
+            rec = json.loads(p.read_text(encoding="utf-8"))
+            return rec.get("kind"), f"rank {p.stem.removeprefix('error-rank')}: {rec.get('message')}"
+        except ValueError:
+            continue
+    return None, None
+
+
+def launch_train(req: TrainRequest) -> TrainResult:
+    """Run one job under torchrun to completion; never raises for worker failures."""
+    run_dir, job_dir, record, nproc, kind = prepare(req)
+    logs = job_dir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    for old in logs.glob("error-rank*.txt"):
+        old.unlink()
+    spec_det = bool(record["config"]["train"]["deterministic"])
+    argv = torchrun_argv(job_dir, nproc, req.resume, req.max_steps)
+    proc = subprocess.Popen(argv, env=worker_env(kind, nproc, spec_det), stderr=subprocess.PIPE, text=True,
+                            errors="replace")
+    pump = _tee_stderr(proc.stderr, logs / "torchrun.log")
+    try:
+        code = proc.wait()
+    except KeyboardInterrupt:
+        proc.terminate()
+        code = proc.wait()
+    pump.join(timeout=5)
+    err_kind, err = first_error(job_dir)
+    if code == 0:
+        status, result_code = "done", EXIT_OK
+    else:
+        status = "failed"
+        result_code = EXIT_CONFIG if err_kind == "config" else EXIT_FAIL
+        if err is None:
+            err = f"torchrun exited with {code}; see {logs / 'torchrun.log'}"
+    summary_path = job_dir / "summary.json"
+    if code == 0 and summary_path.is_file():
+        summary = read_json(summary_path)
+        if not summary.get("finished"):
+            status = "stopped"
+    history = record.get("history", [])
+    history.append({"attempt": record["attempts"], "exit_code": code, "status": status, "error": err})
+    record.update(status=status, history=history)
+    write_json(job_dir / "job.json", record)
+    return TrainResult(result_code, run_dir, job_dir, err)

@@ -1,0 +1,103 @@
+"""Feeding a rank: data loaders over a partition, or a pool of batches made on the device."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from musubi.config.errors import ConfigError
+from musubi.runtime.sampler import ResumableDistributedSampler, ShardedEvalSampler
+from musubi.runtime.world import World
+from musubi.tasks.base import Task
+
+#: Distinct on-device batches cycled by `synthetic.on_device` (enough to avoid a constant input).
+DEVICE_POOL = 4
+
+
+class TrainFeed:
+    """This rank's training micro-batches, epoch by epoch, resumable at any micro-batch."""
+
+    def __init__(self, task: Task, world: World, batch: int, seed: int, workers: int, pin: bool) -> None:
+        self.task, self.world, self.batch = task, world, batch
+        spec = task.spec
+        syn = spec.data.synthetic
+        self.on_device = bool(syn and syn.on_device)
+        if self.on_device:
+            assert syn is not None
+            gen = torch.Generator(device=world.device)
+            self.pool = []
+            for k in range(DEVICE_POOL):
+                gen.manual_seed(syn.seed * 1_000_003 + world.rank * 101 + k)
+                self.pool.append(task.device_batch(batch, world.device, gen))
+            self.micro_per_epoch = syn.train_size // (batch * world.size)
+            self.dataset_size = syn.train_size
+        else:
+            ds: Dataset = task.train_dataset()
+            self.dataset_size = len(ds)  # type: ignore[arg-type]
+            self.sampler = ResumableDistributedSampler(ds, world.size, world.rank, seed)
+            # A private generator: DataLoader would otherwise draw worker seeds from the
+            # global RNG at every iter(), which a resumed run would draw at another time.
+            self.generator = torch.Generator()
+            self.loader = DataLoader(
+                ds,
+                batch_size=batch,
+                sampler=self.sampler,
+                num_workers=workers,
+                collate_fn=task.collate,
+                pin_memory=pin and world.is_cuda,
+                drop_last=True,
+                persistent_workers=workers > 0,
+                generator=self.generator,
+                prefetch_factor=4 if workers > 0 else None,
+            )
+            self.micro_per_epoch = len(self.sampler) // batch
+            self.seed = seed
+        if self.micro_per_epoch < 1:
+            raise ConfigError(
+                f"train set of {self.dataset_size} samples gives no full batch at {batch} per rank x "
+                f"{world.size} ranks; lower train.batch or --nproc, or add data"
+            )
+
+    def epoch(self, epoch: int, start_micro: int) -> Iterator[Any]:
+        """Device batches of `epoch`, from micro-batch `start_micro` to the end of the epoch."""
+        if self.on_device:
+            for i in range(start_micro, self.micro_per_epoch):
+                yield self.pool[(epoch * self.micro_per_epoch + i) % DEVICE_POOL]
+            return
+        self.sampler.set_position(epoch, start_micro * self.batch)
+        self.generator.manual_seed(self.seed * 7919 + epoch)
+        for host_batch in self.loader:
+            yield self.task.to_device(host_batch, self.world.device)
+
+
+class ValFeed:
+    """This rank's share of the validation set, without padding (no sample counted twice)."""
+
+    def __init__(self, task: Task, world: World, batch: int, workers: int, pin: bool) -> None:
+        self.task, self.world = task, world
+        ds = task.val_dataset()
+        self.loader: DataLoader | None = None
+        self.size = 0
+        if ds is None or len(ds) == 0:  # type: ignore[arg-type]
+            return
+        self.size = len(ds)  # type: ignore[arg-type]
+        sampler = ShardedEvalSampler(self.size, world.size, world.rank)
+        self.loader = DataLoader(
+            ds, batch_size=batch, sampler=sampler, num_workers=workers, collate_fn=task.collate,
+            pin_memory=pin and world.is_cuda, drop_last=False,
+        )
+
+    def __bool__(self) -> bool:
+        return self.loader is not None
+
+    def __len__(self) -> int:
+        return 0 if self.loader is None else len(self.loader)
+
+    def batches(self) -> Iterator[Any]:
+        """Device batches of this rank's shard."""
+        assert self.loader is not None
+        for host_batch in self.loader:
+            yield self.task.to_device(host_batch, self.world.device)

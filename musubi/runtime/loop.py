@@ -1,0 +1,324 @@
+"""The training loop of one rank: batches in, optimizer steps, logs, evaluation, checkpoints."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from musubi.config.errors import ConfigError
+from musubi.config.job import JobSpec
+from musubi.runtime import checkpoint as ckpt
+from musubi.runtime.loaders import TrainFeed, ValFeed
+from musubi.runtime.precision import autocast, make_scaler, resolve_precision
+from musubi.runtime.reporting import MetricsWriter, ProgressBar
+from musubi.runtime.rng import capture_rng, restore_rng, rng_template
+from musubi.runtime.schedule import lr_factor, scale_lr
+from musubi.runtime.world import World
+from musubi.runtime.wrap import eval_module, gradient_sync, needs_lockstep_eval, unwrap, wrap_model
+from musubi.tasks.base import Task
+
+log = logging.getLogger("musubi.loop")
+
+
+@dataclass
+class RunOptions:
+    """Launcher-side choices that are not part of the job: resume, a stop point."""
+
+    resume: bool = False
+    stop_at_step: int | None = None
+
+
+@dataclass
+class BatchPlan:
+    """How the global batch is made, and the LR that follows it."""
+
+    per_rank: int
+    accumulation: int
+    world: int
+    lr: float
+
+    @property
+    def global_batch(self) -> int:
+        """Samples per optimizer step over all ranks."""
+        return self.per_rank * self.world * self.accumulation
+
+
+def plan_batch(spec: JobSpec, world_size: int) -> BatchPlan:
+    """Per-rank batch from `batch` or `global_batch`, and the scaled LR."""
+    t = spec.train
+    per_rank = t.batch
+    if t.global_batch is not None:
+        denom = world_size * t.accumulation
+        if t.global_batch % denom:
+            raise ConfigError(
+                f"train.global_batch={t.global_batch} is not divisible by world x accumulation = "
+                f"{world_size} x {t.accumulation}; pick a multiple of {denom} or change --nproc"
+            )
+        per_rank = t.global_batch // denom
+    g = per_rank * world_size * t.accumulation
+    return BatchPlan(per_rank, t.accumulation, world_size, scale_lr(t.lr, g, t.base_batch, t.lr_rule))
+
+
+def seed_everything(seed: int) -> None:
+    """Seed python, numpy and torch (all devices) alike."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def configure_determinism(deterministic: bool, world: World) -> None:
+    """Deterministic kernels (exact resume) or the fastest ones (cudnn autotuning)."""
+    torch.backends.cudnn.benchmark = not deterministic
+    torch.backends.cudnn.deterministic = deterministic
+    if deterministic:
+        # warn_only: some CUDA kernels (e.g. detection's roi_align backward) have no
+        # deterministic version; torch warns for them instead of failing the run.
+        torch.use_deterministic_algorithms(True, warn_only=True)
+
+
+def build_optimizer(model: torch.nn.Module, spec: JobSpec, lr: float) -> torch.optim.Optimizer:
+    """SGD or AdamW over the (possibly sharded) parameters."""
+    t = spec.train
+    params = [p for p in model.parameters() if p.requires_grad]
+    if t.optimizer == "adamw":
+        return torch.optim.AdamW(params, lr=lr, betas=(t.momentum, 0.999), weight_decay=t.weight_decay)
+    return torch.optim.SGD(params, lr=lr, momentum=t.momentum, weight_decay=t.weight_decay)
+
+
+class Trainer:
+    """One rank's training of one job."""
+
+    def __init__(self, spec: JobSpec, task: Task, world: World, job_dir: Path, opts: RunOptions,
+                 console: Any = None) -> None:
+        self.spec, self.task, self.world, self.job_dir, self.opts = spec, task, world, job_dir, opts
+        self.console = console
+        t = spec.train
+        self.precision = resolve_precision(t.precision, world.device)
+        self.plan = plan_batch(spec, world.size)
+        configure_determinism(t.deterministic, world)
+        seed_everything(t.seed)  # same init on every rank (DDP also broadcasts rank 0's weights)
+
+        model = task.build_model()
+        self.signature = ckpt.model_signature(model)
+        if t.channels_last:
+            model = model.to(memory_format=torch.channels_last)
+        model.to(world.device)
+        self.model = wrap_model(model, t.strategy, world)
+        self.optimizer = build_optimizer(self.model, spec, self.plan.lr)
+
+        self.feed = TrainFeed(task, world, self.plan.per_rank, t.seed, spec.data.workers, spec.data.pin_memory)
+        self.val = ValFeed(task, world, self.plan.per_rank, spec.data.workers, spec.data.pin_memory)
+        self.steps_per_epoch = self.feed.micro_per_epoch // self.plan.accumulation
+        if self.steps_per_epoch < 1:
+            raise ConfigError(
+                f"{self.feed.micro_per_epoch} micro-batches per epoch < train.accumulation={t.accumulation}; "
+                "lower accumulation or batch, or add data"
+            )
+        total = self.steps_per_epoch * t.epochs
+        self.total_steps = min(total, t.max_steps) if t.max_steps else total
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lr_factor(t.warmup_steps, self.total_steps, t.schedule)
+        )
+        self.scaler = make_scaler(self.precision, world.device)
+        self.ckpt_root = job_dir / "checkpoints"
+        # Training-time randomness (dropout, augmentation on device) differs per rank.
+        torch.manual_seed(t.seed * 1000 + world.rank + 1)
+        self.step = 0
+        self.epoch = 0
+        self.micro = 0  # micro-batches of the current epoch already consumed
+        self.last_eval: dict[str, float] = {}
+
+    # -- state ---------------------------------------------------------------
+    def trainer_state(self) -> dict[str, Any]:
+        """Everything global (same on all ranks) needed to continue exactly."""
+        return {
+            "step": self.step,
+            "epoch": self.epoch,
+            "micro": self.micro,
+            "scheduler": self.scheduler.state_dict(),
+            "scaler": self.scaler.state_dict(),
+            "signature": self.signature,
+            "task": self.spec.task,
+            "model": self.spec.model,
+            "global_batch": self.plan.global_batch,
+            "last_eval": self.last_eval,
+        }
+
+    def save(self) -> None:
+        """Collective checkpoint of the current state."""
+        if not self.spec.checkpoint.enabled:
+            return
+        ckpt.save_checkpoint(self.ckpt_root, self.step, self.model, self.optimizer, self.trainer_state(),
+                             capture_rng(self.world.device), self.world, self.spec.checkpoint.keep_last)
+
+    def resume(self) -> None:
+        """Load the newest committed checkpoint (every rank reads the same one)."""
+        found = ckpt.latest_checkpoint(self.ckpt_root)
+        # Agree on the step: a rank that sees another directory listing must not load another one.
+        step = self.world.all_reduce_min(found.step if found else -1)
+        if step < 0 or found is None or found.step != step:
+            raise ConfigError(f"--resume: no committed checkpoint in {self.ckpt_root}; run without --resume")
+        state, rank_state = ckpt.load_checkpoint(found, self.model, self.optimizer, rng_template(self.world.device),
+                                                 self.world, self.signature)
+        if state.get("global_batch") != self.plan.global_batch:
+            log.warning("global batch changed since the checkpoint (%s -> %s): the resume is not exact",
+                        state.get("global_batch"), self.plan.global_batch)
+        self.step, self.epoch, self.micro = state["step"], state["epoch"], state["micro"]
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.scaler.load_state_dict(state["scaler"])
+        self.last_eval = state.get("last_eval", {})
+        restore_rng(rank_state, self.world.device)
+        log.info("resumed from %s: step %d, epoch %d, micro-batch %d", found.path.name, self.step, self.epoch,
+                 self.micro)
+
+    # -- evaluation ----------------------------------------------------------
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        """One validation pass over this rank's shard; global metrics on every rank."""
+        if not self.val:
+            return {}
+        net = eval_module(self.model)
+        net.eval()
+        metric = self.task.make_metric(self.world.device)
+        n_local = len(self.val)
+        # FSDP's forward is a collective: ranks with fewer batches repeat their last
+        # one (results discarded) so every rank runs the same number of forwards.
+        n_forward = self.world.all_reduce_max(n_local) if needs_lockstep_eval(self.model) else n_local
+        last = None
+        it = self.val.batches()
+        t0 = time.perf_counter()
+        for i in range(n_forward):
+            real = i < n_local
+            batch = next(it) if real else last
+            if batch is None:  # this rank has no validation sample at all: nothing to pad with
+                break
+            with autocast(self.precision, self.world.device):
+                out = self.task.predict(net, batch)
+            if real:
+                metric.update(out, batch)
+                last = batch
+        values = metric.compute(self.world.all_reduce_sum)
+        net.train()
+        values["eval_s"] = round(time.perf_counter() - t0, 3)
+        return values
+
+    # -- the loop --------------------------------------------------------------
+    def fit(self, metrics: MetricsWriter | None) -> dict[str, Any]:
+        """Train to the end (or the stop point); return a summary."""
+        t, w, plan = self.spec.train, self.world, self.plan
+        stop = min(self.total_steps, self.opts.stop_at_step or self.total_steps)
+        log.info(
+            "global batch %d = %d per rank x %d ranks x %d accumulation; lr %.4g (%s rule from %.4g at %d); "
+            "precision %s; strategy %s; %d steps (%d per epoch)",
+            plan.global_batch, plan.per_rank, plan.world, plan.accumulation, plan.lr, t.lr_rule, t.lr,
+            t.base_batch, self.precision, t.strategy, self.total_steps, self.steps_per_epoch,
+        )
+        self.model.train()
+        bar = ProgressBar(self.console, self.total_steps, self.step, self.spec.name)
+        loss_sum = torch.zeros((), device=w.device, dtype=torch.float64)
+        loss_n = 0
+        t_log, samples_log = time.perf_counter(), 0
+        t_start, step_start = time.perf_counter(), self.step
+        stopped_early = False
+        try:
+            while self.epoch < t.epochs and self.step < stop:
+                usable = self.steps_per_epoch * plan.accumulation
+                for batch in self.feed.epoch(self.epoch, self.micro):
+                    if self.micro >= usable:
+                        break  # leftover micro-batches that do not fill an optimizer step
+                    sync = (self.micro + 1) % plan.accumulation == 0
+                    with gradient_sync(self.model, sync):
+                        with autocast(self.precision, w.device):
+                            loss, _parts = self.task.loss(self.model, batch)
+                        self.scaler.scale(loss / plan.accumulation).backward()
+                    loss_sum += loss.detach().double()
+                    loss_n += 1
+                    samples_log += self.task.batch_size_of(batch) * w.size
+                    self.micro += 1
+                    if not sync:
+                        continue
+                    if t.grad_clip:
+                        self.scaler.unscale_(self.optimizer)
+                        torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.grad_clip)
+                    self.scaler.step(self.optimizer)
+                    self.scaler.update()
+                    self.optimizer.zero_grad(set_to_none=True)
+                    self.scheduler.step()
+                    self.step += 1
+                    if self.step % t.log_every == 0 or self.step == stop:
+                        # One host sync per log interval, not per step.
+                        w.all_reduce_sum(loss_sum)
+                        mean_loss = loss_sum.item() / (loss_n * w.size)
+                        if not math.isfinite(mean_loss):
+                            raise FloatingPointError(f"loss is {mean_loss} at step {self.step}")
+                        now = time.perf_counter()
+                        rate = samples_log / max(now - t_log, 1e-9)
+                        if metrics is not None:
+                            metrics.write(self.step, {"loss": round(mean_loss, 6),
+                                                      "lr": self.scheduler.get_last_lr()[0],
+                                                      "samples_per_s": round(rate, 2), "epoch": self.epoch})
+                        bar.update(self.step, rate, mean_loss)
+                        if self.console is not None and not self.console.is_terminal:
+                            log.info("step %d/%d loss %.4f %.1f samples/s", self.step, self.total_steps,
+                                     mean_loss, rate)
+                        loss_sum.zero_()
+                        loss_n, samples_log, t_log = 0, 0, now
+                    else:
+                        bar.update(self.step)
+                    every = self.spec.checkpoint.every_steps
+                    if self.step >= stop:
+                        break
+                    if every and self.step % every == 0:
+                        self.save()
+                if self.step >= stop and self.micro < usable:
+                    stopped_early = True
+                    break
+                # The epoch is complete.
+                self.epoch += 1
+                self.micro = 0
+                if self.epoch % t.eval_every == 0 or self.epoch == t.epochs or self.step >= stop:
+                    self.run_eval(metrics)
+                if not self.spec.checkpoint.every_steps or self.step >= stop:
+                    self.save()
+            if stopped_early:
+                self.save()
+        finally:
+            bar.close()
+        elapsed = time.perf_counter() - t_start
+        return {
+            "steps": self.step,
+            "total_steps": self.total_steps,
+            "finished": self.step >= self.total_steps,
+            "epoch": self.epoch,
+            "global_batch": plan.global_batch,
+            "lr": plan.lr,
+            "precision": self.precision,
+            "world_size": w.size,
+            "train_s": round(elapsed, 3),
+            "steps_per_s": round((self.step - step_start) / max(elapsed, 1e-9), 4),
+            "val": self.last_eval,
+        }
+
+    def run_eval(self, metrics: MetricsWriter | None) -> None:
+        """Validate, log on rank 0, and remember the result for the checkpoint."""
+        values = self.evaluate()
+        if not values:
+            return
+        self.last_eval = values
+        if metrics is not None:
+            metrics.write(self.step, values, kind="val")
+        log.info("validation at step %d: %s", self.step, json.dumps(values))
+
+    def close(self) -> None:
+        """Drop the wrapper before the process group goes (gloo can hang at exit otherwise)."""
+        del self.optimizer
+        self.model = unwrap(self.model)

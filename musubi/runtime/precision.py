@@ -1,0 +1,32 @@
+"""Per-job mixed precision: autocast dtype and the fp16 gradient scaler."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+
+_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def resolve_precision(requested: str, device: torch.device) -> str:
+    """`auto` -> bf16 on GPU, fp32 on CPU ranks (CPU autocast is slow and rarely wanted)."""
+    if requested == "auto":
+        return "bf16" if device.type == "cuda" else "fp32"
+    return requested
+
+
+@contextlib.contextmanager
+def autocast(precision: str, device: torch.device) -> Iterator[None]:
+    """Autocast region for the forward pass; fp32 is a plain region."""
+    if precision == "fp32":
+        yield
+        return
+    with torch.autocast(device_type=device.type, dtype=_DTYPES[precision]):
+        yield
+
+
+def make_scaler(precision: str, device: torch.device) -> torch.amp.GradScaler:
+    """A gradient scaler, enabled only for fp16 (bf16 has fp32's exponent range)."""
+    return torch.amp.GradScaler(device.type, enabled=(precision == "fp16"))

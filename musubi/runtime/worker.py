@@ -1,0 +1,99 @@
+"""Per-process entry point, started by torchrun: `python -m musubi.runtime.worker JOB_DIR`.
+
+Reads the resolved job (`JOB_DIR/job.json`, written by the launcher), binds the
+device and starts the process group (world.py), trains (loop.py), and tears
+down in the safe order. A `ConfigError` on any rank is written to
+`JOB_DIR/logs/error-rank{r}.txt` and ends the rank with exit code 2, so the
+launcher can print one line instead of a wall of tracebacks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import traceback
+from pathlib import Path
+
+from musubi.config.errors import ConfigError
+from musubi.config.load import job_from_dict
+
+log = logging.getLogger("musubi.worker")
+
+EXIT_CONFIG = 2
+
+
+def _write_error(job_dir: Path, rank: int, kind: str, message: str) -> None:
+    logs = job_dir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    (logs / f"error-rank{rank}.txt").write_text(json.dumps({"kind": kind, "message": message}), encoding="utf-8")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one rank of a job; returns the process exit code."""
+    ap = argparse.ArgumentParser(prog="musubi-worker")
+    ap.add_argument("job_dir", type=Path)
+    ap.add_argument("--resume", action="store_true")
+    ap.add_argument("--stop-at-step", type=int, default=None)
+    args = ap.parse_args(argv)
+    job_dir: Path = args.job_dir
+    rank = int(os.environ.get("RANK", "0"))
+    trainer = None
+    try:
+        import torch  # noqa: F401  (imported after argument parsing: fast --help)
+
+        from musubi.runtime.loop import RunOptions, Trainer
+        from musubi.runtime.reporting import MetricsWriter, setup_logging
+        from musubi.runtime.world import init_world, shutdown_world
+        from musubi.tasks.registry import build_task
+
+        record = json.loads((job_dir / "job.json").read_text(encoding="utf-8"))
+        spec = job_from_dict(record["config"], source=str(job_dir / "job.json"))
+        world = init_world(spec.train.timeout_s)
+        console = setup_logging(world, job_dir / "logs")
+        task = build_task(spec)
+        task.validate()
+        opts = RunOptions(resume=args.resume, stop_at_step=args.stop_at_step)
+        trainer = Trainer(spec, task, world, job_dir, opts, console)
+        if opts.resume:
+            trainer.resume()
+        metrics = MetricsWriter(job_dir, trainer.step if opts.resume else None) if world.is_main else None
+        try:
+            summary = trainer.fit(metrics)
+        finally:
+            if metrics is not None:
+                metrics.close()
+        if world.is_main:
+            (job_dir / "summary.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
+            if summary["val"]:
+                (job_dir / "eval.json").write_text(
+                    json.dumps({"metrics": summary["val"], "step": summary["steps"],
+                                "primary_metric": task.primary_metric,
+                                "how": "validation split, each sample counted once over all ranks"}, indent=1),
+                    encoding="utf-8")
+            log.info("done: %d/%d steps, %.1fs", summary["steps"], summary["total_steps"], summary["train_s"])
+        trainer.close()
+        trainer = None
+        shutdown_world()
+        return 0
+    except ConfigError as e:
+        _write_error(job_dir, rank, "config", str(e))
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        return EXIT_CONFIG
+    except Exception as e:
+        _write_error(job_dir, rank, type(e).__name__, f"{type(e).__name__}: {e}")
+        traceback.print_exc()
+        return 1
+
+
+if __name__ == "__main__":
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Skip interpreter teardown on failure: a peer may be stuck in a collective, and
+    # atexit hooks of the process group could block; torchrun ends the others.
+    if code != 0:
+        os._exit(code)
+    sys.exit(code)

@@ -1,0 +1,106 @@
+"""The one init site of distributed state, and the object that knows the world.
+
+Every rank binds its device (`cuda:LOCAL_RANK`) before any other CUDA work, then
+starts the process group here, with an explicit timeout. Everything else asks
+the `World` for rank, size and device instead of reading the environment.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from musubi.config.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class World:
+    """Who this process is among its peers, and which device it owns."""
+
+    rank: int
+    local_rank: int
+    size: int
+    device: torch.device
+    backend: str
+
+    @property
+    def is_main(self) -> bool:
+        """True on the rank that owns shared side effects (console, metrics, commits)."""
+        return self.rank == 0
+
+    @property
+    def is_cuda(self) -> bool:
+        """True when this rank trains on a GPU."""
+        return self.device.type == "cuda"
+
+    def barrier(self) -> None:
+        """Wait for every rank (a no-op without a process group)."""
+        if dist.is_initialized():
+            dist.barrier()
+
+    def all_reduce_sum(self, t: torch.Tensor) -> torch.Tensor:
+        """Sum a tensor over ranks, in place, and return it."""
+        if dist.is_initialized() and self.size > 1:
+            dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        return t
+
+    def all_reduce_min(self, value: int) -> int:
+        """The minimum of an integer over ranks (a decision every rank agrees on)."""
+        t = torch.tensor([value], dtype=torch.int64, device=self.device)
+        if dist.is_initialized() and self.size > 1:
+            dist.all_reduce(t, op=dist.ReduceOp.MIN)
+        return int(t.item())
+
+    def all_reduce_max(self, value: int) -> int:
+        """The maximum of an integer over ranks."""
+        return -self.all_reduce_min(-value)
+
+
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    return default if raw is None else int(raw)
+
+
+def init_world(timeout_s: float, device_kind: str | None = None) -> World:
+    """Bind this rank's device, then start the process group (the only place that does)."""
+    rank = _env_int("RANK", 0)
+    local_rank = _env_int("LOCAL_RANK", 0)
+    size = _env_int("WORLD_SIZE", 1)
+    kind = device_kind or os.environ.get("MUSUBI_DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu")
+    timeout = dt.timedelta(seconds=timeout_s)
+    if kind == "cuda":
+        visible = torch.cuda.device_count()
+        if local_rank >= visible:
+            raise ConfigError(
+                f"rank {rank} has LOCAL_RANK={local_rank} but only {visible} GPU(s) are visible; "
+                "lower --nproc or fix CUDA_VISIBLE_DEVICES"
+            )
+        device = torch.device("cuda", local_rank)
+        # Bind before any CUDA work so no rank ever creates a context on GPU 0 by accident.
+        torch.cuda.set_device(device)
+        # gloo beside NCCL: CPU collectives (async checkpoint staging, object gathers) need it.
+        backend = "cpu:gloo,cuda:nccl"
+        if not dist.is_initialized():
+            dist.init_process_group(backend, timeout=timeout, device_id=device)
+    elif kind == "cpu":
+        device = torch.device("cpu")
+        backend = "gloo"
+        if not dist.is_initialized():
+            dist.init_process_group(backend, timeout=timeout)
+    else:
+        raise ConfigError(f"MUSUBI_DEVICE={kind!r}: use 'cuda' or 'cpu'")
+    return World(rank=dist.get_rank(), local_rank=local_rank, size=dist.get_world_size(), device=device,
+                 backend=backend)
+
+
+def shutdown_world() -> None:
+    """Tear down the process group (callers must drop DDP/FSDP wrappers first)."""
+    if dist.is_initialized():
+        try:
+            dist.barrier()
+        finally:
+            dist.destroy_process_group()

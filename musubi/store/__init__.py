@@ -1,0 +1,1 @@
+"""The run directory layout (and, later, the SQLite index of runs)."""

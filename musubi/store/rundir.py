@@ -1,0 +1,118 @@
+"""Run directory contract: RUN/run.json, RUN/env.json, RUN/JOB/{job.json, metrics.jsonl, ...}."""
+
+from __future__ import annotations
+
+import datetime as dt
+import getpass
+import json
+import os
+import platform
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import musubi
+
+
+def write_json(path: Path, data: Any) -> None:
+    """Write JSON atomically (temp file + rename): a reader never sees half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1, default=str), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def read_json(path: Path) -> Any:
+    """Read a JSON file."""
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def default_run_dir(name: str, base: Path = Path("runs")) -> Path:
+    """`runs/<timestamp>-<name>`, unique to the second (a counter if it exists)."""
+    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    d = base / f"{stamp}-{name}"
+    n = 1
+    while d.exists():
+        n += 1
+        d = base / f"{stamp}-{name}-{n}"
+    return d
+
+
+def git_version() -> str | None:
+    """`git describe` of the working directory's repository, if any."""
+    try:
+        out = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True,
+                             timeout=5, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() or None
+
+
+def run_record(config: dict[str, Any], argv: list[str]) -> dict[str, Any]:
+    """What was asked, by whom, when, with which musubi (run.json)."""
+    return {
+        "config": config,
+        "argv": argv,
+        "user": getpass.getuser(),
+        "host": socket.gethostname(),
+        "started": dt.datetime.now(dt.timezone.utc).isoformat(),
+        "musubi_version": musubi.__version__,
+        "git": git_version(),
+    }
+
+
+def env_record() -> dict[str, Any]:
+    """Provenance of the machine and stack (env.json)."""
+    import torch
+
+    rec: dict[str, Any] = {
+        "host": socket.gethostname(),
+        "platform": platform.platform(),
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cpu_count": os.cpu_count(),
+        "gpus": [],
+    }
+    try:
+        import torchvision
+
+        rec["torchvision"] = torchvision.__version__
+    except ImportError:
+        pass
+    if torch.cuda.is_available():
+        try:
+            rec["nccl"] = ".".join(str(v) for v in torch.cuda.nccl.version())
+        except (AttributeError, RuntimeError):
+            rec["nccl"] = None
+        rec["gpus"] = _nvml_gpus()
+    return rec
+
+
+def _nvml_gpus() -> list[dict[str, Any]]:
+    """GPU name, UUID, memory and driver from NVML (no CUDA context is created)."""
+    try:
+        import pynvml
+    except ImportError:
+        return []
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return []
+    try:
+        driver = pynvml.nvmlSystemGetDriverVersion()
+        gpus = []
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            gpus.append({
+                "index": i,
+                "name": pynvml.nvmlDeviceGetName(h),
+                "uuid": pynvml.nvmlDeviceGetUUID(h),
+                "memory_gib": round(pynvml.nvmlDeviceGetMemoryInfo(h).total / 2**30, 1),
+                "driver": driver,
+            })
+        return gpus
+    finally:
+        pynvml.nvmlShutdown()

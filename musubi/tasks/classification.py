@@ -1,0 +1,357 @@
+"""Built-in image classification: torchvision (or timm) models on synthetic or image-folder data."""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+import torchvision
+from torch import nn
+from torch.utils.data import Dataset
+from torchvision import transforms
+from torchvision.datasets import ImageFolder
+from torchvision.datasets.folder import find_classes
+
+from musubi.config.errors import ConfigError
+from musubi.config.job import JobSpec
+from musubi.data import synthetic_classification as synth
+from musubi.tasks.base import Metric, Reducer, Task
+
+#: Model names with this prefix are built by timm (when it is installed).
+TIMM_PREFIX = "timm/"
+
+#: Default side of on-disk images after resizing, in pixels.
+DEFAULT_IMAGE_SIZE = 224
+
+#: ImageNet channel statistics: the usual normalisation of torchvision/timm models.
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+#: model_args keys the task owns: classes come from the data, nothing is downloaded.
+_RESERVED_ARGS = {
+    "num_classes": "it comes from the data",
+    "weights": "use the job's `weights:` file",
+    "pretrained": "use the job's `weights:` file",
+}
+
+
+def one_line(e: BaseException) -> str:
+    """An exception's message squeezed to one line."""
+    return " ".join(str(e).split()) or type(e).__name__
+
+
+# -- weights ---------------------------------------------------------------
+def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
+    """Tensors of a local weights file (weights_only, on the CPU); unwraps {'model': ...}-style checkpoints."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"weights: {p}: no such file; give a local file saved with torch.save(model.state_dict())")
+    try:
+        try:
+            obj = torch.load(p, map_location="cpu", weights_only=True, mmap=True)
+        except RuntimeError:
+            obj = torch.load(p, map_location="cpu", weights_only=True)  # legacy (non-zip) format
+    except Exception as e:
+        raise ConfigError(f"weights: {p}: cannot load it safely ({one_line(e)}); save a plain state_dict") from None
+    for key in ("state_dict", "model", "model_state_dict"):
+        if isinstance(obj, dict) and isinstance(obj.get(key), dict):
+            obj = obj[key]
+            break
+    if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
+        raise ConfigError(f"weights: {p}: not a state_dict of tensors; save it with torch.save(model.state_dict())")
+    # DDP and torch.compile wrappers prefix every key; the model here is unwrapped.
+    for prefix in ("module.", "_orig_mod."):
+        if obj and all(k.startswith(prefix) for k in obj):
+            obj = {k[len(prefix) :]: v for k, v in obj.items()}
+    return obj
+
+
+def weights_mismatch(state: dict[str, torch.Tensor], model: nn.Module) -> str | None:
+    """One-line description of how `state` fails to match the model's state_dict, or None."""
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    missing = [k for k in expected if k not in state]
+    unexpected = [k for k in state if k not in expected]
+    shapes = [
+        f"{k} file {list(state[k].shape)} vs model {list(shape)}"
+        for k, shape in expected.items()
+        if k in state and tuple(state[k].shape) != shape
+    ]
+    parts = []
+    for what, items in (("missing", missing), ("unexpected", unexpected), ("shape mismatch", shapes)):
+        if items:
+            more = f", +{len(items) - 3} more" if len(items) > 3 else ""
+            parts.append(f"{len(items)} {what} ({', '.join(items[:3])}{more})")
+    return "; ".join(parts) or None
+
+
+def load_weights(model: nn.Module, path: str | Path) -> None:
+    """Load a local weights file into `model` strictly; ConfigError naming the mismatch."""
+    state = read_state_dict(path)
+    problem = weights_mismatch(state, model)
+    if problem:
+        raise ConfigError(f"weights: {path} does not fit model {type(model).__name__}: {problem}")
+    model.load_state_dict(state, strict=True)
+
+
+def check_weights(path: str | Path, model: nn.Module | None) -> None:
+    """Launcher-side check of a weights file against a (meta) model; None: only check it loads."""
+    state = read_state_dict(path)
+    if model is not None and (problem := weights_mismatch(state, model)):
+        raise ConfigError(f"weights: {path} does not fit model {type(model).__name__}: {problem}")
+
+
+# -- models ----------------------------------------------------------------
+def torchvision_models() -> list[str]:
+    """Names of torchvision's classification models."""
+    return sorted(torchvision.models.list_models(module=torchvision.models))
+
+
+def suggest(name: str, choices: list[str]) -> str:
+    """' (did you mean a, b?)' for close matches, else ''."""
+    close = difflib.get_close_matches(name, choices, n=3, cutoff=0.6)
+    return f" (did you mean {', '.join(close)}?)" if close else ""
+
+
+def _timm() -> Any:
+    try:
+        import timm
+    except ImportError:
+        raise ConfigError("model: timm/ models need the timm package; pip install timm") from None
+    return timm
+
+
+def check_model_name(name: str) -> None:
+    """ConfigError unless `name` is a torchvision classification model or an installed timm one."""
+    if name.startswith(TIMM_PREFIX):
+        timm = _timm()
+        arch = name[len(TIMM_PREFIX) :]
+        if not timm.is_model(arch):
+            raise ConfigError(f"model: unknown timm model {arch!r}{suggest(arch, timm.list_models())}")
+        return
+    names = torchvision_models()
+    if name not in names:
+        raise ConfigError(
+            f"model: unknown classification model {name!r}{suggest(name, names)}; "
+            f"any torchvision.models classifier works, or timm models as 'timm/NAME'"
+        )
+
+
+def create_model(name: str, num_classes: int, model_args: dict[str, Any]) -> nn.Module:
+    """A randomly initialised classifier (weights=None: nothing is downloaded)."""
+    try:
+        if name.startswith(TIMM_PREFIX):
+            return _timm().create_model(
+                name[len(TIMM_PREFIX) :], pretrained=False, num_classes=num_classes, **model_args
+            )
+        return torchvision.models.get_model(name, weights=None, num_classes=num_classes, **model_args)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"model_args: {name} rejects them ({one_line(e)}); fix model_args") from None
+
+
+# -- data ------------------------------------------------------------------
+class _FolderWithClasses(ImageFolder):
+    """An ImageFolder using a given class list (the training split's), so labels agree across splits."""
+
+    def __init__(self, root: str, classes: list[str], transform: Any = None):
+        self._given = classes
+        super().__init__(root, transform=transform, allow_empty=True)
+
+    def find_classes(self, directory: str | Path) -> tuple[list[str], dict[str, int]]:
+        return self._given, {c: i for i, c in enumerate(self._given)}
+
+
+def folder_classes(path: str) -> list[str]:
+    """Sorted class-folder names of an image-folder root; ConfigError if there are none."""
+    if not Path(path).is_dir():
+        raise ConfigError(f"data: {path}: no such directory; give an image-folder root (one folder per class)")
+    try:
+        return find_classes(path)[0]
+    except FileNotFoundError:
+        raise ConfigError(f"data: {path}: no class folders inside; expected ROOT/CLASS/image.jpg") from None
+
+
+def image_folder(path: str, classes: list[str] | None, image_size: int) -> ImageFolder:
+    """An ImageFolder with deterministic resize + centre crop + normalise (no random augmentation)."""
+    tf = transforms.Compose(
+        [
+            transforms.Resize(image_size),
+            transforms.CenterCrop(image_size),
+            transforms.ToTensor(),
+            transforms.Normalize(IMAGENET_MEAN, IMAGENET_STD),
+        ]
+    )
+    try:
+        if classes is None:
+            return ImageFolder(path, transform=tf)
+        return _FolderWithClasses(path, classes, transform=tf)
+    except FileNotFoundError as e:
+        raise ConfigError(f"data: {path}: {one_line(e)}") from None
+
+
+# -- metric ----------------------------------------------------------------
+class ClassificationMetric(Metric):
+    """Top-1 (and top-5) accuracy and mean loss from local sums, reduced exactly across ranks."""
+
+    def __init__(self, num_classes: int, device: torch.device):
+        self.num_classes = num_classes
+        # [samples, top1 hits, top5 hits, loss sum] in float64: counts stay exact up to 2**53.
+        self.state = torch.zeros(4, dtype=torch.float64, device=device)
+
+    def update(self, outputs: torch.Tensor, batch: Any) -> None:
+        """Add logits [B,K] against labels [B] (no host sync)."""
+        logits = outputs.float()
+        labels = batch[1].to(logits.device)
+        top1 = (logits.argmax(dim=1) == labels).sum()
+        k = min(5, self.num_classes)
+        top5 = (logits.topk(k, dim=1).indices == labels[:, None]).any(dim=1).sum()
+        loss = F.cross_entropy(logits, labels, reduction="sum")
+        n = torch.tensor(labels.numel(), device=logits.device)
+        self.state += torch.stack([n, top1, top5, loss]).to(self.state)
+
+    def compute(self, reduce_sum: Reducer) -> dict[str, float]:
+        """{'top1', 'top5' (K >= 5), 'val_loss'} over all ranks; NaN when no rank saw a sample."""
+        n, top1, top5, loss = reduce_sum(self.state.clone()).tolist()
+        if n == 0:
+            nan = float("nan")
+            out = {"top1": nan, "val_loss": nan}
+            if self.num_classes >= 5:
+                out["top5"] = nan
+            return out
+        out = {"top1": top1 / n, "val_loss": loss / n}
+        if self.num_classes >= 5:
+            out["top5"] = top5 / n
+        return out
+
+
+def _logits(out: Any) -> torch.Tensor:
+    # GoogLeNet/Inception return a namedtuple with aux heads in training mode.
+    return out.logits if hasattr(out, "logits") else out
+
+
+# -- task ------------------------------------------------------------------
+class ClassificationTask(Task):
+    """Image classification: cross-entropy on (image [B,3,S,S], label [B]) batches."""
+
+    primary_metric = "top1"
+
+    def __init__(self, spec: JobSpec) -> None:
+        super().__init__(spec)
+        self._classes: list[str] | None = None
+
+    # -- facts from the spec ----------------------------------------------
+    def model_args(self) -> dict[str, Any]:
+        """model_args as passed to the constructor; vit_* default to the data's image size."""
+        args = dict(self.spec.model_args)
+        # torchvision ViTs fix their position embedding to image_size (224 unless told).
+        if self.spec.model.startswith("vit_"):
+            args.setdefault("image_size", self.image_size())
+        return args
+
+    def image_size(self) -> int:
+        """Side of the images the model sees, in pixels."""
+        syn = self.spec.data.synthetic
+        if syn is not None:
+            return syn.image_size
+        return self.spec.data.image_size or DEFAULT_IMAGE_SIZE
+
+    def classes(self) -> list[str]:
+        """Class-folder names of the training split (image-folder data)."""
+        if self._classes is None:
+            assert self.spec.data.train is not None
+            self._classes = folder_classes(self.spec.data.train.path)
+        return self._classes
+
+    def num_classes(self) -> int:
+        """Number of classes, from the data."""
+        syn = self.spec.data.synthetic
+        return syn.num_classes if syn is not None else len(self.classes())
+
+    # -- checks -----------------------------------------------------------
+    def validate(self) -> None:
+        """Model name and args, data folders and the weights file, checked before any worker starts."""
+        check_model_name(self.spec.model)
+        for key, why in _RESERVED_ARGS.items():
+            if key in self.spec.model_args:
+                raise ConfigError(f"model_args.{key}: not allowed, {why}; remove it")
+        data = self.spec.data
+        if data.synthetic is None:
+            assert data.train is not None
+            image_folder(data.train.path, None, self.image_size())  # scans: fails on empty classes
+            if data.val is not None:
+                extra = sorted(set(folder_classes(data.val.path)) - set(self.classes()))
+                if extra:
+                    raise ConfigError(
+                        f"data.val: {data.val.path} has classes not in data.train: {', '.join(extra[:5])}; "
+                        "the splits must share class folders"
+                    )
+                image_folder(data.val.path, self.classes(), self.image_size())
+        probe = self._meta_model()
+        if self.spec.weights:
+            check_weights(self.spec.weights, probe)
+
+    def _meta_model(self) -> nn.Module | None:
+        """The model built on the meta device (catches bad model_args for free), or None if it can't be."""
+        try:
+            with torch.device("meta"):
+                return create_model(self.spec.model, self.num_classes(), self.model_args())
+        except ConfigError:
+            raise
+        except (NotImplementedError, RuntimeError):
+            return None  # some constructors (e.g. RegNet) compute on tensors: checked at build time
+
+    # -- model and data ---------------------------------------------------
+    def build_model(self) -> nn.Module:
+        """A fresh classifier on the CPU, optionally loaded from the job's local weights file."""
+        model = create_model(self.spec.model, self.num_classes(), self.model_args())
+        if self.spec.weights:
+            load_weights(model, self.spec.weights)
+        return model
+
+    def train_dataset(self) -> Dataset:
+        """Synthetic samples or the training image folder."""
+        syn = self.spec.data.synthetic
+        if syn is not None:
+            return synth.SyntheticClassification(
+                syn.train_size, syn.image_size, syn.num_classes, syn.seed, synth.TRAIN_STREAM
+            )
+        assert self.spec.data.train is not None
+        return image_folder(self.spec.data.train.path, None, self.image_size())
+
+    def val_dataset(self) -> Dataset | None:
+        """Synthetic validation samples, the validation image folder, or None."""
+        syn = self.spec.data.synthetic
+        if syn is not None:
+            if syn.val_size == 0:
+                return None
+            return synth.SyntheticClassification(
+                syn.val_size, syn.image_size, syn.num_classes, syn.seed, synth.VAL_STREAM
+            )
+        if self.spec.data.val is None:
+            return None
+        return image_folder(self.spec.data.val.path, self.classes(), self.image_size())
+
+    def device_batch(self, batch_size: int, device: torch.device, generator: torch.Generator) -> Any:
+        """Synthetic (images [B,3,S,S], labels [B]) made on `device`."""
+        syn = self.spec.data.synthetic
+        if syn is None:
+            raise ConfigError("data.synthetic.on_device needs data.synthetic; image folders load from disk")
+        return synth.device_batch(batch_size, syn.image_size, syn.num_classes, device, generator, syn.seed)
+
+    # -- step ---------------------------------------------------------------
+    def loss(self, model: nn.Module, batch: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Mean cross-entropy of the logits against the labels."""
+        images, labels = batch
+        loss = F.cross_entropy(_logits(model(images)), labels)
+        return loss, {"ce": loss.detach()}
+
+    def predict(self, model: nn.Module, batch: Any) -> torch.Tensor:
+        """Logits [B,K]."""
+        return _logits(model(batch[0]))
+
+    def make_metric(self, device: torch.device) -> Metric:
+        """A fresh top-1/top-5/loss accumulator."""
+        return ClassificationMetric(self.num_classes(), device)
+
