@@ -58,7 +58,9 @@ def render(params: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
 class SyntheticClassification(Dataset):
     """Map-style dataset: sample i is (image [3,S,S] float32, label = i % num_classes)."""
 
-    def __init__(self, size: int, image_size: int, num_classes: int, seed: int = 0, stream: int = TRAIN_STREAM):
+    def __init__(
+        self, size: int, image_size: int, num_classes: int, seed: int = 0, stream: int = TRAIN_STREAM
+    ):
         self.size = size
         self.image_size = image_size
         self.num_classes = num_classes

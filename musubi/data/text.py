@@ -104,7 +104,9 @@ def check_utf8(path: str | Path) -> None:
         try:
             decoder.decode(b"", final=True)
         except UnicodeDecodeError:
-            raise ConfigError(f"{path}: not UTF-8 text (truncated last character); convert it to UTF-8") from None
+            raise ConfigError(
+                f"{path}: not UTF-8 text (truncated last character); convert it to UTF-8"
+            ) from None
 
 
 class ByteTextDataset(Dataset):
@@ -114,7 +116,9 @@ class ByteTextDataset(Dataset):
         self.path = Path(path)
         self.seq_len = seq_len
         if not self.path.is_file():
-            raise ConfigError(f"{self.path}: no such text file; give data.train.path / data.val.path of a UTF-8 file")
+            raise ConfigError(
+                f"{self.path}: no such text file; give data.train.path / data.val.path of a UTF-8 file"
+            )
         nbytes = self.path.stat().st_size
         if nbytes == 0:
             raise ConfigError(f"{self.path}: empty file; an lm text file needs at least {seq_len + 1} bytes")

@@ -48,20 +48,26 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     """Tensors of a local weights file (weights_only, on the CPU); unwraps {'model': ...}-style checkpoints."""
     p = Path(path)
     if not p.is_file():
-        raise ConfigError(f"weights: {p}: no such file; give a local file saved with torch.save(model.state_dict())")
+        raise ConfigError(
+            f"weights: {p}: no such file; give a local file saved with torch.save(model.state_dict())"
+        )
     try:
         try:
             obj = torch.load(p, map_location="cpu", weights_only=True, mmap=True)
         except RuntimeError:
             obj = torch.load(p, map_location="cpu", weights_only=True)  # legacy (non-zip) format
     except Exception as e:
-        raise ConfigError(f"weights: {p}: cannot load it safely ({one_line(e)}); save a plain state_dict") from None
+        raise ConfigError(
+            f"weights: {p}: cannot load it safely ({one_line(e)}); save a plain state_dict"
+        ) from None
     for key in ("state_dict", "model", "model_state_dict"):
         if isinstance(obj, dict) and isinstance(obj.get(key), dict):
             obj = obj[key]
             break
     if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
-        raise ConfigError(f"weights: {p}: not a state_dict of tensors; save it with torch.save(model.state_dict())")
+        raise ConfigError(
+            f"weights: {p}: not a state_dict of tensors; save it with torch.save(model.state_dict())"
+        )
     # DDP and torch.compile wrappers prefix every key; the model here is unwrapped.
     for prefix in ("module.", "_orig_mod."):
         if obj and all(k.startswith(prefix) for k in obj):
@@ -166,7 +172,9 @@ class _FolderWithClasses(ImageFolder):
 def folder_classes(path: str) -> list[str]:
     """Sorted class-folder names of an image-folder root; ConfigError if there are none."""
     if not Path(path).is_dir():
-        raise ConfigError(f"data: {path}: no such directory; give an image-folder root (one folder per class)")
+        raise ConfigError(
+            f"data: {path}: no such directory; give an image-folder root (one folder per class)"
+        )
     try:
         return find_classes(path)[0]
     except FileNotFoundError:
@@ -279,6 +287,7 @@ class ClassificationTask(Task):
         data = self.spec.data
         if data.synthetic is None:
             assert data.train is not None
+            self.classes()  # a directory with class folders
             image_folder(data.train.path, None, self.image_size())  # scans: fails on empty classes
             if data.val is not None:
                 extra = sorted(set(folder_classes(data.val.path)) - set(self.classes()))
@@ -287,7 +296,8 @@ class ClassificationTask(Task):
                         f"data.val: {data.val.path} has classes not in data.train: {', '.join(extra[:5])}; "
                         "the splits must share class folders"
                     )
-                image_folder(data.val.path, self.classes(), self.image_size())
+                if len(image_folder(data.val.path, self.classes(), self.image_size())) == 0:
+                    raise ConfigError(f"data.val: {data.val.path} holds no images; add some or drop data.val")
         probe = self._meta_model()
         if self.spec.weights:
             check_weights(self.spec.weights, probe)
@@ -354,4 +364,3 @@ class ClassificationTask(Task):
     def make_metric(self, device: torch.device) -> Metric:
         """A fresh top-1/top-5/loss accumulator."""
         return ClassificationMetric(self.num_classes(), device)
-

@@ -80,7 +80,9 @@ class LMTask(Task):
             if key == "dropout":
                 ok = isinstance(value, (int, float)) and not isinstance(value, bool)
             else:
-                ok = (isinstance(value, int) and not isinstance(value, bool)) or (key == "ffn_hidden" and value is None)
+                ok = (isinstance(value, int) and not isinstance(value, bool)) or (
+                    key == "ffn_hidden" and value is None
+                )
             if not ok:
                 raise ConfigError(f"model_args.{key}: expected a number, got {value!r}")
             args[key] = value

@@ -49,7 +49,8 @@ class TinyTask(Task):
     primary_metric = "acc"
 
     def build_model(self) -> nn.Module:
-        return nn.Sequential(nn.Linear(FEATURES, 32), nn.Tanh(), nn.Linear(32, CLASSES))
+        hidden = int(self.spec.model_args.get("hidden", 32))
+        return nn.Sequential(nn.Linear(FEATURES, hidden), nn.Tanh(), nn.Linear(hidden, CLASSES))
 
     def train_dataset(self) -> Dataset:
         syn = self.spec.data.synthetic

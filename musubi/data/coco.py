@@ -1,0 +1,272 @@
+"""COCO-format detection data: an image directory plus an annotation JSON.
+
+Everything that can be wrong with the annotation file is found at construction
+(one-line ConfigError naming the file and the fix), so a worker never dies on
+sample 40 000. Category ids map to contiguous labels 1..K in id order (0 is the
+background class of torchvision detectors). Crowd regions are skipped and
+degenerate boxes dropped; both are counted in `stats` and logged once.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath, PureWindowsPath
+from typing import Any
+
+import torch
+from PIL import Image
+from torch import Tensor
+from torch.utils.data import Dataset
+from torchvision.transforms.functional import pil_to_tensor
+
+from musubi.config.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+#: Largest annotation file read (bytes); COCO train2017 is ~0.45 GiB.
+MAX_ANNOTATION_BYTES = 2 * 1024**3
+#: Pixel limit used when PIL's own decompression-bomb limit has been switched off (PIL's default).
+DEFAULT_MAX_IMAGE_PIXELS = 89_478_485
+
+
+@dataclass(frozen=True)
+class CocoStats:
+    """What construction kept and dropped (reported, never silent)."""
+
+    images: int
+    annotations: int
+    boxes: int
+    crowd_skipped: int
+    degenerate_dropped: int
+
+
+def _fail(path: Path, problem: str, fix: str) -> ConfigError:
+    return ConfigError(f"{path}: {problem}; {fix}")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def check_relative_name(file_name: Any, ann_path: Path, image_id: Any) -> str:
+    """Return `file_name` if it stays inside the image directory, else raise ConfigError."""
+    if not isinstance(file_name, str) or not file_name or "\x00" in file_name:
+        raise _fail(ann_path, f"image {image_id} has an empty or non-string file_name", "fix the entry")
+    # Check both path flavours: a Windows-made file may say C:\.. or ..\x even when read on Linux.
+    for flavour in (PurePosixPath, PureWindowsPath):
+        p = flavour(file_name)
+        if p.is_absolute() or p.drive or p.root or ".." in p.parts:
+            raise _fail(
+                ann_path,
+                f"image {image_id} file_name {file_name!r} escapes the image directory",
+                "use a path relative to the image directory without '..'",
+            )
+    return file_name
+
+
+def read_annotation_json(ann_path: Path) -> dict[str, Any]:
+    """Parse a COCO annotation file after checking it exists, is bounded in size and has the COCO keys."""
+    if not ann_path.is_file():
+        raise _fail(ann_path, "annotation file not found", "fix data.*.annotations to point at a COCO JSON file")
+    size = ann_path.stat().st_size
+    if size > MAX_ANNOTATION_BYTES:
+        raise _fail(
+            ann_path,
+            f"annotation file is {size / 1024**3:.1f} GiB (limit {MAX_ANNOTATION_BYTES / 1024**3:.0f} GiB)",
+            "split it into smaller annotation files",
+        )
+    try:
+        with ann_path.open("rb") as f:
+            data = json.load(f)
+    except json.JSONDecodeError as e:
+        raise _fail(ann_path, f"not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})", "fix or re-export it") from None
+    except UnicodeDecodeError:
+        raise _fail(ann_path, "not UTF-8 text", "re-export it as UTF-8 JSON") from None
+    if not isinstance(data, dict):
+        raise _fail(ann_path, "top level is not a JSON object", "give a COCO file with images/annotations/categories")
+    for key in ("images", "annotations", "categories"):
+        if not isinstance(data.get(key), list):
+            raise _fail(
+                ann_path, f"missing the COCO list {key!r}", "give a COCO file with images, annotations and categories"
+            )
+    return data
+
+
+def _category_ids(data: dict[str, Any], ann_path: Path) -> list[int]:
+    ids: list[int] = []
+    for n, cat in enumerate(data["categories"]):
+        if not isinstance(cat, dict) or not _is_int(cat.get("id")):
+            raise _fail(ann_path, f"categories[{n}] has no integer 'id'", "fix the category entry")
+        ids.append(cat["id"])
+    if len(set(ids)) != len(ids):
+        raise _fail(ann_path, "duplicate category ids", "give each category a unique id")
+    return sorted(ids)
+
+
+class CocoDetection(Dataset):
+    """Map-style COCO set: index -> (image float [3, H, W] in [0, 1], {"boxes", "labels", "image_id"})."""
+
+    def __init__(
+        self,
+        image_dir: str | os.PathLike[str],
+        annotations: str | os.PathLike[str],
+        *,
+        image_size: int | None = None,
+        category_ids: Sequence[int] | None = None,
+        check_files: bool = True,
+    ) -> None:
+        """Read and validate the annotations; `category_ids` fixes the label map (pass the train split's to val)."""
+        self.image_dir = Path(image_dir)
+        self.annotations = Path(annotations)
+        self.image_size = image_size
+        data = read_annotation_json(self.annotations)
+        if not self.image_dir.is_dir():
+            raise _fail(self.image_dir, "image directory not found", "fix data.*.path to the folder holding the images")
+        own_ids = _category_ids(data, self.annotations)
+        #: Sorted COCO category ids; label = position + 1.
+        self.category_ids: tuple[int, ...] = tuple(category_ids) if category_ids is not None else tuple(own_ids)
+        names = {c["id"]: str(c.get("name", c["id"])) for c in data["categories"]}
+        self.category_names: dict[int, str] = {cid: names.get(cid, str(cid)) for cid in self.category_ids}
+        label_of = {cid: n + 1 for n, cid in enumerate(self.category_ids)}
+        self._load_images(data["images"])
+        self._load_boxes(data["annotations"], label_of)
+        if check_files:
+            self._check_files()
+        if self.stats.crowd_skipped or self.stats.degenerate_dropped:
+            log.warning(
+                "%s: skipped %d crowd annotations, dropped %d degenerate boxes (w<=0 or h<=0 after clipping)",
+                self.annotations, self.stats.crowd_skipped, self.stats.degenerate_dropped,
+            )
+
+    @property
+    def num_classes(self) -> int:
+        """Object classes, excluding background."""
+        return len(self.category_ids)
+
+    def _load_images(self, images: list[Any]) -> None:
+        entries: list[tuple[int, str, int, int]] = []
+        for n, img in enumerate(images):
+            if not isinstance(img, dict) or not _is_int(img.get("id")):
+                raise _fail(self.annotations, f"images[{n}] has no integer 'id'", "fix the image entry")
+            name = check_relative_name(img.get("file_name"), self.annotations, img["id"])
+            # Width/height are optional in the wild; 0 means "unknown, do not clip at load".
+            w, h = img.get("width", 0), img.get("height", 0)
+            entries.append((img["id"], name, w if _is_int(w) else 0, h if _is_int(h) else 0))
+        entries.sort()
+        ids = [e[0] for e in entries]
+        if len(set(ids)) != len(ids):
+            raise _fail(self.annotations, "duplicate image ids", "give each image a unique id")
+        self._image_ids = ids
+        self._file_names = [e[1] for e in entries]
+        self._declared_sizes = [(e[2], e[3]) for e in entries]
+
+    def _load_boxes(self, annotations: list[Any], label_of: dict[int, int]) -> None:
+        index_of = {image_id: n for n, image_id in enumerate(self._image_ids)}
+        per_image: list[list[tuple[float, float, float, float, int]]] = [[] for _ in self._image_ids]
+        crowd = degenerate = 0
+        for n, ann in enumerate(annotations):
+            if not isinstance(ann, dict):
+                raise _fail(self.annotations, f"annotations[{n}] is not an object", "fix the annotation entry")
+            image_id, category_id = ann.get("image_id"), ann.get("category_id")
+            image = index_of.get(image_id) if _is_int(image_id) else None
+            if image is None:
+                raise _fail(
+                    self.annotations, f"annotations[{n}] refers to unknown image_id {image_id!r}",
+                    "add the image or remove the annotation",
+                )
+            label = label_of.get(category_id) if _is_int(category_id) else None
+            if label is None:
+                raise _fail(
+                    self.annotations, f"annotations[{n}] has category_id {category_id!r}, not one of the {len(label_of)} known categories",
+                    "use the same categories as the training split",
+                )
+            bbox = ann.get("bbox")
+            if not isinstance(bbox, list) or len(bbox) != 4 or not all(_is_number(v) for v in bbox):
+                raise _fail(self.annotations, f"annotations[{n}] bbox is not [x, y, w, h]", "fix the annotation entry")
+            if ann.get("iscrowd", 0):
+                crowd += 1
+                continue
+            x, y, w, h = (float(v) for v in bbox)
+            x1, y1, x2, y2 = x, y, x + w, y + h
+            width, height = self._declared_sizes[image]
+            if width > 0 and height > 0:
+                x1, x2 = min(max(x1, 0.0), width), min(max(x2, 0.0), width)
+                y1, y2 = min(max(y1, 0.0), height), min(max(y2, 0.0), height)
+            if not all(math.isfinite(v) for v in (x1, y1, x2, y2)) or x2 <= x1 or y2 <= y1:
+                degenerate += 1
+                continue
+            per_image[image].append((x1, y1, x2, y2, label))
+        counts = [len(rows) for rows in per_image]
+        flat = [row for rows in per_image for row in rows]
+        # One flat table + offsets: cheap to pickle into loader workers, unlike 100k small tensors.
+        table = torch.tensor(flat, dtype=torch.float64).reshape(-1, 5)
+        self._boxes = table[:, :4].to(torch.float32)
+        self._labels = table[:, 4].to(torch.int64)
+        self._offsets = torch.tensor([0, *counts], dtype=torch.int64).cumsum(0)
+        self.stats = CocoStats(
+            images=len(self._image_ids),
+            annotations=len(annotations),
+            boxes=len(flat),
+            crowd_skipped=crowd,
+            degenerate_dropped=degenerate,
+        )
+
+    def _check_files(self) -> None:
+        missing = [name for name in self._file_names if not (self.image_dir / name).is_file()]
+        if missing:
+            raise _fail(
+                self.image_dir,
+                f"{len(missing)} of {len(self._file_names)} images listed in {self.annotations} are missing "
+                f"(first: {missing[0]!r})",
+                "fix data.*.path or the annotation file",
+            )
+
+    def __len__(self) -> int:
+        return len(self._image_ids)
+
+    def _open(self, path: Path) -> Image.Image:
+        limit = Image.MAX_IMAGE_PIXELS or DEFAULT_MAX_IMAGE_PIXELS
+        try:
+            with Image.open(path) as im:
+                # Checked before decoding: PIL only warns between 1x and 2x its limit.
+                if im.width * im.height > limit:
+                    raise _fail(
+                        path, f"image is {im.width}x{im.height} pixels, over the {limit} pixel limit",
+                        "tile the image or raise PIL.Image.MAX_IMAGE_PIXELS",
+                    )
+                return im.convert("RGB")
+        except (OSError, Image.DecompressionBombError) as e:
+            raise _fail(path, f"cannot read image ({e})", "replace or remove the file") from None
+
+    def __getitem__(self, index: int) -> tuple[Tensor, dict[str, Tensor]]:
+        path = self.image_dir / self._file_names[index]
+        im = self._open(path)
+        lo, hi = int(self._offsets[index]), int(self._offsets[index + 1])
+        boxes = self._boxes[lo:hi].clone()
+        labels = self._labels[lo:hi].clone()
+        if self.image_size is not None:
+            scale = self.image_size / max(im.width, im.height)
+            new_w, new_h = max(1, round(im.width * scale)), max(1, round(im.height * scale))
+            # Scale per axis by the realised size so boxes follow the rounding of the resize.
+            boxes *= torch.tensor([new_w / im.width, new_h / im.height] * 2, dtype=torch.float32)
+            im = im.resize((new_w, new_h), Image.Resampling.BILINEAR)
+        # Clip to the real image (declared width/height may be absent or wrong) and drop what vanished.
+        boxes[:, 0::2] = boxes[:, 0::2].clamp(0, im.width)
+        boxes[:, 1::2] = boxes[:, 1::2].clamp(0, im.height)
+        keep = (boxes[:, 2] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 1])
+        image = pil_to_tensor(im).to(torch.float32).div_(255.0)
+        target = {
+            "boxes": boxes[keep],
+            "labels": labels[keep],
+            "image_id": torch.tensor(self._image_ids[index], dtype=torch.int64),
+        }
+        return image, target

@@ -1,0 +1,371 @@
+"""Built-in detection task: torchvision detectors on synthetic or COCO data, scored by mAP50.
+
+Models start from scratch (weights=None, weights_backbone=None: nothing is
+downloaded) or from a local state dict. Batches are (list of images, list of
+targets): detectors take images of different sizes, so nothing is stacked.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from importlib.util import find_spec
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+from torch.utils.data import Dataset
+from torchvision.models import detection as tvd
+from torchvision.models.detection.fcos import FCOS
+from torchvision.models.detection.retinanet import RetinaNet
+from torchvision.models.detection.ssd import SSD
+from torchvision.models.detection.transform import GeneralizedRCNNTransform
+
+from musubi.config.errors import ConfigError
+from musubi.config.job import DataSplit, JobSpec
+from musubi.data.coco import CocoDetection
+from musubi.data.synthetic_detection import (
+    SyntheticDetection,
+    check_synthetic_params,
+    synthetic_detection_batch,
+)
+from musubi.tasks.base import Metric, Reducer, Task
+
+#: Model name -> (torchvision builder, model class whose keyword arguments the builder forwards).
+MODELS: dict[str, tuple[Callable[..., nn.Module], type[nn.Module]]] = {
+    "fasterrcnn_mobilenet_v3_large_fpn": (tvd.fasterrcnn_mobilenet_v3_large_fpn, tvd.FasterRCNN),
+    "fasterrcnn_mobilenet_v3_large_320_fpn": (tvd.fasterrcnn_mobilenet_v3_large_320_fpn, tvd.FasterRCNN),
+    "fasterrcnn_resnet50_fpn": (tvd.fasterrcnn_resnet50_fpn, tvd.FasterRCNN),
+    "fcos_resnet50_fpn": (tvd.fcos_resnet50_fpn, FCOS),
+    "retinanet_resnet50_fpn": (tvd.retinanet_resnet50_fpn, RetinaNet),
+    "ssdlite320_mobilenet_v3_large": (tvd.ssdlite320_mobilenet_v3_large, SSD),
+}
+#: Models that resize their input between min_size and max_size (SSD has a fixed input size instead).
+RESIZING_MODELS = frozenset(name for name, (_, cls) in MODELS.items() if cls is not SSD)
+# Set by musubi itself, or not expressible as a YAML scalar.
+_RESERVED_ARGS = frozenset({"self", "args", "kwargs", "weights", "weights_backbone", "num_classes", "progress",
+                            "backbone", "anchor_generator", "size", "image_mean", "image_std", "norm_layer"})
+
+EVAL_EXTRA_MESSAGE = "detection mAP needs the eval extra: pip install 'musubi-train[eval]'"
+
+
+def accepted_model_args(model: str) -> frozenset[str]:
+    """Keyword arguments `model` takes from `model_args` (torchvision silently ignores unknown ones)."""
+    builder, cls = MODELS[model]
+    names: set[str] = set()
+    for fn in (builder, cls.__init__, GeneralizedRCNNTransform.__init__):
+        names.update(inspect.signature(fn).parameters)
+    return frozenset(names - _RESERVED_ARGS)
+
+
+def map_backend() -> str:
+    """The COCO-eval backend torchmetrics should use; ConfigError when the eval extra is missing."""
+    if find_spec("torchmetrics") is None:
+        raise ConfigError(EVAL_EXTRA_MESSAGE)
+    for backend, module in (("faster_coco_eval", "faster_coco_eval"), ("pycocotools", "pycocotools")):
+        if find_spec(module) is not None:
+            return backend
+    raise ConfigError(EVAL_EXTRA_MESSAGE)
+
+
+def load_state_dict_file(path: str) -> dict[str, Tensor]:
+    """A weights-only state dict from a local file (also accepts {"model": sd} / {"state_dict": sd})."""
+    if not Path(path).is_file():
+        raise ConfigError(f"weights: {path} not found; give a local state-dict file (nothing is downloaded)")
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # unpickling errors have no common base class
+        first_line = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+        raise ConfigError(
+            f"weights: cannot load {path} as a weights-only state dict ({first_line}); "
+            "save it with torch.save(model.state_dict(), path)"
+        ) from None
+    if isinstance(obj, dict):
+        for key in ("model", "state_dict"):
+            if isinstance(obj.get(key), dict):
+                obj = obj[key]
+                break
+    if not isinstance(obj, dict) or not all(isinstance(k, str) and isinstance(v, Tensor) for k, v in obj.items()):
+        raise ConfigError(f"weights: {path} is not a state dict of tensors; save it with torch.save(model.state_dict(), path)")
+    return obj
+
+
+def check_state_dict(model: nn.Module, state: dict[str, Tensor], what: str) -> None:
+    """ConfigError naming the first missing/unexpected/reshaped key when `state` does not fit `model` exactly."""
+    expected = model.state_dict()
+    missing = [k for k in expected if k not in state]
+    unexpected = [k for k in state if k not in expected]
+    reshaped = [k for k in expected if k in state and state[k].shape != expected[k].shape]
+    problems = []
+    if missing:
+        problems.append(f"{len(missing)} missing keys, e.g. {missing[0]!r}")
+    if unexpected:
+        problems.append(f"{len(unexpected)} unexpected keys, e.g. {unexpected[0]!r}")
+    if reshaped:
+        k = reshaped[0]
+        problems.append(
+            f"{len(reshaped)} shape mismatches, e.g. {k!r} {list(state[k].shape)} in file vs {list(expected[k].shape)}"
+        )
+    if problems:
+        raise ConfigError(f"weights: {what} ({'; '.join(problems)}); use weights saved from the same model and classes")
+
+
+class DetectionMetric(Metric):
+    """mAP50 and mAP50-95 over the whole validation set, whichever ranks hold its shards."""
+
+    def __init__(self, device: torch.device, backend: str) -> None:
+        self.device = torch.device(device)
+        self.backend = backend
+        # Per image, on the host: (image_id or -1, pred boxes [P,4], scores [P], labels [P], gt boxes [G,4], labels [G]).
+        self._images: list[tuple[int, Tensor, Tensor, Tensor, Tensor, Tensor]] = []
+
+    def update(self, outputs: Any, batch: Any) -> None:
+        """Add one batch: `outputs` from DetectionTask.predict, `batch` = (images, targets)."""
+        _, targets = batch
+        for pred, target in zip(outputs, targets, strict=True):
+            image_id = target.get("image_id")
+            self._images.append((
+                int(image_id) if image_id is not None else -1,
+                pred["boxes"].detach().float().cpu(),
+                pred["scores"].detach().float().cpu(),
+                pred["labels"].detach().cpu(),
+                target["boxes"].detach().float().cpu(),
+                target["labels"].detach().cpu(),
+            ))
+
+    def _tables(self) -> list[Tensor]:
+        """Images [n, 3] (id, preds, gts), preds [P, 6] (xyxy, score, label), gts [G, 5] (xyxy, label); float64."""
+        f64 = torch.float64
+        images = torch.tensor([(i, len(ps), len(gb)) for i, _, ps, _, gb, _ in self._images], dtype=f64).reshape(-1, 3)
+        preds = [torch.cat([pb.to(f64), ps[:, None].to(f64), pl[:, None].to(f64)], 1) for _, pb, ps, pl, _, _ in self._images]
+        gts = [torch.cat([gb.to(f64), gl[:, None].to(f64)], 1) for *_, gb, gl in self._images]
+        return [images, torch.cat([torch.zeros(0, 6, dtype=f64), *preds]), torch.cat([torch.zeros(0, 5, dtype=f64), *gts])]
+
+    def _gather(self, tables: list[Tensor], reduce_sum: Reducer) -> list[Tensor]:
+        """Every rank's tables concatenated in rank order, using only the runtime's sum-all-reduce."""
+        f64 = torch.float64
+        world = int(reduce_sum(torch.ones(1, dtype=f64, device=self.device)).item())
+        if world == 1:
+            return tables
+        # Querying the rank is not a collective; the collectives all go through reduce_sum.
+        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() != world:
+            raise RuntimeError(f"mAP gather: reduce_sum spans {world} ranks but torch.distributed's world does not")
+        rank = dist.get_rank()
+        counts = torch.zeros((world, len(tables)), dtype=f64, device=self.device)
+        counts[rank] = torch.tensor([t.shape[0] for t in tables], dtype=f64)
+        counts = reduce_sum(counts).cpu().long()
+        gathered = []
+        for j, table in enumerate(tables):
+            sizes = counts[:, j].tolist()
+            total, offset = sum(sizes), sum(sizes[:rank])
+            # Zeros everywhere but this rank's slot: the sum is the concatenation (exact in float64:
+            # float32 boxes/scores and int labels/ids below 2**53 survive x + 0 unchanged).
+            buf = torch.zeros((max(total, 1), table.shape[1]), dtype=f64, device=self.device)
+            buf[offset : offset + table.shape[0]] = table.to(self.device)
+            gathered.append(reduce_sum(buf)[:total].cpu())
+        return gathered
+
+    def compute(self, reduce_sum: Reducer) -> dict[str, float]:
+        """Global mAP; every rank gets the same numbers (-1 where there is no ground truth, as COCO eval)."""
+        images, preds, gts = self._gather(self._tables(), reduce_sum)
+        pred_list: list[dict[str, Tensor]] = []
+        target_list: list[dict[str, Tensor]] = []
+        seen: set[int] = set()
+        p = g = 0
+        for image_id, n_pred, n_gt in images.long().tolist():
+            pred, gt = preds[p : p + n_pred], gts[g : g + n_gt]
+            p, g = p + n_pred, g + n_gt
+            # A distributed sampler repeats a few samples to even out ranks; count each image once.
+            if image_id >= 0:
+                if image_id in seen:
+                    continue
+                seen.add(image_id)
+            pred_list.append({"boxes": pred[:, :4].float(), "scores": pred[:, 4].float(), "labels": pred[:, 5].long()})
+            target_list.append({"boxes": gt[:, :4].float(), "labels": gt[:, 4].long()})
+        if not target_list:
+            return {"map50": -1.0, "map": -1.0}
+        from torchmetrics.detection import MeanAveragePrecision
+
+        # Built on the gathered data, so torchmetrics' own sync must stay off: it gathers per image and
+        # per state and deadlocks (gloo: aborts) when ranks hold different numbers of images.
+        metric = MeanAveragePrecision(box_format="xyxy", iou_type="bbox", backend=self.backend, sync_on_compute=False)
+        metric.update(pred_list, target_list)
+        result = metric.compute()
+        names = {"map_50": "map50", "map": "map", "map_75": "map75", "map_small": "map_small",
+                 "map_medium": "map_medium", "map_large": "map_large", "mar_100": "mar100"}
+        return {ours: float(result[theirs]) for theirs, ours in names.items()}
+
+
+class DetectionTask(Task):
+    """torchvision detector + synthetic or COCO data + summed detector losses + mAP50.
+
+    Resizing detectors (all but SSD) rescale inputs to min_size..max_size (torchvision: 800..1333);
+    when the image size is known and model_args set neither, both default to it, so images are fed
+    at their own resolution instead of being upsampled.
+    """
+
+    primary_metric = "map50"
+
+    def __init__(self, spec: JobSpec) -> None:
+        super().__init__(spec)
+        self._train: Dataset | None = None
+        self._val: Dataset | None = None
+        self._val_built = False
+
+    # -- shape of the problem ----------------------------------------------
+    @property
+    def image_size(self) -> int | None:
+        """Image side fed to the model: data.image_size, else synthetic.image_size, else None (as on disk)."""
+        data = self.spec.data
+        if data.synthetic is not None:
+            return data.image_size or data.synthetic.image_size
+        return data.image_size
+
+    @property
+    def num_classes(self) -> int:
+        """Object classes, background excluded (the model has one more output)."""
+        synthetic = self.spec.data.synthetic
+        if synthetic is not None:
+            return synthetic.num_classes
+        train = self.train_dataset()
+        assert isinstance(train, CocoDetection)
+        return train.num_classes
+
+    def model_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for the torchvision builder, model_args last (they win)."""
+        kwargs: dict[str, Any] = {}
+        args = self.spec.model_args
+        if self.spec.model in RESIZING_MODELS and self.image_size is not None and not {"min_size", "max_size"} & set(args):
+            kwargs.update(min_size=self.image_size, max_size=self.image_size)
+        kwargs.update(args)
+        return kwargs
+
+    def validate(self) -> None:
+        """Unknown model or model_args, bad synthetic sizes, missing/broken COCO files or weights -> ConfigError."""
+        spec = self.spec
+        if spec.model not in MODELS:
+            raise ConfigError(f"model: unknown detection model {spec.model!r}; known: {', '.join(MODELS)}")
+        unknown = sorted(set(spec.model_args) - accepted_model_args(spec.model))
+        if unknown:
+            raise ConfigError(
+                f"model_args: {spec.model} takes no {', '.join(unknown)}; "
+                f"it takes {', '.join(sorted(accepted_model_args(spec.model)))}"
+            )
+        synthetic = spec.data.synthetic
+        if synthetic is not None:
+            check_synthetic_params(
+                self.image_size or synthetic.image_size, synthetic.num_classes, synthetic.objects,
+                synthetic.min_object, synthetic.max_object,
+            )
+        # Reads and checks the annotation files and images now, not in a worker.
+        self.train_dataset()
+        self.val_dataset()
+        # Meta tensors: checks the arguments (and the weights' shapes) without allocating the model.
+        with torch.device("meta"):
+            meta_model = self._construct()
+        if spec.weights:
+            check_state_dict(meta_model, load_state_dict_file(spec.weights), self._weights_what())
+
+    # -- model -------------------------------------------------------------
+    def _construct(self) -> nn.Module:
+        builder, _ = MODELS[self.spec.model]
+        try:
+            return builder(weights=None, weights_backbone=None, num_classes=self.num_classes + 1, **self.model_kwargs())
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"model_args: {self.spec.model} rejected them ({e}); fix model_args") from None
+
+    def _weights_what(self) -> str:
+        return f"{self.spec.weights} does not fit {self.spec.model} with {self.num_classes} classes + background"
+
+    def build_model(self) -> nn.Module:
+        """A fresh detector on the CPU (num_classes + 1 outputs), loaded from spec.weights if given."""
+        if self.spec.model not in MODELS:
+            raise ConfigError(f"model: unknown detection model {self.spec.model!r}; known: {', '.join(MODELS)}")
+        model = self._construct()
+        if self.spec.weights:
+            state = load_state_dict_file(self.spec.weights)
+            check_state_dict(model, state, self._weights_what())
+            try:
+                model.load_state_dict(state, strict=True)
+            except RuntimeError as e:
+                raise ConfigError(f"weights: {self._weights_what()} ({str(e).splitlines()[0]})") from None
+        return model
+
+    # -- data --------------------------------------------------------------
+    def _coco(self, split: DataSplit, name: str, category_ids: tuple[int, ...] | None) -> CocoDetection:
+        if split.annotations is None:
+            raise ConfigError(f"data.{name}.annotations: detection needs a COCO annotation JSON for this split; set it")
+        return CocoDetection(
+            split.path, split.annotations, image_size=self.spec.data.image_size, category_ids=category_ids
+        )
+
+    def train_dataset(self) -> Dataset:
+        """Synthetic train split or the COCO data.train split (built once, then cached)."""
+        if self._train is None:
+            data = self.spec.data
+            if data.synthetic is not None:
+                self._train = SyntheticDetection.from_spec(data.synthetic, "train", self.image_size)
+            else:
+                assert data.train is not None  # DataSpec guarantees one source
+                self._train = self._coco(data.train, "train", None)
+        return self._train
+
+    def val_dataset(self) -> Dataset | None:
+        """Synthetic val split (None if val_size is 0) or COCO data.val with the train split's label map."""
+        if not self._val_built:
+            data = self.spec.data
+            if data.synthetic is not None:
+                if data.synthetic.val_size > 0:
+                    self._val = SyntheticDetection.from_spec(data.synthetic, "val", self.image_size)
+            elif data.val is not None:
+                train = self.train_dataset()
+                assert isinstance(train, CocoDetection)
+                self._val = self._coco(data.val, "val", train.category_ids)
+            self._val_built = True
+        return self._val
+
+    def collate(self, samples: list[Any]) -> tuple[list[Tensor], list[dict[str, Tensor]]]:
+        """Samples -> (images, targets) lists; not stacked, detectors take images of any size."""
+        return [s[0] for s in samples], [s[1] for s in samples]
+
+    def batch_size_of(self, batch: Any) -> int:
+        """Images in the batch."""
+        return len(batch[0])
+
+    def device_batch(self, batch_size: int, device: torch.device, generator: torch.Generator) -> Any:
+        """A synthetic (images, targets) batch drawn on `device` with `generator`."""
+        synthetic = self.spec.data.synthetic
+        if synthetic is None:
+            raise ConfigError("data.synthetic.on_device needs data.synthetic; COCO data comes from the loader")
+        return synthetic_detection_batch(
+            batch_size,
+            image_size=self.image_size or synthetic.image_size,
+            num_classes=synthetic.num_classes,
+            objects=synthetic.objects,
+            min_object=synthetic.min_object,
+            max_object=synthetic.max_object,
+            device=device,
+            generator=generator,
+        )
+
+    # -- step --------------------------------------------------------------
+    def loss(self, model: nn.Module, batch: Any) -> tuple[Tensor, dict[str, Tensor]]:
+        """Sum of the detector's losses (model in train mode) and each part, detached."""
+        images, targets = batch
+        losses = model(images, targets)
+        if not isinstance(losses, dict):
+            raise RuntimeError("detection loss needs the model in train mode (in eval mode it returns detections)")
+        total = sum(losses.values())
+        assert isinstance(total, Tensor)
+        return total, {name: value.detach() for name, value in losses.items()}
+
+    def predict(self, model: nn.Module, batch: Any) -> list[dict[str, Tensor]]:
+        """Detections per image: {"boxes" xyxy, "scores", "labels"} in input-image pixels."""
+        images, _ = batch
+        return model(images)
+
+    def make_metric(self, device: torch.device) -> Metric:
+        """A fresh mAP accumulator (ConfigError if the eval extra is not installed)."""
+        return DetectionMetric(device, map_backend())

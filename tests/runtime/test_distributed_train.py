@@ -1,0 +1,79 @@
+"""End-to-end: real torchrun + gloo process groups on CPU (2 and 4 ranks)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.runtime.helpers import final_state, train
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_ddp_equals_one_rank_with_whole_batch(tiny_job, tmp_path: Path, ranks: int) -> None:
+    """DDP over N ranks x B equals 1 rank x N*B (same global batch, same samples per step)."""
+    job = tiny_job(train={"epochs": 1}, checkpoint={"every_steps": 100})
+    per_rank = 16 // ranks
+    code, out = train(str(job), "--nproc", str(ranks), "--out", str(tmp_path / "dp"), "--set",
+                      f"train.batch={per_rank}")
+    assert code == 0, out
+    code, out = train(str(job), "--nproc", "1", "--out", str(tmp_path / "one"), "--set", "train.batch=16")
+    assert code == 0, out
+    a, b = final_state(tmp_path / "dp" / "tiny"), final_state(tmp_path / "one" / "tiny")
+    model_keys = [k for k in a if k.startswith("model.")]
+    assert model_keys and set(a) == set(b)
+    for k in model_keys:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6, msg=k)
+    # and training did move the weights
+    one = json.loads((tmp_path / "one" / "tiny" / "summary.json").read_text())
+    assert one["steps"] == 8 and one["global_batch"] == 16
+
+
+def test_stop_and_resume_is_bitwise_exact(tiny_job, tmp_path: Path) -> None:
+    """Stopped at step 11 (mid-epoch) and resumed == never stopped, bit for bit (weights and optimizer)."""
+    job = tiny_job(train={"deterministic": True, "epochs": 2}, data={"workers": 1},
+                   checkpoint={"every_steps": 5})
+    code, out = train(str(job), "--nproc", "2", "--out", str(tmp_path / "full"))
+    assert code == 0, out
+    code, out = train(str(job), "--nproc", "2", "--out", str(tmp_path / "cut"), "--max-steps", "11")
+    assert code == 0, out
+    summary = json.loads((tmp_path / "cut" / "tiny" / "summary.json").read_text())
+    assert summary["steps"] == 11 and not summary["finished"]
+    assert json.loads((tmp_path / "cut" / "tiny" / "job.json").read_text())["status"] == "stopped"
+    code, out = train(str(job), "--nproc", "2", "--out", str(tmp_path / "cut"), "--resume")
+    assert code == 0, out
+    a, b = final_state(tmp_path / "full" / "tiny"), final_state(tmp_path / "cut" / "tiny")
+    assert set(a) == set(b)
+    for k in a:
+        assert torch.equal(a[k], b[k]), f"{k} differs after resume"
+    record = json.loads((tmp_path / "cut" / "tiny" / "job.json").read_text())
+    assert record["attempts"] == 2 and record["status"] == "done"
+    # metrics of the discarded timeline are not duplicated
+    steps = [json.loads(ln)["step"] for ln in (tmp_path / "cut" / "tiny" / "metrics.jsonl").read_text().splitlines()
+             if json.loads(ln)["kind"] == "train"]
+    assert steps == sorted(set(steps))
+
+
+def test_rank0_owns_shared_files(tiny_job, tmp_path: Path) -> None:
+    """Only rank 0 writes shared outputs; each rank has its own log; validation counts each sample once."""
+    job = tiny_job(data={"synthetic": {"train_size": 64, "val_size": 31}})
+    code, out = train(str(job), "--nproc", "2", "--out", str(tmp_path / "r"))
+    assert code == 0, out
+    jd = tmp_path / "r" / "tiny"
+    names = {p.name for p in jd.iterdir()}
+    assert {"job.json", "metrics.jsonl", "summary.json", "eval.json", "checkpoints", "logs"} <= names
+    assert sorted(p.name for p in (jd / "logs").glob("rank*.log")) == ["rank0.log", "rank1.log"]
+    # every rank logs to its own file (rank 1 never prints to the console)
+    assert "rank1 INFO" in (jd / "logs" / "rank1.log").read_text()
+    records = [json.loads(ln) for ln in (jd / "metrics.jsonl").read_text().splitlines()]
+    train_steps = [r["step"] for r in records if r["kind"] == "train"]
+    assert train_steps == sorted(set(train_steps)), "a step was logged twice (more than one writer?)"
+    evals = json.loads((jd / "eval.json").read_text())
+    # 31 validation samples over 2 ranks: 16 + 15, no padding duplicate
+    assert evals["metrics"]["val_count"] == 31.0
+    assert len(list((jd / "tensorboard").glob("events.*"))) == 1
+    assert "global batch 16 = 8 per rank x 2 ranks x 1 accumulation" in (jd / "logs" / "rank0.log").read_text()
