@@ -58,8 +58,6 @@ class SyntheticSpec(StrictModel):
     def _object_range(self) -> SyntheticSpec:
         if self.min_object > self.max_object:
             raise ValueError("min_object must be <= max_object")
-        if self.max_object >= self.image_size:
-            raise ValueError("max_object must be smaller than image_size")
         return self
 
 

@@ -235,16 +235,16 @@ class CocoDetection(Dataset):
 
     def _open(self, path: Path) -> Image.Image:
         limit = Image.MAX_IMAGE_PIXELS or DEFAULT_MAX_IMAGE_PIXELS
+        fix = "tile the image or raise PIL.Image.MAX_IMAGE_PIXELS"
         try:
             with Image.open(path) as im:
-                # Checked before decoding: PIL only warns between 1x and 2x its limit.
+                # Checked before decoding: PIL itself only warns between 1x and 2x its limit.
                 if im.width * im.height > limit:
-                    raise _fail(
-                        path, f"image is {im.width}x{im.height} pixels, over the {limit} pixel limit",
-                        "tile the image or raise PIL.Image.MAX_IMAGE_PIXELS",
-                    )
+                    raise _fail(path, f"image is {im.width}x{im.height} pixels, over the {limit} pixel limit", fix)
                 return im.convert("RGB")
-        except (OSError, Image.DecompressionBombError) as e:
+        except Image.DecompressionBombError:
+            raise _fail(path, f"image is over the {limit} pixel limit (decompression-bomb guard)", fix) from None
+        except OSError as e:
             raise _fail(path, f"cannot read image ({e})", "replace or remove the file") from None
 
     def __getitem__(self, index: int) -> tuple[Tensor, dict[str, Tensor]]:
