@@ -76,7 +76,9 @@ def check_relative_name(file_name: Any, ann_path: Path, image_id: Any) -> str:
 def read_annotation_json(ann_path: Path) -> dict[str, Any]:
     """Parse a COCO annotation file after checking it exists, is bounded in size and has the COCO keys."""
     if not ann_path.is_file():
-        raise _fail(ann_path, "annotation file not found", "fix data.*.annotations to point at a COCO JSON file")
+        raise _fail(
+            ann_path, "annotation file not found", "fix data.*.annotations to point at a COCO JSON file"
+        )
     size = ann_path.stat().st_size
     if size > MAX_ANNOTATION_BYTES:
         raise _fail(
@@ -88,15 +90,21 @@ def read_annotation_json(ann_path: Path) -> dict[str, Any]:
         with ann_path.open("rb") as f:
             data = json.load(f)
     except json.JSONDecodeError as e:
-        raise _fail(ann_path, f"not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})", "fix or re-export it") from None
+        raise _fail(
+            ann_path, f"not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})", "fix or re-export it"
+        ) from None
     except UnicodeDecodeError:
         raise _fail(ann_path, "not UTF-8 text", "re-export it as UTF-8 JSON") from None
     if not isinstance(data, dict):
-        raise _fail(ann_path, "top level is not a JSON object", "give a COCO file with images/annotations/categories")
+        raise _fail(
+            ann_path, "top level is not a JSON object", "give a COCO file with images/annotations/categories"
+        )
     for key in ("images", "annotations", "categories"):
         if not isinstance(data.get(key), list):
             raise _fail(
-                ann_path, f"missing the COCO list {key!r}", "give a COCO file with images, annotations and categories"
+                ann_path,
+                f"missing the COCO list {key!r}",
+                "give a COCO file with images, annotations and categories",
             )
     return data
 
@@ -130,10 +138,16 @@ class CocoDetection(Dataset):
         self.image_size = image_size
         data = read_annotation_json(self.annotations)
         if not self.image_dir.is_dir():
-            raise _fail(self.image_dir, "image directory not found", "fix data.*.path to the folder holding the images")
+            raise _fail(
+                self.image_dir,
+                "image directory not found",
+                "fix data.*.path to the folder holding the images",
+            )
         own_ids = _category_ids(data, self.annotations)
         #: Sorted COCO category ids; label = position + 1.
-        self.category_ids: tuple[int, ...] = tuple(category_ids) if category_ids is not None else tuple(own_ids)
+        self.category_ids: tuple[int, ...] = (
+            tuple(category_ids) if category_ids is not None else tuple(own_ids)
+        )
         names = {c["id"]: str(c.get("name", c["id"])) for c in data["categories"]}
         self.category_names: dict[int, str] = {cid: names.get(cid, str(cid)) for cid in self.category_ids}
         label_of = {cid: n + 1 for n, cid in enumerate(self.category_ids)}
@@ -144,7 +158,9 @@ class CocoDetection(Dataset):
         if self.stats.crowd_skipped or self.stats.degenerate_dropped:
             log.warning(
                 "%s: skipped %d crowd annotations, dropped %d degenerate boxes (w<=0 or h<=0 after clipping)",
-                self.annotations, self.stats.crowd_skipped, self.stats.degenerate_dropped,
+                self.annotations,
+                self.stats.crowd_skipped,
+                self.stats.degenerate_dropped,
             )
 
     @property
@@ -175,23 +191,29 @@ class CocoDetection(Dataset):
         crowd = degenerate = 0
         for n, ann in enumerate(annotations):
             if not isinstance(ann, dict):
-                raise _fail(self.annotations, f"annotations[{n}] is not an object", "fix the annotation entry")
+                raise _fail(
+                    self.annotations, f"annotations[{n}] is not an object", "fix the annotation entry"
+                )
             image_id, category_id = ann.get("image_id"), ann.get("category_id")
             image = index_of.get(image_id) if _is_int(image_id) else None
             if image is None:
                 raise _fail(
-                    self.annotations, f"annotations[{n}] refers to unknown image_id {image_id!r}",
+                    self.annotations,
+                    f"annotations[{n}] refers to unknown image_id {image_id!r}",
                     "add the image or remove the annotation",
                 )
             label = label_of.get(category_id) if _is_int(category_id) else None
             if label is None:
                 raise _fail(
-                    self.annotations, f"annotations[{n}] has category_id {category_id!r}, not one of the {len(label_of)} known categories",
+                    self.annotations,
+                    f"annotations[{n}] has category_id {category_id!r}, not one of the {len(label_of)} known categories",
                     "use the same categories as the training split",
                 )
             bbox = ann.get("bbox")
             if not isinstance(bbox, list) or len(bbox) != 4 or not all(_is_number(v) for v in bbox):
-                raise _fail(self.annotations, f"annotations[{n}] bbox is not [x, y, w, h]", "fix the annotation entry")
+                raise _fail(
+                    self.annotations, f"annotations[{n}] bbox is not [x, y, w, h]", "fix the annotation entry"
+                )
             if ann.get("iscrowd", 0):
                 crowd += 1
                 continue
@@ -240,10 +262,14 @@ class CocoDetection(Dataset):
             with Image.open(path) as im:
                 # Checked before decoding: PIL itself only warns between 1x and 2x its limit.
                 if im.width * im.height > limit:
-                    raise _fail(path, f"image is {im.width}x{im.height} pixels, over the {limit} pixel limit", fix)
+                    raise _fail(
+                        path, f"image is {im.width}x{im.height} pixels, over the {limit} pixel limit", fix
+                    )
                 return im.convert("RGB")
         except Image.DecompressionBombError:
-            raise _fail(path, f"image is over the {limit} pixel limit (decompression-bomb guard)", fix) from None
+            raise _fail(
+                path, f"image is over the {limit} pixel limit (decompression-bomb guard)", fix
+            ) from None
         except OSError as e:
             raise _fail(path, f"cannot read image ({e})", "replace or remove the file") from None
 

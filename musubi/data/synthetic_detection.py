@@ -49,7 +49,9 @@ def class_colours(labels: Tensor) -> Tensor:
     hue = torch.remainder(labels.to(torch.float64) * _GOLDEN, 1.0)
     sat, val = 0.85, 0.95
     # HSV -> RGB: channel n is v - v*s*clamp(min(k, 4 - k), 0, 1) with k = (n + 6h) mod 6.
-    k = torch.remainder(torch.tensor([5.0, 3.0, 1.0], dtype=torch.float64, device=labels.device) + hue[:, None] * 6, 6)
+    k = torch.remainder(
+        torch.tensor([5.0, 3.0, 1.0], dtype=torch.float64, device=labels.device) + hue[:, None] * 6, 6
+    )
     rgb = val - val * sat * torch.clamp(torch.minimum(k, 4 - k), 0, 1)
     return rgb.to(torch.float32)
 
@@ -84,12 +86,12 @@ def draw_detection_sample(
     return image, {"boxes": boxes.to(torch.float32), "labels": labels.to(torch.int64)}
 
 
-def check_synthetic_params(image_size: int, num_classes: int, objects: int, min_object: int, max_object: int) -> None:
+def check_synthetic_params(
+    image_size: int, num_classes: int, objects: int, min_object: int, max_object: int
+) -> None:
     """Refuse parameters that cannot give objects inside the image (ConfigError)."""
     if num_classes < 1 or objects < 1:
-        raise ConfigError(
-            f"data.synthetic: num_classes ({num_classes}) and objects ({objects}) must be >= 1"
-        )
+        raise ConfigError(f"data.synthetic: num_classes ({num_classes}) and objects ({objects}) must be >= 1")
     if not 1 <= min_object <= max_object < image_size:
         raise ConfigError(
             f"data.synthetic: need 1 <= min_object ({min_object}) <= max_object ({max_object}) "

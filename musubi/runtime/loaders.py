@@ -17,11 +17,21 @@ from musubi.tasks.base import Task
 DEVICE_POOL = 4
 
 
+def channels_last(batch: Any) -> Any:
+    """Images (4-D tensors) of a batch in channels-last layout, the rest untouched."""
+    if isinstance(batch, torch.Tensor):
+        return batch.contiguous(memory_format=torch.channels_last) if batch.dim() == 4 else batch
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(channels_last(b) for b in batch)
+    return batch
+
+
 class TrainFeed:
     """This rank's training micro-batches, epoch by epoch, resumable at any micro-batch."""
 
-    def __init__(self, task: Task, world: World, batch: int, seed: int, workers: int, pin: bool) -> None:
-        self.task, self.world, self.batch = task, world, batch
+    def __init__(self, task: Task, world: World, batch: int, seed: int, workers: int, pin: bool,
+                 nhwc: bool = False) -> None:
+        self.task, self.world, self.batch, self.nhwc = task, world, batch, nhwc
         spec = task.spec
         syn = spec.data.synthetic
         self.on_device = bool(syn and syn.on_device)
@@ -31,7 +41,8 @@ class TrainFeed:
             self.pool = []
             for k in range(DEVICE_POOL):
                 gen.manual_seed(syn.seed * 1_000_003 + world.rank * 101 + k)
-                self.pool.append(task.device_batch(batch, world.device, gen))
+                b = task.device_batch(batch, world.device, gen)
+                self.pool.append(channels_last(b) if nhwc else b)
             self.micro_per_epoch = syn.train_size // (batch * world.size)
             self.dataset_size = syn.train_size
         else:
@@ -70,7 +81,8 @@ class TrainFeed:
         self.sampler.set_position(epoch, start_micro * self.batch)
         self.generator.manual_seed(self.seed * 7919 + epoch)
         for host_batch in self.loader:
-            yield self.task.to_device(host_batch, self.world.device)
+            b = self.task.to_device(host_batch, self.world.device)
+            yield channels_last(b) if self.nhwc else b
 
 
 class ValFeed:

@@ -115,7 +115,8 @@ class Trainer:
         self.model = wrap_model(model, t.strategy, world)
         self.optimizer = build_optimizer(self.model, spec, self.plan.lr)
 
-        self.feed = TrainFeed(task, world, self.plan.per_rank, t.seed, spec.data.workers, spec.data.pin_memory)
+        self.feed = TrainFeed(task, world, self.plan.per_rank, t.seed, spec.data.workers, spec.data.pin_memory,
+                              nhwc=t.channels_last)
         self.val = ValFeed(task, world, self.plan.per_rank, spec.data.workers, spec.data.pin_memory)
         self.steps_per_epoch = self.feed.micro_per_epoch // self.plan.accumulation
         if self.steps_per_epoch < 1:
@@ -316,7 +317,8 @@ class Trainer:
         self.last_eval = values
         if metrics is not None:
             metrics.write(self.step, values, kind="val")
-        log.info("validation at step %d: %s", self.step, json.dumps(values))
+        log.info("validation at step %d: %s", self.step,
+                 ", ".join(f"{k} {v:.4g}" for k, v in values.items()))
 
     def close(self) -> None:
         """Drop the wrapper before the process group goes (gloo can hang at exit otherwise)."""

@@ -45,8 +45,23 @@ MODELS: dict[str, tuple[Callable[..., nn.Module], type[nn.Module]]] = {
 #: Models that resize their input between min_size and max_size (SSD has a fixed input size instead).
 RESIZING_MODELS = frozenset(name for name, (_, cls) in MODELS.items() if cls is not SSD)
 # Set by musubi itself, or not expressible as a YAML scalar.
-_RESERVED_ARGS = frozenset({"self", "args", "kwargs", "weights", "weights_backbone", "num_classes", "progress",
-                            "backbone", "anchor_generator", "size", "image_mean", "image_std", "norm_layer"})
+_RESERVED_ARGS = frozenset(
+    {
+        "self",
+        "args",
+        "kwargs",
+        "weights",
+        "weights_backbone",
+        "num_classes",
+        "progress",
+        "backbone",
+        "anchor_generator",
+        "size",
+        "image_mean",
+        "image_std",
+        "norm_layer",
+    }
+)
 
 EVAL_EXTRA_MESSAGE = "detection mAP needs the eval extra: pip install 'musubi-train[eval]'"
 
@@ -87,8 +102,12 @@ def load_state_dict_file(path: str) -> dict[str, Tensor]:
             if isinstance(obj.get(key), dict):
                 obj = obj[key]
                 break
-    if not isinstance(obj, dict) or not all(isinstance(k, str) and isinstance(v, Tensor) for k, v in obj.items()):
-        raise ConfigError(f"weights: {path} is not a state dict of tensors; save it with torch.save(model.state_dict(), path)")
+    if not isinstance(obj, dict) or not all(
+        isinstance(k, str) and isinstance(v, Tensor) for k, v in obj.items()
+    ):
+        raise ConfigError(
+            f"weights: {path} is not a state dict of tensors; save it with torch.save(model.state_dict(), path)"
+        )
     return obj
 
 
@@ -109,7 +128,9 @@ def check_state_dict(model: nn.Module, state: dict[str, Tensor], what: str) -> N
             f"{len(reshaped)} shape mismatches, e.g. {k!r} {list(state[k].shape)} in file vs {list(expected[k].shape)}"
         )
     if problems:
-        raise ConfigError(f"weights: {what} ({'; '.join(problems)}); use weights saved from the same model and classes")
+        raise ConfigError(
+            f"weights: {what} ({'; '.join(problems)}); use weights saved from the same model and classes"
+        )
 
 
 class DetectionMetric(Metric):
@@ -126,22 +147,33 @@ class DetectionMetric(Metric):
         _, targets = batch
         for pred, target in zip(outputs, targets, strict=True):
             image_id = target.get("image_id")
-            self._images.append((
-                int(image_id) if image_id is not None else -1,
-                pred["boxes"].detach().float().cpu(),
-                pred["scores"].detach().float().cpu(),
-                pred["labels"].detach().cpu(),
-                target["boxes"].detach().float().cpu(),
-                target["labels"].detach().cpu(),
-            ))
+            self._images.append(
+                (
+                    int(image_id) if image_id is not None else -1,
+                    pred["boxes"].detach().float().cpu(),
+                    pred["scores"].detach().float().cpu(),
+                    pred["labels"].detach().cpu(),
+                    target["boxes"].detach().float().cpu(),
+                    target["labels"].detach().cpu(),
+                )
+            )
 
     def _tables(self) -> list[Tensor]:
         """Images [n, 3] (id, preds, gts), preds [P, 6] (xyxy, score, label), gts [G, 5] (xyxy, label); float64."""
         f64 = torch.float64
-        images = torch.tensor([(i, len(ps), len(gb)) for i, _, ps, _, gb, _ in self._images], dtype=f64).reshape(-1, 3)
-        preds = [torch.cat([pb.to(f64), ps[:, None].to(f64), pl[:, None].to(f64)], 1) for _, pb, ps, pl, _, _ in self._images]
+        images = torch.tensor(
+            [(i, len(ps), len(gb)) for i, _, ps, _, gb, _ in self._images], dtype=f64
+        ).reshape(-1, 3)
+        preds = [
+            torch.cat([pb.to(f64), ps[:, None].to(f64), pl[:, None].to(f64)], 1)
+            for _, pb, ps, pl, _, _ in self._images
+        ]
         gts = [torch.cat([gb.to(f64), gl[:, None].to(f64)], 1) for *_, gb, gl in self._images]
-        return [images, torch.cat([torch.zeros(0, 6, dtype=f64), *preds]), torch.cat([torch.zeros(0, 5, dtype=f64), *gts])]
+        return [
+            images,
+            torch.cat([torch.zeros(0, 6, dtype=f64), *preds]),
+            torch.cat([torch.zeros(0, 5, dtype=f64), *gts]),
+        ]
 
     def _gather(self, tables: list[Tensor], reduce_sum: Reducer) -> list[Tensor]:
         """Every rank's tables concatenated in rank order, using only the runtime's sum-all-reduce."""
@@ -151,7 +183,9 @@ class DetectionMetric(Metric):
             return tables
         # Querying the rank is not a collective; the collectives all go through reduce_sum.
         if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() != world:
-            raise RuntimeError(f"mAP gather: reduce_sum spans {world} ranks but torch.distributed's world does not")
+            raise RuntimeError(
+                f"mAP gather: reduce_sum spans {world} ranks but torch.distributed's world does not"
+            )
         rank = dist.get_rank()
         counts = torch.zeros((world, len(tables)), dtype=f64, device=self.device)
         counts[rank] = torch.tensor([t.shape[0] for t in tables], dtype=f64)
@@ -182,7 +216,9 @@ class DetectionMetric(Metric):
                 if image_id in seen:
                     continue
                 seen.add(image_id)
-            pred_list.append({"boxes": pred[:, :4].float(), "scores": pred[:, 4].float(), "labels": pred[:, 5].long()})
+            pred_list.append(
+                {"boxes": pred[:, :4].float(), "scores": pred[:, 4].float(), "labels": pred[:, 5].long()}
+            )
             target_list.append({"boxes": gt[:, :4].float(), "labels": gt[:, 4].long()})
         if not target_list:
             return {"map50": -1.0, "map": -1.0}
@@ -190,13 +226,22 @@ class DetectionMetric(Metric):
 
         # Built on the gathered data, so torchmetrics' own sync must stay off: it gathers per image and
         # per state and deadlocks (gloo: aborts) when ranks hold different numbers of images.
-        metric = MeanAveragePrecision(box_format="xyxy", iou_type="bbox", backend=self.backend, sync_on_compute=False)
+        metric = MeanAveragePrecision(
+            box_format="xyxy", iou_type="bbox", backend=self.backend, sync_on_compute=False
+        )
         # COCO scores the top 100 detections per image; SSD emits up to 200 and the rest are ignored by design.
         metric.warn_on_many_detections = False
         metric.update(pred_list, target_list)
         result = metric.compute()
-        names = {"map_50": "map50", "map": "map", "map_75": "map75", "map_small": "map_small",
-                 "map_medium": "map_medium", "map_large": "map_large", "mar_100": "mar100"}
+        names = {
+            "map_50": "map50",
+            "map": "map",
+            "map_75": "map75",
+            "map_small": "map_small",
+            "map_medium": "map_medium",
+            "map_large": "map_large",
+            "mar_100": "mar100",
+        }
         return {ours: float(result[theirs]) for theirs, ours in names.items()}
 
 
@@ -239,7 +284,11 @@ class DetectionTask(Task):
         """Keyword arguments for the torchvision builder, model_args last (they win)."""
         kwargs: dict[str, Any] = {}
         args = self.spec.model_args
-        if self.spec.model in RESIZING_MODELS and self.image_size is not None and not {"min_size", "max_size"} & set(args):
+        if (
+            self.spec.model in RESIZING_MODELS
+            and self.image_size is not None
+            and not {"min_size", "max_size"} & set(args)
+        ):
             kwargs.update(min_size=self.image_size, max_size=self.image_size)
         kwargs.update(args)
         return kwargs
@@ -258,8 +307,11 @@ class DetectionTask(Task):
         synthetic = spec.data.synthetic
         if synthetic is not None:
             check_synthetic_params(
-                self.image_size or synthetic.image_size, synthetic.num_classes, synthetic.objects,
-                synthetic.min_object, synthetic.max_object,
+                self.image_size or synthetic.image_size,
+                synthetic.num_classes,
+                synthetic.objects,
+                synthetic.min_object,
+                synthetic.max_object,
             )
         # Reads and checks the annotation files and images now, not in a worker.
         self.train_dataset()
@@ -274,17 +326,23 @@ class DetectionTask(Task):
     def _construct(self) -> nn.Module:
         builder, _ = MODELS[self.spec.model]
         try:
-            return builder(weights=None, weights_backbone=None, num_classes=self.num_classes + 1, **self.model_kwargs())
+            return builder(
+                weights=None, weights_backbone=None, num_classes=self.num_classes + 1, **self.model_kwargs()
+            )
         except (TypeError, ValueError) as e:
             raise ConfigError(f"model_args: {self.spec.model} rejected them ({e}); fix model_args") from None
 
     def _weights_what(self) -> str:
-        return f"{self.spec.weights} does not fit {self.spec.model} with {self.num_classes} classes + background"
+        return (
+            f"{self.spec.weights} does not fit {self.spec.model} with {self.num_classes} classes + background"
+        )
 
     def build_model(self) -> nn.Module:
         """A fresh detector on the CPU (num_classes + 1 outputs), loaded from spec.weights if given."""
         if self.spec.model not in MODELS:
-            raise ConfigError(f"model: unknown detection model {self.spec.model!r}; known: {', '.join(MODELS)}")
+            raise ConfigError(
+                f"model: unknown detection model {self.spec.model!r}; known: {', '.join(MODELS)}"
+            )
         model = self._construct()
         if self.spec.weights:
             state = load_state_dict_file(self.spec.weights)
@@ -298,7 +356,9 @@ class DetectionTask(Task):
     # -- data --------------------------------------------------------------
     def _coco(self, split: DataSplit, name: str, category_ids: tuple[int, ...] | None) -> CocoDetection:
         if split.annotations is None:
-            raise ConfigError(f"data.{name}.annotations: detection needs a COCO annotation JSON for this split; set it")
+            raise ConfigError(
+                f"data.{name}.annotations: detection needs a COCO annotation JSON for this split; set it"
+            )
         return CocoDetection(
             split.path, split.annotations, image_size=self.spec.data.image_size, category_ids=category_ids
         )
@@ -340,7 +400,9 @@ class DetectionTask(Task):
         """A synthetic (images, targets) batch drawn on `device` with `generator`."""
         synthetic = self.spec.data.synthetic
         if synthetic is None:
-            raise ConfigError("data.synthetic.on_device needs data.synthetic; COCO data comes from the loader")
+            raise ConfigError(
+                "data.synthetic.on_device needs data.synthetic; COCO data comes from the loader"
+            )
         return synthetic_detection_batch(
             batch_size,
             image_size=self.image_size or synthetic.image_size,
@@ -358,7 +420,9 @@ class DetectionTask(Task):
         images, targets = batch
         losses = model(images, targets)
         if not isinstance(losses, dict):
-            raise RuntimeError("detection loss needs the model in train mode (in eval mode it returns detections)")
+            raise RuntimeError(
+                "detection loss needs the model in train mode (in eval mode it returns detections)"
+            )
         total = sum(losses.values())
         assert isinstance(total, Tensor)
         return total, {name: value.detach() for name, value in losses.items()}

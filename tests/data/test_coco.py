@@ -116,7 +116,12 @@ def test_missing_and_malformed_files(coco_dir: tuple[Path, Path], tmp_path: Path
     images, ann = coco_dir
     _one_line_error("annotation file not found", CocoDetection, images, tmp_path / "nope.json")
     _one_line_error("not valid JSON", CocoDetection, images, _write(tmp_path, "{not json"))
-    _one_line_error("missing the COCO list 'categories'", CocoDetection, images, _write(tmp_path, {"images": [], "annotations": []}))
+    _one_line_error(
+        "missing the COCO list 'categories'",
+        CocoDetection,
+        images,
+        _write(tmp_path, {"images": [], "annotations": []}),
+    )
     _one_line_error("top level is not a JSON object", CocoDetection, images, _write(tmp_path, [1, 2]))
     _one_line_error("image directory not found", CocoDetection, tmp_path / "no_images", ann)
     bad_box = _coco_json()
@@ -126,7 +131,9 @@ def test_missing_and_malformed_files(coco_dir: tuple[Path, Path], tmp_path: Path
     _one_line_error("1 of 3 images .* missing .*c.png", CocoDetection, images, ann)
 
 
-@pytest.mark.parametrize("name", ["../secret.png", "sub/../../x.png", "/etc/passwd", "C:\\x.png", "..\\x.png"])
+@pytest.mark.parametrize(
+    "name", ["../secret.png", "sub/../../x.png", "/etc/passwd", "C:\\x.png", "..\\x.png"]
+)
 def test_refuses_paths_that_escape(coco_dir: tuple[Path, Path], tmp_path: Path, name: str) -> None:
     images, _ = coco_dir
     data = _coco_json()

@@ -23,9 +23,21 @@ SMALL_MODEL = "fasterrcnn_mobilenet_v3_large_320_fpn"
 
 
 def _spec(model: str = SMALL_MODEL, **overrides: Any) -> JobSpec:
-    synthetic = {"image_size": 128, "num_classes": 3, "objects": 3, "min_object": 8, "max_object": 32,
-                 "train_size": 8, "val_size": 4}
-    fields: dict[str, Any] = {"name": "det", "task": "detection", "model": model, "data": {"synthetic": synthetic}}
+    synthetic = {
+        "image_size": 128,
+        "num_classes": 3,
+        "objects": 3,
+        "min_object": 8,
+        "max_object": 32,
+        "train_size": 8,
+        "val_size": 4,
+    }
+    fields: dict[str, Any] = {
+        "name": "det",
+        "task": "detection",
+        "model": model,
+        "data": {"synthetic": synthetic},
+    }
     fields.update(overrides)
     return JobSpec(**fields)
 
@@ -36,7 +48,11 @@ def test_synthetic_is_deterministic_and_seeded() -> None:
     b = SyntheticDetection(4, 96, num_classes=5, objects=6, min_object=4, max_object=20, seed=1)
     c = SyntheticDetection(4, 96, num_classes=5, objects=6, min_object=4, max_object=20, seed=2)
     (ia, ta), (ib, tb), (ic, tc) = a[3], b[3], c[3]
-    assert torch.equal(ia, ib) and torch.equal(ta["boxes"], tb["boxes"]) and torch.equal(ta["labels"], tb["labels"])
+    assert (
+        torch.equal(ia, ib)
+        and torch.equal(ta["boxes"], tb["boxes"])
+        and torch.equal(ta["labels"], tb["labels"])
+    )
     assert not torch.equal(ia, ic) and not torch.equal(ta["boxes"], tc["boxes"])
     assert not torch.equal(a[0][0], a[1][0])
     # The global RNG is neither used nor disturbed.
@@ -68,8 +84,16 @@ def test_device_batch_on_cpu() -> None:
     assert len(images) == 3 and task.batch_size_of((images, targets)) == 3
     assert images[0].shape == (3, 128, 128)
     assert all((t["boxes"][:, 2:] <= 128).all() and t["labels"].min() >= 1 for t in targets)
-    again = synthetic_detection_batch(3, image_size=128, num_classes=3, objects=3, min_object=8, max_object=32,
-                                      device="cpu", generator=torch.Generator().manual_seed(0))
+    again = synthetic_detection_batch(
+        3,
+        image_size=128,
+        num_classes=3,
+        objects=3,
+        min_object=8,
+        max_object=32,
+        device="cpu",
+        generator=torch.Generator().manual_seed(0),
+    )
     assert torch.equal(images[2], again[0][2])
 
 
@@ -98,7 +122,10 @@ def test_weights_round_trip_and_mismatch(tmp_path: Path) -> None:
     path = tmp_path / "w.pt"
     torch.save(model.state_dict(), path)
     loaded = DetectionTask(_spec(weights=str(path))).build_model()
-    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), loaded.state_dict().values(), strict=True))
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(model.state_dict().values(), loaded.state_dict().values(), strict=True)
+    )
     other = _spec(weights=str(path))
     other.data.synthetic.num_classes = 5  # type: ignore[union-attr]
     with pytest.raises(ConfigError, match="shape mismatches") as info:
@@ -130,7 +157,7 @@ def test_one_train_step_and_predict() -> None:
     batch = task.to_device(task.collate([ds[0], ds[1]]), torch.device("cpu"))
     assert isinstance(batch[0], list) and len(batch[0]) == 2
     loss, parts = task.loss(model, batch)
-    assert loss.ndim == 0 and math.isfinite(float(loss))
+    assert loss.ndim == 0 and math.isfinite(float(loss.detach()))
     assert "loss_classifier" in parts and not any(p.requires_grad for p in parts.values())
     loss.backward()
     grads = [p.grad for p in model.parameters() if p.grad is not None]
@@ -151,7 +178,9 @@ def test_perfect_predictions_give_map50_one() -> None:
     ds = task.val_dataset()
     assert ds is not None
     batch = task.collate([ds[i] for i in range(len(ds))])
-    outputs = [{"boxes": t["boxes"], "labels": t["labels"], "scores": torch.ones(len(t["labels"]))} for t in batch[1]]
+    outputs = [
+        {"boxes": t["boxes"], "labels": t["labels"], "scores": torch.ones(len(t["labels"]))} for t in batch[1]
+    ]
     metric = task.make_metric(torch.device("cpu"))
     metric.update(outputs, batch)
     result = metric.compute(_identity)
@@ -195,9 +224,14 @@ def _metric_over(indices: list[int], reduce_sum: Any) -> dict[str, float]:
 
 def _rank_main(rank: int, init_file: str, out_dir: str) -> None:
     dist.init_process_group(
-        "gloo", init_method=f"file://{init_file}", rank=rank, world_size=2, timeout=datetime.timedelta(seconds=60)
+        "gloo",
+        init_method=f"file://{init_file}",
+        rank=rank,
+        world_size=2,
+        timeout=datetime.timedelta(seconds=60),
     )
     try:
+
         def reduce_sum(t: torch.Tensor) -> torch.Tensor:
             dist.all_reduce(t, op=dist.ReduceOp.SUM)
             return t

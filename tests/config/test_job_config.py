@@ -1,0 +1,87 @@
+"""Job YAML: every shipped example parses; every mistake gives one line naming the field and the fix."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from musubi.config.errors import ConfigError
+from musubi.config.load import apply_overrides, job_from_dict, load_job
+from tests.conftest import REPO, TINY_JOB, _merge
+
+EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.name for p in EXAMPLES])
+def test_every_shipped_example_parses(path: Path) -> None:
+    spec = load_job(path)
+    assert spec.name and spec.train.batch >= 1
+
+
+def test_examples_exist() -> None:
+    names = {p.name for p in EXAMPLES}
+    assert {"detect-synthetic.yaml", "resnet50-bench.yaml", "fcos-bench.yaml", "lm-fsdp.yaml"} <= names
+
+
+def _err(extra: dict) -> str:
+    with pytest.raises(ConfigError) as ei:
+        job_from_dict(_merge(TINY_JOB, extra), source="job.yaml")
+    msg = str(ei.value)
+    assert "\n" not in msg
+    return msg
+
+
+def test_unknown_key_suggests_the_right_one() -> None:
+    msg = _err({"train": {"bacth": 4}})
+    assert "train.bacth" in msg and "did you mean 'batch'" in msg
+
+
+def test_ranges_and_types() -> None:
+    assert "train.batch" in _err({"train": {"batch": 0}})
+    assert "train.precision" in _err({"train": {"precision": "fp8"}})
+    assert "train.strategy" in _err({"train": {"strategy": "zero3"}})
+
+
+def test_names_cannot_escape_the_run_directory() -> None:
+    for bad in ["../evil", "/abs", "a/b", "x" * 80, "", "a\x00b", ".."]:
+        assert "name" in _err({"name": bad})
+
+
+def test_data_source_is_required_and_exclusive() -> None:
+    with pytest.raises(ConfigError, match="data"):
+        job_from_dict({**TINY_JOB, "data": {"workers": 1}})
+    assert "exclusive" in _err({"data": {"train": {"path": "x"}}})
+
+
+def test_task_name_form() -> None:
+    assert "task" in _err({"task": "rm -rf /"})
+
+
+def test_overrides_are_typed() -> None:
+    data = apply_overrides(_merge(TINY_JOB, {}), ["train.batch=32", "train.deterministic=true",
+                                                  "data.synthetic.val_size=0"])
+    spec = job_from_dict(data)
+    assert spec.train.batch == 32 and spec.train.deterministic is True and spec.data.synthetic.val_size == 0
+    with pytest.raises(ConfigError, match="key=value"):
+        apply_overrides({}, ["train.batch"])
+
+
+def test_yaml_is_parsed_safely(tmp_path: Path) -> None:
+    p = tmp_path / "evil.yaml"
+    p.write_text("name: !!python/object/apply:os.system ['echo pwned']\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_job(p)
+    p.write_text("- a\n- b\n")
+    with pytest.raises(ConfigError, match="mapping"):
+        load_job(p)
+    with pytest.raises(ConfigError, match="no such file"):
+        load_job(tmp_path / "missing.yaml")
+
+
+def test_config_package_does_not_import_torch() -> None:
+    import subprocess
+    import sys
+
+    code = "import sys, musubi.config; assert 'torch' not in sys.modules, 'torch imported'"
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
