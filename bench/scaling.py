@@ -87,6 +87,7 @@ def main() -> None:
     ap.add_argument("--log-every", type=int, default=5)
     ap.add_argument("--models", default="resnet50,fcos")
     ap.add_argument("--no-lightning", action="store_true")
+    ap.add_argument("--repeat", type=int, default=1, help="runs of each program (interleaved); the median is kept")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # keep NVLink multicast off (shared hosts)
@@ -95,13 +96,22 @@ def main() -> None:
     for model in args.models.split(","):
         batch = MODELS[model][0]
         for n in gpus:
-            plain = run_plain(args.ref, model, n, batch, args.steps)
-            plain["program"] = "plain_ddp"
-            mus = run_musubi(model, n, args.steps, args.log_every)
-            mus["program"] = "musubi"
-            rows += [plain, mus]
-            print(f"{model} x{n}: plain {plain['samples_per_s']} musubi {mus['samples_per_s']} samples/s "
-                  f"({mus['samples_per_s'] / plain['samples_per_s']:.3f}x)", flush=True)
+            runs: dict[str, list[dict]] = {"plain_ddp": [], "musubi": []}
+            for rep in range(args.repeat):
+                # Alternate the order so a drift of the machine does not favour one program.
+                order = ["plain_ddp", "musubi"] if rep % 2 == 0 else ["musubi", "plain_ddp"]
+                for prog in order:
+                    r = (run_plain(args.ref, model, n, batch, args.steps) if prog == "plain_ddp"
+                         else run_musubi(model, n, args.steps, args.log_every))
+                    runs[prog].append(r)
+            for prog, rs in runs.items():
+                rates = sorted(r["samples_per_s"] for r in rs)
+                med = dict(sorted(rs, key=lambda r: r["samples_per_s"])[len(rs) // 2])
+                med.update(program=prog, runs=rates)
+                rows.append(med)
+            plain, mus = rows[-2], rows[-1]
+            print(f"{model} x{n}: plain {plain['runs']} musubi {mus['runs']} samples/s "
+                  f"(median ratio {mus['samples_per_s'] / plain['samples_per_s']:.3f})", flush=True)
     if not args.no_lightning and "resnet50" in args.models:
         light = run_lightning(args.ref, args.steps)
         light["program"] = "lightning"
