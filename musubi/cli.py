@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.console import Console
@@ -25,14 +24,14 @@ def _fail(message: str, code: int) -> None:
 @app.command()
 def train(
     job: Path = typer.Argument(..., help="Job YAML (see examples/)."),
-    nproc: Optional[int] = typer.Option(None, "--nproc", help="Ranks: default all visible GPUs, else 2 CPU ranks."),
-    out: Optional[Path] = typer.Option(None, "--out", help="Run directory (default runs/<time>-<name>)."),
+    nproc: int | None = typer.Option(None, "--nproc", help="Ranks: default all visible GPUs, else 2 CPU ranks."),
+    out: Path | None = typer.Option(None, "--out", help="Run directory (default runs/<time>-<name>)."),
     resume: bool = typer.Option(False, "--resume", help="Continue from the newest committed checkpoint."),
-    max_steps: Optional[int] = typer.Option(
+    max_steps: int | None = typer.Option(
         None, "--max-steps", help="Stop (and checkpoint) after this global optimizer step; the LR schedule "
         "is unchanged, so a later --resume continues exactly."),
     set_: list[str] = typer.Option([], "--set", help="Override a job field: --set train.batch=32 (repeatable)."),
-    device: Optional[str] = typer.Option(None, "--device", help="cuda or cpu (default: cuda if a GPU is visible)."),
+    device: str | None = typer.Option(None, "--device", help="cuda or cpu (default: cuda if a GPU is visible)."),
 ) -> None:
     """Train one job on all GPUs of this machine (or N CPU ranks) through torchrun."""
     from musubi.runtime.launch import TrainRequest, launch_train
@@ -49,6 +48,14 @@ def train(
     if result.code != 0:
         _fail(f"{result.error} (logs: {result.job_dir / 'logs'})", result.code)
     Console().print(f"[green]run directory:[/] {result.run_dir}", highlight=False)
+
+
+@app.command()
+def schema() -> None:
+    """Print every job YAML field with its type, default and meaning (markdown)."""
+    from musubi.config.schema_doc import schema_markdown
+
+    print(schema_markdown())
 
 
 @app.command()

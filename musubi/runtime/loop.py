@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import random
@@ -322,5 +321,5 @@ class Trainer:
 
     def close(self) -> None:
         """Drop the wrapper before the process group goes (gloo can hang at exit otherwise)."""
-        del self.optimizer
+        del self.optimizer, self.scheduler
         self.model = unwrap(self.model)

@@ -10,6 +10,7 @@ launcher can print one line instead of a wall of tracebacks.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import logging
 import os
@@ -76,6 +77,9 @@ def main(argv: list[str] | None = None) -> int:
             log.info("done: %d/%d steps, %.1fs", summary["steps"], summary["total_steps"], summary["train_s"])
         trainer.close()
         trainer = None
+        # DDP sits in reference cycles (reducer hooks): collect it now, while the
+        # process group still exists, or gloo may hang or abort at exit.
+        gc.collect()
         shutdown_world()
         return 0
     except ConfigError as e:
@@ -90,10 +94,10 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     code = main()
+    logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
-    # Skip interpreter teardown on failure: a peer may be stuck in a collective, and
-    # atexit hooks of the process group could block; torchrun ends the others.
-    if code != 0:
-        os._exit(code)
-    sys.exit(code)
+    # Everything is flushed and the process group is gone: skip interpreter teardown,
+    # whose C++ destructors (gloo threads) were seen to abort a rank at exit, and on
+    # failure a peer may be stuck in a collective; torchrun ends the others.
+    os._exit(code)

@@ -69,7 +69,6 @@ def init_world(timeout_s: float, device_kind: str | None = None) -> World:
     """Bind this rank's device, then start the process group (the only place that does)."""
     rank = _env_int("RANK", 0)
     local_rank = _env_int("LOCAL_RANK", 0)
-    size = _env_int("WORLD_SIZE", 1)
     kind = device_kind or os.environ.get("MUSUBI_DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu")
     timeout = dt.timedelta(seconds=timeout_s)
     if kind == "cuda":

@@ -46,6 +46,7 @@ class Task(abc.ABC):
 
     def validate(self) -> None:
         """Fail fast, before any worker starts: unknown model, missing files (raise ConfigError)."""
+        return None  # tasks override; the default has nothing to check
 
     # -- model -------------------------------------------------------------
     @abc.abstractmethod

@@ -85,3 +85,10 @@ def test_config_package_does_not_import_torch() -> None:
 
     code = "import sys, musubi.config; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
+
+
+def test_readme_documents_every_field() -> None:
+    from musubi.config.schema_doc import schema_markdown
+
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    assert schema_markdown() in readme, "README's job reference is stale: paste `musubi schema` into it"

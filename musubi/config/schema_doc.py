@@ -1,0 +1,54 @@
+"""Field-by-field documentation of the job YAML, generated from the pydantic models."""
+
+from __future__ import annotations
+
+from typing import Any, Literal, get_args, get_origin
+
+from pydantic import BaseModel
+from pydantic_core import PydanticUndefined
+
+from musubi.config.job import JobSpec
+
+
+def _type_name(ann: Any) -> str:
+    if get_origin(ann) is Literal:
+        return " | ".join(str(a) for a in get_args(ann))
+    text = getattr(ann, "__name__", None) or str(ann)
+    return text.replace("typing.", "").replace("musubi.config.job.", "")
+
+
+def _nested(ann: Any) -> type[BaseModel] | None:
+    if isinstance(ann, type) and issubclass(ann, BaseModel):
+        return ann
+    for a in getattr(ann, "__args__", ()):
+        if isinstance(a, type) and issubclass(a, BaseModel):
+            return a
+    return None
+
+
+def schema_rows(model: type[BaseModel] = JobSpec, prefix: str = "") -> list[tuple[str, str, str, str]]:
+    """(dotted key, type, default, description) for every field, depth first."""
+    rows: list[tuple[str, str, str, str]] = []
+    for name, f in model.model_fields.items():
+        key = f"{prefix}{name}"
+        sub = _nested(f.annotation)
+        if f.default is PydanticUndefined and f.default_factory is None:
+            default = "required"
+        elif f.default_factory is not None:
+            default = "(section)" if sub else "{}"
+        else:
+            default = repr(f.default)
+        typ = sub.__name__ if sub else _type_name(f.annotation)
+        rows.append((key, typ, default, f.description or ""))
+        if sub is not None:
+            rows += schema_rows(sub, prefix=f"{key}.")
+    return rows
+
+
+def schema_markdown() -> str:
+    """The job schema as a markdown table (what the README's reference section holds)."""
+    lines = ["| key | type | default | meaning |", "|---|---|---|---|"]
+    for key, typ, default, desc in schema_rows():
+        cells = [f"`{key}`", typ, default, desc]
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return "\n".join(lines)
