@@ -10,7 +10,6 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 from importlib.util import find_spec
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -32,6 +31,7 @@ from musubi.data.synthetic_detection import (
     synthetic_detection_batch,
 )
 from musubi.tasks.base import Metric, Reducer, Task
+from musubi.tasks.weights import check_weights, load_weights
 
 #: Model name -> (torchvision builder, model class whose keyword arguments the builder forwards).
 MODELS: dict[str, tuple[Callable[..., nn.Module], type[nn.Module]]] = {
@@ -83,54 +83,6 @@ def map_backend() -> str:
         if find_spec(module) is not None:
             return backend
     raise ConfigError(EVAL_EXTRA_MESSAGE)
-
-
-def load_state_dict_file(path: str) -> dict[str, Tensor]:
-    """A weights-only state dict from a local file (also accepts {"model": sd} / {"state_dict": sd})."""
-    if not Path(path).is_file():
-        raise ConfigError(f"weights: {path} not found; give a local state-dict file (nothing is downloaded)")
-    try:
-        obj = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # unpickling errors have no common base class
-        first_line = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
-        raise ConfigError(
-            f"weights: cannot load {path} as a weights-only state dict ({first_line}); "
-            "save it with torch.save(model.state_dict(), path)"
-        ) from None
-    if isinstance(obj, dict):
-        for key in ("model", "state_dict"):
-            if isinstance(obj.get(key), dict):
-                obj = obj[key]
-                break
-    if not isinstance(obj, dict) or not all(
-        isinstance(k, str) and isinstance(v, Tensor) for k, v in obj.items()
-    ):
-        raise ConfigError(
-            f"weights: {path} is not a state dict of tensors; save it with torch.save(model.state_dict(), path)"
-        )
-    return obj
-
-
-def check_state_dict(model: nn.Module, state: dict[str, Tensor], what: str) -> None:
-    """ConfigError naming the first missing/unexpected/reshaped key when `state` does not fit `model` exactly."""
-    expected = model.state_dict()
-    missing = [k for k in expected if k not in state]
-    unexpected = [k for k in state if k not in expected]
-    reshaped = [k for k in expected if k in state and state[k].shape != expected[k].shape]
-    problems = []
-    if missing:
-        problems.append(f"{len(missing)} missing keys, e.g. {missing[0]!r}")
-    if unexpected:
-        problems.append(f"{len(unexpected)} unexpected keys, e.g. {unexpected[0]!r}")
-    if reshaped:
-        k = reshaped[0]
-        problems.append(
-            f"{len(reshaped)} shape mismatches, e.g. {k!r} {list(state[k].shape)} in file vs {list(expected[k].shape)}"
-        )
-    if problems:
-        raise ConfigError(
-            f"weights: {what} ({'; '.join(problems)}); use weights saved from the same model and classes"
-        )
 
 
 class DetectionMetric(Metric):
@@ -320,7 +272,7 @@ class DetectionTask(Task):
         with torch.device("meta"):
             meta_model = self._construct()
         if spec.weights:
-            check_state_dict(meta_model, load_state_dict_file(spec.weights), self._weights_what())
+            check_weights(spec.weights, meta_model)
 
     # -- model -------------------------------------------------------------
     def _construct(self) -> nn.Module:
@@ -332,11 +284,6 @@ class DetectionTask(Task):
         except (TypeError, ValueError) as e:
             raise ConfigError(f"model_args: {self.spec.model} rejected them ({e}); fix model_args") from None
 
-    def _weights_what(self) -> str:
-        return (
-            f"{self.spec.weights} does not fit {self.spec.model} with {self.num_classes} classes + background"
-        )
-
     def build_model(self) -> nn.Module:
         """A fresh detector on the CPU (num_classes + 1 outputs), loaded from spec.weights if given."""
         if self.spec.model not in MODELS:
@@ -345,12 +292,7 @@ class DetectionTask(Task):
             )
         model = self._construct()
         if self.spec.weights:
-            state = load_state_dict_file(self.spec.weights)
-            check_state_dict(model, state, self._weights_what())
-            try:
-                model.load_state_dict(state, strict=True)
-            except RuntimeError as e:
-                raise ConfigError(f"weights: {self._weights_what()} ({str(e).splitlines()[0]})") from None
+            load_weights(model, self.spec.weights)
         return model
 
     # -- data --------------------------------------------------------------

@@ -14,8 +14,9 @@ from musubi.config.errors import ConfigError
 from musubi.data import text
 from musubi.data.synthetic_classification import TRAIN_STREAM, VAL_STREAM
 from musubi.tasks.base import Metric, Reducer, Task
-from musubi.tasks.classification import check_weights, load_weights, suggest
+from musubi.tasks.classification import suggest
 from musubi.tasks.gpt import GPT, GPTConfig
+from musubi.tasks.weights import check_weights, load_weights
 
 #: The tiny default GPT: fast enough for CPU tests and smoke runs.
 DEFAULT_ARGS: dict[str, Any] = {"layers": 2, "hidden": 128, "heads": 4, "ffn_hidden": None, "dropout": 0.0}
