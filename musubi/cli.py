@@ -32,6 +32,8 @@ def train(
         "is unchanged, so a later --resume continues exactly."),
     set_: list[str] = typer.Option([], "--set", help="Override a job field: --set train.batch=32 (repeatable)."),
     device: str | None = typer.Option(None, "--device", help="cuda or cpu (default: cuda if a GPU is visible)."),
+    probe_only: bool = typer.Option(False, "--probe-only", help="With batch: auto, probe (or read the cache), "
+                                    "print the agreed batch as JSON and exit."),
 ) -> None:
     """Train one job on all GPUs of this machine (or N CPU ranks) through torchrun."""
     from musubi.runtime.launch import TrainRequest, launch_train
@@ -39,7 +41,7 @@ def train(
     if max_steps is not None and max_steps < 1:
         _fail(f"--max-steps {max_steps}: must be >= 1", 2)
     req = TrainRequest(job_path=job, nproc=nproc, out=out, resume=resume, max_steps=max_steps,
-                       overrides=list(set_), device=device, argv=sys.argv)
+                       overrides=list(set_), device=device, argv=sys.argv, probe_only=probe_only)
     try:
         result = launch_train(req)
     except ConfigError as e:
@@ -47,6 +49,8 @@ def train(
         return
     if result.code != 0:
         _fail(f"{result.error} (logs: {result.job_dir / 'logs'})", result.code)
+    if probe_only:
+        return
     Console().print(f"[green]run directory:[/] {result.run_dir}", highlight=False)
 
 

@@ -97,7 +97,11 @@ class TrainSpec(StrictModel):
     max_steps: int | None = Field(
         None, ge=1, description="Stop after this many optimizer steps (across epochs), if given."
     )
-    batch: int = Field(16, ge=1, le=1_000_000, description="Per-rank micro-batch (samples per forward).")
+    batch: int | Literal["auto"] = Field(
+        16,
+        description="Per-rank micro-batch (samples per forward), or `auto`: probe the largest that fits on "
+        "every rank (real forward+backward+optimizer steps), agree on the minimum, cache the result.",
+    )
     global_batch: int | None = Field(
         None,
         ge=1,
@@ -135,6 +139,33 @@ class TrainSpec(StrictModel):
     log_every: int = Field(10, ge=1, description="Log scalars every N optimizer steps.")
     eval_every: int = Field(1, ge=1, description="Validate every N epochs (and at the end).")
     timeout_s: int = Field(600, ge=10, le=86_400, description="Timeout of collectives, in seconds.")
+    headroom: float = Field(
+        0.10, ge=0.0, lt=0.9, description="`batch: auto`: fraction of GPU memory left free by the probed batch."
+    )
+    oom_policy: Literal["keep_global_batch", "halve_global_batch"] = Field(
+        "keep_global_batch",
+        description="After an out-of-memory error: halve the micro-batch and double accumulation (same "
+        "optimizer batch and LR), or halve the global batch and rescale the LR by `lr_rule`.",
+    )
+    min_batch: int = Field(4, ge=1, description="OOM recovery never goes below this per-rank micro-batch.")
+    max_restarts: int = Field(
+        3, ge=0, le=100, description="Coordinated restarts of all ranks (torchrun) after a rank fails or OOMs."
+    )
+
+    @field_validator("batch")
+    @classmethod
+    def _batch(cls, v: int | str) -> int | str:
+        if isinstance(v, int) and not 1 <= v <= 1_000_000:
+            raise ValueError("must be between 1 and 1000000, or auto")
+        return v
+
+    @model_validator(mode="after")
+    def _auto_batch(self) -> TrainSpec:
+        if self.batch == "auto" and self.global_batch is not None:
+            raise ValueError("batch: auto and global_batch exclude each other; drop one")
+        if self.batch == "auto" and self.strategy == "fsdp":
+            raise ValueError("batch: auto probes replicated (ddp) jobs; give a number for strategy fsdp")
+        return self
 
 
 class CheckpointSpec(StrictModel):

@@ -81,12 +81,34 @@ def _fields_at(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
     return []
 
 
+def _field_path(model: type[BaseModel], loc: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The part of an error location that names fields (drops pydantic's union-branch tags)."""
+    kept: list[Any] = []
+    cur: Any = model
+    for part in loc:
+        if isinstance(cur, type) and issubclass(cur, BaseModel):
+            kept.append(part)
+            if part not in cur.model_fields:
+                break  # an unknown key: keep it, it is the subject of the error
+            ann = cur.model_fields[part].annotation
+            subs = [a for a in (ann, *getattr(ann, "__args__", ())) if isinstance(a, type) and issubclass(a, BaseModel)]
+            cur = subs[0] if subs else ann
+        else:
+            if getattr(cur, "__origin__", None) is dict:
+                kept.append(part)  # a key inside a mapping field (model_args)
+            break  # the rest are union-branch tags
+    return tuple(kept)
+
+
 def format_validation_error(err: ValidationError, model: type[BaseModel], source: str) -> str:
     """Turn pydantic's report into one line: the field, what is wrong, the fix."""
-    e = err.errors()[0]
-    loc = tuple(x for x in e["loc"] if not isinstance(x, int) or True)
+    errors = err.errors()
+    e = errors[0]
+    loc = _field_path(model, tuple(e["loc"]))
     field = ".".join(str(x) for x in loc) or "(top level)"
     kind = e["type"]
+    # A union (e.g. `int | "auto"`) reports one error per branch: merge them.
+    branches = [x for x in errors if _field_path(model, tuple(x["loc"])) == loc]
     if kind == "extra_forbidden":
         known = _fields_at(model, loc[:-1])
         guess = difflib.get_close_matches(str(loc[-1]), known, n=1)
@@ -95,9 +117,13 @@ def format_validation_error(err: ValidationError, model: type[BaseModel], source
     elif kind == "missing":
         msg = f"{field} is required; add it to the job file"
     else:
-        text = e["msg"].removeprefix("Value error, ")
-        msg = f"{field}: {text} (got {e.get('input')!r})"
-    more = len(err.errors()) - 1
+        texts = []
+        for x in branches:
+            t = x["msg"].removeprefix("Value error, ")
+            if t not in texts:
+                texts.append(t)
+        msg = f"{field}: {' or '.join(texts)} (got {e.get('input')!r})"
+    more = len(errors) - len(branches)
     if more:
         msg += f" (+{more} more problem{'s' if more > 1 else ''})"
     return f"{source}: {msg}"

@@ -20,6 +20,7 @@ import os
 import re
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -139,6 +140,7 @@ def save_checkpoint(
     rank_state: dict[str, torch.Tensor],
     world: World,
     keep_last: int,
+    before_commit: Callable[[int], None] | None = None,
 ) -> Path:
     """Collective: write every rank's shards, then commit (rank 0) and apply retention."""
     d = step_dir(root, step)
@@ -157,6 +159,8 @@ def save_checkpoint(
         _rank_key(world.rank): rank_state,
     }
     dcp.save(state, checkpoint_id=str(d))
+    if before_commit is not None:  # fault injection: a stall or a death between shards and commit
+        before_commit(step)
     # dcp.save returns on rank 0 after every rank's write result was gathered and
     # .metadata written: all shards are on disk. Only then is the marker written.
     world.barrier()

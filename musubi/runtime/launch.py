@@ -35,6 +35,7 @@ class TrainRequest:
     max_steps: int | None = None
     overrides: list[str] = field(default_factory=list)
     device: str | None = None  # "cuda" | "cpu" | None (GPUs if any)
+    probe_only: bool = False
     argv: list[str] = field(default_factory=list)
 
 
@@ -138,10 +139,18 @@ def prepare(req: TrainRequest) -> tuple[Path, Path, dict, int, str]:
     return run_dir, job_dir, record, nproc, kind
 
 
-def torchrun_argv(job_dir: Path, nproc: int, resume: bool, stop_at_step: int | None) -> list[str]:
-    """The torchrun command line of one single-node job (its own free rendezvous port)."""
+def torchrun_argv(job_dir: Path, nproc: int, resume: bool, stop_at_step: int | None, max_restarts: int = 0,
+                  probe_only: bool = False) -> list[str]:
+    """The torchrun command line of one single-node job (its own free rendezvous port).
+
+    `--max-restarts`: when a rank fails (an OOM, a crash), torchrun stops the others and
+    restarts all of them; the workers resume from the newest committed checkpoint.
+    """
     argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
-            f"--nproc-per-node={nproc}", "--max-restarts=0", "-m", "musubi.runtime.worker", str(job_dir)]
+            f"--nproc-per-node={nproc}", f"--max-restarts={max_restarts}", "--monitor-interval=0.5",
+            "-m", "musubi.runtime.worker", str(job_dir)]
+    if probe_only:
+        argv.append("--probe-only")
     if resume:
         argv.append("--resume")
     if stop_at_step is not None:
@@ -197,9 +206,14 @@ def launch_train(req: TrainRequest) -> TrainResult:
     for old in logs.glob("error-rank*.txt"):
         old.unlink()
     spec_det = bool(record["config"]["train"]["deterministic"])
-    argv = torchrun_argv(job_dir, nproc, req.resume, req.max_steps)
+    restarts = 0 if req.probe_only else int(record["config"]["train"]["max_restarts"])
+    argv = torchrun_argv(job_dir, nproc, req.resume, req.max_steps, restarts, req.probe_only)
     proc = subprocess.Popen(argv, env=worker_env(kind, nproc, spec_det), stderr=subprocess.PIPE, text=True,
-                            errors="replace")
+                            errors="replace", stdout=subprocess.PIPE if req.probe_only else None)
+    probe_out = None
+    if req.probe_only:
+        assert proc.stdout is not None
+        probe_out = proc.stdout.read()
     pump = _tee_stderr(proc.stderr, logs / "torchrun.log")
     try:
         code = proc.wait()
@@ -221,7 +235,16 @@ def launch_train(req: TrainRequest) -> TrainResult:
         if not summary.get("finished"):
             status = "stopped"
     history = record.get("history", [])
-    history.append({"attempt": record["attempts"], "exit_code": code, "status": status, "error": err})
+    entry: dict = {"attempt": record["attempts"], "exit_code": code, "status": status, "error": err}
+    if summary_path.is_file():
+        summary = read_json(summary_path)
+        entry["restarts"] = summary.get("restarts", 0)
+    oom_records = sorted((job_dir / "memory").glob("applied-oom-*.json")) if (job_dir / "memory").is_dir() else []
+    if oom_records:
+        entry["oom_recoveries"] = [read_json(p) for p in oom_records]
+    history.append(entry)
     record.update(status=status, history=history)
     write_json(job_dir / "job.json", record)
+    if probe_out:
+        print(probe_out.strip().splitlines()[-1] if probe_out.strip() else "", flush=True)
     return TrainResult(result_code, run_dir, job_dir, err)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import random
@@ -16,11 +17,14 @@ import torch
 from musubi.config.errors import ConfigError
 from musubi.config.job import JobSpec
 from musubi.runtime import checkpoint as ckpt
+from musubi.runtime.batching import BatchPlan, plan_batch
+from musubi.runtime.inject import Injector, injected_oom
 from musubi.runtime.loaders import TrainFeed, ValFeed
+from musubi.runtime.memory import memory_figures
 from musubi.runtime.precision import autocast, make_scaler, resolve_precision
 from musubi.runtime.reporting import MetricsWriter, ProgressBar
 from musubi.runtime.rng import capture_rng, restore_rng, rng_template
-from musubi.runtime.schedule import lr_factor, scale_lr
+from musubi.runtime.schedule import lr_factor
 from musubi.runtime.world import World
 from musubi.runtime.wrap import eval_module, gradient_sync, needs_lockstep_eval, unwrap, wrap_model
 from musubi.tasks.base import Task
@@ -34,37 +38,6 @@ class RunOptions:
 
     resume: bool = False
     stop_at_step: int | None = None
-
-
-@dataclass
-class BatchPlan:
-    """How the global batch is made, and the LR that follows it."""
-
-    per_rank: int
-    accumulation: int
-    world: int
-    lr: float
-
-    @property
-    def global_batch(self) -> int:
-        """Samples per optimizer step over all ranks."""
-        return self.per_rank * self.world * self.accumulation
-
-
-def plan_batch(spec: JobSpec, world_size: int) -> BatchPlan:
-    """Per-rank batch from `batch` or `global_batch`, and the scaled LR."""
-    t = spec.train
-    per_rank = t.batch
-    if t.global_batch is not None:
-        denom = world_size * t.accumulation
-        if t.global_batch % denom:
-            raise ConfigError(
-                f"train.global_batch={t.global_batch} is not divisible by world x accumulation = "
-                f"{world_size} x {t.accumulation}; pick a multiple of {denom} or change --nproc"
-            )
-        per_rank = t.global_batch // denom
-    g = per_rank * world_size * t.accumulation
-    return BatchPlan(per_rank, t.accumulation, world_size, scale_lr(t.lr, g, t.base_batch, t.lr_rule))
 
 
 def seed_everything(seed: int) -> None:
@@ -97,12 +70,14 @@ class Trainer:
     """One rank's training of one job."""
 
     def __init__(self, spec: JobSpec, task: Task, world: World, job_dir: Path, opts: RunOptions,
-                 console: Any = None) -> None:
+                 console: Any = None, plan: BatchPlan | None = None, injector: Injector | None = None) -> None:
         self.spec, self.task, self.world, self.job_dir, self.opts = spec, task, world, job_dir, opts
         self.console = console
         t = spec.train
         self.precision = resolve_precision(t.precision, world.device)
-        self.plan = plan_batch(spec, world.size)
+        self.plan = plan or plan_batch(spec, world.size)
+        self.injector = injector or Injector(None, world.rank, None)
+        self.phase = "setup"
         configure_determinism(t.deterministic, world)
         seed_everything(t.seed)  # same init on every rank (DDP also broadcasts rank 0's weights)
 
@@ -130,6 +105,8 @@ class Trainer:
         )
         self.scaler = make_scaler(self.precision, world.device)
         self.ckpt_root = job_dir / "checkpoints"
+        self.telemetry = job_dir / "telemetry" / f"rank{world.rank}.jsonl"
+        self.telemetry.parent.mkdir(parents=True, exist_ok=True)
         # Training-time randomness (dropout, augmentation on device) differs per rank.
         torch.manual_seed(t.seed * 1000 + world.rank + 1)
         self.step = 0
@@ -143,7 +120,9 @@ class Trainer:
         return {
             "step": self.step,
             "epoch": self.epoch,
-            "micro": self.micro,
+            # Data position in samples of this rank (not micro-batches): stays valid when an OOM
+            # recovery changes the micro-batch size.
+            "samples": self.micro * self.plan.per_rank,
             "scheduler": self.scheduler.state_dict(),
             "scaler": self.scaler.state_dict(),
             "signature": self.signature,
@@ -157,8 +136,10 @@ class Trainer:
         """Collective checkpoint of the current state."""
         if not self.spec.checkpoint.enabled:
             return
+        self.phase = "checkpoint"
         ckpt.save_checkpoint(self.ckpt_root, self.step, self.model, self.optimizer, self.trainer_state(),
-                             capture_rng(self.world.device), self.world, self.spec.checkpoint.keep_last)
+                             capture_rng(self.world.device), self.world, self.spec.checkpoint.keep_last,
+                             before_commit=self.injector.checkpoint_write)
 
     def resume(self) -> None:
         """Load the newest committed checkpoint (every rank reads the same one)."""
@@ -172,7 +153,12 @@ class Trainer:
         if state.get("global_batch") != self.plan.global_batch:
             log.warning("global batch changed since the checkpoint (%s -> %s): the resume is not exact",
                         state.get("global_batch"), self.plan.global_batch)
-        self.step, self.epoch, self.micro = state["step"], state["epoch"], state["micro"]
+        self.step, self.epoch = state["step"], state["epoch"]
+        samples = int(state["samples"])
+        if samples % self.plan.per_rank:
+            raise ConfigError(f"{found.path}: data position {samples} is not a whole number of batches of "
+                              f"{self.plan.per_rank}; resume with the batch it was written with")
+        self.micro = samples // self.plan.per_rank
         self.scheduler.load_state_dict(state["scheduler"])
         self.scaler.load_state_dict(state["scaler"])
         self.last_eval = state.get("last_eval", {})
@@ -228,6 +214,7 @@ class Trainer:
         loss_n = 0
         t_log, samples_log = time.perf_counter(), 0
         t_start, step_start = time.perf_counter(), self.step
+        t_step = t_start
         stopped_early = False
         try:
             while self.epoch < t.epochs and self.step < stop:
@@ -236,16 +223,28 @@ class Trainer:
                     if self.micro >= usable:
                         break  # leftover micro-batches that do not fill an optimizer step
                     sync = (self.micro + 1) % plan.accumulation == 0
+                    self.phase = "forward"
+                    if self.injector:
+                        self._inject_before_forward(batch)
                     with gradient_sync(self.model, sync):
                         with autocast(self.precision, w.device):
                             loss, _parts = self.task.loss(self.model, batch)
-                        self.scaler.scale(loss / plan.accumulation).backward()
+                        self.phase = "backward"
+                        hook = self._inject_backward() if self.injector else None
+                        try:
+                            self.scaler.scale(loss / plan.accumulation).backward()
+                        finally:
+                            if hook is not None:
+                                hook.remove()
                     loss_sum += loss.detach().double()
                     loss_n += 1
                     samples_log += self.task.batch_size_of(batch) * w.size
                     self.micro += 1
                     if not sync:
                         continue
+                    self.phase = "optimizer"
+                    if self.injector and self.injector.oom_phase(self.step + 1, "optimizer"):
+                        raise injected_oom(f"optimizer, step {self.step + 1}")
                     if t.grad_clip:
                         self.scaler.unscale_(self.optimizer)
                         torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.grad_clip)
@@ -254,6 +253,11 @@ class Trainer:
                     self.optimizer.zero_grad(set_to_none=True)
                     self.scheduler.step()
                     self.step += 1
+                    self.phase = "between steps"
+                    if self.injector:
+                        now_s = time.perf_counter()
+                        self.injector.after_step(self.step, now_s - t_step)
+                        t_step = time.perf_counter()
                     if self.step % t.log_every == 0 or self.step == stop:
                         # One host sync per log interval, not per step.
                         w.all_reduce_sum(loss_sum)
@@ -262,10 +266,12 @@ class Trainer:
                             raise FloatingPointError(f"loss is {mean_loss} at step {self.step}")
                         now = time.perf_counter()
                         rate = samples_log / max(now - t_log, 1e-9)
+                        mem = self._memory_record()
                         if metrics is not None:
                             metrics.write(self.step, {"loss": round(mean_loss, 6),
                                                       "lr": self.scheduler.get_last_lr()[0],
-                                                      "samples_per_s": round(rate, 2), "epoch": self.epoch})
+                                                      "samples_per_s": round(rate, 2), "epoch": self.epoch,
+                                                      **mem})
                         bar.update(self.step, rate, mean_loss)
                         if self.console is not None and not self.console.is_terminal:
                             log.info("step %d/%d loss %.4f %.1f samples/s", self.step, self.total_steps,
@@ -307,6 +313,38 @@ class Trainer:
             "steps_per_s": round((self.step - step_start) / max(elapsed, 1e-9), 4),
             "val": self.last_eval,
         }
+
+    # -- fault injection and memory figures ------------------------------------
+    def _inject_before_forward(self, batch: Any) -> None:
+        """Data stalls, and OOMs due in forward (also the simulated memory limit)."""
+        self.injector.data_delay()
+        limit = self.injector.batch_limit()
+        if limit is not None and self.task.batch_size_of(batch) > limit:
+            raise injected_oom(f"batch {self.task.batch_size_of(batch)} > simulated limit {limit}")
+        if self.injector.oom_phase(self.step + 1, "forward"):
+            raise injected_oom(f"forward, step {self.step + 1}")
+
+    def _inject_backward(self) -> Any:
+        """A hook that raises OOM from inside autograd, once the later layers' grads went to DDP."""
+        if not self.injector.oom_phase(self.step + 1, "backward"):
+            return None
+        first = next(p for p in unwrap(self.model).parameters() if p.requires_grad)
+        step = self.step + 1
+
+        def boom(grad: torch.Tensor) -> torch.Tensor:
+            raise injected_oom(f"backward, step {step}")
+
+        return first.register_hook(boom)
+
+    def _memory_record(self) -> dict[str, Any]:
+        """This rank's memory figures since the last record (to its telemetry file); rank 0's are returned."""
+        mem = memory_figures(self.world.device)
+        if not mem:
+            return {}
+        with open(self.telemetry, "a", encoding="utf-8") as f:
+            f.write(json.dumps({"step": self.step, "kind": "memory", "time": round(time.time(), 3), **mem}) + "\n")
+        torch.cuda.reset_peak_memory_stats(self.world.device)
+        return mem
 
     def run_eval(self, metrics: MetricsWriter | None) -> None:
         """Validate, log on rank 0, and remember the result for the checkpoint."""

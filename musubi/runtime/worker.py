@@ -32,41 +32,95 @@ def _write_error(job_dir: Path, rank: int, kind: str, message: str) -> None:
     (logs / f"error-rank{rank}.txt").write_text(json.dumps({"kind": kind, "message": message}), encoding="utf-8")
 
 
+def _restart_count() -> int:
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one rank of a job; returns the process exit code."""
     ap = argparse.ArgumentParser(prog="musubi-worker")
     ap.add_argument("job_dir", type=Path)
     ap.add_argument("--resume", action="store_true")
     ap.add_argument("--stop-at-step", type=int, default=None)
+    ap.add_argument("--probe-only", action="store_true")
     args = ap.parse_args(argv)
     job_dir: Path = args.job_dir
     rank = int(os.environ.get("RANK", "0"))
+    restarts = _restart_count()
+    err_file = job_dir / "logs" / f"error-rank{rank}.txt"
+    if restarts and err_file.is_file():
+        # torchrun restarts after any failure; a configuration error will not go away.
+        try:
+            if json.loads(err_file.read_text(encoding="utf-8")).get("kind") == "config":
+                return EXIT_CONFIG
+        except ValueError:
+            pass
+    err_file.unlink(missing_ok=True)
     trainer = None
+    world = None
     try:
         import torch  # noqa: F401  (imported after argument parsing: fast --help)
 
-        from musubi.runtime.loop import RunOptions, Trainer
+        from musubi.runtime.batching import decide_batch
+        from musubi.runtime.inject import Injector
+        from musubi.runtime.loop import RunOptions, Trainer, build_optimizer
+        from musubi.runtime.memory import EXIT_OOM, is_oom, record_oom
+        from musubi.runtime.precision import resolve_precision
         from musubi.runtime.reporting import MetricsWriter, setup_logging
         from musubi.runtime.world import init_world, shutdown_world
         from musubi.tasks.registry import build_task
 
         record = json.loads((job_dir / "job.json").read_text(encoding="utf-8"))
         spec = job_from_dict(record["config"], source=str(job_dir / "job.json"))
+        injector = Injector.from_env(rank, job_dir / "logs" / "inject")
         world = init_world(spec.train.timeout_s)
         console = setup_logging(world, job_dir / "logs")
+        if restarts:
+            log.warning("restart %d of this job (torchrun): resuming from the newest committed checkpoint",
+                        restarts)
         task = build_task(spec)
         task.validate()
-        opts = RunOptions(resume=args.resume, stop_at_step=args.stop_at_step)
-        trainer = Trainer(spec, task, world, job_dir, opts, console)
+        precision = resolve_precision(spec.train.precision, world.device)
+        plan, _recoveries = decide_batch(spec, task, world, job_dir, precision, injector,
+                                         lambda m: build_optimizer(m, spec, 1e-3))
+        if args.probe_only:
+            if world.is_main:
+                print(json.dumps({"per_rank_batch": plan.per_rank, "global_batch": plan.global_batch,
+                                  "lr": plan.lr, "source": plan.source}), flush=True)
+            shutdown_world()
+            return 0
+        from musubi.runtime.checkpoint import latest_checkpoint
+
+        resume = args.resume or (restarts > 0 and latest_checkpoint(job_dir / "checkpoints") is not None)
+        opts = RunOptions(resume=resume, stop_at_step=args.stop_at_step)
+        trainer = Trainer(spec, task, world, job_dir, opts, console, plan=plan, injector=injector)
         if opts.resume:
             trainer.resume()
-        metrics = MetricsWriter(job_dir, trainer.step if opts.resume else None) if world.is_main else None
+        restarted = opts.resume or restarts > 0
+        metrics = MetricsWriter(job_dir, trainer.step if restarted else None) if world.is_main else None
         try:
             summary = trainer.fit(metrics)
+        except Exception as e:
+            if not is_oom(e):
+                raise
+            # Peers may be inside a collective this rank will never join: record, leave at once,
+            # and let torchrun restart every rank with the smaller batch (see memory.py).
+            record_oom(job_dir, world.rank, trainer.step + 1, trainer.phase, plan.per_rank, plan.accumulation,
+                       world.device, str(e))
+            _write_error(job_dir, rank, "oom", f"out of memory in {trainer.phase} at step {trainer.step + 1} "
+                         f"(per-rank batch {plan.per_rank}): {e}")
+            log.error("out of memory in %s at step %d (per-rank batch %d): restarting all ranks",
+                      trainer.phase, trainer.step + 1, plan.per_rank)
+            logging.shutdown()
+            return EXIT_OOM
         finally:
             if metrics is not None:
                 metrics.close()
         if world.is_main:
+            summary["batch_source"] = plan.source
+            summary["per_rank_batch"] = plan.per_rank
+            summary["accumulation"] = plan.accumulation
+            summary["restarts"] = restarts
             (job_dir / "summary.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
             if summary["val"]:
                 (job_dir / "eval.json").write_text(

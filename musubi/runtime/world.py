@@ -65,6 +65,23 @@ def _env_int(name: str, default: int) -> int:
     return default if raw is None else int(raw)
 
 
+def _init_group(backend: str, timeout: dt.timedelta, device: torch.device | None) -> None:
+    """init_process_group on torchrun's store, namespaced by restart attempt.
+
+    After a coordinated restart the ranks of the new attempt must not read the
+    addresses that the dead attempt published (seen here: a restarted rank
+    connecting to its dead peer's port); a prefix per attempt keeps them apart.
+    """
+    if "MASTER_ADDR" not in os.environ:  # not under torchrun: a single local process
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", "29500")
+    store, rank, size = next(dist.rendezvous("env://", timeout=timeout))
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    store = dist.PrefixStore(f"musubi/attempt{attempt}", store)
+    kwargs = {"device_id": device} if device is not None else {}
+    dist.init_process_group(backend, store=store, rank=rank, world_size=size, timeout=timeout, **kwargs)
+
+
 def init_world(timeout_s: float, device_kind: str | None = None) -> World:
     """Bind this rank's device, then start the process group (the only place that does)."""
     rank = _env_int("RANK", 0)
@@ -84,12 +101,12 @@ def init_world(timeout_s: float, device_kind: str | None = None) -> World:
         # gloo beside NCCL: CPU collectives (async checkpoint staging, object gathers) need it.
         backend = "cpu:gloo,cuda:nccl"
         if not dist.is_initialized():
-            dist.init_process_group(backend, timeout=timeout, device_id=device)
+            _init_group(backend, timeout, device)
     elif kind == "cpu":
         device = torch.device("cpu")
         backend = "gloo"
         if not dist.is_initialized():
-            dist.init_process_group(backend, timeout=timeout)
+            _init_group(backend, timeout, None)
     else:
         raise ConfigError(f"MUSUBI_DEVICE={kind!r}: use 'cuda' or 'cpu'")
     return World(rank=dist.get_rank(), local_rank=local_rank, size=dist.get_world_size(), device=device,

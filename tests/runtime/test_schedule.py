@@ -8,7 +8,7 @@ import pytest
 
 from musubi.config.errors import ConfigError
 from musubi.config.load import job_from_dict
-from musubi.runtime.loop import plan_batch
+from musubi.runtime.batching import plan_batch
 from musubi.runtime.schedule import lr_factor, scale_lr
 from tests.conftest import TINY_JOB, _merge
 

@@ -1,0 +1,42 @@
+"""The machines a job runs on: a catalog GPU, how many, and how they group into nodes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from musubi.plan.catalog import GPU
+from musubi.plan.errors import PlanError
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """n_gpus of one GPU type, gpus_per_node to a node (NVLink domains may span nodes: NVL72)."""
+
+    gpu: GPU
+    n_gpus: int
+    gpus_per_node: int
+
+    @property
+    def nodes(self) -> int:
+        """Number of nodes."""
+        return -(-self.n_gpus // self.gpus_per_node)
+
+    @property
+    def nvlink_domain(self) -> int:
+        """GPUs that share NVLink at full bandwidth (1: none), capped by the cluster size."""
+        return min(self.gpu.nvlink_domain, self.n_gpus)
+
+
+def make_cluster(gpu: GPU, n_gpus: int, nodes: int | None = None) -> Cluster:
+    """A cluster of `n_gpus`; `nodes` (when given) sets GPUs per node, else the catalog's node size."""
+    if n_gpus < 1:
+        raise PlanError(f"--gpus {n_gpus}: must be >= 1")
+    if nodes is None:
+        return Cluster(gpu, n_gpus, min(gpu.gpus_per_node, n_gpus))
+    if nodes < 1 or n_gpus % nodes:
+        raise PlanError(f"--nodes {nodes} does not divide --gpus {n_gpus}; give GPUs per node x nodes")
+    per_node = n_gpus // nodes
+    if per_node > gpu.gpus_per_node and gpu.nvlink_domain < per_node:
+        raise PlanError(f"--gpus {n_gpus} on --nodes {nodes} is {per_node} GPUs per node; a {gpu.name} "
+                        f"node holds {gpu.gpus_per_node}")
+    return Cluster(gpu, n_gpus, per_node)

@@ -1,0 +1,152 @@
+"""`musubi plan`: the typer command (parse, call the planner, print a table or JSON). Registered by cli.py."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from musubi.plan.calibrate import load_calibration
+from musubi.plan.catalog import get_gpu
+from musubi.plan.cluster import Cluster, make_cluster
+from musubi.plan.efficiency import DEFAULT_EFFICIENCY
+from musubi.plan.errors import PlanError
+from musubi.plan.layout import parse_layout
+from musubi.plan.predict import Prediction, predict
+from musubi.plan.search import SearchResult, search
+from musubi.plan.spec import ModelSpec, load_spec, preset, with_seq
+
+
+def _fail(message: str, code: int = 2) -> None:
+    Console(stderr=True, soft_wrap=True).print(f"[bold red]error:[/] {message}", highlight=False)
+    raise typer.Exit(code)
+
+
+def _resolve_spec(model: str | None, spec_path: Path | None, seq: int | None) -> ModelSpec:
+    if (model is None) == (spec_path is None):
+        raise PlanError("give exactly one of --model NAME or --spec MODEL.yaml")
+    spec = preset(model) if model is not None else load_spec(spec_path)  # type: ignore[arg-type]
+    return with_seq(spec, seq)
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f} %"
+
+
+def _comm(p: Prediction) -> str:
+    parts = [f"{tier} {p.exposed_comm_s[tier]:.3g}/{p.comm_s[tier]:.3g}" for tier in p.comm_s if p.comm_s[tier] > 0]
+    return ", ".join(parts) or "-"
+
+
+def _print_one(console: Console, p: Prediction, cluster: Cluster) -> None:
+    table = Table(title=f"{p.model} on {p.n_gpus} x {p.gpu}: {p.layout}", show_header=False, title_justify="left")
+    table.add_column("what")
+    table.add_column("value", justify="right")
+    rows = [
+        ("step time", f"{p.step_time_s:.3f} s"),
+        ("tokens / s" if p.seq > 1 else "samples / s", f"{p.tokens_per_s:,.0f}"),
+        ("model TFLOP/s per GPU", f"{p.model_tflops_per_gpu:.1f}"),
+        ("hardware TFLOP/s per GPU", f"{p.hardware_tflops_per_gpu:.1f}"),
+        ("MFU / HFU", f"{_pct(p.mfu)} / {_pct(p.hfu)}"),
+        ("memory per GPU", f"{p.memory_gib_per_gpu:.1f} of {cluster.gpu.memory_gib:g} GiB"),
+        ("  weights / grads / optimizer", " / ".join(f"{p.memory_gib[k]:.1f}" for k in ("weights", "grads",
+                                                                                            "optimizer"))),
+        ("  activations / buffers / reserve", " / ".join(f"{p.memory_gib[k]:.1f}" for k in ("activations",
+                                                                                               "buffers",
+                                                                                               "reserve"))),
+        ("micro-batches per step", str(p.micro_batches)),
+        ("pipeline bubble", _pct(p.bubble_fraction)),
+        ("straggler tax", _pct(p.straggler_tax)),
+        ("comm exposed/busy s per tier", _comm(p)),
+    ]
+    for k, v in rows:
+        table.add_row(k, v)
+    console.print(table)
+    if not p.fits:
+        console.print(f"[bold yellow]does not fit:[/] {p.memory_gib_per_gpu:.1f} GiB > "
+                      f"{cluster.gpu.memory_gib:g} GiB per GPU", highlight=False)
+
+
+def _print_search(console: Console, result: SearchResult, spec: ModelSpec, cluster: Cluster, batch: int) -> None:
+    nodes = f"{cluster.nodes} node{'s' if cluster.nodes != 1 else ''}"
+    table = Table(title=f"{spec.name} on {cluster.n_gpus} x {cluster.gpu.name} ({nodes}), "
+                        f"global batch {batch}", title_justify="left")
+    for col in ("#", "layout", "step s", "MFU", "TFLOP/s", "GiB", "bubble", "comm exposed/busy s"):
+        table.add_column(col, justify="left" if col in ("layout", "comm exposed/busy s") else "right")
+    for i, p in enumerate(result.candidates, 1):
+        table.add_row(str(i), p.layout, f"{p.step_time_s:.3g}", _pct(p.mfu), f"{p.model_tflops_per_gpu:.0f}",
+                      f"{p.memory_gib_per_gpu:.1f}", _pct(p.bubble_fraction), _comm(p))
+    console.print(table)
+    total = len(result.rejections)
+    if total:
+        console.print(f"rejected {total} layouts ({result.evaluated} priced):", highlight=False)
+        for kind, count, example in result.rejection_summary():
+            console.print(f"  {kind} x{count}: {example}", highlight=False, soft_wrap=True)
+
+
+def _json_search(result: SearchResult) -> dict[str, Any]:
+    return {
+        "candidates": [p.as_dict() for p in result.candidates],
+        "evaluated": result.evaluated,
+        "rejected": {"count": len(result.rejections),
+                     "by_kind": [{"kind": k, "count": n, "example": ex} for k, n, ex in result.rejection_summary()]},
+    }
+
+
+def plan_command(
+    model: str | None = typer.Option(None, "--model", help="Preset model name (llama3-8b, llama3-405b, ...)."),
+    spec: Path | None = typer.Option(None, "--spec", help="Model spec YAML (layers, hidden, heads, ...)."),
+    gpu: str | None = typer.Option(None, "--gpu", help="GPU type from the catalog (H100-SXM, A100-80GB, ...)."),
+    gpus: int | None = typer.Option(None, "--gpus", help="Number of GPUs."),
+    nodes: int | None = typer.Option(None, "--nodes", help="Number of nodes (default: catalog node size)."),
+    seq: int | None = typer.Option(None, "--seq", help="Sequence length in tokens (default: the spec's)."),
+    global_batch: int | None = typer.Option(None, "--global-batch", help="Sequences (samples) per step."),
+    layout: str | None = typer.Option(None, "--layout", help="Evaluate one layout: tp=8,pp=16,dp=64,cp=1,"
+                                      "ep=1,vpp=1,zero=1,recompute=selective,micro=1 (dp may be left out)."),
+    top: int = typer.Option(5, "--top", help="Layouts to show when searching."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    calibrate: Path | None = typer.Option(None, "--calibrate", help="Measured figures (JSON) that replace the "
+                                          "efficiency constants; see musubi/plan/calibrate.py."),
+    precision: str = typer.Option("bf16", "--precision", help="Compute precision of the peak (bf16, fp8, ...)."),
+) -> None:
+    """Predict memory, step time and MFU of parallel layouts; search and rank them without --layout."""
+    try:
+        if gpu is None or gpus is None:
+            raise PlanError("give --gpu TYPE and --gpus N (e.g. --gpu H100-SXM --gpus 64)")
+        if top < 1:
+            raise PlanError(f"--top {top}: must be >= 1")
+        model_spec = _resolve_spec(model, spec, seq)
+        cluster = make_cluster(get_gpu(gpu), gpus, nodes)
+        batch = global_batch if global_batch is not None else model_spec.global_batch
+        if not batch:
+            raise PlanError(f"{model_spec.name} has no default batch; give --global-batch SEQUENCES")
+        eff, report = (load_calibration(calibrate) if calibrate is not None else (DEFAULT_EFFICIENCY, None))
+        if report is not None and report["gpu"] != cluster.gpu.name:
+            raise PlanError(f"--calibrate file was measured on {report['gpu']}, but --gpu is {cluster.gpu.name}")
+        if layout is not None:
+            one = predict(model_spec, cluster, parse_layout(layout), batch, eff, precision)
+        else:
+            found = search(model_spec, cluster, batch, eff, precision, top=top)
+    except PlanError as e:
+        _fail(str(e))
+        return
+    console = Console()
+    if not console.is_terminal:  # piped or captured: do not squeeze the layout column to 80 characters
+        console = Console(width=200)
+    if layout is not None:
+        if as_json:
+            print(json.dumps({**one.as_dict(), "calibration": report}, indent=1))
+        else:
+            _print_one(console, one, cluster)
+        return
+    if as_json:
+        print(json.dumps({"model": model_spec.name, "gpu": cluster.gpu.name, "gpus": cluster.n_gpus,
+                          "global_batch": batch, **_json_search(found), "calibration": report}, indent=1))
+    else:
+        _print_search(console, found, model_spec, cluster, batch)
+    if not found.candidates:
+        _fail("no layout fits; see the rejections above (more GPUs, a smaller micro-batch or recompute=full)", 1)

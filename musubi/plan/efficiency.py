@@ -1,0 +1,45 @@
+"""The one global set of achieved-efficiency constants the time model uses.
+
+Each constant is a fraction of a catalog peak (FLOP/s or GB/s), so one set serves every
+GPU. They were chosen once, physically plausible, and checked against all rows of
+`published_runs.csv` together (tests/plan/test_validation.py); they are never fitted per
+row or per model. `musubi plan --calibrate FILE` replaces them with what one machine measured.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    """Achieved fractions of peak, latencies and noise used by the step-time model."""
+
+    #: Large bf16 GEMMs sustain this fraction of dense peak (cuBLAS on A100/H100: 0.7-0.8).
+    matmul: float = 0.8
+    #: Additive roofline: a GEMM also pays this share of its operand traffic (M K + K N + M N
+    #: elements) at HBM speed; it is what makes thin GEMMs (small hidden / TP) slower.
+    gemm_memory: float = 0.5
+    #: Memory-bound kernels (norms, residual adds, softmax, dropout) reach this fraction of HBM
+    #: bandwidth; it also absorbs traffic the byte counts leave out (casts, layout copies).
+    hbm: float = 0.6
+    #: Fused (flash) attention: fraction of dense peak on the FLOPs it executes (causal half square).
+    flash: float = 0.5
+    #: Bus bandwidth NCCL ring/tree collectives reach, as a fraction of the link's per-direction rate.
+    nvlink: float = 0.8
+    pcie: float = 0.7
+    network: float = 0.8
+    #: Fixed cost of one collective or send (launch + synchronisation), seconds.
+    latency_s: dict[str, float] = field(default_factory=lambda: {"nvlink": 10e-6, "pcie": 15e-6,
+                                                                  "network": 20e-6})
+    #: Per-rank step-time coefficient of variation behind the straggler tax (1 %: a healthy cluster).
+    straggler_cv: float = 0.01
+    #: Multiplies the predicted step time; 1 unless a calibration measured a whole step.
+    step_scale: float = 1.0
+
+    def link(self, tier: str) -> float:
+        """Bus-bandwidth fraction of a tier."""
+        return {"nvlink": self.nvlink, "pcie": self.pcie, "network": self.network}[tier]
+
+
+DEFAULT_EFFICIENCY = Efficiency()

@@ -1,0 +1,273 @@
+"""Evaluate one layout: step time, TFLOP/s per GPU, MFU/HFU, memory, bubble, straggler tax, comm per tier.
+
+Step time of the slowest pipeline stage (Megatron-style synchronous step):
+
+    step = [m t_max + bubble m t_avg + m pp_exposed + dp_exposed + optimizer] (1 + straggler tax)
+
+t_max / t_avg: one micro-batch (forward + backward + recompute + exposed layer collectives)
+on the slowest / an average stage; m: micro-batches per step; bubble: bubble.py;
+dp_exposed: the gradient (and ZeRO parameter) collectives that do not hide under the
+last backward; optimizer: Adam's update streaming 28 bytes per local parameter.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+from musubi.plan.bubble import bubble_fraction
+from musubi.plan.cluster import Cluster
+from musubi.plan.comm import TIERS, Link, all_gather_s, all_reduce_s, p2p_s, place_group, reduce_scatter_s
+from musubi.plan.compute import ACT_BYTES, Device, Groups, LayerTimes, device, layer_times, logits_times
+from musubi.plan.efficiency import DEFAULT_EFFICIENCY, Efficiency
+from musubi.plan.flops import hardware_flops_per_step, model_flops_per_step
+from musubi.plan.layout import Layout, check_layout, micro_batches, resolve_layout
+from musubi.plan.memory import PRECISIONS, MemoryBreakdown, estimate_memory, stage_layers, stage_params
+from musubi.plan.spec import GenericSpec, ModelSpec, TransformerSpec
+from musubi.plan.straggler import straggler_tax
+
+#: Adam's update reads gradient, master weight, two moments and writes three of them back plus
+#: the low-precision copy: ~28 bytes of HBM traffic per parameter it owns.
+OPTIMIZER_BYTES_PER_PARAM = 28
+
+
+@dataclass
+class Prediction:
+    """What one layout is predicted to do; times in seconds, memory in GiB, rates per GPU."""
+
+    model: str
+    gpu: str
+    n_gpus: int
+    layout: str
+    global_batch: int
+    seq: int
+    step_time_s: float
+    tokens_per_s: float
+    model_tflops_per_gpu: float
+    hardware_tflops_per_gpu: float
+    mfu: float
+    hfu: float
+    memory_gib_per_gpu: float
+    fits: bool
+    bubble_fraction: float
+    straggler_tax: float
+    micro_batches: int
+    comm_s: dict[str, float] = field(default_factory=dict)  # busy time per tier per step
+    exposed_comm_s: dict[str, float] = field(default_factory=dict)  # not hidden under compute
+    breakdown_s: dict[str, float] = field(default_factory=dict)  # where the step's time goes
+    memory_gib: dict[str, float] = field(default_factory=dict)  # memory by component
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain JSON-ready dictionary."""
+        return asdict(self)
+
+
+@dataclass
+class _Comm:
+    """Per-tier accumulators of busy and exposed communication time."""
+
+    busy: dict[str, float] = field(default_factory=lambda: dict.fromkeys(TIERS, 0.0))
+    exposed: dict[str, float] = field(default_factory=lambda: dict.fromkeys(TIERS, 0.0))
+
+    def add(self, link: Link, busy: float, exposed: float) -> None:
+        if link.size > 1:
+            self.busy[link.tier] += busy
+            self.exposed[link.tier] += exposed
+
+
+def _hidden(comm: float, under: float, overlapped: bool) -> float:
+    """Exposed part of `comm` seconds when it may overlap `under` seconds of compute."""
+    return max(0.0, comm - under) if overlapped else comm
+
+
+@dataclass(frozen=True)
+class _MicroBatch:
+    """One micro-batch through one layer: total time and the exposed/busy comm it contains."""
+
+    fwd: float
+    bwd: float
+    tp_busy: float
+    tp_exposed: float
+    ep_busy: float
+    ep_exposed: float
+    cp_busy: float
+    cp_exposed: float
+
+
+def _micro_batch(lt: LayerTimes, layout: Layout) -> _MicroBatch:
+    ov = layout.overlap
+    tp_f = _hidden(lt.tp_fwd, lt.gemm_fwd, "tp" in ov)
+    tp_b = _hidden(lt.tp_bwd, 2 * lt.gemm_fwd, "tp" in ov)
+    ep_f = _hidden(lt.ep_fwd, lt.fwd, "ep" in ov)
+    ep_b = _hidden(lt.ep_bwd, lt.bwd, "ep" in ov)
+    cp_f = _hidden(lt.cp_fwd, lt.attn_core, "cp" in ov)
+    cp_b = _hidden(lt.cp_bwd, 2 * lt.attn_core, "cp" in ov)
+    fwd = lt.fwd + tp_f + ep_f + cp_f
+    bwd = lt.bwd + tp_b + ep_b + cp_b
+    tp_busy, ep_busy, cp_busy = lt.tp_fwd + lt.tp_bwd, lt.ep_fwd + lt.ep_bwd, lt.cp_fwd + lt.cp_bwd
+    tp_exp, ep_exp, cp_exp = tp_f + tp_b, ep_f + ep_b, cp_f + cp_b
+    if layout.recompute == "full":  # the forward, collectives included, runs again inside backward
+        bwd += fwd
+        tp_busy, ep_busy, cp_busy = tp_busy + lt.tp_fwd, ep_busy + lt.ep_fwd, cp_busy + lt.cp_fwd
+        tp_exp, ep_exp, cp_exp = tp_exp + tp_f, ep_exp + ep_f, cp_exp + cp_f
+    elif layout.recompute == "selective":
+        bwd += lt.attn_core
+    return _MicroBatch(fwd, bwd, tp_busy, tp_exp, ep_busy, ep_exp, cp_busy, cp_exp)
+
+
+def _dp_comm(layout: Layout, dense_bytes: float, expert_bytes: float, weight_ratio: float, dp_link: Link,
+             edp_link: Link, m: int, fwd_mb: float, bwd_mb: float) -> tuple[float, float]:
+    """(busy, exposed) seconds of the data-parallel collectives of one step."""
+    overlapped = "dp" in layout.overlap
+    links = ((dense_bytes, dp_link), (expert_bytes, edp_link))
+    if layout.zero >= 3:  # FSDP: gather weights for forward and backward, scatter grads, every micro-batch
+        gather = sum(all_gather_s(b * weight_ratio, ln) for b, ln in links)
+        scatter = sum(reduce_scatter_s(b, ln) for b, ln in links)
+        busy = m * (2 * gather + scatter)
+        exposed = m * (_hidden(gather, fwd_mb, overlapped) + _hidden(gather + scatter, bwd_mb, overlapped))
+        return busy, exposed
+    if layout.zero >= 1:  # distributed optimizer: reduce-scatter grads, all-gather updated weights
+        scatter = sum(reduce_scatter_s(b, ln) for b, ln in links)
+        gather = sum(all_gather_s(b * weight_ratio, ln) for b, ln in links)
+        return scatter + gather, _hidden(scatter, bwd_mb, overlapped) + _hidden(gather, fwd_mb, overlapped)
+    reduce = sum(all_reduce_s(b, ln) for b, ln in links)
+    return reduce, _hidden(reduce, bwd_mb, overlapped)
+
+
+def _finish(spec: ModelSpec, cluster: Cluster, layout: Layout, global_batch: int, seq: int, step_raw: float,
+            eff: Efficiency, precision: str, mem: MemoryBreakdown, bubble: float, m: int, comm: _Comm,
+            breakdown: dict[str, float]) -> Prediction:
+    n = cluster.n_gpus
+    tax = straggler_tax(eff.straggler_cv, n)
+    step = step_raw * (1 + tax) * eff.step_scale
+    breakdown["straggler_s"] = step_raw * tax
+    if eff.step_scale != 1.0:
+        breakdown["calibration_s"] = step - step_raw * (1 + tax)
+    peak = cluster.gpu.peak(precision)
+    model = model_flops_per_step(spec, global_batch)
+    hardware = hardware_flops_per_step(spec, layout.recompute, global_batch)
+    return Prediction(
+        model=spec.name, gpu=cluster.gpu.name, n_gpus=n, layout=layout.text(), global_batch=global_batch,
+        seq=seq, step_time_s=step, tokens_per_s=global_batch * seq / step,
+        model_tflops_per_gpu=model / (n * step) / 1e12, hardware_tflops_per_gpu=hardware / (n * step) / 1e12,
+        mfu=model / (n * step * peak), hfu=hardware / (n * step * peak),
+        memory_gib_per_gpu=mem.total, fits=mem.total <= cluster.gpu.memory_gib, bubble_fraction=bubble,
+        straggler_tax=tax, micro_batches=m, comm_s=comm.busy, exposed_comm_s=comm.exposed,
+        breakdown_s=breakdown, memory_gib=mem.as_dict(),
+    )
+
+
+def _predict_transformer(spec: TransformerSpec, cluster: Cluster, layout: Layout, global_batch: int,
+                         eff: Efficiency, precision: str, memory_precision: str) -> Prediction:
+    dev: Device = device(cluster, eff, precision)
+    tp, cp, dp, pp = layout.tp, layout.cp, layout.dp or 1, layout.pp
+    groups = Groups(tp=place_group(cluster, eff, 1, tp), cp=place_group(cluster, eff, tp, cp),
+                    ep=place_group(cluster, eff, tp * cp, layout.ep))
+    dp_link = place_group(cluster, eff, tp, dp * cp)
+    edp_link = place_group(cluster, eff, tp * layout.ep, max(1, dp * cp // layout.ep))
+    pp_link = place_group(cluster, eff, tp * cp * dp, pp)
+    m = micro_batches(layout, global_batch)
+
+    dense = _micro_batch(layer_times(spec, layout, dev, groups, moe=False), layout)
+    moe = _micro_batch(layer_times(spec, layout, dev, groups, moe=True), layout) if spec.is_moe else dense
+    frac_moe = spec.moe_layers / spec.layers
+    logit_f, logit_b = logits_times(spec, layout, dev)
+
+    def stage(layers: int, last: bool) -> tuple[float, float]:
+        n_moe = layers * frac_moe
+        f = (layers - n_moe) * dense.fwd + n_moe * moe.fwd + (logit_f if last else 0.0)
+        b = (layers - n_moe) * dense.bwd + n_moe * moe.bwd + (logit_b if last else 0.0)
+        return f, b
+
+    first_layers, last_layers = stage_layers(spec, layout)
+    stages = [stage(first_layers, pp == 1)] + ([stage(last_layers, True)] if pp > 1 else [])
+    slow_f, slow_b = max(stages, key=lambda fb: fb[0] + fb[1])
+    t_max = slow_f + slow_b
+    t_avg = (spec.layers * ((1 - frac_moe) * (dense.fwd + dense.bwd) + frac_moe * (moe.fwd + moe.bwd))
+             + logit_f + logit_b) / pp
+    bubble = bubble_fraction(layout.pipeline_schedule, pp, m, layout.vpp)
+
+    comm = _Comm()
+    layers_slow = first_layers if stages[0] == (slow_f, slow_b) else last_layers
+    n_moe_slow = layers_slow * frac_moe
+    for busy, exposed, link in (
+        (dense.tp_busy * (layers_slow - n_moe_slow) + moe.tp_busy * n_moe_slow,
+         dense.tp_exposed * (layers_slow - n_moe_slow) + moe.tp_exposed * n_moe_slow, groups.tp),
+        (moe.ep_busy * n_moe_slow, moe.ep_exposed * n_moe_slow, groups.ep),
+        (dense.cp_busy * (layers_slow - n_moe_slow) + moe.cp_busy * n_moe_slow,
+         dense.cp_exposed * (layers_slow - n_moe_slow) + moe.cp_exposed * n_moe_slow, groups.cp),
+    ):
+        comm.add(link, m * busy, m * exposed)
+
+    # pipeline sends: one activation forward and one gradient back per micro-batch and virtual stage;
+    # each TP rank sends its 1/tp slice over its own link (Megatron's scatter-gather).
+    send = p2p_s(ACT_BYTES * layout.micro * spec.seq / cp * spec.hidden / tp, pp_link) if pp > 1 else 0.0
+    pp_busy = m * 2 * layout.vpp * send
+    pp_exposed = 0.0 if "pp" in layout.overlap else pp_busy
+    comm.add(pp_link, pp_busy, pp_exposed)
+
+    # data parallel: gradients of the most loaded stage (dense params over dp x cp, experts over dp x cp / ep).
+    grad_bytes = PRECISIONS[memory_precision].grads
+    weight_ratio = PRECISIONS[memory_precision].weights / grad_bytes
+    params = [stage_params(spec, layout, first_layers, True, pp == 1)]
+    if pp > 1:
+        params.append(stage_params(spec, layout, last_layers, False, True))
+    dense_p, expert_p = max(params, key=sum)
+    dp_busy, dp_exposed = _dp_comm(layout, dense_p * grad_bytes, expert_p * grad_bytes, weight_ratio, dp_link,
+                                   edp_link, m, slow_f, slow_b)
+    comm.add(dp_link, dp_busy, dp_exposed)
+
+    shard = dp * cp if layout.zero >= 1 else 1
+    owned = dense_p / shard + expert_p / max(1, shard // layout.ep if layout.zero >= 1 else 1)
+    optimizer = OPTIMIZER_BYTES_PER_PARAM * owned / dev.hbm
+
+    pipeline = m * t_max + bubble * m * t_avg
+    step_raw = pipeline + pp_exposed + dp_exposed + optimizer
+    breakdown = {
+        "compute_s": m * t_max - sum(comm.exposed.values()) + dp_exposed + pp_exposed,
+        "bubble_s": bubble * m * t_avg,
+        "exposed_comm_s": sum(comm.exposed.values()),
+        "optimizer_s": optimizer,
+    }
+    mem = estimate_memory(spec, layout, global_batch, memory_precision)
+    return _finish(spec, cluster, layout, global_batch, spec.seq, step_raw, eff, precision, mem, bubble, m,
+                   comm, breakdown)
+
+
+def _predict_generic(spec: GenericSpec, cluster: Cluster, layout: Layout, global_batch: int,
+                     eff: Efficiency, precision: str, memory_precision: str) -> Prediction:
+    dp = layout.dp or 1
+    m = micro_batches(layout, global_batch)
+    rate = cluster.gpu.peak(precision) * spec.efficiency
+    fwd = spec.flops_per_sample * layout.micro / rate
+    bwd = 2 * fwd + (fwd if layout.recompute == "full" else 0.0)
+    dp_link = place_group(cluster, eff, 1, dp)
+    prec = PRECISIONS[memory_precision]
+    comm = _Comm()
+    dp_busy, dp_exposed = _dp_comm(layout, spec.params * prec.grads, 0.0, prec.weights / prec.grads, dp_link,
+                                   dp_link, m, fwd, bwd)
+    comm.add(dp_link, dp_busy, dp_exposed)
+    owned = spec.params / (dp if layout.zero >= 1 else 1)
+    optimizer = OPTIMIZER_BYTES_PER_PARAM * owned / (cluster.gpu.hbm_gbps * 1e9 * eff.hbm)
+    step_raw = m * (fwd + bwd) + dp_exposed + optimizer
+    breakdown = {"compute_s": m * (fwd + bwd), "bubble_s": 0.0, "exposed_comm_s": dp_exposed,
+                 "optimizer_s": optimizer}
+    mem = estimate_memory(spec, layout, global_batch, memory_precision)
+    return _finish(spec, cluster, layout, global_batch, 1, step_raw, eff, precision, mem, 0.0, m, comm,
+                   breakdown)
+
+
+def predict(spec: ModelSpec, cluster: Cluster, layout: Layout, global_batch: int,
+            eff: Efficiency = DEFAULT_EFFICIENCY, precision: str = "bf16",
+            memory_precision: str = "mixed") -> Prediction:
+    """Predict one layout (dp may be left out: the rest of the GPUs) for `global_batch` sequences per step."""
+    layout = resolve_layout(layout, cluster.n_gpus)
+    check_layout(layout, spec, global_batch)
+    if isinstance(spec, GenericSpec):
+        return _predict_generic(spec, cluster, layout, global_batch, eff, precision, memory_precision)
+    return _predict_transformer(spec, cluster, layout, global_batch, eff, precision, memory_precision)
+
+
+def with_efficiency(eff: Efficiency, **changes: Any) -> Efficiency:
+    """A copy of `eff` with some constants replaced (calibration, what-if studies)."""
+    return replace(eff, **changes)

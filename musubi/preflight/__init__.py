@@ -1,0 +1,48 @@
+"""Preflight: check the machine before a run spends an hour on it (`musubi check`).
+
+Readings (`preflight.read`) gather what the machine says into plain dataclasses
+(`preflight.readings`); checks (`preflight.checks`) are pure functions from
+readings to one-line results. Entry points:
+
+- `run_checks(...)` -> PreflightReport (launcher side, before any worker starts)
+- `check_command` -> the `musubi check` command (typer)
+- `check_unique_devices(world)` -> per-rank, at start: no two ranks on one GPU
+- `diagnostic_env(job_dir)` -> hang-diagnostic variables for the workers
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from musubi.preflight.checks.disk import checkpoint_bytes_estimate
+    from musubi.preflight.command import check_command
+    from musubi.preflight.devices import check_unique_devices
+    from musubi.preflight.diagnostics import diagnostic_env
+    from musubi.preflight.result import CheckResult, PreflightReport, Status, render
+    from musubi.preflight.runner import run_checks
+
+# Lazy: `import musubi.preflight` must not import torch (the CLI imports it to register `check`).
+_EXPORTS = {
+    "run_checks": "musubi.preflight.runner",
+    "check_command": "musubi.preflight.command",
+    "check_unique_devices": "musubi.preflight.devices",
+    "diagnostic_env": "musubi.preflight.diagnostics",
+    "checkpoint_bytes_estimate": "musubi.preflight.checks.disk",
+    "CheckResult": "musubi.preflight.result",
+    "PreflightReport": "musubi.preflight.result",
+    "Status": "musubi.preflight.result",
+    "render": "musubi.preflight.result",
+}
+__all__ = [
+    "CheckResult", "PreflightReport", "Status", "check_command", "check_unique_devices", "checkpoint_bytes_estimate",
+    "diagnostic_env", "render", "run_checks",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        import importlib
+
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'musubi.preflight' has no attribute {name!r}")

@@ -1,0 +1,1 @@
+"""Pure checks: readings in, one-line results out (PASS/WARN/FAIL, what was found, the fix)."""

@@ -1,0 +1,71 @@
+"""Data checks: every dataset exists and parses, every image decodes, every box lies inside its image."""
+
+from __future__ import annotations
+
+from musubi.preflight.readings import DataIssue, DataReading
+from musubi.preflight.result import CheckResult, Status, fail, passed
+
+#: (status, what the count means, fix) per issue kind. FAIL: training would crash or refuse; WARN: it
+#: silently changes the data (drops or clips boxes).
+ISSUES: dict[str, tuple[Status, str, str]] = {
+    "missing": (Status.FAIL, "images listed in the annotations are missing",
+                "fix the image directory or the annotation file"),
+    "undecodable": (Status.FAIL, "images do not decode", "replace or remove them (and their annotations)"),
+    "empty_class": (Status.FAIL, "class folders hold no images",
+                    "add images or remove the folders (ImageFolder refuses empty classes)"),
+    "empty_box": (Status.WARN, "boxes have zero or negative width/height", "fix them: training drops them"),
+    "box_outside": (Status.WARN, "boxes extend outside their image", "fix them: training clips them"),
+    "size_mismatch": (Status.WARN, "images differ from their declared width/height",
+                      "re-export the annotations: boxes may be for another resolution"),
+}
+
+
+def _of(issue: DataIssue, reading: DataReading) -> str:
+    total = reading.counts.get("annotations" if "box" in issue.kind else
+                               "classes" if issue.kind == "empty_class" else "images")
+    return f"{issue.count} of {total}" if total is not None else f"{issue.count}"
+
+
+def check_dataset(reading: DataReading) -> list[CheckResult]:
+    """One dataset: its structural error, or one line per kind of problem, or a PASS with its counts."""
+    name = f"data.{reading.kind}"
+    if reading.error is not None:
+        return [fail(name, reading.error, reading.fix or "fix the dataset")]
+    results = []
+    for issue in reading.issues:
+        status, what, fix = ISSUES.get(issue.kind, (Status.WARN, issue.kind, "fix the dataset"))
+        first = "; ".join(issue.examples)
+        results.append(CheckResult(name, status, f"{reading.path}: {_of(issue, reading)} {what} (first: {first})", fix))
+    if not results:
+        c = reading.counts
+        if reading.kind == "coco":
+            found = (f"{reading.path}: {c['images']} images, {c['boxes']} boxes, {c['categories']} categories; "
+                     "every image decodes, every box inside its image")
+        elif reading.kind == "image_folder":
+            found = f"{reading.path}: {c['images']} images in {c['classes']} classes; every image decodes"
+        else:
+            found = f"{reading.path}: {c.get('bytes', 0)} bytes of UTF-8 text"
+        results.append(passed(name, f"{found} ({reading.seconds:.1f} s)"))
+    return results
+
+
+def check_splits(readings: list[DataReading]) -> list[CheckResult]:
+    """Later splits use only the first split's categories/classes (labels are mapped from the first)."""
+    out = []
+    for kind in ("coco", "image_folder"):
+        ok = [r for r in readings if r.kind == kind and r.error is None]
+        for later in ok[1:]:
+            extra = [c for c in later.categories if c not in ok[0].categories]
+            if extra:
+                word = "categories" if kind == "coco" else "classes"
+                out.append(fail(f"data.{kind}", f"{later.path} has {word} not in {ok[0].path}: {', '.join(extra[:5])}",
+                                f"use the same {word} in every split"))
+    return out
+
+
+def check_data(readings: list[DataReading]) -> list[CheckResult]:
+    """Every --data target, then agreement between splits."""
+    results: list[CheckResult] = []
+    for r in readings:
+        results += check_dataset(r)
+    return results + check_splits(readings)

@@ -1,0 +1,1 @@
+"""The input layer of preflight: functions that read the machine into plain readings (no verdicts)."""

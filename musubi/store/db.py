@@ -1,0 +1,58 @@
+"""`musubi.db`: the SQLite index beside the run directories (for now: the batch-size cache).
+
+It can always be rebuilt from the run directories (each probe is also written to
+`JOB/memory/probe.json`); a missing or unreadable database only costs a probe.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from pathlib import Path
+from typing import Any
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS batch_cache (
+    key TEXT PRIMARY KEY,      -- JSON of what decides the batch: model, input, precision, strategy, GPU, torch
+    batch INTEGER NOT NULL,    -- largest per-rank batch that fit (agreed by all ranks)
+    detail TEXT NOT NULL,      -- JSON: peak memory, trials, seconds, run directory
+    created REAL NOT NULL
+);
+"""
+
+
+def db_path(run_dir: Path) -> Path:
+    """`musubi.db` beside the run directory (runs/musubi.db for runs/<time>-<name>)."""
+    return run_dir.resolve().parent / "musubi.db"
+
+
+def _connect(path: Path) -> sqlite3.Connection:
+    con = sqlite3.connect(str(path), timeout=30)
+    con.executescript(SCHEMA)
+    return con
+
+
+def cache_key(fields: dict[str, Any]) -> str:
+    """Canonical JSON of the fields that decide a batch size."""
+    return json.dumps(fields, sort_keys=True, separators=(",", ":"))
+
+
+def lookup_batch(path: Path, key: str) -> tuple[int, dict[str, Any]] | None:
+    """(batch, detail) cached for `key`, or None."""
+    if not path.exists():
+        return None
+    try:
+        with _connect(path) as con:
+            row = con.execute("SELECT batch, detail FROM batch_cache WHERE key = ?", (key,)).fetchone()
+    except sqlite3.Error:
+        return None
+    return (int(row[0]), json.loads(row[1])) if row else None
+
+
+def store_batch(path: Path, key: str, batch: int, detail: dict[str, Any]) -> None:
+    """Remember a probed batch (replacing an older entry of the same key)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with _connect(path) as con:
+        con.execute("INSERT OR REPLACE INTO batch_cache VALUES (?, ?, ?, ?)",
+                    (key, batch, json.dumps(detail), time.time()))

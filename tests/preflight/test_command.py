@@ -1,0 +1,61 @@
+"""`musubi check` through typer on this machine: CPU ranks pass, asking for a GPU that is not there fails."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+from typer.testing import CliRunner
+
+from musubi.preflight import check_command
+
+app = typer.Typer(add_completion=False)
+app.command("check")(check_command)
+
+
+@app.command("other")
+def _other() -> None:  # a second command, so `check` is a sub-command as in musubi.cli
+    """Unused."""
+
+
+def invoke(*args: str):
+    return CliRunner().invoke(app, ["check", *args])
+
+
+def _lines(output: str) -> list[str]:
+    return [ln for ln in output.splitlines() if ln.strip()]
+
+
+def test_cpu_machine_passes_one_line_per_result_and_writes_preflight_json(tmp_path: Path) -> None:
+    res = invoke("--out", str(tmp_path / "run"))  # the whole check, gloo all-reduce included
+    assert res.exit_code == 0, res.output
+    lines = _lines(res.output)
+    assert all(ln.split()[0] in {"PASS", "WARN", "FAIL"} for ln in lines[:-1])
+    assert any("CPU ranks on gloo" in ln for ln in lines) and lines[-1].startswith("preflight passed:")
+    saved = json.loads((tmp_path / "run" / "preflight.json").read_text())
+    assert saved["ok"] is True and saved["readings"]["mode"] == "cpu"
+    assert saved["readings"]["comm"]["backend"] == "gloo" and saved["readings"]["comm"]["correct"] is True
+    assert {r["check"] for r in saved["results"]} >= {"stack", "gpus.present", "binding", "comm", "disk", "env"}
+
+
+def test_asking_for_a_gpu_on_a_gpu_less_machine_fails_with_exit_1() -> None:
+    res = invoke("--gpus", "0", "--no-comm", "--json")
+    assert res.exit_code == 1, res.output
+    report = json.loads(res.output)
+    failed = {r["check"]: r for r in report["results"] if r["status"] == "FAIL"}
+    assert report["ok"] is False and "gpus.present" in failed
+    assert failed["gpus.present"]["found"].startswith("--gpus 0 asks for GPUs but no NVIDIA GPU is reachable")
+    # conftest hides GPUs (CUDA_VISIBLE_DEVICES=''): the binding check names that too.
+    assert failed["binding.visible"]["found"] == "CUDA_VISIBLE_DEVICES='' hides every GPU but --gpus asks for 0"
+
+
+def test_bad_gpus_spelling_is_a_usage_error() -> None:
+    res = invoke("--gpus", "0,one")
+    assert res.exit_code == 2 and "'one' is not a GPU number" in res.output
+
+
+def test_bad_data_fails_the_check(tmp_path: Path) -> None:
+    res = invoke("--no-comm", "--data", str(tmp_path / "missing.json"))
+    assert res.exit_code == 1
+    assert f"FAIL data.missing: {tmp_path / 'missing.json'}: no such file or directory" in res.output

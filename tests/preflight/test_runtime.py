@@ -1,0 +1,92 @@
+"""Real processes: the gloo all-reduce probe under torchrun, the unique-device all-gather, hang diagnostics."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from musubi.preflight.checks.comm import check_comm
+from musubi.preflight.devices import DeviceIdentity, shared_device_error
+from musubi.preflight.diagnostics import diagnostic_env
+from musubi.preflight.read.comm import CommProbe
+from musubi.preflight.readings import TopologyReading
+from musubi.preflight.result import Status
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_gloo_allreduce_probe_on_two_cpu_ranks() -> None:
+    reading = CommProbe("gloo", 2, None, timeout_s=120).result()
+    assert reading.error is None and not reading.timed_out, reading
+    assert reading.correct is True and reading.ranks == 2 and reading.nbytes == 4 << 20
+    assert reading.seconds and reading.seconds > 0 and reading.busbw_gbps and reading.busbw_gbps > 0
+    r = check_comm(reading, TopologyReading(), [], {})[0]
+    assert r.status is Status.PASS and r.found.startswith("gloo all-reduce over 2 CPU ranks: 4 MiB in ")
+
+
+def test_a_probe_that_outlives_its_timeout_is_killed_and_fails() -> None:
+    reading = CommProbe("gloo", 2, None, timeout_s=0.5).result()
+    assert reading.timed_out and reading.log_path
+    shutil.rmtree(Path(reading.log_path).parent)  # kept for the user on failure; not needed here
+    r = check_comm(reading, TopologyReading(), [], {})[0]
+    assert (r.check, r.status) == ("comm.allreduce", Status.FAIL) and "did not finish in 0 s" in r.found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in {"Z", "X"}  # a zombie is dead, only not yet reaped by whoever adopted it
+
+
+def test_a_cancelled_probe_leaves_no_rank_behind() -> None:
+    probe = CommProbe("gloo", 2, None, timeout_s=60)
+    deadline = time.monotonic() + 30
+    while len(pid_files := list(probe.dir.glob("*.pid"))) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    pids = [int(f.read_text()) for f in pid_files]
+    assert len(pids) == 2
+    probe.cancel()  # ranks lead their own sessions: killing torchrun alone would orphan them
+    time.sleep(0.2)
+    assert not [p for p in pids if _alive(p)] and not probe.dir.exists()
+
+
+def test_unique_devices_on_a_two_rank_gloo_group(tmp_path: Path) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
+                           "--nproc-per-node=2", "-m", "tests.preflight.unique_devices_worker", str(tmp_path)],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    seen = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    for s in seen:
+        assert s["cpu"] is None and s["distinct"] is None
+        assert s["shared"] == ("ranks 0 and 1 share one GPU (NVIDIA H100 GPU-same on node-a, as cuda:0 and cuda:0); "
+                               "give each rank its own GPU: check CUDA_VISIBLE_DEVICES (do not override it per rank) "
+                               "and --nproc")
+
+
+def test_same_uuid_on_two_hosts_is_not_shared() -> None:
+    ids = [DeviceIdentity(0, "a", "GPU-1"), DeviceIdentity(1, "b", "GPU-1"), DeviceIdentity(2, "a", "GPU-2")]
+    assert shared_device_error(ids) is None
+    assert "ranks 0 and 3 share one GPU" in (shared_device_error([*ids, DeviceIdentity(3, "a", "GPU-1")]) or "")
+
+
+def test_diagnostic_env_sets_defaults_and_never_overrides(tmp_path: Path) -> None:
+    env = diagnostic_env(tmp_path / "job", base={})
+    assert env == {
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3",
+        "TORCH_NCCL_TRACE_BUFFER_SIZE": "20000",
+        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": str((tmp_path / "job" / "logs" / "nccl-trace-rank").absolute()),
+    }
+    assert (tmp_path / "job" / "logs").is_dir()
+    user = {"TORCH_NCCL_TRACE_BUFFER_SIZE": "100", "NCCL_ASYNC_ERROR_HANDLING": "1"}
+    kept = diagnostic_env(tmp_path / "job", base=user)
+    assert "TORCH_NCCL_TRACE_BUFFER_SIZE" not in kept and "TORCH_NCCL_ASYNC_ERROR_HANDLING" not in kept
+    assert kept["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"

@@ -1,0 +1,132 @@
+"""Memory: OOM on one rank recovered by a coordinated restart; batch probing agreed by all ranks."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from musubi.cli import app
+from musubi.config.errors import ConfigError
+from musubi.config.load import job_from_dict
+from musubi.runtime.inject import parse
+from musubi.runtime.memory import shrink_after_oom
+from tests.conftest import TINY_JOB, _merge
+from tests.runtime.helpers import final_state, train
+
+OOM_JOB = {"train": {"min_batch": 2}, "checkpoint": {"every_steps": 2}}
+
+
+def _spec(**train):
+    return job_from_dict(_merge(TINY_JOB, {"train": train}))
+
+
+def test_inject_spec_is_strict() -> None:
+    faults = parse("oom:rank=1,step=5,phase=backward; slow:rank=2,factor=1.3;data_stall:ms=200")
+    assert [f.kind for f in faults] == ["oom", "slow", "data_stall"]
+    for bad, why in [("boom:rank=1", "unknown fault"), ("oom:rank=1,when=3", "bad parameter"),
+                     ("oom:phase=sideways", "phase must be"), ("kill:step=x", "not a number"),
+                     ("oom_above:rank=1", "needs batch")]:
+        with pytest.raises(ConfigError, match=why):
+            parse(bad)
+
+
+def test_oom_policies() -> None:
+    rec = {"rank": 1, "phase": "backward", "step": 7}
+    b, acc, lr, why = shrink_after_oom(_spec(batch=8, lr=0.1, base_batch=16), 8, 1, 2, rec)
+    assert (b, acc) == (4, 2) and lr == pytest.approx(0.1) and "unchanged" in why
+    b, acc, lr, why = shrink_after_oom(_spec(batch=8, lr=0.1, base_batch=16, oom_policy="halve_global_batch"),
+                                       8, 1, 2, rec)
+    assert (b, acc) == (4, 1) and lr == pytest.approx(0.05) and "16 -> 8" in why
+    with pytest.raises(ConfigError, match="min_batch=4") as ei:
+        shrink_after_oom(_spec(batch=4), 4, 1, 2, rec)
+    assert "rank 1 in backward" in str(ei.value) and "\n" not in str(ei.value)
+
+
+@pytest.fixture(scope="module")
+def clean_run(tmp_path_factory) -> dict[str, torch.Tensor]:
+    """The same job without faults (2 ranks), for comparison."""
+    import yaml
+
+    d = tmp_path_factory.mktemp("clean")
+    job = d / "tiny.yaml"
+    job.write_text(yaml.safe_dump(_merge(TINY_JOB, OOM_JOB)))
+    code, out = train(str(job), "--nproc", "2", "--out", str(d / "run"))
+    assert code == 0, out
+    return final_state(d / "run" / "tiny")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("phase", ["forward", "backward", "optimizer"])
+def test_oom_on_one_rank_recovers_by_coordinated_restart(tiny_job, tmp_path: Path, monkeypatch, phase: str,
+                                                         clean_run) -> None:
+    monkeypatch.setenv("MUSUBI_INJECT", f"oom:rank=1,step=5,phase={phase}")
+    code, out = train(str(tiny_job(**OOM_JOB)), "--nproc", "2", "--out", str(tmp_path / "r"))
+    assert code == 0, out
+    jd = tmp_path / "r" / "tiny"
+    batch = json.loads((jd / "memory" / "batch.json").read_text())
+    assert (batch["per_rank"], batch["accumulation"], batch["global_batch"]) == (4, 2, 16)
+    assert f"rank 1 in {phase} at step 5" in batch["history"][0]
+    summary = json.loads((jd / "summary.json").read_text())
+    assert summary["finished"] and summary["steps"] == 16 and summary["restarts"] == 1
+    history = json.loads((jd / "job.json").read_text())["history"]
+    assert history[-1]["oom_recoveries"][0]["phase"] == phase
+    # the failed step was redone from the step-4 checkpoint: each step logged once, none missing
+    steps = [json.loads(ln)["step"] for ln in (jd / "metrics.jsonl").read_text().splitlines()
+             if json.loads(ln)["kind"] == "train"]
+    assert steps == [4, 8, 12, 16]
+    # same global batch and LR: the weights match an unfaulted run within float tolerance
+    got = final_state(jd)
+    for k in (k for k in clean_run if k.startswith("model.")):
+        torch.testing.assert_close(got[k], clean_run[k], rtol=1e-4, atol=1e-5, msg=k)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_oom_on_one_of_four_ranks_in_backward(tiny_job, tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("MUSUBI_INJECT", "oom:rank=2,step=3,phase=backward")
+    job = tiny_job(train={"min_batch": 2, "batch": 4}, checkpoint={"every_steps": 2})
+    code, out = train(str(job), "--nproc", "4", "--out", str(tmp_path / "r"))
+    assert code == 0, out
+    batch = json.loads((tmp_path / "r" / "tiny" / "memory" / "batch.json").read_text())
+    assert (batch["per_rank"], batch["accumulation"]) == (2, 2)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_repeated_oom_ends_at_the_floor_with_one_line(tiny_job, tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("MUSUBI_INJECT", "oom_above:rank=1,batch=2")
+    code, out = train(str(tiny_job(train={"min_batch": 4})), "--nproc", "2", "--out", str(tmp_path / "r"))
+    assert code == 2, out
+    line = out.strip().splitlines()[-1]
+    assert "out of memory" in line and "min_batch=4" in line and "rank 1" in line
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_probe_agrees_on_the_smallest_rank_and_caches(tiny_job, tmp_path: Path, monkeypatch) -> None:
+    job = tiny_job(train={"batch": "auto"})
+    monkeypatch.setenv("MUSUBI_INJECT", "oom_above:rank=0,batch=40; oom_above:rank=1,batch=24")
+    res = CliRunner().invoke(app, ["train", str(job), "--nproc", "2", "--device", "cpu", "--out",
+                                   str(tmp_path / "p1"), "--probe-only"])
+    assert res.exit_code == 0, res.output
+    probe = json.loads([ln for ln in res.output.splitlines() if ln.startswith("{")][-1])
+    assert probe["per_rank_batch"] == 24 and probe["global_batch"] == 48 and probe["source"] == "probe"
+    detail = json.loads((tmp_path / "p1" / "tiny" / "memory" / "probe.json").read_text())
+    assert detail["local_batch"] == 40  # rank 0's own answer; the agreed one is rank 1's
+    assert not (tmp_path / "musubi.db").exists()  # a simulated limit never enters the cache
+    # without simulated limits the CPU probe grows to the data cap (64 per rank), then it is cached
+    monkeypatch.delenv("MUSUBI_INJECT")
+    code, out = train(str(job), "--nproc", "2", "--out", str(tmp_path / "p2"))
+    assert code == 0, out
+    assert json.loads((tmp_path / "p2" / "tiny" / "summary.json").read_text())["per_rank_batch"] == 64
+    assert (tmp_path / "musubi.db").exists()
+    code, out = train(str(job), "--nproc", "2", "--out", str(tmp_path / "p3"))
+    assert code == 0, out
+    summary = json.loads((tmp_path / "p3" / "tiny" / "summary.json").read_text())
+    assert summary["batch_source"] == "cache" and summary["per_rank_batch"] == 64
+    assert "lr 0.8 (linear rule from 0.1 at 16)" in (tmp_path / "p3" / "tiny" / "logs" / "rank0.log").read_text()
