@@ -82,6 +82,17 @@ def env(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> No
             print(f"{k}: {v}")
 
 
+def _register_optional_commands() -> None:
+    """Commands owned by their packages (thin wrappers live there; logic never here)."""
+    from musubi.plan.command import plan_command
+
+    app.command("plan", help="Parallel layouts (TP/PP/DP/CP/EP/ZeRO): memory, step time, MFU; search or evaluate.")(
+        plan_command)
+
+
+_register_optional_commands()
+
+
 def main() -> None:  # pragma: no cover - console entry point
     """Entry point for `python -m musubi.cli`."""
     app()
