@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from musubi.preflight.command import check_command
     from musubi.preflight.devices import check_unique_devices
     from musubi.preflight.diagnostics import diagnostic_env
+    from musubi.preflight.read.data import data_targets
     from musubi.preflight.result import CheckResult, PreflightReport, Status, render
     from musubi.preflight.runner import run_checks
 
@@ -29,6 +30,7 @@ _EXPORTS = {
     "check_unique_devices": "musubi.preflight.devices",
     "diagnostic_env": "musubi.preflight.diagnostics",
     "checkpoint_bytes_estimate": "musubi.preflight.checks.disk",
+    "data_targets": "musubi.preflight.read.data",
     "CheckResult": "musubi.preflight.result",
     "PreflightReport": "musubi.preflight.result",
     "Status": "musubi.preflight.result",
@@ -36,7 +38,7 @@ _EXPORTS = {
 }
 __all__ = [
     "CheckResult", "PreflightReport", "Status", "check_command", "check_unique_devices", "checkpoint_bytes_estimate",
-    "diagnostic_env", "render", "run_checks",
+    "data_targets", "diagnostic_env", "render", "run_checks",
 ]
 
 

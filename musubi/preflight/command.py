@@ -56,7 +56,11 @@ def check_command(
     ckpt_bytes = int(ckpt_gib * 2**30) if ckpt_gib is not None else None
     report = run_checks(wanted, list(data), out, ckpt_bytes, comm=not no_comm, keep_checkpoints=keep)
     if out is not None:
-        write_json(out / "preflight.json", report.to_dict())
+        try:
+            write_json(out / "preflight.json", report.to_dict())
+        except OSError as e:  # an unwritable --out is already a FAIL line of the report
+            Console(stderr=True, soft_wrap=True).print(f"error: cannot write {out / 'preflight.json'}: {e}",
+                                                       highlight=False, markup=False)
     if as_json:
         print(report.to_json())
     else:

@@ -34,8 +34,8 @@ def device_identity(rank: int, device: torch.device) -> DeviceIdentity:
     index = device.index if device.index is not None else torch.cuda.current_device()
     props = torch.cuda.get_device_properties(index)
     uuid = str(getattr(props, "uuid", "") or "")
-    if not uuid:
-        uuid = f"pci:{props.pci_domain_id:x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}"
+    if not uuid:  # builds without the uuid property: the PCI address is as unique on one host
+        uuid = "pci:" + ":".join(str(getattr(props, f, "?")) for f in ("pci_domain_id", "pci_bus_id", "pci_device_id"))
     elif not uuid.startswith("GPU-"):
         uuid = f"GPU-{uuid}"
     return DeviceIdentity(rank=rank, host=socket.gethostname(), uuid=uuid, name=props.name, device=f"cuda:{index}")
@@ -68,12 +68,13 @@ def check_unique_devices(world: World, identity: DeviceIdentity | None = None) -
     `identity` is this rank's reading (default: read from `world.device`); passing one lets CPU
     ranks run the real collective in tests.
     """
+    # Every branch depends only on what all ranks share (size, device kind), so all ranks take it together.
+    if world.size < 2 or not dist.is_initialized():
+        return
     if identity is None:
         if not world.is_cuda:
             return
         identity = device_identity(world.rank, world.device)
-    if world.size < 2 or not dist.is_initialized():
-        return
     message = shared_device_error(gather_identities(identity))
     if message is not None:
         raise ConfigError(message)

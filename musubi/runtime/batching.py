@@ -110,6 +110,30 @@ def _probe(spec: JobSpec, task: Any, world: World, precision: str, injector: Inj
     return plan_for(spec, result.batch, spec.train.accumulation, world.size, "probe")
 
 
+def _jump_after_probe(spec: JobSpec, task: Any, world: World, precision: str, injector: Injector,
+                      optimizer_factory: Any, per_rank: int, acc: int, rec: dict[str, Any]) -> tuple[int, int, str]:
+    """After an OOM on the first step: the largest per_rank / 2^k that the probe says fits."""
+    from musubi.runtime.autobatch import probe_batch
+
+    result = probe_batch(task, world, precision, optimizer_factory, spec.train.headroom, injector,
+                         cap=per_rank // 2, nhwc=spec.train.channels_last)
+    factor = 2
+    while per_rank // factor > result.batch and per_rank // factor >= 1:
+        factor *= 2
+    new = per_rank // factor
+    if new < spec.train.min_batch:
+        # the floor error of the halving rule, with its figures
+        memory.shrink_after_oom(spec, spec.train.min_batch, acc, world.size, rec)
+    keep = spec.train.oom_policy == "keep_global_batch"
+    new_acc = acc * factor if keep else acc
+    after = "global batch and LR unchanged" if keep else f"global batch {per_rank * world.size * acc} -> " \
+        f"{new * world.size * acc}"
+    reason = (f"OOM on rank {rec['rank']} in {rec['phase']} at step {rec['step']}, before any step fit: probed "
+              f"{result.batch} per rank in {result.seconds:.1f}s; per-rank batch {per_rank} -> {new}, accumulation "
+              f"{acc} -> {new_acc}, {after}")
+    return new, new_acc, reason
+
+
 def decide_batch(spec: JobSpec, task: Any, world: World, job_dir: Path, precision: str, injector: Injector,
                  optimizer_factory: Any) -> tuple[BatchPlan, list[str]]:
     """The plan in force now, and the recoveries applied at this start (reasons, for the log)."""
@@ -137,7 +161,13 @@ def decide_batch(spec: JobSpec, task: Any, world: World, job_dir: Path, precisio
     for rec in records:
         if int(rec["per_rank"]) != per_rank:  # several ranks failing at once is one event
             continue
-        per_rank, acc, _lr, reason = memory.shrink_after_oom(spec, per_rank, acc, world.size, rec)
+        if int(rec.get("steps_done", 1)) == 0 and per_rank >= 4 * spec.train.min_batch:
+            # Not one step fit at this batch: halving one restart at a time could take many
+            # restarts. Probe below it once (every rank, agreed), then jump there.
+            per_rank, acc, reason = _jump_after_probe(spec, task, world, precision, injector, optimizer_factory,
+                                                      per_rank, acc, rec)
+        else:
+            per_rank, acc, _lr, reason = memory.shrink_after_oom(spec, per_rank, acc, world.size, rec)
         applied.append(reason)
         log.warning("%s", reason)
     if applied:

@@ -110,6 +110,7 @@ class Trainer:
         # Training-time randomness (dropout, augmentation on device) differs per rank.
         torch.manual_seed(t.seed * 1000 + world.rank + 1)
         self.step = 0
+        self.fit_start_step = 0
         self.epoch = 0
         self.micro = 0  # micro-batches of the current epoch already consumed
         self.last_eval: dict[str, float] = {}
@@ -214,6 +215,7 @@ class Trainer:
         loss_n = 0
         t_log, samples_log = time.perf_counter(), 0
         t_start, step_start = time.perf_counter(), self.step
+        self.fit_start_step = self.step
         t_step = t_start
         stopped_early = False
         try:

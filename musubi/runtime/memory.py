@@ -70,11 +70,16 @@ def memory_dir(job_dir: Path) -> Path:
 
 
 def record_oom(job_dir: Path, rank: int, step: int, phase: str, per_rank: int, accumulation: int,
-               device: torch.device, error: str) -> Path:
-    """Write this rank's OOM record (read by every rank after the restart)."""
+               device: torch.device, error: str, steps_done: int = 1) -> Path:
+    """Write this rank's OOM record (read by every rank after the restart).
+
+    `steps_done`: optimizer steps this attempt completed before the OOM (0: the
+    batch never fit, so the restart probes instead of halving once).
+    """
     d = memory_dir(job_dir)
     d.mkdir(parents=True, exist_ok=True)
     rec = {"rank": rank, "step": step, "phase": phase, "per_rank": per_rank, "accumulation": accumulation,
+           "steps_done": steps_done,
            "time": time.time(), "error": error[:300], **memory_figures(device)}
     path = d / f"oom-{int(time.time() * 1000)}-rank{rank}.json"
     tmp = path.with_suffix(".tmp")

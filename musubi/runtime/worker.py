@@ -93,24 +93,28 @@ def main(argv: list[str] | None = None) -> int:
 
         resume = args.resume or (restarts > 0 and latest_checkpoint(job_dir / "checkpoints") is not None)
         opts = RunOptions(resume=resume, stop_at_step=args.stop_at_step)
-        trainer = Trainer(spec, task, world, job_dir, opts, console, plan=plan, injector=injector)
-        if opts.resume:
-            trainer.resume()
-        restarted = opts.resume or restarts > 0
-        metrics = MetricsWriter(job_dir, trainer.step if restarted else None) if world.is_main else None
+        metrics = None
         try:
+            trainer = Trainer(spec, task, world, job_dir, opts, console, plan=plan, injector=injector)
+            if opts.resume:
+                trainer.resume()
+            restarted = opts.resume or restarts > 0
+            metrics = MetricsWriter(job_dir, trainer.step if restarted else None) if world.is_main else None
             summary = trainer.fit(metrics)
         except Exception as e:
             if not is_oom(e):
                 raise
             # Peers may be inside a collective this rank will never join: record, leave at once,
             # and let torchrun restart every rank with the smaller batch (see memory.py).
-            record_oom(job_dir, world.rank, trainer.step + 1, trainer.phase, plan.per_rank, plan.accumulation,
-                       world.device, str(e))
-            _write_error(job_dir, rank, "oom", f"out of memory in {trainer.phase} at step {trainer.step + 1} "
+            step = trainer.step + 1 if trainer is not None else 1
+            phase = trainer.phase if trainer is not None else "setup"
+            done = trainer.step - trainer.fit_start_step if trainer is not None else 0
+            record_oom(job_dir, world.rank, step, phase, plan.per_rank, plan.accumulation, world.device, str(e),
+                       steps_done=done)
+            _write_error(job_dir, rank, "oom", f"out of memory in {phase} at step {step} "
                          f"(per-rank batch {plan.per_rank}): {e}")
-            log.error("out of memory in %s at step %d (per-rank batch %d): restarting all ranks",
-                      trainer.phase, trainer.step + 1, plan.per_rank)
+            log.error("out of memory in %s at step %d (per-rank batch %d): restarting all ranks", phase, step,
+                      plan.per_rank)
             logging.shutdown()
             return EXIT_OOM
         finally:

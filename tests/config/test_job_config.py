@@ -91,4 +91,4 @@ def test_readme_documents_every_field() -> None:
     from musubi.config.schema_doc import schema_markdown
 
     readme = (REPO / "README.md").read_text(encoding="utf-8")
-    assert schema_markdown() in readme, "README's job reference is stale: paste `musubi schema` into it"
+    assert schema_markdown() in readme, "README job reference is stale: run python -m musubi.config.readme_sync"

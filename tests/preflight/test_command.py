@@ -44,8 +44,9 @@ def test_asking_for_a_gpu_on_a_gpu_less_machine_fails_with_exit_1() -> None:
     assert res.exit_code == 1, res.output
     report = json.loads(res.output)
     failed = {r["check"]: r for r in report["results"] if r["status"] == "FAIL"}
-    assert report["ok"] is False and "gpus.present" in failed
-    assert failed["gpus.present"]["found"].startswith("--gpus 0 asks for GPUs but no NVIDIA GPU is reachable")
+    assert report["ok"] is False
+    if not report["readings"]["nvml"]["available"]:  # no driver here; on a GPU host only the binding fails
+        assert failed["gpus.present"]["found"].startswith("--gpus 0 asks for GPUs but no NVIDIA GPU is reachable")
     # conftest hides GPUs (CUDA_VISIBLE_DEVICES=''): the binding check names that too.
     assert failed["binding.visible"]["found"] == "CUDA_VISIBLE_DEVICES='' hides every GPU but --gpus asks for 0"
 

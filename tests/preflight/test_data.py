@@ -9,8 +9,9 @@ from typing import Any
 import pytest
 from PIL import Image
 
+from musubi.config.job import DataSpec
 from musubi.preflight.checks.data import check_data
-from musubi.preflight.read.data import read_data
+from musubi.preflight.read.data import data_targets, read_data
 from musubi.preflight.result import Status
 
 from .crafted import only
@@ -144,3 +145,10 @@ def test_text_that_is_not_utf8_or_empty_fails(tmp_path: Path) -> None:
     assert r.found == f"{latin}: not UTF-8 text (bad byte near offset 3)" and r.fix == "convert it to UTF-8"
     (tmp_path / "empty.txt").write_bytes(b"")
     assert only(check(str(tmp_path / "empty.txt"))).found.endswith("empty file")
+
+
+def test_job_splits_become_data_targets() -> None:
+    spec = DataSpec(train={"path": "imgs/train", "annotations": "ann/train.json"}, val={"path": "imgs/val",
+                                                                                        "annotations": None})
+    assert data_targets(spec) == ["imgs/train::ann/train.json", "imgs/val"]
+    assert data_targets(DataSpec(synthetic={})) == []

@@ -130,3 +130,18 @@ def test_probe_agrees_on_the_smallest_rank_and_caches(tiny_job, tmp_path: Path, 
     summary = json.loads((tmp_path / "p3" / "tiny" / "summary.json").read_text())
     assert summary["batch_source"] == "cache" and summary["per_rank_batch"] == 64
     assert "lr 0.8 (linear rule from 0.1 at 16)" in (tmp_path / "p3" / "tiny" / "logs" / "rank0.log").read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_batch_far_too_large_recovers_in_one_restart(tiny_job, tmp_path: Path, monkeypatch) -> None:
+    """No step fits at 32: the restart probes once and jumps to 32/4 = 8 (global batch kept)."""
+    monkeypatch.setenv("MUSUBI_INJECT", "oom_above:batch=10")
+    job = tiny_job(train={"batch": 32, "lr": 0.1, "base_batch": 64, "epochs": 1}, data={"synthetic": {"train_size": 256}})
+    code, out = train(str(job), "--nproc", "2", "--out", str(tmp_path / "r"))
+    assert code == 0, out
+    jd = tmp_path / "r" / "tiny"
+    batch = json.loads((jd / "memory" / "batch.json").read_text())
+    assert (batch["per_rank"], batch["accumulation"], batch["global_batch"]) == (8, 4, 64)
+    assert "before any step fit" in batch["history"][0]
+    assert json.loads((jd / "summary.json").read_text())["restarts"] == 1

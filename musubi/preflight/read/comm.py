@@ -79,7 +79,7 @@ class CommProbe:
         except (ProcessLookupError, PermissionError):
             pass
         self.proc.wait()
-        for f in []:
+        for f in self.dir.glob("allreduce.json.rank*.pid"):
             try:
                 os.killpg(int(f.read_text(encoding="utf-8")), signal.SIGKILL)
             except (ValueError, OSError):  # already gone (or the file was half written)

@@ -82,6 +82,8 @@ def find_image_dir(ann: Path, file_names: Iterable[str]) -> tuple[Path | None, l
     candidates = [ann.parent / "images", root / stem, root / "images" / stem, root / "images", ann.parent]
     tried = list(dict.fromkeys(c for c in candidates))
     sample = [n for _, n in zip(range(20), file_names, strict=False)]  # the first 20
+    if not sample:  # no images listed: any existing candidate will do
+        return next((c for c in tried if c.is_dir()), None), tried
     best, best_hits = None, 0
     for c in tried:
         if c.is_dir():
@@ -89,6 +91,15 @@ def find_image_dir(ann: Path, file_names: Iterable[str]) -> tuple[Path | None, l
             if hits > best_hits:
                 best, best_hits = c, hits
     return best, tried
+
+
+def data_targets(data: Any) -> list[str]:
+    """`--data` targets of a job's on-disk splits (a config DataSpec), train first; [] for synthetic data."""
+    out = []
+    for split in (getattr(data, "train", None), getattr(data, "val", None)):
+        if split is not None:
+            out.append(f"{split.path}{PAIR_SEPARATOR}{split.annotations}" if split.annotations else split.path)
+    return out
 
 
 def read_data(target: str) -> DataReading:
@@ -121,8 +132,8 @@ def read_coco(target: str, ann: Path, image_dir: Path | None) -> DataReading:
     try:
         raw = read_annotation_json(ann)
     except ConfigError as e:
-        return DataReading(**base, image_dir=str(image_dir) if image_dir else None, error=split_error(str(e))[0],
-                           fix=split_error(str(e))[1])
+        problem, fix = split_error(str(e))
+        return DataReading(**base, image_dir=str(image_dir) if image_dir else None, error=problem, fix=fix)
     names = [img.get("file_name") for img in raw["images"] if isinstance(img, dict)]
     if image_dir is None:
         image_dir, tried = find_image_dir(ann, (n for n in names if isinstance(n, str)))
@@ -132,7 +143,8 @@ def read_coco(target: str, ann: Path, image_dir: Path | None) -> DataReading:
                                fix=f"give --data IMAGES_DIR{PAIR_SEPARATOR}{ann}")
     base["image_dir"] = str(image_dir)
     try:
-        # The exact code a training rank runs: if this passes, the loader's construction will too.
+        # The exact code a training rank runs: if this passes, the loader's construction will too
+        # (it parses the file a second time: the price of not keeping a copy of its rules here).
         ds = CocoDetection(image_dir, ann, check_files=False)
     except ConfigError as e:
         problem, fix = split_error(str(e))
@@ -232,4 +244,7 @@ def read_text(target: str, path: Path) -> DataReading:
     except ConfigError as e:
         problem, fix = split_error(str(e))
         return DataReading(**base, counts={"bytes": size}, error=problem, fix=fix)
+    except OSError as e:
+        return DataReading(**base, counts={"bytes": size}, error=f"{path}: cannot read ({e.strerror or e})",
+                           fix="fix its permissions or --data")
     return DataReading(**base, counts={"bytes": size})

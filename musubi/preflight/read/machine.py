@@ -79,7 +79,7 @@ def read_env(ranks_per_node: int, nvml: NvmlReading, env: Mapping[str, str] | No
         nodes=nodes_from_env(env),
         ranks_per_node=ranks_per_node,
         cpu_count=os.cpu_count() or 1,
-        gpu_names=tuple(g.name for g in nvml.gpus),
+        gpu_names=tuple(g.name for g in nvml.gpus if g.error is None),
     )
 
 
