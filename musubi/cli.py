@@ -34,6 +34,7 @@ def train(
     device: str | None = typer.Option(None, "--device", help="cuda or cpu (default: cuda if a GPU is visible)."),
     probe_only: bool = typer.Option(False, "--probe-only", help="With batch: auto, probe (or read the cache), "
                                     "print the agreed batch as JSON and exit."),
+    no_check: bool = typer.Option(False, "--no-check", help="Skip the preflight (job.json records that)."),
 ) -> None:
     """Train one job on all GPUs of this machine (or N CPU ranks) through torchrun."""
     from musubi.runtime.launch import TrainRequest, launch_train
@@ -41,11 +42,16 @@ def train(
     if max_steps is not None and max_steps < 1:
         _fail(f"--max-steps {max_steps}: must be >= 1", 2)
     req = TrainRequest(job_path=job, nproc=nproc, out=out, resume=resume, max_steps=max_steps,
-                       overrides=list(set_), device=device, argv=sys.argv, probe_only=probe_only)
+                       overrides=list(set_), device=device, argv=sys.argv, probe_only=probe_only, check=not no_check)
+    from musubi.runtime.launch import PreflightFailed
+
     try:
         result = launch_train(req)
     except ConfigError as e:
         _fail(str(e), 2)
+        return
+    except PreflightFailed as e:
+        _fail(str(e), 1)
         return
     if result.code != 0:
         _fail(f"{result.error} (logs: {result.job_dir / 'logs'})", result.code)
@@ -85,7 +91,10 @@ def env(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> No
 def _register_optional_commands() -> None:
     """Commands owned by their packages (thin wrappers live there; logic never here)."""
     from musubi.plan.command import plan_command
+    from musubi.preflight.command import check_command
 
+    app.command("check", help="Preflight: stack, GPUs, binding, NCCL bandwidth, disk, data, environment; "
+                "exit 1 on any FAIL.")(check_command)
     app.command("plan", help="Parallel layouts (TP/PP/DP/CP/EP/ZeRO): memory, step time, MFU; search or evaluate.")(
         plan_command)
 

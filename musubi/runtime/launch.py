@@ -36,7 +36,12 @@ class TrainRequest:
     overrides: list[str] = field(default_factory=list)
     device: str | None = None  # "cuda" | "cpu" | None (GPUs if any)
     probe_only: bool = False
+    check: bool = True  # run the preflight first (`--no-check` skips it, and job.json records that)
     argv: list[str] = field(default_factory=list)
+
+
+class PreflightFailed(Exception):
+    """The preflight found a problem: its FAIL lines are the message (exit code 1)."""
 
 
 @dataclass
@@ -104,6 +109,7 @@ def prepare(req: TrainRequest) -> tuple[Path, Path, dict, int, str]:
                 f"train.global_batch={spec.train.global_batch} is not divisible by {nproc} ranks x "
                 f"{spec.train.accumulation} accumulation; use a multiple of {denom} or change --nproc"
             )
+    preflight = run_preflight(req, spec, nproc, kind) if req.check else None
     run_dir = _pick_run_dir(req, spec.name)
     job_dir = run_dir / spec.name
     if req.resume:
@@ -126,17 +132,60 @@ def prepare(req: TrainRequest) -> tuple[Path, Path, dict, int, str]:
             raise ConfigError(f"{run_dir} already holds a run; pass --resume to continue it or choose another --out")
         attempts = 1
     job_dir.mkdir(parents=True, exist_ok=True)
+    if preflight is not None:
+        write_json(run_dir / "preflight.json", preflight.to_dict())
     config = spec.resolved()
     if not req.resume or not (run_dir / "run.json").exists():
         write_json(run_dir / "run.json", run_record({"jobs": [config]}, req.argv))
     write_json(run_dir / "env.json", env_record())
     record = {"config": config, "status": "running", "attempts": attempts, "nproc": nproc, "device": kind,
-              "resume": req.resume}
+              "resume": req.resume,
+              "preflight": "skipped (--no-check)" if preflight is None else
+              ("passed with warnings" if preflight.warnings else "passed")}
     prev = job_dir / "job.json"
     if prev.is_file():
         record["history"] = read_json(prev).get("history", [])
     write_json(job_dir / "job.json", record)
     return run_dir, job_dir, record, nproc, kind
+
+
+def _checkpoint_bytes(spec) -> int | None:
+    """One checkpoint's size from the parameter count of the model built on the meta device."""
+    import torch
+
+    from musubi.preflight import checkpoint_bytes_estimate
+    from musubi.tasks.registry import build_task
+
+    try:
+        with torch.device("meta"):
+            params = sum(p.numel() for p in build_task(spec).build_model().parameters())
+    except Exception:  # noqa: BLE001 - a model that cannot be built on meta: the disk check guesses
+        return None
+    slots = 2 if spec.train.optimizer == "adamw" else 1
+    return checkpoint_bytes_estimate(params, optimizer_slots=slots)
+
+
+def run_preflight(req: TrainRequest, spec, nproc: int, kind: str):
+    """The preflight of `musubi check`, for this job's GPUs, data and output; raise PreflightFailed on a FAIL."""
+    from rich.console import Console
+
+    from musubi.preflight import data_targets, render, run_checks
+
+    out = req.out or Path("runs")
+    ckpt = _checkpoint_bytes(spec) if spec.checkpoint.enabled else 0
+    # On CPU ranks the gloo all-reduce test tells little (loopback) and costs seconds: GPU runs only.
+    report = run_checks(None if kind == "cuda" else [], data_targets(spec.data), out, ckpt or None,
+                        comm=kind == "cuda", keep_checkpoints=spec.checkpoint.keep_last, cpu_ranks=nproc)
+    if report.failed or report.warnings:
+        from musubi.preflight.result import PreflightReport
+
+        # Only what needs attention; the full report goes to RUN/preflight.json.
+        shown = PreflightReport(report.failed + report.warnings, report.seconds)
+        render(shown, Console(stderr=True, soft_wrap=True))
+    if report.failed:
+        lines = "; ".join(f"{r.check}: {r.found} -> {r.fix}" for r in report.failed)
+        raise PreflightFailed(f"preflight failed ({lines}); fix it or pass --no-check")
+    return report
 
 
 def torchrun_argv(job_dir: Path, nproc: int, resume: bool, stop_at_step: int | None, max_restarts: int = 0,
@@ -158,9 +207,14 @@ def torchrun_argv(job_dir: Path, nproc: int, resume: bool, stop_at_step: int | N
     return argv
 
 
-def worker_env(kind: str, nproc: int, deterministic: bool) -> dict[str, str]:
-    """Environment of the workers: device kind, thread counts, determinism switches."""
+def worker_env(kind: str, nproc: int, deterministic: bool, job_dir: Path | None = None) -> dict[str, str]:
+    """Environment of the workers: device kind, thread counts, determinism switches, hang diagnostics."""
     env = dict(os.environ)
+    if job_dir is not None:
+        from musubi.preflight import diagnostic_env
+
+        # Flight recorder + dump on timeout into the job's logs, unless the user set them.
+        env.update(diagnostic_env(job_dir, env))
     env["MUSUBI_DEVICE"] = kind
     env["PYTHONUNBUFFERED"] = "1"
     # Split the cores between ranks instead of letting each rank spawn one thread per core.
@@ -208,7 +262,7 @@ def launch_train(req: TrainRequest) -> TrainResult:
     spec_det = bool(record["config"]["train"]["deterministic"])
     restarts = 0 if req.probe_only else int(record["config"]["train"]["max_restarts"])
     argv = torchrun_argv(job_dir, nproc, req.resume, req.max_steps, restarts, req.probe_only)
-    proc = subprocess.Popen(argv, env=worker_env(kind, nproc, spec_det), stderr=subprocess.PIPE, text=True,
+    proc = subprocess.Popen(argv, env=worker_env(kind, nproc, spec_det, job_dir), stderr=subprocess.PIPE, text=True,
                             errors="replace", stdout=subprocess.PIPE if req.probe_only else None)
     probe_out = None
     if req.probe_only:

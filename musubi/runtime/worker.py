@@ -75,6 +75,9 @@ def main(argv: list[str] | None = None) -> int:
         injector = Injector.from_env(rank, job_dir / "logs" / "inject")
         world = init_world(spec.train.timeout_s)
         console = setup_logging(world, job_dir / "logs")
+        from musubi.preflight import check_unique_devices
+
+        check_unique_devices(world)  # abort at start if two ranks share one GPU
         if restarts:
             log.warning("restart %d of this job (torchrun): resuming from the newest committed checkpoint",
                         restarts)

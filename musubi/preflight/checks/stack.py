@@ -137,6 +137,8 @@ def check_stack(stack: StackReading, gpus: list[GpuReading], requested: bool) ->
         if not stack.gloo_available:
             return [fail("stack.gloo", f"torch {stack.torch_version} has no gloo backend: CPU ranks cannot talk",
                          "install a torch build with torch.distributed (the pip wheels have it)")]
+        if requested:  # the GPU check says why the requested GPUs are missing
+            return [passed("stack", f"torch {stack.torch_version}; no requested GPU present to check kernels for")]
         return [passed("stack", f"torch {stack.torch_version}; no GPU in use: CPU ranks on gloo")]
     # GPUs present but not asked for: torch's failure to use them only demotes the run to CPU ranks.
     severity = Status.FAIL if requested else Status.WARN
