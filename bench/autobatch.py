@@ -51,7 +51,11 @@ def probe(model: str, nproc: int) -> dict:
         raise RuntimeError(f"probe {model} failed:\n{res.stdout[-2000:]}\n{res.stderr[-2000:]}")
     name = Path(job).stem if model != "lm" else "lm-fsdp"
     detail = json.loads((out / name / "memory" / "probe.json").read_text())
-    return {"model": model, "gpus": nproc, "batch": detail["batch"], "local_batch": detail["local_batch"],
+    # The true largest batch lies below the smallest size that failed on this rank: a lower
+    # bound of probed/true without an exhaustive search.
+    fails = [t["batch"] for t in detail["trials"] if not t["fits"] and t["batch"] > detail["local_batch"]]
+    bound = round(detail["local_batch"] / (min(fails) - 1), 3) if fails else None
+    return {"ratio_lower_bound": bound, "model": model, "gpus": nproc, "batch": detail["batch"], "local_batch": detail["local_batch"],
             "peak_gib": detail["peak_gib"], "total_gib": detail["total_gib"], "probe_s": detail["seconds"],
             "trials": len(detail["trials"]), "wall_s": round(wall, 1)}
 
