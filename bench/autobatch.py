@@ -44,7 +44,7 @@ def probe(model: str, nproc: int) -> dict:
     out = Path(tempfile.mkdtemp(prefix=f"probe-{model}-")) / "run"
     t0 = time.perf_counter()
     res = subprocess.run([sys.executable, "-m", "musubi.cli", "train", str(REPO / job), "--nproc", str(nproc),
-                          "--out", str(out), "--probe-only", *_sets(["train.batch=auto", *extra])],
+                          "--out", str(out), "--probe-only", "--no-check", *_sets(["train.batch=auto", *extra])],
                          capture_output=True, text=True, cwd=REPO, timeout=900)
     wall = time.perf_counter() - t0
     if res.returncode != 0:
@@ -116,7 +116,7 @@ def recover(nproc: int, batch: int) -> dict:
     out = Path(tempfile.mkdtemp(prefix="recover-")) / "run"
     t0 = time.perf_counter()
     res = subprocess.run([sys.executable, "-m", "musubi.cli", "train", str(REPO / "examples/resnet50-bench.yaml"),
-                          "--nproc", str(nproc), "--out", str(out), "--max-steps", "20",
+                          "--nproc", str(nproc), "--out", str(out), "--max-steps", "20", "--no-check",
                           *_sets([f"train.batch={batch}", "train.log_every=1", "train.min_batch=8"])],
                          capture_output=True, text=True, cwd=REPO, timeout=900)
     wall = time.perf_counter() - t0
