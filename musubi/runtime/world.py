@@ -101,7 +101,18 @@ def init_world(timeout_s: float, device_kind: str | None = None) -> World:
         # gloo beside NCCL: CPU collectives (async checkpoint staging, object gathers) need it.
         backend = "cpu:gloo,cuda:nccl"
         if not dist.is_initialized():
-            _init_group(backend, timeout, device)
+            try:
+                _init_group(backend, timeout, device)
+            except dist.DistBackendError as e:
+                # NCCL's eager init notices two ranks on one GPU before any check of ours can:
+                # say it as the binding error it is (seen on 4x H200 with two torchrun agents).
+                if "Duplicate GPU detected" in str(e):
+                    detail = str(e).split("Duplicate GPU detected", 1)[1].split("\n")[0].strip(" :")
+                    raise ConfigError(
+                        f"two ranks share one GPU ({detail}); give each rank its own GPU: check "
+                        "CUDA_VISIBLE_DEVICES (do not override it per rank), --nproc and --nnodes"
+                    ) from None
+                raise
     elif kind == "cpu":
         device = torch.device("cpu")
         backend = "gloo"
