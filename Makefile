@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 	touch $@
 
 demo: $(STAMP)
-	$(VENV)/bin/musubi train examples/detect-synthetic.yaml
+	$(VENV)/bin/musubi run examples/fleet-demo.yaml
 
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest -q

@@ -35,6 +35,8 @@ def train(
     probe_only: bool = typer.Option(False, "--probe-only", help="With batch: auto, probe (or read the cache), "
                                     "print the agreed batch as JSON and exit."),
     no_check: bool = typer.Option(False, "--no-check", help="Skip the preflight (job.json records that)."),
+    fleet_member: bool = typer.Option(False, "--fleet-member", hidden=True,
+                                      help="Started by `musubi run`: RUN/ is the fleet's, only RUN/JOB/ is ours."),
 ) -> None:
     """Train one job on all GPUs of this machine (or N CPU ranks) through torchrun."""
     from musubi.runtime.launch import TrainRequest, launch_train
@@ -42,7 +44,8 @@ def train(
     if max_steps is not None and max_steps < 1:
         _fail(f"--max-steps {max_steps}: must be >= 1", 2)
     req = TrainRequest(job_path=job, nproc=nproc, out=out, resume=resume, max_steps=max_steps,
-                       overrides=list(set_), device=device, argv=sys.argv, probe_only=probe_only, check=not no_check)
+                       overrides=list(set_), device=device, argv=sys.argv, probe_only=probe_only, check=not no_check,
+                       fleet_member=fleet_member)
     from musubi.runtime.launch import PreflightFailed
 
     try:
@@ -58,6 +61,36 @@ def train(
     if probe_only:
         return
     Console().print(f"[green]run directory:[/] {result.run_dir}", highlight=False)
+
+
+@app.command()
+def run(
+    fleet: Path = typer.Argument(..., help="Fleet YAML (see examples/fleet-demo.yaml)."),
+    out: Path | None = typer.Option(None, "--out", help="Run directory (default runs/<time>-<name>)."),
+    resume: bool = typer.Option(False, "--resume", help="Continue a fleet: skip finished jobs, resume the rest."),
+    executor: str = typer.Option("local", "--executor", help="local (this machine's GPUs)."),
+    cpu_slots: int | None = typer.Option(None, "--cpu-slots", help="Without GPUs: CPU rank slots (default 2)."),
+    device: str | None = typer.Option(None, "--device", help="cuda or cpu (default: cuda if a GPU is visible)."),
+    no_check: bool = typer.Option(False, "--no-check", help="Skip the preflight (recorded)."),
+) -> None:
+    """Train a whole fleet: pack jobs onto the GPUs, retry failures, then rank, export and register."""
+    from musubi.fleet.run import FleetRequest, run_fleet
+    from musubi.runtime.launch import PreflightFailed
+
+    req = FleetRequest(fleet_path=fleet, out=out, resume=resume, executor=executor, cpu_slots=cpu_slots,
+                       check=not no_check, device=device)
+    try:
+        run_dir, states = run_fleet(req)
+    except ConfigError as e:
+        _fail(str(e), 2)
+        return
+    except PreflightFailed as e:
+        _fail(str(e), 1)
+        return
+    failed = [s.name for s in states.values() if s.state != "done"]
+    if failed:
+        _fail(f"{len(failed)} job(s) failed: {', '.join(failed)} (causes in {run_dir / 'fleet.json'})", 1)
+    Console().print(f"[green]run directory:[/] {run_dir}", highlight=False)
 
 
 @app.command()

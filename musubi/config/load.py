@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import difflib
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 from pydantic import BaseModel, ValidationError
 
 from musubi.config.errors import ConfigError
 from musubi.config.job import JobSpec
+
+if TYPE_CHECKING:
+    from musubi.config.fleet import FleetSpec
 
 #: A job file larger than this is refused before parsing (hostile or mistaken input).
 MAX_CONFIG_BYTES = 1 << 20
@@ -141,3 +144,45 @@ def job_from_dict(data: dict[str, Any], source: str = "job") -> JobSpec:
         return JobSpec.model_validate(data)
     except ValidationError as err:
         raise ConfigError(format_validation_error(err, JobSpec, source)) from None
+
+
+def load_fleet(path: str | Path) -> FleetSpec:
+    """Read and validate a fleet file; each job's errors name the job and the field."""
+    from musubi.config.fleet import PLACEMENT_KEYS, CommandJob, FleetSpec, TaskJob, deep_merge
+
+    data = read_yaml(path)
+    raw_jobs = data.get("jobs")
+    if not isinstance(raw_jobs, list) or not raw_jobs:
+        raise ConfigError(f"{path}: jobs: must be a non-empty list of jobs (task jobs or command jobs)")
+    defaults = data.get("defaults") or {}
+    if not isinstance(defaults, dict):
+        raise ConfigError(f"{path}: defaults: must be a mapping merged under every task job")
+    jobs: list[Any] = []
+    for i, raw in enumerate(raw_jobs):
+        label = f"{path}: jobs[{i}]"
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{label}: must be a mapping (name:, task:/command:, ...)")
+        label += f" ({raw.get('name', 'no name')})"
+        if "command" in raw:
+            if isinstance(raw["command"], str):
+                raise ConfigError(f"{label}: command must be an argv list, never a shell string: "
+                                  f"[{', '.join(repr(p) for p in raw['command'].split())}]")
+            try:
+                jobs.append(CommandJob.model_validate(raw))
+            except ValidationError as err:
+                raise ConfigError(format_validation_error(err, CommandJob, label)) from None
+            continue
+        placement = {k: v for k, v in raw.items() if k in PLACEMENT_KEYS}
+        body = deep_merge(defaults, {k: v for k, v in raw.items() if k not in PLACEMENT_KEYS})
+        try:
+            spec = JobSpec.model_validate(body)
+        except ValidationError as err:
+            raise ConfigError(format_validation_error(err, JobSpec, label)) from None
+        try:
+            jobs.append(TaskJob(spec=spec, **placement))
+        except ValidationError as err:
+            raise ConfigError(format_validation_error(err, TaskJob, label)) from None
+    try:
+        return FleetSpec.model_validate({**data, "jobs": jobs})
+    except ValidationError as err:
+        raise ConfigError(format_validation_error(err, FleetSpec, str(path))) from None

@@ -37,6 +37,7 @@ class TrainRequest:
     device: str | None = None  # "cuda" | "cpu" | None (GPUs if any)
     probe_only: bool = False
     check: bool = True  # run the preflight first (`--no-check` skips it, and job.json records that)
+    fleet_member: bool = False  # a job of a fleet: RUN/ belongs to the fleet, only RUN/JOB/ is ours
     argv: list[str] = field(default_factory=list)
 
 
@@ -128,16 +129,18 @@ def prepare(req: TrainRequest) -> tuple[Path, Path, dict, int, str]:
             )
         attempts = int(record.get("attempts", 0)) + 1
     else:
-        if (job_dir.exists() and any(job_dir.iterdir())) or (run_dir / "run.json").exists():
+        taken = job_dir.exists() and any(p.name != "logs" for p in job_dir.iterdir())
+        if taken or (not req.fleet_member and (run_dir / "run.json").exists()):
             raise ConfigError(f"{run_dir} already holds a run; pass --resume to continue it or choose another --out")
         attempts = 1
     job_dir.mkdir(parents=True, exist_ok=True)
     if preflight is not None:
         write_json(run_dir / "preflight.json", preflight.to_dict())
     config = spec.resolved()
-    if not req.resume or not (run_dir / "run.json").exists():
-        write_json(run_dir / "run.json", run_record({"jobs": [config]}, req.argv))
-    write_json(run_dir / "env.json", env_record())
+    if not req.fleet_member:
+        if not req.resume or not (run_dir / "run.json").exists():
+            write_json(run_dir / "run.json", run_record({"jobs": [config]}, req.argv))
+        write_json(run_dir / "env.json", env_record())
     record = {"config": config, "status": "running", "attempts": attempts, "nproc": nproc, "device": kind,
               "resume": req.resume,
               "preflight": "skipped (--no-check)" if preflight is None else

@@ -1,0 +1,65 @@
+"""An external training program run by a Musubi fleet (its own loop, no Musubi runtime).
+
+The fleet contract: the program sees only its GPU (CUDA_VISIBLE_DEVICES), runs in
+$MUSUBI_JOB_DIR, and writes $MUSUBI_JOB_DIR/eval.json with its metrics (and may
+write model.onnx). This one trains a small Faster R-CNN on generated images with
+a plain PyTorch loop and reports mAP50 measured with torchmetrics.
+
+    python tiny_detector.py [--steps 30] [--image-size 256]
+"""
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+import torch
+import torchvision
+from torchmetrics.detection import MeanAveragePrecision
+
+from musubi.data.synthetic_detection import SyntheticDetection
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--image-size", type=int, default=256)
+    args = ap.parse_args()
+    out = Path(os.environ.get("MUSUBI_JOB_DIR", "."))
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    torch.manual_seed(0)
+    s = args.image_size
+    train = SyntheticDetection(args.steps * args.batch, s, 3, 4, 16, 48, seed=1)
+    val = SyntheticDetection(16, s, 3, 4, 16, 48, seed=2)
+    model = torchvision.models.detection.fasterrcnn_mobilenet_v3_large_320_fpn(
+        weights=None, weights_backbone=None, num_classes=4, min_size=s, max_size=s,
+        rpn_pre_nms_top_n_train=300, rpn_post_nms_top_n_train=100, rpn_batch_size_per_image=64,
+        box_batch_size_per_image=64).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model.train()
+    for step in range(args.steps):
+        items = [train[step * args.batch + i] for i in range(args.batch)]
+        images = [im.to(device) for im, _ in items]
+        targets = [{k: v.to(device) for k, v in t.items() if k in ("boxes", "labels")} for _, t in items]
+        loss = sum(model(images, targets).values())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if step % 10 == 0:
+            print(f"step {step} loss {loss.item():.4f}", flush=True)
+    model.eval()
+    metric = MeanAveragePrecision(iou_thresholds=[0.5], backend="faster_coco_eval")
+    with torch.no_grad():
+        for i in range(len(val)):
+            im, t = val[i]
+            pred = model([im.to(device)])[0]
+            metric.update([{k: v.cpu() for k, v in pred.items()}], [{"boxes": t["boxes"], "labels": t["labels"]}])
+    map50 = float(metric.compute()["map_50"])
+    (out / "eval.json").write_text(json.dumps({"metrics": {"map50": map50}, "primary_metric": "map50",
+                                               "how": "16 generated validation images, torchmetrics mAP@0.5"}))
+    print(f"map50 {map50:.4f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,128 @@
+"""Pydantic models of a fleet: `defaults:` plus `jobs:`, each a task job or an external command.
+
+A *task* job is a Musubi job (everything of `JobSpec`) plus its place in the
+fleet (GPU count, priority, family, retries). An *external* job is an argv list
+(never a shell string) run with a given Python, an explicit environment and a
+launch style; it receives `CUDA_VISIBLE_DEVICES` and `MUSUBI_JOB_DIR` and must
+write `$MUSUBI_JOB_DIR/eval.json` (and may write `model.onnx`). No torch here.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from musubi.config.job import JobSpec, StrictModel, check_safe_name
+
+#: Keys of a fleet job that place it in the fleet; the rest describe the training job.
+PLACEMENT_KEYS = {"gpus", "priority", "family", "retries", "memory_gib"}
+COMMAND_KEYS = {"command", "python", "env", "launch"}
+
+
+class Placement(StrictModel):
+    """Where and how often a job runs in the fleet."""
+
+    gpus: int = Field(1, ge=1, le=1024, description="GPUs (or CPU ranks) the job gets, all its own.")
+    priority: int = Field(0, ge=-1000, le=1000, description="Higher runs earlier.")
+    family: str | None = Field(None, description="Jobs of one family run back to back (warm caches).")
+    retries: int = Field(1, ge=0, le=20, description="Retries after a failure (not after a config error).")
+    memory_gib: float | None = Field(None, gt=0, description="Declared GPU memory need per GPU (GiB).")
+
+
+class CommandJob(Placement):
+    """An external program with the fleet's contract (writes $MUSUBI_JOB_DIR/eval.json)."""
+
+    name: str = Field(description="Job name; becomes the job's directory name.")
+    command: list[str] = Field(min_length=1, description="argv list (never a shell string).")
+    python: str | None = Field(None, description="Interpreter (e.g. another venv's bin/python): runs `python argv...`.")
+    env: dict[str, str] = Field(default_factory=dict, description="Extra environment variables (explicit).")
+    launch: Literal["single", "torchrun"] = Field(
+        "single", description="single: one process; torchrun: `python -m torch.distributed.run` over its GPUs."
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        return check_safe_name(v)
+
+    @model_validator(mode="after")
+    def _single_gpu(self) -> CommandJob:
+        if self.launch == "single" and self.gpus > 1:
+            raise ValueError("launch: single runs one process: gpus must be 1 (or use launch: torchrun)")
+        return self
+
+
+class TaskJob(Placement):
+    """A Musubi training job and its placement."""
+
+    spec: JobSpec
+
+    @property
+    def name(self) -> str:
+        """The job's name (from its spec)."""
+        return self.spec.name
+
+
+class LeaderboardSpec(StrictModel):
+    """How jobs are ranked and which are exported."""
+
+    quality_weight: float = Field(0.7, ge=0, le=1, description="Weight of the quality metric (mAP50, top-1).")
+    fps_weight: float = Field(0.3, ge=0, le=1, description="Weight of normalised FPS.")
+    fps_target: float | None = Field(None, gt=0, description="Normalise FPS by this target (default: fleet best).")
+    export_top: int = Field(1, ge=0, le=100, description="Export (ONNX) and register the top-k jobs.")
+
+
+class FleetSpec(StrictModel):
+    """A fleet: shared defaults and the jobs."""
+
+    name: str = Field(description="Fleet name; the run directory is runs/<time>-<name>.")
+    defaults: dict[str, Any] = Field(default_factory=dict, description="Merged under every task job.")
+    leaderboard: LeaderboardSpec = Field(default_factory=LeaderboardSpec, description="Ranking and export.")
+    jobs: list[TaskJob | CommandJob] = Field(min_length=1, description="The jobs.")
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        return check_safe_name(v)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _split_jobs(cls, data: Any) -> Any:
+        """Turn each raw job mapping into a TaskJob (defaults merged) or a CommandJob."""
+        if not isinstance(data, dict) or not isinstance(data.get("jobs"), list):
+            return data
+        defaults = data.get("defaults") or {}
+        jobs = []
+        for raw in data["jobs"]:
+            if not isinstance(raw, dict):
+                jobs.append(raw)
+                continue
+            if "command" in raw:
+                jobs.append(CommandJob.model_validate(raw))
+                continue
+            placement = {k: v for k, v in raw.items() if k in PLACEMENT_KEYS}
+            body = deep_merge(defaults, {k: v for k, v in raw.items() if k not in PLACEMENT_KEYS})
+            jobs.append(TaskJob(spec=JobSpec.model_validate(body), **placement))
+        return {**data, "jobs": jobs}
+
+    @model_validator(mode="after")
+    def _unique(self) -> FleetSpec:
+        seen: set[str] = set()
+        for job in self.jobs:
+            if job.name in seen:
+                raise ValueError(f"two jobs are named {job.name!r}: job names must be unique")
+            seen.add(job.name)
+        return self
+
+
+def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """`over` on top of `base`, mappings merged key by key (lists and scalars replaced)."""
+    out = copy.deepcopy(base)
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = deep_merge(out[k], v)
+        else:
+            out[k] = copy.deepcopy(v)
+    return out

@@ -1,0 +1,123 @@
+"""How one fleet job becomes a process: argv, environment, working directory, and failure cause."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from musubi.config.errors import ConfigError
+from musubi.config.fleet import CommandJob, TaskJob
+
+#: Variables an external job inherits from Musubi's own environment (the rest is explicit):
+#: the basics of a process, and the GPU/NCCL safety settings of the machine.
+INHERITED = ("PATH", "HOME", "USER", "LANG", "LC_ALL", "TMPDIR", "TERM")
+INHERITED_PREFIXES = ("NCCL_", "CUDA_DEVICE_ORDER", "TORCH_SYMM_MEM", "NVSHMEM_")
+
+
+@dataclass
+class Launch:
+    """A process to start for a job."""
+
+    argv: list[str]
+    env: dict[str, str]
+    cwd: Path
+    log: Path
+
+
+def gpu_env(gpus: list[int], kind: str) -> dict[str, str]:
+    """The devices a job may see: its GPUs only (none for CPU ranks)."""
+    return {"CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in gpus) if kind == "cuda" else ""}
+
+
+def task_launch(job: TaskJob, run_dir: Path, gpus: list[int], kind: str, resume: bool) -> Launch:
+    """`musubi train` of a task job as a fleet member (its own torchrun, its own rendezvous port)."""
+    spec_path = run_dir / ".fleet" / f"{job.name}.yaml"
+    spec_path.parent.mkdir(parents=True, exist_ok=True)
+    spec_path.write_text(yaml.safe_dump(job.spec.resolved(), sort_keys=False), encoding="utf-8")
+    argv = [sys.executable, "-m", "musubi.cli", "train", str(spec_path), "--out", str(run_dir), "--nproc",
+            str(job.gpus), "--device", kind, "--no-check", "--fleet-member"]
+    if resume:
+        argv.append("--resume")
+    env = dict(os.environ, **gpu_env(gpus, kind), PYTHONUNBUFFERED="1")
+    env["MUSUBI_DEVICE"] = kind
+    log = run_dir / job.name / "logs" / "fleet.log"
+    return Launch(argv, env, Path.cwd(), log)
+
+
+def resolve_command(job: CommandJob, base: Path) -> list[str]:
+    """The argv of an external job with its interpreter; relative script paths resolved from the fleet file."""
+    argv = list(job.command)
+    # A Python script without an interpreter named runs with Musubi's own Python.
+    if job.python or job.launch == "torchrun" or argv[0].endswith(".py"):
+        script = Path(argv[0])
+        if not script.is_absolute() and (base / script).exists():
+            argv[0] = str((base / script).resolve())
+        python = job.python or sys.executable
+        if job.launch == "torchrun":
+            return [python, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={job.gpus}", *argv]
+        return [python, *argv]
+    exe = Path(argv[0])
+    if not exe.is_absolute() and (base / exe).exists():
+        argv[0] = str((base / exe).resolve())
+    return argv
+
+
+def check_command(job: CommandJob, base: Path) -> None:
+    """Refuse, before anything starts, a command whose program or interpreter does not exist."""
+    argv = resolve_command(job, base)
+    if job.python and not (Path(job.python).exists() or shutil.which(job.python)):
+        raise ConfigError(f"job {job.name!r}: python {job.python!r} not found; give the interpreter's path")
+    prog = argv[0]
+    if not (Path(prog).exists() or shutil.which(prog)):
+        raise ConfigError(f"job {job.name!r}: command {prog!r} not found; give a path or a program on PATH")
+    if job.python or job.launch == "torchrun" or job.command[0].endswith(".py"):
+        script = argv[4] if job.launch == "torchrun" else argv[1]
+        if script.endswith(".py") and not Path(script).exists():
+            raise ConfigError(f"job {job.name!r}: script {script!r} not found (paths are relative to the fleet file)")
+
+
+def command_launch(job: CommandJob, run_dir: Path, gpus: list[int], kind: str, base: Path) -> Launch:
+    """An external job: explicit environment, the job's folder as working directory."""
+    job_dir = run_dir / job.name
+    job_dir.mkdir(parents=True, exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if k in INHERITED or k.startswith(INHERITED_PREFIXES)}
+    env.update(job.env)
+    env.update(gpu_env(gpus, kind))
+    env["MUSUBI_JOB_DIR"] = str(job_dir.resolve())
+    env["PYTHONUNBUFFERED"] = "1"
+    return Launch(resolve_command(job, base), env, job_dir, job_dir / "logs" / "stdout.log")
+
+
+def failure_cause(job_dir: Path, code: int) -> str:
+    """Why a job failed, in a word and a detail: oom, config, nccl, signal N, exit N."""
+    record = {}
+    try:
+        record = json.loads((job_dir / "job.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        pass
+    err = ""
+    if record.get("history"):
+        err = str(record["history"][-1].get("error") or "")
+    if code < 0:
+        return f"signal {-code}"
+    if "out of memory" in err.lower():
+        return f"oom: {err[:200]}"
+    if code == 2:
+        return f"config: {err[:200]}" if err else "config"
+    if "nccl" in err.lower():
+        return f"nccl: {err[:200]}"
+    return f"exit {code}: {err[:200]}" if err else f"exit {code}"
+
+
+def log_tail(path: Path, lines: int = 15) -> str:
+    """The last lines of a log file (for a failed job's report)."""
+    try:
+        return "\n".join(path.read_text(encoding="utf-8", errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""

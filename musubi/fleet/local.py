@@ -1,0 +1,255 @@
+"""The local executor: a whole fleet on one machine's GPUs (or CPU rank slots).
+
+Each job gets GPUs of its own and its own process tree (`musubi train` →
+torchrun, with its own rendezvous port; or the external command). When a job
+ends well, its evaluation step runs on the same GPUs; then the GPUs go back to
+the packer. A failed job is retried (bounded; never after a configuration
+error) and never stops the others. `RUN/fleet.json` holds every job's state, so
+`--resume` skips finished jobs and resumes unfinished ones from their
+checkpoints.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from musubi.config.errors import ConfigError
+from musubi.config.fleet import CommandJob, FleetSpec, TaskJob
+from musubi.fleet import jobs as J
+from musubi.fleet.packer import Demand, Packer, unplaceable
+from musubi.runtime.checkpoint import latest_checkpoint
+from musubi.store.rundir import read_json, write_json
+
+log = logging.getLogger("musubi.fleet")
+
+
+@dataclass
+class JobState:
+    """One job's life in the fleet (what fleet.json records)."""
+
+    name: str
+    kind: str  # task | command
+    state: str = "queued"  # queued | running | evaluating | done | failed
+    gpus: list[int] = field(default_factory=list)
+    attempts: int = 0
+    causes: list[str] = field(default_factory=list)
+    started: float | None = None
+    ended: float | None = None
+
+
+@dataclass
+class _Running:
+    job: TaskJob | CommandJob
+    proc: subprocess.Popen
+    phase: str  # train | eval
+    log_file: Any
+
+
+def previous_best(runs_base: Path, fleet_name: str, current: Path) -> str | None:
+    """The rank-1 job of the newest earlier run of this fleet (it runs first this time)."""
+    if not runs_base.is_dir():
+        return None
+    earlier = sorted(p for p in runs_base.glob(f"*-{fleet_name}") if p.resolve() != current.resolve())
+    for run in reversed(earlier):
+        board = run / "leaderboard.json"
+        if board.is_file():
+            rows = read_json(board)
+            rows = rows.get("rows", rows) if isinstance(rows, dict) else rows
+            if rows:
+                return rows[0].get("job") or rows[0].get("name")
+    return None
+
+
+class LocalFleet:
+    """Runs a validated fleet to the end on this machine."""
+
+    def __init__(self, spec: FleetSpec, run_dir: Path, base: Path, devices: list[int], kind: str,
+                 resume: bool, console: Console | None = None) -> None:
+        self.spec, self.run_dir, self.base, self.kind = spec, run_dir, base, kind
+        self.console = console or Console()
+        self.jobs = {j.name: j for j in spec.jobs}
+        self.state_path = run_dir / "fleet.json"
+        self.states = {j.name: JobState(j.name, "command" if isinstance(j, CommandJob) else "task")
+                       for j in spec.jobs}
+        if resume and self.state_path.is_file():
+            for name, rec in read_json(self.state_path).get("jobs", {}).items():
+                if name in self.states:
+                    st = JobState(**rec)
+                    if st.state != "done":
+                        st.state, st.gpus = "queued", []
+                    self.states[name] = st
+        first = previous_best(run_dir.parent, spec.name, run_dir)
+        queue = [Demand(j.name, j.gpus, j.priority, j.family, first=(j.name == first))
+                 for j in spec.jobs if self.states[j.name].state != "done"]
+        problems = unplaceable(queue, len(devices))
+        if problems:
+            raise ConfigError(problems[0])
+        self.packer = Packer(list(devices), queue)
+        self.running: dict[str, _Running] = {}
+        if first:
+            log.info("previous best model %s runs first", first)
+
+    # -- state ---------------------------------------------------------------
+    def save_state(self) -> None:
+        """Write fleet.json (atomically)."""
+        write_json(self.state_path, {"fleet": self.spec.name, "jobs": {n: vars(s) for n, s in self.states.items()}})
+
+    # -- starting --------------------------------------------------------------
+    def _start(self, job: TaskJob | CommandJob, gpus: list[int]) -> None:
+        st = self.states[job.name]
+        st.attempts += 1
+        st.state, st.gpus, st.started = "running", gpus, time.time()
+        job_dir = self.run_dir / job.name
+        if isinstance(job, TaskJob):
+            resume = latest_checkpoint(job_dir / "checkpoints") is not None
+            if not resume and job_dir.exists() and any(p.name != "logs" for p in job_dir.iterdir()):
+                # A failed attempt without a checkpoint: keep its files, start clean beside them.
+                aside = self.run_dir / f"{job.name}.attempt{st.attempts - 1}"
+                job_dir.rename(aside)
+            launch = J.task_launch(job, self.run_dir, gpus, self.kind, resume)
+        else:
+            launch = J.command_launch(job, self.run_dir, gpus, self.kind, self.base)
+        launch.log.parent.mkdir(parents=True, exist_ok=True)
+        f = open(launch.log, "a", encoding="utf-8")
+        proc = subprocess.Popen(launch.argv, env=launch.env, cwd=launch.cwd, stdout=f, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL)
+        self.running[job.name] = _Running(job, proc, "train", f)
+        log.info("start %s on %s %s (attempt %d)", job.name, "GPU" if self.kind == "cuda" else "CPU slot",
+                 ",".join(map(str, gpus)), st.attempts)
+
+    def _start_eval(self, run: _Running) -> None:
+        job = run.job
+        st = self.states[job.name]
+        st.state = "evaluating"
+        env = dict(os.environ, **J.gpu_env(st.gpus, self.kind))
+        argv = [sys.executable, "-m", "musubi.fleet.eval_step", str(self.run_dir / job.name)]
+        proc = subprocess.Popen(argv, env=env, stdout=run.log_file, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL)
+        run.proc, run.phase = proc, "eval"
+
+    # -- the loop --------------------------------------------------------------
+    def run(self) -> dict[str, JobState]:
+        """Place, start, watch and retry until every job is done or failed for good."""
+        self.save_state()
+        live = Live(self.table(), console=self.console, refresh_per_second=2,
+                    transient=False) if self.console.is_terminal else None
+        if live:
+            live.start()
+        try:
+            while self.packer.queue or self.running:
+                for demand, gpus in self.packer.place():
+                    self._start(self.jobs[demand.name], gpus)
+                self.save_state()
+                time.sleep(0.5)
+                for name, run in list(self.running.items()):
+                    code = run.proc.poll()
+                    if code is None:
+                        continue
+                    self._finished(name, run, code)
+                if live:
+                    live.update(self.table())
+        finally:
+            if live:
+                live.stop()
+            for run in self.running.values():  # interrupted: leave nothing running
+                run.proc.terminate()
+        self.save_state()
+        return self.states
+
+    def _finished(self, name: str, run: _Running, code: int) -> None:
+        st = self.states[name]
+        job_dir = self.run_dir / name
+        if run.phase == "train" and code == 0:
+            self._start_eval(run)
+            return
+        run.log_file.close()
+        del self.running[name]
+        self.packer.release(name)
+        st.ended = time.time()
+        if code == 0:
+            st.state = "done"
+            self._say(f"done {name} ({st.ended - (st.started or st.ended):.0f}s)")
+            return
+        cause = J.failure_cause(job_dir, code) if run.phase == "train" else f"evaluation: exit {code}"
+        st.causes.append(cause)
+        retry = st.attempts <= self.jobs[name].retries and not cause.startswith("config")
+        tail = J.log_tail(job_dir / "logs" / ("fleet.log" if st.kind == "task" else "stdout.log"), 8)
+        self._say(f"failed {name} (attempt {st.attempts}): {cause}" + ("; retrying" if retry else ""))
+        log.warning("failed %s: %s\n%s", name, cause, tail)
+        if retry:
+            st.state = "queued"
+            job = self.jobs[name]
+            self.packer.requeue(Demand(name, job.gpus, job.priority, job.family))
+        else:
+            st.state = "failed"
+
+    def _say(self, text: str) -> None:
+        if not self.console.is_terminal:
+            self.console.print(text, highlight=False, markup=False)
+        log.info("%s", text)
+
+    # -- the live table ---------------------------------------------------------
+    def table(self) -> Table:
+        """Job, state, GPUs, epoch/step, samples/s, ETA."""
+        t = Table(title=f"fleet {self.spec.name}", expand=False)
+        for col in ("job", "state", "GPUs" if self.kind == "cuda" else "CPU slots", "attempt", "step", "epoch",
+                    "samples/s", "ETA"):
+            t.add_column(col)
+        for name, st in self.states.items():
+            step = epoch = rate = eta = "-"
+            metrics = self.run_dir / name / "metrics.jsonl"
+            if st.kind == "task" and metrics.is_file():
+                rec = _last_train_record(metrics)
+                if rec:
+                    summary_total = _total_steps(self.run_dir / name)
+                    step = f"{rec['step']}/{summary_total}" if summary_total else str(rec["step"])
+                    epoch = str(rec.get("epoch", "-"))
+                    if rec.get("samples_per_s"):
+                        rate = f"{rec['samples_per_s']:.1f}"
+                    if summary_total and st.started and rec["step"] and st.state == "running":
+                        left = (time.time() - st.started) / rec["step"] * (summary_total - rec["step"])
+                        eta = f"{left:.0f}s"
+            t.add_row(name, st.state, ",".join(map(str, st.gpus)) or "-", str(st.attempts), step, epoch, rate, eta)
+        return t
+
+
+def _last_train_record(path: Path) -> dict[str, Any] | None:
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return None
+    for ln in reversed(lines):
+        try:
+            rec = json.loads(ln)
+        except ValueError:
+            continue
+        if rec.get("kind") == "train":
+            return rec
+    return None
+
+
+def _total_steps(job_dir: Path) -> int | None:
+    try:
+        log_text = (job_dir / "logs" / "rank0.log").read_text(encoding="utf-8")
+    except OSError:
+        return None
+    marker = " steps ("
+    for ln in log_text.splitlines():
+        if "global batch" in ln and marker in ln:
+            try:
+                return int(ln.split(marker)[0].rsplit(" ", 1)[1])
+            except (ValueError, IndexError):
+                return None
+    return None

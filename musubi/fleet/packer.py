@@ -1,0 +1,75 @@
+"""The GPU packer of one machine: which queued job starts now, on which GPUs.
+
+List scheduling with backfill. The queue is ordered once: the previous best
+model of the fleet first (a deployable model exists early), then priority, then
+family (a family's jobs back to back), then larger GPU demand first (big jobs
+placed before the small ones fragment the machine). Whenever GPUs are free, the
+first job in that order that fits starts; while the head job waits for more GPUs,
+later jobs that fit in what is free start instead (backfill), so no GPU idles
+while work is queued. Jobs never share a GPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Demand:
+    """What one job asks of the machine."""
+
+    name: str
+    gpus: int
+    priority: int = 0
+    family: str | None = None
+    first: bool = False  # the previous best model of this fleet
+
+
+@dataclass
+class Packer:
+    """Free GPUs and the ordered queue; `place()` returns the jobs to start now."""
+
+    gpus: list[int]
+    queue: list[Demand] = field(default_factory=list)
+    busy: dict[str, list[int]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.free = sorted(self.gpus)
+        self.queue = order(self.queue)
+
+    def place(self) -> list[tuple[Demand, list[int]]]:
+        """Start every queued job that fits now, in queue order with backfill."""
+        started: list[tuple[Demand, list[int]]] = []
+        for job in list(self.queue):
+            if job.gpus <= len(self.free):
+                chosen, self.free = self.free[: job.gpus], self.free[job.gpus:]
+                self.busy[job.name] = chosen
+                self.queue.remove(job)
+                started.append((job, chosen))
+            if not self.free:
+                break
+        return started
+
+    def release(self, name: str) -> None:
+        """A job ended: its GPUs are free again."""
+        self.free = sorted(self.free + self.busy.pop(name, []))
+
+    def requeue(self, job: Demand) -> None:
+        """A job will be retried: back in the queue at its place in the order."""
+        self.queue = order([*self.queue, job])
+
+
+def order(jobs: list[Demand]) -> list[Demand]:
+    """Previous best first, then priority (high first), family groups, larger demand first, name."""
+    family_rank: dict[str | None, int] = {}
+    for j in sorted(jobs, key=lambda j: (not j.first, -j.priority)):
+        family_rank.setdefault(j.family, len(family_rank))
+    return sorted(jobs, key=lambda j: (not j.first, -j.priority,
+                                       family_rank[j.family] if j.family is not None else 10**6,
+                                       -j.gpus, j.name))
+
+
+def unplaceable(jobs: list[Demand], capacity: int) -> list[str]:
+    """One line per job that could never start on this machine."""
+    return [f"job {j.name!r} asks for {j.gpus} GPUs but this machine has {capacity}; lower its gpus:"
+            for j in jobs if j.gpus > capacity]

@@ -1,0 +1,132 @@
+"""`musubi run FLEET.yaml`: validate everything, check the machine, pack and train, then rank and ship.
+
+The flow: load and validate the fleet (every task job's model and data, every
+command's program), refuse what can never fit, run the preflight once, lay out
+the run directory, run the jobs (local executor), then build the leaderboard,
+export the top-k to ONNX and register them with a deployment manifest.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+
+from musubi.config.errors import ConfigError
+from musubi.config.fleet import CommandJob, FleetSpec, TaskJob
+from musubi.config.load import load_fleet
+from musubi.fleet.jobs import check_command
+from musubi.fleet.local import LocalFleet, JobState
+from musubi.store.rundir import default_run_dir, env_record, run_record, write_json
+
+log = logging.getLogger("musubi.fleet")
+
+
+@dataclass
+class FleetRequest:
+    """What `musubi run` was asked."""
+
+    fleet_path: Path
+    out: Path | None = None
+    resume: bool = False
+    executor: str = "local"
+    cpu_slots: int | None = None
+    check: bool = True
+    device: str | None = None
+
+
+def validate_fleet(spec: FleetSpec, base: Path) -> None:
+    """Every job checked before anything starts: model names, data, commands."""
+    from musubi.tasks.registry import build_task
+
+    for job in spec.jobs:
+        try:
+            if isinstance(job, TaskJob):
+                build_task(job.spec).validate()
+            else:
+                check_command(job, base)
+        except ConfigError as e:
+            msg = str(e)
+            raise ConfigError(msg if msg.startswith(f"job {job.name!r}") else f"job {job.name!r}: {msg}") from None
+
+
+def machine(req: FleetRequest) -> tuple[list[int], str]:
+    """(devices, kind): the visible GPUs, or CPU rank slots (default 2) when there is none."""
+    from musubi.runtime.launch import visible_gpus
+
+    gpus = visible_gpus()
+    kind = req.device or ("cuda" if gpus else "cpu")
+    if kind == "cuda":
+        if not gpus:
+            raise ConfigError("--device cuda but no GPU is visible; check CUDA_VISIBLE_DEVICES or use --device cpu")
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        ids = [int(x) for x in visible.split(",")] if visible and all(x.strip().isdigit() for x in
+                                                                         visible.split(",")) else list(range(gpus))
+        return ids[:gpus], kind
+    slots = req.cpu_slots or max(1, min(2, os.cpu_count() or 1))
+    return list(range(slots)), "cpu"
+
+
+def run_fleet(req: FleetRequest, console: Console | None = None) -> tuple[Path, dict[str, JobState]]:
+    """Run a fleet to the end; returns the run directory and every job's final state."""
+    console = console or Console()
+    if req.executor != "local":
+        raise ConfigError(f"--executor {req.executor}: only the local executor exists so far; use --executor local")
+    spec = load_fleet(req.fleet_path)
+    base = req.fleet_path.resolve().parent
+    validate_fleet(spec, base)
+    devices, kind = machine(req)
+    if req.resume:
+        if req.out is None or not (req.out / "fleet.json").is_file():
+            raise ConfigError("--resume: give --out RUN_DIR of an earlier `musubi run` (it holds fleet.json)")
+        run_dir = req.out
+    else:
+        run_dir = req.out or default_run_dir(spec.name)
+        if run_dir.exists() and any(run_dir.iterdir()):
+            raise ConfigError(f"{run_dir} already holds a run; pass --resume to continue it or choose another --out")
+    if req.check:
+        _preflight(spec, kind, run_dir, console)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    resolved = {"name": spec.name, "leaderboard": spec.leaderboard.model_dump(),
+                "jobs": [({"spec": j.spec.resolved(), **j.model_dump(exclude={"spec"})} if isinstance(j, TaskJob)
+                          else j.model_dump()) for j in spec.jobs]}
+    if not req.resume:
+        write_json(run_dir / "run.json", run_record(resolved, sys.argv))
+    write_json(run_dir / "env.json", env_record())
+    console.print(f"fleet {spec.name}: {len(spec.jobs)} jobs on {len(devices)} "
+                  f"{'GPU' if kind == 'cuda' else 'CPU slot'}{'s' if len(devices) > 1 else ''} -> {run_dir}",
+                  highlight=False, markup=False)
+    states = LocalFleet(spec, run_dir, base, devices, kind, req.resume, console).run()
+    _finish(spec, run_dir, console)
+    return run_dir, states
+
+
+def _preflight(spec: FleetSpec, kind: str, run_dir: Path, console: Console) -> None:
+    from musubi.preflight import data_targets, render, run_checks
+    from musubi.preflight.result import PreflightReport
+    from musubi.runtime.launch import PreflightFailed
+
+    targets = [t for j in spec.jobs if isinstance(j, TaskJob) for t in data_targets(j.spec.data)]
+    report = run_checks(None if kind == "cuda" else [], list(dict.fromkeys(targets)), run_dir.parent, None,
+                        comm=kind == "cuda")
+    if report.failed or report.warnings:
+        render(PreflightReport(report.failed + report.warnings, report.seconds), Console(stderr=True))
+    if report.failed:
+        lines = "; ".join(f"{r.check}: {r.found} -> {r.fix}" for r in report.failed)
+        raise PreflightFailed(f"preflight failed ({lines}); fix it or pass --no-check")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_json(run_dir / "preflight.json", report.to_dict())
+
+
+def _finish(spec: FleetSpec, run_dir: Path, console: Console) -> None:
+    """Leaderboard, export of the top-k and registration (jobs that ended well only)."""
+    from musubi.fleet.ship import ship
+
+    ship(spec, run_dir, console)
+
+
+__all__ = ["CommandJob", "FleetRequest", "run_fleet"]

@@ -1,0 +1,36 @@
+"""After the jobs: the leaderboard, ONNX export of the top-k, registration and the deployment manifest."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from rich.console import Console
+
+from musubi.config.errors import ConfigError
+from musubi.config.fleet import FleetSpec
+
+log = logging.getLogger("musubi.fleet")
+
+
+def ship(spec: FleetSpec, run_dir: Path, console: Console) -> list[dict]:
+    """Rank the fleet, export and register its top-k; returns the leaderboard rows."""
+    from musubi.evaluate import build_leaderboard, export_job
+    from musubi.evaluate.commands import print_leaderboard
+    from musubi.store.registry import promote, register, write_manifest
+
+    lb = spec.leaderboard
+    rows = build_leaderboard(run_dir, weights=(lb.quality_weight, lb.fps_weight), fps_target=lb.fps_target)
+    ranked = [r for r in rows if r.get("rank") is not None]
+    for row in ranked[: lb.export_top]:
+        job_dir = run_dir / row["job"]
+        try:
+            export_job(job_dir)
+            entry = register(job_dir)
+            promote(entry["name"], entry["version"], db=None, run_dir=run_dir)
+        except ConfigError as e:  # one job that cannot be exported does not sink the fleet
+            log.warning("export/registration of %s failed: %s", row["job"], e)
+            console.print(f"export of {row['job']} failed: {e}", highlight=False, markup=False)
+    write_manifest(run_dir / "manifest.json", run_dir=run_dir)
+    print_leaderboard(run_dir, console)
+    return rows

@@ -1,0 +1,87 @@
+"""Fleet files: validated before anything starts, errors naming the job and the field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from musubi.config.errors import ConfigError
+from musubi.config.fleet import CommandJob, TaskJob
+from musubi.config.load import load_fleet
+from musubi.fleet.jobs import check_command, command_launch
+from musubi.fleet.run import validate_fleet
+from tests.conftest import REPO, TINY_JOB
+
+FLEETS = sorted((REPO / "examples").glob("fleet-*.yaml"))
+
+
+def write(tmp_path: Path, data: dict) -> Path:
+    p = tmp_path / "fleet.yaml"
+    p.write_text(yaml.safe_dump(data))
+    return p
+
+
+def tiny_fleet(**extra) -> dict:
+    defaults = {k: v for k, v in TINY_JOB.items() if k != "name"}
+    return {"name": "f", "defaults": defaults, "jobs": [{"name": "a"}, {"name": "b", "gpus": 2}], **extra}
+
+
+@pytest.mark.parametrize("path", FLEETS, ids=[p.name for p in FLEETS])
+def test_shipped_fleets_parse_and_validate(path: Path) -> None:
+    spec = load_fleet(path)
+    validate_fleet(spec, path.parent)
+    kinds = {type(j) for j in spec.jobs}
+    assert kinds == {TaskJob, CommandJob}
+
+
+def test_defaults_merge_under_each_job(tmp_path: Path) -> None:
+    data = tiny_fleet()
+    data["jobs"][1]["train"] = {"batch": 4}
+    spec = load_fleet(write(tmp_path, data))
+    a, b = spec.jobs
+    assert a.spec.train.batch == 8 and b.spec.train.batch == 4 and b.spec.train.lr == 0.1 and b.gpus == 2
+
+
+@pytest.mark.parametrize("change,needle", [
+    (lambda d: d["jobs"].append({"name": "a"}), "two jobs are named 'a'"),
+    (lambda d: d["jobs"][0].update(model_args={"x": [1]}), "jobs[0] (a): model_args.x"),
+    (lambda d: d["jobs"][1].update(trian={"batch": 2}), "jobs[1] (b): unknown key trian"),
+    (lambda d: d["jobs"].append({"name": "c", "command": "python train.py --epochs 3"}), "argv list, never a shell"),
+    (lambda d: d["jobs"].append({"name": "c", "command": ["x"], "gpus": 2}), "launch: single runs one process"),
+    (lambda d: d["jobs"].append({"name": "../c", "command": ["x"]}), "jobs[2] (../c): name"),
+    (lambda d: d.update(jobs=[]), "non-empty list"),
+])
+def test_bad_fleets_name_the_job_and_field(tmp_path: Path, change, needle: str) -> None:
+    data = tiny_fleet()
+    change(data)
+    with pytest.raises(ConfigError) as ei:
+        load_fleet(write(tmp_path, data))
+    assert needle in str(ei.value) and "\n" not in str(ei.value)
+
+
+def test_unknown_model_and_missing_command_refused_before_start(tmp_path: Path) -> None:
+    data = tiny_fleet()
+    data["jobs"][0].update(task="classification", model="resnet5O")
+    with pytest.raises(ConfigError, match="job 'a'.*resnet5"):
+        validate_fleet(load_fleet(write(tmp_path, data)), tmp_path)
+    job = CommandJob(name="ext", command=["no-such-program-xyz"])
+    with pytest.raises(ConfigError, match="command 'no-such-program-xyz' not found"):
+        check_command(job, tmp_path)
+    job = CommandJob(name="ext", command=["missing.py"])
+    with pytest.raises(ConfigError, match="script .*missing.py.* not found"):
+        check_command(job, tmp_path)
+
+
+def test_external_job_gets_an_explicit_environment(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("SECRET_TOKEN", "x")
+    monkeypatch.setenv("NCCL_NVLS_ENABLE", "0")
+    (tmp_path / "prog.py").write_text("print(1)\n")
+    job = CommandJob(name="ext", command=["prog.py", "--n", "1"], env={"MY_FLAG": "1"})
+    launch = command_launch(job, tmp_path / "run", [3], "cuda", tmp_path)
+    assert launch.argv[1] == str((tmp_path / "prog.py").resolve()) and launch.argv[2:] == ["--n", "1"]
+    assert launch.env["CUDA_VISIBLE_DEVICES"] == "3" and launch.env["MY_FLAG"] == "1"
+    assert launch.env["MUSUBI_JOB_DIR"] == str((tmp_path / "run" / "ext").resolve())
+    assert "SECRET_TOKEN" not in launch.env and launch.env["NCCL_NVLS_ENABLE"] == "0"
+    assert launch.cwd == tmp_path / "run" / "ext"
