@@ -123,9 +123,16 @@ def env(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> No
 
 def _register_optional_commands() -> None:
     """Commands owned by their packages (thin wrappers live there; logic never here)."""
+    from musubi.evaluate.commands import evaluate_command, export_command, leaderboard_command, registry_app
     from musubi.plan.command import plan_command
     from musubi.preflight.command import check_command
 
+    app.command("leaderboard", help="The fleet's ranking: quality, FPS, composite score (table or --json).")(
+        leaderboard_command)
+    app.command("export", help="Export a job's model to ONNX and check it against torch.")(export_command)
+    app.command("evaluate", help="Evaluate one finished job: metrics and FPS by the documented protocol.")(
+        evaluate_command)
+    app.add_typer(registry_app, name="registry", help="The model registry: list, register, promote, manifest.")
     app.command("check", help="Preflight: stack, GPUs, binding, NCCL bandwidth, disk, data, environment; "
                 "exit 1 on any FAIL.")(check_command)
     app.command("plan", help="Parallel layouts (TP/PP/DP/CP/EP/ZeRO): memory, step time, MFU; search or evaluate.")(

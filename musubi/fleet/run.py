@@ -20,7 +20,7 @@ from musubi.config.errors import ConfigError
 from musubi.config.fleet import CommandJob, FleetSpec, TaskJob
 from musubi.config.load import load_fleet
 from musubi.fleet.jobs import check_command
-from musubi.fleet.local import LocalFleet, JobState
+from musubi.fleet.local import JobState, LocalFleet
 from musubi.store.rundir import default_run_dir, env_record, run_record, write_json
 
 log = logging.getLogger("musubi.fleet")
@@ -126,7 +126,11 @@ def _finish(spec: FleetSpec, run_dir: Path, console: Console) -> None:
     """Leaderboard, export of the top-k and registration (jobs that ended well only)."""
     from musubi.fleet.ship import ship
 
-    ship(spec, run_dir, console)
+    try:
+        ship(spec, run_dir, console)
+    except ConfigError as e:  # the jobs' results stand; say what could not be shipped
+        log.warning("leaderboard/export/registry: %s", e)
+        console.print(f"leaderboard/export/registry: {e}", highlight=False, markup=False)
 
 
 __all__ = ["CommandJob", "FleetRequest", "run_fleet"]

@@ -24,10 +24,18 @@ def ship(spec: FleetSpec, run_dir: Path, console: Console) -> list[dict]:
     ranked = [r for r in rows if r.get("rank") is not None]
     for row in ranked[: lb.export_top]:
         job_dir = run_dir / row["job"]
+        if (job_dir / "export" / "registered.json").is_file():
+            continue  # exported and registered by an earlier pass of this run (--resume)
         try:
-            export_job(job_dir)
+            if row.get("kind") == "external":
+                if not (job_dir / "model.onnx").is_file():
+                    console.print(f"{row['job']}: external job wrote no model.onnx: nothing to register",
+                                  highlight=False, markup=False)
+                    continue
+            else:
+                export_job(job_dir)
             entry = register(job_dir)
-            promote(entry["name"], entry["version"], db=None, run_dir=run_dir)
+            promote(entry["name"], entry["version"], run_dir=run_dir)
         except ConfigError as e:  # one job that cannot be exported does not sink the fleet
             log.warning("export/registration of %s failed: %s", row["job"], e)
             console.print(f"export of {row['job']} failed: {e}", highlight=False, markup=False)

@@ -1,0 +1,263 @@
+"""Thin typer commands: `musubi leaderboard`, `export`, `evaluate` and the `registry` group.
+
+Every string that came from a run directory or an external program is printed
+as plain text (rich markup off, table cells as Text), so a job or metric named
+`[red]x` or `<b>` shows as written.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from musubi.config.errors import ConfigError
+
+registry_app = typer.Typer(add_completion=False, no_args_is_help=True,
+                           help="Registered models: list, register, promote, deployment manifest.")
+
+_DB_HELP = "Registry database (default runs/musubi.db)."
+
+
+def _fail(message: str, code: int = 2) -> None:
+    err = Console(stderr=True, soft_wrap=True)
+    err.print(Text("error: ", style="bold red") + Text(message), highlight=False)
+    raise typer.Exit(code)
+
+
+def _fmt(value: Any, digits: int = 4) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.{digits}g}"
+    return str(value)
+
+
+def _print_json(data: Any) -> None:
+    print(json.dumps(data, indent=1, default=str))
+
+
+# -- leaderboard ----------------------------------------------------------------
+def leaderboard_table(board: dict[str, Any]) -> Table:
+    """A rich table of leaderboard rows (every cell plain Text: no markup from job names)."""
+    table = Table(title=Text(f"{board.get('formula', '')}; {board.get('fps_normalisation', '')}"),
+                  title_justify="left")
+    for col in ("rank", "job", "model", "metric", "quality", "fps", "runtime", "fps_norm", "score", "note"):
+        table.add_column(col, justify="right" if col in ("rank", "quality", "fps", "fps_norm", "score") else "left")
+    for r in board.get("rows", []):
+        cells = [_fmt(r.get("rank")), r.get("job"), r.get("model") or r.get("kind"), r.get("metric"),
+                 _fmt(r.get("quality")), _fmt(r.get("fps")), r.get("fps_runtime"), _fmt(r.get("fps_norm"), 3),
+                 _fmt(r.get("score")), r.get("reason") or ""]
+        table.add_row(*(Text(_fmt(c) if not isinstance(c, str) else c) for c in cells))
+    return table
+
+
+def print_leaderboard(run_dir: Path, console: Console | None = None) -> None:
+    """Print RUN/leaderboard.json as a table (and its warning, if any)."""
+    from musubi.evaluate.leaderboard import read_leaderboard
+
+    console = console or Console()
+    board = read_leaderboard(run_dir)
+    console.print(leaderboard_table(board))
+    if board.get("warning"):
+        console.print(Text(f"warning: {board['warning']}", style="yellow"))
+
+
+def _weights(text: str) -> tuple[float, float]:
+    try:
+        q, f = (float(x) for x in text.split(","))
+    except ValueError:
+        raise ConfigError(f"--weights {text!r}: give two numbers, quality and fps, e.g. 0.7,0.3") from None
+    return q, f
+
+
+def leaderboard_command(
+    run_dir: Path = typer.Argument(..., help="Run directory (RUN/ with one folder per job)."),
+    as_json: bool = typer.Option(False, "--json", help="Print leaderboard.json instead of a table."),
+    weights: str = typer.Option("0.7,0.3", "--weights", help="Quality and FPS weights: score = wq x quality + "
+                                "wf x fps_norm."),
+    fps_target: float | None = typer.Option(None, "--fps-target", help="Normalise FPS by this target "
+                                            "(min(1, fps/target)) instead of the fleet's best."),
+) -> None:
+    """Rank the jobs of a run (0.7 x mAP50/top-1/val_acc + 0.3 x normalised FPS); writes RUN/leaderboard.json."""
+    from musubi.evaluate.leaderboard import build_leaderboard, read_leaderboard
+
+    try:
+        build_leaderboard(run_dir, weights=_weights(weights), fps_target=fps_target)
+        board = read_leaderboard(run_dir)
+    except ConfigError as e:
+        _fail(str(e))
+        return
+    if as_json:
+        _print_json(board)
+        return
+    print_leaderboard(run_dir)
+
+
+# -- export and evaluate --------------------------------------------------------
+def export_command(
+    job_dir: Path = typer.Argument(..., help="Job directory (RUN/JOB) with a committed checkpoint."),
+    format_: str = typer.Option("onnx", "--format", help="Export format (onnx)."),
+    opset: int = typer.Option(17, "--opset", help="ONNX opset."),
+    exporter: str = typer.Option("auto", "--exporter", help="auto, torchscript (dynamo=False) or dynamo."),
+) -> None:
+    """Export a job's model to JOB/export/model.onnx, checked against torch with ONNX Runtime; exit 1 if they differ."""
+    from musubi.evaluate.onnx_export import ParityError, export_job
+
+    if format_ != "onnx":
+        _fail(f"--format {format_!r}: only onnx is supported")
+    try:
+        record = export_job(job_dir, opset=opset, exporter=exporter)
+    except ParityError as e:
+        _fail(str(e), 1)
+        return
+    except ConfigError as e:
+        _fail(str(e))
+        return
+    parity = record["parity"]
+    figures = ", ".join(f"{k} {_fmt(parity[k], 3)}" for k in
+                        ("max_abs_diff", "argmax_agreement", "matched", "max_box_diff_px", "max_score_diff")
+                        if k in parity)
+    Console().print(Text(f"{job_dir / 'export' / record['file']}  opset {record['opset']} ({record['exporter']}), "
+                         f"sha256 {record['sha256'][:16]}..., parity ok on {parity.get('inputs')} input(s): "
+                         f"{figures}"), highlight=False)
+
+
+def evaluate_command(
+    job_dir: Path = typer.Argument(..., help="Job directory (RUN/JOB), a Musubi task job or an external job."),
+    device: str | None = typer.Option(None, "--device", help="cpu, cuda or cuda:N (default: a GPU if visible)."),
+    export: bool = typer.Option(False, "--export", help="Also export to ONNX and time ONNX Runtime."),
+    runs: int | None = typer.Option(None, "--runs", help="Timed runs (default 100 on a GPU, 10 on the CPU)."),
+    warmup: int | None = typer.Option(None, "--warmup", help="Untimed warm-up runs (default 10 GPU, 3 CPU)."),
+) -> None:
+    """Measure a job's FPS by the documented protocol and update its eval.json."""
+    from musubi.evaluate.job_eval import evaluate_job
+
+    try:
+        record = evaluate_job(job_dir, device=device, export=export, fps_runs=runs, fps_warmup=warmup)
+    except ConfigError as e:
+        _fail(str(e))
+        return
+    fps = record.get("fps") or {}
+    line = (f"{job_dir.name}: {fps.get('fps', 0):.1f} fps ({fps.get('runtime')}, {fps.get('device_name')}, "
+            f"median {fps.get('median_ms', 0):.2f} ms of {fps.get('runs')})" if fps else
+            f"{job_dir.name}: no fps ({record.get('fps_missing')})")
+    Console().print(Text(line), highlight=False)
+
+
+# -- registry -------------------------------------------------------------------
+def registry_table(entries: list[dict[str, Any]]) -> Table:
+    """A rich table of registry entries (plain Text cells)."""
+    table = Table()
+    for col in ("name", "version", "promoted", "model", "metric", "fps", "dataset", "sha256", "job"):
+        table.add_column(col)
+    for e in entries:
+        metric = e.get("primary_metric")
+        value = (e.get("metrics") or {}).get(metric) if metric else None
+        fps = (e.get("fps") or {}).get("fps")
+        model = e["files"][0] if e.get("files") else {}
+        table.add_row(*(Text(str(c)) for c in (
+            e["name"], e["version"], "yes" if e["promoted"] else "", e["input"].get("model") or e["input"].get("task"),
+            f"{metric} {_fmt(value)}" if metric else "-", _fmt(fps), e.get("dataset_hash") or "-",
+            (model.get("sha256") or "")[:12], e["job_dir"])))
+    return table
+
+
+@registry_app.command("list")
+def registry_list(
+    db: Path | None = typer.Option(None, "--db", help=_DB_HELP),
+    name: str | None = typer.Option(None, "--name", help="Only this model's versions."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """List registered models and versions (promoted ones marked)."""
+    from musubi.store.registry import list_models
+
+    try:
+        entries = list_models(db=db, name=name)
+    except ConfigError as e:
+        _fail(str(e))
+        return
+    if as_json:
+        _print_json(entries)
+    elif not entries:
+        Console().print(Text("no registered models"))
+    else:
+        Console().print(registry_table(entries))
+
+
+@registry_app.command("register")
+def registry_register(
+    job_dir: Path = typer.Argument(..., help="Job directory with export/model.onnx (or an external model.onnx)."),
+    name: str | None = typer.Option(None, "--name", help="Model name (default: the job name)."),
+    db: Path | None = typer.Option(None, "--db", help="Registry database (default: musubi.db beside the run)."),
+) -> None:
+    """Register a job's exported model as the next version of its name."""
+    from musubi.store.registry import register
+
+    try:
+        entry = register(job_dir, name=name, db=db)
+    except ConfigError as e:
+        _fail(str(e))
+        return
+    Console().print(Text(f"registered {entry['name']} v{entry['version']} ({entry['files'][0]['sha256'][:12]})"))
+
+
+@registry_app.command("promote")
+def registry_promote(
+    name: str = typer.Argument(..., help="Model name."),
+    version: int = typer.Argument(..., help="Version to promote (the name's others are demoted)."),
+    db: Path | None = typer.Option(None, "--db", help=_DB_HELP),
+    manifest: Path | None = typer.Option(None, "--manifest", help="Deployment manifest to rewrite "
+                                         "(default: manifest.json beside the database)."),
+) -> None:
+    """Promote a model version for deployment and rewrite the deployment manifest."""
+    from musubi.store.registry import promote, resolve_db, write_manifest
+
+    try:
+        path = resolve_db(db)
+        promote(name, version, db=path)
+        out = manifest or path.parent / "manifest.json"
+        data = write_manifest(out, db=path)
+    except ConfigError as e:
+        _fail(str(e))
+        return
+    Console().print(Text(f"promoted {name} v{version}; {out} lists {len(data['models'])} model(s)"))
+
+
+@registry_app.command("manifest")
+def registry_manifest(
+    db: Path | None = typer.Option(None, "--db", help=_DB_HELP),
+    out: Path | None = typer.Option(None, "-o", "--out", help="Output (default: manifest.json beside the database)."),
+) -> None:
+    """Write the deployment manifest: promoted models, files with sha256, input spec, measured FPS."""
+    from musubi.store.registry import resolve_db, write_manifest
+
+    try:
+        path = resolve_db(db)
+        target = out or path.parent / "manifest.json"
+        data = write_manifest(target, db=path)
+    except ConfigError as e:
+        _fail(str(e))
+        return
+    Console().print(Text(f"{target}: {len(data['models'])} promoted model(s)"))
+
+
+@registry_app.command("rebuild")
+def registry_rebuild(
+    runs_root: Path = typer.Argument(Path("runs"), help="Folder holding the run directories."),
+    db: Path | None = typer.Option(None, "--db", help="Database to rebuild (default RUNS_ROOT/musubi.db)."),
+) -> None:
+    """Restore the registry from the run directories (each job's export/registered.json)."""
+    from musubi.store.registry import rebuild_registry
+
+    try:
+        count = rebuild_registry(runs_root, db=db)
+    except ConfigError as e:
+        _fail(str(e))
+        return
+    Console().print(Text(f"restored {count} registry entr{'y' if count == 1 else 'ies'}"))

@@ -1,0 +1,171 @@
+"""What to trace for ONNX and what its input means, per task (classification, detection, lm, user tasks)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+from torch import Tensor, nn
+
+from musubi.config.errors import ConfigError
+from musubi.evaluate.model_io import JobModel
+
+#: How parity is judged: element-wise on one output tensor, or detection by detection.
+CompareKind = Literal["tensor", "detections"]
+
+#: ImageNet statistics (the normalisation of torchvision models and of image-folder data).
+IMAGENET_MEAN = [0.485, 0.456, 0.406]
+IMAGENET_STD = [0.229, 0.224, 0.225]
+
+
+class DetectorForExport(nn.Module):
+    """A torchvision detector as a tensor function: images [1,3,H,W] -> boxes [N,4], scores [N], labels [N]."""
+
+    def __init__(self, detector: nn.Module) -> None:
+        super().__init__()
+        self.detector = detector
+
+    def forward(self, images: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        # torchvision detectors take a list of images and loop over it in Python: tracing fixes the
+        # count, so the exported graph takes exactly one image.
+        det = self.detector(list(images.unbind(0)))[0]
+        return det["boxes"], det["scores"], det["labels"]
+
+
+class LogitsOnly(nn.Module):
+    """A classifier whose output may be a namedtuple (GoogLeNet/Inception): keep the logits tensor."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: Tensor) -> Tensor:
+        out = self.model(x)
+        return out.logits if hasattr(out, "logits") else out
+
+
+@dataclass
+class ExportPlan:
+    """The module torch.onnx.export traces, its input/output names and axes, and the input's meaning."""
+
+    module: nn.Module
+    input_name: str
+    output_names: list[str]
+    #: Symbolic axes per input/output name (torch.onnx's dynamic_axes).
+    dynamic_axes: dict[str, dict[int, str]]
+    compare: CompareKind
+    #: Host batch (as the task collates it) -> the exported graph's input tensor.
+    to_input: Callable[[Any], Tensor]
+    #: Exporters to try, in order: "torchscript" (torch.onnx.export(dynamo=False)) or "dynamo".
+    exporters: list[str]
+    #: dtype, layout, value range and normalisation of the input (the deployment manifest's input spec).
+    input_info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def dynamic_batch(self) -> bool:
+        """Whether the input's batch axis is symbolic."""
+        return 0 in self.dynamic_axes.get(self.input_name, {})
+
+
+def _dtype_name(t: Tensor) -> str:
+    return str(t.dtype).removeprefix("torch.")
+
+
+def _batch_axes(names: list[str]) -> dict[str, dict[int, str]]:
+    return {n: {0: "batch"} for n in names}
+
+
+def export_plan(job: JobModel) -> ExportPlan:
+    """The export plan for a job's task (ConfigError when its inputs are not one tensor)."""
+    spec = job.spec
+    if spec.task == "detection":
+        size = job.task.image_size  # type: ignore[attr-defined]
+        return ExportPlan(
+            module=DetectorForExport(job.model).eval(),
+            input_name="images",
+            output_names=["boxes", "scores", "labels"],
+            # The detector resizes inside the graph, so any height/width works; one image per call.
+            dynamic_axes={"images": {2: "height", 3: "width"}, "boxes": {0: "detections"},
+                          "scores": {0: "detections"}, "labels": {0: "detections"}},
+            compare="detections",
+            to_input=lambda batch: batch[0][0][None],
+            # The dynamo exporter fails on torchvision detectors (data-dependent control flow).
+            exporters=["torchscript"],
+            input_info={
+                "layout": "NCHW, RGB", "dtype": "float32", "batch": 1,
+                "size": [size, size] if size else None,
+                "range": "[0, 1] (pixel / 255)",
+                "normalisation": f"inside the model: (x - mean) / std, mean={IMAGENET_MEAN}, std={IMAGENET_STD}, "
+                                 "then resized to the model's min_size..max_size",
+                "outputs": "boxes [N,4] xyxy in input pixels, scores [N], labels [N] (1..classes; 0 is background)",
+            },
+        )
+    if spec.task == "classification":
+        size = job.task.image_size()  # type: ignore[attr-defined]
+        on_disk = spec.data.synthetic is None
+        norm = (f"before the model: resize + centre crop to {size}, x / 255, then (x - mean) / std, "
+                f"mean={IMAGENET_MEAN}, std={IMAGENET_STD}" if on_disk else
+                "none: synthetic images are fed as generated (class pattern + Gaussian noise, unbounded floats)")
+        return ExportPlan(
+            module=LogitsOnly(job.model).eval(),
+            input_name="images",
+            output_names=["logits"],
+            dynamic_axes=_batch_axes(["images", "logits"]),
+            compare="tensor",
+            to_input=lambda batch: batch[0],
+            exporters=["torchscript", "dynamo"],
+            input_info={"layout": "NCHW, RGB", "dtype": "float32", "size": [size, size],
+                        "range": "[0, 1] before normalisation" if on_disk else "unbounded",
+                        "normalisation": norm, "outputs": "logits [B, classes]"},
+        )
+    if spec.task == "lm":
+        vocab = job.task.vocab()  # type: ignore[attr-defined]
+        return ExportPlan(
+            module=job.model,
+            input_name="tokens",
+            output_names=["logits"],
+            dynamic_axes=_batch_axes(["tokens", "logits"]),
+            compare="tensor",
+            to_input=lambda batch: batch[0],
+            exporters=["torchscript", "dynamo"],
+            input_info={"layout": "[B, T] token ids", "dtype": "int64",
+                        "seq_len": job.task.seq_len(),  # type: ignore[attr-defined]
+                        "range": f"[0, {vocab})",
+                        "normalisation": "none (byte-level tokens for text files)" if spec.data.synthetic is None
+                        else "none (synthetic token ids)",
+                        "outputs": "next-token logits [B, T, vocab]"},
+        )
+    return _user_task_plan(job)
+
+
+def _user_task_plan(job: JobModel) -> ExportPlan:
+    """User tasks: exported when the batch's first element is the model's only input tensor."""
+    from musubi.evaluate.model_io import sample_batch
+
+    batch = sample_batch(job.task, 1)
+    first = batch[0] if isinstance(batch, (list, tuple)) and batch else None
+    if not isinstance(first, Tensor):
+        raise ConfigError(
+            f"export: task {job.spec.task!r} batches are not (tensor, ...); only tasks whose model takes the "
+            "batch's first tensor can be exported to ONNX"
+        )
+    with torch.no_grad():
+        out = job.model(first)
+    if not isinstance(out, Tensor):
+        raise ConfigError(
+            f"export: the model of task {job.spec.task!r} returns {type(out).__name__}, not a tensor; "
+            "wrap it to return one tensor to export it"
+        )
+    return ExportPlan(
+        module=job.model,
+        input_name="input",
+        output_names=["output"],
+        dynamic_axes=_batch_axes(["input", "output"]),
+        compare="tensor",
+        to_input=lambda b: b[0],
+        exporters=["torchscript", "dynamo"],
+        input_info={"dtype": _dtype_name(first), "shape_per_sample": list(first.shape[1:]),
+                    "normalisation": "as the task's data set produces it"},
+    )

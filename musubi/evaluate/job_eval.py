@@ -1,0 +1,119 @@
+"""The per-job evaluation step the fleet runs after training: metrics, FPS by the protocol, optional export.
+
+Task jobs: the validation metrics come from the runtime's eval.json; FPS is
+measured here through torch on the job's device (the headline figure, the same
+runtime for every task job of a fleet), and through ONNX Runtime when the model
+is exported. External jobs: their eval.json is validated and used as is; FPS is
+measured with ONNX Runtime on their model.onnx only when they reported none.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+from typing import Any
+
+from musubi.config.errors import ConfigError
+from musubi.store.rundir import read_json, write_json
+
+EVAL_FILE = "eval.json"
+
+
+def _read_eval(path: Path) -> dict[str, Any]:
+    """The runtime's eval.json of a task job ({} when validation did not run)."""
+    if not path.is_file():
+        return {}
+    try:
+        data = read_json(path)
+    except (OSError, ValueError):
+        raise ConfigError(f"{path}: not readable JSON; re-run the job's validation or delete the file") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be an object with a \"metrics\" key")
+    return data
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat()
+
+
+def evaluate_task_job(job_dir: Path, device: str | None, export: bool, fps_runs: int | None,
+                      fps_warmup: int | None) -> dict[str, Any]:
+    """FPS (torch, then ONNX Runtime if exported) of a Musubi task job; eval.json updated."""
+    from musubi.evaluate.export_plan import export_plan
+    from musubi.evaluate.fps import onnx_fps, torch_fps
+    from musubi.evaluate.model_io import load_job_model, sample_batch
+    from musubi.evaluate.onnx_export import ONNX_FILE, export_loaded
+
+    path = job_dir / EVAL_FILE
+    record = _read_eval(path)
+    job = load_job_model(job_dir)
+    record.setdefault("metrics", {})
+    record.setdefault("primary_metric", job.task.primary_metric)
+    record["kind"] = "task"
+    fps_all: dict[str, Any] = {}
+    exported = None
+    if export:
+        try:
+            exported = export_loaded(job)
+            record["export"] = {"file": f"export/{exported['file']}", "sha256": exported["sha256"],
+                                "opset": exported["opset"], "parity_ok": exported["parity"]["ok"]}
+        except ConfigError as e:  # a model that does not export is still measured and ranked
+            record["export"] = {"error": str(e)}
+    headline = torch_fps(job, device, fps_warmup, fps_runs)
+    fps_all[headline["runtime"]] = headline
+    if exported is not None:
+        plan = export_plan(job)
+        feeds = {plan.input_name: plan.to_input(sample_batch(job.task, 1)).numpy()}
+        ort = onnx_fps(job_dir / "export" / ONNX_FILE, feeds, device, fps_warmup, fps_runs)
+        fps_all[ort["runtime"]] = ort
+    record.update(fps=headline, fps_all=fps_all, checkpoint_step=job.step, evaluated=_now())
+    write_json(path, record)
+    return record
+
+
+def evaluate_external_job(job_dir: Path, device: str | None, fps_runs: int | None,
+                          fps_warmup: int | None) -> dict[str, Any]:
+    """Validate an external job's eval.json; measure FPS on its model.onnx if it reported none."""
+    from musubi.evaluate.external import read_external_eval
+
+    path = job_dir / EVAL_FILE
+    record = read_external_eval(path)
+    record["kind"] = "external"
+    model = job_dir / "model.onnx"
+    fps = record.get("fps")
+    if fps is not None:
+        fps.setdefault("runtime", "reported by the external program")
+        fps.setdefault("protocol", "the external program's own (not verified by Musubi)")
+    elif model.is_file():
+        from musubi.evaluate.fps import onnx_fps
+
+        try:
+            record["fps"] = onnx_fps(model, None, device, fps_warmup, fps_runs, record.get("input_shape"))
+        except ConfigError as e:
+            # Not the job's fault that its graph has axes we cannot fill: ranked without FPS, reason kept.
+            record["fps_missing"] = f"{model}: {e}"
+    else:
+        record["fps_missing"] = "the external program reported no fps and wrote no model.onnx"
+    record["evaluated"] = _now()
+    write_json(path, record)
+    return record
+
+
+def evaluate_job(job_dir: Path, device: str | None = None, export: bool = False, fps_runs: int | None = None,
+                 fps_warmup: int | None = None) -> dict[str, Any]:
+    """Evaluate one finished job (task or external) and rewrite its eval.json with "fps"; return the record.
+
+    `device`: cpu, cuda or cuda:N (default: a GPU if visible). `fps_runs`/`fps_warmup`: timed and
+    untimed runs (default 100/10 on a GPU, 10/3 on the CPU). `export`: also write export/model.onnx
+    (parity-checked) and time it with ONNX Runtime.
+    """
+    from musubi.evaluate.model_io import is_task_job
+
+    job_dir = Path(job_dir)
+    if not job_dir.is_dir():
+        raise ConfigError(f"{job_dir}: no such job directory")
+    if is_task_job(job_dir):
+        return evaluate_task_job(job_dir, device, export, fps_runs, fps_warmup)
+    if not (job_dir / EVAL_FILE).is_file() and not (job_dir / "job.json").is_file():
+        raise ConfigError(f"{job_dir}: neither job.json nor eval.json; not a job directory")
+    return evaluate_external_job(job_dir, device, fps_runs, fps_warmup)

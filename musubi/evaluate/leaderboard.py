@@ -1,0 +1,181 @@
+"""The fleet's leaderboard: every job of a run directory, scored and ranked, written to RUN/leaderboard.json.
+
+Jobs that cannot be scored (failed, no metrics, no FPS while FPS has weight)
+are listed after the ranked ones with `rank: null` and a `reason`. Equal
+scores share a rank (1, 2, 2, 4), ties listed by quality then name. No torch.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import re
+import sqlite3
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from musubi.config.errors import ConfigError
+from musubi.evaluate.score import (
+    QUALITY_BY_TASK,
+    ScoreRule,
+    Unscorable,
+    composite,
+    fps_base,
+    fps_norm,
+    fps_value,
+    quality_metric,
+    quality_value,
+)
+from musubi.store.rundir import read_json, write_json
+
+log = logging.getLogger("musubi.evaluate")
+
+LEADERBOARD_FILE = "leaderboard.json"
+#: Scores equal to this many decimals are a tie (0.7 x 0.5 + 0.3 x 1.0 must tie 0.65 exactly).
+_TIE_DECIMALS = 9
+#: Folders a failed attempt is moved to by the fleet (not jobs of their own).
+_ATTEMPT_RE = re.compile(r"\.attempt\d+$")
+
+
+@dataclass
+class JobResult:
+    """What the leaderboard knows of one job before scoring."""
+
+    job: str
+    kind: str  # task | external
+    status: str  # done | failed | running | ... | unknown
+    task: str | None = None
+    model: str | None = None
+    record: dict[str, Any] = field(default_factory=dict)  # eval.json ({} when absent)
+    problem: str | None = None  # why it cannot be scored even before looking at metrics
+
+
+def _read(path: Path) -> tuple[Any, str | None]:
+    if not path.is_file():
+        return None, None
+    try:
+        return read_json(path), None
+    except (OSError, ValueError):
+        return None, f"{path.name} is not readable JSON"
+
+
+def _fleet_states(run_dir: Path) -> dict[str, dict[str, Any]] | None:
+    """Job states from RUN/fleet.json (written by `musubi run`), or None for a `musubi train` run."""
+    data, _ = _read(run_dir / "fleet.json")
+    jobs = data.get("jobs") if isinstance(data, dict) else None
+    return jobs if isinstance(jobs, dict) else None
+
+
+def collect_jobs(run_dir: Path) -> list[JobResult]:
+    """Every job of a run directory with its status and eval.json."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise ConfigError(f"{run_dir}: no such run directory")
+    states = _fleet_states(run_dir)
+    if states is not None:
+        names = sorted(states)
+    else:
+        names = sorted(p.name for p in run_dir.iterdir() if p.is_dir() and not _ATTEMPT_RE.search(p.name)
+                       and ((p / "job.json").is_file() or (p / "eval.json").is_file()))
+    return [_job_result(run_dir / name, (states or {}).get(name)) for name in names]
+
+
+def _job_result(job_dir: Path, state: dict[str, Any] | None) -> JobResult:
+    job_record, job_problem = _read(job_dir / "job.json")
+    job_record = job_record if isinstance(job_record, dict) else {}
+    config = job_record.get("config") if isinstance(job_record.get("config"), dict) else {}
+    kind = "task" if "task" in config else "external"
+    status = str((state or {}).get("state") or job_record.get("status") or "unknown")
+    record, eval_problem = _read(job_dir / "eval.json")
+    result = JobResult(job_dir.name, kind, status, config.get("task"), config.get("model"),
+                       record if isinstance(record, dict) else {})
+    if status == "failed":
+        causes = (state or {}).get("causes") or []
+        history = job_record.get("history") or [{}]
+        why = causes[-1] if causes else history[-1].get("error") if isinstance(history[-1], dict) else None
+        result.problem = f"failed: {why}" if why else "failed"
+    elif eval_problem or job_problem:
+        result.problem = eval_problem or job_problem
+    elif not result.record:
+        result.problem = f"no eval.json (status {status})"
+    return result
+
+
+def rank_jobs(jobs: list[JobResult], rule: ScoreRule) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Score and rank jobs: (rows, header stating the formula and the FPS normalisation)."""
+    rows: list[dict[str, Any]] = []
+    for j in jobs:
+        row: dict[str, Any] = {"rank": None, "job": j.job, "kind": j.kind, "task": j.task, "model": j.model,
+                               "status": j.status, "metric": None, "quality": None, "fps": fps_value(j.record),
+                               "fps_norm": None, "score": None, "reason": j.problem}
+        fps = j.record.get("fps")
+        if isinstance(fps, dict):
+            row["fps_runtime"], row["fps_device"] = fps.get("runtime"), fps.get("device_name") or fps.get("device")
+        row["metrics"] = j.record.get("metrics") if isinstance(j.record.get("metrics"), dict) else {}
+        if j.problem is None:
+            try:
+                row["metric"] = quality_metric(j.task, j.record)
+                row["quality"] = quality_value(row["metric"], j.record)
+                if rule.fps_weight > 0 and row["fps"] is None:
+                    raise Unscorable(str(j.record.get("fps_missing") or "no FPS measured (run the evaluation step)"))
+            except Unscorable as e:
+                row["reason"] = str(e)
+        rows.append(row)
+    scorable = [r for r in rows if r["reason"] is None]
+    with_fps = [r for r in scorable if r["fps"] is not None]
+    base = fps_base(rule, [r["fps"] for r in with_fps])
+    best = max(with_fps, key=lambda r: r["fps"])["job"] if with_fps and rule.fps_target is None else None
+    for r in scorable:
+        if r["fps"] is not None and base is not None:
+            r["fps_norm"] = fps_norm(rule, r["fps"], base)
+        r["score"] = composite(rule, r["quality"], r["fps_norm"])
+    scorable.sort(key=lambda r: (-round(r["score"], _TIE_DECIMALS), -r["quality"], r["job"]))
+    previous: tuple[float, int] | None = None
+    for position, r in enumerate(scorable, start=1):
+        key = round(r["score"], _TIE_DECIMALS)
+        r["rank"] = previous[1] if previous is not None and previous[0] == key else position
+        previous = (key, r["rank"])
+    unscored = sorted((r for r in rows if r["reason"] is not None), key=lambda r: r["job"])
+    runtimes = sorted({str(r.get("fps_runtime")) for r in scorable if r["fps"] is not None})
+    header: dict[str, Any] = {
+        "formula": rule.formula,
+        "weights": {"quality": rule.quality_weight, "fps": rule.fps_weight},
+        "fps_target": rule.fps_target,
+        "fps_base": base,
+        "fps_normalisation": rule.normalisation(base, best),
+        "quality_metrics": {**QUALITY_BY_TASK, "other": "the job's primary_metric (a fraction in [0, 1])"},
+    }
+    if rule.fps_weight > 0 and len(runtimes) > 1:
+        header["warning"] = f"FPS measured with different runtimes ({', '.join(runtimes)}): the FPS term compares " \
+                            "unlike figures"
+    return scorable + unscored, header
+
+
+def build_leaderboard(run_dir: Path, weights: tuple[float, float] = (0.7, 0.3), fps_target: float | None = None,
+                      history: bool = True) -> list[dict[str, Any]]:
+    """Rank a run's jobs, write RUN/leaderboard.json (and the store's history); return the rows."""
+    run_dir = Path(run_dir)
+    if len(weights) != 2:
+        raise ConfigError(f"leaderboard: weights {weights!r}: give two numbers (quality, fps)")
+    rule = ScoreRule(float(weights[0]), float(weights[1]), fps_target)
+    rows, header = rank_jobs(collect_jobs(run_dir), rule)
+    header["created"] = dt.datetime.now(dt.timezone.utc).isoformat()
+    write_json(run_dir / LEADERBOARD_FILE, {**header, "rows": rows})
+    if history:
+        from musubi.store.registry import record_leaderboard
+
+        try:
+            record_leaderboard(run_dir, rows)
+        except (ConfigError, OSError, sqlite3.Error) as e:  # the file is the result; history a convenience
+            log.warning("leaderboard history not recorded: %s", e)
+    return rows
+
+
+def read_leaderboard(run_dir: Path) -> dict[str, Any]:
+    """RUN/leaderboard.json as written by build_leaderboard (ConfigError if absent or unreadable)."""
+    path = Path(run_dir) / LEADERBOARD_FILE
+    data, problem = _read(path)
+    if problem or not isinstance(data, dict) or not isinstance(data.get("rows"), list):
+        raise ConfigError(f"{path}: missing or unreadable; run `musubi leaderboard {run_dir}` to build it")
+    return data

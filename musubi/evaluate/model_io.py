@@ -1,0 +1,99 @@
+"""Rebuild a trained job's model: job.json's resolved config + the newest committed checkpoint."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from musubi.config.errors import ConfigError
+from musubi.config.job import JobSpec
+from musubi.config.load import job_from_dict
+from musubi.runtime.checkpoint import latest_checkpoint, read_full_state
+from musubi.store.rundir import read_json
+from musubi.tasks.base import Task
+from musubi.tasks.registry import build_task
+
+
+@dataclass
+class JobModel:
+    """A job's task and its model (eval mode, CPU) loaded from a committed checkpoint."""
+
+    job_dir: Path
+    spec: JobSpec
+    task: Task
+    model: nn.Module
+    checkpoint: Path
+    step: int
+
+
+def is_task_job(job_dir: Path) -> bool:
+    """True when job.json holds a Musubi task config (not an external command job)."""
+    record = _job_record(job_dir)
+    config = record.get("config") if isinstance(record, dict) else None
+    return isinstance(config, dict) and "task" in config and "command" not in config
+
+
+def _job_record(job_dir: Path) -> dict[str, Any]:
+    path = job_dir / "job.json"
+    if not path.is_file():
+        return {}
+    try:
+        data = read_json(path)
+    except (OSError, ValueError):
+        raise ConfigError(f"{path}: not readable JSON; restore it from the run or re-run the job") from None
+    return data if isinstance(data, dict) else {}
+
+
+def read_job_spec(job_dir: Path) -> JobSpec:
+    """The resolved JobSpec recorded in JOB/job.json (ConfigError if absent or invalid)."""
+    path = job_dir / "job.json"
+    config = _job_record(job_dir).get("config")
+    if not isinstance(config, dict):
+        raise ConfigError(f"{path}: no job config (key 'config'); is {job_dir} a Musubi task job directory?")
+    return job_from_dict(config, source=str(path))
+
+
+def load_job_model(job_dir: Path) -> JobModel:
+    """The job's model with the newest committed checkpoint's weights, loaded strictly, in eval mode."""
+    job_dir = Path(job_dir)
+    spec = read_job_spec(job_dir)
+    ckpt = latest_checkpoint(job_dir / "checkpoints")
+    if ckpt is None:
+        raise ConfigError(
+            f"{job_dir / 'checkpoints'}: no committed checkpoint; train the job (checkpoint.enabled: true) first"
+        )
+    task = build_task(spec)
+    model = task.build_model()
+    state = read_full_state(ckpt.path).get("model")
+    if not isinstance(state, dict):
+        raise ConfigError(f"{ckpt.path}: holds no model state; pick another checkpoint")
+    try:
+        model.load_state_dict(state, strict=True)
+    except RuntimeError as e:
+        first = " ".join(str(e).split())[:200]
+        raise ConfigError(
+            f"{ckpt.path}: does not fit the model of job.json ({first}); was job.json edited after training?"
+        ) from None
+    model.eval()
+    return JobModel(job_dir, spec, task, model, ckpt.path, ckpt.step)
+
+
+def sample_batch(task: Task, count: int = 1, start: int = 0) -> Any:
+    """`count` real samples (validation split, else training split) collated into one host batch."""
+    data = task.val_dataset()
+    if data is None or len(data) == 0:  # type: ignore[arg-type]
+        data = task.train_dataset()
+    n = len(data)  # type: ignore[arg-type]
+    if n == 0:
+        raise ConfigError(f"job {task.spec.name!r}: its data set is empty; nothing to run the model on")
+    return task.collate([data[(start + i) % n] for i in range(count)])
+
+
+@torch.no_grad()
+def predict(job: JobModel, batch: Any) -> Any:
+    """The task's evaluation forward on a host batch (CPU)."""
+    return job.task.predict(job.model, batch)

@@ -1,0 +1,248 @@
+"""Export a job's trained model to ONNX and check it against torch with ONNX Runtime on real inputs.
+
+Writes JOB/export/model.onnx and JOB/export/export.json (opset, exporter, inputs
+and outputs, input meaning, parity figures, sha256). The file is written beside
+the old one and renamed into place, so a failed export never destroys an
+earlier good one.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime as dt
+import os
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from musubi.config.errors import ConfigError
+from musubi.evaluate.export_plan import DetectorForExport, ExportPlan, export_plan
+from musubi.evaluate.model_io import JobModel, load_job_model, sample_batch
+from musubi.evaluate.parity import compare_detections, compare_tensors, merge
+from musubi.store.registry import file_sha256
+from musubi.store.rundir import write_json
+
+#: ONNX opset: 17 is what TensorRT 8.5+ (JetPack 5) and ONNX Runtime >= 1.14 all read.
+DEFAULT_OPSET = 17
+#: Real validation samples that torch and ONNX Runtime are compared on.
+DEFAULT_PARITY_INPUTS = 4
+EXPORT_DIR, ONNX_FILE, EXPORT_JSON = "export", "model.onnx", "export.json"
+#: Where an export whose parity check failed is kept (for inspection), beside the last good one.
+FAILED_FILE, FAILED_JSON = "model.parity-failed.onnx", "export-failed.json"
+
+
+class ParityError(ConfigError):
+    """The exported graph's outputs differ from torch's beyond tolerance."""
+
+
+def _one_line(e: BaseException) -> str:
+    text = " ".join(str(e).split()) or type(e).__name__
+    return text[:300]
+
+
+def _export_once(plan: ExportPlan, example: torch.Tensor, path: Path, opset: int, exporter: str) -> None:
+    """One torch.onnx.export call with the given exporter."""
+    # The TorchScript exporter is deprecated upstream but is the one that handles torchvision detectors
+    # (and gives opset 17 exactly); its tracer warnings about Python control flow are expected here.
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        if exporter == "torchscript":
+            torch.onnx.export(
+                plan.module, (example,), str(path), dynamo=False, opset_version=opset,
+                input_names=[plan.input_name], output_names=plan.output_names,
+                dynamic_axes=plan.dynamic_axes or None, do_constant_folding=True,
+            )
+        else:
+            dims = ({0: torch.export.Dim("batch")},) if plan.dynamic_batch else None
+            torch.onnx.export(
+                plan.module, (example,), str(path), dynamo=True, opset_version=opset,
+                input_names=[plan.input_name], output_names=plan.output_names,
+                dynamic_shapes=dims, external_data=False,
+            )
+
+
+def _export(plan: ExportPlan, example: torch.Tensor, path: Path, opset: int, exporters: list[str]) -> str:
+    """Export with the first exporter that succeeds; returns its name (ConfigError if none does)."""
+    errors = []
+    for exporter in exporters:
+        try:
+            _export_once(plan, example, path, opset, exporter)
+            return exporter
+        except Exception as e:  # each exporter fails in its own ways; the next one may not
+            errors.append(f"{exporter}: {_one_line(e)}")
+            path.unlink(missing_ok=True)
+    raise ConfigError(f"export: torch.onnx.export failed ({'; '.join(errors)})")
+
+
+def _graph_io(path: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]], int]:
+    """(inputs, outputs, opset) of an ONNX file, after onnx.checker has accepted it."""
+    import onnx
+
+    model = onnx.load(str(path))
+    try:
+        onnx.checker.check_model(model)
+    except onnx.checker.ValidationError as e:
+        raise ConfigError(f"{path}: the exported graph is not valid ONNX ({_one_line(e)})") from None
+
+    def describe(values: Any) -> list[dict[str, Any]]:
+        out = []
+        for v in values:
+            t = v.type.tensor_type
+            shape = [d.dim_param or d.dim_value for d in t.shape.dim]
+            out.append({"name": v.name, "shape": shape,
+                        "dtype": onnx.helper.tensor_dtype_to_np_dtype(t.elem_type).name})
+        return out
+
+    opset = max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=0)
+    return describe(model.graph.input), describe(model.graph.output), opset
+
+
+def _as_numpy(out: Any) -> list[np.ndarray]:
+    items = out if isinstance(out, (tuple, list)) else [out]
+    return [t.detach().cpu().numpy() for t in items]
+
+
+def check_parity(plan: ExportPlan, path: Path, inputs: list[torch.Tensor]) -> dict[str, Any]:
+    """Run torch and ONNX Runtime (CPU) on the same inputs and compare (see parity.py for tolerances)."""
+    from musubi.evaluate.fps import onnx_session
+
+    session, _ = onnx_session(path, torch.device("cpu"))
+    floor = _score_threshold(plan.module)
+    results = []
+    with torch.no_grad():
+        for x in inputs:
+            ref = _as_numpy(plan.module(x))
+            got = session.run(None, {plan.input_name: x.numpy()})
+            if plan.compare == "detections":
+                results.append(compare_detections(tuple(ref), tuple(got), floor))
+            else:
+                results.append(compare_tensors(ref[0], got[0]))
+    out = merge(results)
+    out["runtime"] = "onnxruntime-cpu vs torch-cpu"
+    return out
+
+
+def _parity_inputs(job: JobModel, plan: ExportPlan, count: int) -> list[torch.Tensor]:
+    """Real samples: one batch of `count` when the batch axis is symbolic (exercising it), else one by one."""
+    if plan.dynamic_batch:
+        return [plan.to_input(sample_batch(job.task, count))]
+    return [plan.to_input(sample_batch(job.task, 1, start=i)) for i in range(count)]
+
+
+def _score_threshold(module: nn.Module) -> float:
+    """A detector's score threshold (torchvision: roi_heads.score_thresh or score_thresh), else 0."""
+    for sub in module.modules():
+        if isinstance(getattr(sub, "score_thresh", None), float):
+            return float(sub.score_thresh)
+    return 0.0
+
+
+def _lower_score_threshold(module: nn.Module) -> bool:
+    """Set a detector's score threshold to 0 (all kept boxes reported); False if it has none."""
+    found = False
+    for sub in module.modules():
+        if hasattr(sub, "score_thresh") and isinstance(sub.score_thresh, float):
+            sub.score_thresh = 0.0
+            found = True
+    return found
+
+
+def _all_scores_parity(plan: ExportPlan, inputs: list[torch.Tensor], opset: int, exporter: str,
+                       tmp: Path) -> dict[str, Any] | None:
+    """Parity of a copy exported with score threshold 0: the whole graph is compared even when a
+    barely trained detector scores every box below the shipped threshold (no detections to compare)."""
+    if not isinstance(plan.module, DetectorForExport):
+        return None
+    module = copy.deepcopy(plan.module).eval()
+    if not _lower_score_threshold(module):
+        return None
+    probe = copy.copy(plan)
+    probe.module = module
+    _export_once(probe, inputs[0], tmp, opset, exporter)
+    try:
+        return check_parity(probe, tmp, inputs)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def export_job(job_dir: Path, opset: int = DEFAULT_OPSET, parity_inputs: int = DEFAULT_PARITY_INPUTS,
+               exporter: str = "auto") -> dict[str, Any]:
+    """Export JOB's newest checkpoint to JOB/export/model.onnx, check parity, write export.json; return it."""
+    if exporter not in ("auto", "torchscript", "dynamo"):
+        raise ConfigError(f"export: exporter {exporter!r}: use auto, torchscript or dynamo")
+    if not 7 <= opset <= 23:
+        raise ConfigError(f"export: opset {opset}: use 7..23 (17 is the default)")
+    return export_loaded(load_job_model(Path(job_dir)), opset, parity_inputs, exporter)
+
+
+def export_loaded(job: JobModel, opset: int = DEFAULT_OPSET, parity_inputs: int = DEFAULT_PARITY_INPUTS,
+                  exporter: str = "auto") -> dict[str, Any]:
+    """`export_job` for a model already loaded (the evaluation step reuses its JobModel)."""
+    t0 = time.perf_counter()
+    plan = export_plan(job)
+    exporters = plan.exporters if exporter == "auto" else [exporter]
+    # Trace with 2 samples where the batch axis is symbolic: a batch of 1 lets the tracer bake in size-1 dims.
+    example = plan.to_input(sample_batch(job.task, 2 if plan.dynamic_batch else 1))
+    out_dir = job.job_dir / EXPORT_DIR
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tmp = out_dir / f".{ONNX_FILE}.{os.getpid()}.tmp"
+    try:
+        used = _export(plan, example, tmp, opset, exporters)
+        inputs, outputs, real_opset = _graph_io(tmp)
+        samples = _parity_inputs(job, plan, max(1, parity_inputs))
+        parity = check_parity(plan, tmp, samples)
+        if plan.compare == "detections" and parity.get("torch_detections", 0) == 0:
+            extra = _all_scores_parity(plan, samples, opset, used, out_dir / f".probe.{os.getpid()}.tmp")
+            if extra is not None:
+                parity["all_scores"] = extra
+                parity["ok"] = bool(parity["ok"] and extra["ok"])
+                parity["note"] = ("no detection passed the score threshold on the parity inputs: the graph was "
+                                  "also compared with the threshold at 0 (all_scores)")
+        final = out_dir / (ONNX_FILE if parity["ok"] else FAILED_FILE)
+        os.replace(tmp, final)
+    finally:
+        tmp.unlink(missing_ok=True)
+    import onnx
+    import onnxruntime
+
+    record = {
+        "format": "onnx",
+        "file": final.name,
+        "sha256": file_sha256(final),
+        "bytes": final.stat().st_size,
+        "opset": real_opset,
+        "exporter": used,
+        "dynamic_batch": plan.dynamic_batch,
+        "inputs": inputs,
+        "outputs": outputs,
+        "input_info": plan.input_info,
+        "parity": parity,
+        "job": job.spec.name,
+        "task": job.spec.task,
+        "model": job.spec.model,
+        "checkpoint": str(job.checkpoint),
+        "step": job.step,
+        "versions": {"torch": torch.__version__, "onnx": onnx.__version__, "onnxruntime": onnxruntime.__version__},
+        "created": dt.datetime.now(dt.timezone.utc).isoformat(),
+        "seconds": round(time.perf_counter() - t0, 2),
+    }
+    if not parity["ok"]:
+        # The earlier model.onnx/export.json (if any) stay: a bad export never replaces a good one.
+        write_json(out_dir / FAILED_JSON, record)
+        raise ParityError(
+            f"{final}: ONNX Runtime disagrees with torch ({_parity_summary(parity)}); kept aside, "
+            f"details in {out_dir / FAILED_JSON}"
+        )
+    write_json(out_dir / EXPORT_JSON, record)
+    return record
+
+
+def _parity_summary(parity: dict[str, Any]) -> str:
+    keys = ("problem", "max_abs_diff", "max_box_diff_px", "max_score_diff", "unmatched")
+    return ", ".join(f"{k} {parity[k]:.3g}" if isinstance(parity.get(k), float) else f"{k} {parity[k]}"
+                     for k in keys if k in parity)

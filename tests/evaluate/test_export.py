@@ -1,0 +1,160 @@
+"""ONNX export and parity: classification and user tasks, a trained detector, failures that keep old files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from musubi.config.errors import ConfigError
+from musubi.evaluate import evaluate_job, export_job
+from musubi.evaluate.onnx_export import ParityError
+from musubi.evaluate.parity import compare_detections, compare_tensors
+from musubi.store.registry import file_sha256
+from tests.evaluate.jobs import CLASSIFY, DETECT, TINY_USER, make_task_job
+
+
+@pytest.fixture(scope="module")
+def cls_job(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_task_job(tmp_path_factory.mktemp("run"), CLASSIFY, steps=2, metrics={"top1": 0.5, "val_loss": 1.0})
+
+
+def test_classifier_export_and_parity(cls_job: Path) -> None:
+    record = export_job(cls_job)
+    onnx_file = cls_job / "export" / "model.onnx"
+    assert json.loads((cls_job / "export" / "export.json").read_text()) == json.loads(json.dumps(record))
+    assert record["sha256"] == file_sha256(onnx_file) and record["bytes"] == onnx_file.stat().st_size
+    assert record["opset"] == 17 and record["exporter"] == "torchscript" and record["dynamic_batch"]
+    assert record["inputs"] == [{"name": "images", "shape": ["batch", 3, 32, 32], "dtype": "float32"}]
+    assert record["outputs"][0]["shape"] == ["batch", 4]
+    parity = record["parity"]
+    assert parity["ok"] and parity["argmax_agreement"] == 1.0 and parity["max_abs_diff"] < 1e-3
+    assert record["input_info"]["normalisation"].startswith("none: synthetic")
+    # The symbolic batch axis really is one: ORT takes 3 images.
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(onnx_file), providers=["CPUExecutionProvider"])
+    assert session.run(None, {"images": np.zeros((3, 3, 32, 32), np.float32)})[0].shape == (3, 4)
+
+
+def test_failed_parity_keeps_the_earlier_export(cls_job: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    if not (cls_job / "export" / "model.onnx").is_file():
+        export_job(cls_job)
+    before = file_sha256(cls_job / "export" / "model.onnx")
+    monkeypatch.setattr("musubi.evaluate.onnx_export.compare_tensors",
+                        lambda ref, got: {"ok": False, "problem": "forced mismatch"})
+    with pytest.raises(ParityError, match="forced mismatch") as info:
+        export_job(cls_job)
+    assert "\n" not in str(info.value)
+    assert file_sha256(cls_job / "export" / "model.onnx") == before
+    assert (cls_job / "export" / "model.parity-failed.onnx").is_file()
+    assert not json.loads((cls_job / "export" / "export-failed.json").read_text())["parity"]["ok"]
+    assert not list((cls_job / "export").glob("*.tmp"))
+
+
+def test_evaluate_job_with_export(cls_job: Path) -> None:
+    record = evaluate_job(cls_job, device="cpu", export=True, fps_runs=3, fps_warmup=1)
+    assert record["metrics"] == {"top1": 0.5, "val_loss": 1.0}  # the runtime's validation metrics kept
+    assert record["kind"] == "task" and record["primary_metric"] == "top1"
+    assert record["fps"]["runtime"] == "torch-cpu" and record["fps"]["runs"] == 3
+    assert set(record["fps_all"]) == {"torch-cpu", "onnxruntime-cpu"}
+    assert record["fps_all"]["onnxruntime-cpu"]["input_shape"] == [1, 3, 32, 32]
+    assert record["export"]["parity_ok"] and record["export"]["file"] == "export/model.onnx"
+    assert json.loads((cls_job / "eval.json").read_text())["fps"]["fps"] == record["fps"]["fps"]
+
+
+def test_user_task_export(tmp_path: Path) -> None:
+    job = make_task_job(tmp_path / "run", TINY_USER, steps=1)
+    record = export_job(job, parity_inputs=3)
+    assert record["inputs"][0]["shape"] == ["batch", 16] and record["parity"]["ok"]
+
+
+def test_export_needs_a_committed_checkpoint(tmp_path: Path) -> None:
+    job = make_task_job(tmp_path / "run", TINY_USER, steps=1)
+    for marker in (job / "checkpoints").glob("*/COMMITTED"):
+        marker.unlink()
+    with pytest.raises(ConfigError, match="no committed checkpoint"):
+        export_job(job)
+    with pytest.raises(ConfigError, match="opset 3"):
+        export_job(job, opset=3)
+
+
+def test_export_refuses_a_foreign_checkpoint(tmp_path: Path) -> None:
+    job = make_task_job(tmp_path / "run", TINY_USER, steps=1)
+    record = json.loads((job / "job.json").read_text())
+    record["config"]["model_args"] = {"hidden": 8}  # job.json edited after training
+    (job / "job.json").write_text(json.dumps(record))
+    with pytest.raises(ConfigError, match="does not fit the model of job.json"):
+        export_job(job)
+
+
+@pytest.mark.slow
+def test_detector_export_parity_and_fps(tmp_path: Path) -> None:
+    """A few train-mode passes, then export: the shipped threshold (0.9) keeps no box, so the graph is
+    also compared at threshold 0, where every image has 100 scored boxes that must match."""
+    job = make_task_job(tmp_path / "run", DETECT, steps=3, metrics={"map50": 0.0, "map": 0.0})
+    record = evaluate_job(job, device="cpu", export=True, fps_runs=2, fps_warmup=1)
+    export = json.loads((job / "export" / "export.json").read_text())
+    assert export["exporter"] == "torchscript" and not export["dynamic_batch"]
+    assert export["inputs"][0]["shape"] == [1, 3, "height", "width"]
+    parity = export["parity"]
+    assert parity["ok"] and parity["torch_detections"] == 0 and "all_scores" in parity
+    full = parity["all_scores"]
+    assert full["ok"] and full["matched"] == full["torch_detections"] > 0 and full["unmatched"] == 0
+    assert full["max_box_diff_px"] < 0.5
+    assert record["fps"]["input_shape"] == [1, 3, 128, 128]
+    assert set(record["fps_all"]) == {"torch-cpu", "onnxruntime-cpu"}
+
+
+def _dets(boxes: list[list[float]], scores: list[float], labels: list[int]) -> tuple[np.ndarray, ...]:
+    return np.array(boxes, np.float32).reshape(-1, 4), np.array(scores, np.float32), np.array(labels, np.int64)
+
+
+def test_detection_matching_rules() -> None:
+    ref = _dets([[0, 0, 10, 10], [20, 20, 40, 40], [50, 50, 60, 60]], [0.9, 0.5, 0.051], [1, 2, 1])
+    assert compare_detections(ref, ref)["ok"]
+    swapped = _dets([[20, 20, 40, 40], [0, 0, 10, 10], [50, 50, 60, 60]], [0.5, 0.9, 0.051], [2, 1, 1])
+    assert compare_detections(ref, swapped)["matched"] == 3  # order does not matter
+    shifted = _dets([[1, 0, 11, 10], [20, 20, 40, 40], [50, 50, 60, 60]], [0.9, 0.5, 0.051], [1, 2, 1])
+    out = compare_detections(ref, shifted)
+    assert not out["ok"] and out["max_box_diff_px"] == 1.0
+    # ORT lost the box scoring 0.051: tolerated next to a 0.05 threshold (a near-tie), not otherwise.
+    lost = _dets([[0, 0, 10, 10], [20, 20, 40, 40]], [0.9, 0.5], [1, 2])
+    assert compare_detections(ref, lost, score_floor=0.05)["ok"]
+    assert not compare_detections(ref, lost, score_floor=0.0)["ok"]
+    assert compare_detections(ref, lost, score_floor=0.0)["unmatched"] == 1
+    # Both sides full (a top-k limit): a different last box at the same score is tolerated.
+    top = _dets([[0, 0, 10, 10], [20, 20, 40, 40], [70, 70, 80, 80]], [0.9, 0.5, 0.051], [1, 2, 1])
+    assert compare_detections(ref, top)["ok"]
+    relabelled = _dets([[0, 0, 10, 10], [20, 20, 40, 40], [50, 50, 60, 60]], [0.9, 0.5, 0.051], [1, 1, 1])
+    assert not compare_detections(ref, relabelled)["ok"]
+
+
+def test_tensor_comparison() -> None:
+    a = np.array([[1.0, 2.0], [3.0, 4.0]], np.float32)
+    assert compare_tensors(a, a + 1e-5)["ok"]
+    out = compare_tensors(a, a[::-1].copy())
+    assert not out["ok"] and out["argmax_agreement"] == 1.0 and out["max_abs_diff"] == 2.0
+    assert compare_tensors(a, a[:1])["problem"].startswith("shape")
+
+
+def test_language_model_export(tmp_path: Path) -> None:
+    lm = {"name": "lm-tiny", "task": "lm", "model": "gpt", "model_args": {"layers": 1, "hidden": 32, "heads": 2},
+          "data": {"synthetic": {"train_size": 8, "val_size": 4, "seq_len": 16, "vocab": 64}, "workers": 0}}
+    job = make_task_job(tmp_path / "run", lm, steps=2, metrics={"val_acc": 0.1, "val_loss": 4.0})
+    record = evaluate_job(job, device="cpu", export=True, fps_runs=2, fps_warmup=0)
+    export = json.loads((job / "export" / "export.json").read_text())
+    assert export["inputs"] == [{"name": "tokens", "shape": ["batch", 16], "dtype": "int64"}]
+    assert export["parity"]["ok"] and export["input_info"]["range"] == "[0, 64)"
+    assert record["fps"]["input_shape"] == [1, 16] and record["primary_metric"] == "val_acc"
+
+
+def test_failed_export_does_not_fail_the_evaluation(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    job = make_task_job(tmp_path / "run", TINY_USER, steps=1, metrics={"acc": 0.5})
+    monkeypatch.setattr("musubi.evaluate.onnx_export.compare_tensors",
+                        lambda ref, got: {"ok": False, "problem": "forced mismatch"})
+    record = evaluate_job(job, device="cpu", export=True, fps_runs=2, fps_warmup=0)
+    assert "forced mismatch" in record["export"]["error"]
+    assert set(record["fps_all"]) == {"torch-cpu"} and record["fps"]["fps"] > 0

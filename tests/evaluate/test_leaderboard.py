@@ -1,0 +1,174 @@
+"""Leaderboard math: hand-computed scores, ties, missing metrics, FPS target, fleet states, history."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from musubi.config.errors import ConfigError
+from musubi.evaluate.leaderboard import build_leaderboard
+from musubi.evaluate.score import ScoreRule, composite, fps_norm
+from musubi.store.registry import leaderboard_history
+from musubi.store.rundir import write_json
+from tests.evaluate.runs import external_job, task_job
+
+
+def by_job(rows: list[dict]) -> dict[str, dict]:
+    return {r["job"]: r for r in rows}
+
+
+def test_default_score_hand_computed(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    task_job(run, "a", metrics={"map50": 0.5}, fps=100.0)
+    task_job(run, "b", metrics={"map50": 0.8}, fps=50.0)
+    task_job(run, "c", task="classification", metrics={"top1": 0.9, "val_loss": 2.0}, fps=25.0)
+    rows = build_leaderboard(run)
+    r = by_job(rows)
+    # best fps 100: a = .7*.5 + .3*1 = .65; b = .7*.8 + .3*.5 = .71; c = .7*.9 + .3*.25 = .705
+    assert r["a"]["score"] == pytest.approx(0.65)
+    assert r["b"]["score"] == pytest.approx(0.71)
+    assert r["c"]["score"] == pytest.approx(0.705)
+    assert [x["job"] for x in rows] == ["b", "c", "a"]
+    assert [x["rank"] for x in rows] == [1, 2, 3]
+    assert r["c"]["metric"] == "top1" and r["a"]["metric"] == "map50"
+    assert r["b"]["fps_norm"] == pytest.approx(0.5)
+    board = json.loads((run / "leaderboard.json").read_text())
+    assert board["formula"] == "score = 0.7 x quality + 0.3 x fps_norm"
+    assert board["fps_normalisation"] == "fps_norm = fps / 100 (best fps of the fleet: a)"
+    assert board["quality_metrics"]["lm"] == "val_acc"
+    assert [x["job"] for x in board["rows"]] == ["b", "c", "a"]
+
+
+def test_ties_share_a_rank(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    task_job(run, "x", metrics={"map50": 0.5}, fps=100.0)  # .35 + .3 = .65
+    task_job(run, "y", metrics={"map50": 0.5 / 0.7}, fps=50.0)  # .5 + .15 = .65 (float noise aside)
+    task_job(run, "w", metrics={"map50": 0.5}, fps=100.0)  # the same as x exactly
+    task_job(run, "z", metrics={"map50": 0.1}, fps=10.0)
+    rows = build_leaderboard(run)
+    # Ties: higher quality first, then by name; equal scores share the rank, the next rank skips.
+    assert [(x["job"], x["rank"]) for x in rows] == [("y", 1), ("w", 1), ("x", 1), ("z", 4)]
+
+
+def test_fps_target_caps_at_one(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    task_job(run, "fast", metrics={"map50": 0.4}, fps=120.0)
+    task_job(run, "slow", metrics={"map50": 0.6}, fps=30.0)
+    rows = by_job(build_leaderboard(run, fps_target=60.0))
+    assert rows["fast"]["fps_norm"] == 1.0  # min(1, 120/60)
+    assert rows["slow"]["fps_norm"] == pytest.approx(0.5)
+    assert rows["fast"]["score"] == pytest.approx(0.7 * 0.4 + 0.3)
+    assert rows["slow"]["score"] == pytest.approx(0.7 * 0.6 + 0.15)
+    board = json.loads((run / "leaderboard.json").read_text())
+    assert board["fps_normalisation"] == "fps_norm = min(1, fps / 60) (configured target fps)"
+    assert board["fps_base"] == 60.0
+
+
+def test_custom_weights(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    task_job(run, "a", metrics={"map50": 0.5}, fps=100.0)
+    task_job(run, "b", metrics={"map50": 0.9}, fps=10.0)
+    rows = by_job(build_leaderboard(run, weights=(0.2, 0.8)))
+    assert rows["a"]["score"] == pytest.approx(0.2 * 0.5 + 0.8)
+    assert rows["b"]["score"] == pytest.approx(0.2 * 0.9 + 0.8 * 0.1)
+    assert rows["a"]["rank"] == 1
+
+
+def test_unscorable_jobs_listed_last_with_reason(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    task_job(run, "good", metrics={"map50": 0.3}, fps=20.0)
+    task_job(run, "no-eval", status="running")
+    task_job(run, "no-gt", metrics={"map50": -1.0}, fps=20.0)
+    task_job(run, "loss-only", task="pkg.mod:make", metrics={"val_loss": 3.2}, fps=20.0, primary="val_loss")
+    task_job(run, "no-fps", metrics={"map50": 0.9})
+    task_job(run, "crashed", metrics={"map50": 0.99}, fps=99.0, status="failed")
+    external_job(run, "ext", {"metrics": {"map50": 0.5}, "fps_missing": "the external program reported no fps"})
+    rows = build_leaderboard(run)
+    assert rows[0]["job"] == "good" and rows[0]["rank"] == 1
+    rest = by_job(rows[1:])
+    assert all(r["rank"] is None and r["score"] is None for r in rest.values())
+    assert [r["job"] for r in rows[1:]] == sorted(rest)  # unranked: by name
+    assert rest["no-eval"]["reason"] == "no eval.json (status running)"
+    assert "no ground truth" in rest["no-gt"]["reason"]
+    assert "not a fraction in [0, 1]" in rest["loss-only"]["reason"]
+    assert rest["no-fps"]["reason"].startswith("no FPS measured")
+    assert rest["crashed"]["reason"] == "failed"
+    assert rest["ext"]["reason"] == "the external program reported no fps" and rest["ext"]["kind"] == "external"
+    # The best FPS is taken among ranked jobs only: the crashed job's 99 fps does not count.
+    assert rows[0]["fps_norm"] == 1.0
+
+
+def test_fps_weight_zero_ranks_without_fps(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    task_job(run, "no-fps", metrics={"map50": 0.9})
+    task_job(run, "with-fps", metrics={"map50": 0.5}, fps=10.0)
+    rows = build_leaderboard(run, weights=(1.0, 0.0))
+    assert [(r["job"], r["rank"], r["score"]) for r in rows] == [("no-fps", 1, 0.9), ("with-fps", 2, 0.5)]
+    board = json.loads((run / "leaderboard.json").read_text())
+    assert board["fps_normalisation"] == "fps not scored (weight 0)"
+
+
+def test_fleet_json_is_authoritative(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    task_job(run, "a", metrics={"map50": 0.5}, fps=10.0)
+    task_job(run, "a.attempt1", metrics={"map50": 0.9}, fps=10.0)  # a failed attempt moved aside
+    external_job(run, "ext", None)
+    write_json(run / "fleet.json", {"fleet": "f", "jobs": {
+        "a": {"state": "done", "causes": []}, "ext": {"state": "failed", "causes": ["exit 3", "exit 4"]}}})
+    rows = build_leaderboard(run)
+    assert [r["job"] for r in rows] == ["a", "ext"]
+    assert rows[1]["reason"] == "failed: exit 4"
+
+
+def test_attempt_folders_skipped_without_fleet_json(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    task_job(run, "a", metrics={"map50": 0.5}, fps=10.0)
+    task_job(run, "a.attempt1", metrics={"map50": 0.9}, fps=10.0)
+    (run / "not-a-job").mkdir()
+    assert [r["job"] for r in build_leaderboard(run)] == ["a"]
+
+
+def test_mixed_runtimes_warned(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    task_job(run, "a", metrics={"map50": 0.5}, fps=10.0)
+    external_job(run, "b", {"metrics": {"map50": 0.4}, "fps": {"fps": 30.0, "runtime": "tensorrt"}})
+    build_leaderboard(run)
+    board = json.loads((run / "leaderboard.json").read_text())
+    assert "different runtimes" in board["warning"] and "tensorrt" in board["warning"]
+
+
+def test_history_is_kept_in_the_store(tmp_path: Path) -> None:
+    run = tmp_path / "runs" / "r1"
+    task_job(run, "a", metrics={"map50": 0.5}, fps=10.0)
+    build_leaderboard(run)
+    task_job(run, "a", metrics={"map50": 0.6}, fps=10.0)
+    build_leaderboard(run)
+    hist = leaderboard_history("a", run_dir=run)
+    assert [h["score"] for h in hist] == pytest.approx([0.35 + 0.3, 0.42 + 0.3])
+    assert (tmp_path / "runs" / "musubi.db").is_file()
+
+
+@pytest.mark.parametrize("weights, fragment", [
+    ((-0.1, 0.5), "quality weight"),
+    ((0.0, 0.0), "both 0"),
+    ((0.5, float("nan")), "fps weight"),
+])
+def test_bad_weights_refused(weights: tuple[float, float], fragment: str) -> None:
+    with pytest.raises(ConfigError, match=fragment):
+        ScoreRule(*weights)
+
+
+def test_bad_target_and_missing_run(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="fps target"):
+        ScoreRule(fps_target=0.0)
+    with pytest.raises(ConfigError, match="no such run directory"):
+        build_leaderboard(tmp_path / "nope")
+
+
+def test_score_helpers() -> None:
+    rule = ScoreRule()
+    assert composite(rule, 0.5, fps_norm(rule, 50.0, 100.0)) == pytest.approx(0.5)
+    target = ScoreRule(fps_target=30.0)
+    assert fps_norm(target, 90.0, 30.0) == 1.0

@@ -1,0 +1,79 @@
+"""End-to-end fleets on CPU rank slots: packing, external contract, retries, isolation of failures, resume."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from musubi.cli import app
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+EXTERNAL = '''
+import json, os, pathlib, sys
+d = pathlib.Path(os.environ["MUSUBI_JOB_DIR"])
+assert pathlib.Path.cwd().resolve() == d.resolve(), "cwd is the job folder"
+assert os.environ["CUDA_VISIBLE_DEVICES"] == "", "CPU slots: no GPU visible"
+assert "SECRET_TOKEN" not in os.environ, "environment is explicit"
+marker = d / "tried"
+if sys.argv[1] == "flaky" and not marker.exists():
+    marker.write_text("1")
+    sys.exit(3)
+if sys.argv[1] == "broken":
+    sys.exit(4)
+(d / "eval.json").write_text(json.dumps({"metrics": {"top1": 0.5}, "primary_metric": "top1"}))
+'''
+
+
+def fleet(tmp_path: Path, broken: bool = False) -> Path:
+    (tmp_path / "ext.py").write_text(EXTERNAL)
+    jobs = [
+        {"name": "r18-a", "gpus": 2},
+        {"name": "r18-b", "train": {"lr": 0.02}},
+        {"name": "ext-flaky", "command": ["ext.py", "flaky"], "retries": 1},
+    ]
+    if broken:
+        jobs.append({"name": "ext-broken", "command": ["ext.py", "broken"], "retries": 0})
+    data = {
+        "name": "tf",
+        "defaults": {"task": "classification", "model": "resnet18",
+                     "data": {"synthetic": {"train_size": 64, "val_size": 16, "image_size": 32,
+                                            "num_classes": 4, "min_object": 2, "max_object": 8},
+                              "workers": 0},
+                     "train": {"epochs": 1, "batch": 8, "log_every": 2}},
+        "leaderboard": {"export_top": 1},
+        "jobs": jobs,
+    }
+    p = tmp_path / "fleet.yaml"
+    p.write_text(yaml.safe_dump(data))
+    return p
+
+
+def test_fleet_runs_retries_and_ranks(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("SECRET_TOKEN", "do-not-leak")
+    out = tmp_path / "run"
+    res = CliRunner().invoke(app, ["run", str(fleet(tmp_path, broken=True)), "--out", str(out), "--device", "cpu",
+                                   "--cpu-slots", "2"])
+    # one job is broken for good: the fleet reports it (exit 1) but every other job finished
+    assert res.exit_code == 1, res.output
+    assert "ext-broken" in res.output.strip().splitlines()[-1]
+    state = json.loads((out / "fleet.json").read_text())["jobs"]
+    assert {n: s["state"] for n, s in state.items()} == {
+        "r18-a": "done", "r18-b": "done", "ext-flaky": "done", "ext-broken": "failed"}
+    assert state["ext-flaky"]["attempts"] == 2 and state["ext-flaky"]["causes"] == ["exit 3"]
+    assert state["ext-broken"]["causes"] == ["exit 4"]
+    assert (out / "r18-a" / "eval.json").is_file() and (out / "r18-a" / "summary.json").is_file()
+    assert json.loads((out / "r18-a" / "summary.json").read_text())["world_size"] == 2
+    board = json.loads((out / "leaderboard.json").read_text())
+    rows = board["rows"] if isinstance(board, dict) else board
+    assert {r["job"] for r in rows} >= {"r18-a", "r18-b", "ext-flaky"}
+    # resume: finished jobs are skipped, the broken one is tried again (and fails again)
+    res = CliRunner().invoke(app, ["run", str(fleet(tmp_path, broken=True)), "--out", str(out), "--device", "cpu",
+                                   "--resume"])
+    assert res.exit_code == 1, res.output
+    state2 = json.loads((out / "fleet.json").read_text())["jobs"]
+    assert state2["r18-a"]["attempts"] == 1 and state2["ext-broken"]["attempts"] == 2
