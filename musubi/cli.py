@@ -79,8 +79,10 @@ def run(
 
     req = FleetRequest(fleet_path=fleet, out=out, resume=resume, executor=executor, cpu_slots=cpu_slots,
                        check=not no_check, device=device)
+    # Under a pipe (CI, a log file) rich would squeeze the live table into 80 columns.
+    console = Console(width=None if sys.stdout.isatty() else 160)
     try:
-        run_dir, states = run_fleet(req)
+        run_dir, states = run_fleet(req, console)
     except ConfigError as e:
         _fail(str(e), 2)
         return

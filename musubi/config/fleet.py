@@ -117,11 +117,15 @@ class FleetSpec(StrictModel):
         return self
 
 
+#: Keys whose mapping a job replaces whole instead of merging (they belong to one model).
+REPLACED_KEYS = {"model_args"}
+
+
 def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
-    """`over` on top of `base`, mappings merged key by key (lists and scalars replaced)."""
+    """`over` on top of `base`, mappings merged key by key (lists, scalars and model_args replaced)."""
     out = copy.deepcopy(base)
     for k, v in over.items():
-        if isinstance(v, dict) and isinstance(out.get(k), dict):
+        if isinstance(v, dict) and isinstance(out.get(k), dict) and k not in REPLACED_KEYS:
             out[k] = deep_merge(out[k], v)
         else:
             out[k] = copy.deepcopy(v)

@@ -117,7 +117,13 @@ def check_parity(plan: ExportPlan, path: Path, inputs: list[torch.Tensor]) -> di
     with torch.no_grad():
         for x in inputs:
             ref = _as_numpy(plan.module(x))
-            got = session.run(None, {plan.input_name: x.numpy()})
+            try:
+                got = session.run(None, {plan.input_name: x.numpy()})
+            except Exception as e:  # noqa: BLE001 - ORT's errors share no useful base class
+                # A graph that fails on a real input is no export: say so as a parity failure.
+                first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+                raise ParityError(f"{path.name}: ONNX Runtime fails on a real input of shape "
+                                  f"{list(x.shape)} ({first}); the export is not usable") from None
             if plan.compare == "detections":
                 results.append(compare_detections(tuple(ref), tuple(got), floor))
             else:

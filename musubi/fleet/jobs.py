@@ -30,12 +30,17 @@ class Launch:
     log: Path
 
 
-def gpu_env(gpus: list[int], kind: str) -> dict[str, str]:
-    """The devices a job may see: its GPUs only (none for CPU ranks)."""
-    return {"CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in gpus) if kind == "cuda" else ""}
+def gpu_env(gpus: list[int], kind: str, threads: int | None = None) -> dict[str, str]:
+    """The devices a job may see (its GPUs only; none for CPU ranks) and its CPU threads per rank."""
+    env = {"CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in gpus) if kind == "cuda" else ""}
+    if threads is not None and "OMP_NUM_THREADS" not in os.environ:
+        # Jobs run side by side: each rank gets its share of the cores, not all of them.
+        env["OMP_NUM_THREADS"] = str(threads)
+    return env
 
 
-def task_launch(job: TaskJob, run_dir: Path, gpus: list[int], kind: str, resume: bool) -> Launch:
+def task_launch(job: TaskJob, run_dir: Path, gpus: list[int], kind: str, resume: bool,
+                threads: int | None = None) -> Launch:
     """`musubi train` of a task job as a fleet member (its own torchrun, its own rendezvous port)."""
     spec_path = run_dir / ".fleet" / f"{job.name}.yaml"
     spec_path.parent.mkdir(parents=True, exist_ok=True)
@@ -44,7 +49,7 @@ def task_launch(job: TaskJob, run_dir: Path, gpus: list[int], kind: str, resume:
             str(job.gpus), "--device", kind, "--no-check", "--fleet-member"]
     if resume:
         argv.append("--resume")
-    env = dict(os.environ, **gpu_env(gpus, kind), PYTHONUNBUFFERED="1")
+    env = dict(os.environ, **gpu_env(gpus, kind, threads), PYTHONUNBUFFERED="1")
     env["MUSUBI_DEVICE"] = kind
     log = run_dir / job.name / "logs" / "fleet.log"
     return Launch(argv, env, Path.cwd(), log)
@@ -82,13 +87,16 @@ def check_command(job: CommandJob, base: Path) -> None:
             raise ConfigError(f"job {job.name!r}: script {script!r} not found (paths are relative to the fleet file)")
 
 
-def command_launch(job: CommandJob, run_dir: Path, gpus: list[int], kind: str, base: Path) -> Launch:
+def command_launch(job: CommandJob, run_dir: Path, gpus: list[int], kind: str, base: Path,
+                   threads: int | None = None) -> Launch:
     """An external job: explicit environment, the job's folder as working directory."""
     job_dir = run_dir / job.name
     job_dir.mkdir(parents=True, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if k in INHERITED or k.startswith(INHERITED_PREFIXES)}
     env.update(job.env)
-    env.update(gpu_env(gpus, kind))
+    for k, v in gpu_env(gpus, kind, threads).items():
+        if k == "CUDA_VISIBLE_DEVICES" or k not in job.env:  # the job's GPUs are not the job's to choose
+            env[k] = v
     env["MUSUBI_JOB_DIR"] = str(job_dir.resolve())
     env["PYTHONUNBUFFERED"] = "1"
     return Launch(resolve_command(job, base), env, job_dir, job_dir / "logs" / "stdout.log")

@@ -98,6 +98,8 @@ class LocalFleet:
             raise ConfigError(problems[0])
         self.packer = Packer(list(devices), queue)
         self.running: dict[str, _Running] = {}
+        # CPU threads per rank: the machine's cores shared by every device's rank.
+        self.threads = max(1, (os.cpu_count() or 1) // max(1, len(devices)))
         if first:
             log.info("previous best model %s runs first", first)
 
@@ -118,9 +120,9 @@ class LocalFleet:
                 # A failed attempt without a checkpoint: keep its files, start clean beside them.
                 aside = self.run_dir / f"{job.name}.attempt{st.attempts - 1}"
                 job_dir.rename(aside)
-            launch = J.task_launch(job, self.run_dir, gpus, self.kind, resume)
+            launch = J.task_launch(job, self.run_dir, gpus, self.kind, resume, self.threads)
         else:
-            launch = J.command_launch(job, self.run_dir, gpus, self.kind, self.base)
+            launch = J.command_launch(job, self.run_dir, gpus, self.kind, self.base, self.threads * job.gpus)
         launch.log.parent.mkdir(parents=True, exist_ok=True)
         f = open(launch.log, "a", encoding="utf-8")
         proc = subprocess.Popen(launch.argv, env=launch.env, cwd=launch.cwd, stdout=f, stderr=subprocess.STDOUT,
@@ -133,7 +135,7 @@ class LocalFleet:
         job = run.job
         st = self.states[job.name]
         st.state = "evaluating"
-        env = dict(os.environ, **J.gpu_env(st.gpus, self.kind))
+        env = dict(os.environ, **J.gpu_env(st.gpus, self.kind, self.threads * len(st.gpus)))
         argv = [sys.executable, "-m", "musubi.fleet.eval_step", str(self.run_dir / job.name)]
         proc = subprocess.Popen(argv, env=env, stdout=run.log_file, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL)

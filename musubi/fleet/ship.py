@@ -22,9 +22,13 @@ def ship(spec: FleetSpec, run_dir: Path, console: Console) -> list[dict]:
     lb = spec.leaderboard
     rows = build_leaderboard(run_dir, weights=(lb.quality_weight, lb.fps_weight), fps_target=lb.fps_target)
     ranked = [r for r in rows if r.get("rank") is not None]
-    for row in ranked[: lb.export_top]:
+    shipped = 0
+    for row in ranked:  # the top-k that export cleanly: a parity failure passes to the next
+        if shipped >= lb.export_top:
+            break
         job_dir = run_dir / row["job"]
         if (job_dir / "export" / "registered.json").is_file():
+            shipped += 1
             continue  # exported and registered by an earlier pass of this run (--resume)
         try:
             if row.get("kind") == "external":
@@ -36,9 +40,15 @@ def ship(spec: FleetSpec, run_dir: Path, console: Console) -> list[dict]:
                 export_job(job_dir)
             entry = register(job_dir)
             promote(entry["name"], entry["version"], run_dir=run_dir)
-        except ConfigError as e:  # one job that cannot be exported does not sink the fleet
-            log.warning("export/registration of %s failed: %s", row["job"], e)
-            console.print(f"export of {row['job']} failed: {e}", highlight=False, markup=False)
+            shipped += 1
+            console.print(f"exported and registered {entry['name']} v{entry['version']} (rank {row['rank']})",
+                          highlight=False, markup=False)
+        except Exception as e:  # noqa: BLE001 - one model that cannot be exported does not sink the fleet
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+            what = first if isinstance(e, ConfigError) else f"{type(e).__name__}: {first}"
+            log.warning("export/registration of %s failed: %s", row["job"], what)
+            console.print(f"export of {row['job']} failed ({what}); trying the next model", highlight=False,
+                          markup=False)
     write_manifest(run_dir / "manifest.json", run_dir=run_dir)
     print_leaderboard(run_dir, console)
     return rows
