@@ -21,6 +21,18 @@ def _fail(message: str, code: int) -> None:
     raise typer.Exit(code)
 
 
+def _guarded(fn, *args):  # noqa: ANN001, ANN202 - a thin wrapper of the two launching commands
+    """Call `fn`; bad input exits 2 with one line, a failed preflight exits 1."""
+    from musubi.runtime.launch import PreflightFailed
+
+    try:
+        return fn(*args)
+    except ConfigError as e:
+        _fail(str(e), 2)
+    except PreflightFailed as e:
+        _fail(str(e), 1)
+
+
 @app.command()
 def train(
     job: Path = typer.Argument(..., help="Job YAML (see examples/)."),
@@ -46,16 +58,7 @@ def train(
     req = TrainRequest(job_path=job, nproc=nproc, out=out, resume=resume, max_steps=max_steps,
                        overrides=list(set_), device=device, argv=sys.argv, probe_only=probe_only, check=not no_check,
                        fleet_member=fleet_member)
-    from musubi.runtime.launch import PreflightFailed
-
-    try:
-        result = launch_train(req)
-    except ConfigError as e:
-        _fail(str(e), 2)
-        return
-    except PreflightFailed as e:
-        _fail(str(e), 1)
-        return
+    result = _guarded(launch_train, req)
     if result.code != 0:
         _fail(f"{result.error} (logs: {result.job_dir / 'logs'})", result.code)
     if probe_only:
@@ -75,20 +78,12 @@ def run(
 ) -> None:
     """Train a whole fleet: pack jobs onto the GPUs, retry failures, then rank, export and register."""
     from musubi.fleet.run import FleetRequest, run_fleet
-    from musubi.runtime.launch import PreflightFailed
 
     req = FleetRequest(fleet_path=fleet, out=out, resume=resume, executor=executor, cpu_slots=cpu_slots,
                        check=not no_check, device=device)
     # Under a pipe (CI, a log file) rich would squeeze the live table into 80 columns.
     console = Console(width=None if sys.stdout.isatty() else 160)
-    try:
-        run_dir, states = run_fleet(req, console)
-    except ConfigError as e:
-        _fail(str(e), 2)
-        return
-    except PreflightFailed as e:
-        _fail(str(e), 1)
-        return
+    run_dir, states = _guarded(run_fleet, req, console)
     failed = [s.name for s in states.values() if s.state != "done"]
     if failed:
         _fail(f"{len(failed)} job(s) failed: {', '.join(failed)} (causes in {run_dir / 'fleet.json'})", 1)
