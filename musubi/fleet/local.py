@@ -223,7 +223,8 @@ class LocalFleet:
                     if summary_total and st.started and rec["step"] and st.state == "running":
                         left = (time.time() - st.started) / rec["step"] * (summary_total - rec["step"])
                         eta = f"{left:.0f}s"
-            t.add_row(name, st.state, ",".join(map(str, st.gpus)) or "-", str(st.attempts), step, epoch, rate, eta)
+            held = ",".join(map(str, st.gpus)) if st.state in ("running", "evaluating") else "-"
+            t.add_row(name, st.state, held, str(st.attempts), step, epoch, rate, eta)
         return t
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from rich.console import Console
 
 from musubi.config.errors import ConfigError
-from musubi.config.fleet import CommandJob, FleetSpec, TaskJob
+from musubi.config.fleet import FleetSpec, TaskJob
 from musubi.config.load import load_fleet
 from musubi.fleet.jobs import check_command
 from musubi.fleet.local import JobState, LocalFleet
@@ -132,5 +132,3 @@ def _finish(spec: FleetSpec, run_dir: Path, console: Console) -> None:
         log.warning("leaderboard/export/registry: %s", e)
         console.print(f"leaderboard/export/registry: {e}", highlight=False, markup=False)
 
-
-__all__ = ["CommandJob", "FleetRequest", "run_fleet"]
