@@ -1,0 +1,1 @@
+"""Fleets: job graph, GPU packer, the local executor, retries, external command jobs."""
