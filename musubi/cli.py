@@ -112,8 +112,14 @@ def env(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> No
     print(f"musubi {musubi.__version__}")
     for k, v in rec.items():
         if k == "gpus":
+            if not v:
+                print("gpus: none visible (CPU ranks on gloo)")
             for g in v:
                 print(f"gpu{g['index']}: {g['name']} {g['memory_gib']} GiB driver {g['driver']} {g['uuid']}")
+        elif k == "topology":
+            print("topology: " + (", ".join(f"{pair} {link}" for pair, link in v.items()) or "unknown"))
+        elif k == "env":
+            print("env: " + (" ".join(f"{name}={value}" for name, value in v.items()) or "(no training variables set)"))
         else:
             print(f"{k}: {v}")
 

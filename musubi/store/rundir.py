@@ -88,7 +88,32 @@ def env_record() -> dict[str, Any]:
         except (AttributeError, RuntimeError):
             rec["nccl"] = None
         rec["gpus"] = _nvml_gpus()
+        rec["topology"] = topology()
+    rec["env"] = relevant_env()
     return rec
+
+
+#: Variables that change how distributed training behaves (recorded in env.json, shown by `musubi env`).
+ENV_PREFIXES = ("NCCL_", "TORCH_NCCL_", "TORCH_DISTRIBUTED", "CUDA_", "OMP_", "MKL_", "MUSUBI_", "NVIDIA_",
+                "PYTORCH_", "TORCHELASTIC_", "MASTER_", "GLOO_")
+
+
+def relevant_env() -> dict[str, str]:
+    """The environment variables of this process that matter to training (names sorted)."""
+    return {k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES)}
+
+
+def topology() -> dict[str, str]:
+    """How each GPU pair is linked (NV18, PIX, SYS, ...), from NVML or `nvidia-smi topo -m`."""
+    try:
+        from musubi.preflight.read.nvml import read_nvml
+        from musubi.preflight.read.topology import read_topo_smi
+    except ImportError:
+        return {}
+    nvml, topo = read_nvml(with_xids=False)
+    if len(nvml.gpus) > 1 and not topo.links:
+        topo = read_topo_smi()
+    return {f"gpu{a}-gpu{b}": link for (a, b), link in sorted(topo.links.items())}
 
 
 def _nvml_gpus() -> list[dict[str, Any]]:
