@@ -3,3 +3,8 @@
 
 class ConfigError(ValueError):
     """A configuration, data or environment problem the user can fix; str() is one line."""
+
+
+def one_line(e: BaseException, limit: int = 300) -> str:
+    """An exception's message squeezed to one line of at most `limit` characters (its type if empty)."""
+    return (" ".join(str(e).split()) or type(e).__name__)[:limit]

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from musubi.config.errors import ConfigError
+from musubi.config.errors import ConfigError, one_line
 from musubi.evaluate.export_plan import DetectorForExport, ExportPlan, export_plan
 from musubi.evaluate.model_io import JobModel, load_job_model, sample_batch
 from musubi.evaluate.parity import compare_detections, compare_tensors, merge
@@ -38,11 +38,6 @@ FAILED_FILE, FAILED_JSON = "model.parity-failed.onnx", "export-failed.json"
 
 class ParityError(ConfigError):
     """The exported graph's outputs differ from torch's beyond tolerance."""
-
-
-def _one_line(e: BaseException) -> str:
-    text = " ".join(str(e).split()) or type(e).__name__
-    return text[:300]
 
 
 def _export_once(plan: ExportPlan, example: torch.Tensor, path: Path, opset: int, exporter: str) -> None:
@@ -74,7 +69,7 @@ def _export(plan: ExportPlan, example: torch.Tensor, path: Path, opset: int, exp
             _export_once(plan, example, path, opset, exporter)
             return exporter
         except Exception as e:  # each exporter fails in its own ways; the next one may not
-            errors.append(f"{exporter}: {_one_line(e)}")
+            errors.append(f"{exporter}: {one_line(e)}")
             path.unlink(missing_ok=True)
     raise ConfigError(f"export: torch.onnx.export failed ({'; '.join(errors)})")
 
@@ -87,7 +82,7 @@ def _graph_io(path: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]], i
     try:
         onnx.checker.check_model(model)
     except onnx.checker.ValidationError as e:
-        raise ConfigError(f"{path}: the exported graph is not valid ONNX ({_one_line(e)})") from None
+        raise ConfigError(f"{path}: the exported graph is not valid ONNX ({one_line(e)})") from None
 
     def describe(values: Any) -> list[dict[str, Any]]:
         out = []
@@ -121,9 +116,8 @@ def check_parity(plan: ExportPlan, path: Path, inputs: list[torch.Tensor]) -> di
                 got = session.run(None, {plan.input_name: x.numpy()})
             except Exception as e:  # noqa: BLE001 - ORT's errors share no useful base class
                 # A graph that fails on a real input is no export: say so as a parity failure.
-                first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
                 raise ParityError(f"{path.name}: ONNX Runtime fails on a real input of shape "
-                                  f"{list(x.shape)} ({first}); the export is not usable") from None
+                                  f"{list(x.shape)} ({one_line(e)}); the export is not usable") from None
             if plan.compare == "detections":
                 results.append(compare_detections(tuple(ref), tuple(got), floor))
             else:

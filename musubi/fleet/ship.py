@@ -7,7 +7,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from musubi.config.errors import ConfigError
+from musubi.config.errors import ConfigError, one_line
 from musubi.config.fleet import FleetSpec
 
 log = logging.getLogger("musubi.fleet")
@@ -44,8 +44,7 @@ def ship(spec: FleetSpec, run_dir: Path, console: Console) -> list[dict]:
             console.print(f"exported and registered {entry['name']} v{entry['version']} (rank {row['rank']})",
                           highlight=False, markup=False)
         except Exception as e:  # noqa: BLE001 - one model that cannot be exported does not sink the fleet
-            first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
-            what = first if isinstance(e, ConfigError) else f"{type(e).__name__}: {first}"
+            what = one_line(e) if isinstance(e, ConfigError) else f"{type(e).__name__}: {one_line(e)}"
             log.warning("export/registration of %s failed: %s", row["job"], what)
             console.print(f"export of {row['job']} failed ({what}); trying the next model", highlight=False,
                           markup=False)

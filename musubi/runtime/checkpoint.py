@@ -35,7 +35,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from musubi.config.errors import ConfigError
+from musubi.config.errors import ConfigError, one_line
 from musubi.runtime.world import World
 
 log = logging.getLogger("musubi.checkpoint")
@@ -222,9 +222,8 @@ def load_checkpoint(
     try:
         dcp.load(state, checkpoint_id=str(ckpt.path))
     except Exception as e:  # DCP wraps per-rank failures in CheckpointException
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ConfigError(
-            f"{ckpt.path}: cannot be loaded ({first[:200]}); move it aside to resume from an earlier one"
+            f"{ckpt.path}: cannot be loaded ({one_line(e, 200)}); move it aside to resume from an earlier one"
         ) from None
     set_model_state_dict(model, state["model"])
     set_optimizer_state_dict(model, optimizer, state["optim"])

@@ -15,11 +15,11 @@ from torchvision import transforms
 from torchvision.datasets import ImageFolder
 from torchvision.datasets.folder import find_classes
 
-from musubi.config.errors import ConfigError
+from musubi.config.errors import ConfigError, one_line
 from musubi.config.job import JobSpec
 from musubi.data import synthetic_classification as synth
 from musubi.tasks.base import Metric, Reducer, Task
-from musubi.tasks.weights import check_weights, load_weights, one_line
+from musubi.tasks.weights import check_weights, load_weights
 
 #: Model names with this prefix are built by timm (when it is installed).
 TIMM_PREFIX = "timm/"

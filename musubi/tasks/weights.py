@@ -12,12 +12,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from musubi.config.errors import ConfigError
-
-
-def one_line(e: BaseException) -> str:
-    """An exception's message squeezed to one line."""
-    return " ".join(str(e).split()) or type(e).__name__
+from musubi.config.errors import ConfigError, one_line
 
 
 def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
