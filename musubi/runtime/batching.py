@@ -167,14 +167,11 @@ def decide_batch(spec: JobSpec, task: Any, world: World, job_dir: Path, precisio
             per_rank, acc, reason = _jump_after_probe(spec, task, world, precision, injector, optimizer_factory,
                                                       per_rank, acc, rec)
         else:
-            per_rank, acc, _lr, reason = memory.shrink_after_oom(spec, per_rank, acc, world.size, rec)
+            per_rank, acc, reason = memory.shrink_after_oom(spec, per_rank, acc, world.size, rec)
         applied.append(reason)
         log.warning("%s", reason)
-    if applied:
-        if spec.train.oom_policy == "keep_global_batch":
-            plan = BatchPlan(per_rank, acc, world.size, plan.lr, "oom-recovery")
-        else:
-            plan = plan_for(spec, per_rank, acc, world.size, "oom-recovery")
+    if applied:  # keep_global_batch leaves the global batch, hence the LR, as it was
+        plan = plan_for(spec, per_rank, acc, world.size, "oom-recovery")
     changed = bool(applied) or earlier is None and plan.source in ("probe", "cache")
     world.barrier()
     if world.is_main:

@@ -104,12 +104,9 @@ def prepare(req: TrainRequest) -> tuple[Path, Path, dict, int, str]:
 
     build_task(spec).validate()
     if spec.train.global_batch is not None:
-        denom = nproc * spec.train.accumulation
-        if spec.train.global_batch % denom:
-            raise ConfigError(
-                f"train.global_batch={spec.train.global_batch} is not divisible by {nproc} ranks x "
-                f"{spec.train.accumulation} accumulation; use a multiple of {denom} or change --nproc"
-            )
+        from musubi.runtime.batching import plan_batch
+
+        plan_batch(spec, nproc)  # the workers' own rule: refuse a non-dividing world size before launch
     preflight = run_preflight(req, spec, nproc, kind) if req.check else None
     run_dir = _pick_run_dir(req, spec.name)
     job_dir = run_dir / spec.name

@@ -127,8 +127,11 @@ def read_effective_batch(job_dir: Path) -> dict[str, Any] | None:
 
 
 def shrink_after_oom(spec: JobSpec, per_rank: int, accumulation: int, world: int, oom: dict[str, Any]
-                     ) -> tuple[int, int, float, str]:
-    """(per_rank, accumulation, lr, reason) after one OOM under the job's policy; ConfigError at the floor."""
+                     ) -> tuple[int, int, str]:
+    """(per_rank, accumulation, reason) after one OOM under the job's policy; ConfigError at the floor.
+
+    The LR is not decided here: it always follows the resulting global batch by the job's rule.
+    """
     t = spec.train
     new_batch = per_rank // 2
     if new_batch < t.min_batch:
@@ -143,13 +146,12 @@ def shrink_after_oom(spec: JobSpec, per_rank: int, accumulation: int, world: int
         )
     if t.oom_policy == "keep_global_batch":
         new_acc = accumulation * (per_rank // new_batch) if per_rank % new_batch == 0 else accumulation * 2
-        lr = scale_lr(t.lr, per_rank * world * accumulation, t.base_batch, t.lr_rule)
         reason = (f"OOM on rank {oom['rank']} in {oom['phase']} at step {oom['step']}: per-rank batch "
                   f"{per_rank} -> {new_batch}, accumulation {accumulation} -> {new_acc}, global batch and LR "
                   f"unchanged")
-        return new_batch, new_acc, lr, reason
+        return new_batch, new_acc, reason
     g = new_batch * world * accumulation
     lr = scale_lr(t.lr, g, t.base_batch, t.lr_rule)
     reason = (f"OOM on rank {oom['rank']} in {oom['phase']} at step {oom['step']}: per-rank batch {per_rank} -> "
               f"{new_batch}, global batch {per_rank * world * accumulation} -> {g}, lr {lr:.4g} ({t.lr_rule} rule)")
-    return new_batch, accumulation, lr, reason
+    return new_batch, accumulation, reason

@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 from musubi.cli import app
 from musubi.config.errors import ConfigError
 from musubi.config.load import job_from_dict
+from musubi.runtime.batching import plan_for
 from musubi.runtime.inject import parse
 from musubi.runtime.memory import shrink_after_oom
 from tests.conftest import TINY_JOB, _merge
@@ -36,11 +37,12 @@ def test_inject_spec_is_strict() -> None:
 
 def test_oom_policies() -> None:
     rec = {"rank": 1, "phase": "backward", "step": 7}
-    b, acc, lr, why = shrink_after_oom(_spec(batch=8, lr=0.1, base_batch=16), 8, 1, 2, rec)
-    assert (b, acc) == (4, 2) and lr == pytest.approx(0.1) and "unchanged" in why
-    b, acc, lr, why = shrink_after_oom(_spec(batch=8, lr=0.1, base_batch=16, oom_policy="halve_global_batch"),
-                                       8, 1, 2, rec)
-    assert (b, acc) == (4, 1) and lr == pytest.approx(0.05) and "16 -> 8" in why
+    keep = _spec(batch=8, lr=0.1, base_batch=16)
+    b, acc, why = shrink_after_oom(keep, 8, 1, 2, rec)
+    assert (b, acc) == (4, 2) and plan_for(keep, b, acc, 2, "t").lr == pytest.approx(0.1) and "unchanged" in why
+    halve = _spec(batch=8, lr=0.1, base_batch=16, oom_policy="halve_global_batch")
+    b, acc, why = shrink_after_oom(halve, 8, 1, 2, rec)
+    assert (b, acc) == (4, 1) and plan_for(halve, b, acc, 2, "t").lr == pytest.approx(0.05) and "16 -> 8" in why
     with pytest.raises(ConfigError, match="min_batch=4") as ei:
         shrink_after_oom(_spec(batch=4), 4, 1, 2, rec)
     assert "rank 1 in backward" in str(ei.value) and "\n" not in str(ei.value)
