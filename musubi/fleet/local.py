@@ -215,7 +215,7 @@ class LocalFleet:
             if st.kind == "task" and metrics.is_file():
                 rec = _last_train_record(metrics)
                 if rec:
-                    summary_total = _total_steps(self.run_dir / name)
+                    summary_total = rec.get("total_steps")
                     step = f"{rec['step']}/{summary_total}" if summary_total else str(rec["step"])
                     epoch = str(rec.get("epoch", "-"))
                     if rec.get("samples_per_s"):
@@ -240,19 +240,4 @@ def _last_train_record(path: Path) -> dict[str, Any] | None:
             continue
         if rec.get("kind") == "train":
             return rec
-    return None
-
-
-def _total_steps(job_dir: Path) -> int | None:
-    try:
-        log_text = (job_dir / "logs" / "rank0.log").read_text(encoding="utf-8")
-    except OSError:
-        return None
-    marker = " steps ("
-    for ln in log_text.splitlines():
-        if "global batch" in ln and marker in ln:
-            try:
-                return int(ln.split(marker)[0].rsplit(" ", 1)[1])
-            except (ValueError, IndexError):
-                return None
     return None

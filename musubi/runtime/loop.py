@@ -273,6 +273,7 @@ class Trainer:
                             metrics.write(self.step, {"loss": round(mean_loss, 6),
                                                       "lr": self.scheduler.get_last_lr()[0],
                                                       "samples_per_s": round(rate, 2), "epoch": self.epoch,
+                                                      "total_steps": self.total_steps,
                                                       **mem})
                         bar.update(self.step, rate, mean_loss)
                         if self.console is not None and not self.console.is_terminal:

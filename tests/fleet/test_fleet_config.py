@@ -85,3 +85,25 @@ def test_external_job_gets_an_explicit_environment(tmp_path: Path, monkeypatch) 
     assert launch.env["MUSUBI_JOB_DIR"] == str((tmp_path / "run" / "ext").resolve())
     assert "SECRET_TOKEN" not in launch.env and launch.env["NCCL_NVLS_ENABLE"] == "0"
     assert launch.cwd == tmp_path / "run" / "ext"
+
+
+def test_live_table_reads_progress_from_metrics(tmp_path: Path) -> None:
+    import io
+    import json
+    import time
+
+    from rich.console import Console
+
+    from musubi.fleet.local import LocalFleet
+
+    spec = load_fleet(write(tmp_path, tiny_fleet()))
+    fleet = LocalFleet(spec, tmp_path / "run", tmp_path, [0, 1], "cpu", False, Console(file=io.StringIO()))
+    (tmp_path / "run" / "a").mkdir(parents=True)
+    (tmp_path / "run" / "a" / "metrics.jsonl").write_text(json.dumps(
+        {"step": 3, "kind": "train", "epoch": 0, "samples_per_s": 12.5, "total_steps": 10}) + "\n")
+    st = fleet.states["a"]
+    st.state, st.gpus, st.started = "running", [1], time.time() - 3
+    out = io.StringIO()
+    Console(file=out, width=200).print(fleet.table())
+    row = next(ln for ln in out.getvalue().splitlines() if " a " in ln)
+    assert "3/10" in row and "12.5" in row and "running" in row and "7s" in row
