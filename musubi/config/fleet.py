@@ -16,9 +16,6 @@ from pydantic import Field, field_validator, model_validator
 
 from musubi.config.job import JobSpec, StrictModel, check_safe_name
 
-#: Keys of a fleet job that place it in the fleet; the rest describe the training job.
-PLACEMENT_KEYS = {"gpus", "priority", "family", "retries", "memory_gib"}
-COMMAND_KEYS = {"command", "python", "env", "launch"}
 
 
 class Placement(StrictModel):
@@ -29,6 +26,10 @@ class Placement(StrictModel):
     family: str | None = Field(None, description="Jobs of one family run back to back (warm caches).")
     retries: int = Field(1, ge=0, le=20, description="Retries after a failure (not after a config error).")
     memory_gib: float | None = Field(None, gt=0, description="Declared GPU memory need per GPU (GiB).")
+
+
+#: Keys of a fleet job that place it in the fleet; the rest describe the training job.
+PLACEMENT_KEYS = frozenset(Placement.model_fields)
 
 
 class CommandJob(Placement):
@@ -75,7 +76,8 @@ class LeaderboardSpec(StrictModel):
 
 
 class FleetSpec(StrictModel):
-    """A fleet: shared defaults and the jobs."""
+    """A fleet: shared defaults and the jobs (built by `config.load.load_fleet`, which merges the
+    defaults under each task job and names the job in every error)."""
 
     name: str = Field(description="Fleet name; the run directory is runs/<time>-<name>.")
     defaults: dict[str, Any] = Field(default_factory=dict, description="Merged under every task job.")
@@ -86,26 +88,6 @@ class FleetSpec(StrictModel):
     @classmethod
     def _name(cls, v: str) -> str:
         return check_safe_name(v)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _split_jobs(cls, data: Any) -> Any:
-        """Turn each raw job mapping into a TaskJob (defaults merged) or a CommandJob."""
-        if not isinstance(data, dict) or not isinstance(data.get("jobs"), list):
-            return data
-        defaults = data.get("defaults") or {}
-        jobs = []
-        for raw in data["jobs"]:
-            if not isinstance(raw, dict):
-                jobs.append(raw)
-                continue
-            if "command" in raw:
-                jobs.append(CommandJob.model_validate(raw))
-                continue
-            placement = {k: v for k, v in raw.items() if k in PLACEMENT_KEYS}
-            body = deep_merge(defaults, {k: v for k, v in raw.items() if k not in PLACEMENT_KEYS})
-            jobs.append(TaskJob(spec=JobSpec.model_validate(body), **placement))
-        return {**data, "jobs": jobs}
 
     @model_validator(mode="after")
     def _unique(self) -> FleetSpec:
