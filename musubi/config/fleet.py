@@ -17,7 +17,6 @@ from pydantic import Field, field_validator, model_validator
 from musubi.config.job import JobSpec, StrictModel, check_safe_name
 
 
-
 class Placement(StrictModel):
     """Where and how often a job runs in the fleet."""
 
