@@ -105,7 +105,14 @@ def _fit_step(data: dict[str, Any], gpu: GPU, eff: Efficiency, precision: str) -
 
 
 def load_calibration(path: Path, base: Efficiency = DEFAULT_EFFICIENCY) -> tuple[Efficiency, dict[str, Any]]:
-    """Read a calibration JSON file and fit it (see the module docstring for the format)."""
+    """Read a calibration JSON file, or a Musubi run directory, and fit it (format: module docstring)."""
+    if path.is_dir():
+        from musubi.plan.from_run import calibration_from_run
+
+        data = calibration_from_run(path)
+        source = data.pop("_source")
+        eff, report = calibrate(data, base)
+        return eff, {**report, "from_run": source, "measured_step_time_s": data["step_time_s"]}
     if not path.is_file():
         raise PlanError(f"calibration file {path} does not exist")
     try:

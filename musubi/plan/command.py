@@ -109,8 +109,9 @@ def plan_command(
                                       "ep=1,vpp=1,zero=1,recompute=selective,micro=1 (dp may be left out)."),
     top: int = typer.Option(5, "--top", help="Layouts to show when searching."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
-    calibrate: Path | None = typer.Option(None, "--calibrate", help="Measured figures (JSON) that replace the "
-                                          "efficiency constants; see musubi/plan/calibrate.py."),
+    calibrate: Path | None = typer.Option(None, "--calibrate", help="A Musubi run directory (RUN or RUN/JOB with "
+                                          "plan.json), or measured figures as JSON, that replace the efficiency "
+                                          "constants; see musubi/plan/calibrate.py."),
     precision: str = typer.Option("bf16", "--precision", help="Compute precision of the peak (bf16, fp8, ...)."),
 ) -> None:
     """Predict memory, step time and MFU of parallel layouts; search and rank them without --layout."""

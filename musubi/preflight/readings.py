@@ -103,6 +103,8 @@ class CommReading:
     timed_out: bool = False
     timeout_s: float = 0.0
     log_path: str | None = None
+    launcher: str = "torchrun"  # 'single' (one process drives every GPU) or 'torchrun' (a process per rank)
+    wall_s: float | None = None  # the probe's whole time: process start, imports, NCCL init, timing
 
 
 @dataclass(frozen=True)

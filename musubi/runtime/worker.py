@@ -86,6 +86,9 @@ def main(argv: list[str] | None = None) -> int:
         precision = resolve_precision(spec.train.precision, world.device)
         plan, _recoveries = decide_batch(spec, task, world, job_dir, precision, injector,
                                          lambda m: build_optimizer(m, spec, 1e-3))
+        from musubi.runtime.plan_record import write_plan_record
+
+        write_plan_record(job_dir, spec, task, world, plan, precision)
         if args.probe_only:
             if world.is_main:
                 print(json.dumps({"per_rank_batch": plan.per_rank, "global_batch": plan.global_batch,
