@@ -63,8 +63,9 @@ def main() -> None:
     ap.add_argument("--calibrate-on", default="ddp:4")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--out", type=Path, default=None, help="keep the runs here (default: a temporary folder)")
     args = ap.parse_args()
-    tmp = Path(tempfile.mkdtemp(prefix="plan-check-"))
+    tmp = args.out or Path(tempfile.mkdtemp(prefix="plan-check-"))
     cal_strategy, cal_n = args.calibrate_on.split(":")
     runs: dict[tuple[str, int], Path] = {}
     for strategy in args.strategies.split(","):
