@@ -19,14 +19,16 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from musubi.plan.calibrate import load_calibration  # noqa: E402
+from musubi.plan.calibrate import calibrate, load_calibrations  # noqa: E402
 from musubi.plan.catalog import get_gpu  # noqa: E402
 from musubi.plan.cluster import make_cluster  # noqa: E402
+from musubi.plan.efficiency import DEFAULT_EFFICIENCY  # noqa: E402
 from musubi.plan.from_run import measured_step_time  # noqa: E402
 from musubi.plan.layout import parse_layout  # noqa: E402
 from musubi.plan.predict import predict  # noqa: E402
@@ -55,49 +57,98 @@ def peak_allocated(job_dir: Path) -> float | None:
     return max(peaks) if peaks else None
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--job", type=Path, default=REPO / "bench" / "plan-lm.yaml")
-    ap.add_argument("--gpus", default="1,2,4")
-    ap.add_argument("--strategies", default="ddp,fsdp")
-    ap.add_argument("--calibrate-on", default="ddp:4")
-    ap.add_argument("--device", default="cuda")
-    ap.add_argument("--json", type=Path, default=None)
-    ap.add_argument("--out", type=Path, default=None, help="keep the runs here (default: a temporary folder)")
-    args = ap.parse_args()
+def predicted_step(row: dict, model: dict, gpu: str, eff) -> float:
+    spec = spec_from_dict(dict(model), "run")
+    cluster = make_cluster(get_gpu(gpu), row["gpus"], 1)
+    return predict(spec, cluster, parse_layout(row["layout"]), int(row["global_batch"]), eff,
+                   memory_precision="amp").step_time_s
+
+
+def add_predictions(rows: list[dict], model: dict, gpu: str, eff, cal: list[tuple[str, int]]) -> None:
+    for row in rows:
+        row["step_calibrated_s"] = predicted_step(row, model, gpu, eff)
+        row["step_error"] = row["step_calibrated_s"] / row["step_measured_s"] - 1
+        row["calibration_run"] = (row["strategy"], row["gpus"]) in cal
+
+
+def measure(args, cal: list[tuple[str, int]]) -> dict:
+    """Run every configuration, read memory and step time, calibrate on `cal`, predict all."""
     tmp = args.out or Path(tempfile.mkdtemp(prefix="plan-check-"))
-    cal_strategy, cal_n = args.calibrate_on.split(":")
     runs: dict[tuple[str, int], Path] = {}
     for strategy in args.strategies.split(","):
         for n in map(int, args.gpus.split(",")):
-            check = (strategy, n) == (cal_strategy, int(cal_n)) and args.device == "cuda"
+            check = (strategy, n) == cal[0] and args.device == "cuda"
             runs[(strategy, n)] = train(args.job, tmp / f"{strategy}-{n}", n, strategy, args.device, check)
-    cal_dir = runs[(cal_strategy, int(cal_n))]
-    eff, cal_report = load_calibration(cal_dir) if args.device == "cuda" else (None, None)
     rows = []
     for (strategy, n), job_dir in runs.items():
         plan = json.loads((job_dir / "plan.json").read_text())
         pred = plan.get("predicted") or {}
         mem_pred = (pred.get("memory_gib") or {}).get("allocated")
         mem_meas = peak_allocated(job_dir)
-        row = {"strategy": strategy, "gpus": n, "layout": plan["layout"], "global_batch": plan["global_batch"],
-               "memory_predicted_gib": mem_pred, "memory_measured_gib": mem_meas,
-               "memory_error": (mem_pred / mem_meas - 1) if mem_pred and mem_meas else None,
-               "memory_breakdown_gib": pred.get("memory_gib")}
         step_meas, _ = measured_step_time(job_dir, int(plan["global_batch"]))
-        row["step_measured_s"] = step_meas
-        row["step_uncalibrated_s"] = pred.get("step_time_s")
-        if eff is not None and plan.get("gpu"):
-            spec = spec_from_dict(dict(plan["model"]), "run")
-            cluster = make_cluster(get_gpu(plan["gpu"]), n, 1)
-            p = predict(spec, cluster, parse_layout(plan["layout"]), int(plan["global_batch"]), eff,
-                        memory_precision=plan["memory_precision"])
-            row["step_calibrated_s"] = p.step_time_s
-            row["step_error"] = p.step_time_s / step_meas - 1
-            row["calibration_run"] = (strategy, n) == (cal_strategy, int(cal_n))
-        rows.append(row)
-    report = {"job": str(args.job), "calibration": cal_report, "rows": rows,
-              "device_name": json.loads((cal_dir / "plan.json").read_text()).get("device_name")}
+        rows.append({"strategy": strategy, "gpus": n, "layout": plan["layout"], "global_batch": plan["global_batch"],
+                     "memory_predicted_gib": mem_pred, "memory_measured_gib": mem_meas,
+                     "memory_error": (mem_pred / mem_meas - 1) if mem_pred and mem_meas else None,
+                     "memory_breakdown_gib": pred.get("memory_gib"), "step_measured_s": step_meas,
+                     "step_uncalibrated_s": pred.get("step_time_s")})
+    first = json.loads((runs[cal[0]] / "plan.json").read_text())
+    report = {"job": str(args.job), "device_name": first.get("device_name"), "gpu": first.get("gpu"),
+              "model": first["model"], "calibrated_on": cal, "rows": rows, "calibration": None}
+    if args.device == "cuda" and first.get("gpu"):
+        eff, report["calibration"] = load_calibrations([runs[c] for c in cal])
+        add_predictions(rows, first["model"], first["gpu"], eff, cal)
+    return report
+
+
+def reanalyse(old: dict, cal: list[tuple[str, int]], job: Path) -> dict:
+    """Predictions from an earlier report's measurements: the planner is pure math, so the same
+    inputs (measured step times, the preflight's bandwidth as a fraction of the link) give the
+    same calibration it would have fitted on the GPU machine."""
+    from musubi.config.load import load_job
+    from musubi.tasks.registry import build_task
+
+    model = old.get("model") or asdict(build_task(load_job(job)).plan_spec())
+    gpu = old.get("gpu") or (old.get("calibration") or {}).get("gpu")
+    rows = old["rows"]
+    by_key = {(r["strategy"], r["gpus"]): r for r in rows}
+    gpu_entry = get_gpu(gpu)
+    eff = DEFAULT_EFFICIENCY
+    report_cal = None
+    for i, key in enumerate(cal):
+        r = by_key[key]
+        data = {"gpu": gpu, "step_time_s": r["step_measured_s"], "model": model, "layout": r["layout"],
+                "gpus": r["gpus"], "nodes": 1, "global_batch": r["global_batch"]}
+        nvlink = (old.get("calibration") or {}).get("nvlink")
+        if i == 0 and nvlink:
+            data["allreduce_busbw_gbps"] = {"nvlink": nvlink * gpu_entry.nvlink_gbps}
+        eff, rep = calibrate(data, eff)
+        report_cal = {**(report_cal or {}), **rep}
+    rows = [dict(r) for r in rows]
+    add_predictions(rows, model, gpu, eff, cal)
+    return {**old, "model": model, "gpu": gpu, "calibrated_on": cal, "calibration": report_cal, "rows": rows,
+            "reanalysed_from": "earlier report"}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--job", type=Path, default=REPO / "bench" / "plan-lm.yaml")
+    ap.add_argument("--gpus", default="1,2,4")
+    ap.add_argument("--strategies", default="ddp,fsdp")
+    ap.add_argument("--calibrate-on", default="ddp:4,fsdp:4",
+                    help="runs the planner is calibrated on, STRATEGY:GPUS, comma-separated (the first keeps its "
+                         "preflight for the all-reduce bandwidth)")
+    ap.add_argument("--reanalyse", type=Path, default=None,
+                    help="recompute the predictions from an earlier --json report (measured figures reused)")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--out", type=Path, default=None, help="keep the runs here (default: a temporary folder)")
+    args = ap.parse_args()
+    cal = [(c.split(":")[0], int(c.split(":")[1])) for c in args.calibrate_on.split(",")]
+    if args.reanalyse is not None:
+        report = reanalyse(json.loads(args.reanalyse.read_text()), cal, args.job)
+    else:
+        report = measure(args, cal)
+    rows = report["rows"]
     for r in rows:
         me = f"{r['memory_error']:+.1%}" if r["memory_error"] is not None else "-"
         se = f"{r['step_error']:+.1%}" if r.get("step_error") is not None else "-"

@@ -10,7 +10,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from musubi.plan.calibrate import load_calibration
+from musubi.plan.calibrate import load_calibrations
 from musubi.plan.catalog import get_gpu
 from musubi.plan.cluster import Cluster, make_cluster
 from musubi.plan.efficiency import DEFAULT_EFFICIENCY
@@ -109,9 +109,10 @@ def plan_command(
                                       "ep=1,vpp=1,zero=1,recompute=selective,micro=1 (dp may be left out)."),
     top: int = typer.Option(5, "--top", help="Layouts to show when searching."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
-    calibrate: Path | None = typer.Option(None, "--calibrate", help="A Musubi run directory (RUN or RUN/JOB with "
+    calibrate: list[Path] | None = typer.Option(None, "--calibrate", help="A Musubi run directory (RUN or RUN/JOB with "
                                           "plan.json), or measured figures as JSON, that replace the efficiency "
-                                          "constants; see musubi/plan/calibrate.py."),
+                                          "constants; repeat for a DDP and an FSDP run; see "
+                                          "musubi/plan/calibrate.py."),
     precision: str = typer.Option("bf16", "--precision", help="Compute precision of the peak (bf16, fp8, ...)."),
 ) -> None:
     """Predict memory, step time and MFU of parallel layouts; search and rank them without --layout."""
@@ -125,7 +126,7 @@ def plan_command(
         batch = global_batch if global_batch is not None else model_spec.global_batch
         if not batch:
             raise PlanError(f"{model_spec.name} has no default batch; give --global-batch SEQUENCES")
-        eff, report = (load_calibration(calibrate) if calibrate is not None else (DEFAULT_EFFICIENCY, None))
+        eff, report = (load_calibrations(calibrate) if calibrate else (DEFAULT_EFFICIENCY, None))
         if report is not None and report["gpu"] != cluster.gpu.name:
             raise PlanError(f"--calibrate file was measured on {report['gpu']}, but --gpu is {cluster.gpu.name}")
         if layout is not None:

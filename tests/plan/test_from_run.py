@@ -107,3 +107,17 @@ def test_runs_that_cannot_calibrate_say_why(tmp_path: Path, case: str, message: 
 def test_measured_step_time_needs_metrics(tmp_path: Path) -> None:
     with pytest.raises(PlanError, match="no metrics.jsonl"):
         measured_step_time(tmp_path, 8)
+
+
+def test_a_ddp_run_then_an_fsdp_run_calibrate_each_kind_of_layout(tmp_path: Path) -> None:
+    from musubi.plan.calibrate import load_calibrations
+
+    fsdp = _run_dir(tmp_path / "f", [1.0, 200.0, 200.0])  # _record() is an FSDP job: 32 / 200 s a step
+    ddp_rec = {**_record(), "layout": "dp=4,zero=0,micro=8"}
+    ddp = _run_dir(tmp_path / "d", [1.0, 320.0, 320.0])
+    (ddp / "lm" / "plan.json").write_text(json.dumps(ddp_rec))
+    alone, _ = load_calibrations([fsdp])
+    assert alone.step_scale == alone.step_scale_sharded  # one sharded run: used for every layout
+    both, report = load_calibrations([ddp, fsdp])
+    assert both.scale_for(0) != both.scale_for(3) and both.scale_for(3) == alone.step_scale_sharded
+    assert report["sources"] == [str(ddp / "lm"), str(fsdp / "lm")]
