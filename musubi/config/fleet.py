@@ -15,6 +15,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from musubi.config.job import JobSpec, StrictModel, check_safe_name
+from musubi.config.success import SuccessSpec
 
 
 class Placement(StrictModel):
@@ -81,6 +82,8 @@ class FleetSpec(StrictModel):
     name: str = Field(description="Fleet name; the run directory is runs/<time>-<name>.")
     defaults: dict[str, Any] = Field(default_factory=dict, description="Merged under every task job.")
     leaderboard: LeaderboardSpec = Field(default_factory=LeaderboardSpec, description="Ranking and export.")
+    success: SuccessSpec = Field(default_factory=SuccessSpec, description="Success criteria over the whole "
+                                 "fleet, checked at the end (RUN/checklist.json, exit code).")
     jobs: list[TaskJob | CommandJob] = Field(min_length=1, description="The jobs.")
 
     @field_validator("name")

@@ -12,6 +12,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from musubi.config.success import SuccessSpec
+
 #: Job and run names become directory names: a safe alphabet, no path tricks.
 SAFE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
@@ -193,6 +195,8 @@ class JobSpec(StrictModel):
     data: DataSpec = Field(description="Data source.")
     train: TrainSpec = Field(default_factory=TrainSpec, description="Optimisation.")
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec, description="Checkpointing.")
+    success: SuccessSpec = Field(default_factory=SuccessSpec, description="Success criteria the run checks "
+                                 "itself against (RUN/checklist.json).")
 
     @field_validator("name")
     @classmethod
