@@ -70,3 +70,14 @@ def test_older_env_json_and_bad_files(tmp_path: Path) -> None:
 def test_cpulists() -> None:
     assert parse_cpulist("0-3,8,10-11\n") == (0, 1, 2, 3, 8, 10, 11) and parse_cpulist("N/A") == ()
     assert format_cpulist([11, 0, 1, 2, 3, 8, 10]) == "0-3,8,10-11"
+
+
+def test_planner_reads_the_same_model() -> None:
+    from musubi.plan.catalog import get_gpu
+    from musubi.plan.cluster import fit_to_topology, make_cluster
+
+    h100 = get_gpu("H100-SXM")
+    pairs = fit_to_topology(h100, recorded(PAIRS8))
+    assert (pairs.nvlink_domain, pairs.gpus_per_node, pairs.nvlink_gbps) == (2, 8, 100.0)
+    assert make_cluster(fit_to_topology(h100, recorded(NVSWITCH8)), 8).nvlink_domain == 8
+    assert make_cluster(fit_to_topology(h100, recorded(PCIE8)), 8).nvlink_domain == 1
