@@ -1,6 +1,6 @@
 """Rank pinning benchmark: per-rank step-time tail and throughput of FCOS fed from real JPEG files, pinned vs not.
 
-Writes a few hundred 1920x1080 JPEGs to local disk (a minimal generator: smooth
+Writes 256 1920x1080 JPEGs to local disk (a minimal generator: smooth
 colour fields, shapes and noise, so they decode like photos), then trains
 torchvision's fcos_resnet50_fpn with DDP under torchrun, every rank decoding
 its own images in data-loader workers: each sample is a 2x2 mosaic of four
@@ -78,11 +78,12 @@ class JpegBoxes:
     input of the story's detector fleet), each tile resized with antialiasing.
     """
 
-    def __init__(self, files: list[str], side: int, classes: int, decodes: int) -> None:
+    def __init__(self, files: list[str], side: int, classes: int, decodes: int, length: int) -> None:
         self.files, self.side, self.classes, self.decodes = files, side, classes, decodes
+        self.length = length  # samples cycle over the files: one epoch covers the run (no epoch-start stalls)
 
     def __len__(self) -> int:
-        return len(self.files)
+        return self.length
 
     def __getitem__(self, i: int):
         import math
@@ -136,7 +137,8 @@ def rank_main(args: argparse.Namespace) -> None:
     if pinned is not None:
         torch.set_num_threads(intra_op_threads(pinned.cores, args.workers))
     files = sorted(str(p) for p in Path(args.data).glob("*.jpg"))
-    ds = JpegBoxes(files, args.side, 91, args.decodes)
+    total = args.warmup + args.steps
+    ds = JpegBoxes(files, args.side, 91, args.decodes, length=world * args.batch * (total + 2))
     sampler = DistributedSampler(ds, world, rank, shuffle=True, seed=0, drop_last=True)
     loader = DataLoader(ds, batch_size=args.batch, sampler=sampler, num_workers=args.workers, collate_fn=_collate,
                         pin_memory=cuda, drop_last=True, persistent_workers=args.workers > 0,
@@ -146,7 +148,6 @@ def rank_main(args: argparse.Namespace) -> None:
     model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[local] if cuda else None)
     opt = torch.optim.SGD(model.parameters(), lr=1e-4, momentum=0.9)
     torch.backends.cudnn.benchmark = True
-    total = args.warmup + args.steps
     times, waits = [], []
     epoch = 0
     sampler.set_epoch(epoch)
@@ -257,7 +258,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=None, help="images per rank per step (default 8; CPU 2)")
     ap.add_argument("--workers", type=int, default=None,
                     help="loader workers per rank, both arms (default: data.workers auto of the pinned plan)")
-    ap.add_argument("--images", type=int, default=None, help="JPEG files to write (default 320; CPU 8)")
+    ap.add_argument("--images", type=int, default=None, help="JPEG files to write (default 256; CPU 8)")
     ap.add_argument("--side", type=int, default=None, help="canvas width, 16:9 (default 1333)")
     ap.add_argument("--decodes", type=int, default=4, help="JPEGs decoded per sample (mosaic tiles; default 4)")
     ap.add_argument("--data", default=None, help="folder for the JPEGs (default: a temp folder)")
@@ -270,7 +271,7 @@ def main() -> None:
     args.gpus = args.gpus or (2 if args.cpu else 4)
     args.batch = args.batch or (2 if args.cpu else 8)
     args.side = args.side or (160 if args.cpu else 1333)
-    n_img = args.images or (8 if args.cpu else 320)
+    n_img = args.images or (8 if args.cpu else 256)
     if args.cpu:
         args.steps = min(args.steps, 5)
         args.warmup = min(args.warmup, 1)

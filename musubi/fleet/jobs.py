@@ -37,11 +37,17 @@ def union_cpus(cpus: str | None) -> tuple[int, ...]:
     return tuple(sorted({c for part in (cpus or "").split(";") for c in parse_cpulist(part)}))
 
 
-def pin_child(cpus: tuple[int, ...]):  # noqa: ANN201 - a Popen preexec_fn or None
-    """A Popen `preexec_fn` that pins the new process (and all it starts) to `cpus`; None for no pinning."""
+def pin_process(pid: int, cpus: tuple[int, ...]) -> None:
+    """Pin a just-started process to `cpus` (what it starts later inherits them); nothing for () or off Linux.
+
+    Done right after Popen rather than in a `preexec_fn`, which is unsafe while the fleet's threads run.
+    """
     if not cpus or not hasattr(os, "sched_setaffinity"):
-        return None
-    return lambda: os.sched_setaffinity(0, cpus)
+        return
+    try:
+        os.sched_setaffinity(pid, cpus)
+    except OSError:  # already gone, or cores outside this process's cgroup: it runs unpinned
+        pass
 
 
 def gpu_env(gpus: list[int], kind: str, threads: int | None = None, cpus: str | None = None) -> dict[str, str]:
@@ -74,6 +80,8 @@ def task_launch(job: TaskJob, run_dir: Path, gpus: list[int], kind: str, resume:
     if resume:
         argv.append("--resume")
     env = dict(os.environ, **gpu_env(gpus, kind, threads, cpus), PYTHONUNBUFFERED="1")
+    if not cpus:  # a MUSUBI_CPUS of the fleet's own environment would give every job the same cores
+        env.pop("MUSUBI_CPUS", None)
     env["MUSUBI_DEVICE"] = kind
     log = run_dir / job.name / "logs" / "fleet.log"
     return Launch(argv, env, Path.cwd(), log)

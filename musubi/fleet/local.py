@@ -134,7 +134,8 @@ class LocalFleet:
         launch.log.parent.mkdir(parents=True, exist_ok=True)
         f = open(launch.log, "a", encoding="utf-8")
         proc = subprocess.Popen(launch.argv, env=launch.env, cwd=launch.cwd, stdout=f, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, preexec_fn=J.pin_child(launch.cpus))
+                                stdin=subprocess.DEVNULL)
+        J.pin_process(proc.pid, launch.cpus)  # external commands (task jobs' ranks pin themselves)
         self.running[job.name] = _Running(job, proc, "train", f)
         log.info("start %s on %s %s (attempt %d): %s", job.name, "GPU" if self.kind == "cuda" else "CPU slot",
                  ",".join(map(str, gpus)), st.attempts, st.placement)
@@ -147,7 +148,8 @@ class LocalFleet:
         argv = [sys.executable, "-m", "musubi.fleet.eval_step", str(self.run_dir / job.name)]
         cpus = cpus_value(self.cores, st.gpus) if self.cores is not None else None
         proc = subprocess.Popen(argv, env=env, stdout=run.log_file, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, preexec_fn=J.pin_child(J.union_cpus(cpus)))
+                                stdin=subprocess.DEVNULL)
+        J.pin_process(proc.pid, J.union_cpus(cpus))
         run.proc, run.phase = proc, "eval"
 
     # -- the loop --------------------------------------------------------------

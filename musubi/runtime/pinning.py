@@ -98,7 +98,8 @@ def configure_threads(spec, pinned: Pinning | None) -> str:  # noqa: ANN001 - a 
     cores = pinned.cores if pinned is not None else unpinned_cores(int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     if spec.data.workers == "auto":
         spec.data.workers = auto_workers(cores)
+    if pinned is None:  # not pinned: threads as OMP_NUM_THREADS says (the launcher's share of the cores)
+        return f"not pinned: {torch.get_num_threads()} intra-op thread(s), {spec.data.workers} loader worker(s)"
     threads = intra_op_threads(cores, spec.data.workers)
     torch.set_num_threads(threads)
-    where = pinned.describe() if pinned is not None else f"not pinned ({cores} cores' share)"
-    return f"{where}: {threads} intra-op thread(s), {spec.data.workers} loader worker(s)"
+    return f"{pinned.describe()}: {threads} intra-op thread(s), {spec.data.workers} loader worker(s)"

@@ -12,7 +12,7 @@ import pytest
 
 from musubi.config.errors import ConfigError
 from musubi.config.fleet import CommandJob
-from musubi.fleet.jobs import command_launch
+from musubi.fleet.jobs import command_launch, pin_process
 from musubi.runtime import pin_plan
 from musubi.runtime.pin_plan import apply_to_env, plan_pinning
 from musubi.runtime.pinning import auto_workers, intra_op_threads, rank_cpus
@@ -60,6 +60,15 @@ def test_external_command_is_pinned_to_all_cores_of_its_gpus(tmp_path: Path) -> 
     job = CommandJob(name="ext", command=["true"], gpus=1)
     launch = command_launch(job, tmp_path, [3], "cuda", tmp_path, 4, "8-11")
     assert launch.cpus == (8, 9, 10, 11) and launch.env["MUSUBI_CPUS"] == "8-11"
+    if hasattr(os, "sched_setaffinity"):
+        cpu = max(os.sched_getaffinity(0))
+        proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+        try:
+            pin_process(proc.pid, (cpu,))
+            assert os.sched_getaffinity(proc.pid) == {cpu}
+        finally:
+            proc.kill()
+            proc.wait()
 
 
 RANK = """
