@@ -100,6 +100,10 @@ def prepare(req: TrainRequest) -> tuple[Path, Path, dict, int, str]:
     """Validate everything checkable before launch; lay out RUN/ and RUN/JOB/job.json."""
     spec = load_job(req.job_path, req.overrides)
     nproc, kind = resolve_world(req.nproc, req.device)
+    if spec.train.pin_cpus and os.environ.get("MUSUBI_CPUS"):
+        from musubi.runtime.pin_plan import check_cpus_value
+
+        check_cpus_value(os.environ["MUSUBI_CPUS"], nproc)  # a bad core list fails before anything is written
     from musubi.tasks.registry import build_task
 
     build_task(spec).validate()

@@ -92,3 +92,15 @@ def test_rank_pins_its_threads_and_loader_workers() -> None:
     out = subprocess.run([sys.executable, "-c", RANK.replace("{CPU}", f"{{{cpu}}}")], env=env, capture_output=True,
                          text=True, timeout=60, check=True).stdout.split("\n")[0]
     assert out == f"({cpu},) [{cpu}] 0"
+
+
+def test_bad_core_list_fails_before_anything_is_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    from musubi.cli import app
+
+    monkeypatch.setenv("MUSUBI_CPUS", "0")
+    res = CliRunner().invoke(app, ["train", str(REPO / "examples" / "classify-synthetic.yaml"), "--nproc", "2",
+                                   "--device", "cpu", "--out", str(tmp_path / "run"), "--no-check"])
+    assert res.exit_code == 2 and "gives 1 core set(s) for 2 ranks" in res.output
+    assert not (tmp_path / "run").exists()
