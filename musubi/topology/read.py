@@ -13,10 +13,10 @@ from musubi.topology.smi import parse_topo_matrix, read_topo_text
 SYSFS_PCI = Path("/sys/bus/pci/devices")
 
 
-def _sysfs_place(index: int, bus_id: str, sysfs_pci: Path = SYSFS_PCI) -> GpuPlace:
+def _sysfs_place(index: int, bus_id: str) -> GpuPlace:
     """NUMA node and local CPUs of a PCI device from sysfs (NVML's '00000000:18:00.0' -> '0000:18:00.0')."""
     dom, _, rest = bus_id.lower().partition(":")
-    dev = sysfs_pci / f"{dom[-4:]}:{rest}"
+    dev = SYSFS_PCI / f"{dom[-4:]}:{rest}"
     numa: int | None = None
     cpus: tuple[int, ...] = ()
     try:

@@ -81,3 +81,30 @@ def test_planner_reads_the_same_model() -> None:
     assert (pairs.nvlink_domain, pairs.gpus_per_node, pairs.nvlink_gbps) == (2, 8, 100.0)
     assert make_cluster(fit_to_topology(h100, recorded(NVSWITCH8)), 8).nvlink_domain == 8
     assert make_cluster(fit_to_topology(h100, recorded(PCIE8)), 8).nvlink_domain == 1
+
+
+def test_live_reading_merges_nvidia_smi_with_nvml_and_falls_back_to_sysfs(monkeypatch, tmp_path: Path) -> None:
+    from musubi.preflight.read import nvml as nvml_reader
+    from musubi.preflight.readings import NvmlReading
+    from musubi.topology import read as reader
+
+    gpus = tuple(gpu(i) for i in range(4))
+    nvml_topo = NodeTopology(links={(0, 1): "NV18"}, p2p={(0, 1): "OK"}, source="nvml")
+    monkeypatch.setattr(nvml_reader, "read_nvml", lambda with_xids=True: (NvmlReading(True, gpus), nvml_topo))
+    monkeypatch.setattr(reader, "read_topo_text", lambda: (FIXTURES / NVLINK4).read_text())
+    t = reader.read_node_topology()
+    assert t.source == "nvidia-smi" and t.numa_of(3) == 1 and t.p2p_status(1, 0) == "OK"
+    assert t.gpu(2).bus_id == gpus[2].pci_bus_id  # type: ignore[union-attr]
+    # no nvidia-smi: NVML's links, NUMA node and local CPUs from sysfs
+    monkeypatch.setattr(reader, "read_topo_text", lambda: None)
+    bus = gpus[0].pci_bus_id
+    dom, _, rest = bus.lower().partition(":")
+    dev = tmp_path / f"{dom[-4:]}:{rest}"
+    dev.mkdir()
+    (dev / "numa_node").write_text("1\n")
+    (dev / "local_cpulist").write_text("8-15\n")
+    monkeypatch.setattr(reader, "SYSFS_PCI", tmp_path)
+    t = reader.read_node_topology()
+    assert t.source == "nvml" and t.link(0, 1) == "NV18" and t.numa_of(0) == 1 and t.gpu(0).cpus == tuple(range(8, 16))
+    assert t.numa_of(1) is None  # sysfs has nothing for it
+
