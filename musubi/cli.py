@@ -117,7 +117,9 @@ def env(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> No
             for g in v:
                 print(f"gpu{g['index']}: {g['name']} {g['memory_gib']} GiB driver {g['driver']} {g['uuid']}")
         elif k == "topology":
-            print("topology: " + (", ".join(f"{pair} {link}" for pair, link in v.items()) or "unknown"))
+            from musubi.topology import NodeTopology
+
+            print("topology: " + NodeTopology.from_dict(v).summary())
         elif k == "env":
             print("env: " + (" ".join(f"{name}={value}" for name, value in v.items()) or "(no training variables set)"))
         else:

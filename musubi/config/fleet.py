@@ -75,6 +75,17 @@ class LeaderboardSpec(StrictModel):
     export_top: int = Field(1, ge=0, le=100, description="Export (ONNX) and register the top-k jobs.")
 
 
+class MachineSpec(StrictModel):
+    """How the fleet uses the machine: its topology and the cores of each job's ranks."""
+
+    topology: str | None = Field(
+        None, description="A recorded `nvidia-smi topo -m` text or env.json to place jobs by, instead of "
+        "reading this machine (path relative to the fleet file).")
+    pin_cpus: bool = Field(
+        True, description="Give each GPU (or CPU slot) its own cores and pin every job's ranks to the cores of "
+        "their GPUs (external commands to the cores of all their GPUs). false: no pinning in the fleet.")
+
+
 class FleetSpec(StrictModel):
     """A fleet: shared defaults and the jobs (built by `config.load.load_fleet`, which merges the
     defaults under each task job and names the job in every error)."""
@@ -84,6 +95,7 @@ class FleetSpec(StrictModel):
     leaderboard: LeaderboardSpec = Field(default_factory=LeaderboardSpec, description="Ranking and export.")
     success: SuccessSpec = Field(default_factory=SuccessSpec, description="Success criteria over the whole "
                                  "fleet, checked at the end (RUN/checklist.json, exit code).")
+    machine: MachineSpec = Field(default_factory=MachineSpec, description="Topology and CPU pinning.")
     jobs: list[TaskJob | CommandJob] = Field(min_length=1, description="The jobs.")
 
     @field_validator("name")

@@ -80,7 +80,9 @@ class DataSpec(StrictModel):
         None, ge=16, le=8192, description="Resize on-disk images to this side (classification, detection)."
     )
     seq_len: int = Field(128, ge=2, le=1_048_576, description="LM text files: tokens per sample.")
-    workers: int = Field(2, ge=0, le=64, description="Data-loader worker processes per rank.")
+    workers: Annotated[int, Field(ge=0, le=64)] | Literal["auto"] = Field(
+        2, description="Data-loader worker processes per rank, or `auto`: the rank's pinned cores minus one "
+        "(at most 16; see train.pin_cpus).")
     pin_memory: bool = Field(True, description="Pin host batches for faster copies to the GPU.")
 
     @model_validator(mode="after")
@@ -150,6 +152,12 @@ class TrainSpec(StrictModel):
         "optimizer batch and LR), or halve the global batch and rescale the LR by `lr_rule`.",
     )
     min_batch: int = Field(4, ge=1, description="OOM recovery never goes below this per-rank micro-batch.")
+    pin_cpus: bool = Field(
+        True,
+        description="Pin each rank and its data-loader workers to CPU cores of its own, nearest its GPU "
+        "(NUMA-aware; no core shared between ranks, nor between jobs of a fleet); intra-op threads follow "
+        "the cores. false: ranks float over all cores.",
+    )
     max_restarts: int = Field(
         3, ge=0, le=100, description="Coordinated restarts of all ranks (torchrun) after a rank fails or OOMs."
     )

@@ -12,7 +12,7 @@ from rich.table import Table
 
 from musubi.plan.calibrate import load_calibrations
 from musubi.plan.catalog import get_gpu
-from musubi.plan.cluster import Cluster, make_cluster
+from musubi.plan.cluster import Cluster, fit_to_topology, make_cluster
 from musubi.plan.efficiency import DEFAULT_EFFICIENCY
 from musubi.plan.errors import PlanError
 from musubi.plan.layout import parse_layout
@@ -114,6 +114,8 @@ def plan_command(
                                           "constants; repeat for a DDP and an FSDP run; see "
                                           "musubi/plan/calibrate.py."),
     precision: str = typer.Option("bf16", "--precision", help="Compute precision of the peak (bf16, fp8, ...)."),
+    topology: Path | None = typer.Option(None, "--topology", help="A measured node (`nvidia-smi topo -m` text or "
+                                         "env.json): GPUs per node, NVLink domain and speed come from it."),
 ) -> None:
     """Predict memory, step time and MFU of parallel layouts; search and rank them without --layout."""
     try:
@@ -122,7 +124,16 @@ def plan_command(
         if top < 1:
             raise PlanError(f"--top {top}: must be >= 1")
         model_spec = _resolve_spec(model, spec, seq)
-        cluster = make_cluster(get_gpu(gpu), gpus, nodes)
+        catalog_gpu = get_gpu(gpu)
+        if topology is not None:
+            from musubi.config.errors import ConfigError
+            from musubi.topology.read import load_topology
+
+            try:
+                catalog_gpu = fit_to_topology(catalog_gpu, load_topology(topology))
+            except ConfigError as e:
+                raise PlanError(str(e)) from None
+        cluster = make_cluster(catalog_gpu, gpus, nodes)
         batch = global_batch if global_batch is not None else model_spec.global_batch
         if not batch:
             raise PlanError(f"{model_spec.name} has no default batch; give --global-batch SEQUENCES")

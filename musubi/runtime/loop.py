@@ -256,6 +256,12 @@ class Trainer:
                     self.scheduler.step()
                     self.step += 1
                     self.phase = "between steps"
+                    if self.step == self.fit_start_step + 1 and self.step % t.log_every and self.step < stop:
+                        # The first step warmed the kernels (cudnn autotuning, allocator, loader workers):
+                        # samples/s is timed from its end, not from the cold start (one sync per fit).
+                        if w.is_cuda:
+                            torch.cuda.synchronize(w.device)
+                        t_log, samples_log = time.perf_counter(), 0
                     if self.injector:
                         now_s = time.perf_counter()
                         self.injector.after_step(self.step, now_s - t_step)

@@ -56,6 +56,10 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError:
             pass
     err_file.unlink(missing_ok=True)
+    from musubi.runtime.pinning import pin_rank
+
+    # First thing: every thread torch starts later, and every loader worker, inherits these cores.
+    pinned = pin_rank(int(os.environ.get("LOCAL_RANK", "0")))
     trainer = None
     world = None
     try:
@@ -78,6 +82,9 @@ def main(argv: list[str] | None = None) -> int:
         from musubi.preflight import check_unique_devices
 
         check_unique_devices(world)  # abort at start if two ranks share one GPU
+        from musubi.runtime.pinning import configure_threads
+
+        log.info("rank %d: %s", world.rank, configure_threads(spec, pinned))
         if restarts:
             log.warning("restart %d of this job (torchrun): resuming from the newest committed checkpoint",
                         restarts)
