@@ -128,6 +128,27 @@ def checklist(
 
 
 @app.command()
+def compare(
+    run_a: Path = typer.Argument(..., help="The earlier run directory (A)."),
+    run_b: Path = typer.Argument(..., help="The later run directory (B)."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    threshold: float = typer.Option(0.10, "--regression", min=0.0, max=1.0,
+                                    help="Throughput drop of B against A flagged as a regression."),
+) -> None:
+    """What changed between two runs (config, environment, data, placement) and how the figures moved."""
+    from musubi.records.compare import compare_runs, render
+
+    try:
+        report = compare_runs(run_a, run_b, threshold)
+    except ConfigError as e:
+        _fail(str(e), 2)
+    if as_json:
+        print(json.dumps(report, indent=1, default=str))
+    else:
+        render(report, Console())
+
+
+@app.command()
 def schema() -> None:
     """Print every job YAML field with its type, default and meaning (markdown)."""
     from musubi.config.schema_doc import schema_markdown

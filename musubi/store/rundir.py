@@ -89,6 +89,12 @@ def env_record() -> dict[str, Any]:
             rec["nccl"] = None
         rec["gpus"] = _nvml_gpus()
         rec["topology"] = topology()
+    from musubi.store.provenance import cudnn_version, package_versions, project_git
+
+    rec["musubi"] = musubi.__version__
+    rec["cudnn"] = cudnn_version()
+    rec["packages"] = package_versions()
+    rec["project"] = project_git()
     rec["env"] = relevant_env()
     return rec
 
