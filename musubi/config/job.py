@@ -188,6 +188,18 @@ class CheckpointSpec(StrictModel):
     enabled: bool = Field(True, description="Write checkpoints at all.")
 
 
+class TrackingSpec(StrictModel):
+    """Experiment trackers rank 0 mirrors metrics.jsonl to (metrics.jsonl is always written)."""
+
+    tensorboard: bool = Field(True, description="TensorBoard event files in JOB/tensorboard (when installed).")
+    mlflow: bool = Field(False, description="Log params and metrics to MLflow (the `mlflow` extra: mlflow-skinny).")
+    mlflow_uri: str | None = Field(
+        None, max_length=2048, description="MLflow tracking URI (http(s)://, databricks, file:); None: a local "
+        "file store in RUN/mlruns.")
+    mlflow_experiment: str | None = Field(
+        None, max_length=256, description="MLflow experiment name; None: the fleet's or job's name.")
+
+
 class JobSpec(StrictModel):
     """One training job: a task (model + data + loss + metric) and how to train it."""
 
@@ -205,6 +217,7 @@ class JobSpec(StrictModel):
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec, description="Checkpointing.")
     success: SuccessSpec = Field(default_factory=SuccessSpec, description="Success criteria the run checks "
                                  "itself against (RUN/checklist.json).")
+    tracking: TrackingSpec = Field(default_factory=TrackingSpec, description="TensorBoard / MLflow logging.")
 
     @field_validator("name")
     @classmethod

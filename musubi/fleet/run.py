@@ -41,12 +41,14 @@ class FleetRequest:
 
 def validate_fleet(spec: FleetSpec, base: Path) -> None:
     """Every job checked before anything starts: model names, data, commands."""
+    from musubi.runtime.tracking import check_tracking
     from musubi.tasks.registry import build_task
 
     for job in spec.jobs:
         try:
             if isinstance(job, TaskJob):
                 build_task(job.spec).validate()
+                check_tracking(job.spec.tracking)
             else:
                 check_command(job, base)
         except ConfigError as e:

@@ -104,9 +104,11 @@ def prepare(req: TrainRequest) -> tuple[Path, Path, dict, int, str]:
         from musubi.runtime.pin_plan import check_cpus_value
 
         check_cpus_value(os.environ["MUSUBI_CPUS"], nproc)  # a bad core list fails before anything is written
+    from musubi.runtime.tracking import check_tracking
     from musubi.tasks.registry import build_task
 
     build_task(spec).validate()
+    check_tracking(spec.tracking)
     if spec.train.global_batch is not None:
         from musubi.runtime.batching import plan_batch
 

@@ -112,7 +112,8 @@ def main(argv: list[str] | None = None) -> int:
             if opts.resume:
                 trainer.resume()
             restarted = opts.resume or restarts > 0
-            metrics = MetricsWriter(job_dir, trainer.step if restarted else None) if world.is_main else None
+            metrics = MetricsWriter(job_dir, trainer.step if restarted else None, spec.tracking, spec.name,
+                                    record["config"]) if world.is_main else None
             summary = trainer.fit(metrics)
         except Exception as e:
             if not is_oom(e):
