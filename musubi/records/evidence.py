@@ -184,8 +184,9 @@ def data_wait_share(job_dir: Path) -> float | None:
 
 
 def baseline(job_dir: Path) -> dict[str, Any] | None:
-    """The job's single-GPU baseline (JOB/baseline.json: samples_per_s), when the fleet measured one."""
-    rec = read_json_or_none(job_dir / "baseline.json")
+    """The job's single-GPU baseline (RUN/baselines/JOB.json, or JOB/baseline.json), when one was measured."""
+    rec = read_json_or_none(job_dir / "baseline.json") or read_json_or_none(
+        job_dir.parent / "baselines" / f"{job_dir.name}.json")
     if isinstance(rec, dict) and isinstance(rec.get("samples_per_s"), (int, float)) and rec["samples_per_s"] > 0:
         return rec
     return None
