@@ -186,6 +186,13 @@ def job_items(name: str, job_dir: Path, state: str, gpus: int, kind: str, succes
         records = E.train_records(job_dir)
         items.append(_loss_item(name, records))
         items.append(_oom_item(name, job_dir, ended_well))
+        fallbacks = E.precision_fallbacks(job_dir)
+        if fallbacks:
+            what = "; ".join(f"{f.get('from')} -> {f.get('to')} after a non-finite loss at step {f.get('step')} "
+                             f"(rolled back to step <= {f.get('last_good_step')})" for f in fallbacks)
+            items.append(Item("during", "numerics", "WARN", f"{len(fallbacks)} precision fallback(s): {what}", name))
+        else:
+            items.append(Item("during", "numerics", "PASS", "no non-finite loss", name))
         items.append(_ranks_item(name, job_dir, gpus, ended_well))
         speed = (_throughput_items(name, job_dir, records, success, figures)
                  + _telemetry_items(name, job_dir, success, figures)

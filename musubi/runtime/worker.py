@@ -91,6 +91,15 @@ def main(argv: list[str] | None = None) -> int:
         task = build_task(spec)
         task.validate()
         precision = resolve_precision(spec.train.precision, world.device)
+        if restarts:
+            from musubi.runtime.numerics import clear_pending, current_precision
+
+            bf16_ok = world.device.type != "cuda" or torch.cuda.is_bf16_supported()
+            precision = current_precision(job_dir, precision, bf16_ok, world.is_main)
+            spec.train.precision = precision  # the Trainer reads it from the spec
+            world.barrier()  # every rank read the fault, rank 0 moved bad checkpoints aside
+            if world.is_main:
+                clear_pending(job_dir)
         plan, _recoveries = decide_batch(spec, task, world, job_dir, precision, injector,
                                          lambda m: build_optimizer(m, spec, 1e-3))
         from musubi.runtime.plan_record import write_plan_record
@@ -115,6 +124,21 @@ def main(argv: list[str] | None = None) -> int:
             metrics = MetricsWriter(job_dir, trainer.step if restarted else None, spec.tracking, spec.name,
                                     record["config"]) if world.is_main else None
             summary = trainer.fit(metrics)
+        except FloatingPointError as e:
+            # Every rank saw the same non-finite all-reduced loss at the same step (see numerics.py).
+            from musubi.runtime.numerics import EXIT_NUMERICS, record_nonfinite, safer_precision
+
+            step = trainer.step if trainer is not None else 0
+            last_good = trainer.last_finite_step if trainer is not None else 0
+            if safer_precision(precision, True) is None:
+                raise FloatingPointError(f"{e} in fp32 (nothing safer to fall back to): lower train.lr, add "
+                                         "train.grad_clip or check the data") from None
+            record_nonfinite(job_dir, world.rank, step, last_good, precision, str(e))
+            _write_error(job_dir, rank, "numerics", f"{e} in {precision}: rolling back to step <= {last_good} "
+                         f"in a safer precision")
+            log.error("%s in %s: restarting from the last good checkpoint in a safer precision", e, precision)
+            logging.shutdown()
+            return EXIT_NUMERICS
         except Exception as e:
             if not is_oom(e):
                 raise
