@@ -53,13 +53,16 @@ class CommProbe:
         self.nbytes = nbytes or (GPU_BYTES if backend == "nccl" else CPU_BYTES)
         self.dir = Path(tempfile.mkdtemp(prefix="musubi-preflight-"))
         self.out, self.log_path = self.dir / "allreduce.json", self.dir / "allreduce.log"
-        argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
+        from musubi.runtime.rendezvous import single_node_env, torchrun_module
+
+        argv = [sys.executable, *torchrun_module(), "--standalone", "--nnodes=1",
                 f"--nproc-per-node={ranks}", "--max-restarts=0", "-m", "musubi.preflight.allreduce_probe",
                 "--out", str(self.out), "--backend", backend, "--bytes", str(self.nbytes),
                 "--iters", str(iters or (20 if backend == "nccl" else 5)), "--timeout-s", str(timeout_s)]
         env = dict(os.environ)
         env["PYTHONUNBUFFERED"] = "1"
         env.setdefault("OMP_NUM_THREADS", "1")
+        env.update(single_node_env(env))  # rendezvous and rank sockets on loopback, like a training job
         if visible_devices is not None:
             env["CUDA_VISIBLE_DEVICES"] = visible_devices
         if backend == "nccl":
