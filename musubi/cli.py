@@ -8,6 +8,7 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from musubi.config.errors import ConfigError
 
@@ -17,7 +18,8 @@ err_console = Console(stderr=True, soft_wrap=True)
 
 
 def _fail(message: str, code: int) -> None:
-    err_console.print(f"[bold red]error:[/] {message}", highlight=False, markup=True)
+    # The message quotes user input (paths, names, values): escaped, so `[red]x` prints as written.
+    err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, markup=True)
     raise typer.Exit(code)
 
 
@@ -63,7 +65,7 @@ def train(
         _fail(f"{result.error} (logs: {result.job_dir / 'logs'})", result.code)
     if probe_only:
         return
-    Console().print(f"[green]run directory:[/] {result.run_dir}", highlight=False)
+    Console().print(f"[green]run directory:[/] {escape(str(result.run_dir))}", highlight=False)
 
 
 @app.command()
@@ -87,7 +89,7 @@ def run(
     failed = [s.name for s in states.values() if s.state != "done"]
     if failed:
         _fail(f"{len(failed)} job(s) failed: {', '.join(failed)} (causes in {run_dir / 'fleet.json'})", 1)
-    Console().print(f"[green]run directory:[/] {run_dir}", highlight=False)
+    Console().print(f"[green]run directory:[/] {escape(str(run_dir))}", highlight=False)
 
 
 @app.command()

@@ -99,6 +99,10 @@ class DataSpec(StrictModel):
         None, ge=16, le=8192, description="Resize on-disk images to this side (classification, detection)."
     )
     seq_len: int = Field(128, ge=2, le=1_048_576, description="LM text files: tokens per sample.")
+    max_image_pixels: int | None = Field(
+        None, ge=1, le=2**40, description="Refuse on-disk images with more pixels than this (decompression "
+        "bombs), read from the header before decoding; default PIL's limit (89,478,485)."
+    )
     workers: int = Field(2, ge=0, le=64, description="Data-loader worker processes per rank.")
     pin_memory: bool = Field(True, description="Pin host batches for faster copies to the GPU.")
 

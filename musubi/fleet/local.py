@@ -24,6 +24,7 @@ from typing import Any
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
+from rich.text import Text
 
 from musubi.config.errors import ConfigError
 from musubi.config.fleet import CommandJob, FleetSpec, TaskJob
@@ -205,7 +206,7 @@ class LocalFleet:
     # -- the live table ---------------------------------------------------------
     def table(self) -> Table:
         """Job, state, GPUs, epoch/step, samples/s, ETA."""
-        t = Table(title=f"fleet {self.spec.name}", expand=False)
+        t = Table(title=Text(f"fleet {self.spec.name}"), expand=False)
         for col in ("job", "state", "GPUs" if self.kind == "cuda" else "CPU slots", "attempt", "step", "epoch",
                     "samples/s", "ETA"):
             t.add_column(col)
@@ -224,7 +225,8 @@ class LocalFleet:
                         left = (time.time() - st.started) / rec["step"] * (summary_total - rec["step"])
                         eta = f"{left:.0f}s"
             held = ",".join(map(str, st.gpus)) if st.state in ("running", "evaluating") else "-"
-            t.add_row(name, st.state, held, str(st.attempts), step, epoch, rate, eta)
+            # Text cells: a name is never read as rich markup.
+            t.add_row(*(Text(c) for c in (name, st.state, held, str(st.attempts), step, epoch, rate, eta)))
         return t
 
 
