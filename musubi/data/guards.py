@@ -61,6 +61,8 @@ def open_image(path: str | os.PathLike[str], max_pixels: int | None = None) -> I
                     raise ConfigError(f"{path}: image is {im.width}x{im.height} pixels, over the {limit} "
                                       f"pixel limit; {fix}")
                 return im.convert("RGB")
+    except ConfigError:
+        raise
     except Image.DecompressionBombError:
         raise ConfigError(f"{path}: image is over the {limit} pixel limit (decompression-bomb guard); {fix}"
                           ) from None

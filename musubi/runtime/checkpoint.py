@@ -29,6 +29,7 @@ from typing import Any
 import torch
 import torch.distributed.checkpoint as dcp
 from torch import nn
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
     get_optimizer_state_dict,
@@ -36,8 +37,14 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from musubi.config.errors import ConfigError, one_line
-from musubi.runtime.safe_dcp import SafeFileSystemReader, SafeLoadPlanner, full_state, outside_link
+from musubi.config.errors import ConfigError
+from musubi.runtime.safe_dcp import (
+    SafeFileSystemReader,
+    SafeLoadPlanner,
+    describe_failure,
+    full_state,
+    outside_link,
+)
 from musubi.runtime.world import World
 
 log = logging.getLogger("musubi.checkpoint")
@@ -226,9 +233,9 @@ def load_checkpoint(
     }
     try:
         dcp.load(state, storage_reader=SafeFileSystemReader(str(ckpt.path)), planner=SafeLoadPlanner())
-    except Exception as e:  # DCP wraps per-rank failures in CheckpointException
+    except (Exception, CheckpointException) as e:  # DCP wraps per-rank failures in CheckpointException
         raise ConfigError(
-            f"{ckpt.path}: cannot be loaded ({one_line(e, 200)}); move it aside to resume from an earlier one"
+            f"{ckpt.path}: cannot be loaded ({describe_failure(e)}); move it aside to resume from an earlier one"
         ) from None
     set_model_state_dict(model, state["model"])
     set_optimizer_state_dict(model, optimizer, state["optim"])
@@ -245,7 +252,6 @@ def read_full_state(ckpt_dir: Path) -> dict[str, Any]:
         raise ConfigError(f"{ckpt_dir}: not a committed, intact checkpoint; pick another step directory")
     try:
         return full_state(Path(ckpt_dir))
-    except ConfigError:
-        raise
-    except Exception as e:  # DCP wraps reader failures in CheckpointException
-        raise ConfigError(f"{ckpt_dir}: cannot be loaded ({one_line(e, 200)}); pick another step directory") from None
+    except (Exception, CheckpointException) as e:  # CheckpointException is a BaseException
+        raise ConfigError(f"{ckpt_dir}: cannot be loaded ({describe_failure(e)}); pick another step directory"
+                          ) from None

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import io
 import pickle
+import re
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -28,6 +29,7 @@ from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 
 from musubi.config.errors import ConfigError
+from musubi.tasks.weights import load_refusal
 
 _DCP_METADATA = "torch.distributed.checkpoint.metadata"
 #: (module, name) pairs a DCP `.metadata` pickle may reference.
@@ -95,13 +97,24 @@ class SafeFileSystemReader(FileSystemReader):
         return metadata
 
 
+def describe_failure(e: BaseException) -> str:
+    """One line for a DCP load failure: the first rank's own error (DCP wraps it in CheckpointException)."""
+    failures = getattr(e, "failures", None)
+    if isinstance(failures, dict) and failures:
+        inner = next(iter(failures.values()))
+        e = inner[0] if isinstance(inner, tuple) else inner
+    text = " ".join(str(e).split())
+    # A metadata read that failed: DCP reports both of its attempts; ours is the first.
+    m = re.search(r"global metadata read failed: (.*?)(; rank local metadata read failed|$)", text)
+    return (m.group(1) if m else text)[:300] or type(e).__name__
+
+
 def _load_bytes_safely(value: io.BytesIO) -> Any:
     value.seek(0)
     try:
         return torch.load(value, weights_only=True)
     except Exception as e:  # noqa: BLE001
-        raise ConfigError(f"checkpoint entry refused by weights_only loading ({' '.join(str(e).split())[:160]})"
-                          ) from None
+        raise ConfigError(f"a checkpoint entry is not plain data: {load_refusal(e)}") from None
 
 
 class SafeLoadPlanner(DefaultLoadPlanner):
