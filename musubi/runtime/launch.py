@@ -200,6 +200,8 @@ def torchrun_argv(job_dir: Path, nproc: int, resume: bool, stop_at_step: int | N
     # torchrun behind a rendezvous bound to 127.0.0.1 (`--standalone`), not to every interface.
     argv = [sys.executable, *torchrun_module(), "--standalone", "--nnodes=1",
             f"--nproc-per-node={nproc}", f"--max-restarts={max_restarts}", "--monitor-interval=0.5",
+            # torchrun's own files (per-attempt error records) stay in the run, not in $TMPDIR.
+            f"--log-dir={job_dir / 'logs' / 'torchelastic'}",
             "-m", "musubi.runtime.worker", str(job_dir)]
     if probe_only:
         argv.append("--probe-only")
