@@ -460,3 +460,60 @@ def test_logs_scrub_secret_values(guard: Guard, monkeypatch: pytest.MonkeyPatch)
 def test_corpus_is_large_enough() -> None:
     files = len(list((CORPUS / "jobs").glob("*.yaml"))) + len(list((CORPUS / "fleets").glob("*.yaml")))
     assert files + 4 + 2 + len(DATA_CASES) + len(CKPT_CASES) + 7 >= 50
+
+
+def test_command_job_gets_argv_explicit_env_and_its_own_folder(guard: Guard, monkeypatch: pytest.MonkeyPatch) -> None:
+    from musubi.config.fleet import CommandJob
+    from musubi.fleet.jobs import command_launch
+
+    monkeypatch.setenv("HF_TOKEN", "hf_not_for_the_job")
+    monkeypatch.setenv("LD_PRELOAD", "/tmp/evil.so")
+    job = CommandJob(name="ext", command=["prog", "a; rm -rf ~", "$(touch pwned)"], env={"SEED": "1"})
+    launch = command_launch(job, guard.scratch / "run", [0], "cpu", guard.scratch)
+    assert launch.argv == ["prog", "a; rm -rf ~", "$(touch pwned)"]  # an argv list: no shell sees it
+    assert launch.cwd == guard.scratch / "run" / "ext"
+    assert "HF_TOKEN" not in launch.env and "LD_PRELOAD" not in launch.env and launch.env["SEED"] == "1"
+    assert launch.env["MUSUBI_JOB_DIR"] == str((guard.scratch / "run" / "ext").resolve())
+
+
+@pytest.fixture
+def one_rank_world(monkeypatch: pytest.MonkeyPatch):
+    """A real one-rank gloo group in this process (what a resume runs inside)."""
+    import socket
+
+    from musubi.runtime.world import init_world, shutdown_world
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    for k, v in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": "0", "LOCAL_RANK": "0",
+                 "WORLD_SIZE": "1"}.items():
+        monkeypatch.setenv(k, v)
+    world = init_world(30, "cpu")
+    yield world
+    shutdown_world()
+
+
+@pytest.mark.timeout(60)
+def test_resume_refuses_another_models_checkpoint_before_touching_the_model(guard: Guard, one_rank_world) -> None:
+    from musubi.runtime import checkpoint as ck
+
+    def make(width: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+        torch.manual_seed(width)
+        m = torch.nn.Sequential(torch.nn.Linear(3, width), torch.nn.Linear(width, 2))
+        return m, torch.optim.SGD(m.parameters(), lr=0.1)
+
+    root = guard.scratch / "checkpoints"
+    saved, opt = make(8)
+    rng = {"cpu": torch.zeros(4, dtype=torch.uint8)}
+    ck.save_checkpoint(root, 1, saved, opt, {"step": 1, "signature": "forged"}, rng, one_rank_world, keep_last=2)
+    found = ck.latest_checkpoint(root)
+    assert found is not None
+    target, target_opt = make(5)
+    before = {k: v.clone() for k, v in target.state_dict().items()}
+    with pytest.raises(ConfigError, match=r"checkpoint is of another model \(signature forged != "):
+        ck.load_checkpoint(found, target, target_opt, rng, one_rank_world, ck.model_signature(target))
+    # A lying marker (the attacker forged the signature): DCP's plan-time size check still refuses.
+    with pytest.raises(ConfigError, match=r"cannot be loaded \(.*Size mismatch"):
+        ck.load_checkpoint(found, target, target_opt, rng, one_rank_world, "forged")
+    assert all(torch.equal(before[k], v) for k, v in target.state_dict().items()), "the model was overwritten"
