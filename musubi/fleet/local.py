@@ -66,10 +66,13 @@ def previous_best(runs_base: Path, fleet_name: str, current: Path) -> str | None
     for run in reversed(earlier):
         board = run / "leaderboard.json"
         if board.is_file():
-            rows = read_json(board)
-            rows = rows.get("rows", rows) if isinstance(rows, dict) else rows
-            if rows:
-                return rows[0].get("job") or rows[0].get("name")
+            try:
+                rows = read_json(board)
+                rows = rows.get("rows", rows) if isinstance(rows, dict) else rows
+                if rows and isinstance(rows[0], dict):
+                    return rows[0].get("job") or rows[0].get("name")
+            except (OSError, ValueError, RecursionError, TypeError, KeyError):
+                continue  # an unreadable old leaderboard only costs the ordering hint
     return None
 
 
@@ -238,8 +241,8 @@ def _last_train_record(path: Path) -> dict[str, Any] | None:
     for ln in reversed(lines):
         try:
             rec = json.loads(ln)
-        except ValueError:
+        except (ValueError, RecursionError):
             continue
-        if rec.get("kind") == "train":
+        if isinstance(rec, dict) and rec.get("kind") == "train" and isinstance(rec.get("step"), int):
             return rec
     return None
