@@ -65,7 +65,19 @@ def train(
         _fail(f"{result.error} (logs: {result.job_dir / 'logs'})", result.code)
     if probe_only:
         return
+    if not fleet_member and not _checklist(result.run_dir, Console()):
+        _fail(f"the run did not meet its success criteria (see {result.run_dir / 'checklist.json'})", 1)
     Console().print(f"[green]run directory:[/] {escape(str(result.run_dir))}", highlight=False)
+
+
+def _checklist(run_dir: Path, console: Console) -> bool:
+    """Build, write and print the run's checklist; True when it met its criteria."""
+    from musubi.records.checklist import build_checklist, render, write_checklist
+
+    cl = build_checklist(run_dir)
+    write_checklist(run_dir, cl)
+    render(cl, console)
+    return cl.ok
 
 
 @app.command()
@@ -86,10 +98,56 @@ def run(
     # Under a pipe (CI, a log file) rich would squeeze the live table into 80 columns.
     console = Console(width=None if sys.stdout.isatty() else 160)
     run_dir, states = _guarded(run_fleet, req, console)
+    met = _checklist(run_dir, console)
     failed = [s.name for s in states.values() if s.state != "done"]
     if failed:
         _fail(f"{len(failed)} job(s) failed: {', '.join(failed)} (causes in {run_dir / 'fleet.json'})", 1)
+    if not met:
+        _fail(f"the fleet did not meet its success criteria (see {run_dir / 'checklist.json'})", 1)
     Console().print(f"[green]run directory:[/] {escape(str(run_dir))}", highlight=False)
+
+
+@app.command()
+def checklist(
+    run_dir: Path = typer.Argument(..., help="Run directory of `musubi run` or `musubi train`."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON (what RUN/checklist.json holds)."),
+) -> None:
+    """Check a run against its success criteria again (before / during / after); exit 1 if it missed them."""
+    from musubi.records.checklist import build_checklist, checklist_json, render, write_checklist
+
+    if not run_dir.is_dir():
+        _fail(f"{run_dir}: no such run directory; give the --out of a `musubi run` or `musubi train`", 2)
+    cl = build_checklist(run_dir)
+    if not cl.items or not any(i.job for i in cl.items):
+        _fail(f"{run_dir}: no job found (no fleet.json and no JOB/job.json); is this a run directory?", 2)
+    write_checklist(run_dir, cl)
+    if as_json:
+        print(checklist_json(cl))
+    else:
+        render(cl, Console())
+    if not cl.ok:
+        raise typer.Exit(1)
+
+
+@app.command()
+def compare(
+    run_a: Path = typer.Argument(..., help="The earlier run directory (A)."),
+    run_b: Path = typer.Argument(..., help="The later run directory (B)."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    threshold: float = typer.Option(0.10, "--regression", min=0.0, max=1.0,
+                                    help="Throughput drop of B against A flagged as a regression."),
+) -> None:
+    """What changed between two runs (config, environment, data, placement) and how the figures moved."""
+    from musubi.records.compare import compare_runs, render
+
+    try:
+        report = compare_runs(run_a, run_b, threshold)
+    except ConfigError as e:
+        _fail(str(e), 2)
+    if as_json:
+        print(json.dumps(report, indent=1, default=str))
+    else:
+        render(report, Console())
 
 
 @app.command()
@@ -119,7 +177,9 @@ def env(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> No
             for g in v:
                 print(f"gpu{g['index']}: {g['name']} {g['memory_gib']} GiB driver {g['driver']} {g['uuid']}")
         elif k == "topology":
-            print("topology: " + (", ".join(f"{pair} {link}" for pair, link in v.items()) or "unknown"))
+            from musubi.topology import NodeTopology
+
+            print("topology: " + NodeTopology.from_dict(v).summary())
         elif k == "env":
             print("env: " + (" ".join(f"{name}={value}" for name, value in v.items()) or "(no training variables set)"))
         else:

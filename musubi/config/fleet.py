@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from musubi.config.job import MAX_PATH_CHARS, JobSpec, PathStr, ShortStr, StrictModel, check_safe_name
+from musubi.config.success import SuccessSpec
 
 #: A fleet of more jobs than this is a mistake (or an attack on the scheduler).
 MAX_JOBS = 1000
@@ -92,6 +93,17 @@ class LeaderboardSpec(StrictModel):
     export_top: int = Field(1, ge=0, le=100, description="Export (ONNX) and register the top-k jobs.")
 
 
+class MachineSpec(StrictModel):
+    """How the fleet uses the machine: its topology and the cores of each job's ranks."""
+
+    topology: str | None = Field(
+        None, description="A recorded `nvidia-smi topo -m` text or env.json to place jobs by, instead of "
+        "reading this machine (path relative to the fleet file).")
+    pin_cpus: bool = Field(
+        True, description="Give each GPU (or CPU slot) its own cores and pin every job's ranks to the cores of "
+        "their GPUs (external commands to the cores of all their GPUs). false: no pinning in the fleet.")
+
+
 class FleetSpec(StrictModel):
     """A fleet: shared defaults and the jobs (built by `config.load.load_fleet`, which merges the
     defaults under each task job and names the job in every error)."""
@@ -99,6 +111,9 @@ class FleetSpec(StrictModel):
     name: str = Field(max_length=64, description="Fleet name; the run directory is runs/<time>-<name>.")
     defaults: dict[str, Any] = Field(default_factory=dict, description="Merged under every task job.")
     leaderboard: LeaderboardSpec = Field(default_factory=LeaderboardSpec, description="Ranking and export.")
+    success: SuccessSpec = Field(default_factory=SuccessSpec, description="Success criteria over the whole "
+                                 "fleet, checked at the end (RUN/checklist.json, exit code).")
+    machine: MachineSpec = Field(default_factory=MachineSpec, description="Topology and CPU pinning.")
     jobs: list[TaskJob | CommandJob] = Field(min_length=1, max_length=MAX_JOBS, description="The jobs.")
 
     @field_validator("name")

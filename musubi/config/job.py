@@ -12,6 +12,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from musubi.config.success import SuccessSpec
+
 #: Job and run names become directory names: a safe alphabet, no path tricks.
 SAFE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
@@ -103,7 +105,9 @@ class DataSpec(StrictModel):
         None, ge=1, le=2**40, description="Refuse on-disk images with more pixels than this (decompression "
         "bombs), read from the header before decoding; default PIL's limit (89,478,485)."
     )
-    workers: int = Field(2, ge=0, le=64, description="Data-loader worker processes per rank.")
+    workers: Annotated[int, Field(ge=0, le=64)] | Literal["auto"] = Field(
+        2, description="Data-loader worker processes per rank, or `auto`: the rank's pinned cores minus one "
+        "(at most 16; see train.pin_cpus).")
     pin_memory: bool = Field(True, description="Pin host batches for faster copies to the GPU.")
 
     @model_validator(mode="after")
@@ -174,6 +178,12 @@ class TrainSpec(StrictModel):
         "optimizer batch and LR), or halve the global batch and rescale the LR by `lr_rule`.",
     )
     min_batch: int = Field(4, ge=1, le=1_000_000, description="OOM recovery never goes below this per-rank micro-batch.")
+    pin_cpus: bool = Field(
+        True,
+        description="Pin each rank and its data-loader workers to CPU cores of its own, nearest its GPU "
+        "(NUMA-aware; no core shared between ranks, nor between jobs of a fleet); intra-op threads follow "
+        "the cores. false: ranks float over all cores.",
+    )
     max_restarts: int = Field(
         3, ge=0, le=100, description="Coordinated restarts of all ranks (torchrun) after a rank fails or OOMs."
     )
@@ -204,6 +214,18 @@ class CheckpointSpec(StrictModel):
     enabled: bool = Field(True, description="Write checkpoints at all.")
 
 
+class TrackingSpec(StrictModel):
+    """Experiment trackers rank 0 mirrors metrics.jsonl to (metrics.jsonl is always written)."""
+
+    tensorboard: bool = Field(True, description="TensorBoard event files in JOB/tensorboard (when installed).")
+    mlflow: bool = Field(False, description="Log params and metrics to MLflow (the `mlflow` extra: mlflow-skinny).")
+    mlflow_uri: str | None = Field(
+        None, max_length=2048, description="MLflow tracking URI (http(s)://, databricks, file:); None: a local "
+        "file store in RUN/mlruns.")
+    mlflow_experiment: str | None = Field(
+        None, max_length=256, description="MLflow experiment name; None: the fleet's or job's name.")
+
+
 class JobSpec(StrictModel):
     """One training job: a task (model + data + loss + metric) and how to train it."""
 
@@ -220,6 +242,9 @@ class JobSpec(StrictModel):
     data: DataSpec = Field(description="Data source.")
     train: TrainSpec = Field(default_factory=TrainSpec, description="Optimisation.")
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec, description="Checkpointing.")
+    success: SuccessSpec = Field(default_factory=SuccessSpec, description="Success criteria the run checks "
+                                 "itself against (RUN/checklist.json).")
+    tracking: TrackingSpec = Field(default_factory=TrackingSpec, description="TensorBoard / MLflow logging.")
 
     @field_validator("name")
     @classmethod

@@ -13,6 +13,7 @@ import yaml
 
 from musubi.config.errors import ConfigError
 from musubi.config.fleet import CommandJob, TaskJob
+from musubi.topology.model import parse_cpulist
 
 #: Variables an external job inherits from Musubi's own environment (the rest is explicit):
 #: the basics of a process, and the GPU/NCCL safety settings of the machine.
@@ -28,11 +29,34 @@ class Launch:
     env: dict[str, str]
     cwd: Path
     log: Path
+    cpus: tuple[int, ...] = ()  # cores the started process is pinned to (external commands); () = not pinned
 
 
-def gpu_env(gpus: list[int], kind: str, threads: int | None = None) -> dict[str, str]:
-    """The devices a job may see (its GPUs only; none for CPU ranks) and its CPU threads per rank."""
+def union_cpus(cpus: str | None) -> tuple[int, ...]:
+    """Every core of a MUSUBI_CPUS value ('0-3;4-7' -> 0..7); () for None."""
+    return tuple(sorted({c for part in (cpus or "").split(";") for c in parse_cpulist(part)}))
+
+
+def pin_process(pid: int, cpus: tuple[int, ...]) -> None:
+    """Pin a just-started process to `cpus` (what it starts later inherits them); nothing for () or off Linux.
+
+    Done right after Popen rather than in a `preexec_fn`, which is unsafe while the fleet's threads run.
+    """
+    if not cpus or not hasattr(os, "sched_setaffinity"):
+        return
+    try:
+        os.sched_setaffinity(pid, cpus)
+    except OSError:  # already gone, or cores outside this process's cgroup: it runs unpinned
+        pass
+
+
+def gpu_env(gpus: list[int], kind: str, threads: int | None = None, cpus: str | None = None) -> dict[str, str]:
+    """The devices a job may see (its GPUs only; none for CPU ranks), its CPU threads per rank and cores."""
     env = {"CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in gpus) if kind == "cuda" else ""}
+    if cpus:
+        # One core set per local rank, in the order of the job's GPUs (see runtime/pinning.py).
+        env["MUSUBI_CPUS"] = cpus
+        threads = min(len(parse_cpulist(part)) for part in cpus.split(";"))
     if threads is not None and "OMP_NUM_THREADS" not in os.environ:
         # Jobs run side by side: each rank gets its share of the cores, not all of them.
         env["OMP_NUM_THREADS"] = str(threads)
@@ -40,16 +64,24 @@ def gpu_env(gpus: list[int], kind: str, threads: int | None = None) -> dict[str,
 
 
 def task_launch(job: TaskJob, run_dir: Path, gpus: list[int], kind: str, resume: bool,
-                threads: int | None = None) -> Launch:
-    """`musubi train` of a task job as a fleet member (its own torchrun, its own rendezvous port)."""
+                threads: int | None = None, cpus: str | None = None, pin: bool = True) -> Launch:
+    """`musubi train` of a task job as a fleet member (its own torchrun, its own rendezvous port).
+
+    `cpus`: MUSUBI_CPUS for its ranks (the cores of its GPUs); `pin` False: the fleet turned pinning off.
+    """
     spec_path = run_dir / ".fleet" / f"{job.name}.yaml"
     spec_path.parent.mkdir(parents=True, exist_ok=True)
-    spec_path.write_text(yaml.safe_dump(job.spec.resolved(), sort_keys=False), encoding="utf-8")
+    resolved = job.spec.resolved()
+    if not pin:
+        resolved["train"]["pin_cpus"] = False
+    spec_path.write_text(yaml.safe_dump(resolved, sort_keys=False), encoding="utf-8")
     argv = [sys.executable, "-m", "musubi.cli", "train", str(spec_path), "--out", str(run_dir), "--nproc",
             str(job.gpus), "--device", kind, "--no-check", "--fleet-member"]
     if resume:
         argv.append("--resume")
-    env = dict(os.environ, **gpu_env(gpus, kind, threads), PYTHONUNBUFFERED="1")
+    env = dict(os.environ, **gpu_env(gpus, kind, threads, cpus), PYTHONUNBUFFERED="1")
+    if not cpus:  # a MUSUBI_CPUS of the fleet's own environment would give every job the same cores
+        env.pop("MUSUBI_CPUS", None)
     env["MUSUBI_DEVICE"] = kind
     log = run_dir / job.name / "logs" / "fleet.log"
     return Launch(argv, env, Path.cwd(), log)
@@ -88,18 +120,18 @@ def check_command(job: CommandJob, base: Path) -> None:
 
 
 def command_launch(job: CommandJob, run_dir: Path, gpus: list[int], kind: str, base: Path,
-                   threads: int | None = None) -> Launch:
-    """An external job: explicit environment, the job's folder as working directory."""
+                   threads: int | None = None, cpus: str | None = None) -> Launch:
+    """An external job: explicit environment, the job's folder as working directory, pinned to its GPUs' cores."""
     job_dir = run_dir / job.name
     job_dir.mkdir(parents=True, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if k in INHERITED or k.startswith(INHERITED_PREFIXES)}
     env.update(job.env)
-    for k, v in gpu_env(gpus, kind, threads).items():
+    for k, v in gpu_env(gpus, kind, threads, cpus).items():
         if k == "CUDA_VISIBLE_DEVICES" or k not in job.env:  # the job's GPUs are not the job's to choose
             env[k] = v
     env["MUSUBI_JOB_DIR"] = str(job_dir.resolve())
     env["PYTHONUNBUFFERED"] = "1"
-    return Launch(resolve_command(job, base), env, job_dir, job_dir / "logs" / "stdout.log")
+    return Launch(resolve_command(job, base), env, job_dir, job_dir / "logs" / "stdout.log", union_cpus(cpus))
 
 
 def failure_cause(job_dir: Path, code: int) -> str:

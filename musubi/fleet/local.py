@@ -29,6 +29,7 @@ from rich.text import Text
 from musubi.config.errors import ConfigError
 from musubi.config.fleet import CommandJob, FleetSpec, TaskJob
 from musubi.fleet import jobs as J
+from musubi.fleet.machine import cpus_value, device_cores, fleet_topology
 from musubi.fleet.packer import Demand, Packer, unplaceable
 from musubi.runtime.checkpoint import latest_checkpoint
 from musubi.store.rundir import read_json, write_json
@@ -48,6 +49,7 @@ class JobState:
     causes: list[str] = field(default_factory=list)
     started: float | None = None
     ended: float | None = None
+    placement: str = ""  # why the job got its GPUs (the packer's reason)
 
 
 @dataclass
@@ -100,10 +102,13 @@ class LocalFleet:
         problems = unplaceable(queue, len(devices))
         if problems:
             raise ConfigError(problems[0])
-        self.packer = Packer(list(devices), queue)
+        topology = fleet_topology(spec, base, run_dir, kind)
+        self.packer = Packer(list(devices), queue, topology=topology)
         self.running: dict[str, _Running] = {}
         # CPU threads per rank: the machine's cores shared by every device's rank.
         self.threads = max(1, (os.cpu_count() or 1) // max(1, len(devices)))
+        # Each device's own cores: a job's ranks are pinned to the cores of its GPUs (never another job's).
+        self.cores = device_cores(list(devices), topology) if spec.machine.pin_cpus else None
         if first:
             log.info("previous best model %s runs first", first)
 
@@ -117,6 +122,8 @@ class LocalFleet:
         st = self.states[job.name]
         st.attempts += 1
         st.state, st.gpus, st.started = "running", gpus, time.time()
+        st.placement = self.packer.reasons.get(job.name, "")
+        cpus = cpus_value(self.cores, gpus) if self.cores is not None else None
         job_dir = self.run_dir / job.name
         if isinstance(job, TaskJob):
             resume = latest_checkpoint(job_dir / "checkpoints") is not None
@@ -124,16 +131,18 @@ class LocalFleet:
                 # A failed attempt without a checkpoint: keep its files, start clean beside them.
                 aside = self.run_dir / f"{job.name}.attempt{st.attempts - 1}"
                 job_dir.rename(aside)
-            launch = J.task_launch(job, self.run_dir, gpus, self.kind, resume, self.threads)
+            launch = J.task_launch(job, self.run_dir, gpus, self.kind, resume, self.threads, cpus,
+                                   pin=self.spec.machine.pin_cpus)
         else:
-            launch = J.command_launch(job, self.run_dir, gpus, self.kind, self.base, self.threads * job.gpus)
+            launch = J.command_launch(job, self.run_dir, gpus, self.kind, self.base, self.threads * job.gpus, cpus)
         launch.log.parent.mkdir(parents=True, exist_ok=True)
         f = open(launch.log, "a", encoding="utf-8")
         proc = subprocess.Popen(launch.argv, env=launch.env, cwd=launch.cwd, stdout=f, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL)
+        J.pin_process(proc.pid, launch.cpus)  # external commands (task jobs' ranks pin themselves)
         self.running[job.name] = _Running(job, proc, "train", f)
-        log.info("start %s on %s %s (attempt %d)", job.name, "GPU" if self.kind == "cuda" else "CPU slot",
-                 ",".join(map(str, gpus)), st.attempts)
+        log.info("start %s on %s %s (attempt %d): %s", job.name, "GPU" if self.kind == "cuda" else "CPU slot",
+                 ",".join(map(str, gpus)), st.attempts, st.placement)
 
     def _start_eval(self, run: _Running) -> None:
         job = run.job
@@ -141,8 +150,10 @@ class LocalFleet:
         st.state = "evaluating"
         env = dict(os.environ, **J.gpu_env(st.gpus, self.kind, self.threads * len(st.gpus)))
         argv = [sys.executable, "-m", "musubi.fleet.eval_step", str(self.run_dir / job.name)]
+        cpus = cpus_value(self.cores, st.gpus) if self.cores is not None else None
         proc = subprocess.Popen(argv, env=env, stdout=run.log_file, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL)
+        J.pin_process(proc.pid, J.union_cpus(cpus))
         run.proc, run.phase = proc, "eval"
 
     # -- the loop --------------------------------------------------------------

@@ -6,12 +6,17 @@ family (a family's jobs back to back), then larger GPU demand first (big jobs
 placed before the small ones fragment the machine). Whenever GPUs are free, the
 first job in that order that fits starts; while the head job waits for more GPUs,
 later jobs that fit in what is free start instead (backfill), so no GPU idles
-while work is queued. Jobs never share a GPU.
+while work is queued. Jobs never share a GPU. Which free GPUs a job gets is
+decided by the node's topology (fleet/placement.py): the best-linked group,
+leaving the best groups to the multi-GPU jobs still queued.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+from musubi.fleet.placement import choose
+from musubi.topology.model import NodeTopology
 
 
 @dataclass(frozen=True)
@@ -32,6 +37,8 @@ class Packer:
     gpus: list[int]
     queue: list[Demand] = field(default_factory=list)
     busy: dict[str, list[int]] = field(default_factory=dict)
+    topology: NodeTopology | None = None
+    reasons: dict[str, str] = field(default_factory=dict)  # job -> why it got its GPUs (latest placement)
 
     def __post_init__(self) -> None:
         self.free = sorted(self.gpus)
@@ -42,8 +49,12 @@ class Packer:
         started: list[tuple[Demand, list[int]]] = []
         for job in list(self.queue):
             if job.gpus <= len(self.free):
-                chosen, self.free = self.free[: job.gpus], self.free[job.gpus:]
+                behind = [(d.name, d.gpus) for d in self.queue if d is not job]
+                pick = choose(self.topology, self.free, job.gpus, behind)
+                chosen = list(pick.gpus)
+                self.free = [g for g in self.free if g not in chosen]
                 self.busy[job.name] = chosen
+                self.reasons[job.name] = pick.reason
                 self.queue.remove(job)
                 started.append((job, chosen))
             if not self.free:

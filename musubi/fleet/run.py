@@ -21,7 +21,7 @@ from musubi.config.fleet import FleetSpec, TaskJob
 from musubi.config.load import load_fleet
 from musubi.fleet.jobs import check_command
 from musubi.fleet.local import JobState, LocalFleet
-from musubi.store.rundir import default_run_dir, env_record, run_record, write_json
+from musubi.store.rundir import default_run_dir, env_record, read_json, run_record, write_json
 
 log = logging.getLogger("musubi.fleet")
 
@@ -41,12 +41,14 @@ class FleetRequest:
 
 def validate_fleet(spec: FleetSpec, base: Path) -> None:
     """Every job checked before anything starts: model names, data, commands."""
+    from musubi.runtime.tracking import check_tracking
     from musubi.tasks.registry import build_task
 
     for job in spec.jobs:
         try:
             if isinstance(job, TaskJob):
                 build_task(job.spec).validate()
+                check_tracking(job.spec.tracking)
             else:
                 check_command(job, base)
         except ConfigError as e:
@@ -100,6 +102,10 @@ def run_fleet(req: FleetRequest, console: Console | None = None) -> tuple[Path, 
     console.print(f"fleet {spec.name}: {len(spec.jobs)} jobs on {len(devices)} "
                   f"{'GPU' if kind == 'cuda' else 'CPU slot'}{'s' if len(devices) > 1 else ''} -> {run_dir}",
                   highlight=False, markup=False)
+    if spec.success.baseline_steps:
+        from musubi.fleet.baseline import measure_baselines
+
+        measure_baselines(spec, run_dir, devices, kind, read_json(run_dir / "env.json"), console)
     states = LocalFleet(spec, run_dir, base, devices, kind, req.resume, console).run()
     _finish(spec, run_dir, console)
     return run_dir, states

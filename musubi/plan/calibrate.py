@@ -20,6 +20,9 @@ What is fitted, and nothing else: matmul = matmul_tflops / catalog bf16 peak; hb
 hbm_gbps / catalog bandwidth; each tier's bus-bandwidth fraction = busbw / the tier's
 per-GPU link rate; and, when a step is given, one `step_scale` = measured / predicted
 (with the fitted constants) that absorbs whatever the model still misses on that machine.
+A step measured on a weight-sharded layout (zero=3, FSDP) sets `step_scale_sharded`, used for
+sharded layouts only (and `step_scale` too when no replicated run was calibrated before it):
+give `--calibrate` twice, a DDP run and an FSDP run, to predict both kinds on that machine.
 """
 
 from __future__ import annotations
@@ -86,6 +89,8 @@ def calibrate(data: dict[str, Any], base: Efficiency = DEFAULT_EFFICIENCY) -> tu
     if "step_time_s" in data:
         eff = _fit_step(data, gpu, eff, precision)
         report["step_scale"] = eff.step_scale
+        if eff.step_scale_sharded is not None:
+            report["step_scale_sharded"] = eff.step_scale_sharded
     return eff, report
 
 
@@ -99,13 +104,38 @@ def _fit_step(data: dict[str, Any], gpu: GPU, eff: Efficiency, precision: str) -
     measured = data["step_time_s"]
     if not isinstance(measured, (int, float)) or measured <= 0:
         raise PlanError(f"calibration step_time_s: expected a positive number, got {measured!r}")
-    predicted = predict(spec, cluster, parse_layout(str(data["layout"])), int(data["global_batch"]),
-                        replace(eff, step_scale=1.0), precision).step_time_s
-    return replace(eff, step_scale=float(measured) / predicted)
+    layout = parse_layout(str(data["layout"]))
+    predicted = predict(spec, cluster, layout, int(data["global_batch"]),
+                        replace(eff, step_scale=1.0, step_scale_sharded=None), precision).step_time_s
+    scale = float(measured) / predicted
+    if layout.zero >= 3:
+        return replace(eff, step_scale_sharded=scale, **({} if eff.step_fitted else {"step_scale": scale}))
+    return replace(eff, step_scale=scale, step_fitted=True)
+
+
+def load_calibrations(paths: list[Path], base: Efficiency = DEFAULT_EFFICIENCY
+                      ) -> tuple[Efficiency, dict[str, Any] | None]:
+    """Apply several calibrations in order (e.g. a DDP run, then an FSDP run); one merged report."""
+    eff, merged = base, None
+    for path in paths:
+        eff, report = load_calibration(path, eff)
+        if merged is not None and report["gpu"] != merged["gpu"]:
+            raise PlanError(f"--calibrate {path} was measured on {report['gpu']}, the one before it on "
+                            f"{merged['gpu']}; calibrate from runs of one machine")
+        merged = {**(merged or {}), **report, "sources": [*(merged or {}).get("sources", []),
+                                                            report.get("from_run", {}).get("job_dir", str(path))]}
+    return eff, merged
 
 
 def load_calibration(path: Path, base: Efficiency = DEFAULT_EFFICIENCY) -> tuple[Efficiency, dict[str, Any]]:
-    """Read a calibration JSON file and fit it (see the module docstring for the format)."""
+    """Read a calibration JSON file, or a Musubi run directory, and fit it (format: module docstring)."""
+    if path.is_dir():
+        from musubi.plan.from_run import calibration_from_run
+
+        data = calibration_from_run(path)
+        source = data.pop("_source")
+        eff, report = calibrate(data, base)
+        return eff, {**report, "from_run": source, "measured_step_time_s": data["step_time_s"]}
     if not path.is_file():
         raise PlanError(f"calibration file {path} does not exist")
     try:

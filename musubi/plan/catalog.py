@@ -84,3 +84,28 @@ def get_gpu(name: str) -> GPU:
     close = difflib.get_close_matches(name, names + [a for g in catalog.values() for a in g.aliases], n=1)
     hint = f" (did you mean {close[0]}?)" if close else ""
     raise PlanError(f"unknown GPU {name!r}{hint}; known: {', '.join(names)}")
+
+
+#: CUDA/NVML device names (without "NVIDIA ") -> catalog names, first match wins. Device names
+#: are not catalog names: "NVIDIA H100 80GB HBM3" is the SXM part, "NVIDIA H100 PCIe" the card.
+_DEVICE_RULES: tuple[tuple[tuple[str, ...], str], ...] = (
+    (("GB200",), "GB200-NVL72"),
+    (("B200",), "B200"),
+    (("H200",), "H200"),
+    (("H100", "PCIE"), "H100-PCIe"),
+    (("H100",), "H100-SXM"),
+    (("A100", "80GB"), "A100-80GB"),
+    (("A100",), "A100-40GB"),
+    (("RTX PRO 6000",), "RTX-PRO-6000-Blackwell"),
+    (("A6000",), "RTX-A6000"),
+    (("L40S",), "L40S"),
+)
+
+
+def gpu_for_device(device_name: str) -> GPU | None:
+    """The catalog entry of a GPU as torch/NVML name it ("NVIDIA H200"), or None if the catalog lacks it."""
+    upper = device_name.upper().replace("NVIDIA ", "").strip()
+    for needles, name in _DEVICE_RULES:
+        if all(n in upper for n in needles):
+            return load_catalog().get(name)
+    return None

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from musubi.plan.catalog import GPU
 from musubi.plan.errors import PlanError
+from musubi.topology.model import NodeTopology, link_gbps
 
 
 @dataclass(frozen=True)
@@ -40,3 +41,14 @@ def make_cluster(gpu: GPU, n_gpus: int, nodes: int | None = None) -> Cluster:
         raise PlanError(f"--gpus {n_gpus} on --nodes {nodes} is {per_node} GPUs per node; a {gpu.name} "
                         f"node holds {gpu.gpus_per_node}")
     return Cluster(gpu, n_gpus, per_node)
+
+
+def fit_to_topology(gpu: GPU, topo: NodeTopology) -> GPU:
+    """The catalog GPU on a measured node (musubi.topology): its GPUs per node, NVLink domain and NVLink speed."""
+    n = len(topo.gpu_indices)
+    if n == 0:
+        raise PlanError("the topology names no GPU; give `nvidia-smi topo -m` output or an env.json of a GPU node")
+    domain = topo.nvlink_domain()
+    nv = [link_gbps(link) for link in topo.links.values() if link.startswith("NV")]
+    # NVLink GB/s per direction of the weakest NVLink pair (bridged pairs: NV4 is 100 GB/s, not the catalog's SXM).
+    return replace(gpu, gpus_per_node=n, nvlink_domain=domain, nvlink_gbps=min(nv) if nv else gpu.nvlink_gbps)

@@ -12,9 +12,9 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from musubi.plan.calibrate import load_calibration
+from musubi.plan.calibrate import load_calibrations
 from musubi.plan.catalog import get_gpu
-from musubi.plan.cluster import Cluster, make_cluster
+from musubi.plan.cluster import Cluster, fit_to_topology, make_cluster
 from musubi.plan.efficiency import DEFAULT_EFFICIENCY
 from musubi.plan.errors import PlanError
 from musubi.plan.layout import parse_layout
@@ -112,9 +112,13 @@ def plan_command(
                                       "ep=1,vpp=1,zero=1,recompute=selective,micro=1 (dp may be left out)."),
     top: int = typer.Option(5, "--top", help="Layouts to show when searching."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
-    calibrate: Path | None = typer.Option(None, "--calibrate", help="Measured figures (JSON) that replace the "
-                                          "efficiency constants; see musubi/plan/calibrate.py."),
+    calibrate: list[Path] | None = typer.Option(None, "--calibrate", help="A Musubi run directory (RUN or RUN/JOB with "
+                                          "plan.json), or measured figures as JSON, that replace the efficiency "
+                                          "constants; repeat for a DDP and an FSDP run; see "
+                                          "musubi/plan/calibrate.py."),
     precision: str = typer.Option("bf16", "--precision", help="Compute precision of the peak (bf16, fp8, ...)."),
+    topology: Path | None = typer.Option(None, "--topology", help="A measured node (`nvidia-smi topo -m` text or "
+                                         "env.json): GPUs per node, NVLink domain and speed come from it."),
 ) -> None:
     """Predict memory, step time and MFU of parallel layouts; search and rank them without --layout."""
     try:
@@ -123,11 +127,20 @@ def plan_command(
         if top < 1:
             raise PlanError(f"--top {top}: must be >= 1")
         model_spec = _resolve_spec(model, spec, seq)
-        cluster = make_cluster(get_gpu(gpu), gpus, nodes)
+        catalog_gpu = get_gpu(gpu)
+        if topology is not None:
+            from musubi.config.errors import ConfigError
+            from musubi.topology.read import load_topology
+
+            try:
+                catalog_gpu = fit_to_topology(catalog_gpu, load_topology(topology))
+            except ConfigError as e:
+                raise PlanError(str(e)) from None
+        cluster = make_cluster(catalog_gpu, gpus, nodes)
         batch = global_batch if global_batch is not None else model_spec.global_batch
         if not batch:
             raise PlanError(f"{model_spec.name} has no default batch; give --global-batch SEQUENCES")
-        eff, report = (load_calibration(calibrate) if calibrate is not None else (DEFAULT_EFFICIENCY, None))
+        eff, report = (load_calibrations(calibrate) if calibrate else (DEFAULT_EFFICIENCY, None))
         if report is not None and report["gpu"] != cluster.gpu.name:
             raise PlanError(f"--calibrate file was measured on {report['gpu']}, but --gpu is {cluster.gpu.name}")
         if layout is not None:

@@ -36,6 +36,18 @@ class Efficiency:
     straggler_cv: float = 0.01
     #: Multiplies the predicted step time; 1 unless a calibration measured a whole step.
     step_scale: float = 1.0
+    #: The same for weight-sharded layouts (ZeRO-3 / FSDP), when a sharded run was measured: their
+    #: per-unit gathers, hooks and launches cost what a replicated run's step does not show
+    #: (measured on 4x H200: FSDP 1.2-1.4x DDP's step for a 0.24 B GPT). None: use step_scale.
+    step_scale_sharded: float | None = None
+    #: Whether step_scale came from a measured step (set by calibration, not by hand).
+    step_fitted: bool = False
+
+    def scale_for(self, zero: int) -> float:
+        """The step-time multiplier of a layout with this ZeRO stage."""
+        if zero >= 3 and self.step_scale_sharded is not None:
+            return self.step_scale_sharded
+        return self.step_scale
 
     def link(self, tier: str) -> float:
         """Bus-bandwidth fraction of a tier."""

@@ -139,9 +139,10 @@ def _finish(spec: ModelSpec, cluster: Cluster, layout: Layout, global_batch: int
             breakdown: dict[str, float]) -> Prediction:
     n = cluster.n_gpus
     tax = straggler_tax(eff.straggler_cv, n)
-    step = step_raw * (1 + tax) * eff.step_scale
+    scale = eff.scale_for(layout.zero)
+    step = step_raw * (1 + tax) * scale
     breakdown["straggler_s"] = step_raw * tax
-    if eff.step_scale != 1.0:
+    if scale != 1.0:
         breakdown["calibration_s"] = step - step_raw * (1 + tax)
     peak = cluster.gpu.peak(precision)
     model = model_flops_per_step(spec, global_batch)

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from musubi.topology.model import NodeTopology
+
 
 @dataclass(frozen=True)
 class StackReading:
@@ -71,21 +73,9 @@ class NvmlReading:
     driver_cuda_version: str | None = None  # newest CUDA the driver supports natively, e.g. '12.8'
 
 
-@dataclass(frozen=True)
-class TopologyReading:
-    """How each pair of GPUs is connected, in `nvidia-smi topo -m` words (NV18, PIX, PXB, PHB, NODE, SYS)."""
-
-    links: dict[tuple[int, int], str] = field(default_factory=dict)  # (i, j) with i < j, NVML indices
-    p2p: dict[tuple[int, int], str] = field(default_factory=dict)  # 'OK' or why peer access is off
-    source: str = "none"  # 'nvml', 'nvidia-smi' or 'none'
-
-    def link(self, a: int, b: int) -> str | None:
-        """The link between GPUs a and b, if known."""
-        return self.links.get((min(a, b), max(a, b)))
-
-    def p2p_status(self, a: int, b: int) -> str | None:
-        """Peer-to-peer status between GPUs a and b ('OK' or a reason), if known."""
-        return self.p2p.get((min(a, b), max(a, b)))
+#: How each pair of GPUs is connected, in `nvidia-smi topo -m` words (NV18, PIX, PXB, PHB, NODE, SYS), with
+#: P2P status, NICs and CPU affinity: the one topology model (musubi.topology), also read by the packer.
+TopologyReading = NodeTopology
 
 
 @dataclass(frozen=True)
@@ -103,6 +93,8 @@ class CommReading:
     timed_out: bool = False
     timeout_s: float = 0.0
     log_path: str | None = None
+    launcher: str = "torchrun"  # 'single' (one process drives every GPU) or 'torchrun' (a process per rank)
+    wall_s: float | None = None  # the probe's whole time: process start, imports, NCCL init, timing
 
 
 @dataclass(frozen=True)

@@ -45,27 +45,42 @@ def run_checks(
     """
     t0 = time.perf_counter()
     nvml, topo = read_nvml()
-    if len(nvml.gpus) > 1 and not topo.links:
-        topo = read_topo_smi()
-    stack = read_stack(nvml)
-    visible = resolve_visible(os.environ.get(CVD), nvml.gpus,
-                              count=None if nvml.available else stack.cuda_device_count)
     requested = gpus if gpus else None  # [] means CPU ranks: nothing was asked of the GPUs
     present = {g.index for g in nvml.gpus}
-    if gpus is None:
-        in_use = visible.indices
-    else:
-        in_use = [i for i in dict.fromkeys(gpus) if i in present]
-    # A GPU NVML cannot read has no model or capability to judge: the GPU check reports it.
-    used = [g for g in nvml.gpus if g.index in in_use and g.error is None]
+
+    def pick(visible_now: list[int]) -> tuple[list[int], list]:
+        in_use_ = visible_now if gpus is None else [i for i in dict.fromkeys(gpus) if i in present]
+        # A GPU NVML cannot read has no model or capability to judge: the GPU check reports it.
+        return in_use_, [g for g in nvml.gpus if g.index in in_use_ and g.error is None]
+
+    # The NCCL probe is the slowest reading (a process, torch, CUDA and NCCL init): start it as soon
+    # as NVML has shown the GPUs, before torch is even imported here; cancelled if the stack says
+    # GPUs cannot be used after all. GPU processes were listed (NVML) before it began.
+    probe: CommProbe | None = None
+    if comm and nvml.available and gpus != []:
+        in_use, used = pick(resolve_visible(os.environ.get(CVD), nvml.gpus).indices)
+        if len(used) > 1 and len(used) == len(in_use):
+            probe = CommProbe("nccl", len(used), ",".join(g.uuid for g in used), timeout_s=comm_timeout_s)
+    try:
+        if len(nvml.gpus) > 1 and not topo.links:
+            topo = read_topo_smi()
+        stack = read_stack(nvml)
+    except BaseException:
+        if probe is not None:
+            probe.cancel()
+        raise
+    visible = resolve_visible(os.environ.get(CVD), nvml.gpus,
+                              count=None if nvml.available else stack.cuda_device_count)
+    in_use, used = pick(visible.indices)
     gpu_run = (bool(used) and len(used) == len(in_use) and stack.cuda_available and stack.cuda_version is not None
                and stack.nccl_available)
     usable = gpu_run or not requested
     ranks = len(used) if gpu_run else cpu_ranks
 
-    # The probe starts now and runs while the rest is read; GPU processes were listed before it began.
-    probe: CommProbe | None = None
-    if comm and usable and (not gpu_run or len(used) > 1):
+    if probe is not None and not (gpu_run and probe.ranks == len(used)):
+        probe.cancel()  # the stack cannot drive these GPUs: the stack check says why
+        probe = None
+    if probe is None and comm and usable and (not gpu_run or len(used) > 1):
         probe = CommProbe("nccl" if gpu_run else "gloo", ranks,
                           ",".join(g.uuid for g in used) if gpu_run else None, timeout_s=comm_timeout_s)
     try:

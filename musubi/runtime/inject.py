@@ -15,6 +15,7 @@ Kinds and their keys (rank defaults to every rank, step to any step):
 - `kill`: SIGKILL the rank at `step`.   `hang`: stop the rank forever at `step`.
 - `data_stall`: delay every batch by `ms`.   `ckpt_stall`: delay each checkpoint write by `ms`.
 - `ckpt_kill`: SIGKILL rank 0 in the middle of the checkpoint of `step` (shards written, no commit).
+- `nan`: make that rank's loss NaN at optimizer step `step` (the numerical guard's drill).
 
 A fault fires once per run (also across restarts) unless `every=N` makes it fire on every
 N-th step. An unknown kind or key is an error, not ignored.
@@ -41,6 +42,7 @@ _KEYS: dict[str, set[str]] = {
     "data_stall": {"rank", "ms"},
     "ckpt_stall": {"rank", "ms"},
     "ckpt_kill": {"rank", "step"},
+    "nan": {"rank", "step", "every"},
 }
 
 
@@ -143,6 +145,14 @@ class Injector:
         """True when an OOM must be raised now (and marks it fired)."""
         for f in self._of("oom"):
             if f.params["phase"] == phase and self._due(f, step):
+                self._mark(f)
+                return True
+        return False
+
+    def poison_loss(self, step: int) -> bool:
+        """Whether this rank's loss of optimizer step `step` is to be made NaN (`nan` fault)."""
+        for f in self._of("nan"):
+            if self._due(f, step):
                 self._mark(f)
                 return True
         return False

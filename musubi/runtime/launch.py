@@ -100,9 +100,15 @@ def prepare(req: TrainRequest) -> tuple[Path, Path, dict, int, str]:
     """Validate everything checkable before launch; lay out RUN/ and RUN/JOB/job.json."""
     spec = load_job(req.job_path, req.overrides)
     nproc, kind = resolve_world(req.nproc, req.device)
+    if spec.train.pin_cpus and os.environ.get("MUSUBI_CPUS"):
+        from musubi.runtime.pin_plan import check_cpus_value
+
+        check_cpus_value(os.environ["MUSUBI_CPUS"], nproc)  # a bad core list fails before anything is written
+    from musubi.runtime.tracking import check_tracking
     from musubi.tasks.registry import build_task
 
     build_task(spec).validate()
+    check_tracking(spec.tracking)
     if spec.train.global_batch is not None:
         from musubi.runtime.batching import plan_batch
 
@@ -189,7 +195,7 @@ def run_preflight(req: TrainRequest, spec, nproc: int, kind: str):
 
 
 def torchrun_argv(job_dir: Path, nproc: int, resume: bool, stop_at_step: int | None, max_restarts: int = 0,
-                  probe_only: bool = False) -> list[str]:
+                  probe_only: bool = False, extra: list[str] | None = None) -> list[str]:
     """The torchrun command line of one single-node job (its own free rendezvous port).
 
     `--max-restarts`: when a rank fails (an OOM, a crash), torchrun stops the others and
@@ -202,7 +208,7 @@ def torchrun_argv(job_dir: Path, nproc: int, resume: bool, stop_at_step: int | N
             f"--nproc-per-node={nproc}", f"--max-restarts={max_restarts}", "--monitor-interval=0.5",
             # torchrun's own files (per-attempt error records) stay in the run, not in $TMPDIR.
             f"--log-dir={job_dir / 'logs' / 'torchelastic'}",
-            "-m", "musubi.runtime.worker", str(job_dir)]
+            *(extra or []), "-m", "musubi.runtime.worker", str(job_dir)]
     if probe_only:
         argv.append("--probe-only")
     if resume:
@@ -272,8 +278,14 @@ def launch_train(req: TrainRequest) -> TrainResult:
         old.unlink()
     spec_det = bool(record["config"]["train"]["deterministic"])
     restarts = 0 if req.probe_only else int(record["config"]["train"]["max_restarts"])
-    argv = torchrun_argv(job_dir, nproc, req.resume, req.max_steps, restarts, req.probe_only)
-    proc = subprocess.Popen(argv, env=worker_env(kind, nproc, spec_det, job_dir), stderr=subprocess.PIPE, text=True,
+    from musubi.runtime.pin_plan import apply_to_env, plan_pinning
+
+    env = worker_env(kind, nproc, spec_det, job_dir)
+    pins = plan_pinning(bool(record["config"]["train"].get("pin_cpus", True)), kind, nproc, env)
+    env = apply_to_env(pins, env)
+    (logs / "pinning.txt").write_text(pins.note + "\n", encoding="utf-8")
+    argv = torchrun_argv(job_dir, nproc, req.resume, req.max_steps, restarts, req.probe_only, pins.torchrun_args)
+    proc = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, text=True,
                             errors="replace", stdout=subprocess.PIPE if req.probe_only else None)
     probe_out = None
     if req.probe_only:

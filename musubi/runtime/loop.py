@@ -111,6 +111,7 @@ class Trainer:
         torch.manual_seed(t.seed * 1000 + world.rank + 1)
         self.step = 0
         self.fit_start_step = 0
+        self.last_finite_step = 0  # the last log interval whose all-reduced loss was finite (numerics.py)
         self.epoch = 0
         self.micro = 0  # micro-batches of the current epoch already consumed
         self.last_eval: dict[str, float] = {}
@@ -216,6 +217,7 @@ class Trainer:
         t_log, samples_log = time.perf_counter(), 0
         t_start, step_start = time.perf_counter(), self.step
         self.fit_start_step = self.step
+        self.last_finite_step = self.step  # a resumed checkpoint's state was good
         t_step = t_start
         stopped_early = False
         try:
@@ -231,6 +233,8 @@ class Trainer:
                     with gradient_sync(self.model, sync):
                         with autocast(self.precision, w.device):
                             loss, _parts = self.task.loss(self.model, batch)
+                        if self.injector and self.injector.poison_loss(self.step + 1):
+                            loss = loss * float("nan")  # MUSUBI_INJECT nan: the numerical guard's drill
                         self.phase = "backward"
                         hook = self._inject_backward() if self.injector else None
                         try:
@@ -256,6 +260,12 @@ class Trainer:
                     self.scheduler.step()
                     self.step += 1
                     self.phase = "between steps"
+                    if self.step == self.fit_start_step + 1 and self.step % t.log_every and self.step < stop:
+                        # The first step warmed the kernels (cudnn autotuning, allocator, loader workers):
+                        # samples/s is timed from its end, not from the cold start (one sync per fit).
+                        if w.is_cuda:
+                            torch.cuda.synchronize(w.device)
+                        t_log, samples_log = time.perf_counter(), 0
                     if self.injector:
                         now_s = time.perf_counter()
                         self.injector.after_step(self.step, now_s - t_step)
@@ -266,6 +276,7 @@ class Trainer:
                         mean_loss = loss_sum.item() / (loss_n * w.size)
                         if not math.isfinite(mean_loss):
                             raise FloatingPointError(f"loss is {mean_loss} at step {self.step}")
+                        self.last_finite_step = self.step
                         now = time.perf_counter()
                         rate = samples_log / max(now - t_log, 1e-9)
                         mem = self._memory_record()

@@ -51,7 +51,8 @@ def setup_logging(world: World, logs_dir: Path) -> Console | None:
 class MetricsWriter:
     """Rank 0's scalar sink: `metrics.jsonl` (one JSON object per line) and TensorBoard when installed."""
 
-    def __init__(self, job_dir: Path, resume_step: int | None) -> None:
+    def __init__(self, job_dir: Path, resume_step: int | None, tracking: Any = None, job_name: str = "job",
+                 config: dict[str, Any] | None = None) -> None:
         self.path = job_dir / "metrics.jsonl"
         if resume_step is not None and self.path.exists():
             # Entries past the checkpoint belong to a timeline that the resume discards.
@@ -60,12 +61,18 @@ class MetricsWriter:
             self.path.write_text("".join(ln + "\n" for ln in kept), encoding="utf-8")
         self._f = open(self.path, "a", encoding="utf-8")
         self._tb = None
-        try:
-            from torch.utils.tensorboard import SummaryWriter
+        self._mlflow = None
+        if tracking is None or tracking.tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
 
-            self._tb = SummaryWriter(str(job_dir / "tensorboard"), purge_step=resume_step)
-        except ImportError:  # tensorboard is an optional extra
-            self._tb = None
+                self._tb = SummaryWriter(str(job_dir / "tensorboard"), purge_step=resume_step)
+            except ImportError:  # tensorboard is an optional extra
+                self._tb = None
+        if tracking is not None and tracking.mlflow:
+            from musubi.runtime.tracking import MlflowSink
+
+            self._mlflow = MlflowSink(job_dir, tracking, job_name, config or {})
 
     def write(self, step: int, values: dict[str, Any], kind: str = "train") -> None:
         """Append one record and mirror its numbers to TensorBoard."""
@@ -76,12 +83,16 @@ class MetricsWriter:
             for k, v in values.items():
                 if isinstance(v, (int, float)) and not isinstance(v, bool):
                     self._tb.add_scalar(f"{kind}/{k}", v, step)
+        if self._mlflow is not None:
+            self._mlflow.write(step, values, kind)
 
     def close(self) -> None:
         """Flush and close both sinks."""
         self._f.close()
         if self._tb is not None:
             self._tb.close()
+        if self._mlflow is not None:
+            self._mlflow.close()
 
 
 class ProgressBar:

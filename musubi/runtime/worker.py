@@ -56,6 +56,10 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError:
             pass
     err_file.unlink(missing_ok=True)
+    from musubi.runtime.pinning import pin_rank
+
+    # First thing: every thread torch starts later, and every loader worker, inherits these cores.
+    pinned = pin_rank(int(os.environ.get("LOCAL_RANK", "0")))
     trainer = None
     world = None
     try:
@@ -78,14 +82,29 @@ def main(argv: list[str] | None = None) -> int:
         from musubi.preflight import check_unique_devices
 
         check_unique_devices(world)  # abort at start if two ranks share one GPU
+        from musubi.runtime.pinning import configure_threads
+
+        log.info("rank %d: %s", world.rank, configure_threads(spec, pinned))
         if restarts:
             log.warning("restart %d of this job (torchrun): resuming from the newest committed checkpoint",
                         restarts)
         task = build_task(spec)
         task.validate()
         precision = resolve_precision(spec.train.precision, world.device)
+        if restarts:
+            from musubi.runtime.numerics import clear_pending, current_precision
+
+            bf16_ok = world.device.type != "cuda" or torch.cuda.is_bf16_supported()
+            precision = current_precision(job_dir, precision, bf16_ok, world.is_main)
+            spec.train.precision = precision  # the Trainer reads it from the spec
+            world.barrier()  # every rank read the fault, rank 0 moved bad checkpoints aside
+            if world.is_main:
+                clear_pending(job_dir)
         plan, _recoveries = decide_batch(spec, task, world, job_dir, precision, injector,
                                          lambda m: build_optimizer(m, spec, 1e-3))
+        from musubi.runtime.plan_record import write_plan_record
+
+        write_plan_record(job_dir, spec, task, world, plan, precision)
         if args.probe_only:
             if world.is_main:
                 print(json.dumps({"per_rank_batch": plan.per_rank, "global_batch": plan.global_batch,
@@ -102,8 +121,24 @@ def main(argv: list[str] | None = None) -> int:
             if opts.resume:
                 trainer.resume()
             restarted = opts.resume or restarts > 0
-            metrics = MetricsWriter(job_dir, trainer.step if restarted else None) if world.is_main else None
+            metrics = MetricsWriter(job_dir, trainer.step if restarted else None, spec.tracking, spec.name,
+                                    record["config"]) if world.is_main else None
             summary = trainer.fit(metrics)
+        except FloatingPointError as e:
+            # Every rank saw the same non-finite all-reduced loss at the same step (see numerics.py).
+            from musubi.runtime.numerics import EXIT_NUMERICS, record_nonfinite, safer_precision
+
+            step = trainer.step if trainer is not None else 0
+            last_good = trainer.last_finite_step if trainer is not None else 0
+            if safer_precision(precision, True) is None:
+                raise FloatingPointError(f"{e} in fp32 (nothing safer to fall back to): lower train.lr, add "
+                                         "train.grad_clip or check the data") from None
+            record_nonfinite(job_dir, world.rank, step, last_good, precision, str(e))
+            _write_error(job_dir, rank, "numerics", f"{e} in {precision}: rolling back to step <= {last_good} "
+                         f"in a safer precision")
+            log.error("%s in %s: restarting from the last good checkpoint in a safer precision", e, precision)
+            logging.shutdown()
+            return EXIT_NUMERICS
         except Exception as e:
             if not is_oom(e):
                 raise

@@ -1,4 +1,4 @@
-"""`musubi.db`: the SQLite index beside the run directories (for now: the batch-size cache).
+"""`musubi.db`: the SQLite index beside the run directories (batch-size and single-GPU baseline caches).
 
 It can always be rebuilt from the run directories (each probe is also written to
 `JOB/memory/probe.json`); a missing or unreadable database only costs a probe.
@@ -17,6 +17,12 @@ CREATE TABLE IF NOT EXISTS batch_cache (
     key TEXT PRIMARY KEY,      -- JSON of what decides the batch: model, input, precision, strategy, GPU, torch
     batch INTEGER NOT NULL,    -- largest per-rank batch that fit (agreed by all ranks)
     detail TEXT NOT NULL,      -- JSON: peak memory, trials, seconds, run directory
+    created REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS baseline_cache (
+    key TEXT PRIMARY KEY,      -- JSON: the job's config, the machine (host, GPU model), steps, torch
+    samples_per_s REAL NOT NULL, -- median single-GPU throughput over the baseline's steps
+    detail TEXT NOT NULL,
     created REAL NOT NULL
 );
 """
@@ -56,3 +62,23 @@ def store_batch(path: Path, key: str, batch: int, detail: dict[str, Any]) -> Non
     with _connect(path) as con:
         con.execute("INSERT OR REPLACE INTO batch_cache VALUES (?, ?, ?, ?)",
                     (key, batch, json.dumps(detail), time.time()))
+
+
+def lookup_baseline(path: Path, key: str) -> tuple[float, dict[str, Any]] | None:
+    """(samples/s, detail) of a cached single-GPU baseline, or None."""
+    if not path.exists():
+        return None
+    try:
+        with _connect(path) as con:
+            row = con.execute("SELECT samples_per_s, detail FROM baseline_cache WHERE key = ?", (key,)).fetchone()
+    except sqlite3.Error:
+        return None
+    return (float(row[0]), json.loads(row[1])) if row else None
+
+
+def store_baseline(path: Path, key: str, samples_per_s: float, detail: dict[str, Any]) -> None:
+    """Remember a measured baseline (replacing an older entry of the same key)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with _connect(path) as con:
+        con.execute("INSERT OR REPLACE INTO baseline_cache VALUES (?, ?, ?, ?)",
+                    (key, samples_per_s, json.dumps(detail), time.time()))

@@ -91,6 +91,12 @@ def env_record() -> dict[str, Any]:
             rec["nccl"] = None
         rec["gpus"] = _nvml_gpus()
         rec["topology"] = topology()
+    from musubi.store.provenance import cudnn_version, package_versions, project_git
+
+    rec["musubi"] = musubi.__version__
+    rec["cudnn"] = cudnn_version()
+    rec["packages"] = package_versions()
+    rec["project"] = project_git()
     rec["env"] = relevant_env()
     return rec
 
@@ -107,17 +113,13 @@ def relevant_env() -> dict[str, str]:
     return redact_env({k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES)})
 
 
-def topology() -> dict[str, str]:
-    """How each GPU pair is linked (NV18, PIX, SYS, ...), from NVML or `nvidia-smi topo -m`."""
+def topology() -> dict[str, Any]:
+    """The node's topology model (musubi.topology): GPU pair links, NICs, CPU affinity and NUMA node per GPU."""
     try:
-        from musubi.preflight.read.nvml import read_nvml
-        from musubi.preflight.read.topology import read_topo_smi
+        from musubi.topology.read import read_node_topology
     except ImportError:
         return {}
-    nvml, topo = read_nvml(with_xids=False)
-    if len(nvml.gpus) > 1 and not topo.links:
-        topo = read_topo_smi()
-    return {f"gpu{a}-gpu{b}": link for (a, b), link in sorted(topo.links.items())}
+    return read_node_topology().to_dict()
 
 
 def _nvml_gpus() -> list[dict[str, Any]]:

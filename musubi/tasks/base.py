@@ -48,6 +48,13 @@ class Task(abc.ABC):
         """Fail fast, before any worker starts: unknown model, missing files (raise ConfigError)."""
         return None  # tasks override; the default has nothing to check
 
+    def plan_spec(self) -> Any:
+        """The model as the planner sees it (a `musubi.plan.spec.ModelSpec`), or None when it cannot say.
+
+        Lets `musubi/plan` predict this job's memory and step time without importing torch.
+        """
+        return None
+
     # -- model -------------------------------------------------------------
     @abc.abstractmethod
     def build_model(self) -> nn.Module:

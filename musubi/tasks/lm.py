@@ -13,6 +13,7 @@ from torch.utils.data import Dataset
 from musubi.config.errors import ConfigError
 from musubi.data import text
 from musubi.data.synthetic_classification import TRAIN_STREAM, VAL_STREAM
+from musubi.plan.spec import TransformerSpec
 from musubi.tasks.base import Metric, Reducer, Task
 from musubi.tasks.classification import suggest
 from musubi.tasks.gpt import GPT, GPTConfig
@@ -91,6 +92,14 @@ class LMTask(Task):
             return GPTConfig(vocab=self.vocab(), seq_len=self.seq_len(), **args)
         except ValueError as e:
             raise ConfigError(f"model_args: {e}; fix the gpt shape") from None
+
+    def plan_spec(self) -> TransformerSpec:
+        """This GPT for the planner: GELU MLP, LayerNorm, biases, learned positions, tied head."""
+        cfg = self.config()
+        return TransformerSpec(name=f"gpt-{cfg.layers}x{cfg.hidden}", layers=cfg.layers, hidden=cfg.hidden,
+                               heads=cfg.heads, vocab=cfg.vocab, seq=cfg.seq_len, ffn_hidden=cfg.ffn, mlp="gelu",
+                               tied_embeddings=True, learned_positions=True, bias=True, norm="layernorm",
+                               dropout=cfg.dropout > 0)
 
     # -- checks -----------------------------------------------------------
     def validate(self) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 from musubi.preflight.checks.comm import check_comm
 from musubi.preflight.devices import DeviceIdentity, shared_device_error
 from musubi.preflight.diagnostics import diagnostic_env
-from musubi.preflight.read.comm import CommProbe
+from musubi.preflight.read.comm import CommProbe, probe_launcher
 from musubi.preflight.readings import TopologyReading
 from musubi.preflight.result import Status
 
@@ -27,6 +27,21 @@ def test_gloo_allreduce_probe_on_two_cpu_ranks() -> None:
     assert reading.seconds and reading.seconds > 0 and reading.busbw_gbps and reading.busbw_gbps > 0
     r = check_comm(reading, TopologyReading(), [], {})[0]
     assert r.status is Status.PASS and r.found.startswith("gloo all-reduce over 2 CPU ranks: 4 MiB in ")
+
+
+def test_nccl_probe_is_one_process_unless_asked_for_torchrun() -> None:
+    assert probe_launcher("nccl", {}) == "single"
+    assert probe_launcher("nccl", {"MUSUBI_COMM_PROBE": "torchrun"}) == "torchrun"
+    assert probe_launcher("gloo", {"MUSUBI_COMM_PROBE": "single"}) == "torchrun"  # CPU ranks need processes
+
+
+def test_single_process_nccl_probe_without_gpus_reports_why(tmp_path: Path) -> None:
+    # The real --single path on a machine with no GPU: it must fail with its reason, not hang or crash.
+    reading = CommProbe("nccl", 2, "", timeout_s=120).result()
+    assert reading.launcher == "single" and reading.error is not None and not reading.timed_out
+    assert "needs 2 or more visible GPUs, found 0" in reading.error
+    assert reading.wall_s is not None and 0 < reading.wall_s < 120
+    shutil.rmtree(Path(reading.log_path).parent)
 
 
 def test_a_probe_that_outlives_its_timeout_is_killed_and_fails() -> None:

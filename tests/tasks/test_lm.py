@@ -190,3 +190,16 @@ def test_metric_two_simulated_ranks_match_one() -> None:
     assert two["val_acc"] == one["val_acc"]
     assert two["val_loss"] == pytest.approx(one["val_loss"], rel=1e-12)
     assert math.isnan(LMMetric(torch.device("cpu")).compute(lambda t: t)["val_acc"])
+
+
+def test_plan_spec_counts_the_parameters_the_model_has() -> None:
+    # The planner's memory prediction starts from this count: it must be the real model's, exactly.
+    from musubi.config.load import job_from_dict
+    from musubi.tasks.registry import build_task
+
+    for args in ({"layers": 2, "hidden": 64, "heads": 4}, {"layers": 3, "hidden": 96, "heads": 3, "ffn_hidden": 200}):
+        spec = job_from_dict({"name": "lm", "task": "lm", "model": "gpt", "model_args": args,
+                              "data": {"synthetic": {"seq_len": 48, "vocab": 301}}, "train": {"batch": 2}})
+        task = build_task(spec)
+        real = sum(p.numel() for p in task.build_model().parameters())  # tied head counted once
+        assert task.plan_spec().params() == real

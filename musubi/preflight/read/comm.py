@@ -1,4 +1,8 @@
-"""The communication reading: start the all-reduce probe under torchrun, then collect what it measured.
+"""The communication reading: start the all-reduce probe, then collect what it measured.
+
+NCCL on one node runs as one process driving every GPU (`allreduce_probe --single`: seconds, not
+the ten or more a torchrun of N ranks costs); gloo CPU ranks run under torchrun. Set
+MUSUBI_COMM_PROBE=torchrun to force the per-rank form (one process per GPU, as training runs).
 
 The probe runs as a child process group (its own session), so a hung NCCL
 init is killed at the timeout instead of hanging the check. It starts early
@@ -43,22 +47,35 @@ def _error_line(log: str) -> str | None:
     return lines[-1][:300] if lines else None
 
 
+def probe_launcher(backend: str, env: dict[str, str] | os._Environ[str]) -> str:
+    """'single' (one process, every GPU) for NCCL unless MUSUBI_COMM_PROBE=torchrun; gloo is always torchrun."""
+    if backend != "nccl":
+        return "torchrun"
+    choice = env.get("MUSUBI_COMM_PROBE", "single").strip().lower()
+    return "torchrun" if choice == "torchrun" else "single"
+
+
 class CommProbe:
     """A running all-reduce probe (torchrun child); `result()` waits for it and reads the measurement."""
 
     def __init__(self, backend: str, ranks: int, visible_devices: str | None, timeout_s: float = 90.0,
                  nbytes: int | None = None, iters: int | None = None) -> None:
-        """Start torchrun with `ranks` processes; `visible_devices` becomes their CUDA_VISIBLE_DEVICES."""
+        """Start the probe over `ranks` devices; `visible_devices` becomes its CUDA_VISIBLE_DEVICES."""
         self.backend, self.ranks, self.timeout_s = backend, ranks, timeout_s
         self.nbytes = nbytes or (GPU_BYTES if backend == "nccl" else CPU_BYTES)
         self.dir = Path(tempfile.mkdtemp(prefix="musubi-preflight-"))
         self.out, self.log_path = self.dir / "allreduce.json", self.dir / "allreduce.log"
         from musubi.runtime.rendezvous import single_node_env, torchrun_module
 
-        argv = [sys.executable, *torchrun_module(), "--standalone", "--nnodes=1",
-                f"--nproc-per-node={ranks}", "--max-restarts=0", "-m", "musubi.preflight.allreduce_probe",
-                "--out", str(self.out), "--backend", backend, "--bytes", str(self.nbytes),
-                "--iters", str(iters or (20 if backend == "nccl" else 5)), "--timeout-s", str(timeout_s)]
+        self.launcher = probe_launcher(backend, os.environ)
+        probe_args = ["-m", "musubi.preflight.allreduce_probe",
+                      "--out", str(self.out), "--backend", backend, "--bytes", str(self.nbytes),
+                      "--iters", str(iters or (20 if backend == "nccl" else 5)), "--timeout-s", str(timeout_s)]
+        if self.launcher == "single":
+            argv = [sys.executable, *probe_args, "--single"]
+        else:
+            argv = [sys.executable, *torchrun_module(), "--standalone", "--nnodes=1",
+                    f"--nproc-per-node={ranks}", "--max-restarts=0", *probe_args]
         env = dict(os.environ)
         env["PYTHONUNBUFFERED"] = "1"
         env.setdefault("OMP_NUM_THREADS", "1")
@@ -110,7 +127,8 @@ class CommProbe:
             self._log.close()
         log = self.log_path.read_text(encoding="utf-8", errors="replace")
         base = {"backend": self.backend, "ranks": self.ranks, "nbytes": self.nbytes, "timeout_s": self.timeout_s,
-                "transports": parse_transports(log), "log_path": str(self.log_path)}
+                "transports": parse_transports(log), "log_path": str(self.log_path), "launcher": self.launcher,
+                "wall_s": time.perf_counter() - self.started}
         if timed_out:
             return CommReading(**base, timed_out=True, error=f"no result after {self.timeout_s:.0f} s")
         errors = sorted(self.dir.glob("allreduce.json.rank*.err"), key=lambda p: int(p.name.rsplit("rank", 1)[1][:-4]))

@@ -1,0 +1,50 @@
+"""What the fleet knows of its machine: the topology it places jobs by, and each device's own cores."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from musubi.config.fleet import FleetSpec
+from musubi.store.rundir import read_json
+from musubi.topology.cores import CorePlan, partition_cores, read_cpus
+from musubi.topology.model import NodeTopology, format_cpulist
+from musubi.topology.read import load_topology, numa_nodes, read_node_topology
+
+log = logging.getLogger("musubi.fleet")
+
+#: The variable that hands each local rank its cores: one cpulist per local rank, ';'-separated ("0-7;8-15").
+CPUS_ENV = "MUSUBI_CPUS"
+
+
+def fleet_topology(spec: FleetSpec, base: Path, run_dir: Path, kind: str) -> NodeTopology | None:
+    """The recorded topology the fleet names, else this machine's (from env.json when it holds one); None on CPU."""
+    if spec.machine.topology:
+        path = Path(spec.machine.topology)
+        return load_topology(path if path.is_absolute() else base / path)
+    if kind != "cuda":
+        return None
+    env = run_dir / "env.json"
+    if env.is_file():
+        rec = read_json(env).get("topology")
+        if isinstance(rec, dict) and rec.get("links"):
+            return NodeTopology.from_dict(rec)
+    return read_node_topology()
+
+
+def device_cores(devices: list[int], topo: NodeTopology | None) -> CorePlan:
+    """Each device's own cores on this machine (NUMA nodes from the topology when it knows them)."""
+    plan = partition_cores(devices, numa_nodes(topo) if topo is not None else {}, read_cpus())
+    if plan:
+        log.info("cores per device (%s): %s", plan.reason,
+                 "; ".join(f"{d}: {format_cpulist(c)}" for d, c in sorted(plan.sets.items())))
+    else:
+        log.info("no CPU pinning: %s", plan.reason)
+    return plan
+
+
+def cpus_value(plan: CorePlan, devices: list[int]) -> str | None:
+    """MUSUBI_CPUS for a job on `devices` (local rank order), or None without a plan."""
+    if not plan or any(d not in plan.sets for d in devices):
+        return None
+    return ";".join(format_cpulist(plan.sets[d]) for d in devices)

@@ -1,0 +1,309 @@
+"""The run checklist: before, during and after training, and the run's own success criteria.
+
+Built from what a run directory already holds (preflight.json, fleet.json, each job's
+job.json, metrics.jsonl, memory/ OOM records, telemetry, eval.json, leaderboard.json,
+exports, manifest.json), so `musubi checklist RUN` gives the same answer later as the run
+gave at its end. Every item is PASS, WARN, FAIL or SKIP (evidence the run cannot have, such
+as GPU utilisation on CPU ranks: never counted as met). A FAIL means the run did not meet
+its criteria: `musubi run`/`train` then exit 1.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from musubi.config.success import SuccessSpec
+from musubi.records import evidence as E
+
+CHECKLIST_FILE = "checklist.json"
+
+#: Why speed criteria are reported but not judged on CPU ranks.
+CPU_NOTE = "CPU ranks share this machine's cores: reported, not judged"
+
+
+def _judged(item: Item, device: str) -> Item:
+    """A missed speed criterion fails a GPU run; on CPU ranks it is a warning (see CPU_NOTE)."""
+    if item.status == "FAIL" and device == "cpu":
+        return Item("during", item.check, "WARN", f"{item.found} ({CPU_NOTE})", item.job)
+    return item
+
+
+@dataclass(frozen=True)
+class Item:
+    """One line of the checklist."""
+
+    phase: str  # before | during | after | criteria
+    check: str
+    status: str  # PASS | WARN | FAIL | SKIP
+    found: str
+    job: str | None = None
+
+
+@dataclass
+class Checklist:
+    """Every item of one run, and whether the run met its criteria."""
+
+    run_dir: str
+    items: list[Item] = field(default_factory=list)
+    figures: dict[str, Any] = field(default_factory=dict)  # per job: throughput, speedup, ...
+
+    @property
+    def ok(self) -> bool:
+        """No FAIL item."""
+        return not any(i.status == "FAIL" for i in self.items)
+
+    def to_dict(self) -> dict[str, Any]:
+        counts = {s: sum(1 for i in self.items if i.status == s) for s in ("PASS", "WARN", "FAIL", "SKIP")}
+        return {"ok": self.ok, "counts": counts, "items": [asdict(i) for i in self.items], "figures": self.figures,
+                "run_dir": self.run_dir}
+
+
+def _loss_item(job: str, records: list[dict[str, Any]]) -> Item:
+    losses = [r["loss"] for r in records if isinstance(r.get("loss"), (int, float))]
+    if any(not math.isfinite(v) for v in losses):
+        return Item("during", "loss", "FAIL", "a non-finite loss was logged", job)
+    if len(losses) < 2:
+        return Item("during", "loss", "SKIP", f"{len(losses)} loss record(s): too few to see a trend", job)
+    third = max(1, len(losses) // 3)
+    first, last = statistics.fmean(losses[:third]), statistics.fmean(losses[-third:])
+    if last < first:
+        return Item("during", "loss", "PASS", f"finite and falling on rank 0 ({first:.4g} -> {last:.4g})", job)
+    return Item("during", "loss", "WARN", f"finite but not falling on rank 0 ({first:.4g} -> {last:.4g})", job)
+
+
+def _oom_item(job: str, job_dir: Path, ended_well: bool) -> Item:
+    ooms = E.oom_records(job_dir)
+    if not ooms:
+        return Item("during", "oom", "PASS", "no out-of-memory error", job)
+    batches = sorted({o.get("per_rank_batch") for o in ooms if o.get("per_rank_batch")}, reverse=True)
+    what = f"{len(ooms)} OOM record(s) (per-rank batch {', '.join(map(str, batches)) or '?'})"
+    if ended_well:
+        return Item("during", "oom", "PASS", f"{what}, recovered: the job finished", job)
+    return Item("during", "oom", "FAIL", f"{what}, not recovered", job)
+
+
+def _ranks_item(job: str, job_dir: Path, nproc: int, ended_well: bool) -> Item:
+    steps = E.rank_steps(job_dir)
+    if steps:
+        behind = {r: s for r, s in steps.items() if s < max(steps.values())}
+        missing = [r for r in range(nproc) if r not in steps]
+        if missing or behind:
+            lag = ", ".join(f"rank {r} at step {s}" for r, s in sorted(behind.items()))
+            gone = ", ".join(f"rank {r}" for r in missing)
+            return Item("during", "ranks", "FAIL", f"not every rank progressed: {'; '.join(x for x in (gone and gone + ' recorded nothing', lag) if x)}", job)
+        return Item("during", "ranks", "PASS", f"all {nproc} rank(s) reached step {max(steps.values())} (telemetry)",
+                    job)
+    if ended_well:
+        return Item("during", "ranks", "PASS", f"all {nproc} rank(s) finished (synchronous steps need every rank)",
+                    job)
+    return Item("during", "ranks", "SKIP", "no per-rank telemetry and the job did not finish", job)
+
+
+def _throughput_items(job: str, job_dir: Path, records: list[dict[str, Any]], success: SuccessSpec,
+                      figures: dict[str, Any]) -> list[Item]:
+    rate = E.median_rate(records)
+    if rate is None:
+        return [Item("during", "throughput", "SKIP", "fewer than 2 training log records", job)]
+    figures["samples_per_s"] = round(rate, 3)
+    earlier = E.earlier_rates(job_dir)
+    if not earlier:
+        return [Item("during", "throughput", "SKIP",
+                     f"{rate:.1f} samples/s; no earlier run of this job on this machine to compare with", job)]
+    ref = statistics.median(earlier)
+    change = rate / ref - 1
+    figures["throughput_change"] = round(change, 4)
+    found = f"{rate:.1f} samples/s, {change:+.1%} against the median of {len(earlier)} earlier run(s) ({ref:.1f})"
+    tol = success.max_throughput_drop
+    if tol is not None and change < -tol:
+        return [Item("criteria", "throughput", "FAIL", f"{found}: a regression beyond {tol:.0%}", job)]
+    return [Item("during", "throughput", "PASS", found, job)]
+
+
+def _telemetry_items(job: str, job_dir: Path, success: SuccessSpec, figures: dict[str, Any]) -> list[Item]:
+    out: list[Item] = []
+    util = E.gpu_utilisation(job_dir)
+    if util is None:
+        out.append(Item("during", "gpu_util", "SKIP", "no GPU utilisation samples (CPU ranks or no NVML)", job))
+    else:
+        figures["gpu_util"] = {str(k): round(v, 3) for k, v in util.items()}
+        low = {g: u for g, u in util.items() if success.min_gpu_util is not None and u < success.min_gpu_util}
+        found = ", ".join(f"GPU {g} {u:.0%}" for g, u in sorted(util.items()))
+        status = "FAIL" if low else "PASS"
+        out.append(Item("criteria" if low else "during", "gpu_util", status,
+                        f"after warm-up: {found}" + (f" (below {success.min_gpu_util:.0%})" if low else ""), job))
+    wait = E.data_wait_share(job_dir)
+    if wait is None:
+        out.append(Item("during", "data_wait", "SKIP", "no per-step data-wait spans recorded", job))
+    else:
+        figures["data_wait"] = round(wait, 4)
+        bad = success.max_data_wait is not None and wait > success.max_data_wait
+        out.append(Item("criteria" if bad else "during", "data_wait", "FAIL" if bad else "PASS",
+                        f"{wait:.1%} of step time waiting for data"
+                        + (f" (above {success.max_data_wait:.0%})" if bad else ""), job))
+    return out
+
+
+def _speedup_items(job: str, job_dir: Path, gpus: int, success: SuccessSpec, figures: dict[str, Any]) -> list[Item]:
+    if gpus < 2:
+        return []
+    base = E.baseline(job_dir)
+    rate = figures.get("samples_per_s")
+    wanted = success.min_speedup is not None or success.min_scaling_efficiency is not None
+    if base is None or rate is None:
+        if wanted:
+            return [Item("criteria", "speedup", "SKIP", "not measured: no single-GPU baseline (success.baseline_steps "
+                         "is 0 or the baseline failed)", job)]
+        return []
+    speedup = rate / base["samples_per_s"]
+    eff = speedup / gpus
+    figures.update(speedup=round(speedup, 3), scaling_efficiency=round(eff, 3))
+    found = f"{speedup:.2f}x over one GPU ({base['samples_per_s']:.1f} samples/s), {eff:.0%} scaling efficiency on {gpus}"
+    miss = []
+    if success.min_speedup and speedup < success.min_speedup:
+        miss.append(f"speedup below {success.min_speedup}")
+    if success.min_scaling_efficiency and eff < success.min_scaling_efficiency:
+        miss.append(f"efficiency below {success.min_scaling_efficiency:.0%}")
+    return [Item("criteria", "speedup", "FAIL" if miss else "PASS", found + (f" ({'; '.join(miss)})" if miss else ""),
+                 job)]
+
+
+def job_items(name: str, job_dir: Path, state: str, gpus: int, kind: str, success: SuccessSpec,
+              figures: dict[str, Any], device: str = "cuda", in_fleet: bool = True) -> list[Item]:
+    """Every item of one job (task jobs have training evidence; external ones only their results)."""
+    ended_well = state in ("done", "stopped")
+    items: list[Item] = []
+    if state == "stopped":
+        items.append(Item("during", "finished", "WARN", "stopped by --max-steps before its last step (--resume "
+                          "finishes it)", name))
+    elif not ended_well:
+        items.append(Item("during", "finished", "FAIL", f"the job ended {state}", name))
+    if kind == "task":
+        records = E.train_records(job_dir)
+        items.append(_loss_item(name, records))
+        items.append(_oom_item(name, job_dir, ended_well))
+        fallbacks = E.precision_fallbacks(job_dir)
+        if fallbacks:
+            what = "; ".join(f"{f.get('from')} -> {f.get('to')} after a non-finite loss at step {f.get('step')} "
+                             f"(rolled back to step <= {f.get('last_good_step')})" for f in fallbacks)
+            items.append(Item("during", "numerics", "WARN", f"{len(fallbacks)} precision fallback(s): {what}", name))
+        else:
+            items.append(Item("during", "numerics", "PASS", "no non-finite loss", name))
+        items.append(_ranks_item(name, job_dir, gpus, ended_well))
+        speed = (_throughput_items(name, job_dir, records, success, figures)
+                 + _telemetry_items(name, job_dir, success, figures)
+                 + _speedup_items(name, job_dir, gpus, success, figures))
+        items += [_judged(i, device) for i in speed]
+    if ended_well:
+        ev = E.eval_metrics(job_dir)
+        if ev:
+            items.append(Item("after", "eval", "PASS",
+                              f"eval.json: {', '.join(f'{k} {v:.4g}' for k, v in list(ev.items())[:3])}", name))
+        elif in_fleet:  # a fleet ranks its models: every job owes its metrics
+            items.append(Item("after", "eval", "FAIL", "no eval.json (no metrics for this model)", name))
+        else:
+            items.append(Item("after", "eval", "SKIP", "no eval.json (the job has no validation split)", name))
+    return items
+
+
+def build_checklist(run_dir: Path, success: SuccessSpec | None = None) -> Checklist:
+    """The checklist of a `musubi run` or `musubi train` run directory."""
+    run = E.read_run(run_dir)
+    success = success or run.success
+    cl = Checklist(str(run_dir))
+    pre = run.preflight
+    if pre is None:
+        skipped = run.preflight_skipped
+        cl.items.append(Item("before", "preflight", "WARN" if skipped else "SKIP",
+                             "skipped (--no-check)" if skipped else "no preflight.json"))
+    else:
+        counts = pre.get("counts", {})
+        cl.items.append(Item("before", "preflight", "PASS" if pre.get("ok") else "FAIL",
+                             f"{counts.get('PASS', 0)} passed, {counts.get('WARN', 0)} warnings, "
+                             f"{counts.get('FAIL', 0)} failed"))
+    for job in run.jobs:
+        cl.figures[job.name] = {}
+        cl.items += job_items(job.name, job.dir, job.state, job.gpus, job.kind, success, cl.figures[job.name],
+                              job.device, run.fleet)
+    failed = [j.name for j in run.jobs if j.state not in ("done", "stopped")]
+    cl.items.append(Item("criteria", "failures", "FAIL" if len(failed) > success.max_failures else "PASS",
+                         f"{len(failed)} job(s) failed{': ' + ', '.join(failed) if failed else ''} "
+                         f"(allowed: {success.max_failures})"))
+    if run.fleet:
+        _fleet_after(run_dir, run, success, cl)
+    elif success.min_score is not None and run.jobs:
+        ev = E.eval_metrics(run.jobs[0].dir)
+        metric = E.primary_metric(run.jobs[0].dir)
+        value = ev.get(metric) if metric else None
+        if value is None:
+            cl.items.append(Item("criteria", "score", "FAIL", f"no {metric or 'headline metric'} to compare with "
+                                 f"success.min_score {success.min_score}"))
+        else:
+            ok = value >= success.min_score
+            cl.items.append(Item("criteria", "score", "PASS" if ok else "FAIL",
+                                 f"{metric} {value:.4g} {'>=' if ok else '<'} {success.min_score}"))
+    return cl
+
+
+def _fleet_after(run_dir: Path, run: E.RunEvidence, success: SuccessSpec, cl: Checklist) -> None:
+    board = E.leaderboard_rows(run_dir)
+    ranked = [r for r in board if r.get("rank") is not None]
+    if not board:
+        cl.items.append(Item("after", "leaderboard", "FAIL", "no leaderboard.json"))
+    else:
+        top = ranked[0] if ranked else None
+        cl.items.append(Item("after", "leaderboard", "PASS" if ranked else "FAIL",
+                             f"{len(ranked)} of {len(board)} job(s) ranked"
+                             + (f"; best {top['job']} score {top['score']:.4f}" if top else "")))
+    exported = [r["job"] for r in ranked if (run_dir / r["job"] / "export" / "registered.json").is_file()]
+    want = min(run.export_top, len(ranked))
+    cl.items.append(Item("after", "export", "PASS" if len(exported) >= want else "FAIL",
+                         f"{len(exported)} of the top {want} exported and registered"
+                         + (f" ({', '.join(exported)})" if exported else "")))
+    manifest = E.read_json_or_none(run_dir / "manifest.json")
+    cl.items.append(Item("after", "manifest", "PASS" if manifest is not None else "FAIL",
+                         f"manifest.json lists {len(manifest.get('models', []))} model(s)"
+                         if isinstance(manifest, dict) else "no manifest.json"))
+    if success.min_score is not None:
+        best = ranked[0]["score"] if ranked else None
+        ok = best is not None and best >= success.min_score
+        cl.items.append(Item("criteria", "score", "PASS" if ok else "FAIL",
+                             f"best score {best:.4f} {'>=' if ok else '<'} {success.min_score}" if best is not None
+                             else f"no ranked job to compare with success.min_score {success.min_score}"))
+
+
+def write_checklist(run_dir: Path, cl: Checklist) -> Path:
+    """RUN/checklist.json."""
+    from musubi.store.rundir import write_json
+
+    path = run_dir / CHECKLIST_FILE
+    write_json(path, cl.to_dict())
+    return path
+
+
+def render(cl: Checklist, console: Any) -> None:
+    """The checklist as a rich table, then one summary line."""
+    from rich.table import Table
+    from rich.text import Text
+
+    colors = {"PASS": "green", "WARN": "yellow", "FAIL": "red", "SKIP": "dim"}
+    table = Table(title="run checklist", show_lines=False)
+    for col in ("phase", "job", "check", "status", "found"):
+        table.add_column(col, overflow="fold")
+    for i in cl.items:
+        table.add_row(Text(i.phase), Text(i.job or "-"), Text(i.check), Text(i.status, style=colors[i.status]),
+                      Text(i.found))  # Text: job names and findings are data, never rich markup
+    console.print(table)
+    d = cl.to_dict()["counts"]
+    verdict = "met its criteria" if cl.ok else "did NOT meet its criteria"
+    console.print(Text(f"run {verdict}: {d['PASS']} passed, {d['WARN']} warnings, {d['FAIL']} failed, "
+                       f"{d['SKIP']} not measured -> {Path(cl.run_dir) / CHECKLIST_FILE}"))
+
+
+def checklist_json(cl: Checklist) -> str:
+    """What `--json` prints."""
+    return json.dumps(cl.to_dict(), indent=1)

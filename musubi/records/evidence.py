@@ -1,0 +1,259 @@
+"""Readers of what a run directory holds, for the checklist and `musubi compare` (no torch).
+
+Every reader tolerates a missing or half-written file (a crashed run is still a run to
+judge): it returns None or an empty value, and the checklist says "not measured".
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from musubi.config.success import SuccessSpec
+
+#: Log records skipped at the start of a job when judging throughput (cudnn autotuning, warm-up).
+WARMUP_RECORDS = 1
+
+
+def read_json_or_none(path: Path) -> Any:
+    """The JSON document at `path`, or None when it is missing or unreadable."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """Every well-formed JSON object line of `path` (a line cut by a crash is skipped)."""
+    out: list[dict[str, Any]] = []
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return out
+    for line in text.splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(rec, dict):
+            out.append(rec)
+    return out
+
+
+@dataclass
+class JobEvidence:
+    """One job of a run: where it is and how it ended."""
+
+    name: str
+    dir: Path
+    kind: str  # task | command
+    state: str  # done | failed | stopped | running | queued | ...
+    gpus: int
+    device: str = "cuda"  # cuda | cpu (job.json); criteria on speed are judged on GPU runs only
+
+
+@dataclass
+class RunEvidence:
+    """A run directory: its jobs, preflight and criteria."""
+
+    dir: Path
+    fleet: bool
+    jobs: list[JobEvidence] = field(default_factory=list)
+    preflight: dict[str, Any] | None = None
+    preflight_skipped: bool = False
+    success: SuccessSpec = field(default_factory=SuccessSpec)
+    export_top: int = 0
+    config: dict[str, Any] = field(default_factory=dict)
+
+
+def _success_of(raw: Any) -> SuccessSpec:
+    try:
+        return SuccessSpec.model_validate(raw) if isinstance(raw, dict) else SuccessSpec()
+    except ValueError:  # a record written by another version: judge with the defaults
+        return SuccessSpec()
+
+
+def read_run(run_dir: Path) -> RunEvidence:
+    """The jobs of a `musubi run` (fleet.json) or `musubi train` (one job directory) run."""
+    fleet = read_json_or_none(run_dir / "fleet.json")
+    run = read_json_or_none(run_dir / "run.json") or {}
+    config = run.get("config") if isinstance(run.get("config"), dict) else {}
+    ev = RunEvidence(run_dir, fleet=isinstance(fleet, dict), preflight=read_json_or_none(run_dir / "preflight.json"),
+                     config=config)
+    if isinstance(fleet, dict):
+        ev.success = _success_of(config.get("success"))
+        ev.export_top = int((config.get("leaderboard") or {}).get("export_top", 1))
+        for name, st in sorted((fleet.get("jobs") or {}).items()):
+            job = read_json_or_none(run_dir / name / "job.json") or {}
+            ev.jobs.append(JobEvidence(name, run_dir / name, "task" if st.get("kind") == "task" else "command",
+                                       str(st.get("state", "unknown")), max(1, len(st.get("gpus") or [])
+                                                                             or int(job.get("nproc") or 1)),
+                                       str(job.get("device") or "cuda")))
+        # A fleet checks once for all its jobs (they start with --no-check); the fleet's own flag counts.
+        ev.preflight_skipped = "--no-check" in (run.get("argv") or [])
+        return ev
+    for job_dir in sorted(p for p in run_dir.iterdir() if p.is_dir() and (p / "job.json").is_file()):
+        job = read_json_or_none(job_dir / "job.json") or {}
+        ev.jobs.append(JobEvidence(job_dir.name, job_dir, "task", str(job.get("status", "unknown")),
+                                   int(job.get("nproc") or 1), str(job.get("device") or "cuda")))
+        ev.preflight_skipped = ev.preflight_skipped or "skipped" in str(job.get("preflight", ""))
+        if isinstance(job.get("config"), dict):
+            ev.success = _success_of(job["config"].get("success"))
+            ev.config = job["config"]
+    return ev
+
+
+def train_records(job_dir: Path) -> list[dict[str, Any]]:
+    """Rank 0's training log records (metrics.jsonl, kind 'train')."""
+    return [r for r in read_jsonl(job_dir / "metrics.jsonl") if r.get("kind") == "train"]
+
+
+def median_rate(records: list[dict[str, Any]]) -> float | None:
+    """Median samples/s over the log records after warm-up (None: fewer than two records)."""
+    rates = [float(r["samples_per_s"]) for r in records if isinstance(r.get("samples_per_s"), (int, float))]
+    if len(rates) < WARMUP_RECORDS + 1:
+        return None
+    rates = rates[WARMUP_RECORDS:]
+    return statistics.median(rates) if rates and min(rates) > 0 else None
+
+
+def oom_records(job_dir: Path) -> list[dict[str, Any]]:
+    """Applied OOM decisions of the job (memory/applied-oom-*.json), else the raw per-rank records."""
+    d = job_dir / "memory"
+    if not d.is_dir():
+        return []
+    paths = sorted(d.glob("applied-oom-*.json")) or sorted(d.glob("oom-*.json"))
+    return [r for r in (read_json_or_none(p) for p in paths) if isinstance(r, dict)]
+
+
+def rank_steps(job_dir: Path) -> dict[int, int]:
+    """The last step each rank recorded in its telemetry (JOB/telemetry/rank{r}.jsonl or JOB/rank{r}.jsonl)."""
+    out: dict[int, int] = {}
+    for folder in (job_dir / "telemetry", job_dir):
+        for path in folder.glob("rank*.jsonl"):
+            try:
+                rank = int(path.stem[4:])
+            except ValueError:
+                continue
+            steps = [int(r["step"]) for r in read_jsonl(path) if isinstance(r.get("step"), int)]
+            if steps:
+                out[rank] = max(out.get(rank, 0), max(steps))
+    return out
+
+
+def gpu_utilisation(job_dir: Path) -> dict[int, float] | None:
+    """Mean utilisation (0-1) per GPU after the first tenth of the samples, from GPU telemetry records
+    (`{"kind": "gpu", "gpu": i, "util": 0-100 or 0-1}` lines in JOB/telemetry/*.jsonl); None: none."""
+    samples: dict[int, list[float]] = {}
+    folder = job_dir / "telemetry"
+    if not folder.is_dir():
+        return None
+    for path in sorted(folder.glob("*.jsonl")):
+        for r in read_jsonl(path):
+            if r.get("kind") != "gpu" or not isinstance(r.get("util"), (int, float)):
+                continue
+            gpu = r.get("gpu", r.get("index"))
+            if isinstance(gpu, int):
+                u = float(r["util"])
+                samples.setdefault(gpu, []).append(u / 100 if u > 1 else u)
+    if not samples:
+        return None
+    return {g: statistics.fmean(v[len(v) // 10:] or v) for g, v in samples.items()}
+
+
+def data_wait_share(job_dir: Path) -> float | None:
+    """Largest per-rank share of step time spent waiting for data, from step spans
+    (`{"kind": "step", "step_s": s, "data_wait_s": s}` lines); None: no spans."""
+    folder = job_dir / "telemetry"
+    if not folder.is_dir():
+        return None
+    worst = None
+    for path in sorted(folder.glob("rank*.jsonl")):
+        total = wait = 0.0
+        for r in read_jsonl(path):
+            if r.get("kind") == "step" and isinstance(r.get("step_s"), (int, float)):
+                total += float(r["step_s"])
+                wait += float(r.get("data_wait_s") or 0.0)
+        if total > 0:
+            worst = max(worst or 0.0, wait / total)
+    return worst
+
+
+def baseline(job_dir: Path) -> dict[str, Any] | None:
+    """The job's single-GPU baseline (RUN/baselines/JOB.json, or JOB/baseline.json), when one was measured."""
+    rec = read_json_or_none(job_dir / "baseline.json") or read_json_or_none(
+        job_dir.parent / "baselines" / f"{job_dir.name}.json")
+    if isinstance(rec, dict) and isinstance(rec.get("samples_per_s"), (int, float)) and rec["samples_per_s"] > 0:
+        return rec
+    return None
+
+
+def eval_metrics(job_dir: Path) -> dict[str, float]:
+    """eval.json's metrics (numbers only)."""
+    rec = read_json_or_none(job_dir / "eval.json")
+    metrics = rec.get("metrics") if isinstance(rec, dict) else None
+    if not isinstance(metrics, dict):
+        return {}
+    return {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+def primary_metric(job_dir: Path) -> str | None:
+    """The headline metric eval.json names."""
+    rec = read_json_or_none(job_dir / "eval.json")
+    return rec.get("primary_metric") if isinstance(rec, dict) else None
+
+
+def leaderboard_rows(run_dir: Path) -> list[dict[str, Any]]:
+    """RUN/leaderboard.json's rows ([] when absent)."""
+    rec = read_json_or_none(run_dir / "leaderboard.json")
+    rows = rec.get("rows", rec) if isinstance(rec, dict) else rec
+    return [r for r in rows if isinstance(r, dict)] if isinstance(rows, list) else []
+
+
+def machine_key(env: dict[str, Any] | None) -> tuple[Any, ...]:
+    """What makes two runs "the same machine" for throughput comparison: host and GPU models."""
+    env = env or {}
+    gpus = tuple(sorted(str(g.get("name")) for g in env.get("gpus") or [] if isinstance(g, dict)))
+    return (env.get("host") or socket.gethostname(), gpus)
+
+
+def earlier_rates(job_dir: Path) -> list[float]:
+    """Median samples/s of the same job (same name, config, GPU count and device) in earlier runs beside this
+    run (the run directory's parent) on the same machine; newest first, at most 10."""
+    run_dir = job_dir.parent
+    parent = run_dir.parent
+    me = read_json_or_none(job_dir / "job.json") or {}
+    key = machine_key(read_json_or_none(run_dir / "env.json"))
+    mine = (me.get("nproc"), me.get("device"), json.dumps(me.get("config"), sort_keys=True))
+    out: list[float] = []
+    try:
+        runs = sorted((p for p in parent.iterdir() if p.is_dir() and p.resolve() != run_dir.resolve()),
+                      key=lambda p: p.stat().st_mtime, reverse=True)
+    except OSError:
+        return out
+    for run in runs:
+        other = run / job_dir.name
+        if not (other / "metrics.jsonl").is_file() or run.stat().st_mtime > run_dir.stat().st_mtime + 1:
+            continue
+        rec = read_json_or_none(other / "job.json") or {}
+        theirs = (rec.get("nproc"), rec.get("device"), json.dumps(rec.get("config"), sort_keys=True))
+        if theirs != mine or rec.get("status") not in ("done", "stopped"):
+            continue
+        if machine_key(read_json_or_none(run / "env.json")) != key:
+            continue
+        rate = median_rate(train_records(other))
+        if rate is not None:
+            out.append(rate)
+        if len(out) >= 10:
+            break
+    return out
+
+
+def precision_fallbacks(job_dir: Path) -> list[dict[str, Any]]:
+    """The numerical guard's fallbacks of a job (JOB/numerics/applied.json, see runtime/numerics.py)."""
+    data = read_json_or_none(job_dir / "numerics" / "applied.json")
+    return [r for r in data if isinstance(r, dict)] if isinstance(data, list) else []

@@ -1,0 +1,80 @@
+"""Reading a node's topology: live (nvidia-smi, else NVML + sysfs) or from a recorded file."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+from musubi.config.errors import ConfigError
+from musubi.topology.model import GpuPlace, NodeTopology, parse_cpulist
+from musubi.topology.smi import parse_topo_matrix, read_topo_text
+
+SYSFS_PCI = Path("/sys/bus/pci/devices")
+
+
+def _sysfs_place(index: int, bus_id: str) -> GpuPlace:
+    """NUMA node and local CPUs of a PCI device from sysfs (NVML's '00000000:18:00.0' -> '0000:18:00.0')."""
+    dom, _, rest = bus_id.lower().partition(":")
+    dev = SYSFS_PCI / f"{dom[-4:]}:{rest}"
+    numa: int | None = None
+    cpus: tuple[int, ...] = ()
+    try:
+        n = int((dev / "numa_node").read_text().strip())
+        numa = n if n >= 0 else None  # -1: the platform does not say (VMs)
+    except (OSError, ValueError):
+        pass
+    try:
+        cpus = parse_cpulist((dev / "local_cpulist").read_text())
+    except OSError:
+        pass
+    return GpuPlace(index, cpus, numa, bus_id)
+
+
+def read_node_topology() -> NodeTopology:
+    """This machine's topology: `nvidia-smi topo -m` (links, NICs, affinity), else NVML links + sysfs NUMA."""
+    from musubi.preflight.read.nvml import read_nvml
+
+    nvml, topo = read_nvml(with_xids=False)
+    text = read_topo_text() if nvml.gpus else None
+    smi = parse_topo_matrix(text) if text else NodeTopology()
+    buses = {g.index: g.pci_bus_id for g in nvml.gpus}
+    if smi.links or smi.gpus:
+        # nvidia-smi knows NICs and affinity; NVML adds P2P status and bus ids.
+        gpus = tuple(replace(g, bus_id=buses.get(g.index, "")) for g in smi.gpus)
+        return replace(smi, p2p=topo.p2p, gpus=gpus)
+    places = tuple(_sysfs_place(g.index, g.pci_bus_id) for g in nvml.gpus if g.error is None)
+    return replace(topo, gpus=places)
+
+
+def load_topology(path: Path) -> NodeTopology:
+    """A recorded topology: `nvidia-smi topo -m` text, or a JSON file (env.json or a `topology` dict)."""
+    try:
+        raw = path.read_text(encoding="utf-8", errors="replace")
+    except OSError as e:
+        raise ConfigError(f"topology file {path}: cannot be read ({e.strerror}); give a `nvidia-smi topo -m` "
+                          "text or an env.json") from None
+    if raw.lstrip().startswith("{"):
+        try:
+            data = json.loads(raw)
+        except ValueError as e:
+            raise ConfigError(f"topology file {path}: not valid JSON ({e}); give a `nvidia-smi topo -m` text "
+                              "or an env.json") from None
+        data = data.get("topology", data) if isinstance(data, dict) else {}
+        topo = NodeTopology.from_dict(data) if isinstance(data, dict) else NodeTopology()
+        if topo.text and not topo.gpus:  # an older record: re-read the text it kept
+            topo = parse_topo_matrix(topo.text)
+    else:
+        topo = parse_topo_matrix(raw)
+    if not topo.links and not topo.gpus:
+        raise ConfigError(f"topology file {path}: no GPU found in it; give the output of `nvidia-smi topo -m` "
+                          "or an env.json written on a GPU machine")
+    return replace(topo, source=f"recorded:{path.name}")
+
+
+def numa_nodes(topo: NodeTopology) -> dict[int, int | None]:
+    """GPU index -> NUMA node (None where unknown), from the model's GPU places."""
+    return {g.index: g.numa for g in topo.gpus}
+
+
+__all__ = ["load_topology", "numa_nodes", "parse_cpulist", "read_node_topology"]

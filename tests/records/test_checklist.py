@@ -1,0 +1,213 @@
+"""The run checklist on crafted run directories (every criterion both ways) and on a real CPU run."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from musubi.cli import app
+from musubi.config.success import SuccessSpec
+from musubi.records.checklist import build_checklist
+
+CONFIG = {"name": "a", "task": "lm", "model": "gpt", "data": {"synthetic": {}}, "train": {"batch": 2}}
+
+
+def _w(path: Path, data: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data) if not isinstance(data, str) else data)
+
+
+def _job(run: Path, name: str, *, losses=(2.0, 1.5, 1.2, 1.0), rate=100.0, device="cuda", nproc=2,
+         status="done", eval_metrics: dict | None = None, config: dict | None = None) -> Path:
+    d = run / name
+    _w(d / "job.json", {"config": config or {**CONFIG, "name": name}, "status": status, "nproc": nproc,
+                        "device": device})
+    recs = [{"step": i, "kind": "train", "loss": v, "samples_per_s": rate if i else 1.0} for i, v in enumerate(losses)]
+    _w(d / "metrics.jsonl", "\n".join(json.dumps(r) for r in recs) + "\n")
+    if eval_metrics is not False:
+        _w(d / "eval.json", {"metrics": eval_metrics or {"val_acc": 0.5}, "primary_metric": "val_acc"})
+    return d
+
+
+def _fleet(run: Path, states: dict[str, str], success: dict | None = None, argv=("musubi", "run")) -> None:
+    jobs = {n: {"name": n, "kind": "task", "state": s, "gpus": [0, 1]} for n, s in states.items()}
+    _w(run / "fleet.json", {"fleet": "f", "jobs": jobs})
+    _w(run / "run.json", {"config": {"success": success or {}, "leaderboard": {"export_top": 1}}, "argv": list(argv)})
+    _w(run / "preflight.json", {"ok": True, "counts": {"PASS": 6}})
+    _w(run / "env.json", {"host": "h", "gpus": [{"name": "H200"}]})
+
+
+def _items(cl) -> dict[tuple[str | None, str], tuple[str, str]]:
+    return {(i.job, i.check): (i.status, i.found) for i in cl.items}
+
+
+def _shipped(run: Path, job: str) -> None:
+    _w(run / "leaderboard.json", {"rows": [{"rank": 1, "job": job, "score": 0.6}]})
+    _w(run / job / "export" / "registered.json", {})
+    _w(run / "manifest.json", {"models": [{"name": job}]})
+
+
+def test_a_good_fleet_passes_every_item(tmp_path: Path) -> None:
+    run = tmp_path / "r"
+    _fleet(run, {"a": "done", "b": "done"})
+    _job(run, "a")
+    _job(run, "b")
+    _shipped(run, "a")
+    cl = build_checklist(run)
+    items = _items(cl)
+    assert cl.ok, cl.items
+    assert items[(None, "preflight")][0] == "PASS" and items[("a", "loss")][0] == "PASS"
+    assert items[("a", "ranks")] == ("PASS", "all 2 rank(s) finished (synchronous steps need every rank)")
+    assert items[(None, "export")][0] == "PASS" and items[(None, "manifest")][0] == "PASS"
+    assert items[("a", "gpu_util")][0] == "SKIP"  # no telemetry: not measured, never "met"
+
+
+def test_a_failed_job_fails_the_run_unless_allowed(tmp_path: Path) -> None:
+    run = tmp_path / "r"
+    _fleet(run, {"a": "done", "b": "failed"})
+    _job(run, "a")
+    _job(run, "b", status="failed", eval_metrics=False)
+    _shipped(run, "a")
+    cl = build_checklist(run)
+    assert not cl.ok and _items(cl)[(None, "failures")] == ("FAIL", "1 job(s) failed: b (allowed: 0)")
+    assert build_checklist(run, SuccessSpec(max_failures=1)).ok is False  # b's own "finished" item still fails
+    assert _items(build_checklist(run, SuccessSpec(max_failures=1)))[(None, "failures")][0] == "PASS"
+
+
+@pytest.mark.parametrize("losses, status", [((2.0, float("nan"), 1.0), "FAIL"), ((1.0, 1.1, 1.2, 1.3), "WARN")])
+def test_loss_must_be_finite_and_falling(tmp_path: Path, losses, status) -> None:
+    run = tmp_path / "r"
+    _fleet(run, {"a": "done"})
+    _job(run, "a", losses=losses)
+    assert _items(build_checklist(run))[("a", "loss")][0] == status
+
+
+def test_oom_recovered_or_not(tmp_path: Path) -> None:
+    run = tmp_path / "r"
+    _fleet(run, {"a": "done", "b": "failed"})
+    for name, state in (("a", "done"), ("b", "failed")):
+        d = _job(run, name, status=state)
+        _w(d / "memory" / "applied-oom-1.json", {"per_rank_batch": 64})
+    items = _items(build_checklist(run))
+    assert items[("a", "oom")] == ("PASS", "1 OOM record(s) (per-rank batch 64), recovered: the job finished")
+    assert items[("b", "oom")][0] == "FAIL"
+
+
+def test_a_rank_that_stopped_progressing_is_named(tmp_path: Path) -> None:
+    run = tmp_path / "r"
+    _fleet(run, {"a": "done"})
+    d = _job(run, "a")
+    _w(d / "telemetry" / "rank0.jsonl", '{"step": 10}\n{"step": 20}\n')
+    _w(d / "telemetry" / "rank1.jsonl", '{"step": 10}\n')
+    status, found = _items(build_checklist(run))[("a", "ranks")]
+    assert status == "FAIL" and "rank 1 at step 10" in found
+
+
+def _history(tmp_path: Path, device: str, old: float, new: float) -> Path:
+    for i, rate in enumerate((old, new)):
+        run = tmp_path / f"run{i}"
+        _fleet(run, {"a": "done"})
+        _job(run, "a", rate=rate, device=device)
+        _shipped(run, "a")
+        os.utime(run, (1_000_000 + i * 100, 1_000_000 + i * 100))  # run1 is newer than run0
+    return tmp_path / "run1"
+
+
+def test_a_throughput_drop_against_earlier_runs_fails_a_gpu_run(tmp_path: Path) -> None:
+    cl = build_checklist(_history(tmp_path, "cuda", 100.0, 85.0))
+    status, found = _items(cl)[("a", "throughput")]
+    assert status == "FAIL" and "-15.0% against the median of 1 earlier run(s)" in found and not cl.ok
+    assert cl.figures["a"]["throughput_change"] == pytest.approx(-0.15)
+
+
+def test_the_same_drop_on_cpu_ranks_is_a_warning(tmp_path: Path) -> None:
+    cl = build_checklist(_history(tmp_path, "cpu", 100.0, 85.0))
+    assert _items(cl)[("a", "throughput")][0] == "WARN" and cl.ok
+
+
+def test_a_small_change_or_another_config_is_not_a_regression(tmp_path: Path) -> None:
+    assert _items(build_checklist(_history(tmp_path / "x", "cuda", 100.0, 95.0)))[("a", "throughput")][0] == "PASS"
+    run = _history(tmp_path / "y", "cuda", 100.0, 50.0)
+    _job(run, "a", rate=50.0, config={**CONFIG, "name": "a", "train": {"batch": 4}})  # another job: no history
+    assert _items(build_checklist(run))[("a", "throughput")][0] == "SKIP"
+
+
+def test_gpu_utilisation_and_data_wait_from_telemetry(tmp_path: Path) -> None:
+    run = tmp_path / "r"
+    _fleet(run, {"a": "done"})
+    d = _job(run, "a")
+    gpu = [{"kind": "gpu", "gpu": g, "util": u} for g, u in ((0, 95), (1, 40)) for _ in range(20)]
+    _w(d / "telemetry" / "gpu.jsonl", "\n".join(json.dumps(r) for r in gpu))
+    steps = [{"kind": "step", "step": i, "step_s": 1.0, "data_wait_s": 0.3} for i in range(5)]
+    for rank in (0, 1):
+        _w(d / "telemetry" / f"rank{rank}.jsonl", "\n".join(json.dumps(r) for r in steps))
+    _shipped(run, "a")
+    cl = build_checklist(run)
+    items = _items(cl)
+    assert items[("a", "gpu_util")] == ("FAIL", "after warm-up: GPU 0 95%, GPU 1 40% (below 80%)")
+    assert items[("a", "data_wait")] == ("FAIL", "30.0% of step time waiting for data (above 10%)")
+    assert build_checklist(run, SuccessSpec(min_gpu_util=0.3, max_data_wait=0.5)).ok
+
+
+def test_speedup_against_the_single_gpu_baseline(tmp_path: Path) -> None:
+    run = tmp_path / "r"
+    _fleet(run, {"a": "done"}, success={"min_scaling_efficiency": 0.9})
+    d = _job(run, "a", rate=180.0)
+    _shipped(run, "a")
+    success = SuccessSpec(min_scaling_efficiency=0.9)
+    assert _items(build_checklist(run, success))[("a", "speedup")][0] == "SKIP"  # no baseline: not measured
+    _w(d / "baseline.json", {"samples_per_s": 100.0})
+    cl = build_checklist(run)  # the criterion comes from run.json's success section
+    assert _items(cl)[("a", "speedup")] == ("PASS", "1.80x over one GPU (100.0 samples/s), 90% scaling efficiency on 2")
+    _w(d / "baseline.json", {"samples_per_s": 120.0})
+    assert _items(build_checklist(run))[("a", "speedup")][0] == "FAIL"
+
+
+def test_min_score_of_a_fleet(tmp_path: Path) -> None:
+    run = tmp_path / "r"
+    _fleet(run, {"a": "done"}, success={"min_score": 0.7})
+    _job(run, "a")
+    _shipped(run, "a")
+    cl = build_checklist(run)
+    assert _items(cl)[(None, "score")] == ("FAIL", "best score 0.6000 < 0.7") and not cl.ok
+
+
+def test_checklist_command_exit_codes(tmp_path: Path) -> None:
+    run = tmp_path / "r"
+    _fleet(run, {"a": "done"})
+    _job(run, "a")
+    _shipped(run, "a")
+    res = CliRunner().invoke(app, ["checklist", str(run), "--json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output)["ok"] and (run / "checklist.json").is_file()
+    _fleet(run, {"a": "failed"})
+    assert CliRunner().invoke(app, ["checklist", str(run)]).exit_code == 1
+    res = CliRunner().invoke(app, ["checklist", str(tmp_path / "nothing")])
+    assert res.exit_code == 2 and "no such run directory" in res.output
+    (tmp_path / "empty").mkdir()
+    assert CliRunner().invoke(app, ["checklist", str(tmp_path / "empty")]).exit_code == 2
+
+
+def test_job_names_are_printed_literally(tmp_path: Path) -> None:
+    run = tmp_path / "r"
+    _fleet(run, {"[red]x": "done"})
+    _job(run, "[red]x")
+    res = CliRunner().invoke(app, ["checklist", str(run)])
+    assert "[red]x" in res.output  # rich markup in a name is data, not style
+
+
+@pytest.mark.timeout(300)
+def test_musubi_train_ends_with_its_checklist(tiny_job, tmp_path: Path) -> None:
+    from tests.runtime.helpers import train
+
+    code, out = train(str(tiny_job()), "--nproc", "2", "--out", str(tmp_path / "run"), "--no-check")
+    assert code == 0, out
+    cl = json.loads((tmp_path / "run" / "checklist.json").read_text())
+    assert cl["ok"] and "run met its criteria" in out
+    checks = {(i["job"], i["check"]): i["status"] for i in cl["items"]}
+    assert checks[("tiny", "loss")] in ("PASS", "WARN") and checks[(None, "preflight")] == "WARN"
