@@ -10,12 +10,27 @@ write `$MUSUBI_JOB_DIR/eval.json` (and may write `model.onnx`). No torch here.
 from __future__ import annotations
 
 import copy
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import AfterValidator, Field, field_validator, model_validator
 
-from musubi.config.job import JobSpec, StrictModel, check_safe_name
+from musubi.config.job import MAX_PATH_CHARS, JobSpec, PathStr, ShortStr, StrictModel, check_safe_name
 from musubi.config.success import SuccessSpec
+
+#: A fleet of more jobs than this is a mistake (or an attack on the scheduler).
+MAX_JOBS = 1000
+
+
+def check_arg(value: str) -> str:
+    """An argv element: no NUL (the OS would cut it there); other characters are the program's business."""
+    if "\x00" in value:
+        raise ValueError("must not contain NUL")
+    return value
+
+
+#: Environment variable names of a command job: a portable shell name.
+EnvName = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")]
+EnvValue = Annotated[str, Field(max_length=32768), AfterValidator(check_arg)]
 
 
 class Placement(StrictModel):
@@ -23,9 +38,9 @@ class Placement(StrictModel):
 
     gpus: int = Field(1, ge=1, le=1024, description="GPUs (or CPU ranks) the job gets, all its own.")
     priority: int = Field(0, ge=-1000, le=1000, description="Higher runs earlier.")
-    family: str | None = Field(None, description="Jobs of one family run back to back (warm caches).")
+    family: ShortStr | None = Field(None, description="Jobs of one family run back to back (warm caches).")
     retries: int = Field(1, ge=0, le=20, description="Retries after a failure (not after a config error).")
-    memory_gib: float | None = Field(None, gt=0, description="Declared GPU memory need per GPU (GiB).")
+    memory_gib: float | None = Field(None, gt=0, le=1e6, description="Declared GPU memory need per GPU (GiB).")
 
 
 #: Keys of a fleet job that place it in the fleet; the rest describe the training job.
@@ -35,10 +50,13 @@ PLACEMENT_KEYS = frozenset(Placement.model_fields)
 class CommandJob(Placement):
     """An external program with the fleet's contract (writes $MUSUBI_JOB_DIR/eval.json)."""
 
-    name: str = Field(description="Job name; becomes the job's directory name.")
-    command: list[str] = Field(min_length=1, description="argv list (never a shell string).")
-    python: str | None = Field(None, description="Interpreter (e.g. another venv's bin/python): runs `python argv...`.")
-    env: dict[str, str] = Field(default_factory=dict, description="Extra environment variables (explicit).")
+    name: str = Field(max_length=64, description="Job name; becomes the job's directory name.")
+    command: list[Annotated[str, Field(max_length=MAX_PATH_CHARS), AfterValidator(check_arg)]] = Field(
+        min_length=1, max_length=1024, description="argv list (never a shell string).")
+    python: PathStr | None = Field(None, description="Interpreter (e.g. another venv's bin/python): runs "
+                                   "`python argv...`.")
+    env: dict[EnvName, EnvValue] = Field(default_factory=dict, max_length=256,
+                                         description="Extra environment variables (explicit).")
     launch: Literal["single", "torchrun"] = Field(
         "single", description="single: one process; torchrun: `python -m torch.distributed.run` over its GPUs."
     )
@@ -90,13 +108,13 @@ class FleetSpec(StrictModel):
     """A fleet: shared defaults and the jobs (built by `config.load.load_fleet`, which merges the
     defaults under each task job and names the job in every error)."""
 
-    name: str = Field(description="Fleet name; the run directory is runs/<time>-<name>.")
+    name: str = Field(max_length=64, description="Fleet name; the run directory is runs/<time>-<name>.")
     defaults: dict[str, Any] = Field(default_factory=dict, description="Merged under every task job.")
     leaderboard: LeaderboardSpec = Field(default_factory=LeaderboardSpec, description="Ranking and export.")
     success: SuccessSpec = Field(default_factory=SuccessSpec, description="Success criteria over the whole "
                                  "fleet, checked at the end (RUN/checklist.json, exit code).")
     machine: MachineSpec = Field(default_factory=MachineSpec, description="Topology and CPU pinning.")
-    jobs: list[TaskJob | CommandJob] = Field(min_length=1, description="The jobs.")
+    jobs: list[TaskJob | CommandJob] = Field(min_length=1, max_length=MAX_JOBS, description="The jobs.")
 
     @field_validator("name")
     @classmethod

@@ -201,8 +201,13 @@ def torchrun_argv(job_dir: Path, nproc: int, resume: bool, stop_at_step: int | N
     `--max-restarts`: when a rank fails (an OOM, a crash), torchrun stops the others and
     restarts all of them; the workers resume from the newest committed checkpoint.
     """
-    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
+    from musubi.runtime.rendezvous import torchrun_module
+
+    # torchrun behind a rendezvous bound to 127.0.0.1 (`--standalone`), not to every interface.
+    argv = [sys.executable, *torchrun_module(), "--standalone", "--nnodes=1",
             f"--nproc-per-node={nproc}", f"--max-restarts={max_restarts}", "--monitor-interval=0.5",
+            # torchrun's own files (per-attempt error records) stay in the run, not in $TMPDIR.
+            f"--log-dir={job_dir / 'logs' / 'torchelastic'}",
             *(extra or []), "-m", "musubi.runtime.worker", str(job_dir)]
     if probe_only:
         argv.append("--probe-only")
@@ -223,6 +228,9 @@ def worker_env(kind: str, nproc: int, deterministic: bool, job_dir: Path | None 
         env.update(diagnostic_env(job_dir, env))
     env["MUSUBI_DEVICE"] = kind
     env["PYTHONUNBUFFERED"] = "1"
+    from musubi.runtime.rendezvous import single_node_env
+
+    env.update(single_node_env(env))  # one node: the ranks' gloo/NCCL sockets listen on loopback only
     # Split the cores between ranks instead of letting each rank spawn one thread per core.
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
     if deterministic:
@@ -231,12 +239,15 @@ def worker_env(kind: str, nproc: int, deterministic: bool, job_dir: Path | None 
 
 
 def _tee_stderr(stream, log_path: Path) -> threading.Thread:
-    """Copy torchrun's stderr to a file; only our workers' one-line errors reach the console."""
+    """Copy torchrun's stderr to a file (secret values scrubbed); only our workers' one-line errors reach the console."""
+    from musubi.store.redact import scrub_text, secret_values
+
+    secrets = secret_values()
 
     def pump() -> None:
         with open(log_path, "a", encoding="utf-8") as f:
             for line in stream:
-                f.write(line)
+                f.write(scrub_text(line, secrets))
                 f.flush()
 
     th = threading.Thread(target=pump, daemon=True)
