@@ -131,12 +131,19 @@ class CocoDetection(Dataset):
         image_size: int | None = None,
         category_ids: Sequence[int] | None = None,
         check_files: bool = True,
+        as_uint8: bool = False,
+        raw: dict[str, Any] | None = None,
     ) -> None:
-        """Read and validate the annotations; `category_ids` fixes the label map (pass the train split's to val)."""
+        """Read and validate the annotations; `category_ids` fixes the label map (pass the train split's to val).
+
+        `as_uint8`: images come as uint8 (4x fewer bytes through pinned memory; the task converts on the
+        device). `raw`: the annotation file already parsed (by the data check), so it is not read twice.
+        """
         self.image_dir = Path(image_dir)
         self.annotations = Path(annotations)
         self.image_size = image_size
-        data = read_annotation_json(self.annotations)
+        self.as_uint8 = as_uint8
+        data = raw if raw is not None else read_annotation_json(self.annotations)
         if not self.image_dir.is_dir():
             raise _fail(
                 self.image_dir,
@@ -289,7 +296,9 @@ class CocoDetection(Dataset):
         boxes[:, 0::2] = boxes[:, 0::2].clamp(0, im.width)
         boxes[:, 1::2] = boxes[:, 1::2].clamp(0, im.height)
         keep = (boxes[:, 2] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 1])
-        image = pil_to_tensor(im).to(torch.float32).div_(255.0)
+        image = pil_to_tensor(im)
+        if not self.as_uint8:
+            image = image.to(torch.float32).div_(255.0)
         target = {
             "boxes": boxes[keep],
             "labels": labels[keep],
