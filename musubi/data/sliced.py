@@ -54,24 +54,46 @@ def frame_boxes(ds: CocoDetection) -> tuple[list[np.ndarray], list[np.ndarray]]:
 
 
 def cache_fits(tiles: int, tile: int, local_ranks: int = 1) -> bool:
-    """Whether `tiles` uint8 RGB tiles per rank fit in this machine's RAM budget for caching."""
+    """Whether `tiles` uint8 RGB tiles per rank fit the RAM budget and /dev/shm (where shared tensors live)."""
+    import shutil
+
     import psutil
 
     need = tiles * tile * tile * 3 * max(1, local_ranks)
-    return need <= CACHE_RAM_SHARE * psutil.virtual_memory().available
+    try:
+        shm_free = shutil.disk_usage("/dev/shm").free
+    except OSError:
+        shm_free = 0
+    return need <= min(CACHE_RAM_SHARE * psutil.virtual_memory().available, CACHE_RAM_SHARE * shm_free)
+
+
+def shared_buffer(nbytes: int) -> Tensor:
+    """uint8 [nbytes] mapped shared from an unlinked /dev/shm file: forked loader workers write into the same
+    pages, and pages are only committed when written (a zero-filled or copied buffer would commit them all)."""
+    import tempfile
+
+    fd, name = tempfile.mkstemp(prefix="musubi-tiles-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+    try:
+        os.ftruncate(fd, nbytes)
+        buf = torch.from_file(name, shared=True, size=nbytes, dtype=torch.uint8)
+    finally:
+        os.close(fd)
+        os.unlink(name)  # the mapping outlives the name; the memory goes with the last process using it
+    return buf
 
 
 class SlicedCocoDetection(Dataset):
     """Tiles of a COCO set; index -> (tile [3, T, T] float in [0, 1] or uint8, target in tile pixels)."""
 
-    def __init__(self, frames: CocoDetection, params: SliceParams, *, cache: bool = False,
+    def __init__(self, frames: CocoDetection, params: SliceParams, *, cache: bool | str = False,
                  as_uint8: bool = False) -> None:
+        """Plan the tiles of `frames`; `cache`: True, False or "auto" (when cache_fits on this machine)."""
         if frames.image_size is not None:
             raise ConfigError("data.slice cuts frames at their own resolution; unset data.image_size "
                               "(the model input is the tile)")
         self.frames, self.params, self.as_uint8 = frames, params, as_uint8
         boxes, labels = frame_boxes(frames)
-        self.tiles: list[TileRef] = []
+        self.tiles: list[TileRef]
         self.tiles, self.tiles_per_image = plan_tiles(frame_sizes(frames), boxes, labels, params)
         if not self.tiles:
             raise ConfigError(f"{frames.annotations}: slicing kept no tile; raise data.slice.empty_ratio")
@@ -81,10 +103,11 @@ class SlicedCocoDetection(Dataset):
             self._of_frame.setdefault(t.image, []).append(n)
         self.cache: Tensor | None = None
         self.cached: Tensor | None = None
+        if cache == "auto":
+            cache = cache_fits(len(self.tiles), params.tile, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
         if cache:
             t = params.tile
-            # Shared memory: the buffer created here is the one every forked loader worker writes to.
-            self.cache = torch.zeros((len(self.tiles), t, t, 3), dtype=torch.uint8).share_memory_()
+            self.cache = shared_buffer(len(self.tiles) * t * t * 3).view(len(self.tiles), t, t, 3)
             self.cached = torch.zeros(len(self.tiles), dtype=torch.uint8).share_memory_()
 
     @property
