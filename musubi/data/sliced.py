@@ -134,13 +134,14 @@ class SlicedCocoDetection(Dataset):
         if self.cache is not None and self.cached is not None:
             for n in self._of_frame[ref.image]:
                 a0, b0, a1, b1 = self.tiles[n].window
-                self.cache[n, : b1 - b0, : a1 - a0] = torch.from_numpy(frame[b0:b1, a0:a1])
+                self.cache[n, : b1 - b0, : a1 - a0].numpy()[...] = frame[b0:b1, a0:a1]
                 self.cached[n] = 1
         return frame[y0:y1, x0:x1]
 
     def __getitem__(self, index: int) -> tuple[Tensor, dict[str, Tensor]]:
         ref = self.tiles[index]
-        image = torch.from_numpy(np.ascontiguousarray(self._pixels(index))).permute(2, 0, 1).contiguous()
+        # A copy: the frame's array is read-only (PIL) and the cache's pages are shared with other workers.
+        image = torch.from_numpy(np.array(self._pixels(index))).permute(2, 0, 1).contiguous()
         if not self.as_uint8:
             image = image.to(torch.float32).div_(255.0)
         target = {
