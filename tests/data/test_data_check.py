@@ -83,3 +83,11 @@ def test_cli_exits_1_lists_every_offender_and_counts_per_class(tmp_path: Path) -
     assert len(json.loads(ann.read_text())["annotations"]) == 24
     warn_only = runner.invoke(app, ["data", "check", str(ann), "--allow-warnings", "--store", str(tmp_path / "r")])
     assert warn_only.exit_code == 0 and "box_outside (5):" in warn_only.output
+
+
+def test_malformed_ids_are_findings_not_crashes(tmp_path: Path) -> None:
+    ann = small_set(tmp_path)
+    edit(ann, lambda d: d["annotations"][0].update(image_id=[1], category_id={"x": 1}))
+    found = _kinds(ann)
+    assert "annotations[0] image_id [1]" in found["unknown_image"][0]
+    assert "annotations[0] category_id {'x': 1}" in found["unknown_category"][0]

@@ -130,6 +130,11 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
+def _key(v: Any) -> Any:
+    """A hashable stand-in for a JSON value (a malformed id may be a list or an object)."""
+    return v if isinstance(v, (int, float, str, bool, type(None))) else repr(v)
+
+
 def _duplicates(values: list[Any]) -> list[Any]:
     seen: set[Any] = set()
     return [v for v in values if v in seen or seen.add(v)]  # type: ignore[func-returns-value]
@@ -139,19 +144,27 @@ def scan_references(raw: dict[str, Any]) -> dict[str, list[str]]:
     """Problems of ids and references a loader would refuse or silently double: one list of offenders per kind."""
     images = [img for img in raw["images"] if isinstance(img, dict)]
     anns = [a for a in raw["annotations"] if isinstance(a, dict)]
-    image_ids = {img.get("id") for img in images}
-    category_ids = {c.get("id") for c in raw["categories"] if isinstance(c, dict)}
+    image_ids = {_key(img.get("id")) for img in images}
+    category_ids = {_key(c.get("id")) for c in raw["categories"] if isinstance(c, dict)}
     return {
-        "duplicate_image_id": [f"image id {i}" for i in _duplicates([img.get("id") for img in images])],
-        "duplicate_annotation_id": [f"annotation id {i}" for i in _duplicates([a.get("id") for a in anns])
+        "duplicate_image_id": [f"image id {i}" for i in _duplicates([_key(img.get("id")) for img in images])],
+        "duplicate_annotation_id": [f"annotation id {i}" for i in _duplicates([_key(a.get("id")) for a in anns])
                                     if i is not None],
-        "duplicate_file_name": [str(n) for n in _duplicates([img.get("file_name") for img in images])],
+        "duplicate_file_name": [str(n) for n in _duplicates([_key(img.get("file_name")) for img in images])],
         "unknown_image": [f"annotations[{n}] image_id {a.get('image_id')!r}" for n, a in enumerate(raw["annotations"])
-                          if isinstance(a, dict) and a.get("image_id") not in image_ids],
+                          if isinstance(a, dict) and _key(a.get("image_id")) not in image_ids],
         "unknown_category": [f"annotations[{n}] category_id {a.get('category_id')!r}"
                              for n, a in enumerate(raw["annotations"])
-                             if isinstance(a, dict) and a.get("category_id") not in category_ids],
+                             if isinstance(a, dict) and _key(a.get("category_id")) not in category_ids],
     }
+
+
+def _size_counts(sizes: dict[str, int]) -> list[int]:
+    """How many files have each file's size (in the dict's order)."""
+    from collections import Counter
+
+    count = Counter(sizes.values())
+    return [count[v] for v in sizes.values()]
 
 
 #: Reference problems that make musubi.data.coco refuse the file (reported per offender instead).
@@ -181,12 +194,12 @@ def read_coco(target: str, ann: Path, image_dir: Path | None, examples: int = MA
     found = scan_references(raw)
     try:
         if any(found[k] for k in BLOCKING):
-            # Listed one by one below; the loader's own rules still run on the entries themselves.
-            raw_ok = {**raw, "images": list({i.get("id"): i for i in raw["images"] if isinstance(i, dict)}.values()),
-                      "annotations": [a for n, a in enumerate(raw["annotations"]) if not isinstance(a, dict) or
-                                      (a.get("image_id") in {i.get("id") for i in raw["images"] if isinstance(i, dict)}
-                                       and a.get("category_id") in {c.get("id") for c in raw["categories"]
-                                                                    if isinstance(c, dict)})]}
+            # Listed one by one already; the loader's own rules still run on the remaining entries.
+            by_id = {_key(i.get("id")): i for i in raw["images"] if isinstance(i, dict)}
+            cats = {_key(c.get("id")) for c in raw["categories"] if isinstance(c, dict)}
+            raw_ok = {**raw, "images": list(by_id.values()),
+                      "annotations": [a for a in raw["annotations"] if not isinstance(a, dict) or
+                                      (_key(a.get("image_id")) in by_id and _key(a.get("category_id")) in cats)]}
         else:
             raw_ok = raw
         # The exact code a training rank runs: if this passes, the loader's construction will too
@@ -222,10 +235,13 @@ def read_coco(target: str, ann: Path, image_dir: Path | None, examples: int = MA
         if declared[0] and declared[1] and tuple(declared) != got:
             found["size_mismatch"].append(f"{name} (declared {declared[0]}x{declared[1]}, is {got[0]}x{got[1]})")
     # Identical bytes under two names: the same frame twice (or in two splits) skews training and scores.
+    # Only files that share their size with another can be copies: hash just those.
     unique = dict(readable)
-    sums, _ = digests(list(unique.values()), store)
+    sizes = {name: path.stat().st_size for name, path in unique.items()}
+    shared = [n for n, c in zip(unique, _size_counts(sizes), strict=True) if c > 1]
+    sums, _ = digests([unique[n] for n in shared], store)
     first_of: dict[str, str] = {}
-    for name, digest in zip(unique, sums, strict=True):
+    for name, digest in zip(shared, sums, strict=True):
         if digest in first_of:
             found["duplicate_image"].append(f"{name} = {first_of[digest]}")
         else:
@@ -235,7 +251,7 @@ def read_coco(target: str, ann: Path, image_dir: Path | None, examples: int = MA
     per_class = {ds.category_names[c]: 0 for c in ds.category_ids}
     crowd = 0
     for n, a in enumerate(raw["annotations"]):
-        if a.get("image_id") not in file_of or a.get("category_id") not in known:
+        if _key(a.get("image_id")) not in file_of or _key(a.get("category_id")) not in known:
             continue  # listed as unknown_image / unknown_category
         if a.get("iscrowd", 0):
             crowd += 1
