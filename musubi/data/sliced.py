@@ -67,6 +67,19 @@ def cache_fits(tiles: int, tile: int, local_ranks: int = 1) -> bool:
     return need <= min(CACHE_RAM_SHARE * psutil.virtual_memory().available, CACHE_RAM_SHARE * shm_free)
 
 
+def _check_shm(need: int) -> None:
+    """ConfigError when /dev/shm cannot hold `need` bytes (a worker writing past it dies of SIGBUS)."""
+    import shutil
+
+    try:
+        free = shutil.disk_usage("/dev/shm").free
+    except OSError:
+        return
+    if need > free:
+        raise ConfigError(f"data.cache: on needs {need / 2**30:.1f} GiB in /dev/shm, {free / 2**30:.1f} GiB free; "
+                          "set data.cache: auto, or enlarge /dev/shm (docker --shm-size)")
+
+
 def shared_buffer(nbytes: int) -> Tensor:
     """uint8 [nbytes] mapped shared from an unlinked /dev/shm file: forked loader workers write into the same
     pages, and pages are only committed when written (a zero-filled or copied buffer would commit them all)."""
@@ -103,8 +116,14 @@ class SlicedCocoDetection(Dataset):
             self._of_frame.setdefault(t.image, []).append(n)
         self.cache: Tensor | None = None
         self.cached: Tensor | None = None
+        local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
         if cache == "auto":
-            cache = cache_fits(len(self.tiles), params.tile, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+            cache = cache_fits(len(self.tiles), params.tile, local_ranks)
+        elif cache:
+            _check_shm(len(self.tiles) * params.tile**2 * 3 * local_ranks)
+        counts = [n for n in self.tiles_per_image if n]
+        log.info("%s: %d frames -> %d tiles (%d..%d per frame), tile cache %s", frames.annotations, len(frames),
+                 len(self.tiles), min(counts, default=0), max(counts, default=0), "on" if cache else "off")
         if cache:
             t = params.tile
             self.cache = shared_buffer(len(self.tiles) * t * t * 3).view(len(self.tiles), t, t, 3)

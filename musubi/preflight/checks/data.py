@@ -5,6 +5,8 @@ from __future__ import annotations
 from musubi.preflight.readings import DataIssue, DataReading
 from musubi.preflight.result import CheckResult, Status, fail, passed
 
+#: Offenders named on a result's line (`musubi data check` lists the rest below it).
+LINE_EXAMPLES = 3
 #: (status, what the count means, fix) per issue kind. FAIL: training would crash or refuse; WARN: it
 #: silently changes the data (drops or clips boxes).
 ISSUES: dict[str, tuple[Status, str, str]] = {
@@ -45,7 +47,7 @@ def check_dataset(reading: DataReading) -> list[CheckResult]:
     results = []
     for issue in reading.issues:
         status, what, fix = ISSUES.get(issue.kind, (Status.WARN, issue.kind, "fix the dataset"))
-        first = "; ".join(issue.examples)
+        first = "; ".join(issue.examples[:LINE_EXAMPLES])
         results.append(CheckResult(name, status, f"{reading.path}: {_of(issue, reading)} {what} (first: {first})", fix))
     if not results:
         c = reading.counts
