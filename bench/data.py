@@ -1,6 +1,6 @@
 """Feeder bench: FCOS (ResNet-50 FPN) DDP training fed from real JPEG files vs the same job fed from the device.
 
-    python bench/data.py [--gpus 4] [--steps 24] [--warmup 6] [--work DIR] [--json OUT.json]
+    python bench/data.py [--gpus 4] [--steps 20] [--warmup 5] [--work DIR] [--json OUT.json]
     python bench/data.py --cpu            # tiny CPU mode (gloo, 2 ranks): proves the plumbing only
 
 Two data sets are written first, on the local disk of this machine, with every core
@@ -47,7 +47,9 @@ from musubi.data.slicing import SliceParams  # noqa: E402
 from musubi.data.synthetic_files import SyntheticFiles, write_synthetic_coco  # noqa: E402
 from musubi.runtime.loader_plan import plan_loader  # noqa: E402
 
-FEEDERS = ("device", "default-w0", "default-w4", "musubi", "musubi-nvjpeg")
+#: In the order they run (feeder by feeder, each on both sets): should --budget-s cut the run short, the
+#: slowest baseline is what goes.
+FEEDERS = ("device", "musubi", "musubi-nvjpeg", "default-w4", "default-w0")
 CLASSES = 4
 
 
@@ -148,8 +150,16 @@ def run_rank(rank: int, world: int, args: argparse.Namespace, sets: dict[str, di
         if cuda:
             torch.cuda.synchronize(device)
 
-    for set_name, info in sets.items():
-        for feeder in args.feeders:
+    t_begin = time.perf_counter()
+    for feeder in args.feeders:
+        for set_name, info in sets.items():
+            # Every rank agrees whether time is left (the slowest rank's clock decides).
+            spent = torch.tensor([time.perf_counter() - t_begin], dtype=torch.float64, device=device)
+            dist.all_reduce(spent, op=dist.ReduceOp.MAX)
+            if float(spent) > args.budget_s:
+                if rank == 0:
+                    print(f"  {set_name} {feeder}: skipped (--budget-s {args.budget_s:.0f} s spent)", flush=True)
+                continue
             loader = None
             if feeder == "device":
                 src = _loader(info, "musubi", args.batch, rank, world, cuda, 0)
@@ -181,18 +191,22 @@ def run_rank(rank: int, world: int, args: argparse.Namespace, sets: dict[str, di
             rows.append({"set": set_name, "feeder": feeder, "steps": args.steps, "step_ms": 1000 * elapsed / args.steps,
                          "images_per_s": args.steps * args.batch * world / elapsed,
                          "data_wait_pct": 100 * wait / elapsed})
+            if rank == 0:  # as it goes: a run cut short still shows what it measured
+                r = rows[-1]
+                print(f"  {set_name} {feeder}: {r['step_ms']:.1f} ms/step, {r['images_per_s']:.1f} img/s, "
+                      f"data wait {r['data_wait_pct']:.2f} %", flush=True)
+                Path(result).write_text(json.dumps(rows))
             # Shut this feeder's workers down before the next one is timed (they would steal its cores).
             del feed, loader
             gc.collect()
-    if rank == 0:
-        Path(result).write_text(json.dumps(rows))
     dist.barrier()
     del ddp
     dist.destroy_process_group()
 
 
 def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Add the ratio to the on-device reference of the same set."""
+    """Rows by set (feeders in FEEDERS order), with the ratio to the on-device reference of the same set."""
+    rows = sorted(rows, key=lambda r: (r["set"], FEEDERS.index(r["feeder"])))
     ref = {r["set"]: r["images_per_s"] for r in rows if r["feeder"] == "device"}
     for r in rows:
         r["vs_device"] = r["images_per_s"] / ref[r["set"]] if r["set"] in ref else None
@@ -204,12 +218,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--gpus", type=int, default=None, help="GPUs (default: all visible).")
     ap.add_argument("--cpu", action="store_true", help="Tiny CPU mode (gloo, 2 ranks, small frames).")
-    ap.add_argument("--steps", type=int, default=None, help="Timed steps per feeder (default 24; CPU 2).")
-    ap.add_argument("--warmup", type=int, default=None, help="Untimed steps first (default 6; CPU 1).")
+    ap.add_argument("--steps", type=int, default=None, help="Timed steps per feeder (default 20; CPU 2).")
+    ap.add_argument("--warmup", type=int, default=None, help="Untimed steps first (default 5; CPU 1).")
     ap.add_argument("--batch", type=int, default=None, help="Images per GPU (default 16; CPU 2).")
     ap.add_argument("--frames", type=int, default=None, help="1920x1080 frames written (default 2048; CPU 8).")
     ap.add_argument("--big-frames", type=int, default=None, help="4000x3000 frames written (default 64; CPU 1).")
     ap.add_argument("--feeders", default=",".join(FEEDERS), help="Comma-separated subset of " + ",".join(FEEDERS))
+    ap.add_argument("--budget-s", type=float, default=180.0,
+                    help="Start no new feeder after this many seconds of training (keeps the GPU run short).")
     ap.add_argument("--work", type=Path, default=None, help="Folder for the JPEG sets (default: a temp dir).")
     ap.add_argument("--json", type=Path, default=Path("bench-data.json"), help="Where to write the results.")
     args = ap.parse_args()
@@ -220,7 +236,7 @@ def main() -> None:
     if args.cpu:
         args.feeders = [f for f in args.feeders if f != "musubi-nvjpeg"]  # nvJPEG needs a GPU
     # GPU: 2048 frames and ~2500 tiles give 32+ steps an epoch, so warmup + timed steps stay in one epoch.
-    d = (2, 1, 2, 8, 1) if args.cpu else (24, 6, 16, 2048, 64)
+    d = (2, 1, 2, 8, 1) if args.cpu else (20, 5, 16, 2048, 64)
     args.steps, args.warmup, args.batch = args.steps or d[0], args.warmup or d[1], args.batch or d[2]
     args.frames, args.big_frames = args.frames or d[3], args.big_frames or d[4]
     world = 2 if args.cpu else (args.gpus or torch.cuda.device_count())
