@@ -221,11 +221,12 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=None, help="Timed steps per feeder (default 20; CPU 2).")
     ap.add_argument("--warmup", type=int, default=None, help="Untimed steps first (default 5; CPU 1).")
     ap.add_argument("--batch", type=int, default=None, help="Images per GPU (default 16; CPU 2).")
-    ap.add_argument("--frames", type=int, default=None, help="1920x1080 frames written (default 2048; CPU 8).")
+    ap.add_argument("--frames", type=int, default=None, help="1920x1080 frames written (default 2048; CPU 16).")
     ap.add_argument("--big-frames", type=int, default=None, help="4000x3000 frames written (default 64; CPU 1).")
     ap.add_argument("--feeders", default=",".join(FEEDERS), help="Comma-separated subset of " + ",".join(FEEDERS))
-    ap.add_argument("--budget-s", type=float, default=180.0,
-                    help="Start no new feeder after this many seconds of training (keeps the GPU run short).")
+    ap.add_argument("--budget-s", type=float, default=None,
+                    help="Start no new feeder after this many seconds of training (default 180 on GPUs, "
+                    "none on CPU): keeps the GPU run short.")
     ap.add_argument("--work", type=Path, default=None, help="Folder for the JPEG sets (default: a temp dir).")
     ap.add_argument("--json", type=Path, default=Path("bench-data.json"), help="Where to write the results.")
     args = ap.parse_args()
@@ -236,9 +237,11 @@ def main() -> None:
     if args.cpu:
         args.feeders = [f for f in args.feeders if f != "musubi-nvjpeg"]  # nvJPEG needs a GPU
     # GPU: 2048 frames and ~2500 tiles give 32+ steps an epoch, so warmup + timed steps stay in one epoch.
-    d = (2, 1, 2, 8, 1) if args.cpu else (20, 5, 16, 2048, 64)
+    d = (2, 1, 2, 16, 1) if args.cpu else (20, 5, 16, 2048, 64)
     args.steps, args.warmup, args.batch = args.steps or d[0], args.warmup or d[1], args.batch or d[2]
     args.frames, args.big_frames = args.frames or d[3], args.big_frames or d[4]
+    if args.budget_s is None:
+        args.budget_s = float("inf") if args.cpu else 180.0
     world = 2 if args.cpu else (args.gpus or torch.cuda.device_count())
     if world < 1:
         ap.error("no GPU visible; use --cpu for the plumbing check")
