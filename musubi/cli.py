@@ -188,6 +188,7 @@ def env(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> No
 
 def _register_optional_commands() -> None:
     """Commands owned by their packages (thin wrappers live there; logic never here)."""
+    from musubi.data.command import data_app
     from musubi.evaluate.commands import evaluate_command, export_command, leaderboard_command, registry_app
     from musubi.plan.command import plan_command
     from musubi.preflight.command import check_command
@@ -200,6 +201,7 @@ def _register_optional_commands() -> None:
     app.add_typer(registry_app, name="registry", help="The model registry: list, register, promote, manifest.")
     app.command("check", help="Preflight: stack, GPUs, binding, NCCL bandwidth, disk, data, environment; "
                 "exit 1 on any FAIL.")(check_command)
+    app.add_typer(data_app, name="data", help="Data sets: check, hash (version), slice, convert, watch, synth.")
     app.command("plan", help="Parallel layouts (TP/PP/DP/CP/EP/ZeRO): memory, step time, MFU; search or evaluate.")(
         plan_command)
 

@@ -91,6 +91,23 @@ class DataSplit(StrictModel):
     annotations: PathStr | None = Field(None, description="Detection: COCO annotation JSON for this split.")
 
 
+class SliceSpec(StrictModel):
+    """Cut large frames into overlapping tiles inline (detection, COCO data); see `musubi data slice`."""
+
+    tile: int = Field(640, ge=16, le=8192, description="Tile side in pixels (also the model input side).")
+    overlap: float = Field(0.2, ge=0.0, lt=1.0, description="Overlap between neighbouring tiles (fraction).")
+    min_visibility: float = Field(
+        0.5, gt=0.0, le=1.0, description="Keep a clipped box when at least this fraction of its area remains."
+    )
+    empty_ratio: float = Field(0.1, ge=0.0, le=1.0, description="Fraction of tiles without boxes kept.")
+    seed: int = Field(0, ge=0, description="Seed of the empty-tile sampling (same tiles on every rank).")
+    sliced_eval: bool = Field(
+        True,
+        description="Validate on full frames: predict on their tiles and merge with NMS, so mAP is per frame.",
+    )
+    nms_iou: float = Field(0.5, gt=0.0, le=1.0, description="IoU of the NMS that merges tile detections.")
+
+
 class DataSpec(StrictModel):
     """Where samples come from: `synthetic:` or `train:` (+ optional `val:`) on disk."""
 
@@ -105,10 +122,21 @@ class DataSpec(StrictModel):
         None, ge=1, le=2**40, description="Refuse on-disk images with more pixels than this (decompression "
         "bombs), read from the header before decoding; default PIL's limit (89,478,485)."
     )
-    workers: Annotated[int, Field(ge=0, le=64)] | Literal["auto"] = Field(
-        2, description="Data-loader worker processes per rank, or `auto`: the rank's pinned cores minus one "
-        "(at most 16; see train.pin_cpus).")
+    workers: int | Literal["auto"] = Field(
+        2, description="Data-loader worker processes per rank (0-64), or `auto`: the rank's cores (pinned, else "
+        "its share of the machine's) minus one for the training loop, at most 16 (see train.pin_cpus).")
     pin_memory: bool = Field(True, description="Pin host batches for faster copies to the GPU.")
+    prefetch: int = Field(4, ge=1, le=64, description="Batches each loader worker prepares ahead.")
+    persistent_workers: bool = Field(True, description="Keep loader workers (and their caches) between epochs.")
+    gpu_decode: bool = Field(
+        False, description="Detection, COCO JPEG files: decode on the GPU (torchvision.io.decode_jpeg on the "
+        "rank's device); workers only read the file bytes."
+    )
+    cache: Literal["off", "auto", "on"] = Field(
+        "auto", description="With slice: keep decoded tiles in shared RAM (auto: when they fit in half of the "
+        "free memory), so each frame is decoded about once per run."
+    )
+    slice: SliceSpec | None = Field(None, description="Tile large frames inline (detection, COCO data).")
 
     @model_validator(mode="after")
     def _one_source(self) -> DataSpec:
@@ -116,6 +144,15 @@ class DataSpec(StrictModel):
             raise ValueError("give either data.synthetic or data.train")
         if self.synthetic is not None and (self.train is not None or self.val is not None):
             raise ValueError("data.synthetic and data.train/val are exclusive: choose one source")
+        if isinstance(self.workers, int) and not 0 <= self.workers <= 64:
+            raise ValueError("workers must be 0..64 or auto")
+        if self.slice is not None and self.synthetic is not None:
+            raise ValueError("slice cuts frames on disk (data.train); synthetic data has no frames to cut")
+        if self.slice is not None and self.image_size is not None:
+            raise ValueError("slice cuts frames at their own resolution; unset image_size (the tile is the input)")
+        if self.gpu_decode and self.slice is not None:
+            raise ValueError("gpu_decode and slice do not combine yet; slice offline (`musubi data slice`) "
+                             "and decode the tiles on the GPU")
         return self
 
 

@@ -18,7 +18,9 @@ from pathlib import Path
 
 from musubi.config.errors import ConfigError
 from musubi.config.load import load_job
+from musubi.evaluate.provenance import dataset_record
 from musubi.runtime.checkpoint import latest_checkpoint
+from musubi.store.db import db_path
 from musubi.store.rundir import default_run_dir, env_record, read_json, run_record, write_json
 
 EXIT_OK, EXIT_FAIL, EXIT_CONFIG = 0, 1, 2
@@ -143,7 +145,7 @@ def prepare(req: TrainRequest) -> tuple[Path, Path, dict, int, str]:
     if not req.fleet_member:
         if not req.resume or not (run_dir / "run.json").exists():
             write_json(run_dir / "run.json", run_record({"jobs": [config]}, req.argv))
-        write_json(run_dir / "env.json", env_record())
+        write_json(run_dir / "env.json", {**env_record(), "datasets": dataset_record([config], db_path(run_dir))})
     record = {"config": config, "status": "running", "attempts": attempts, "nproc": nproc, "device": kind,
               "resume": req.resume,
               "preflight": "skipped (--no-check)" if preflight is None else
