@@ -178,6 +178,17 @@ class CheckpointSpec(StrictModel):
     enabled: bool = Field(True, description="Write checkpoints at all.")
 
 
+class TelemetrySpec(StrictModel):
+    """Per-rank step spans, hardware sampling and live straggler warnings (JOB/telemetry/)."""
+
+    enabled: bool = Field(True, description="Record spans, sample GPU/CPU and watch for stragglers.")
+    sample_hz: float = Field(2.0, ge=0.1, le=10, description="NVML/psutil samples per second.")
+    straggler_threshold: float = Field(
+        0.05, gt=0, le=1,
+        description="Flag a rank whose pre-sync step time exceeds the fastest rank's by this fraction.",
+    )
+
+
 class JobSpec(StrictModel):
     """One training job: a task (model + data + loss + metric) and how to train it."""
 
@@ -193,6 +204,7 @@ class JobSpec(StrictModel):
     data: DataSpec = Field(description="Data source.")
     train: TrainSpec = Field(default_factory=TrainSpec, description="Optimisation.")
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec, description="Checkpointing.")
+    telemetry: TelemetrySpec = Field(default_factory=TelemetrySpec, description="Telemetry (spans, sampler).")
 
     @field_validator("name")
     @classmethod

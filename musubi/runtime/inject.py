@@ -11,9 +11,10 @@ Kinds and their keys (rank defaults to every rank, step to any step):
   later layers' gradients were handed to DDP, as a real OOM would.
 - `oom_above`: any forward with more than `batch` samples on that rank raises OOM (a
   simulated memory limit: the batch probe and the OOM guard see it like a real one).
-- `slow`: stretch that rank's compute by `factor` (a sleep after each step).
+- `slow`: stretch that rank's compute by `factor`: a sleep inside backward, before the
+  gradient sync (where a slower GPU loses its time), of (factor - 1) x its recent step time.
 - `kill`: SIGKILL the rank at `step`.   `hang`: stop the rank forever at `step`.
-- `data_stall`: delay every batch by `ms`.   `ckpt_stall`: delay each checkpoint write by `ms`.
+- `data_stall`: delay every batch by `ms` (with `every=N`: every N-th batch only).   `ckpt_stall`: delay each checkpoint write by `ms`.
 - `ckpt_kill`: SIGKILL rank 0 in the middle of the checkpoint of `step` (shards written, no commit).
 
 A fault fires once per run (also across restarts) unless `every=N` makes it fire on every
@@ -38,7 +39,7 @@ _KEYS: dict[str, set[str]] = {
     "slow": {"rank", "factor"},
     "kill": {"rank", "step", "every"},
     "hang": {"rank", "step", "every"},
-    "data_stall": {"rank", "ms"},
+    "data_stall": {"rank", "ms", "every"},
     "ckpt_stall": {"rank", "ms"},
     "ckpt_kill": {"rank", "step"},
 }
@@ -106,6 +107,9 @@ class Injector:
         self.rank = rank
         self.state_dir = state_dir
         self.faults = [f for f in parse(spec or "") if f.applies_to(rank)]
+        self._slow_ref_s: float | None = None  # this rank's recent step time without the injected sleep
+        self._slept_s = 0.0
+        self._batches = 0
 
     @classmethod
     def from_env(cls, rank: int, state_dir: Path | None) -> Injector:
@@ -153,9 +157,12 @@ class Injector:
         return min(limits) if limits else None
 
     def after_step(self, step: int, step_seconds: float) -> None:
-        """Slow, kill and hang faults, after optimizer step `step`."""
-        for f in self._of("slow"):
-            time.sleep(max(0.0, (f.num("factor", 1.0) or 1.0) - 1.0) * step_seconds)
+        """Slow bookkeeping, kill and hang faults, after optimizer step `step`."""
+        if self._of("slow"):
+            own = max(0.0, step_seconds - self._slept_s)
+            # A smoothed reference: one noisy step must not make the next sleep jump.
+            self._slow_ref_s = own if self._slow_ref_s is None else 0.8 * self._slow_ref_s + 0.2 * own
+            self._slept_s = 0.0
         for f in self._of("kill"):
             if self._due(f, step):
                 self._mark(f)
@@ -166,10 +173,22 @@ class Injector:
                 while True:  # a rank that stops answering (the watchdog must notice)
                     time.sleep(3600)
 
+    def slow_compute(self) -> None:
+        """`slow`: sleep (factor - 1) x the reference step time (called in backward)."""
+        if self._slow_ref_s is None:
+            return
+        for f in self._of("slow"):
+            pause = max(0.0, (f.num("factor", 1.0) or 1.0) - 1.0) * self._slow_ref_s
+            time.sleep(pause)
+            self._slept_s += pause
+
     def data_delay(self) -> None:
         """`data_stall`: delay a batch."""
+        self._batches += 1
         for f in self._of("data_stall"):
-            time.sleep((f.num("ms", 0.0) or 0.0) / 1000)
+            every = int(f.num("every", 1) or 1)
+            if self._batches % every == 0:
+                time.sleep((f.num("ms", 0.0) or 0.0) / 1000)
 
     def checkpoint_write(self, step: int) -> None:
         """`ckpt_stall` / `ckpt_kill`: called after this rank's shards are written, before the commit."""
