@@ -1,11 +1,18 @@
 """The drill task (`musubi.diagnose.drill_task:make`): an MLP on generated data for telemetry drills.
 
-Small enough for CPU ranks, with a step long enough (model_args.hidden, layers)
-that injected faults stand out of scheduling noise. Used by the scenario suite
+A small real MLP (model_args.hidden, layers) plus, with model_args.device_ms,
+a stand-in for accelerator time: forward sleeps a third of it and backward two
+thirds (the CPU is free meanwhile, as when a GPU computes). On a shared CPU
+machine real arithmetic drifts with the neighbours' load; a sleeping "device"
+keeps the drills' step time steady so that the faults injected through
+MUSUBI_INJECT, not the neighbours, decide the diagnosis. The spans, the comm
+hook, gloo and the detectors are the real ones. Used by the scenario suite
 (`musubi.diagnose.drills`) and `bench/telemetry.py --cpu`.
 """
 
 from __future__ import annotations
+
+import time
 
 import torch
 from torch import nn
@@ -46,15 +53,47 @@ class Accuracy(Metric):
         return {"acc": float(t[0] / max(float(t[1]), 1.0))}
 
 
+class _DeviceTime(torch.autograd.Function):
+    """Identity whose forward and backward each sleep a fixed time (a stand-in for kernels)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, fwd_s: float, bwd_s: float) -> torch.Tensor:  # noqa: ANN001
+        ctx.bwd_s = bwd_s
+        time.sleep(fwd_s)
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):  # noqa: ANN001, ANN205
+        time.sleep(ctx.bwd_s)
+        return grad, None, None
+
+
+class DeviceTime(nn.Module):
+    """`device_ms` of simulated accelerator time per step: 1/3 in forward, 2/3 in backward."""
+
+    def __init__(self, device_ms: float) -> None:
+        super().__init__()
+        self.fwd_s, self.bwd_s = device_ms / 3e3, 2 * device_ms / 3e3
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training or not torch.is_grad_enabled():
+            return x
+        return _DeviceTime.apply(x, self.fwd_s, self.bwd_s)
+
+
 class DrillTask(Task):
-    """MLP classifier; width `model_args.hidden` (default 512), depth `model_args.layers` (default 3)."""
+    """MLP classifier: `hidden` (128), `layers` (2), `device_ms` (0: real arithmetic only)."""
 
     primary_metric = "acc"
 
     def build_model(self) -> nn.Module:
-        hidden = int(self.spec.model_args.get("hidden", 512))
+        args = self.spec.model_args
+        hidden = int(args.get("hidden", 128))
         layers: list[nn.Module] = [nn.Linear(FEATURES, hidden), nn.ReLU()]
-        for _ in range(int(self.spec.model_args.get("layers", 3)) - 1):
+        if float(args.get("device_ms", 0)) > 0:
+            # First in the model: its backward runs last, just before the final gradient bucket.
+            layers.insert(1, DeviceTime(float(args["device_ms"])))
+        for _ in range(int(args.get("layers", 2)) - 1):
             layers += [nn.Linear(hidden, hidden), nn.ReLU()]
         return nn.Sequential(*layers, nn.Linear(hidden, CLASSES))
 

@@ -11,7 +11,8 @@ step times alone name no one. Two measurements do:
   because they wait for it.
 
 A rank is flagged when its median excess over a window of steps reaches the
-threshold and it arrived last in a clear majority of those steps.
+threshold and it arrived last in a clear majority of those steps (live: for
+PERSIST windows in a row, so a burst of noise from a neighbour is not a flag).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from musubi.diagnose.timeline import LOCAL_WORK, local_work_ms, sections_ms, wal
 
 WINDOW = 20  # steps in the sliding window of the live watch
 WARMUP = 5  # first steps skipped (allocator, autotuning, bucket rebuild)
+PERSIST = 5  # consecutive windows a rank must stay over the bar before the live watch flags it
 
 
 @dataclass
@@ -67,7 +69,7 @@ class RankScore:
 
 def last_share_needed(world: int) -> float:
     """Share of last arrivals that singles a rank out (well above the 1/world of chance)."""
-    return min(0.75, 1.5 / max(world, 1))
+    return min(0.8, 1.6 / max(world, 1))
 
 
 def score(views: list[StepView], threshold: float, baseline: dict[int, float] | None = None) -> list[RankScore]:
@@ -106,6 +108,7 @@ class StragglerDetector:
         self.baseline: dict[int, float] | None = None
         self.active: set[int] = set()
         self.first_flag: dict[int, RankScore] = {}
+        self.streak: dict[int, int] = {}
 
     def update(self, step: int, recs: dict[int, dict[str, Any]]) -> list[RankScore]:
         """Feed one aligned step; the scores of ranks that became flagged at this step."""
@@ -119,7 +122,8 @@ class StragglerDetector:
             self.baseline = {r: statistics.median(v.work[r] for v in views) for r in views[0].work}
         new = []
         for s in score(views, self.threshold, self.baseline):
-            if s.flagged and s.rank not in self.active:
+            self.streak[s.rank] = self.streak.get(s.rank, 0) + 1 if s.flagged else 0
+            if s.flagged and self.streak[s.rank] >= PERSIST and s.rank not in self.active:
                 s.flagged_at = step
                 self.active.add(s.rank)
                 self.first_flag.setdefault(s.rank, s)

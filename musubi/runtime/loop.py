@@ -265,7 +265,6 @@ class Trainer:
                         self.injector.after_step(self.step, now_s - t_step)
                         t_step = time.perf_counter()
                     if self.step % t.log_every == 0 or self.step == stop:
-                        self.tele.section("log")
                         # One host sync per log interval, not per step.
                         w.all_reduce_sum(loss_sum)
                         mean_loss = loss_sum.item() / (loss_n * w.size)

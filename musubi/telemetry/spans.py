@@ -5,7 +5,7 @@ The loop marks section boundaries (`section("forward")`, `span("checkpoint")`,
 event recorded on the current stream; the background writer resolves the events
 after the fact. Sections are contiguous: opening one closes the previous, so the
 named sections of a step add up to its wall time except for loop bookkeeping
-(reported as the uncovered remainder, never hidden in a catch-all).
+(the step's bookkeeping after `step_done` is its own section, `log`).
 
 A DDP comm hook (`attach`) marks the moment the last gradient bucket is ready on
 this rank: the backward section is split there into `backward` (pre-sync
@@ -125,6 +125,9 @@ class SpanRecorder:
         self._close_at(b)
         start = self._step_start or b
         segments, self._segments, self._step_start = self._segments, [], b
+        # What follows a step until the next batch is requested is its bookkeeping (loss reduction on
+        # log steps, metrics, progress bar, fault hooks): a section of the next step, not a gap.
+        self._open = (LOG, b)
         self.writer.put(lambda: self._resolve("step", step, start, b, segments))
 
     # -- resolution (writer thread) ---------------------------------------------------
