@@ -8,6 +8,7 @@ and units, so an SVG can be inlined in the page as is.
 from __future__ import annotations
 
 import io
+import re
 from typing import Any
 
 from musubi.diagnose.timeline import JobTelemetry, sections_ms, wall_ms
@@ -32,7 +33,8 @@ def _svg(fig: Any) -> str:
     fig.savefig(buf, format="svg", bbox_inches="tight")
     _plt().close(fig)
     text = buf.getvalue()
-    return text[text.index("<svg"):]  # drop the XML prolog and DOCTYPE: inlined in HTML
+    text = text[text.index("<svg"):]  # drop the XML prolog and DOCTYPE: inlined in HTML
+    return re.sub(r"<metadata>.*?</metadata>", "", text, flags=re.S)
 
 
 def _t0(tele: JobTelemetry) -> float:

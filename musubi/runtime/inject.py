@@ -11,8 +11,10 @@ Kinds and their keys (rank defaults to every rank, step to any step):
   later layers' gradients were handed to DDP, as a real OOM would.
 - `oom_above`: any forward with more than `batch` samples on that rank raises OOM (a
   simulated memory limit: the batch probe and the OOM guard see it like a real one).
-- `slow`: stretch that rank's compute by `factor`: a sleep inside backward, before the
-  gradient sync (where a slower GPU loses its time), of (factor - 1) x its recent step time.
+- `slow`: stretch that rank's compute by `factor`: (factor - 1) x its recent step time of
+  extra work inside backward, before the gradient sync (where a slower GPU loses its time):
+  on a GPU real kernels (matrix products; a host sleep would hide in the launch queue's
+  slack), on CPU a sleep.
 - `kill`: SIGKILL the rank at `step`.   `hang`: stop the rank forever at `step`.
 - `data_stall`: delay every batch by `ms` (with `every=N`: every N-th batch only).   `ckpt_stall`: delay each checkpoint write by `ms`.
 - `ckpt_kill`: SIGKILL rank 0 in the middle of the checkpoint of `step` (shards written, no commit).
@@ -110,6 +112,7 @@ class Injector:
         self._slow_ref_s: float | None = None  # this rank's recent step time without the injected sleep
         self._slept_s = 0.0
         self._batches = 0
+        self._matmul: tuple[object, float] | None = None  # (operand, seconds per product) on this GPU
 
     @classmethod
     def from_env(cls, rank: int, state_dir: Path | None) -> Injector:
@@ -173,14 +176,36 @@ class Injector:
                 while True:  # a rank that stops answering (the watchdog must notice)
                     time.sleep(3600)
 
-    def slow_compute(self) -> None:
-        """`slow`: sleep (factor - 1) x the reference step time (called in backward)."""
+    def slow_compute(self, device: object = None) -> None:
+        """`slow`: (factor - 1) x the reference step time of extra work (called in backward)."""
         if self._slow_ref_s is None:
             return
         for f in self._of("slow"):
             pause = max(0.0, (f.num("factor", 1.0) or 1.0) - 1.0) * self._slow_ref_s
-            time.sleep(pause)
+            if getattr(device, "type", "cpu") == "cuda":
+                self._busy_gpu(pause, device)
+            else:
+                time.sleep(pause)
             self._slept_s += pause
+
+    def _busy_gpu(self, seconds: float, device: object) -> None:
+        """Queue about `seconds` of matrix products on the current stream (calibrated once, at first use)."""
+        import torch
+
+        if self._matmul is None:
+            a = torch.randn(2048, 2048, device=device)
+            for _ in range(3):
+                torch.mm(a, a)
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(20):
+                torch.mm(a, a)
+            end.record()
+            end.synchronize()  # once per run, in a drill
+            self._matmul = (a, max(start.elapsed_time(end) / 20 / 1e3, 1e-6))
+        a, per = self._matmul
+        for _ in range(int(seconds / per)):
+            torch.mm(a, a)
 
     def data_delay(self) -> None:
         """`data_stall`: delay a batch."""

@@ -333,7 +333,7 @@ class Trainer:
 
     def _inject_backward(self) -> Any:
         """A hook that raises OOM from inside autograd, once the later layers' grads went to DDP."""
-        self.injector.slow_compute()  # `slow`: before the gradient sync, where a slower GPU loses time
+        self.injector.slow_compute(self.world.device)  # `slow`: before the gradient sync
         if not self.injector.oom_phase(self.step + 1, "backward"):
             return None
         first = next(p for p in unwrap(self.model).parameters() if p.requires_grad)
