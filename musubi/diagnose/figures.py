@@ -11,7 +11,8 @@ import io
 import re
 from typing import Any
 
-from musubi.diagnose.timeline import JobTelemetry, sections_ms, wall_ms
+from musubi.config.errors import ConfigError
+from musubi.diagnose.timeline import JobTelemetry, local_work_ms, sections_ms, wall_ms
 from musubi.telemetry.spans import SECTIONS
 
 COLORS = {"data": "#e45756", "h2d": "#ff9da6", "forward": "#4c78a8", "backward": "#72b7b2",
@@ -20,7 +21,11 @@ COLORS = {"data": "#e45756", "h2d": "#ff9da6", "forward": "#4c78a8", "backward":
 
 
 def _plt() -> Any:
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        raise ConfigError("musubi report draws with matplotlib, which is not installed: "
+                          "pip install 'musubi-train[report]' (or use --json)") from None
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -124,8 +129,6 @@ def heartbeat(tele: JobTelemetry) -> str | None:
 
 def local_work(tele: JobTelemetry) -> str | None:
     """Each rank's own work before the gradient sync, per step (where a straggler shows)."""
-    from musubi.diagnose.timeline import local_work_ms
-
     if len(tele.steps) < 2:
         return None
     plt = _plt()
