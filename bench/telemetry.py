@@ -113,6 +113,7 @@ def main() -> None:
     ap.add_argument("--scenario-steps", type=int, default=80)
     ap.add_argument("--scenarios", default=",".join(drills.SCENARIOS))
     ap.add_argument("--keep-report", type=Path, default=None, help="copy report.html of real runs here")
+    ap.add_argument("--keep-runs", type=Path, default=None, help="keep every scenario run directory here")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # keep NVLink multicast off (shared hosts)
@@ -146,15 +147,16 @@ def main() -> None:
             step_ms = median_step_ms(jd, 15)
             shutil.rmtree(out, ignore_errors=True)
         print(f"scenarios on {job.stem}: healthy step {step_ms:.1f} ms", flush=True)
-        keep = args.keep_report is not None
+        keep = args.keep_report is not None or args.keep_runs is not None
+        suite = args.keep_runs or work / "suite"
         rows = drills.run_suite(job, args.scenarios.split(","), args.runs, nproc, device, args.scenario_steps,
-                                step_ms, work / "suite", keep=keep, extra_sets=sets)
+                                step_ms, suite, keep=keep, extra_sets=sets)
         if keep:
             from musubi.diagnose.command import build_report
 
             args.keep_report.mkdir(parents=True, exist_ok=True)
             for name in ("healthy", "slow_1.3"):
-                run = work / "suite" / f"{name}-0"
+                run = suite / f"{name}-0"
                 if run.is_dir():
                     rep = build_report(run, args.keep_report / f"telemetry-report-{device}-{name}.html")
                     print(f"kept {rep['html']}", flush=True)

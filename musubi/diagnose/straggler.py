@@ -109,6 +109,8 @@ class StragglerDetector:
         self.active: set[int] = set()
         self.first_flag: dict[int, RankScore] = {}
         self.streak: dict[int, int] = {}
+        self.windows = 0  # windows scored so far
+        self.flagged_windows: dict[int, int] = {}  # per rank: windows in which it was over the bar
 
     def update(self, step: int, recs: dict[int, dict[str, Any]]) -> list[RankScore]:
         """Feed one aligned step; the scores of ranks that became flagged at this step."""
@@ -121,8 +123,10 @@ class StragglerDetector:
         if self.baseline is None:
             self.baseline = {r: statistics.median(v.work[r] for v in views) for r in views[0].work}
         new = []
+        self.windows += 1
         for s in score(views, self.threshold, self.baseline):
             self.streak[s.rank] = self.streak.get(s.rank, 0) + 1 if s.flagged else 0
+            self.flagged_windows[s.rank] = self.flagged_windows.get(s.rank, 0) + int(s.flagged)
             if s.flagged and self.streak[s.rank] >= PERSIST and s.rank not in self.active:
                 s.flagged_at = step
                 self.active.add(s.rank)
@@ -135,7 +139,13 @@ class StragglerDetector:
 
 def detect(aligned: list[tuple[int, dict[int, dict]]], threshold: float, window: int = WINDOW,
            warmup: int = WARMUP) -> dict[str, Any]:
-    """Offline: scores over all steps, plus when the streaming detector first flagged each rank."""
+    """Offline: scores over all steps, and the streaming detector's view of the same steps.
+
+    A rank is a straggler when its whole-span scores say so, or when the streaming
+    detector flagged it and kept it over the bar for at least a quarter of the
+    windows (a rank slow for part of the run, or one whose lead a noisy neighbour
+    sometimes hides, is still named).
+    """
     live = StragglerDetector(threshold, window, warmup)
     for step, recs in aligned:
         live.update(step, recs)
@@ -147,6 +157,8 @@ def detect(aligned: list[tuple[int, dict[int, dict]]], threshold: float, window:
     for s in scores:
         first = live.first_flag.get(s.rank)
         s.flagged_at = first.flagged_at if first else None
+        share_over = live.flagged_windows.get(s.rank, 0) / live.windows if live.windows else 0.0
+        s.flagged = s.flagged or (first is not None and share_over >= 0.25)
     return {"threshold": threshold, "window": window, "steps": len(views),
             "last_share_needed": last_share_needed(len(scores)) if scores else None,
             "ranks": [s.to_dict() for s in scores],
