@@ -104,6 +104,9 @@ class NvmlDevice:
             mg.sample1, mg.sample2 = prev, cur
             mg.metrics[0].metricId = n.NVML_GPM_METRIC_SM_UTIL
             n.nvmlGpmMetricsGet(mg)
+            if mg.metrics[0].nvmlReturn != 0:  # this metric unsupported on this GPU
+                self.gpm = False
+                return None
             return round(float(mg.metrics[0].value), 2)
         except Exception:
             self.gpm = False

@@ -152,6 +152,9 @@ class SpanRecorder:
         }
         if self.cuda and end[1] is not None and start[1] is not None:
             end[1].synchronize()  # this thread waits, not the step (releases the GIL)
+            for _, a, b in segments:  # the comm hook's mark comes from autograd's thread: wait for it too
+                a[1].synchronize()
+                b[1].synchronize()
             gpu: dict[str, float] = {}
             gspans = []
             for name, a, b in segments:
