@@ -107,10 +107,11 @@ def main() -> None:
     ap.add_argument("--part", default="all", choices=["overhead", "scenarios", "all"])
     ap.add_argument("--gpus", type=int, default=4)
     ap.add_argument("--models", default="resnet50,fcos")
-    ap.add_argument("--steps", type=int, default=60, help="timed steps per overhead run (after 15 warm-up)")
+    ap.add_argument("--steps", type=int, default=40, help="timed steps per overhead run (after 15 warm-up)")
     ap.add_argument("--repeat", type=int, default=1, help="overhead runs per setting (interleaved)")
     ap.add_argument("--runs", type=int, default=1, help="runs per scenario (the issue asks 10)")
-    ap.add_argument("--scenario-steps", type=int, default=80)
+    ap.add_argument("--scenario-steps", type=int, default=None, help="steps per scenario run (80 CPU, 60 GPU)")
+    ap.add_argument("--scenario-batch", type=int, default=None, help="per-GPU batch of the scenario runs")
     ap.add_argument("--scenarios", default=",".join(drills.SCENARIOS))
     ap.add_argument("--keep-report", type=Path, default=None, help="copy report.html of real runs here")
     ap.add_argument("--keep-runs", type=Path, default=None, help="keep every scenario run directory here")
@@ -138,7 +139,10 @@ def main() -> None:
                   f"{r['overhead_pct']:+.2f} % | {cost:.3f} ms = {100 * cost / r['step_ms_off']:.2f} % |")
     if args.part in ("scenarios", "all"):
         job = jobs["drill"] if args.cpu else jobs[args.models.split(",")[0]]
-        sets = () if args.cpu else ("checkpoint.enabled=false",)
+        sets: tuple[str, ...] = () if args.cpu else ("checkpoint.enabled=false",)
+        if args.scenario_batch:
+            sets = (*sets, f"train.batch={args.scenario_batch}")
+        steps = args.scenario_steps or (80 if args.cpu else 60)
         if args.cpu:
             step_ms = drills.CPU_STEP_MS
         else:  # fault sizes follow this model's healthy step on this machine
@@ -149,7 +153,7 @@ def main() -> None:
         print(f"scenarios on {job.stem}: healthy step {step_ms:.1f} ms", flush=True)
         keep = args.keep_report is not None or args.keep_runs is not None
         suite = args.keep_runs or work / "suite"
-        rows = drills.run_suite(job, args.scenarios.split(","), args.runs, nproc, device, args.scenario_steps,
+        rows = drills.run_suite(job, args.scenarios.split(","), args.runs, nproc, device, steps,
                                 step_ms, suite, keep=keep, extra_sets=sets)
         if keep:
             from musubi.diagnose.command import build_report
