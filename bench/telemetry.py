@@ -92,6 +92,20 @@ def micro(device: str, steps: int = 2000) -> dict:
     return {"device": device, "recorder_us_per_step": round(cost_us, 1)}
 
 
+def rejudge(folder: Path) -> list[dict]:
+    """Judge every kept scenario run (`NAME-RUN/`) of `folder` with the current code."""
+    rows = []
+    for run in sorted(folder.iterdir(), key=lambda p: (int(p.name.rsplit("-", 1)[1]), p.name)):
+        name, _, i = run.name.rpartition("-")
+        jobs = [p for p in run.iterdir() if (p / "job.json").is_file()]
+        if name not in drills.SCENARIOS or not jobs or not (jobs[0] / "summary.json").is_file():
+            continue  # unfinished run
+        row = drills.judge(drills.SCENARIOS[name], jobs[0])
+        row["run"] = int(i)
+        rows.append(row)
+    return rows
+
+
 def write_job(spec: dict, work: Path) -> Path:
     import yaml
 
@@ -115,8 +129,16 @@ def main() -> None:
     ap.add_argument("--scenarios", default=",".join(drills.SCENARIOS))
     ap.add_argument("--keep-report", type=Path, default=None, help="copy report.html of real runs here")
     ap.add_argument("--keep-runs", type=Path, default=None, help="keep every scenario run directory here")
+    ap.add_argument("--rejudge", type=Path, default=None,
+                    help="diagnose the kept runs of an earlier --keep-runs DIR again (no training)")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
+    if args.rejudge:
+        rows = rejudge(args.rejudge)
+        print(drills.markdown(drills.summarize(rows)))
+        if args.json:
+            args.json.write_text(json.dumps({"scenarios": rows, "scenario_summary": drills.summarize(rows)}, indent=1))
+        return
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # keep NVLink multicast off (shared hosts)
     work = Path(tempfile.mkdtemp(prefix="musubi-telemetry-bench-"))
     device = "cpu" if args.cpu else "cuda"

@@ -129,9 +129,9 @@ def analyze(tele: JobTelemetry, first: int | None = None, last: int | None = Non
 
     findings: list[dict[str, Any]] = []
     for s in strag["stragglers"]:
-        ev = (f"rank {s['rank']}'s own work before the gradient sync is {_pct(s['excess'])} of a step longer "
-              f"than the fastest rank's (median of {strag['steps']} steps), most of it in {s['section']} "
-              f"({_pct(s['section_excess'])})")
+        ev = (f"rank {s['rank']} spends {_pct(s['excess'])} of a step longer in {s['section']} than the fastest "
+              f"rank (median of {strag['steps']} steps; {_pct(s['work_excess'])} over all its work before the "
+              "gradient sync)")
         if s["last_share"] is not None:
             ev += f"; it arrived last at {_pct(s['last_share'])} of the gradient all-reduces"
         if s.get("flagged_at"):

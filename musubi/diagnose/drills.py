@@ -94,13 +94,17 @@ def judge(scenario: Scenario, job_dir: Path) -> dict[str, Any]:
                                                 if b.get("coverage_min") is not None), default=None),
                            "stragglers": flagged, "live_flags": [(f["rank"], f["step"]) for f in live]}
     ok = a["label"] == scenario.expect
+    # When the streaming detector (what rank 0's watch runs, replayed here on the recorded steps, so a
+    # suite can be re-judged after a change of rule) first flagged each rank.
+    replay = {s["rank"]: s["flagged_at"] for s in a["stragglers"]["ranks"] if s.get("flagged_at")}
+    row["replayed_flags"] = sorted(replay.items())
     if scenario.rank is not None:
-        first = min((f["step"] for f in live if f["rank"] == scenario.rank), default=None)
+        first = replay.get(scenario.rank)
         row["flagged_at"] = first
         ok = ok and flagged == [scenario.rank]
         row["flagged_in_time"] = first is not None and first <= FLAG_WITHIN
     else:
-        row["false_straggler"] = bool(flagged or live)
+        row["false_straggler"] = bool(flagged or replay)
         if scenario.name == "healthy":
             ok = ok and not row["false_straggler"]
     row["ok"] = ok

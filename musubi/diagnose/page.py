@@ -87,16 +87,20 @@ def _straggler_table(a: dict[str, Any]) -> str:
     rows = []
     for r in s.get("ranks", []):
         rows.append([f"rank {esc(r['rank'])}", f"{_num(100 * r['excess'], 1)} %", esc(r["section"]),
+                     f"{_num(100 * r['work_excess'], 1)} %",
                      "-" if r["last_share"] is None else f"{_num(100 * r['last_share'], 0)} %",
                      "-" if r["history"] is None else f"{_num(r['history'], 3)}x",
                      "<b>yes</b>" if r["flagged"] else "no", esc(r.get("flagged_at") or "-")])
     if not rows:
         return '<p class="muted">One rank: no straggler analysis.</p>'
     need = s.get("last_share_needed")
-    return (_table(["rank", "excess vs fastest", "largest section", "arrived last", "vs own start", "straggler",
+    return (_table(["rank", "excess vs fastest", "in section", "all pre-sync work", "arrived last", "vs own start",
+                    "straggler",
                     "flagged live at step"], rows)
-            + f'<p class="muted">Flag: excess &ge; {_num(100 * s["threshold"], 1)} % of a step and last arrival in '
-              f"&ge; {_num(100 * (need or 0), 0)} % of {s['steps']} steps.</p>")
+            + f'<p class="muted">Excess: median extra time in one section over the fastest rank, as a share of the '
+              f'step. Flag: excess &ge; {_num(100 * s["threshold"], 1)} % and last arrival at the gradient all-reduce '
+              f"in &ge; {_num(100 * (need or 0), 0)} % of {s['steps']} steps (or flagged live for a quarter of the "
+              "run).</p>")
 
 
 def _hardware_table(a: dict[str, Any]) -> str:

@@ -4,8 +4,11 @@ Synchronous training makes every rank's step as long as the slowest one's, so
 step times alone name no one. Two measurements do:
 
 - *Local work before the sync* (data, h2d, forward, pre-sync backward,
-  optimizer): a rank's own time, compared per step with the fastest rank's,
-  as a fraction of the step (its *excess*), and with its own earlier history.
+  optimizer): a rank's own time in each section, compared per step with the
+  fastest rank's in that section, as a fraction of the step; the section where
+  the median of that difference is largest is the rank's *excess* (per section:
+  a neighbour's noise spread over other sections does not hide a lead in one).
+  Also compared with the rank's own earlier history.
 - *Last arrival* at the gradient all-reduce: the rank whose exposed
   `grad_comm` wait is shortest arrived last; the others' collectives look long
   because they wait for it.
@@ -54,9 +57,9 @@ class RankScore:
     """One rank's straggler figures over a span of steps."""
 
     rank: int
-    excess: float  # median (work - fastest rank's work) / step wall
+    excess: float  # in `section`: median (time - fastest rank's time) / step wall
     section: str  # the local section with the largest median excess
-    section_excess: float
+    work_excess: float  # the same over all local work together
     last_share: float | None  # fraction of steps where this rank arrived last at the gradient all-reduce
     history: float | None  # median work now / median work in the first window (1.0 = unchanged)
     flagged: bool
@@ -69,7 +72,7 @@ class RankScore:
 
 def last_share_needed(world: int) -> float:
     """Share of last arrivals that singles a rank out (well above the 1/world of chance)."""
-    return min(0.8, 1.6 / max(world, 1))
+    return min(0.6, 1.2 / max(world, 1))
 
 
 def score(views: list[StepView], threshold: float, baseline: dict[int, float] | None = None) -> list[RankScore]:
@@ -81,7 +84,7 @@ def score(views: list[StepView], threshold: float, baseline: dict[int, float] | 
     out = []
     with_last = [v for v in views if v.last is not None]
     for r in ranks:
-        excess = statistics.median((v.work[r] - min(v.work.values())) / v.wall for v in views)
+        work_excess = statistics.median((v.work[r] - min(v.work.values())) / v.wall for v in views)
         per_section = {
             s: statistics.median((v.sections[r].get(s, 0.0) - min(x.get(s, 0.0) for x in v.sections.values()))
                                  / v.wall for v in views)
@@ -91,9 +94,9 @@ def score(views: list[StepView], threshold: float, baseline: dict[int, float] | 
         share = (sum(1 for v in with_last if v.last == r) / len(with_last)) if with_last else None
         work_now = statistics.median(v.work[r] for v in views)
         hist = work_now / baseline[r] if baseline and baseline.get(r) else None
+        excess = per_section[section]
         flagged = len(ranks) > 1 and excess >= threshold and (share is None or share >= need)
-        out.append(RankScore(rank=r, excess=round(excess, 4), section=section,
-                             section_excess=round(per_section[section], 4),
+        out.append(RankScore(rank=r, excess=round(excess, 4), section=section, work_excess=round(work_excess, 4),
                              last_share=None if share is None else round(share, 3),
                              history=None if hist is None else round(hist, 3), flagged=flagged))
     return out

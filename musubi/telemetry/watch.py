@@ -69,8 +69,8 @@ class StragglerWatch:
 
     def _flag(self, s: Any) -> None:
         share = "" if s.last_share is None else f"; it arrived last at {s.last_share:.0%} of gradient all-reduces"
-        log.warning("straggler: rank %d is %.1f%% of a step slower than the fastest rank before the gradient "
-                    "sync, mostly in %s (steps %d-%d)%s", s.rank, 100 * s.excess, s.section,
+        log.warning("straggler: rank %d is %.1f%% of a step slower than the fastest rank in %s, before the "
+                    "gradient sync (steps %d-%d)%s", s.rank, 100 * s.excess, s.section,
                     s.flagged_at - self.detector.window + 1, s.flagged_at, share)
         with open(self.folder / "stragglers.jsonl", "a", encoding="utf-8") as f:
             f.write(json.dumps({"kind": "straggler", "t": round(time.time(), 3), "step": s.flagged_at,
