@@ -4,8 +4,8 @@ The loop marks section boundaries (`section("forward")`, `span("checkpoint")`,
 `step_done(k)`). A boundary is one `perf_counter_ns` plus, on GPU, one CUDA
 event recorded on the current stream; the background writer resolves the events
 after the fact. Sections are contiguous: opening one closes the previous, so the
-named sections of a step add up to its wall time except for loop bookkeeping
-(the step's bookkeeping after `step_done` is its own section, `log`).
+named sections of a step add up to its wall time (the bookkeeping after
+`step_done` is a section too, `log`; the report checks the sum against the wall).
 
 A DDP comm hook (`attach`) marks the moment the last gradient bucket is ready on
 this rank: the backward section is split there into `backward` (pre-sync
