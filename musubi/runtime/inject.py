@@ -35,6 +35,7 @@ from musubi.config.errors import ConfigError
 
 ENV = "MUSUBI_INJECT"
 PHASES = ("forward", "backward", "optimizer")
+SLOW_WARMUP = 3  # `slow` sizes its delay from step times after these steps
 _KEYS: dict[str, set[str]] = {
     "oom": {"rank", "step", "phase", "every"},
     "oom_above": {"rank", "batch"},
@@ -109,7 +110,8 @@ class Injector:
         self.rank = rank
         self.state_dir = state_dir
         self.faults = [f for f in parse(spec or "") if f.applies_to(rank)]
-        self._slow_ref_s: float | None = None  # this rank's recent step time without the injected sleep
+        self._slow_ref_s: float | None = None  # this rank's recent step time without the injected work
+        self._own_s: list[float] = []  # its last step times (warm-up steps left out)
         self._slept_s = 0.0
         self._batches = 0
         self._matmul: tuple[object, float] | None = None  # (operand, seconds per product) on this GPU
@@ -163,9 +165,11 @@ class Injector:
         """Slow bookkeeping, kill and hang faults, after optimizer step `step`."""
         if self._of("slow"):
             own = max(0.0, step_seconds - self._slept_s)
-            # A smoothed reference: one noisy step must not make the next sleep jump.
-            self._slow_ref_s = own if self._slow_ref_s is None else 0.8 * self._slow_ref_s + 0.2 * own
             self._slept_s = 0.0
+            if step > SLOW_WARMUP:  # the first steps (allocator, autotuning) would inflate the reference
+                # The median of the last 5 steps: one noisy step must not make the next delay jump.
+                self._own_s = [*self._own_s[-4:], own]
+                self._slow_ref_s = sorted(self._own_s)[len(self._own_s) // 2]
         for f in self._of("kill"):
             if self._due(f, step):
                 self._mark(f)
