@@ -177,7 +177,7 @@ def main() -> None:
         suite = args.keep_runs or work / "suite"
         rows = drills.run_suite(job, args.scenarios.split(","), args.runs, nproc, device, steps,
                                 step_ms, suite, keep=keep, extra_sets=sets)
-        if keep:
+        if args.keep_report is not None:
             from musubi.diagnose.command import build_report
 
             args.keep_report.mkdir(parents=True, exist_ok=True)
