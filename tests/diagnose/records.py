@@ -9,7 +9,8 @@ from pathlib import Path
 
 def write_job(job_dir: Path, ranks: int = 2, steps: int = 80, slow_rank: int | None = None, factor: float = 1.0,
               data_ms: float = 1.0, comm_ms: float = 2.0, ckpt_every: int | None = None, ckpt_ms: float = 0.0,
-              noise: float = 0.02, name: str = "job", seed: int = 0, gpu: bool = False) -> Path:
+              noise: float = 0.02, name: str = "job", seed: int = 0, gpu: bool = False, busy: float = 80.0,
+              alloc_retries: int = 0) -> Path:
     """JOB/telemetry/rank{r}.jsonl (+ sampler files, job.json) of `steps` steps."""
     rng = random.Random(seed)
     tdir = job_dir / "telemetry"
@@ -39,6 +40,9 @@ def write_job(job_dir: Path, ranks: int = 2, steps: int = 80, slow_rank: int | N
             if gpu:
                 rec["gpu"], rec["gpu_wall_ms"] = secs, wall
             files[r].write(json.dumps(rec) + "\n")
+            if gpu and k % 10 == 0:
+                files[r].write(json.dumps({"kind": "memory", "step": k, "mem_alloc_retries": alloc_retries * k // steps})
+                               + "\n")
         t += wall / 1e3
     for f in files.values():
         f.close()
@@ -48,7 +52,7 @@ def write_job(job_dir: Path, ranks: int = 2, steps: int = 80, slow_rank: int | N
                 s = {"kind": "sample", "rank": r, "t": 1_800_000_000.0 + i / 2, "proc_cpu": 95.0,
                      "workers_cpu": 0.0, "workers": 0, "host_cpu": 90.0, "rss_gib": 1.0}
                 if gpu:
-                    s.update(util=97, sm_active=80.0, mem_used_gib=20.0, mem_total_gib=80.0, power_w=600.0,
+                    s.update(util=min(100.0, busy + 15), sm_active=busy, mem_used_gib=20.0, mem_total_gib=80.0, power_w=600.0,
                              throttle=[])
                 f.write(json.dumps(s) + "\n")
     return job_dir

@@ -21,6 +21,9 @@ from tests.diagnose.records import write_job
     ({"comm_ms": 20.0}, "communication bound"),
     ({"ckpt_every": 10, "ckpt_ms": 200.0}, "periodic checkpoint stall"),
     ({"slow_rank": 2, "factor": 1.1, "ranks": 4}, "straggler"),
+    ({"gpu": True}, "healthy compute bound"),
+    ({"gpu": True, "busy": 35.0}, "host/launch bound"),  # host time == device time in these records
+    ({"gpu": True, "alloc_retries": 40}, "memory pressure"),
 ])
 def test_label_of_each_scenario(tmp_path: Path, kwargs: dict, label: str) -> None:
     a = analyze(load_job(write_job(tmp_path / "job", **kwargs)))
