@@ -121,7 +121,14 @@ def run_suite(job: Path, names: list[str], runs: int, nproc: int, device: str, s
             sc = SCENARIOS[name]
             out = workdir / f"{name}-{i}"
             shutil.rmtree(out, ignore_errors=True)
-            job_dir, wall = train_once(job, out, nproc, device, steps, sc.inject(step_ms), (*extra_sets, *sc.sets))
+            try:
+                job_dir, wall = train_once(job, out, nproc, device, steps, sc.inject(step_ms),
+                                           (*extra_sets, *sc.sets))
+            except (RuntimeError, subprocess.TimeoutExpired) as e:  # one failed run must not lose the rest
+                rows.append({"scenario": name, "run": i, "ok": False, "label": "error", "error": str(e)[-2000:],
+                             "coverage_min": None, "step_ms": None, "stragglers": [], "live_flags": []})
+                log(json.dumps({"scenario": name, "run": i, "error": str(e)[-300:]}))
+                continue
             row = judge(sc, job_dir)
             row.update(run=i, wall_s=round(wall, 1), inject=sc.inject(step_ms))
             rows.append(row)
