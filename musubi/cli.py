@@ -189,6 +189,7 @@ def env(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> No
 def _register_optional_commands() -> None:
     """Commands owned by their packages (thin wrappers live there; logic never here)."""
     from musubi.data.command import data_app
+    from musubi.diagnose.command import report_command
     from musubi.evaluate.commands import evaluate_command, export_command, leaderboard_command, registry_app
     from musubi.plan.command import plan_command
     from musubi.preflight.command import check_command
@@ -204,6 +205,8 @@ def _register_optional_commands() -> None:
     app.add_typer(data_app, name="data", help="Data sets: check, hash (version), slice, convert, watch, synth.")
     app.command("plan", help="Parallel layouts (TP/PP/DP/CP/EP/ZeRO): memory, step time, MFU; search or evaluate.")(
         plan_command)
+    app.command("report", help="Diagnose a run from its telemetry (label + evidence); write report.html and a "
+                "Chrome/Perfetto trace.")(report_command)
 
 
 _register_optional_commands()

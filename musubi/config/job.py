@@ -261,6 +261,15 @@ class TrackingSpec(StrictModel):
         "file store in RUN/mlruns.")
     mlflow_experiment: str | None = Field(
         None, max_length=256, description="MLflow experiment name; None: the fleet's or job's name.")
+class TelemetrySpec(StrictModel):
+    """Per-rank step spans, hardware sampling and live straggler warnings (JOB/telemetry/)."""
+
+    enabled: bool = Field(True, description="Record spans, sample GPU/CPU and watch for stragglers.")
+    sample_hz: float = Field(2.0, ge=0.1, le=10, description="NVML/psutil samples per second.")
+    straggler_threshold: float = Field(
+        0.05, gt=0, le=1,
+        description="Flag a rank whose pre-sync step time exceeds the fastest rank's by this fraction.",
+    )
 
 
 class JobSpec(StrictModel):
@@ -282,6 +291,7 @@ class JobSpec(StrictModel):
     success: SuccessSpec = Field(default_factory=SuccessSpec, description="Success criteria the run checks "
                                  "itself against (RUN/checklist.json).")
     tracking: TrackingSpec = Field(default_factory=TrackingSpec, description="TensorBoard / MLflow logging.")
+    telemetry: TelemetrySpec = Field(default_factory=TelemetrySpec, description="Telemetry (spans, sampler).")
 
     @field_validator("name")
     @classmethod

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -33,6 +33,8 @@ class TrainFeed:
     def __init__(self, task: Task, world: World, batch: int, seed: int, workers: int | str, pin: bool,
                  nhwc: bool = False) -> None:
         self.task, self.world, self.batch, self.nhwc = task, world, batch, nhwc
+        # Telemetry marks the host-to-device copy through this (the recorder's `section`; no-op by default).
+        self.section: Callable[[str], None] = lambda name: None
         spec = task.spec
         syn = spec.data.synthetic
         self.on_device = bool(syn and syn.on_device)
@@ -74,6 +76,7 @@ class TrainFeed:
         self.sampler.set_position(epoch, start_micro * self.batch)
         self.generator.manual_seed(self.seed * 7919 + epoch)
         for host_batch in self.loader:
+            self.section("h2d")
             b = self.task.to_device(host_batch, self.world.device)
             yield channels_last(b) if self.nhwc else b
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import random
@@ -28,6 +27,7 @@ from musubi.runtime.schedule import lr_factor
 from musubi.runtime.world import World
 from musubi.runtime.wrap import eval_module, gradient_sync, needs_lockstep_eval, unwrap, wrap_model
 from musubi.tasks.base import Task
+from musubi.telemetry.session import open_telemetry
 
 log = logging.getLogger("musubi.loop")
 
@@ -105,8 +105,7 @@ class Trainer:
         )
         self.scaler = make_scaler(self.precision, world.device)
         self.ckpt_root = job_dir / "checkpoints"
-        self.telemetry = job_dir / "telemetry" / f"rank{world.rank}.jsonl"
-        self.telemetry.parent.mkdir(parents=True, exist_ok=True)
+        self.tele = open_telemetry(spec, world, job_dir, self.model, self.feed)
         # Training-time randomness (dropout, augmentation on device) differs per rank.
         torch.manual_seed(t.seed * 1000 + world.rank + 1)
         self.step = 0
@@ -139,6 +138,7 @@ class Trainer:
         if not self.spec.checkpoint.enabled:
             return
         self.phase = "checkpoint"
+        self.tele.section("checkpoint")
         ckpt.save_checkpoint(self.ckpt_root, self.step, self.model, self.optimizer, self.trainer_state(),
                              capture_rng(self.world.device), self.world, self.spec.checkpoint.keep_last,
                              before_commit=self.injector.checkpoint_write)
@@ -223,19 +223,21 @@ class Trainer:
         try:
             while self.epoch < t.epochs and self.step < stop:
                 usable = self.steps_per_epoch * plan.accumulation
-                for batch in self.feed.epoch(self.epoch, self.micro):
+                for batch in self.tele.timed(self.feed.epoch(self.epoch, self.micro)):
                     if self.micro >= usable:
                         break  # leftover micro-batches that do not fill an optimizer step
                     sync = (self.micro + 1) % plan.accumulation == 0
                     self.phase = "forward"
                     if self.injector:
                         self._inject_before_forward(batch)
+                    self.tele.section("forward")
                     with gradient_sync(self.model, sync):
                         with autocast(self.precision, w.device):
                             loss, _parts = self.task.loss(self.model, batch)
                         if self.injector and self.injector.poison_loss(self.step + 1):
                             loss = loss * float("nan")  # MUSUBI_INJECT nan: the numerical guard's drill
                         self.phase = "backward"
+                        self.tele.section("backward")
                         hook = self._inject_backward() if self.injector else None
                         try:
                             self.scaler.scale(loss / plan.accumulation).backward()
@@ -249,6 +251,7 @@ class Trainer:
                     if not sync:
                         continue
                     self.phase = "optimizer"
+                    self.tele.section("optimizer")
                     if self.injector and self.injector.oom_phase(self.step + 1, "optimizer"):
                         raise injected_oom(f"optimizer, step {self.step + 1}")
                     if t.grad_clip:
@@ -259,6 +262,7 @@ class Trainer:
                     self.optimizer.zero_grad(set_to_none=True)
                     self.scheduler.step()
                     self.step += 1
+                    self.tele.step_done(self.step)
                     self.phase = "between steps"
                     if self.step == self.fit_start_step + 1 and self.step % t.log_every and self.step < stop:
                         # The first step warmed the kernels (cudnn autotuning, allocator, loader workers):
@@ -340,6 +344,7 @@ class Trainer:
 
     def _inject_backward(self) -> Any:
         """A hook that raises OOM from inside autograd, once the later layers' grads went to DDP."""
+        self.injector.slow_compute(self.world.device)  # `slow`: before the gradient sync
         if not self.injector.oom_phase(self.step + 1, "backward"):
             return None
         first = next(p for p in unwrap(self.model).parameters() if p.requires_grad)
@@ -355,13 +360,13 @@ class Trainer:
         mem = memory_figures(self.world.device)
         if not mem:
             return {}
-        with open(self.telemetry, "a", encoding="utf-8") as f:
-            f.write(json.dumps({"step": self.step, "kind": "memory", "time": round(time.time(), 3), **mem}) + "\n")
+        self.tele.record({"step": self.step, "kind": "memory", "time": round(time.time(), 3), **mem})
         torch.cuda.reset_peak_memory_stats(self.world.device)
         return mem
 
     def run_eval(self, metrics: MetricsWriter | None) -> None:
         """Validate, log on rank 0, and remember the result for the checkpoint."""
+        self.tele.section("eval")
         values = self.evaluate()
         if not values:
             return
@@ -373,5 +378,6 @@ class Trainer:
 
     def close(self) -> None:
         """Drop the wrapper before the process group goes (gloo can hang at exit otherwise)."""
+        self.tele.close()
         del self.optimizer, self.scheduler
         self.model = unwrap(self.model)
