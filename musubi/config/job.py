@@ -175,7 +175,33 @@ class CheckpointSpec(StrictModel):
         None, ge=1, description="Checkpoint every N optimizer steps; None: at the end of each epoch."
     )
     keep_last: int = Field(3, ge=1, le=1000, description="Committed checkpoints kept (older ones deleted).")
+    keep_best: int = Field(
+        0, ge=0, le=1000, description="Also keep the N committed checkpoints with the best `best_metric` "
+        "(validation value at save time), whatever their age."
+    )
+    best_metric: str | None = Field(
+        None, description="Validation metric ranking `keep_best` (default: the task's primary metric)."
+    )
+    best_mode: Literal["max", "min"] = Field("max", description="Whether a larger or smaller `best_metric` is better.")
+    async_mode: Literal["auto", "process", "thread", "off"] = Field(
+        "auto",
+        description="Asynchronous save (DCP async_save): the step waits only for the copy to host memory. "
+        "auto: process-based where the installed torch offers it, else thread; off: synchronous saves.",
+    )
     enabled: bool = Field(True, description="Write checkpoints at all.")
+
+
+class WatchdogSpec(StrictModel):
+    """Hang detection: every rank's progress is watched by a thread outside the training loop."""
+
+    enabled: bool = Field(True, description="Watch every rank's heartbeat; on a hang dump stacks and end the "
+                          "attempt (torchrun restarts it).")
+    floor_s: float = Field(
+        120.0, ge=1, le=86_400, description="The hang timeout is never shorter than this (seconds)."
+    )
+    factor: float = Field(
+        10.0, ge=1, le=1000, description="Hang timeout = max(floor_s, factor x the slowest recent step)."
+    )
 
 
 class JobSpec(StrictModel):
@@ -193,6 +219,7 @@ class JobSpec(StrictModel):
     data: DataSpec = Field(description="Data source.")
     train: TrainSpec = Field(default_factory=TrainSpec, description="Optimisation.")
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec, description="Checkpointing.")
+    watchdog: WatchdogSpec = Field(default_factory=WatchdogSpec, description="Hang detection.")
 
     @field_validator("name")
     @classmethod

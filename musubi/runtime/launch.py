@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -262,6 +263,7 @@ def launch_train(req: TrainRequest) -> TrainResult:
     spec_det = bool(record["config"]["train"]["deterministic"])
     restarts = 0 if req.probe_only else int(record["config"]["train"]["max_restarts"])
     argv = torchrun_argv(job_dir, nproc, req.resume, req.max_steps, restarts, req.probe_only)
+    started = time.time()
     proc = subprocess.Popen(argv, env=worker_env(kind, nproc, spec_det, job_dir), stderr=subprocess.PIPE, text=True,
                             errors="replace", stdout=subprocess.PIPE if req.probe_only else None)
     probe_out = None
@@ -289,7 +291,8 @@ def launch_train(req: TrainRequest) -> TrainResult:
         if not summary.get("finished"):
             status = "stopped"
     history = record.get("history", [])
-    entry: dict = {"attempt": record["attempts"], "exit_code": code, "status": status, "error": err}
+    entry: dict = {"attempt": record["attempts"], "exit_code": code, "status": status, "error": err,
+                   "started": round(started, 3), "ended": round(time.time(), 3)}
     if summary_path.is_file():
         summary = read_json(summary_path)
         entry["restarts"] = summary.get("restarts", 0)
@@ -299,6 +302,16 @@ def launch_train(req: TrainRequest) -> TrainResult:
     history.append(entry)
     record.update(status=status, history=history)
     write_json(job_dir / "job.json", record)
+    if not req.probe_only:
+        from musubi.runtime.goodput import write_goodput
+
+        good = write_goodput(job_dir)  # reads the history just written
+        if good is not None:
+            # Each failure's cause (hang with its rank, OOM, the rank that died first) for the fleet.
+            entry["failures"] = [{k: f[k] for k in ("attempt", "cause", "ranks", "lost_steps")}
+                                 for f in good["failures"] if f["attempt"].startswith(f"{record['attempts']}.")]
+            entry["goodput"] = good["goodput"]
+            write_json(job_dir / "job.json", record)
     if probe_out:
         print(probe_out.strip().splitlines()[-1] if probe_out.strip() else "", flush=True)
     return TrainResult(result_code, run_dir, job_dir, err)

@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import sys
+import time
 import traceback
 from pathlib import Path
 
@@ -34,6 +35,22 @@ def _write_error(job_dir: Path, rank: int, kind: str, message: str) -> None:
 
 def _restart_count() -> int:
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+
+
+def _start_watchdog(spec, world, job_dir: Path, launch: int, t_start: float):  # noqa: ANN001, ANN202
+    """This rank's heartbeat and watchdog thread (hang detection), and rank 0's goodput progress log."""
+    from musubi.runtime.goodput import ProgressLog
+    from musubi.runtime.watchdog import Heartbeat, Watchdog, attempt_id
+
+    os.environ["MUSUBI_LAUNCH"] = str(launch)
+    progress = ProgressLog(job_dir, attempt_id(), t_start) if world.is_main else None
+    heartbeat = Heartbeat(progress=progress)
+    spec_w = spec.watchdog
+    if not spec_w.enabled:  # still publish heartbeats and progress (goodput), never judge
+        spec_w = spec_w.model_copy(update={"floor_s": 86_400.0})
+    watchdog = Watchdog(job_dir, world.rank, world.size, spec_w, float(spec.train.timeout_s), heartbeat)
+    watchdog.start()
+    return watchdog, heartbeat, progress
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -58,6 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     err_file.unlink(missing_ok=True)
     trainer = None
     world = None
+    watchdog = None
+    t_start = time.time()
     try:
         import torch  # noqa: F401  (imported after argument parsing: fast --help)
 
@@ -75,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         injector = Injector.from_env(rank, job_dir / "logs" / "inject")
         world = init_world(spec.train.timeout_s)
         console = setup_logging(world, job_dir / "logs")
+        watchdog, heartbeat, progress = _start_watchdog(spec, world, job_dir, int(record.get("attempts", 1)), t_start)
         from musubi.preflight import check_unique_devices
 
         check_unique_devices(world)  # abort at start if two ranks share one GPU
@@ -90,15 +110,17 @@ def main(argv: list[str] | None = None) -> int:
             if world.is_main:
                 print(json.dumps({"per_rank_batch": plan.per_rank, "global_batch": plan.global_batch,
                                   "lr": plan.lr, "source": plan.source}), flush=True)
+            watchdog.stop()
             shutdown_world()
             return 0
         from musubi.runtime.checkpoint import latest_checkpoint
 
-        resume = args.resume or (restarts > 0 and latest_checkpoint(job_dir / "checkpoints") is not None)
+        resume = args.resume or (restarts > 0 and latest_checkpoint(job_dir / "checkpoints", warn=False) is not None)
         opts = RunOptions(resume=resume, stop_at_step=args.stop_at_step)
         metrics = None
         try:
-            trainer = Trainer(spec, task, world, job_dir, opts, console, plan=plan, injector=injector)
+            trainer = Trainer(spec, task, world, job_dir, opts, console, plan=plan, injector=injector,
+                              heartbeat=heartbeat)
             if opts.resume:
                 trainer.resume()
             restarted = opts.resume or restarts > 0
@@ -136,6 +158,9 @@ def main(argv: list[str] | None = None) -> int:
                                 "how": "validation split, each sample counted once over all ranks"}, indent=1),
                     encoding="utf-8")
             log.info("done: %d/%d steps, %.1fs", summary["steps"], summary["total_steps"], summary["train_s"])
+        if progress is not None:
+            progress.end(trainer.step)
+        watchdog.stop()
         trainer.close()
         trainer = None
         # DDP sits in reference cycles (reducer hooks): collect it now, while the
