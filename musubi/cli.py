@@ -63,7 +63,19 @@ def train(
         _fail(f"{result.error} (logs: {result.job_dir / 'logs'})", result.code)
     if probe_only:
         return
+    _print_goodput(result.job_dir)
     Console().print(f"[green]run directory:[/] {result.run_dir}", highlight=False)
+
+
+def _print_goodput(job_dir: Path) -> None:
+    """After a run that restarted: the goodput line (what the failures cost)."""
+    from musubi.runtime.goodput import goodput_line
+
+    path = job_dir / "goodput.json"
+    if path.is_file():
+        rec = json.loads(path.read_text(encoding="utf-8"))
+        if rec.get("failures"):
+            Console().print(goodput_line(rec), highlight=False)
 
 
 @app.command()
@@ -129,6 +141,7 @@ def _register_optional_commands() -> None:
     from musubi.evaluate.commands import evaluate_command, export_command, leaderboard_command, registry_app
     from musubi.plan.command import plan_command
     from musubi.preflight.command import check_command
+    from musubi.runtime.commands import drill_command, goodput_command
 
     app.command("leaderboard", help="The fleet's ranking: quality, FPS, composite score (table or --json).")(
         leaderboard_command)
@@ -138,6 +151,10 @@ def _register_optional_commands() -> None:
     app.add_typer(registry_app, name="registry", help="The model registry: list, register, promote, manifest.")
     app.command("check", help="Preflight: stack, GPUs, binding, NCCL bandwidth, disk, data, environment; "
                 "exit 1 on any FAIL.")(check_command)
+    app.command("drill", help="Train a job under injected faults (kill, hang, ckpt_kill): success rate, exact "
+                "weights, recovery time, goodput.")(drill_command)
+    app.command("goodput", help="A job's effective training time ratio and the work lost per failure.")(
+        goodput_command)
     app.command("plan", help="Parallel layouts (TP/PP/DP/CP/EP/ZeRO): memory, step time, MFU; search or evaluate.")(
         plan_command)
 

@@ -9,6 +9,9 @@ Inputs, all in the job directory:
 - `logs/hang/hang-a{attempt}.json`, `memory/applied-oom-*.json`: the causes that name themselves;
 - `logs/torchrun.log`: torchrun's `failed (exitcode: -9) local_rank: 1 (pid: N)` lines, matched
   to a rank and attempt by the pid each heartbeat records;
+- `logs/exits/a{attempt}-rank{r}.json`: the error each failing rank recorded; a rank whose error
+  says it lost a peer ("connection closed by peer") is a victim, and a rank that left no record
+  while its peers did died without a word (SIGKILL, the kernel's OOM killer);
 - `job.json` history: when each `musubi train` launch started and ended.
 
 Definitions (written to `JOB/goodput.json`, shown by `musubi goodput` and `musubi drill`):
@@ -131,18 +134,52 @@ def _torchrun_exits(job_dir: Path) -> dict[str, list[tuple[int, int]]]:
     return out
 
 
+#: Errors of a rank whose peer died: not the cause of the failure.
+_VICTIM_RE = re.compile(r"[Cc]onnection (closed|reset) by peer|[Bb]roken pipe|communicator was aborted|"
+                        r"NCCL Error 6|remote process exited|Socket Timeout")
+
+
+def _exit_records(job_dir: Path, attempt: str) -> dict[int, dict[str, Any]]:
+    out = {}
+    for p in (job_dir / "logs" / "exits").glob(f"a{attempt}-rank*.json"):
+        try:
+            rec = json.loads(p.read_text(encoding="utf-8"))
+            out[int(rec["rank"])] = rec
+        except (ValueError, KeyError, OSError):
+            continue
+    return out
+
+
+def _heartbeat_ranks(job_dir: Path, attempt: str) -> list[int]:
+    return sorted(int(p.stem.rsplit("rank", 1)[1]) for p in (job_dir / "heartbeat").glob(f"a{attempt}-rank*.json"))
+
+
 def _cause(job_dir: Path, attempt: str, t0: float, t1: float, exits: dict[str, list[tuple[int, int]]]
            ) -> dict[str, Any]:
     hang = job_dir / "logs" / "hang" / f"hang-a{attempt}.json"
     if hang.is_file():
         rec = json.loads(hang.read_text(encoding="utf-8"))
         return {"cause": "hang", "ranks": rec.get("culprits", []), "detail": rec.get("message")}
-    if attempt in exits:
-        ranks = sorted({r for r, _ in exits[attempt]})
-        code = exits[attempt][0][1]
-        cause = {75: "oom", 76: "hang"}.get(code, "killed" if code < 0 else "error")
-        return {"cause": cause, "ranks": ranks,
-                "detail": f"rank(s) {', '.join(map(str, ranks))}: {_exit_meaning(code)} (torchrun)"}
+    signalled = sorted({r for r, code in exits.get(attempt, []) if code < 0})
+    if signalled:
+        code = next(c for r, c in exits[attempt] if r == signalled[0])
+        return {"cause": "killed", "ranks": signalled,
+                "detail": f"rank(s) {', '.join(map(str, signalled))}: {_exit_meaning(code)} (torchrun)"}
+    records = _exit_records(job_dir, attempt)
+    own = {r: rec for r, rec in records.items() if not _VICTIM_RE.search(rec.get("message", ""))}
+    if own:
+        r0 = min(own)
+        kind = own[r0].get("kind")
+        return {"cause": "oom" if kind == "oom" else "error", "ranks": sorted(own),
+                "detail": f"rank {r0}: {own[r0].get('message', '')[:200]}"}
+    ranks = _heartbeat_ranks(job_dir, attempt)
+    if records and ranks:
+        # Every rank that left a record was a victim of a lost peer: the culprits left none.
+        silent = sorted(set(ranks) - set(records))
+        if silent:
+            return {"cause": "rank died", "ranks": silent,
+                    "detail": f"rank(s) {', '.join(map(str, silent))} died without an error (killed by a signal "
+                              "or the OOM killer); the others lost their connection to it"}
     mem = job_dir / "memory"
     for p in sorted(mem.glob("*oom-*.json")) if mem.is_dir() else []:
         rec = json.loads(p.read_text(encoding="utf-8"))

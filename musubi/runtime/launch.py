@@ -39,6 +39,7 @@ class TrainRequest:
     probe_only: bool = False
     check: bool = True  # run the preflight first (`--no-check` skips it, and job.json records that)
     fleet_member: bool = False  # a job of a fleet: RUN/ belongs to the fleet, only RUN/JOB/ is ours
+    quiet: bool = False  # rank 0's console output discarded (it is also in logs/rank0.log): drills
     argv: list[str] = field(default_factory=list)
 
 
@@ -265,7 +266,8 @@ def launch_train(req: TrainRequest) -> TrainResult:
     argv = torchrun_argv(job_dir, nproc, req.resume, req.max_steps, restarts, req.probe_only)
     started = time.time()
     proc = subprocess.Popen(argv, env=worker_env(kind, nproc, spec_det, job_dir), stderr=subprocess.PIPE, text=True,
-                            errors="replace", stdout=subprocess.PIPE if req.probe_only else None)
+                            errors="replace",
+                            stdout=subprocess.PIPE if req.probe_only else (subprocess.DEVNULL if req.quiet else None))
     probe_out = None
     if req.probe_only:
         assert proc.stdout is not None

@@ -31,6 +31,13 @@ def _write_error(job_dir: Path, rank: int, kind: str, message: str) -> None:
     logs = job_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     (logs / f"error-rank{rank}.txt").write_text(json.dumps({"kind": kind, "message": message}), encoding="utf-8")
+    # Kept per attempt (error-rank* is cleared by the next attempt): goodput names each failure's cause.
+    from musubi.runtime.watchdog import attempt_id
+
+    exits = logs / "exits"
+    exits.mkdir(exist_ok=True)
+    (exits / f"a{attempt_id()}-rank{rank}.json").write_text(
+        json.dumps({"rank": rank, "kind": kind, "message": message[:500], "time": time.time()}), encoding="utf-8")
 
 
 def _restart_count() -> int:
