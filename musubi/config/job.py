@@ -186,7 +186,8 @@ class CheckpointSpec(StrictModel):
     async_mode: Literal["auto", "process", "thread", "off"] = Field(
         "auto",
         description="Asynchronous save (DCP async_save): the step waits only for the copy to host memory. "
-        "auto: process-based where the installed torch offers it, else thread; off: synchronous saves.",
+        "auto: process-based on GPU ranks where the installed torch offers it, else thread (CPU ranks); "
+        "off: synchronous saves.",
     )
     enabled: bool = Field(True, description="Write checkpoints at all.")
 

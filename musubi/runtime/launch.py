@@ -278,6 +278,9 @@ def launch_train(req: TrainRequest) -> TrainResult:
     except KeyboardInterrupt:
         proc.terminate()
         code = proc.wait()
+    from musubi.runtime.saver import reap_checkpoint_daemons
+
+    reap_checkpoint_daemons(job_dir)  # checkpoint processes of ranks that died (they hold our pipes)
     pump.join(timeout=5)
     err_kind, err = first_error(job_dir)
     if code == 0:

@@ -22,6 +22,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import threading
 import time
 from concurrent.futures import Future
@@ -51,15 +52,21 @@ def process_mode_available() -> bool:
     return hasattr(AsyncCheckpointerType, "PROCESS")
 
 
-def resolve_mode(asked: str) -> str:
-    """off | thread | process, from the job's `checkpoint.async_mode`."""
+def resolve_mode(asked: str, cuda: bool = True) -> str:
+    """off | thread | process, from the job's `checkpoint.async_mode`.
+
+    auto: process on GPU ranks where torch offers it (the write and its serialisation leave the
+    training process: no GIL contention with the step); thread on CPU ranks, which have no
+    device-to-host copy to hide and whose cores are the training's own: a second interpreter
+    per rank costs more than it saves there.
+    """
     if asked == "off":
         return "off"
     if asked == "process" and not process_mode_available():
         raise ConfigError(f"checkpoint.async_mode: process needs torch >= 2.7 (installed {torch.__version__}); "
                           "use thread or auto")
     if asked == "auto":
-        return "process" if process_mode_available() else "thread"
+        return "process" if cuda and process_mode_available() else "thread"
     return asked
 
 
@@ -105,7 +112,7 @@ class Checkpointer:
     def __init__(self, root: Path, spec: CheckpointSpec, world: World, injector: Injector,
                  default_metric: str | None, telemetry: Path | None = None) -> None:
         self.root, self.spec, self.world, self.injector = root, spec, world, injector
-        self.mode = resolve_mode(spec.async_mode)
+        self.mode = resolve_mode(spec.async_mode, world.is_cuda)
         self.best_metric = spec.best_metric or default_metric
         self.telemetry = telemetry
         # Thread mode: the save's collectives run beside DDP's, so they need a group of their own.
@@ -113,6 +120,7 @@ class Checkpointer:
         self.stager = self._make_stager() if self.mode != "off" else None
         self.inflight: _InFlight | None = None
         self._records: list[dict[str, Any]] = []
+        self._daemon_recorded = False
         self._lock = threading.Lock()
 
     def _make_stager(self) -> Any:
@@ -157,6 +165,9 @@ class Checkpointer:
         ret = dcp.async_save(state, checkpoint_id=str(d), storage_writer=writer, process_group=self.group,
                              async_checkpointer_type=kind, async_stager=self.stager)
         fut = getattr(ret, "upload_completion", ret)  # torch >= 2.9 may return an AsyncSaveResponse
+        if self.mode == "process" and not self._daemon_recorded:
+            self._daemon_recorded = True
+            threading.Thread(target=self._record_daemon, args=(fut,), name="musubi-ckpt-daemon", daemon=True).start()
         blocked = time.perf_counter() - t0
         self.inflight = _InFlight(step, d, fut, t0, blocked)
         if self.world.is_main:
@@ -207,6 +218,30 @@ class Checkpointer:
         self.inflight = None
         return time.perf_counter() - t0
 
+    def _record_daemon(self, fut: Future, poll_s: float = 0.05) -> None:
+        """Note DCP's checkpoint process (pid, start time) as soon as it is spawned: if this rank is
+        SIGKILLed the daemon survives it, and the next attempt or the launcher ends it
+        (`reap_checkpoint_daemons`). It is found as this rank's child running multiprocessing's spawn."""
+        try:
+            import psutil
+
+            from musubi.runtime.watchdog import attempt_id
+
+            me = psutil.Process()
+            while True:
+                found = [c for c in me.children() if "spawn_main" in " ".join(c.cmdline())]
+                if found or fut.done():
+                    break
+                time.sleep(poll_s)
+            d = self.root.parent / "heartbeat"
+            d.mkdir(parents=True, exist_ok=True)
+            for c in found:
+                rec = {"pid": c.pid, "created": c.create_time(), "host": socket.gethostname(),
+                       "attempt": attempt_id(), "rank": self.world.rank}
+                (d / f"ckpt-daemon-a{rec['attempt']}-rank{self.world.rank}-{c.pid}.json").write_text(json.dumps(rec))
+        except Exception as e:  # noqa: BLE001 - bookkeeping only
+            log.info("checkpoint process not recorded: %s", one_line(e, 120))
+
     # -- figures -----------------------------------------------------------------
     def _record(self, rec: dict[str, Any]) -> None:
         rec = {k: round(v, 4) if isinstance(v, float) else v for k, v in rec.items()}
@@ -225,8 +260,74 @@ class Checkpointer:
         return out
 
     def close(self) -> None:
-        """Wait for the last save and release the staging buffers."""
+        """Wait for the last save, release the staging buffers, and end DCP's checkpoint process."""
         self.wait()
         if self.stager is not None:
             self.stager.close()
             self.stager = None
+        if self.mode == "process":
+            stop_checkpoint_process()
+
+
+def _daemon_handle() -> Any:
+    try:
+        from torch.distributed.checkpoint import _async_process_executor as executor
+    except ImportError:
+        return None
+    return getattr(executor, "_CHECKPOINT_PROCESS", None)
+
+
+def reap_checkpoint_daemons(job_dir: Path, skip_attempt: str | None = None) -> list[int]:
+    """End recorded DCP checkpoint processes of this host that outlived their rank; return their pids."""
+    import psutil
+
+    killed = []
+    host = socket.gethostname()
+    for p in sorted((job_dir / "heartbeat").glob("ckpt-daemon-*.json")):
+        try:
+            rec = json.loads(p.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if rec.get("host") != host or rec.get("attempt") == skip_attempt:
+            continue
+        try:
+            proc = psutil.Process(int(rec["pid"]))
+            if abs(proc.create_time() - float(rec["created"])) < 1.0:  # the same process, not a reused pid
+                proc.kill()
+                killed.append(proc.pid)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, KeyError, ValueError):
+            pass
+        p.unlink(missing_ok=True)
+    if killed:
+        log.warning("ended %d checkpoint process(es) left by dead ranks: %s", len(killed), killed)
+    return killed
+
+
+def stop_checkpoint_process(grace_s: float = 3.0) -> None:
+    """End DCP's checkpoint daemon of this rank, if one runs.
+
+    Workers leave with os._exit (see worker.py), so the daemon's own clean-up never runs and
+    it outlives the rank, holding the launcher's stdout/stderr pipes open (seen here: a
+    `musubi train` whose output is captured never ends). torch has no public call for this;
+    the daemon's handle is module state of torch's process executor.
+    """
+    try:
+        from torch.distributed.checkpoint import _async_process_executor as executor
+    except ImportError:
+        return
+    daemon = getattr(executor, "_CHECKPOINT_PROCESS", None)
+    if daemon is None:
+        return
+    executor._CHECKPOINT_PROCESS = None
+    proc = getattr(daemon, "_save_process", None)
+    if proc is None:
+        return
+    try:
+        if proc.is_alive():
+            daemon._send(executor._CheckpointSaveProcessControlOpts.TERMINATE)
+            proc.join(timeout=grace_s)
+    except (OSError, AttributeError, ValueError):
+        pass
+    if proc.is_alive():  # stuck in its process group's teardown: its peers are gone
+        proc.kill()
+        proc.join(timeout=grace_s)

@@ -250,6 +250,7 @@ class Watchdog:
     def on_hang(self, states: dict[int, dict[str, Any]]) -> None:
         """Dump stacks and the flight recorder, name the culprit(s), end this rank (torchrun restarts)."""
         tag = f"a{self.attempt}-rank{self.rank}"
+        self.hang_dir.mkdir(parents=True, exist_ok=True)
         with open(self.stacks, "a", encoding="utf-8") as f:
             f.write(f"rank {self.rank} pid {self.pid}: stacks of every thread at hang detection\n")
             f.flush()

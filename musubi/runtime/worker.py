@@ -108,6 +108,10 @@ def main(argv: list[str] | None = None) -> int:
         if restarts:
             log.warning("restart %d of this job (torchrun): resuming from the newest committed checkpoint",
                         restarts)
+            from musubi.runtime.saver import reap_checkpoint_daemons
+            from musubi.runtime.watchdog import attempt_id
+
+            reap_checkpoint_daemons(job_dir, skip_attempt=attempt_id())  # a killed rank's daemon outlives it
         task = build_task(spec)
         task.validate()
         precision = resolve_precision(spec.train.precision, world.device)
