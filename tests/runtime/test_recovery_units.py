@@ -62,13 +62,14 @@ def test_retention_keeps_last_and_best(tmp_path: Path) -> None:
     assert sorted(d.name for d in root.iterdir()) == ["step-000000005"]
 
 
-def test_async_save_commits_when_durable_and_records_timings(tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", ["thread", "off"])
+def test_save_commits_when_durable_and_records_timings(tmp_path: Path, mode: str) -> None:
     world = World(rank=0, local_rank=0, size=1, device=torch.device("cpu"), backend="gloo")
     model = torch.nn.Linear(8, 4)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     model(torch.randn(2, 8)).sum().backward()
     opt.step()
-    saver = Checkpointer(tmp_path / "checkpoints", CheckpointSpec(async_mode="thread"), world,
+    saver = Checkpointer(tmp_path / "checkpoints", CheckpointSpec(async_mode=mode), world,
                          Injector(None, 0, None), "acc")
     saver.save(4, model, opt, {"step": 4, "signature": "x"}, {"seed": torch.tensor([1])}, {"acc": 0.5})
     expected = {k: v.clone() for k, v in model.state_dict().items()}
@@ -83,8 +84,20 @@ def test_async_save_commits_when_durable_and_records_timings(tmp_path: Path) -> 
     for k, v in expected.items():
         assert torch.equal(full["model"][k], v), k
     (rec,) = saver.drain()
-    assert rec["ok"] and rec["mode"] == "thread" and 0 <= rec["blocked_s"] <= rec["durable_s"]
+    assert rec["ok"] and rec["mode"] == {"off": "sync"}.get(mode, mode) and 0 <= rec["blocked_s"] <= rec["durable_s"]
     saver.close()
+
+
+def test_drill_refuses_bad_input_in_one_line(tiny_job, tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from musubi.cli import app
+
+    res = CliRunner().invoke(app, ["drill", str(tiny_job()), "--faults", "kill,meteor", "--out", str(tmp_path / "d")])
+    assert res.exit_code == 2 and "--faults" in res.output and "kill, hang, ckpt_kill" in res.output
+    res = CliRunner().invoke(app, ["drill", str(tiny_job()), "--repeat", "0", "--out", str(tmp_path / "d")])
+    assert res.exit_code == 2 and "--repeat 0" in res.output
+    assert not (tmp_path / "d").exists()
 
 
 def test_async_mode_and_inject_grammar() -> None:
