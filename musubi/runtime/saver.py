@@ -70,6 +70,13 @@ def resolve_mode(asked: str, cuda: bool = True) -> str:
     return asked
 
 
+def _takes(arg: str) -> bool:
+    """Whether the installed torch's dcp.async_save accepts `arg` (it grew arguments across 2.x)."""
+    import inspect
+
+    return arg in inspect.signature(dcp.async_save).parameters
+
+
 class _KillingWriter(FileSystemWriter):
     """Fault injection (`ckpt_kill:phase=write`): the rank dies while its shards are being written.
 
@@ -162,8 +169,9 @@ class Checkpointer:
         from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 
         kind = AsyncCheckpointerType.PROCESS if self.mode == "process" else AsyncCheckpointerType.THREAD
+        extra = {"async_stager": self.stager} if self.stager is not None and _takes("async_stager") else {}
         ret = dcp.async_save(state, checkpoint_id=str(d), storage_writer=writer, process_group=self.group,
-                             async_checkpointer_type=kind, async_stager=self.stager)
+                             async_checkpointer_type=kind, **extra)
         fut = getattr(ret, "upload_completion", ret)  # torch >= 2.9 may return an AsyncSaveResponse
         if self.mode == "process" and not self._daemon_recorded:
             self._daemon_recorded = True
