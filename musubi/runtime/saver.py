@@ -166,12 +166,15 @@ class Checkpointer:
             self._record({"step": step, "mode": "sync", "blocked_s": elapsed, "durable_s": elapsed, "ok": True})
             log.info("checkpoint step %d committed in %.2fs: %s", step, elapsed, d)
             return
-        from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
+        extra: dict[str, Any] = {}
+        if self.stager is not None and _takes("async_stager"):
+            extra["async_stager"] = self.stager
+        if _takes("async_checkpointer_type"):  # absent before torch 2.7: thread only (resolve_mode saw to it)
+            from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 
-        kind = AsyncCheckpointerType.PROCESS if self.mode == "process" else AsyncCheckpointerType.THREAD
-        extra = {"async_stager": self.stager} if self.stager is not None and _takes("async_stager") else {}
-        ret = dcp.async_save(state, checkpoint_id=str(d), storage_writer=writer, process_group=self.group,
-                             async_checkpointer_type=kind, **extra)
+            extra["async_checkpointer_type"] = (AsyncCheckpointerType.PROCESS if self.mode == "process"
+                                                else AsyncCheckpointerType.THREAD)
+        ret = dcp.async_save(state, checkpoint_id=str(d), storage_writer=writer, process_group=self.group, **extra)
         fut = getattr(ret, "upload_completion", ret)  # torch >= 2.9 may return an AsyncSaveResponse
         if self.mode == "process" and not self._daemon_recorded:
             self._daemon_recorded = True
