@@ -248,6 +248,20 @@ class CheckpointSpec(StrictModel):
         None, ge=1, le=MAX_COUNT, description="Checkpoint every N optimizer steps; None: at the end of each epoch."
     )
     keep_last: int = Field(3, ge=1, le=1000, description="Committed checkpoints kept (older ones deleted).")
+    keep_best: int = Field(
+        0, ge=0, le=1000, description="Also keep the N committed checkpoints with the best `best_metric` "
+        "(validation value at save time), whatever their age."
+    )
+    best_metric: str | None = Field(
+        None, description="Validation metric ranking `keep_best` (default: the task's primary metric)."
+    )
+    best_mode: Literal["max", "min"] = Field("max", description="Whether a larger or smaller `best_metric` is better.")
+    async_mode: Literal["auto", "process", "thread", "off"] = Field(
+        "auto",
+        description="Asynchronous save (DCP async_save): the step waits only for the copy to host memory. "
+        "auto: process-based on GPU ranks where the installed torch offers it, else thread (CPU ranks); "
+        "off: synchronous saves.",
+    )
     enabled: bool = Field(True, description="Write checkpoints at all.")
 
 
@@ -261,6 +275,8 @@ class TrackingSpec(StrictModel):
         "file store in RUN/mlruns.")
     mlflow_experiment: str | None = Field(
         None, max_length=256, description="MLflow experiment name; None: the fleet's or job's name.")
+
+
 class TelemetrySpec(StrictModel):
     """Per-rank step spans, hardware sampling and live straggler warnings (JOB/telemetry/)."""
 
@@ -269,6 +285,19 @@ class TelemetrySpec(StrictModel):
     straggler_threshold: float = Field(
         0.05, gt=0, le=1,
         description="Flag a rank whose pre-sync step time exceeds the fastest rank's by this fraction.",
+    )
+
+
+class WatchdogSpec(StrictModel):
+    """Hang detection: every rank's progress is watched by a thread outside the training loop."""
+
+    enabled: bool = Field(True, description="Watch every rank's heartbeat; on a hang dump stacks and end the "
+                          "attempt (torchrun restarts it).")
+    floor_s: float = Field(
+        120.0, ge=1, le=86_400, description="The hang timeout is never shorter than this (seconds)."
+    )
+    factor: float = Field(
+        10.0, ge=1, le=1000, description="Hang timeout = max(floor_s, factor x the slowest recent step)."
     )
 
 
@@ -292,6 +321,7 @@ class JobSpec(StrictModel):
                                  "itself against (RUN/checklist.json).")
     tracking: TrackingSpec = Field(default_factory=TrackingSpec, description="TensorBoard / MLflow logging.")
     telemetry: TelemetrySpec = Field(default_factory=TelemetrySpec, description="Telemetry (spans, sampler).")
+    watchdog: WatchdogSpec = Field(default_factory=WatchdogSpec, description="Hang detection.")
 
     @field_validator("name")
     @classmethod

@@ -17,7 +17,10 @@ Kinds and their keys (rank defaults to every rank, step to any step):
   slack), on CPU a sleep.
 - `kill`: SIGKILL the rank at `step`.   `hang`: stop the rank forever at `step`.
 - `data_stall`: delay every batch by `ms` (with `every=N`: every N-th batch only).   `ckpt_stall`: delay each checkpoint write by `ms`.
-- `ckpt_kill`: SIGKILL rank 0 in the middle of the checkpoint of `step` (shards written, no commit).
+- `ckpt_kill`: SIGKILL the writer in the middle of the checkpoint of `step`. `phase=commit`
+  (default): every shard is written, the rank dies before the marker (asynchronous saves: rank 0,
+  the committer, dies in its commit thread). `phase=write`: the rank dies while writing its
+  shards, leaving a truncated file behind.
 - `nan`: make that rank's loss NaN at optimizer step `step` (the numerical guard's drill).
 
 A fault fires once per run (also across restarts) unless `every=N` makes it fire on every
@@ -37,6 +40,7 @@ from musubi.config.errors import ConfigError
 ENV = "MUSUBI_INJECT"
 PHASES = ("forward", "backward", "optimizer")
 SLOW_WARMUP = 3  # `slow` sizes its delay from step times after these steps
+CKPT_PHASES = ("write", "commit")
 _KEYS: dict[str, set[str]] = {
     "oom": {"rank", "step", "phase", "every"},
     "oom_above": {"rank", "batch"},
@@ -45,7 +49,7 @@ _KEYS: dict[str, set[str]] = {
     "hang": {"rank", "step", "every"},
     "data_stall": {"rank", "ms", "every"},
     "ckpt_stall": {"rank", "ms"},
-    "ckpt_kill": {"rank", "step"},
+    "ckpt_kill": {"rank", "step", "phase"},
     "nan": {"rank", "step", "every"},
 }
 
@@ -90,8 +94,9 @@ def parse(spec: str) -> list[Fault]:
             params[key] = value.strip()
         for key, value in params.items():
             if key == "phase":
-                if value not in PHASES:
-                    raise ConfigError(f"{ENV}: {kind}: phase must be one of {', '.join(PHASES)}, not {value!r}")
+                allowed = CKPT_PHASES if kind == "ckpt_kill" else PHASES
+                if value not in allowed:
+                    raise ConfigError(f"{ENV}: {kind}: phase must be one of {', '.join(allowed)}, not {value!r}")
                 continue
             try:
                 float(value)
@@ -99,6 +104,8 @@ def parse(spec: str) -> list[Fault]:
                 raise ConfigError(f"{ENV}: {kind}: {key}={value!r} is not a number") from None
         if kind == "oom" and "phase" not in params:
             params["phase"] = "forward"
+        if kind == "ckpt_kill" and "phase" not in params:
+            params["phase"] = "commit"
         if kind == "oom_above" and "batch" not in params:
             raise ConfigError(f"{ENV}: oom_above needs batch=N (the largest batch that fits)")
         faults.append(Fault(kind, params, i))
@@ -230,13 +237,21 @@ class Injector:
                 time.sleep((f.num("ms", 0.0) or 0.0) / 1000)
 
     def checkpoint_write(self, step: int) -> None:
-        """`ckpt_stall` / `ckpt_kill`: called after this rank's shards are written, before the commit."""
+        """`ckpt_stall` / `ckpt_kill` (phase commit): called after the shards are written, before the commit."""
         for f in self._of("ckpt_stall"):
             time.sleep((f.num("ms", 0.0) or 0.0) / 1000)
         for f in self._of("ckpt_kill"):
-            if self._due(f, step):
+            if f.params["phase"] == "commit" and self._due(f, step):
                 self._mark(f)
                 os.kill(os.getpid(), signal.SIGKILL)
+
+    def kill_while_writing(self, step: int) -> bool:
+        """`ckpt_kill` (phase write) due at the checkpoint of `step` (marked fired now: the writer dies)."""
+        for f in self._of("ckpt_kill"):
+            if f.params["phase"] == "write" and self._due(f, step):
+                self._mark(f)
+                return True
+        return False
 
 
 def injected_oom(where: str) -> BaseException:

@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -40,6 +41,7 @@ class TrainRequest:
     probe_only: bool = False
     check: bool = True  # run the preflight first (`--no-check` skips it, and job.json records that)
     fleet_member: bool = False  # a job of a fleet: RUN/ belongs to the fleet, only RUN/JOB/ is ours
+    quiet: bool = False  # rank 0's console output discarded (it is also in logs/rank0.log): drills
     argv: list[str] = field(default_factory=list)
 
 
@@ -287,8 +289,9 @@ def launch_train(req: TrainRequest) -> TrainResult:
     env = apply_to_env(pins, env)
     (logs / "pinning.txt").write_text(pins.note + "\n", encoding="utf-8")
     argv = torchrun_argv(job_dir, nproc, req.resume, req.max_steps, restarts, req.probe_only, pins.torchrun_args)
-    proc = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, text=True,
-                            errors="replace", stdout=subprocess.PIPE if req.probe_only else None)
+    started = time.time()
+    proc = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, text=True, errors="replace",
+                            stdout=subprocess.PIPE if req.probe_only else (subprocess.DEVNULL if req.quiet else None))
     probe_out = None
     if req.probe_only:
         assert proc.stdout is not None
@@ -299,6 +302,9 @@ def launch_train(req: TrainRequest) -> TrainResult:
     except KeyboardInterrupt:
         proc.terminate()
         code = proc.wait()
+    from musubi.runtime.saver import reap_checkpoint_daemons
+
+    reap_checkpoint_daemons(job_dir)  # checkpoint processes of ranks that died (they hold our pipes)
     pump.join(timeout=5)
     err_kind, err = first_error(job_dir)
     if code == 0:
@@ -314,7 +320,8 @@ def launch_train(req: TrainRequest) -> TrainResult:
         if not summary.get("finished"):
             status = "stopped"
     history = record.get("history", [])
-    entry: dict = {"attempt": record["attempts"], "exit_code": code, "status": status, "error": err}
+    entry: dict = {"attempt": record["attempts"], "exit_code": code, "status": status, "error": err,
+                   "started": round(started, 3), "ended": round(time.time(), 3)}
     if summary_path.is_file():
         summary = read_json(summary_path)
         entry["restarts"] = summary.get("restarts", 0)
@@ -324,6 +331,16 @@ def launch_train(req: TrainRequest) -> TrainResult:
     history.append(entry)
     record.update(status=status, history=history)
     write_json(job_dir / "job.json", record)
+    if not req.probe_only:
+        from musubi.runtime.goodput import write_goodput
+
+        good = write_goodput(job_dir)  # reads the history just written
+        if good is not None:
+            # Each failure's cause (hang with its rank, OOM, the rank that died first) for the fleet.
+            entry["failures"] = [{k: f[k] for k in ("attempt", "cause", "ranks", "lost_steps")}
+                                 for f in good["failures"] if f["attempt"].startswith(f"{record['attempts']}.")]
+            entry["goodput"] = good["goodput"]
+            write_json(job_dir / "job.json", record)
     if probe_out:
         print(probe_out.strip().splitlines()[-1] if probe_out.strip() else "", flush=True)
     return TrainResult(result_code, run_dir, job_dir, err)

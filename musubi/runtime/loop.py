@@ -23,7 +23,9 @@ from musubi.runtime.memory import memory_figures
 from musubi.runtime.precision import autocast, make_scaler, resolve_precision
 from musubi.runtime.reporting import MetricsWriter, ProgressBar
 from musubi.runtime.rng import capture_rng, restore_rng, rng_template
+from musubi.runtime.saver import Checkpointer
 from musubi.runtime.schedule import lr_factor
+from musubi.runtime.watchdog import Heartbeat
 from musubi.runtime.world import World
 from musubi.runtime.wrap import eval_module, gradient_sync, needs_lockstep_eval, unwrap, wrap_model
 from musubi.tasks.base import Task
@@ -70,8 +72,10 @@ class Trainer:
     """One rank's training of one job."""
 
     def __init__(self, spec: JobSpec, task: Task, world: World, job_dir: Path, opts: RunOptions,
-                 console: Any = None, plan: BatchPlan | None = None, injector: Injector | None = None) -> None:
+                 console: Any = None, plan: BatchPlan | None = None, injector: Injector | None = None,
+                 heartbeat: Heartbeat | None = None) -> None:
         self.spec, self.task, self.world, self.job_dir, self.opts = spec, task, world, job_dir, opts
+        self.hb = heartbeat or Heartbeat()  # read by the watchdog thread (hang detection, goodput)
         self.console = console
         t = spec.train
         self.precision = resolve_precision(t.precision, world.device)
@@ -106,6 +110,10 @@ class Trainer:
         self.scaler = make_scaler(self.precision, world.device)
         self.ckpt_root = job_dir / "checkpoints"
         self.tele = open_telemetry(spec, world, job_dir, self.model, self.feed)
+        self.telemetry = job_dir / "telemetry" / f"rank{world.rank}.jsonl"
+        self.telemetry.parent.mkdir(parents=True, exist_ok=True)
+        self.checkpointer = Checkpointer(self.ckpt_root, spec.checkpoint, world, self.injector,
+                                         task.primary_metric, self.telemetry) if spec.checkpoint.enabled else None
         # Training-time randomness (dropout, augmentation on device) differs per rank.
         torch.manual_seed(t.seed * 1000 + world.rank + 1)
         self.step = 0
@@ -114,6 +122,15 @@ class Trainer:
         self.epoch = 0
         self.micro = 0  # micro-batches of the current epoch already consumed
         self.last_eval: dict[str, float] = {}
+
+    @property
+    def phase(self) -> str:
+        """Where this rank is (forward, backward, ...): the watchdog's progress signal."""
+        return self.hb.phase
+
+    @phase.setter
+    def phase(self, value: str) -> None:
+        self.hb.beat(value)
 
     # -- state ---------------------------------------------------------------
     def trainer_state(self) -> dict[str, Any]:
@@ -134,22 +151,35 @@ class Trainer:
         }
 
     def save(self) -> None:
-        """Collective checkpoint of the current state."""
-        if not self.spec.checkpoint.enabled:
+        """Collective checkpoint of the current state (asynchronous unless checkpoint.async_mode is off)."""
+        if self.checkpointer is None:
             return
         self.phase = "checkpoint"
         self.tele.section("checkpoint")
-        ckpt.save_checkpoint(self.ckpt_root, self.step, self.model, self.optimizer, self.trainer_state(),
-                             capture_rng(self.world.device), self.world, self.spec.checkpoint.keep_last,
-                             before_commit=self.injector.checkpoint_write)
+        self.checkpointer.save(self.step, self.model, self.optimizer, self.trainer_state(),
+                               capture_rng(self.world.device), metric=self.last_eval)
+
+    def flush_checkpoint_records(self, metrics: MetricsWriter | None) -> None:
+        """Finished saves (time the step was blocked, time to durable) into metrics.jsonl (rank 0)."""
+        if self.checkpointer is None:
+            return
+        for rec in self.checkpointer.drain():
+            if metrics is not None:
+                step = rec.pop("step")
+                metrics.write(step, rec, kind="checkpoint")
 
     def resume(self) -> None:
-        """Load the newest committed checkpoint (every rank reads the same one)."""
-        found = ckpt.latest_checkpoint(self.ckpt_root)
-        # Agree on the step: a rank that sees another directory listing must not load another one.
-        step = self.world.all_reduce_min(found.step if found else -1)
-        if step < 0 or found is None or found.step != step:
+        """Load the newest good committed checkpoint (every rank reads the one rank 0 verified)."""
+        # Rank 0 checks sizes and checksums, newest first, skipping damaged ones with a warning;
+        # the others take its choice and check that they see the same intact directory.
+        mine = ckpt.latest_checkpoint(self.ckpt_root, checksums=True) if self.world.is_main else None
+        step = self.world.all_reduce_max(mine.step if mine is not None else -1)
+        if step < 0:
             raise ConfigError(f"--resume: no committed checkpoint in {self.ckpt_root}; run without --resume")
+        found = mine if mine is not None else ckpt.verify(ckpt.step_dir(self.ckpt_root, step))
+        if self.world.all_reduce_min(1 if found is not None else 0) == 0 or found is None:
+            raise ConfigError(f"{ckpt.step_dir(self.ckpt_root, step)}: not intact on every rank; check that "
+                              "all ranks see the same checkpoint directory (a shared filesystem)")
         state, rank_state = ckpt.load_checkpoint(found, self.model, self.optimizer, rng_template(self.world.device),
                                                  self.world, self.signature)
         if state.get("global_batch") != self.plan.global_batch:
@@ -165,6 +195,8 @@ class Trainer:
         self.scaler.load_state_dict(state["scaler"])
         self.last_eval = state.get("last_eval", {})
         restore_rng(rank_state, self.world.device)
+        self.hb.resumed_step = self.step
+        self.hb.step = self.step
         log.info("resumed from %s: step %d, epoch %d, micro-batch %d", found.path.name, self.step, self.epoch,
                  self.micro)
 
@@ -263,6 +295,7 @@ class Trainer:
                     self.scheduler.step()
                     self.step += 1
                     self.tele.step_done(self.step)
+                    self.hb.stepped(self.step)
                     self.phase = "between steps"
                     if self.step == self.fit_start_step + 1 and self.step % t.log_every and self.step < stop:
                         # The first step warmed the kernels (cudnn autotuning, allocator, loader workers):
@@ -276,6 +309,7 @@ class Trainer:
                         t_step = time.perf_counter()
                     if self.step % t.log_every == 0 or self.step == stop:
                         # One host sync per log interval, not per step.
+                        self.phase = "log"
                         w.all_reduce_sum(loss_sum)
                         mean_loss = loss_sum.item() / (loss_n * w.size)
                         if not math.isfinite(mean_loss):
@@ -296,6 +330,7 @@ class Trainer:
                                      mean_loss, rate)
                         loss_sum.zero_()
                         loss_n, samples_log, t_log = 0, 0, now
+                        self.flush_checkpoint_records(metrics)
                     else:
                         bar.update(self.step)
                     every = self.spec.checkpoint.every_steps
@@ -315,6 +350,10 @@ class Trainer:
                     self.save()
             if stopped_early:
                 self.save()
+            self.phase = "finish"
+            if self.checkpointer is not None:
+                self.checkpointer.wait()  # the last checkpoint is durable and committed before the summary
+            self.flush_checkpoint_records(metrics)
         finally:
             bar.close()
         elapsed = time.perf_counter() - t_start
@@ -367,6 +406,7 @@ class Trainer:
     def run_eval(self, metrics: MetricsWriter | None) -> None:
         """Validate, log on rank 0, and remember the result for the checkpoint."""
         self.tele.section("eval")
+        self.phase = "eval"
         values = self.evaluate()
         if not values:
             return
@@ -379,5 +419,7 @@ class Trainer:
     def close(self) -> None:
         """Drop the wrapper before the process group goes (gloo can hang at exit otherwise)."""
         self.tele.close()
+        if self.checkpointer is not None:
+            self.checkpointer.close()
         del self.optimizer, self.scheduler
         self.model = unwrap(self.model)
