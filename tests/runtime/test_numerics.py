@@ -23,7 +23,7 @@ def test_injected_nan_rolls_back_and_finishes_in_fp32(tiny_job, tmp_path: Path, 
     # 16 steps per epoch x 2; logs every 4 steps, checkpoints every 3: the NaN of step 5 is seen at the
     # step-8 log; the step-6 checkpoint (taken after the NaN) must never be loaded.
     job = tiny_job(train={"precision": "bf16", "max_restarts": 2},
-                   checkpoint={"every_steps": 3, "keep_last": 5})
+                   checkpoint={"every_steps": 3, "keep_last": 5, "async_mode": "off"})  # deterministic commits
     monkeypatch.setenv("MUSUBI_INJECT", "nan:rank=1,step=5")
     code, out = train(str(job), "--nproc", "2", "--out", str(tmp_path / "run"), "--no-check")
     assert code == 0, out
