@@ -151,6 +151,59 @@ def _preflight(run: Path) -> str:
     return "<h2>Preflight</h2>" + _table(["status", "check", "found", "fix"], rows)
 
 
+def _checklist(run: Path) -> str:
+    """The run's checklist (RUN/checklist.json, written at the end of `musubi run`/`train`)."""
+    try:
+        data = json.loads((run / "checklist.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return ""
+    items = data.get("items") if isinstance(data, dict) else None
+    if not isinstance(items, list):
+        return ""
+    rows = []
+    for i in items:
+        if not isinstance(i, dict):
+            continue
+        status = str(i.get("status", ""))
+        cls = {"PASS": "pass", "WARN": "warn", "FAIL": "fail"}.get(status, "muted")
+        rows.append([esc(i.get("phase", "")), esc(i.get("job") or "-"), esc(i.get("check", "")),
+                     f'<span class="{cls}">{esc(status)}</span>', esc(i.get("found", ""))])
+    verdict = "met its success criteria" if data.get("ok") else "did NOT meet its success criteria"
+    return (f"<h2>Checklist</h2><p>The run {esc(verdict)}.</p>"
+            + _table(["phase", "job", "check", "status", "found"], rows))
+
+
+def _planner(job_dir: Path) -> str:
+    """The planner's prediction for this job (JOB/plan.json) beside what the job measured."""
+    from musubi.records.evidence import median_rate, train_records
+
+    try:
+        plan = json.loads((job_dir / "plan.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return ""
+    pred = plan.get("predicted") if isinstance(plan, dict) else None
+    if not isinstance(pred, dict):
+        return ""
+    records = train_records(job_dir)
+    rate = median_rate(records)
+    step = plan["global_batch"] / rate if rate and plan.get("global_batch") else None
+    peaks = [r["mem_peak_allocated_gib"] for r in records if isinstance(r.get("mem_peak_allocated_gib"), (int, float))]
+    mem_pred = (pred.get("memory_gib") or {}).get("allocated")
+    rows = []
+    if pred.get("step_time_s") is not None:
+        rows.append(["step time (ms)", esc(_num(1e3 * pred["step_time_s"], 1)), esc(_num(1e3 * step, 1) if step else "-")])
+    if mem_pred is not None:
+        rows.append(["peak memory allocated (GiB)", esc(_num(mem_pred, 2)), esc(_num(max(peaks), 2) if peaks else "-")])
+    if pred.get("mfu") is not None:
+        measured_mfu = pred["mfu"] * pred["step_time_s"] / step if step and pred.get("step_time_s") else None
+        rows.append(["MFU", esc(_num(pred["mfu"], 3)), esc(_num(measured_mfu, 3) if measured_mfu else "-")])
+    if not rows:
+        return ""
+    return ("<h3>Planner: predicted beside measured</h3>" + _table(["figure", "predicted", "measured"], rows)
+            + f'<p class="muted">layout {esc(plan.get("layout", ""))} on {esc(plan.get("gpu") or "-")}; '
+            "uncalibrated unless `musubi plan --calibrate` was used for the prediction.</p>")
+
+
 def _live_flags(tele: JobTelemetry) -> str:
     flags = [f for f in tele.flags if f.get("kind") == "straggler"]
     if not flags:
@@ -178,6 +231,8 @@ def render(run: Path, jobs: list[tuple[JobTelemetry, dict[str, Any]]], trace_nam
         hw = _hardware_table(a)
         if hw:
             parts.append("<h3>Hardware (means over the analysed steps)</h3>" + hw)
+        parts.append(_planner(run / tele.name))
+    parts.append(_checklist(run))
     parts.append(_leaderboard(run))
     parts.append(_preflight(run))
     title = esc(f"Musubi report: {run.name}")

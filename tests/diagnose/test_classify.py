@@ -81,3 +81,24 @@ def test_report_bad_input_one_line(tmp_path: Path, args: list[str]) -> None:
 def test_report_missing_run(tmp_path: Path) -> None:
     res = CliRunner().invoke(app, ["report", str(tmp_path / "nope")])
     assert res.exit_code == 2 and "no such run directory" in res.output
+
+
+def test_report_shows_the_checklist_and_the_planner_beside_measured(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    job = tmp_path / "run" / "a"
+    write_job(job)
+    (job / "plan.json").write_text(json.dumps({
+        "layout": "dp=2,zero=0,micro=8", "gpu": "H200", "global_batch": 16,
+        "predicted": {"step_time_s": 0.05, "mfu": 0.4, "memory_gib": {"allocated": 3.0}}}))
+    with open(job / "metrics.jsonl", "a") as f:
+        for i in range(3):
+            f.write(json.dumps({"kind": "train", "step": i, "samples_per_s": 400.0, "mem_peak_allocated_gib": 2.5}) + "\n")
+    (tmp_path / "run" / "checklist.json").write_text(json.dumps({"ok": False, "items": [
+        {"phase": "criteria", "job": "a", "check": "speedup", "status": "FAIL", "found": "1.2x <b>low</b>"}]}))
+    out = tmp_path / "r.html"
+    res = CliRunner().invoke(app, ["report", str(tmp_path / "run"), "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    html = out.read_text()
+    assert "<h2>Checklist</h2>" in html and "did NOT meet its success criteria" in html
+    assert "1.2x &lt;b&gt;low&lt;/b&gt;" in html  # escaped, like every string from the run
+    assert "Planner: predicted beside measured" in html and "<td>50.0</td><td>40.0</td>" in html.replace(" ", "")
