@@ -233,6 +233,31 @@ def retain(root: Path, keep_last: int, keep_best: int = 0, best_metric: str | No
     return deleted
 
 
+def save_checkpoint(
+    root: Path,
+    step: int,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    trainer_state: dict[str, Any],
+    rank_state: dict[str, torch.Tensor],
+    world: World,
+    keep_last: int,
+    metric: dict[str, float] | None = None,
+) -> Path:
+    """Collective, synchronous: every rank's shards, then rank 0's commit and retention.
+
+    The training loop saves through `saver.Checkpointer` (asynchronous by default); this is the
+    same sequence without the background part, for tools and tests that write a checkpoint.
+    """
+    d = prepare_dir(root, step, world)
+    dcp.save(save_state(model, optimizer, rank_state, world.rank), checkpoint_id=str(d))
+    if world.is_main:  # dcp.save returned after rank 0 gathered every rank's write result
+        commit(d, step, json.loads(json.dumps(trainer_state)), world.size, metric)
+        retain(root, keep_last)
+    world.barrier()
+    return d
+
+
 def load_checkpoint(
     ckpt: Committed,
     model: nn.Module,
