@@ -93,7 +93,8 @@ def run(
     fleet: Path = typer.Argument(..., help="Fleet YAML (see examples/fleet-demo.yaml)."),
     out: Path | None = typer.Option(None, "--out", help="Run directory (default runs/<time>-<name>)."),
     resume: bool = typer.Option(False, "--resume", help="Continue a fleet: skip finished jobs, resume the rest."),
-    executor: str = typer.Option("local", "--executor", help="local (this machine's GPUs)."),
+    executor: str | None = typer.Option(None, "--executor", help="local (this machine's GPUs, the default) or "
+                                        "slurm (each job a Slurm job); --resume keeps the run's own."),
     cpu_slots: int | None = typer.Option(None, "--cpu-slots", help="Without GPUs: CPU rank slots (default 2)."),
     device: str | None = typer.Option(None, "--device", help="cuda or cpu (default: cuda if a GPU is visible)."),
     no_check: bool = typer.Option(False, "--no-check", help="Skip the preflight (recorded)."),
