@@ -125,7 +125,9 @@ def format_validation_error(err: ValidationError, model: type[BaseModel], source
             t = x["msg"].removeprefix("Value error, ")
             if t not in texts:
                 texts.append(t)
-        msg = f"{field}: {' or '.join(texts)} (got {e.get('input')!r})"
+        got = repr(e.get("input"))
+        # A whole-file (model-level) problem would echo the whole file: the message names what is wrong.
+        msg = f"{field}: {' or '.join(texts)}" + (f" (got {got})" if len(got) <= 200 else "")
     more = len(errors) - len(branches)
     if more:
         msg += f" (+{more} more problem{'s' if more > 1 else ''})"

@@ -112,8 +112,8 @@ def prepare(req: TrainRequest) -> tuple[Path, Path, dict, int, str]:
     rdzv = req.rendezvous = make_rendezvous(req.nnodes, req.node_rank, req.rdzv_endpoint, req.out, spec.name,
                                             req.rdzv_id, req.iface, req.rdzv_timeout_s)
     if rdzv is not None:
-        # torchrun's own variable for the node count: the preflight's environment check reads it.
-        os.environ.setdefault("PET_NNODES", str(rdzv.nnodes))
+        # The preflight's environment check judges the variables for this many nodes.
+        os.environ["MUSUBI_NNODES"] = str(rdzv.nnodes)
     if spec.train.pin_cpus and os.environ.get("MUSUBI_CPUS"):
         from musubi.runtime.pin_plan import check_cpus_value
 

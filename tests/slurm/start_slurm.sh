@@ -80,7 +80,7 @@ MpiDefault=none
 ReturnToService=2
 # Keep ended jobs visible to scontrol for 30 min (there is no accounting database).
 MinJobAge=1800
-KillWait=5
+KillWait=2
 # The node claims $slots CPU slots on $cpus cores: small CPU test jobs run side by side.
 SlurmdParameters=config_overrides
 NodeName=$host NodeAddr=127.0.0.1 CPUs=$slots RealMemory=$mem_mib State=UNKNOWN

@@ -25,18 +25,28 @@ from tests.runtime.helpers import final_state
 FLEET = {
     "name": "sf",
     "defaults": {"task": "tests.runtime.tiny_task:make", "model": "mlp",
-                 "data": {"synthetic": {"train_size": 256, "val_size": 30}, "workers": 0},
+                 "data": {"synthetic": {"train_size": 192, "val_size": 30}, "workers": 0},
                  "train": {"epochs": 2, "batch": 8, "lr": 0.1, "base_batch": 16, "log_every": 4, "seed": 3,
                            "deterministic": True, "pin_cpus": False},
                  "checkpoint": {"every_steps": 4}, "tracking": {"tensorboard": False}},
     "leaderboard": {"quality_weight": 1.0, "fps_weight": 0.0, "export_top": 0},
     "slurm": {"poll_s": 0.5, "cpus_per_rank": 1},
     "jobs": [{"name": "wide", "gpus": 2, "priority": 5},
-             {"name": "narrow", "model_args": {"hidden": 8}, "after": ["wide"], "time_min": 30}],
+             {"name": "narrow", "model_args": {"hidden": 8}, "time_min": 30},
+             # an external job that may start only once both trained well (afterok)
+             {"name": "summary", "command": ["summary.py"], "after": ["wide", "narrow"]}],
 }
+
+SUMMARY = """
+import json, os, pathlib
+d = pathlib.Path(os.environ["MUSUBI_JOB_DIR"])
+done = [(d.parent / j / "summary.json").is_file() for j in ("wide", "narrow")]
+(d / "eval.json").write_text(json.dumps({"metrics": {"acc": 0.25 if all(done) else 0.0}, "primary_metric": "acc"}))
+"""
 
 
 def _fleet(tmp_path: Path) -> Path:
+    (tmp_path / "summary.py").write_text(SUMMARY, encoding="utf-8")
     p = tmp_path / "fleet.yaml"
     p.write_text(yaml.safe_dump(FLEET), encoding="utf-8")
     return p
@@ -91,7 +101,7 @@ def test_fleet_on_slurm_requeues_resumes_and_ranks_like_local(slurm_cluster: flo
     fleet = _fleet(tmp_path)
     # The reference: the same fleet on the local executor.
     res = CliRunner().invoke(app, ["run", str(fleet), "--out", str(tmp_path / "local"), "--device", "cpu",
-                                   "--cpu-slots", "2", "--no-check"])
+                                   "--cpu-slots", "3", "--no-check"])
     assert res.exit_code == 0, res.output
 
     out = tmp_path / "slurm"
@@ -128,14 +138,15 @@ def test_fleet_on_slurm_requeues_resumes_and_ranks_like_local(slurm_cluster: flo
         rec = _job(st["scheduler_id"])  # each job ran as a Slurm job
         assert rec["JobName"] == f"musubi.sf.{name}" and rec["JobState"] == "COMPLETED", rec
     assert _job(wide)["Restarts"] == "1"
-    # narrow waited for wide (afterok): it started only after wide ended
-    assert _job(ids["narrow"])["StartTime"] >= _job(wide)["EndTime"]
+    # the external job waited for both (afterok): it started only after they ended
+    assert _job(ids["summary"])["StartTime"] >= max(_job(ids[n])["EndTime"] for n in ("wide", "narrow"))
     log = Path(state["jobs"]["wide"]["log"]).read_text()
     assert "from the start" in log and "resuming from its newest checkpoint" in log, log
     record = json.loads((out / "wide" / "job.json").read_text())
     assert record["resume"] and record["attempts"] == 2 and record["status"] == "done"
     # exact resume: the requeued job ends with the weights of the uninterrupted local run
     for name in ("wide", "narrow"):
+        assert json.loads((out / name / "job.json").read_text())["nproc"] == {"wide": 2, "narrow": 1}[name]
         a, b = final_state(tmp_path / "local" / name), final_state(out / name)
         assert set(a) == set(b)
         for k in a:
@@ -143,3 +154,5 @@ def test_fleet_on_slurm_requeues_resumes_and_ranks_like_local(slurm_cluster: flo
     boards = [json.loads((tmp_path / d / "leaderboard.json").read_text())["rows"] for d in ("local", "slurm")]
     assert [r["job"] for r in boards[0]] == [r["job"] for r in boards[1]]
     assert [r["score"] for r in boards[0]] == [r["score"] for r in boards[1]]
+    assert {r["job"] for r in boards[1]} == {"wide", "narrow", "summary"}
+    assert next(r for r in boards[1] if r["job"] == "summary")["quality"] == 0.25
