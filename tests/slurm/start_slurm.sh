@@ -13,6 +13,8 @@ STATE=/var/spool/musubi-slurm
 LOGS=/var/log/musubi-slurm
 CONF=/etc/slurm/slurm.conf
 say() { echo "start_slurm: $*" >&2; }
+# Alive per its pid file (a minimal Debian has no pgrep).
+running() { [[ -s "$1" ]] && kill -0 "$(cat "$1")" 2>/dev/null; }
 
 node_up() {
     scontrol ping 2>/dev/null | grep -q "is UP" || return 1
@@ -44,7 +46,7 @@ if [[ ! -s /etc/munge/munge.key ]]; then
     dd if=/dev/urandom of=/etc/munge/munge.key bs=1 count=1024 status=none
 fi
 chown munge:munge /etc/munge/munge.key && chmod 0400 /etc/munge/munge.key
-if ! pgrep -u munge -x munged >/dev/null 2>&1; then
+if ! running /run/munge/munged.pid; then
     runuser -u munge -- /usr/sbin/munged
 fi
 
@@ -87,10 +89,10 @@ NodeName=$host NodeAddr=127.0.0.1 CPUs=$slots RealMemory=$mem_mib State=UNKNOWN
 PartitionName=debug Nodes=$host Default=YES MaxTime=INFINITE State=UP
 EOF
 
-if ! pgrep -x slurmctld >/dev/null 2>&1; then
+if ! running "$STATE/slurmctld.pid"; then
     /usr/sbin/slurmctld -c >>"$LOGS/start.log" 2>&1 || true
 fi
-if ! pgrep -x slurmd >/dev/null 2>&1; then
+if ! running "$STATE/slurmd.pid"; then
     /usr/sbin/slurmd >>"$LOGS/start.log" 2>&1 || true
 fi
 for _ in $(seq 1 60); do
