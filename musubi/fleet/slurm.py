@@ -254,8 +254,8 @@ class SlurmFleet:
         queued = queue_states(list(flying))
         changed = False
         for jid, st in flying.items():
-            state = queued.get(jid)
-            if state is None:
+            state, code = queued.get(jid), 0
+            if state is None or state not in IN_FLIGHT:  # gone from the queue, or shown there as ended
                 state, code = ended_state(jid)
                 if state == "UNKNOWN":  # Slurm forgot it (no accounting, past MinJobAge): the job's own marker
                     marker = self.run_dir / st.name / "logs" / f"slurm-{jid}.exit"

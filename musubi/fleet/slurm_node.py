@@ -47,11 +47,15 @@ def _train(run_dir: Path, name: str, info: dict, node_rank: int, nnodes: int, ji
     job_dir = run_dir / name
     resume = latest_checkpoint(job_dir / "checkpoints") is not None
     restart = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
-    if node_rank == 0 and not resume and job_dir.exists() and any(
-            p.name not in ("logs",) for p in job_dir.iterdir()):
+    if node_rank == 0 and not resume and job_dir.exists():
         # An earlier run of this job left files but no checkpoint: keep them, start clean beside them.
-        job_dir.rename(run_dir / f"{name}.slurm{jid}.restart{restart}")
-        (job_dir / "logs").mkdir(parents=True, exist_ok=True)
+        # logs/ stays: Slurm appends this job's output to logs/slurm-ID.log.
+        left = [p for p in job_dir.iterdir() if p.name != "logs"]
+        if left:
+            aside = run_dir / f"{name}.slurm{jid}.restart{restart}"
+            aside.mkdir(parents=True, exist_ok=True)
+            for p in left:
+                p.rename(aside / p.name)
     multi = nnodes > 1
     req = TrainRequest(job_path=Path(info["spec"]), nproc=int(info["gpus"]), out=run_dir, resume=resume,
                        device=info["device"], check=False, fleet_member=True, argv=sys.argv, nnodes=nnodes,
