@@ -8,6 +8,7 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from musubi.config.errors import ConfigError
 
@@ -17,7 +18,8 @@ err_console = Console(stderr=True, soft_wrap=True)
 
 
 def _fail(message: str, code: int) -> None:
-    err_console.print(f"[bold red]error:[/] {message}", highlight=False, markup=True)
+    # The message quotes user input (paths, names, values): escaped, so `[red]x` prints as written.
+    err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, markup=True)
     raise typer.Exit(code)
 
 
@@ -75,7 +77,7 @@ def train(
         return
     if not fleet_member and not _checklist(result.run_dir, Console()):
         _fail(f"the run did not meet its success criteria (see {result.run_dir / 'checklist.json'})", 1)
-    Console().print(f"[green]run directory:[/] {result.run_dir}", highlight=False)
+    Console().print(f"[green]run directory:[/] {escape(str(result.run_dir))}", highlight=False)
 
 
 def _checklist(run_dir: Path, console: Console) -> bool:
@@ -113,7 +115,7 @@ def run(
         _fail(f"{len(failed)} job(s) failed: {', '.join(failed)} (causes in {run_dir / 'fleet.json'})", 1)
     if not met:
         _fail(f"the fleet did not meet its success criteria (see {run_dir / 'checklist.json'})", 1)
-    Console().print(f"[green]run directory:[/] {run_dir}", highlight=False)
+    Console().print(f"[green]run directory:[/] {escape(str(run_dir))}", highlight=False)
 
 
 @app.command()

@@ -10,12 +10,27 @@ write `$MUSUBI_JOB_DIR/eval.json` (and may write `model.onnx`). No torch here.
 from __future__ import annotations
 
 import copy
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import AfterValidator, Field, field_validator, model_validator
 
-from musubi.config.job import JobSpec, StrictModel, check_safe_name
+from musubi.config.job import MAX_PATH_CHARS, JobSpec, PathStr, ShortStr, StrictModel, check_safe_name
 from musubi.config.success import SuccessSpec
+
+#: A fleet of more jobs than this is a mistake (or an attack on the scheduler).
+MAX_JOBS = 1000
+
+
+def check_arg(value: str) -> str:
+    """An argv element: no NUL (the OS would cut it there); other characters are the program's business."""
+    if "\x00" in value:
+        raise ValueError("must not contain NUL")
+    return value
+
+
+#: Environment variable names of a command job: a portable shell name.
+EnvName = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")]
+EnvValue = Annotated[str, Field(max_length=32768), AfterValidator(check_arg)]
 
 
 class Placement(StrictModel):
@@ -26,15 +41,15 @@ class Placement(StrictModel):
     nodes: int = Field(1, ge=1, le=1024, description="Nodes the job spans (one torchrun agent each, c10d "
                        "rendezvous on the first); more than 1 needs `--executor slurm`.")
     priority: int = Field(0, ge=-1000, le=1000, description="Higher runs earlier.")
-    family: str | None = Field(None, description="Jobs of one family run back to back (warm caches).")
+    family: ShortStr | None = Field(None, description="Jobs of one family run back to back (warm caches).")
     retries: int = Field(1, ge=0, le=20, description="Retries after a failure (not after a config error).")
-    memory_gib: float | None = Field(None, gt=0, description="Declared GPU memory need per GPU (GiB).")
-    after: list[str] = Field(default_factory=list, description="Jobs that must end well before this one "
+    memory_gib: float | None = Field(None, gt=0, le=1e6, description="Declared GPU memory need per GPU (GiB).")
+    after: list[ShortStr] = Field(default_factory=list, max_length=MAX_JOBS, description="Jobs that must end well before this one "
                              "starts (Slurm: --dependency=afterok).")
     cpus_per_rank: int | None = Field(None, ge=1, le=1024, description="Slurm: CPU cores per rank (default: "
                                       "slurm.cpus_per_rank).")
-    host_memory_gib: float | None = Field(None, gt=0, description="Slurm: host memory per node (--mem), GiB.")
-    time_min: int | None = Field(None, ge=1, description="Slurm: time limit in minutes (--time; default: "
+    host_memory_gib: float | None = Field(None, gt=0, le=1e6, description="Slurm: host memory per node (--mem), GiB.")
+    time_min: int | None = Field(None, ge=1, le=10**7, description="Slurm: time limit in minutes (--time; default: "
                                  "slurm.time_min).")
 
 
@@ -45,16 +60,16 @@ PLACEMENT_KEYS = frozenset(Placement.model_fields)
 class SlurmSpec(StrictModel):
     """How `musubi run --executor slurm` asks Slurm for each job."""
 
-    partition: str | None = Field(None, description="Partition (--partition); None: the cluster's default.")
-    account: str | None = Field(None, description="Account (--account).")
-    qos: str | None = Field(None, description="Quality of service (--qos).")
+    partition: ShortStr | None = Field(None, description="Partition (--partition); None: the cluster's default.")
+    account: ShortStr | None = Field(None, description="Account (--account).")
+    qos: ShortStr | None = Field(None, description="Quality of service (--qos).")
     cpus_per_rank: int = Field(4, ge=1, le=1024, description="CPU cores per rank (data loading), unless the job "
                                "says otherwise.")
-    time_min: int | None = Field(None, ge=1, description="Default time limit in minutes (None: the partition's).")
+    time_min: int | None = Field(None, ge=1, le=10**7, description="Default time limit in minutes (None: the partition's).")
     contiguous: bool = Field(False, description="Multi-node jobs on contiguous nodes (--contiguous).")
-    switches: int | None = Field(None, ge=1, description="Multi-node jobs under at most this many leaf switches "
+    switches: int | None = Field(None, ge=1, le=10**4, description="Multi-node jobs under at most this many leaf switches "
                                  "(--switches).")
-    extra: list[str] = Field(default_factory=list, description="More sbatch options, verbatim (e.g. "
+    extra: list[ShortStr] = Field(default_factory=list, max_length=64, description="More sbatch options, verbatim (e.g. "
                              "['--constraint=h100']).")
     poll_s: float = Field(10.0, gt=0, le=600, description="Seconds between squeue polls.")
 
@@ -62,10 +77,13 @@ class SlurmSpec(StrictModel):
 class CommandJob(Placement):
     """An external program with the fleet's contract (writes $MUSUBI_JOB_DIR/eval.json)."""
 
-    name: str = Field(description="Job name; becomes the job's directory name.")
-    command: list[str] = Field(min_length=1, description="argv list (never a shell string).")
-    python: str | None = Field(None, description="Interpreter (e.g. another venv's bin/python): runs `python argv...`.")
-    env: dict[str, str] = Field(default_factory=dict, description="Extra environment variables (explicit).")
+    name: str = Field(max_length=64, description="Job name; becomes the job's directory name.")
+    command: list[Annotated[str, Field(max_length=MAX_PATH_CHARS), AfterValidator(check_arg)]] = Field(
+        min_length=1, max_length=1024, description="argv list (never a shell string).")
+    python: PathStr | None = Field(None, description="Interpreter (e.g. another venv's bin/python): runs "
+                                   "`python argv...`.")
+    env: dict[EnvName, EnvValue] = Field(default_factory=dict, max_length=256,
+                                         description="Extra environment variables (explicit).")
     launch: Literal["single", "torchrun"] = Field(
         "single", description="single: one process; torchrun: `python -m torch.distributed.run` over its GPUs."
     )
@@ -119,14 +137,14 @@ class FleetSpec(StrictModel):
     """A fleet: shared defaults and the jobs (built by `config.load.load_fleet`, which merges the
     defaults under each task job and names the job in every error)."""
 
-    name: str = Field(description="Fleet name; the run directory is runs/<time>-<name>.")
+    name: str = Field(max_length=64, description="Fleet name; the run directory is runs/<time>-<name>.")
     defaults: dict[str, Any] = Field(default_factory=dict, description="Merged under every task job.")
     leaderboard: LeaderboardSpec = Field(default_factory=LeaderboardSpec, description="Ranking and export.")
     success: SuccessSpec = Field(default_factory=SuccessSpec, description="Success criteria over the whole "
                                  "fleet, checked at the end (RUN/checklist.json, exit code).")
     machine: MachineSpec = Field(default_factory=MachineSpec, description="Topology and CPU pinning.")
     slurm: SlurmSpec = Field(default_factory=SlurmSpec, description="Resources and polling of `--executor slurm`.")
-    jobs: list[TaskJob | CommandJob] = Field(min_length=1, description="The jobs.")
+    jobs: list[TaskJob | CommandJob] = Field(min_length=1, max_length=MAX_JOBS, description="The jobs.")
 
     @field_validator("name")
     @classmethod

@@ -10,24 +10,45 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from musubi.config.success import SuccessSpec
 
 #: Job and run names become directory names: a safe alphabet, no path tricks.
 SAFE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
-ScalarArg = Annotated[str | int | float | bool | None, Field()]
+#: Bounds of hostile or mistaken input: a path, a free-text value, a model argument's text.
+MAX_PATH_CHARS = 4096
+MAX_TEXT_CHARS = 256
+#: Seeds, step counts and sizes above this are mistakes (and overflow torch's 64-bit seeds).
+MAX_COUNT = 2**62
+
+
+def check_text(value: str) -> str:
+    """Refuse NUL and other control characters (they truncate paths in C and rewrite terminals)."""
+    if any(ord(c) < 32 and c not in "\t" or ord(c) == 127 for c in value):
+        raise ValueError("must not contain NUL or control characters")
+    return value
+
+
+#: A file or directory path from the config: bounded, no NUL/control characters.
+PathStr = Annotated[str, Field(min_length=1, max_length=MAX_PATH_CHARS), AfterValidator(check_text)]
+#: A short free-text value (model name, family): bounded, no control characters.
+ShortStr = Annotated[str, Field(min_length=1, max_length=MAX_TEXT_CHARS), AfterValidator(check_text)]
+ScalarArg = Annotated[
+    Annotated[str, Field(max_length=MAX_TEXT_CHARS), AfterValidator(check_text)] | int | float | bool | None,
+    Field(),
+]
 
 
 class StrictModel(BaseModel):
-    """Base: unknown keys are refused (with a suggestion), types are strict."""
+    """Base: unknown keys are refused (with a suggestion); NaN and infinity are refused."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 def check_safe_name(value: str) -> str:
-    """Refuse names that could escape a run directory or break a shell."""
+    """Refuse names that could escape a run directory or break a shell (`../x`, `/etc`, NUL, 65+ chars)."""
     if not SAFE_NAME_RE.fullmatch(value) or value in {".", ".."} or ".." in value:
         raise ValueError(
             "must be 1-64 characters of letters, digits, '.', '_' or '-', starting with a letter or digit"
@@ -45,8 +66,8 @@ class SyntheticSpec(StrictModel):
     )
     num_classes: int = Field(10, ge=1, le=100_000, description="Classes (classification, detection).")
     objects: int = Field(4, ge=1, le=512, description="Detection: objects per image.")
-    min_object: int = Field(8, ge=2, description="Detection: smallest object side in pixels.")
-    max_object: int = Field(48, ge=2, description="Detection: largest object side in pixels.")
+    min_object: int = Field(8, ge=2, le=8192, description="Detection: smallest object side in pixels.")
+    max_object: int = Field(48, ge=2, le=8192, description="Detection: largest object side in pixels.")
     seq_len: int = Field(128, ge=2, le=1_048_576, description="LM: tokens per sample.")
     vocab: int = Field(256, ge=2, le=1_000_000, description="LM: vocabulary size.")
     on_device: bool = Field(
@@ -54,7 +75,7 @@ class SyntheticSpec(StrictModel):
         description="Generate a pool of batches once, directly on the rank's device, and cycle it "
         "(no data loader): for benchmarks that must measure the step, not the input pipeline.",
     )
-    seed: int = Field(0, ge=0, description="Seed of the generator; the same seed gives the same data.")
+    seed: int = Field(0, ge=0, le=MAX_COUNT, description="Seed of the generator; the same seed gives the same data.")
 
     @model_validator(mode="after")
     def _object_range(self) -> SyntheticSpec:
@@ -66,8 +87,8 @@ class SyntheticSpec(StrictModel):
 class DataSplit(StrictModel):
     """One split on disk: an image folder, a COCO image folder + annotation file, or a text file."""
 
-    path: str = Field(description="Image-folder root, COCO image directory, or (lm) a UTF-8 text file.")
-    annotations: str | None = Field(None, description="Detection: COCO annotation JSON for this split.")
+    path: PathStr = Field(description="Image-folder root, COCO image directory, or (lm) a UTF-8 text file.")
+    annotations: PathStr | None = Field(None, description="Detection: COCO annotation JSON for this split.")
 
 
 class DataSpec(StrictModel):
@@ -80,6 +101,10 @@ class DataSpec(StrictModel):
         None, ge=16, le=8192, description="Resize on-disk images to this side (classification, detection)."
     )
     seq_len: int = Field(128, ge=2, le=1_048_576, description="LM text files: tokens per sample.")
+    max_image_pixels: int | None = Field(
+        None, ge=1, le=2**40, description="Refuse on-disk images with more pixels than this (decompression "
+        "bombs), read from the header before decoding; default PIL's limit (89,478,485)."
+    )
     workers: Annotated[int, Field(ge=0, le=64)] | Literal["auto"] = Field(
         2, description="Data-loader worker processes per rank, or `auto`: the rank's pinned cores minus one "
         "(at most 16; see train.pin_cpus).")
@@ -99,7 +124,7 @@ class TrainSpec(StrictModel):
 
     epochs: int = Field(1, ge=1, le=100_000, description="Passes over the training set.")
     max_steps: int | None = Field(
-        None, ge=1, description="Stop after this many optimizer steps (across epochs), if given."
+        None, ge=1, le=MAX_COUNT, description="Stop after this many optimizer steps (across epochs), if given."
     )
     batch: int | Literal["auto"] = Field(
         16,
@@ -109,6 +134,7 @@ class TrainSpec(StrictModel):
     global_batch: int | None = Field(
         None,
         ge=1,
+        le=1_000_000_000,
         description="If set, the per-rank batch is derived: global_batch / (world x accumulation), "
         "which must divide exactly.",
     )
@@ -116,16 +142,16 @@ class TrainSpec(StrictModel):
     optimizer: Literal["sgd", "adamw"] = Field("sgd", description="Optimizer.")
     lr: float = Field(0.01, gt=0, le=10, description="Learning rate at `base_batch` global samples.")
     base_batch: int = Field(
-        64, ge=1, description="The global batch `lr` was tuned for; the LR rule scales from it."
+        64, ge=1, le=1_000_000_000, description="The global batch `lr` was tuned for; the LR rule scales from it."
     )
     lr_rule: Literal["linear", "sqrt", "none"] = Field(
         "linear", description="How the LR follows the global batch: lr x (G/base)^1, ^0.5 or unchanged."
     )
-    warmup_steps: int = Field(0, ge=0, description="Linear LR warmup, in optimizer steps.")
+    warmup_steps: int = Field(0, ge=0, le=MAX_COUNT, description="Linear LR warmup, in optimizer steps.")
     schedule: Literal["cosine", "constant"] = Field("cosine", description="LR after warmup.")
     momentum: float = Field(0.9, ge=0, lt=1, description="SGD momentum (AdamW: beta1).")
     weight_decay: float = Field(1e-4, ge=0, le=1, description="Weight decay.")
-    grad_clip: float | None = Field(None, gt=0, description="Clip the global gradient norm to this value.")
+    grad_clip: float | None = Field(None, gt=0, le=1e6, description="Clip the global gradient norm to this value.")
     precision: Literal["auto", "bf16", "fp16", "fp32"] = Field(
         "auto",
         description="Autocast dtype: bf16, fp16 (with a gradient scaler) or fp32. `auto`: bf16 on GPU, "
@@ -135,13 +161,13 @@ class TrainSpec(StrictModel):
         "ddp", description="ddp: replicate; fsdp: shard parameters, grads and optimizer state (FSDP2)."
     )
     channels_last: bool = Field(False, description="Use channels-last memory format for image models.")
-    seed: int = Field(0, ge=0, description="Seed of model init and sampling.")
+    seed: int = Field(0, ge=0, le=MAX_COUNT, description="Seed of model init and sampling.")
     deterministic: bool = Field(
         False,
         description="Deterministic kernels; a run stopped and resumed gives bitwise the same weights.",
     )
-    log_every: int = Field(10, ge=1, description="Log scalars every N optimizer steps.")
-    eval_every: int = Field(1, ge=1, description="Validate every N epochs (and at the end).")
+    log_every: int = Field(10, ge=1, le=MAX_COUNT, description="Log scalars every N optimizer steps.")
+    eval_every: int = Field(1, ge=1, le=MAX_COUNT, description="Validate every N epochs (and at the end).")
     timeout_s: int = Field(600, ge=10, le=86_400, description="Timeout of collectives, in seconds.")
     headroom: float = Field(
         0.10, ge=0.0, lt=0.9, description="`batch: auto`: fraction of GPU memory left free by the probed batch."
@@ -151,7 +177,7 @@ class TrainSpec(StrictModel):
         description="After an out-of-memory error: halve the micro-batch and double accumulation (same "
         "optimizer batch and LR), or halve the global batch and rescale the LR by `lr_rule`.",
     )
-    min_batch: int = Field(4, ge=1, description="OOM recovery never goes below this per-rank micro-batch.")
+    min_batch: int = Field(4, ge=1, le=1_000_000, description="OOM recovery never goes below this per-rank micro-batch.")
     pin_cpus: bool = Field(
         True,
         description="Pin each rank and its data-loader workers to CPU cores of its own, nearest its GPU "
@@ -182,7 +208,7 @@ class CheckpointSpec(StrictModel):
     """When checkpoints are written and how many are kept."""
 
     every_steps: int | None = Field(
-        None, ge=1, description="Checkpoint every N optimizer steps; None: at the end of each epoch."
+        None, ge=1, le=MAX_COUNT, description="Checkpoint every N optimizer steps; None: at the end of each epoch."
     )
     keep_last: int = Field(3, ge=1, le=1000, description="Committed checkpoints kept (older ones deleted).")
     enabled: bool = Field(True, description="Write checkpoints at all.")
@@ -203,15 +229,16 @@ class TrackingSpec(StrictModel):
 class JobSpec(StrictModel):
     """One training job: a task (model + data + loss + metric) and how to train it."""
 
-    name: str = Field(description="Job name; becomes the job's directory name.")
+    name: str = Field(max_length=64, description="Job name; becomes the job's directory name.")
     task: str = Field(
+        max_length=MAX_TEXT_CHARS,
         description="classification, detection, lm, or a user task as `module:function`."
     )
-    model: str = Field(description="Model name within the task (e.g. resnet50, fcos_resnet50_fpn, gpt).")
-    model_args: dict[str, ScalarArg] = Field(
-        default_factory=dict, description="Keyword arguments for the model constructor."
+    model: ShortStr = Field(description="Model name within the task (e.g. resnet50, fcos_resnet50_fpn, gpt).")
+    model_args: dict[Annotated[str, Field(max_length=64)], ScalarArg] = Field(
+        default_factory=dict, max_length=64, description="Keyword arguments for the model constructor."
     )
-    weights: str | None = Field(None, description="Local weights file to start from (nothing is downloaded).")
+    weights: PathStr | None = Field(None, description="Local weights file to start from (nothing is downloaded).")
     data: DataSpec = Field(description="Data source.")
     train: TrainSpec = Field(default_factory=TrainSpec, description="Optimisation.")
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec, description="Checkpointing.")

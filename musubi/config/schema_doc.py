@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal, get_args, get_origin
+from types import UnionType
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
@@ -13,6 +14,12 @@ from musubi.config.job import JobSpec
 def _type_name(ann: Any) -> str:
     if get_origin(ann) is Literal:
         return " | ".join(str(a) for a in get_args(ann))
+    if get_origin(ann) is Annotated:  # a bounded str (PathStr): its base type
+        return _type_name(get_args(ann)[0])
+    if get_origin(ann) in (Union, UnionType):
+        return " | ".join(_type_name(a) for a in get_args(ann))
+    if ann is type(None):
+        return "None"
     text = getattr(ann, "__name__", None) or str(ann)
     return text.replace("typing.", "").replace("musubi.config.job.", "")
 

@@ -32,4 +32,5 @@ class SuccessSpec(BaseModel):
         "on the same machine (median samples/s).")
     baseline_steps: int = Field(
         0, ge=0, le=10000, description="Measure each distributed job's single-GPU baseline over this many steps "
-        "before the fleet (0: no baseline, speedup criteria not measured). Cached per job and machine.")
+        "before the fleet (0: no baseline, speedup criteria not measured; the later half of the steps counts, so "
+        "give 50 or more on GPUs). Cached per job and machine.")

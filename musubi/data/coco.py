@@ -9,7 +9,6 @@ degenerate boxes dropped; both are counted in `stats` and logged once.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -25,13 +24,14 @@ from torch.utils.data import Dataset
 from torchvision.transforms.functional import pil_to_tensor
 
 from musubi.config.errors import ConfigError
+from musubi.data import guards
 
 log = logging.getLogger(__name__)
 
 #: Largest annotation file read (bytes); COCO train2017 is ~0.45 GiB.
 MAX_ANNOTATION_BYTES = 2 * 1024**3
 #: Pixel limit used when PIL's own decompression-bomb limit has been switched off (PIL's default).
-DEFAULT_MAX_IMAGE_PIXELS = 89_478_485
+DEFAULT_MAX_IMAGE_PIXELS = guards.DEFAULT_MAX_IMAGE_PIXELS
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,7 @@ def _fail(path: Path, problem: str, fix: str) -> ConfigError:
 
 
 def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+    return guards.is_id(value)  # an int64: ids become tensors
 
 
 def _is_number(value: Any) -> bool:
@@ -79,22 +79,7 @@ def read_annotation_json(ann_path: Path) -> dict[str, Any]:
         raise _fail(
             ann_path, "annotation file not found", "fix data.*.annotations to point at a COCO JSON file"
         )
-    size = ann_path.stat().st_size
-    if size > MAX_ANNOTATION_BYTES:
-        raise _fail(
-            ann_path,
-            f"annotation file is {size / 1024**3:.1f} GiB (limit {MAX_ANNOTATION_BYTES / 1024**3:.0f} GiB)",
-            "split it into smaller annotation files",
-        )
-    try:
-        with ann_path.open("rb") as f:
-            data = json.load(f)
-    except json.JSONDecodeError as e:
-        raise _fail(
-            ann_path, f"not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})", "fix or re-export it"
-        ) from None
-    except UnicodeDecodeError:
-        raise _fail(ann_path, "not UTF-8 text", "re-export it as UTF-8 JSON") from None
+    data = guards.load_json(ann_path, MAX_ANNOTATION_BYTES, "annotation file")
     if not isinstance(data, dict):
         raise _fail(
             ann_path, "top level is not a JSON object", "give a COCO file with images/annotations/categories"
@@ -131,11 +116,13 @@ class CocoDetection(Dataset):
         image_size: int | None = None,
         category_ids: Sequence[int] | None = None,
         check_files: bool = True,
+        max_image_pixels: int | None = None,
     ) -> None:
         """Read and validate the annotations; `category_ids` fixes the label map (pass the train split's to val)."""
         self.image_dir = Path(image_dir)
         self.annotations = Path(annotations)
         self.image_size = image_size
+        self.max_image_pixels = max_image_pixels
         data = read_annotation_json(self.annotations)
         if not self.image_dir.is_dir():
             raise _fail(
@@ -244,6 +231,8 @@ class CocoDetection(Dataset):
 
     def _check_files(self) -> None:
         missing = [name for name in self._file_names if not (self.image_dir / name).is_file()]
+        for name in self._file_names if not missing else ():
+            guards.inside(self.image_dir, self.image_dir / name)  # no symlink out of the data set
         if missing:
             raise _fail(
                 self.image_dir,
@@ -256,22 +245,8 @@ class CocoDetection(Dataset):
         return len(self._image_ids)
 
     def _open(self, path: Path) -> Image.Image:
-        limit = Image.MAX_IMAGE_PIXELS or DEFAULT_MAX_IMAGE_PIXELS
-        fix = "tile the image or raise PIL.Image.MAX_IMAGE_PIXELS"
-        try:
-            with Image.open(path) as im:
-                # Checked before decoding: PIL itself only warns between 1x and 2x its limit.
-                if im.width * im.height > limit:
-                    raise _fail(
-                        path, f"image is {im.width}x{im.height} pixels, over the {limit} pixel limit", fix
-                    )
-                return im.convert("RGB")
-        except Image.DecompressionBombError:
-            raise _fail(
-                path, f"image is over the {limit} pixel limit (decompression-bomb guard)", fix
-            ) from None
-        except OSError as e:
-            raise _fail(path, f"cannot read image ({e})", "replace or remove the file") from None
+        guards.inside(self.image_dir, path)
+        return guards.open_image(path, self.max_image_pixels)
 
     def __getitem__(self, index: int) -> tuple[Tensor, dict[str, Tensor]]:
         path = self.image_dir / self._file_names[index]

@@ -89,6 +89,10 @@ def read_external_eval(path: Path) -> dict[str, Any]:
         raise ConfigError(f"{path}: not valid JSON (line {e.lineno}: {e.msg}); write it with json.dump") from None
     except UnicodeDecodeError:
         raise ConfigError(f"{path}: not UTF-8 text; write eval.json as UTF-8 JSON") from None
+    except RecursionError:  # a hostile program's output: nesting deeper than the parser's stack
+        raise ConfigError(f"{path}: JSON nested too deeply; write plain metrics with json.dump") from None
+    except ValueError as e:  # e.g. an integer of more than 4300 digits
+        raise ConfigError(f"{path}: unreadable JSON value ({' '.join(str(e).split())[:120]})") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be an object with a \"metrics\" key")
     try:

@@ -44,7 +44,7 @@ def baseline_key(job: TaskJob, steps: int, env: dict[str, Any]) -> str:
 def _spec_file(job: TaskJob, steps: int, folder: Path) -> Path:
     spec = job.spec.resolved()
     spec["train"]["max_steps"] = steps
-    spec["train"]["log_every"] = max(1, steps // 5)  # enough log records for a median after warm-up
+    spec["train"]["log_every"] = max(1, steps // 10)  # enough log records for a median of the later half
     spec["checkpoint"]["enabled"] = False
     spec.setdefault("tracking", {})["mlflow"] = False
     path = folder / ".spec" / f"{job.name}.yaml"
@@ -63,7 +63,7 @@ def _measure(job: TaskJob, steps: int, folder: Path, device: int, kind: str) -> 
         res = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
     except subprocess.TimeoutExpired:
         return {"error": f"no result after {TIMEOUT_S} s"}
-    rate = median_rate(train_records(out / job.spec.name))
+    rate = median_rate(train_records(out / job.spec.name), warmup_fraction=0.5)  # the later half: steady state
     if res.returncode != 0 or rate is None:
         tail = (res.stderr or res.stdout).strip().splitlines()[-1:] or [f"exit {res.returncode}"]
         return {"error": f"baseline failed: {tail[0][:300]}"}

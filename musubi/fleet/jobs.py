@@ -131,6 +131,10 @@ def command_launch(job: CommandJob, run_dir: Path, gpus: list[int], kind: str, b
     job_dir = run_dir / job.name
     job_dir.mkdir(parents=True, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if k in INHERITED or k.startswith(INHERITED_PREFIXES)}
+    if job.python is None and "PYTHONPATH" in os.environ:
+        # Run with Musubi's own interpreter: it sees the packages Musubi sees (found missing on the
+        # GPU machine, where musubi itself comes from PYTHONPATH). Another venv (`python:`) gets none.
+        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
     env.update(job.env)
     for k, v in gpu_env(gpus, kind, threads, cpus).items():
         if k == "CUDA_VISIBLE_DEVICES" or k not in job.env:  # the job's GPUs are not the job's to choose

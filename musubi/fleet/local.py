@@ -24,6 +24,7 @@ from typing import Any
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
+from rich.text import Text
 
 from musubi.config.errors import ConfigError
 from musubi.config.fleet import CommandJob, FleetSpec, TaskJob
@@ -70,10 +71,13 @@ def previous_best(runs_base: Path, fleet_name: str, current: Path) -> str | None
     for run in reversed(earlier):
         board = run / "leaderboard.json"
         if board.is_file():
-            rows = read_json(board)
-            rows = rows.get("rows", rows) if isinstance(rows, dict) else rows
-            if rows:
-                return rows[0].get("job") or rows[0].get("name")
+            try:
+                rows = read_json(board)
+                rows = rows.get("rows", rows) if isinstance(rows, dict) else rows
+                if rows and isinstance(rows[0], dict):
+                    return rows[0].get("job") or rows[0].get("name")
+            except (OSError, ValueError, RecursionError, TypeError, KeyError):
+                continue  # an unreadable old leaderboard only costs the ordering hint
     return None
 
 
@@ -225,7 +229,7 @@ class LocalFleet:
     # -- the live table ---------------------------------------------------------
     def table(self) -> Table:
         """Job, state, GPUs, epoch/step, samples/s, ETA."""
-        t = Table(title=f"fleet {self.spec.name}", expand=False)
+        t = Table(title=Text(f"fleet {self.spec.name}"), expand=False)
         for col in ("job", "state", "GPUs" if self.kind == "cuda" else "CPU slots", "attempt", "step", "epoch",
                     "samples/s", "ETA"):
             t.add_column(col)
@@ -244,7 +248,8 @@ class LocalFleet:
                         left = (time.time() - st.started) / rec["step"] * (summary_total - rec["step"])
                         eta = f"{left:.0f}s"
             held = ",".join(map(str, st.gpus)) if st.state in ("running", "evaluating") else "-"
-            t.add_row(name, st.state, held, str(st.attempts), step, epoch, rate, eta)
+            # Text cells: a name is never read as rich markup.
+            t.add_row(*(Text(c) for c in (name, st.state, held, str(st.attempts), step, epoch, rate, eta)))
         return t
 
 
@@ -256,8 +261,8 @@ def _last_train_record(path: Path) -> dict[str, Any] | None:
     for ln in reversed(lines):
         try:
             rec = json.loads(ln)
-        except ValueError:
+        except (ValueError, RecursionError):
             continue
-        if rec.get("kind") == "train":
+        if isinstance(rec, dict) and rec.get("kind") == "train" and isinstance(rec.get("step"), int):
             return rec
     return None

@@ -8,7 +8,9 @@ from typing import Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from musubi.plan.calibrate import load_calibrations
 from musubi.plan.catalog import get_gpu
@@ -22,7 +24,7 @@ from musubi.plan.spec import ModelSpec, load_spec, preset, with_seq
 
 
 def _fail(message: str, code: int = 2) -> None:
-    Console(stderr=True, soft_wrap=True).print(f"[bold red]error:[/] {message}", highlight=False)
+    Console(stderr=True, soft_wrap=True).print(f"[bold red]error:[/] {escape(message)}", highlight=False)
     raise typer.Exit(code)
 
 
@@ -43,7 +45,8 @@ def _comm(p: Prediction) -> str:
 
 
 def _print_one(console: Console, p: Prediction, cluster: Cluster) -> None:
-    table = Table(title=f"{p.model} on {p.n_gpus} x {p.gpu}: {p.layout}", show_header=False, title_justify="left")
+    table = Table(title=Text(f"{p.model} on {p.n_gpus} x {p.gpu}: {p.layout}"), show_header=False,
+                  title_justify="left")
     table.add_column("what")
     table.add_column("value", justify="right")
     rows = [
@@ -73,8 +76,8 @@ def _print_one(console: Console, p: Prediction, cluster: Cluster) -> None:
 
 def _print_search(console: Console, result: SearchResult, spec: ModelSpec, cluster: Cluster, batch: int) -> None:
     nodes = f"{cluster.nodes} node{'s' if cluster.nodes != 1 else ''}"
-    table = Table(title=f"{spec.name} on {cluster.n_gpus} x {cluster.gpu.name} ({nodes}), "
-                        f"global batch {batch}", title_justify="left")
+    table = Table(title=Text(f"{spec.name} on {cluster.n_gpus} x {cluster.gpu.name} ({nodes}), "
+                             f"global batch {batch}"), title_justify="left")
     for col in ("#", "layout", "step s", "MFU", "TFLOP/s", "GiB", "bubble", "comm exposed/busy s"):
         table.add_column(col, justify="left" if col in ("layout", "comm exposed/busy s") else "right")
     for i, p in enumerate(result.candidates, 1):
@@ -85,7 +88,7 @@ def _print_search(console: Console, result: SearchResult, spec: ModelSpec, clust
     if total:
         console.print(f"rejected {total} layouts ({result.evaluated} priced):", highlight=False)
         for kind, count, example in result.rejection_summary():
-            console.print(f"  {kind} x{count}: {example}", highlight=False, soft_wrap=True)
+            console.print(Text(f"  {kind} x{count}: {example}"), highlight=False, soft_wrap=True)
 
 
 def _json_search(result: SearchResult) -> dict[str, Any]:

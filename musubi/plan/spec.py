@@ -277,10 +277,20 @@ def load_spec(path: Path) -> ModelSpec:
     """Read a model spec YAML (layers, hidden, heads, kv_heads, ffn_hidden, vocab, seq, experts, ...)."""
     if not path.is_file():
         raise PlanError(f"spec file {path} does not exist")
+    from musubi.config.errors import ConfigError
+    from musubi.config.load import MAX_CONFIG_BYTES, SAFE_LOADER, check_document
+
+    if path.stat().st_size > MAX_CONFIG_BYTES:
+        raise PlanError(f"spec file {path}: larger than {MAX_CONFIG_BYTES} bytes; a model spec is a few lines")
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        raw = yaml.load(path.read_text(encoding="utf-8"), Loader=SAFE_LOADER)  # plain data only
+        check_document(raw, f"spec file {path}")
     except yaml.YAMLError as e:
         raise PlanError(f"spec file {path}: not valid YAML ({str(e).splitlines()[0]})") from None
+    except UnicodeDecodeError:
+        raise PlanError(f"spec file {path}: not UTF-8 text; save it as UTF-8") from None
+    except ConfigError as e:
+        raise PlanError(str(e)) from None
     if not isinstance(raw, dict):
         raise PlanError(f"spec file {path}: expected a mapping of fields, got {type(raw).__name__}")
     name = str(raw.pop("name", path.stem))

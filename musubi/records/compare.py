@@ -160,7 +160,7 @@ def render(report: dict[str, Any], console: Any) -> None:
     def num(v: float | None, fmt: str = ".1f") -> str:
         return "-" if v is None else format(v, fmt)
 
-    changes = Table(title=f"what changed: A={report['a']}  B={report['b']}")
+    changes = Table(title=Text(f"what changed: A={report['a']}  B={report['b']}"))  # paths: no markup
     for col in ("where", "key", "A", "B"):
         changes.add_column(col, overflow="fold")
     for c in report["env_changes"]:

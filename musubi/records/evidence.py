@@ -112,12 +112,15 @@ def train_records(job_dir: Path) -> list[dict[str, Any]]:
     return [r for r in read_jsonl(job_dir / "metrics.jsonl") if r.get("kind") == "train"]
 
 
-def median_rate(records: list[dict[str, Any]]) -> float | None:
-    """Median samples/s over the log records after warm-up (None: fewer than two records)."""
+def median_rate(records: list[dict[str, Any]], warmup_fraction: float = 0.0) -> float | None:
+    """Median samples/s over the log records after warm-up (None: fewer than two records).
+
+    Warm-up: the first record, or the first `warmup_fraction` of them if that is more (a short
+    baseline spends a large part of its steps in cudnn autotuning and allocator growth)."""
     rates = [float(r["samples_per_s"]) for r in records if isinstance(r.get("samples_per_s"), (int, float))]
     if len(rates) < WARMUP_RECORDS + 1:
         return None
-    rates = rates[WARMUP_RECORDS:]
+    rates = rates[max(WARMUP_RECORDS, int(len(rates) * warmup_fraction)):]
     return statistics.median(rates) if rates and min(rates) > 0 else None
 
 

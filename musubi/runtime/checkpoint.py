@@ -8,7 +8,8 @@ every file with its size. A directory without a valid marker, or whose files
 do not match the marker, is never loaded.
 
 Per-rank state (RNG streams) is stored under rank-specific keys (`rank3/...`)
-in the same DCP checkpoint, as tensors: nothing is unpickled on load.
+in the same DCP checkpoint, as tensors; every load goes through `safe_dcp`, so
+nothing beyond tensors, containers and DCP's own metadata classes is unpickled.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from typing import Any
 import torch
 import torch.distributed.checkpoint as dcp
 from torch import nn
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
     get_optimizer_state_dict,
@@ -35,7 +37,14 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from musubi.config.errors import ConfigError, one_line
+from musubi.config.errors import ConfigError
+from musubi.runtime.safe_dcp import (
+    SafeFileSystemReader,
+    SafeLoadPlanner,
+    describe_failure,
+    full_state,
+    outside_link,
+)
 from musubi.runtime.world import World
 
 log = logging.getLogger("musubi.checkpoint")
@@ -104,6 +113,9 @@ def verify(d: Path) -> Committed | None:
         return None
     if step != int(m.group(1)):
         log.warning("skipping %s: marker says step %s", d.name, step)
+        return None
+    if (escape := outside_link(d)) is not None:
+        log.warning("skipping %s: %s (a checkpoint is read from the job's own folder only)", d.name, escape)
         return None
     actual = _listing(d)
     for name, size in files.items():
@@ -220,10 +232,10 @@ def load_checkpoint(
         _rank_key(world.rank): rank_template,
     }
     try:
-        dcp.load(state, checkpoint_id=str(ckpt.path))
-    except Exception as e:  # DCP wraps per-rank failures in CheckpointException
+        dcp.load(state, storage_reader=SafeFileSystemReader(str(ckpt.path)), planner=SafeLoadPlanner())
+    except (Exception, CheckpointException) as e:  # DCP wraps per-rank failures in CheckpointException
         raise ConfigError(
-            f"{ckpt.path}: cannot be loaded ({one_line(e, 200)}); move it aside to resume from an earlier one"
+            f"{ckpt.path}: cannot be loaded ({describe_failure(e)}); move it aside to resume from an earlier one"
         ) from None
     set_model_state_dict(model, state["model"])
     set_optimizer_state_dict(model, optimizer, state["optim"])
@@ -233,17 +245,13 @@ def load_checkpoint(
 def read_full_state(ckpt_dir: Path) -> dict[str, Any]:
     """The whole checkpoint as one state dict on the CPU, without a process group.
 
-    Uses DCP's own converter (a torch.save file in a temporary directory), then
-    loads it with weights_only=True: nothing is unpickled beyond tensors and
-    containers.
+    Read through `safe_dcp`: the metadata with an allow-listed unpickler, tensors and
+    other entries with weights_only=True: nothing is unpickled beyond tensors and containers.
     """
-    import tempfile
-
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-
     if verify(Path(ckpt_dir)) is None:
         raise ConfigError(f"{ckpt_dir}: not a committed, intact checkpoint; pick another step directory")
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "full.pt"
-        dcp_to_torch_save(str(ckpt_dir), str(out))
-        return torch.load(out, map_location="cpu", weights_only=True)
+    try:
+        return full_state(Path(ckpt_dir))
+    except (Exception, CheckpointException) as e:  # CheckpointException is a BaseException
+        raise ConfigError(f"{ckpt_dir}: cannot be loaded ({describe_failure(e)}); pick another step directory"
+                          ) from None

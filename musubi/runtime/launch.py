@@ -19,7 +19,7 @@ from pathlib import Path
 from musubi.config.errors import ConfigError
 from musubi.config.load import load_job
 from musubi.runtime.checkpoint import latest_checkpoint
-from musubi.runtime.rendezvous import DEFAULT_JOIN_TIMEOUT_S, Rendezvous, make_rendezvous, rendezvous_error
+from musubi.runtime.multinode import DEFAULT_JOIN_TIMEOUT_S, Rendezvous, make_rendezvous, rendezvous_error
 from musubi.store.rundir import default_run_dir, env_record, read_json, run_record, write_json
 
 EXIT_OK, EXIT_FAIL, EXIT_CONFIG = 0, 1, 2
@@ -223,8 +223,15 @@ def torchrun_argv(job_dir: Path, nproc: int, resume: bool, stop_at_step: int | N
     `--max-restarts`: when a rank fails (an OOM, a crash), torchrun stops the others and
     restarts all of them (on every node); the workers resume from the newest committed checkpoint.
     """
+    from musubi.runtime.rendezvous import torchrun_module
+
+    # torchrun behind a rendezvous bound to the endpoint's address (127.0.0.1 for `--standalone`), never to
+    # every interface.
     where = rdzv.torchrun_args() if rdzv is not None else ["--standalone", "--nnodes=1"]
-    argv = [sys.executable, "-m", "torch.distributed.run", *where, f"--nproc-per-node={nproc}", f"--max-restarts={max_restarts}", "--monitor-interval=0.5",
+    argv = [sys.executable, *torchrun_module(), *where, f"--nproc-per-node={nproc}",
+            f"--max-restarts={max_restarts}", "--monitor-interval=0.5",
+            # torchrun's own files (per-attempt error records) stay in the run, not in $TMPDIR.
+            f"--log-dir={job_dir / 'logs' / 'torchelastic'}",
             *(extra or []), "-m", "musubi.runtime.worker", str(job_dir)]
     if probe_only:
         argv.append("--probe-only")
@@ -245,6 +252,9 @@ def worker_env(kind: str, nproc: int, deterministic: bool, job_dir: Path | None 
         env.update(diagnostic_env(job_dir, env))
     env["MUSUBI_DEVICE"] = kind
     env["PYTHONUNBUFFERED"] = "1"
+    from musubi.runtime.rendezvous import single_node_env
+
+    env.update(single_node_env(env))  # one node: the ranks' gloo/NCCL sockets listen on loopback only
     # Split the cores between ranks instead of letting each rank spawn one thread per core.
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
     if deterministic:
@@ -253,12 +263,15 @@ def worker_env(kind: str, nproc: int, deterministic: bool, job_dir: Path | None 
 
 
 def _tee_stderr(stream, log_path: Path) -> threading.Thread:
-    """Copy torchrun's stderr to a file; only our workers' one-line errors reach the console."""
+    """Copy torchrun's stderr to a file (secret values scrubbed); only our workers' one-line errors reach the console."""
+    from musubi.store.redact import scrub_text, secret_values
+
+    secrets = secret_values()
 
     def pump() -> None:
         with open(log_path, "a", encoding="utf-8") as f:
             for line in stream:
-                f.write(line)
+                f.write(scrub_text(line, secrets))
                 f.flush()
 
     th = threading.Thread(target=pump, daemon=True)
@@ -297,8 +310,8 @@ def launch_train(req: TrainRequest) -> TrainResult:
     pins = plan_pinning(bool(record["config"]["train"].get("pin_cpus", True)), kind, nproc, env)
     env = apply_to_env(pins, env)
     node = f"-node{rdzv.node_rank}" if rdzv is not None else ""
-    if rdzv is not None:
-        env.update(rdzv.socket_env(env))
+    if rdzv is not None:  # several nodes: the workers' sockets on the chosen interface, not loopback
+        env.update(rdzv.socket_env(os.environ))
     (logs / f"pinning{node}.txt").write_text(pins.note + "\n", encoding="utf-8")
     argv = torchrun_argv(job_dir, nproc, req.resume, req.max_steps, restarts, req.probe_only, pins.torchrun_args,
                          rdzv)

@@ -30,8 +30,12 @@ def setup_logging(world: World, logs_dir: Path) -> Console | None:
     logger.propagate = False
     for h in list(logger.handlers):
         logger.removeHandler(h)
+    from musubi.store.redact import ScrubFilter
+
+    scrub = ScrubFilter()  # a secret variable's value never reaches a log file or the console
     fh = logging.FileHandler(logs_dir / f"rank{world.rank}.log", encoding="utf-8")
     fh.setFormatter(logging.Formatter(LOG_FORMAT.format(rank=world.rank)))
+    fh.addFilter(scrub)
     logger.addHandler(fh)
     if not world.is_main:
         return None
@@ -39,6 +43,7 @@ def setup_logging(world: World, logs_dir: Path) -> Console | None:
     console = Console(file=sys.stdout, width=None if sys.stdout.isatty() else 160)
     rh = RichHandler(console=console, show_path=False, show_level=False, markup=False, log_time_format="[%X]")
     rh.setFormatter(logging.Formatter("%(message)s"))
+    rh.addFilter(scrub)
     logger.addHandler(rh)
     return console
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from musubi.config.errors import ConfigError
+from musubi.config.job import check_safe_name
 from musubi.store.db import db_path
 from musubi.store.rundir import read_json, write_json
 
@@ -164,6 +165,10 @@ def register(job_dir: Path, name: str | None = None, db: Path | None = None) -> 
     job_record = _read_optional_json(job_dir / "job.json")
     config = job_record.get("config") if isinstance(job_record.get("config"), dict) else {}
     name = name or str(config.get("name") or job_dir.name)
+    try:  # a registered name ends up in deployment manifests and file names downstream
+        check_safe_name(name)
+    except ValueError as e:
+        raise ConfigError(f"model name {name!r}: {e}; choose another --name") from None
     sha = file_sha256(model_file)
     files = [{"role": "model", "path": str(model_file), "sha256": sha, "bytes": model_file.stat().st_size}]
     if export:

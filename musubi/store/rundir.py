@@ -52,9 +52,11 @@ def git_version() -> str | None:
 
 def run_record(config: dict[str, Any], argv: list[str]) -> dict[str, Any]:
     """What was asked, by whom, when, with which musubi (run.json)."""
+    from musubi.store.redact import redact_argv, redact_tree
+
     return {
-        "config": config,
-        "argv": argv,
+        "config": redact_tree(config),  # a command job's env: may carry an API key
+        "argv": redact_argv(argv),
         "user": getpass.getuser(),
         "host": socket.gethostname(),
         "started": dt.datetime.now(dt.timezone.utc).isoformat(),
@@ -105,8 +107,10 @@ ENV_PREFIXES = ("NCCL_", "TORCH_NCCL_", "TORCH_DISTRIBUTED", "CUDA_", "OMP_", "M
 
 
 def relevant_env() -> dict[str, str]:
-    """The environment variables of this process that matter to training (names sorted)."""
-    return {k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES)}
+    """The environment variables of this process that matter to training (names sorted), secrets redacted."""
+    from musubi.store.redact import redact_env
+
+    return redact_env({k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES)})
 
 
 def topology() -> dict[str, Any]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -13,10 +14,11 @@ from torch import nn
 from torch.utils.data import Dataset
 from torchvision import transforms
 from torchvision.datasets import ImageFolder
-from torchvision.datasets.folder import find_classes
+from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, has_file_allowed_extension
 
 from musubi.config.errors import ConfigError, one_line
 from musubi.config.job import JobSpec
+from musubi.data import guards
 from musubi.data import synthetic_classification as synth
 from musubi.tasks.base import Metric, Reducer, Task
 from musubi.tasks.weights import check_weights, load_weights
@@ -91,9 +93,9 @@ def create_model(name: str, num_classes: int, model_args: dict[str, Any]) -> nn.
 class _FolderWithClasses(ImageFolder):
     """An ImageFolder using a given class list (the training split's), so labels agree across splits."""
 
-    def __init__(self, root: str, classes: list[str], transform: Any = None):
+    def __init__(self, root: str, classes: list[str], transform: Any = None, **guarded: Any):
         self._given = classes
-        super().__init__(root, transform=transform, allow_empty=True)
+        super().__init__(root, transform=transform, allow_empty=True, **guarded)
 
     def find_classes(self, directory: str | Path) -> tuple[list[str], dict[str, int]]:
         return self._given, {c: i for i, c in enumerate(self._given)}
@@ -111,8 +113,23 @@ def folder_classes(path: str) -> list[str]:
         raise ConfigError(f"data: {path}: no class folders inside; expected ROOT/CLASS/image.jpg") from None
 
 
-def image_folder(path: str, classes: list[str] | None, image_size: int) -> ImageFolder:
-    """An ImageFolder with deterministic resize + centre crop + normalise (no random augmentation)."""
+def _image_in(root: str, path: str) -> bool:
+    """An image file (by extension) of the folder; ConfigError if a symlink takes it outside the folder."""
+    if not has_file_allowed_extension(path, IMG_EXTENSIONS):
+        return False
+    guards.inside(root, path)
+    return True
+
+
+def image_folder(path: str, classes: list[str] | None, image_size: int,
+                 max_pixels: int | None = None) -> ImageFolder:
+    """An ImageFolder with deterministic resize + centre crop + normalise (no random augmentation).
+
+    Images are opened by `guards.open_image` (pixel limit from the header, one-line errors) and
+    the scan refuses any file that a symlink takes outside `path`.
+    """
+    guarded = {"loader": partial(guards.open_image, max_pixels=max_pixels),
+               "is_valid_file": partial(_image_in, path)}
     tf = transforms.Compose(
         [
             transforms.Resize(image_size),
@@ -123,8 +140,8 @@ def image_folder(path: str, classes: list[str] | None, image_size: int) -> Image
     )
     try:
         if classes is None:
-            return ImageFolder(path, transform=tf)
-        return _FolderWithClasses(path, classes, transform=tf)
+            return ImageFolder(path, transform=tf, **guarded)
+        return _FolderWithClasses(path, classes, transform=tf, **guarded)
     except FileNotFoundError as e:
         raise ConfigError(f"data: {path}: {one_line(e)}") from None
 
@@ -178,6 +195,7 @@ class ClassificationTask(Task):
     def __init__(self, spec: JobSpec) -> None:
         super().__init__(spec)
         self._classes: list[str] | None = None
+        self._max_pixels = spec.data.max_image_pixels
 
     # -- facts from the spec ----------------------------------------------
     def model_args(self) -> dict[str, Any]:
@@ -218,7 +236,7 @@ class ClassificationTask(Task):
         if data.synthetic is None:
             assert data.train is not None
             self.classes()  # a directory with class folders
-            image_folder(data.train.path, None, self.image_size())  # scans: fails on empty classes
+            image_folder(data.train.path, None, self.image_size(), self._max_pixels)  # scans: fails on empty classes
             if data.val is not None:
                 extra = sorted(set(folder_classes(data.val.path)) - set(self.classes()))
                 if extra:
@@ -226,7 +244,7 @@ class ClassificationTask(Task):
                         f"data.val: {data.val.path} has classes not in data.train: {', '.join(extra[:5])}; "
                         "the splits must share class folders"
                     )
-                if len(image_folder(data.val.path, self.classes(), self.image_size())) == 0:
+                if len(image_folder(data.val.path, self.classes(), self.image_size(), self._max_pixels)) == 0:
                     raise ConfigError(f"data.val: {data.val.path} holds no images; add some or drop data.val")
         probe = self._meta_model()
         if self.spec.weights:
@@ -258,7 +276,7 @@ class ClassificationTask(Task):
                 syn.train_size, syn.image_size, syn.num_classes, syn.seed, synth.TRAIN_STREAM
             )
         assert self.spec.data.train is not None
-        return image_folder(self.spec.data.train.path, None, self.image_size())
+        return image_folder(self.spec.data.train.path, None, self.image_size(), self._max_pixels)
 
     def val_dataset(self) -> Dataset | None:
         """Synthetic validation samples, the validation image folder, or None."""
@@ -271,7 +289,7 @@ class ClassificationTask(Task):
             )
         if self.spec.data.val is None:
             return None
-        return image_folder(self.spec.data.val.path, self.classes(), self.image_size())
+        return image_folder(self.spec.data.val.path, self.classes(), self.image_size(), self._max_pixels)
 
     def device_batch(self, batch_size: int, device: torch.device, generator: torch.Generator) -> Any:
         """Synthetic (images [B,3,S,S], labels [B]) made on `device`."""

@@ -302,7 +302,8 @@ class DetectionTask(Task):
                 f"data.{name}.annotations: detection needs a COCO annotation JSON for this split; set it"
             )
         return CocoDetection(
-            split.path, split.annotations, image_size=self.spec.data.image_size, category_ids=category_ids
+            split.path, split.annotations, image_size=self.spec.data.image_size, category_ids=category_ids,
+            max_image_pixels=self.spec.data.max_image_pixels,
         )
 
     def train_dataset(self) -> Dataset:

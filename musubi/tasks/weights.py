@@ -7,12 +7,24 @@ model is touched.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from musubi.config.errors import ConfigError, one_line
+from musubi.config.errors import ConfigError
+
+#: torch's weights_only refusal names the global it would not unpickle on this line.
+_UNSUPPORTED = re.compile(r"Unsupported global: GLOBAL ([\w.]+)|unsupported GLOBAL ([\w.]+)", re.IGNORECASE)
+
+
+def load_refusal(e: BaseException) -> str:
+    """The reason of a `torch.load(weights_only=True)` failure, in a few words (the global it refused)."""
+    m = _UNSUPPORTED.search(str(e))
+    if m:
+        return f"it would unpickle {m.group(1) or m.group(2)}, refused by weights_only loading"
+    return " ".join(str(e).split())[:160] or type(e).__name__
 
 
 def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
@@ -29,7 +41,7 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
             obj = torch.load(p, map_location="cpu", weights_only=True)  # legacy (non-zip) format
     except Exception as e:
         raise ConfigError(
-            f"weights: {p}: cannot load it safely ({one_line(e)}); save a plain state_dict"
+            f"weights: {p}: cannot load it safely ({load_refusal(e)}); save a plain state_dict"
         ) from None
     for key in ("state_dict", "model", "model_state_dict"):
         if isinstance(obj, dict) and isinstance(obj.get(key), dict):

@@ -87,6 +87,15 @@ def test_external_job_gets_an_explicit_environment(tmp_path: Path, monkeypatch) 
     assert launch.cwd == tmp_path / "run" / "ext"
 
 
+def test_pythonpath_reaches_only_jobs_run_with_musubis_interpreter(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("PYTHONPATH", "/opt/musubi")
+    (tmp_path / "prog.py").write_text("print(1)\n")
+    same = command_launch(CommandJob(name="a", command=["prog.py"]), tmp_path / "run", [0], "cuda", tmp_path)
+    other = command_launch(CommandJob(name="b", command=["prog.py"], python="/usr/bin/python3"), tmp_path / "run",
+                           [0], "cuda", tmp_path)
+    assert same.env["PYTHONPATH"] == "/opt/musubi" and "PYTHONPATH" not in other.env
+
+
 def test_live_table_reads_progress_from_metrics(tmp_path: Path) -> None:
     import io
     import json

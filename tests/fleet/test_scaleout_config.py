@@ -17,7 +17,7 @@ from tests.fleet.test_fleet_config import tiny_fleet, write
 @pytest.mark.parametrize(("jobs", "message"), [
     ([{"name": "a", "after": ["zz"]}], "after: 'zz' is no other job of this fleet"),
     ([{"name": "a", "after": ["a"]}], "after: 'a' is no other job of this fleet"),
-    ([{"name": "a", "after": ["b"]}, {"name": "b", "after": ["a"]}], "wait for each other \\(a cycle\\); break it$"),
+    ([{"name": "a", "after": ["b"]}, {"name": "b", "after": ["a"]}], "wait for each other \\(a cycle\\); break it"),
     ([{"name": "x", "command": ["true"], "nodes": 2}], "external commands run on one node"),
     ([{"name": "a", "nodes": 0}], "nodes"),
 ])

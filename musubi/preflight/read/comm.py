@@ -65,6 +65,8 @@ class CommProbe:
         self.nbytes = nbytes or (GPU_BYTES if backend == "nccl" else CPU_BYTES)
         self.dir = Path(tempfile.mkdtemp(prefix="musubi-preflight-"))
         self.out, self.log_path = self.dir / "allreduce.json", self.dir / "allreduce.log"
+        from musubi.runtime.rendezvous import single_node_env, torchrun_module
+
         self.launcher = probe_launcher(backend, os.environ)
         probe_args = ["-m", "musubi.preflight.allreduce_probe",
                       "--out", str(self.out), "--backend", backend, "--bytes", str(self.nbytes),
@@ -72,11 +74,12 @@ class CommProbe:
         if self.launcher == "single":
             argv = [sys.executable, *probe_args, "--single"]
         else:
-            argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
+            argv = [sys.executable, *torchrun_module(), "--standalone", "--nnodes=1",
                     f"--nproc-per-node={ranks}", "--max-restarts=0", *probe_args]
         env = dict(os.environ)
         env["PYTHONUNBUFFERED"] = "1"
         env.setdefault("OMP_NUM_THREADS", "1")
+        env.update(single_node_env(env))  # rendezvous and rank sockets on loopback, like a training job
         if visible_devices is not None:
             env["CUDA_VISIBLE_DEVICES"] = visible_devices
         if backend == "nccl":

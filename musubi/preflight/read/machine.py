@@ -73,7 +73,10 @@ def nodes_from_env(env: Mapping[str, str]) -> int:
 def read_env(ranks_per_node: int, nvml: NvmlReading, env: Mapping[str, str] | None = None) -> EnvReading:
     """The NCCL/CUDA/thread variables in force, the number of nodes, cores and GPU models."""
     env = os.environ if env is None else env
-    picked = {k: v for k, v in env.items() if k.startswith(ENV_PREFIXES) or k in ENV_NAMES}
+    from musubi.store.redact import redact_env
+
+    # Redacted: these readings are printed and written to preflight.json.
+    picked = redact_env({k: v for k, v in env.items() if k.startswith(ENV_PREFIXES) or k in ENV_NAMES})
     return EnvReading(
         variables=dict(sorted(picked.items())),
         nodes=nodes_from_env(env),
