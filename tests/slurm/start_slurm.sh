@@ -57,7 +57,7 @@ mem_mib=$(awk '/MemTotal/ {print int($2 / 1024 * 0.9)}' /proc/meminfo)
 cat > "$CONF" <<EOF
 # Written by musubi's tests/slurm/start_slurm.sh: one node, this machine.
 ClusterName=musubi
-SlurmctldHost=$host
+SlurmctldHost=$host(127.0.0.1)
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
