@@ -24,10 +24,13 @@ PORT_BASE, PORT_SPAN = 20000, 20000
 
 
 def first_node() -> str:
-    """The allocation's first host name (node rank 0 hosts the rendezvous)."""
+    """The address of the allocation's first node (node rank 0 hosts the rendezvous): its NodeAddr, else name."""
     nodelist = os.environ.get("SLURM_JOB_NODELIST", "")
     out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, check=True)
-    return out.stdout.split()[0]
+    name = out.stdout.split()[0]
+    node = subprocess.run(["scontrol", "show", "node", "-o", name], capture_output=True, text=True).stdout
+    fields = dict(f.split("=", 1) for f in node.split() if "=" in f)
+    return fields.get("NodeAddr") or name
 
 
 def _cpu_env(info: dict) -> None:

@@ -45,10 +45,14 @@ done = [(d.parent / j / "summary.json").is_file() for j in ("wide", "narrow")]
 """
 
 
-def _fleet(tmp_path: Path) -> Path:
+def _fleet(tmp_path: Path, wide_on_two_nodes: bool = False) -> Path:
+    """The fleet; `wide_on_two_nodes`: its 2-rank job as 2 nodes x 1 rank (the same world, the same numbers)."""
     (tmp_path / "summary.py").write_text(SUMMARY, encoding="utf-8")
-    p = tmp_path / "fleet.yaml"
-    p.write_text(yaml.safe_dump(FLEET), encoding="utf-8")
+    data = json.loads(json.dumps(FLEET))
+    if wide_on_two_nodes:
+        data["jobs"][0].update(gpus=1, nodes=2)
+    p = tmp_path / ("fleet-2n.yaml" if wide_on_two_nodes else "fleet.yaml")
+    p.write_text(yaml.safe_dump(data), encoding="utf-8")
     return p
 
 
@@ -98,6 +102,9 @@ def test_sbatch_script_asks_for_the_job(tmp_path: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(420)
 def test_fleet_on_slurm_requeues_resumes_and_ranks_like_local(slurm_cluster: float, tmp_path: Path) -> None:
+    """The fleet on the local executor, then on Slurm with its 2-rank job spread over the 2 Slurm nodes
+    (c10d rendezvous on the first): requeued mid-run, `musubi run` stopped and reattached; the same weights,
+    the same leaderboard."""
     fleet = _fleet(tmp_path)
     # The reference: the same fleet on the local executor.
     res = CliRunner().invoke(app, ["run", str(fleet), "--out", str(tmp_path / "local"), "--device", "cpu",
@@ -108,7 +115,8 @@ def test_fleet_on_slurm_requeues_resumes_and_ranks_like_local(slurm_cluster: flo
     # Slower batches (no effect on the numbers) leave time to requeue the 2-rank job mid-run.
     os.environ["MUSUBI_INJECT"] = "data_stall:ms=250"
     try:
-        first = _musubi_run(str(fleet), "--out", str(out), "--executor", "slurm", "--device", "cpu")
+        first = _musubi_run(str(fleet2n := _fleet(tmp_path, True)), "--out", str(out), "--executor", "slurm",
+                            "--device", "cpu")
     finally:
         os.environ.pop("MUSUBI_INJECT")
     ids = _wait(lambda: (out / "fleet.json").is_file() and all(
@@ -125,7 +133,7 @@ def test_fleet_on_slurm_requeues_resumes_and_ranks_like_local(slurm_cluster: flo
     # The fleet's own process goes away too; --resume reattaches instead of submitting again.
     os.killpg(first.pid, signal.SIGTERM)
     first.communicate(timeout=30)
-    second = _musubi_run(str(fleet), "--out", str(out), "--resume")
+    second = _musubi_run(str(fleet2n), "--out", str(out), "--resume")
     text = second.communicate(timeout=300)[0]
     assert second.returncode == 0, text
     assert "reattached to wide" in text and "submitted" not in text, text
@@ -137,16 +145,17 @@ def test_fleet_on_slurm_requeues_resumes_and_ranks_like_local(slurm_cluster: flo
         assert Path(st["log"]).is_file() and st["attempts"] == 1
         rec = _job(st["scheduler_id"])  # each job ran as a Slurm job
         assert rec["JobName"] == f"musubi.sf.{name}" and rec["JobState"] == "COMPLETED", rec
-    assert _job(wide)["Restarts"] == "1"
+    assert _job(wide)["Restarts"] == "1" and _job(wide)["NumNodes"] == "2"
     # the external job waited for both (afterok): it started only after they ended
     assert _job(ids["summary"])["StartTime"] >= max(_job(ids[n])["EndTime"] for n in ("wide", "narrow"))
     log = Path(state["jobs"]["wide"]["log"]).read_text()
     assert "from the start" in log and "resuming from its newest checkpoint" in log, log
+    assert "node 0/2: wide" in log and "node 1/2: wide" in log, log
     record = json.loads((out / "wide" / "job.json").read_text())
-    assert record["resume"] and record["attempts"] == 2 and record["status"] == "done"
+    assert record["resume"] and record["attempts"] == 2 and record["status"] == "done" and record["nnodes"] == 2
     # exact resume: the requeued job ends with the weights of the uninterrupted local run
     for name in ("wide", "narrow"):
-        assert json.loads((out / name / "job.json").read_text())["nproc"] == {"wide": 2, "narrow": 1}[name]
+        assert json.loads((out / name / "job.json").read_text())["nproc"] == 1  # per node
         a, b = final_state(tmp_path / "local" / name), final_state(out / name)
         assert set(a) == set(b)
         for k in a:
