@@ -6,20 +6,29 @@ PY     := $(VENV)/bin/python
 TORCH  ?= torch==2.14.1 torchvision==0.29.1
 STAMP  := $(VENV)/.musubi-installed
 
-.PHONY: demo test lint clean
+.PHONY: demo test lint clean chromium
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q $(TORCH)
-	$(PY) -m pip install -q -e '.[dev,eval,tb,mlflow]'
+	$(PY) -m pip install -q -e '.[dev,eval,tb,mlflow,report]'
 	touch $@
 
 demo: $(STAMP)
 	$(VENV)/bin/musubi run examples/fleet-demo.yaml
 
-test: $(STAMP)
+test: $(STAMP) chromium
 	$(VENV)/bin/python -m pytest -q
+
+# The report is checked in a real browser (tests/diagnose/test_report_browser.py): install
+# Chromium when it is missing and we may (root + apt); otherwise say loudly that the test will skip.
+chromium:
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
+	  { if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	      { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } || \
+	        echo "WARNING: installing Chromium failed: the report's browser test will SKIP"; \
+	    else echo "WARNING: no Chromium and no root apt-get: the report's browser test will SKIP"; fi; }
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check musubi tests bench

@@ -75,6 +75,7 @@ def train(
         _fail(f"{result.error} (logs: {result.job_dir / 'logs'})", result.code)
     if probe_only or node_rank > 0:  # node 0 reports the run
         return
+    _print_goodput(result.job_dir)
     if not fleet_member and not _checklist(result.run_dir, Console()):
         _fail(f"the run did not meet its success criteria (see {result.run_dir / 'checklist.json'})", 1)
     Console().print(f"[green]run directory:[/] {escape(str(result.run_dir))}", highlight=False)
@@ -88,6 +89,17 @@ def _checklist(run_dir: Path, console: Console) -> bool:
     write_checklist(run_dir, cl)
     render(cl, console)
     return cl.ok
+
+
+def _print_goodput(job_dir: Path) -> None:
+    """After a run that restarted: the goodput line (what the failures cost)."""
+    from musubi.runtime.goodput import goodput_line
+
+    path = job_dir / "goodput.json"
+    if path.is_file():
+        rec = json.loads(path.read_text(encoding="utf-8"))
+        if rec.get("failures"):
+            Console().print(goodput_line(rec), highlight=False)
 
 
 @app.command()
@@ -199,9 +211,12 @@ def env(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> No
 
 def _register_optional_commands() -> None:
     """Commands owned by their packages (thin wrappers live there; logic never here)."""
+    from musubi.data.command import data_app
+    from musubi.diagnose.command import report_command
     from musubi.evaluate.commands import evaluate_command, export_command, leaderboard_command, registry_app
     from musubi.plan.command import plan_command
     from musubi.preflight.command import check_command
+    from musubi.runtime.commands import drill_command, goodput_command
 
     app.command("leaderboard", help="The fleet's ranking: quality, FPS, composite score (table or --json).")(
         leaderboard_command)
@@ -211,8 +226,15 @@ def _register_optional_commands() -> None:
     app.add_typer(registry_app, name="registry", help="The model registry: list, register, promote, manifest.")
     app.command("check", help="Preflight: stack, GPUs, binding, NCCL bandwidth, disk, data, environment; "
                 "exit 1 on any FAIL.")(check_command)
+    app.add_typer(data_app, name="data", help="Data sets: check, hash (version), slice, convert, watch, synth.")
+    app.command("drill", help="Train a job under injected faults (kill, hang, ckpt_kill): success rate, exact "
+                "weights, recovery time, goodput.")(drill_command)
+    app.command("goodput", help="A job's effective training time ratio and the work lost per failure.")(
+        goodput_command)
     app.command("plan", help="Parallel layouts (TP/PP/DP/CP/EP/ZeRO): memory, step time, MFU; search or evaluate.")(
         plan_command)
+    app.command("report", help="Diagnose a run from its telemetry (label + evidence); write report.html and a "
+                "Chrome/Perfetto trace.")(report_command)
 
 
 _register_optional_commands()

@@ -91,6 +91,23 @@ class DataSplit(StrictModel):
     annotations: PathStr | None = Field(None, description="Detection: COCO annotation JSON for this split.")
 
 
+class SliceSpec(StrictModel):
+    """Cut large frames into overlapping tiles inline (detection, COCO data); see `musubi data slice`."""
+
+    tile: int = Field(640, ge=16, le=8192, description="Tile side in pixels (also the model input side).")
+    overlap: float = Field(0.2, ge=0.0, lt=1.0, description="Overlap between neighbouring tiles (fraction).")
+    min_visibility: float = Field(
+        0.5, gt=0.0, le=1.0, description="Keep a clipped box when at least this fraction of its area remains."
+    )
+    empty_ratio: float = Field(0.1, ge=0.0, le=1.0, description="Fraction of tiles without boxes kept.")
+    seed: int = Field(0, ge=0, description="Seed of the empty-tile sampling (same tiles on every rank).")
+    sliced_eval: bool = Field(
+        True,
+        description="Validate on full frames: predict on their tiles and merge with NMS, so mAP is per frame.",
+    )
+    nms_iou: float = Field(0.5, gt=0.0, le=1.0, description="IoU of the NMS that merges tile detections.")
+
+
 class DataSpec(StrictModel):
     """Where samples come from: `synthetic:` or `train:` (+ optional `val:`) on disk."""
 
@@ -105,10 +122,21 @@ class DataSpec(StrictModel):
         None, ge=1, le=2**40, description="Refuse on-disk images with more pixels than this (decompression "
         "bombs), read from the header before decoding; default PIL's limit (89,478,485)."
     )
-    workers: Annotated[int, Field(ge=0, le=64)] | Literal["auto"] = Field(
-        2, description="Data-loader worker processes per rank, or `auto`: the rank's pinned cores minus one "
-        "(at most 16; see train.pin_cpus).")
+    workers: int | Literal["auto"] = Field(
+        2, description="Data-loader worker processes per rank (0-64), or `auto`: the rank's cores (pinned, else "
+        "its share of the machine's) minus one for the training loop, at most 16 (see train.pin_cpus).")
     pin_memory: bool = Field(True, description="Pin host batches for faster copies to the GPU.")
+    prefetch: int = Field(4, ge=1, le=64, description="Batches each loader worker prepares ahead.")
+    persistent_workers: bool = Field(True, description="Keep loader workers (and their caches) between epochs.")
+    gpu_decode: bool = Field(
+        False, description="Detection, COCO JPEG files: decode on the GPU (torchvision.io.decode_jpeg on the "
+        "rank's device); workers only read the file bytes."
+    )
+    cache: Literal["off", "auto", "on"] = Field(
+        "auto", description="With slice: keep decoded tiles in shared RAM (auto: when they fit in half of the "
+        "free memory), so each frame is decoded about once per run."
+    )
+    slice: SliceSpec | None = Field(None, description="Tile large frames inline (detection, COCO data).")
 
     @model_validator(mode="after")
     def _one_source(self) -> DataSpec:
@@ -116,6 +144,15 @@ class DataSpec(StrictModel):
             raise ValueError("give either data.synthetic or data.train")
         if self.synthetic is not None and (self.train is not None or self.val is not None):
             raise ValueError("data.synthetic and data.train/val are exclusive: choose one source")
+        if isinstance(self.workers, int) and not 0 <= self.workers <= 64:
+            raise ValueError("workers must be 0..64 or auto")
+        if self.slice is not None and self.synthetic is not None:
+            raise ValueError("slice cuts frames on disk (data.train); synthetic data has no frames to cut")
+        if self.slice is not None and self.image_size is not None:
+            raise ValueError("slice cuts frames at their own resolution; unset image_size (the tile is the input)")
+        if self.gpu_decode and self.slice is not None:
+            raise ValueError("gpu_decode and slice do not combine yet; slice offline (`musubi data slice`) "
+                             "and decode the tiles on the GPU")
         return self
 
 
@@ -211,6 +248,20 @@ class CheckpointSpec(StrictModel):
         None, ge=1, le=MAX_COUNT, description="Checkpoint every N optimizer steps; None: at the end of each epoch."
     )
     keep_last: int = Field(3, ge=1, le=1000, description="Committed checkpoints kept (older ones deleted).")
+    keep_best: int = Field(
+        0, ge=0, le=1000, description="Also keep the N committed checkpoints with the best `best_metric` "
+        "(validation value at save time), whatever their age."
+    )
+    best_metric: str | None = Field(
+        None, description="Validation metric ranking `keep_best` (default: the task's primary metric)."
+    )
+    best_mode: Literal["max", "min"] = Field("max", description="Whether a larger or smaller `best_metric` is better.")
+    async_mode: Literal["auto", "process", "thread", "off"] = Field(
+        "auto",
+        description="Asynchronous save (DCP async_save): the step waits only for the copy to host memory. "
+        "auto: process-based on GPU ranks where the installed torch offers it, else thread (CPU ranks); "
+        "off: synchronous saves.",
+    )
     enabled: bool = Field(True, description="Write checkpoints at all.")
 
 
@@ -224,6 +275,30 @@ class TrackingSpec(StrictModel):
         "file store in RUN/mlruns.")
     mlflow_experiment: str | None = Field(
         None, max_length=256, description="MLflow experiment name; None: the fleet's or job's name.")
+
+
+class TelemetrySpec(StrictModel):
+    """Per-rank step spans, hardware sampling and live straggler warnings (JOB/telemetry/)."""
+
+    enabled: bool = Field(True, description="Record spans, sample GPU/CPU and watch for stragglers.")
+    sample_hz: float = Field(2.0, ge=0.1, le=10, description="NVML/psutil samples per second.")
+    straggler_threshold: float = Field(
+        0.05, gt=0, le=1,
+        description="Flag a rank whose pre-sync step time exceeds the fastest rank's by this fraction.",
+    )
+
+
+class WatchdogSpec(StrictModel):
+    """Hang detection: every rank's progress is watched by a thread outside the training loop."""
+
+    enabled: bool = Field(True, description="Watch every rank's heartbeat; on a hang dump stacks and end the "
+                          "attempt (torchrun restarts it).")
+    floor_s: float = Field(
+        120.0, ge=1, le=86_400, description="The hang timeout is never shorter than this (seconds)."
+    )
+    factor: float = Field(
+        10.0, ge=1, le=1000, description="Hang timeout = max(floor_s, factor x the slowest recent step)."
+    )
 
 
 class JobSpec(StrictModel):
@@ -245,6 +320,8 @@ class JobSpec(StrictModel):
     success: SuccessSpec = Field(default_factory=SuccessSpec, description="Success criteria the run checks "
                                  "itself against (RUN/checklist.json).")
     tracking: TrackingSpec = Field(default_factory=TrackingSpec, description="TensorBoard / MLflow logging.")
+    telemetry: TelemetrySpec = Field(default_factory=TelemetrySpec, description="Telemetry (spans, sampler).")
+    watchdog: WatchdogSpec = Field(default_factory=WatchdogSpec, description="Hang detection.")
 
     @field_validator("name")
     @classmethod

@@ -9,13 +9,17 @@ seed transfers to another.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.data import Dataset
 
 from musubi.config.errors import ConfigError
-from musubi.config.job import SyntheticSpec
+
+if TYPE_CHECKING:  # the config (pydantic) stays out of data code that runs without it (bench/, workers)
+    from musubi.config.job import SyntheticSpec
 
 #: Streams keep the train and val splits of one seed disjoint.
 TRAIN_STREAM = 0

@@ -11,23 +11,36 @@ from typing import Any
 _NOT_CONTENT = {"on_device"}
 
 
-def _hash_file(h: Any, path: Path) -> None:
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
+def split_files(data: dict[str, Any]) -> list[tuple[str, Path]] | None:
+    """(name, file) of every on-disk split (annotations and every file under an image folder); None if gone."""
+    from musubi.data.version import dataset_files
+
+    files: list[tuple[str, Path]] = []
+    for split in ("train", "val"):
+        spec = data.get(split)
+        if not isinstance(spec, dict):
+            continue
+        path = Path(str(spec.get("path")))
+        if path.is_file():
+            files.append((f"{split}/{path.name}", path))
+        elif path.is_dir():
+            files += [(f"{split}/{name}", p) for name, p in dataset_files(path)]
+        else:
+            return None
+        if spec.get("annotations"):
+            ann = Path(spec["annotations"])
+            if not ann.is_file():
+                return None
+            files.append((f"{split}.annotations/{ann.name}", ann))
+    return files
 
 
-def _hash_tree(h: Any, root: Path) -> None:
-    """Names and sizes of every file under `root` (images are not read: a re-encode is a new version anyway)."""
-    for p in sorted(q for q in root.rglob("*") if q.is_file()):
-        h.update(f"{p.relative_to(root).as_posix()}:{p.stat().st_size};".encode())
+def dataset_version(config: dict[str, Any], store: Path | None = None) -> str | None:
+    """`synthetic-<sha256>` of the synthetic spec, `data-<sha256>-<options>` of the files, or None.
 
-
-def dataset_version(config: dict[str, Any]) -> str | None:
-    """`synthetic-<sha256>` of the synthetic spec, `files-<sha256>` of annotations/text + image listings, or None.
-
-    On-disk data hashes annotation JSON and text files byte for byte and image folders by
-    relative name and size; None when the files are gone.
+    On-disk data is hashed byte for byte (annotations, text and every image, see
+    musubi.data.version; digests cached in `store`), plus the options that change
+    the samples (image_size, seq_len, slice); None when the files are gone.
     """
     data = config.get("data") or {}
     synthetic = data.get("synthetic")
@@ -36,23 +49,21 @@ def dataset_version(config: dict[str, Any]) -> str | None:
         fields["task"] = config.get("task")  # the same seed draws other samples for another task
         text = json.dumps(fields, sort_keys=True, separators=(",", ":"))
         return "synthetic-" + hashlib.sha256(text.encode()).hexdigest()[:16]
-    h = hashlib.sha256()
-    try:
-        for split in ("train", "val"):
-            spec = data.get(split)
-            if not isinstance(spec, dict):
-                continue
-            h.update(f"[{split}]".encode())
-            path = Path(str(spec.get("path")))
-            if path.is_file():
-                _hash_file(h, path)
-            elif path.is_dir():
-                _hash_tree(h, path)
-            else:
-                return None
-            if spec.get("annotations"):
-                _hash_file(h, Path(spec["annotations"]))
-    except OSError:
+    from musubi.config.errors import ConfigError
+    from musubi.data.version import hash_files
+
+    files = split_files(data)
+    if not files:
         return None
-    h.update(f"image_size={data.get('image_size')};seq_len={data.get('seq_len')}".encode())
-    return "files-" + h.hexdigest()[:16]
+    # Options that change the samples drawn from the same files are part of the version.
+    options = {k: data.get(k) for k in ("image_size", "seq_len", "slice")}
+    try:
+        digest = hash_files(files, store).version
+    except ConfigError:
+        return None
+    return digest + "-" + hashlib.sha256(json.dumps(options, sort_keys=True, default=str).encode()).hexdigest()[:6]
+
+
+def dataset_record(configs: list[dict[str, Any]], store: Path | None = None) -> dict[str, str | None]:
+    """Job name -> dataset version of each resolved job config (env.json's `datasets`)."""
+    return {str(c.get("name")): dataset_version(c, store) for c in configs if isinstance(c, dict)}

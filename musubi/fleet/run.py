@@ -19,8 +19,10 @@ from rich.console import Console
 from musubi.config.errors import ConfigError
 from musubi.config.fleet import FleetSpec, TaskJob
 from musubi.config.load import load_fleet
+from musubi.evaluate.provenance import dataset_record
 from musubi.fleet.jobs import check_command
 from musubi.fleet.local import JobState, LocalFleet
+from musubi.store.db import db_path
 from musubi.store.rundir import default_run_dir, env_record, read_json, run_record, write_json
 
 log = logging.getLogger("musubi.fleet")
@@ -117,7 +119,8 @@ def run_fleet(req: FleetRequest, console: Console | None = None) -> tuple[Path, 
                           else j.model_dump()) for j in spec.jobs]}
     if not req.resume:
         write_json(run_dir / "run.json", run_record(resolved, sys.argv))
-    write_json(run_dir / "env.json", env_record())
+    datasets = dataset_record([j.spec.resolved() for j in spec.jobs if isinstance(j, TaskJob)], db_path(run_dir))
+    write_json(run_dir / "env.json", {**env_record(), "datasets": datasets})
     if executor == "slurm":
         from musubi.fleet.slurm import SlurmFleet
 

@@ -143,3 +143,4 @@ class DataReading:
     issues: tuple[DataIssue, ...] = ()
     categories: tuple[str, ...] = ()  # COCO category names or folder classes
     seconds: float = 0.0
+    per_class: dict[str, int] = field(default_factory=dict)  # COCO: boxes per category name (crowd excluded)

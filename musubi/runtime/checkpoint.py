@@ -3,9 +3,14 @@
 Layout of one checkpoint: `checkpoints/step-000000123/` holds the DCP shards
 (`*.distcp` and `.metadata`), `state.json` (trainer state shared by all ranks:
 step, epoch, data position, scheduler and scaler) and, written last by rank 0
-once every rank's shards are on disk, `COMMITTED`: a JSON marker that lists
-every file with its size. A directory without a valid marker, or whose files
-do not match the marker, is never loaded.
+once every rank's shards are durable, `COMMITTED`: a JSON marker that lists
+every file with its size and SHA-256. A directory without a valid marker, with
+a missing or resized file, or (checked before a resume) a file whose checksum
+differs, is never loaded: the previous good one is used, with a one-line
+warning naming the one skipped.
+
+Writing is done by `saver.py` (synchronous or asynchronous); this module owns
+the format: directory names, the marker, verification, retention and loading.
 
 Per-rank state (RNG streams) is stored under rank-specific keys (`rank3/...`)
 in the same DCP checkpoint, as tensors; every load goes through `safe_dcp`, so
@@ -21,7 +26,6 @@ import os
 import re
 import shutil
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -86,6 +90,17 @@ def _listing(d: Path) -> dict[str, int]:
     return {p.name: p.stat().st_size for p in sorted(d.iterdir()) if p.is_file() and p.name != MARKER}
 
 
+def _sha256(path: Path) -> str:
+    # hashlib releases the GIL on large buffers: a background commit does not stall the training thread.
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def _skip(warn: bool, msg: str, *args: Any) -> None:
+    if warn:
+        log.warning(msg, *args)
+
+
 @dataclass(frozen=True)
 class Committed:
     """A checkpoint whose marker is valid and whose files match it."""
@@ -95,24 +110,28 @@ class Committed:
     marker: dict[str, Any]
 
 
-def verify(d: Path) -> Committed | None:
-    """The checkpoint in `d` if it is committed and intact, else None (with the reason logged)."""
+def verify(d: Path, checksums: bool = False, warn: bool = True) -> Committed | None:
+    """The checkpoint in `d` if it is committed and intact, else None (with the reason logged).
+
+    Sizes are always compared with the marker; `checksums` also re-reads every file
+    and compares its SHA-256 (done once, on the checkpoint a resume is about to load).
+    """
     m = _DIR_RE.match(d.name)
     if not m or not d.is_dir():
         return None
     marker_path = d / MARKER
     if not marker_path.is_file():
-        log.warning("skipping %s: no %s marker (a save that did not finish)", d.name, MARKER)
+        _skip(warn, "skipping %s: no %s marker (a save that did not finish)", d, MARKER)
         return None
     try:
         marker = json.loads(marker_path.read_text(encoding="utf-8"))
         files = marker["files"]
         step = int(marker["step"])
     except (ValueError, KeyError, TypeError):
-        log.warning("skipping %s: unreadable %s marker", d.name, MARKER)
+        _skip(warn, "skipping %s: unreadable %s marker", d, MARKER)
         return None
     if step != int(m.group(1)):
-        log.warning("skipping %s: marker says step %s", d.name, step)
+        _skip(warn, "skipping %s: marker says step %s", d, step)
         return None
     if (escape := outside_link(d)) is not None:
         log.warning("skipping %s: %s (a checkpoint is read from the job's own folder only)", d.name, escape)
@@ -120,89 +139,98 @@ def verify(d: Path) -> Committed | None:
     actual = _listing(d)
     for name, size in files.items():
         if actual.get(name) != size:
-            log.warning("skipping %s: %s is missing or has the wrong size (damaged checkpoint)", d.name, name)
+            _skip(warn, "skipping %s: %s is missing or has the wrong size (damaged checkpoint)", d, name)
             return None
+    if checksums:
+        for name, digest in marker.get("sha256", {}).items():
+            if _sha256(d / name) != digest:
+                _skip(warn, "skipping %s: %s fails its SHA-256 checksum (corrupted checkpoint)", d, name)
+                return None
     return Committed(d, step, marker)
 
 
-def committed_checkpoints(root: Path) -> list[Committed]:
+def committed_checkpoints(root: Path, warn: bool = True) -> list[Committed]:
     """All intact committed checkpoints under `root`, oldest first."""
     if not root.is_dir():
         return []
-    found = [verify(d) for d in sorted(root.iterdir()) if _DIR_RE.match(d.name)]
+    found = [verify(d, warn=warn) for d in sorted(root.iterdir()) if _DIR_RE.match(d.name)]
     return [c for c in found if c is not None]
 
 
-def latest_checkpoint(root: Path) -> Committed | None:
-    """The newest intact committed checkpoint, or None."""
-    found = committed_checkpoints(root)
-    return found[-1] if found else None
+def latest_checkpoint(root: Path, checksums: bool = False, warn: bool = True) -> Committed | None:
+    """The newest intact committed checkpoint, or None; damaged newer ones are skipped with a warning."""
+    if not root.is_dir():
+        return None
+    for d in sorted((d for d in root.iterdir() if _DIR_RE.match(d.name)), reverse=True):
+        found = verify(d, checksums, warn)
+        if found is not None:
+            return found
+    return None
 
 
 def _rank_key(rank: int) -> str:
     return f"rank{rank}"
 
 
-def save_checkpoint(
-    root: Path,
-    step: int,
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    trainer_state: dict[str, Any],
-    rank_state: dict[str, torch.Tensor],
-    world: World,
-    keep_last: int,
-    before_commit: Callable[[int], None] | None = None,
-) -> Path:
-    """Collective: write every rank's shards, then commit (rank 0) and apply retention."""
+def prepare_dir(root: Path, step: int, world: World) -> Path:
+    """Collective: rank 0 clears a leftover of an unfinished save of this step; all wait for it."""
     d = step_dir(root, step)
-    t0 = time.perf_counter()
     if world.is_main:
         root.mkdir(parents=True, exist_ok=True)
         if d.exists():
-            if verify(d) is not None:
-                log.info("checkpoint %s already committed", d.name)
-            # A leftover of a save that died (or the same step saved again): replace it.
+            # A leftover of a save that died (or the same step saved again after a restart): replace it.
             shutil.rmtree(d)
     world.barrier()
-    state: dict[str, Any] = {
-        "model": get_model_state_dict(model),
-        "optim": get_optimizer_state_dict(model, optimizer),
-        _rank_key(world.rank): rank_state,
-    }
-    dcp.save(state, checkpoint_id=str(d))
-    if before_commit is not None:  # fault injection: a stall or a death between shards and commit
-        before_commit(step)
-    # dcp.save returns on rank 0 after every rank's write result was gathered and
-    # .metadata written: all shards are on disk. Only then is the marker written.
-    world.barrier()
-    if world.is_main:
-        _fsync_write(d / STATE_FILE, json.dumps(trainer_state, indent=1))
-        marker = {
-            "step": step,
-            "world_size": world.size,
-            "signature": trainer_state.get("signature"),
-            "time": time.time(),
-            "files": _listing(d),
-        }
-        _fsync_write(d / MARKER, json.dumps(marker, indent=1))
-        _retain(root, keep_last)
-    world.barrier()
-    log.info("checkpoint step %d committed in %.2fs: %s", step, time.perf_counter() - t0, d)
     return d
 
 
-def _retain(root: Path, keep_last: int) -> None:
-    """Delete committed checkpoints beyond the newest `keep_last`, and older unfinished ones."""
-    committed = committed_checkpoints(root)
+def save_state(model: nn.Module, optimizer: torch.optim.Optimizer, rank_state: dict[str, torch.Tensor],
+               rank: int) -> dict[str, Any]:
+    """The DCP state dict of one rank: model, optimizer (sharded under FSDP) and this rank's own state."""
+    return {
+        "model": get_model_state_dict(model),
+        "optim": get_optimizer_state_dict(model, optimizer),
+        _rank_key(rank): rank_state,
+    }
+
+
+def commit(d: Path, step: int, trainer_state: dict[str, Any], world_size: int,
+           metric: dict[str, float] | None = None) -> None:
+    """Rank 0, once every rank's shards are durable: write state.json, then the marker (last)."""
+    _fsync_write(d / STATE_FILE, json.dumps(trainer_state, indent=1))
+    files = _listing(d)
+    marker = {
+        "step": step,
+        "world_size": world_size,
+        "signature": trainer_state.get("signature"),
+        "time": time.time(),
+        "files": files,
+        "sha256": {name: _sha256(d / name) for name in files},
+        "metric": metric or {},
+    }
+    _fsync_write(d / MARKER, json.dumps(marker, indent=1))
+
+
+def retain(root: Path, keep_last: int, keep_best: int = 0, best_metric: str | None = None,
+           best_mode: str = "max") -> list[Path]:
+    """Delete committed checkpoints beyond the newest `keep_last` and the `keep_best` best, and
+    unfinished ones older than the newest commit; return what was deleted."""
+    committed = committed_checkpoints(root, warn=False)
     keep = {c.path for c in committed[-keep_last:]}
+    if keep_best and best_metric:
+        scored = [c for c in committed if isinstance(c.marker.get("metric", {}).get(best_metric), (int, float))]
+        scored.sort(key=lambda c: c.marker["metric"][best_metric], reverse=best_mode == "max")
+        keep |= {c.path for c in scored[:keep_best]}
     newest = committed[-1].step if committed else -1
-    for d in root.iterdir():
+    deleted = []
+    for d in sorted(root.iterdir()):
         m = _DIR_RE.match(d.name)
         if not m or d in keep:
             continue
         if int(m.group(1)) < newest:
             shutil.rmtree(d, ignore_errors=True)
+            deleted.append(d)
+    return deleted
 
 
 def load_checkpoint(

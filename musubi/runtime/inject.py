@@ -11,10 +11,16 @@ Kinds and their keys (rank defaults to every rank, step to any step):
   later layers' gradients were handed to DDP, as a real OOM would.
 - `oom_above`: any forward with more than `batch` samples on that rank raises OOM (a
   simulated memory limit: the batch probe and the OOM guard see it like a real one).
-- `slow`: stretch that rank's compute by `factor` (a sleep after each step).
+- `slow`: stretch that rank's compute by `factor`: (factor - 1) x its recent step time of
+  extra work inside backward, before the gradient sync (where a slower GPU loses its time):
+  on a GPU real kernels (matrix products; a host sleep would hide in the launch queue's
+  slack), on CPU a sleep.
 - `kill`: SIGKILL the rank at `step`.   `hang`: stop the rank forever at `step`.
-- `data_stall`: delay every batch by `ms`.   `ckpt_stall`: delay each checkpoint write by `ms`.
-- `ckpt_kill`: SIGKILL rank 0 in the middle of the checkpoint of `step` (shards written, no commit).
+- `data_stall`: delay every batch by `ms` (with `every=N`: every N-th batch only).   `ckpt_stall`: delay each checkpoint write by `ms`.
+- `ckpt_kill`: SIGKILL the writer in the middle of the checkpoint of `step`. `phase=commit`
+  (default): every shard is written, the rank dies before the marker (asynchronous saves: rank 0,
+  the committer, dies in its commit thread). `phase=write`: the rank dies while writing its
+  shards, leaving a truncated file behind.
 - `nan`: make that rank's loss NaN at optimizer step `step` (the numerical guard's drill).
 
 A fault fires once per run (also across restarts) unless `every=N` makes it fire on every
@@ -33,15 +39,17 @@ from musubi.config.errors import ConfigError
 
 ENV = "MUSUBI_INJECT"
 PHASES = ("forward", "backward", "optimizer")
+SLOW_WARMUP = 3  # `slow` sizes its delay from step times after these steps
+CKPT_PHASES = ("write", "commit")
 _KEYS: dict[str, set[str]] = {
     "oom": {"rank", "step", "phase", "every"},
     "oom_above": {"rank", "batch"},
     "slow": {"rank", "factor"},
     "kill": {"rank", "step", "every"},
     "hang": {"rank", "step", "every"},
-    "data_stall": {"rank", "ms"},
+    "data_stall": {"rank", "ms", "every"},
     "ckpt_stall": {"rank", "ms"},
-    "ckpt_kill": {"rank", "step"},
+    "ckpt_kill": {"rank", "step", "phase"},
     "nan": {"rank", "step", "every"},
 }
 
@@ -86,8 +94,9 @@ def parse(spec: str) -> list[Fault]:
             params[key] = value.strip()
         for key, value in params.items():
             if key == "phase":
-                if value not in PHASES:
-                    raise ConfigError(f"{ENV}: {kind}: phase must be one of {', '.join(PHASES)}, not {value!r}")
+                allowed = CKPT_PHASES if kind == "ckpt_kill" else PHASES
+                if value not in allowed:
+                    raise ConfigError(f"{ENV}: {kind}: phase must be one of {', '.join(allowed)}, not {value!r}")
                 continue
             try:
                 float(value)
@@ -95,6 +104,8 @@ def parse(spec: str) -> list[Fault]:
                 raise ConfigError(f"{ENV}: {kind}: {key}={value!r} is not a number") from None
         if kind == "oom" and "phase" not in params:
             params["phase"] = "forward"
+        if kind == "ckpt_kill" and "phase" not in params:
+            params["phase"] = "commit"
         if kind == "oom_above" and "batch" not in params:
             raise ConfigError(f"{ENV}: oom_above needs batch=N (the largest batch that fits)")
         faults.append(Fault(kind, params, i))
@@ -108,6 +119,11 @@ class Injector:
         self.rank = rank
         self.state_dir = state_dir
         self.faults = [f for f in parse(spec or "") if f.applies_to(rank)]
+        self._slow_ref_s: float | None = None  # this rank's recent step time without the injected work
+        self._own_s: list[float] = []  # its last step times (warm-up steps left out)
+        self._slept_s = 0.0
+        self._batches = 0
+        self._matmul: tuple[object, float] | None = None  # (operand, seconds per product) on this GPU
 
     @classmethod
     def from_env(cls, rank: int, state_dir: Path | None) -> Injector:
@@ -163,9 +179,14 @@ class Injector:
         return min(limits) if limits else None
 
     def after_step(self, step: int, step_seconds: float) -> None:
-        """Slow, kill and hang faults, after optimizer step `step`."""
-        for f in self._of("slow"):
-            time.sleep(max(0.0, (f.num("factor", 1.0) or 1.0) - 1.0) * step_seconds)
+        """Slow bookkeeping, kill and hang faults, after optimizer step `step`."""
+        if self._of("slow"):
+            own = max(0.0, step_seconds - self._slept_s)
+            self._slept_s = 0.0
+            if step > SLOW_WARMUP:  # the first steps (allocator, autotuning) would inflate the reference
+                # The median of the last 5 steps: one noisy step must not make the next delay jump.
+                self._own_s = [*self._own_s[-4:], own]
+                self._slow_ref_s = sorted(self._own_s)[len(self._own_s) // 2]
         for f in self._of("kill"):
             if self._due(f, step):
                 self._mark(f)
@@ -176,19 +197,61 @@ class Injector:
                 while True:  # a rank that stops answering (the watchdog must notice)
                     time.sleep(3600)
 
+    def slow_compute(self, device: object = None) -> None:
+        """`slow`: (factor - 1) x the reference step time of extra work (called in backward)."""
+        if self._slow_ref_s is None:
+            return
+        for f in self._of("slow"):
+            pause = max(0.0, (f.num("factor", 1.0) or 1.0) - 1.0) * self._slow_ref_s
+            if getattr(device, "type", "cpu") == "cuda":
+                self._busy_gpu(pause, device)
+            else:
+                time.sleep(pause)
+            self._slept_s += pause
+
+    def _busy_gpu(self, seconds: float, device: object) -> None:
+        """Queue about `seconds` of matrix products on the current stream (calibrated once, at first use)."""
+        import torch
+
+        if self._matmul is None:
+            a = torch.randn(2048, 2048, device=device)
+            for _ in range(3):
+                torch.mm(a, a)
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(20):
+                torch.mm(a, a)
+            end.record()
+            end.synchronize()  # once per run, in a drill
+            self._matmul = (a, max(start.elapsed_time(end) / 20 / 1e3, 1e-6))
+        a, per = self._matmul
+        for _ in range(int(seconds / per)):
+            torch.mm(a, a)
+
     def data_delay(self) -> None:
         """`data_stall`: delay a batch."""
+        self._batches += 1
         for f in self._of("data_stall"):
-            time.sleep((f.num("ms", 0.0) or 0.0) / 1000)
+            every = int(f.num("every", 1) or 1)
+            if self._batches % every == 0:
+                time.sleep((f.num("ms", 0.0) or 0.0) / 1000)
 
     def checkpoint_write(self, step: int) -> None:
-        """`ckpt_stall` / `ckpt_kill`: called after this rank's shards are written, before the commit."""
+        """`ckpt_stall` / `ckpt_kill` (phase commit): called after the shards are written, before the commit."""
         for f in self._of("ckpt_stall"):
             time.sleep((f.num("ms", 0.0) or 0.0) / 1000)
         for f in self._of("ckpt_kill"):
-            if self._due(f, step):
+            if f.params["phase"] == "commit" and self._due(f, step):
                 self._mark(f)
                 os.kill(os.getpid(), signal.SIGKILL)
+
+    def kill_while_writing(self, step: int) -> bool:
+        """`ckpt_kill` (phase write) due at the checkpoint of `step` (marked fired now: the writer dies)."""
+        for f in self._of("ckpt_kill"):
+            if f.params["phase"] == "write" and self._due(f, step):
+                self._mark(f)
+                return True
+        return False
 
 
 def injected_oom(where: str) -> BaseException:

@@ -13,13 +13,16 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from musubi.config.errors import ConfigError
 from musubi.config.load import load_job
+from musubi.evaluate.provenance import dataset_record
 from musubi.runtime.checkpoint import latest_checkpoint
 from musubi.runtime.multinode import DEFAULT_JOIN_TIMEOUT_S, Rendezvous, make_rendezvous, rendezvous_error
+from musubi.store.db import db_path
 from musubi.store.rundir import default_run_dir, env_record, read_json, run_record, write_json
 
 EXIT_OK, EXIT_FAIL, EXIT_CONFIG = 0, 1, 2
@@ -39,6 +42,7 @@ class TrainRequest:
     probe_only: bool = False
     check: bool = True  # run the preflight first (`--no-check` skips it, and job.json records that)
     fleet_member: bool = False  # a job of a fleet: RUN/ belongs to the fleet, only RUN/JOB/ is ours
+    quiet: bool = False  # rank 0's console output discarded (it is also in logs/rank0.log): drills
     argv: list[str] = field(default_factory=list)
     # Multi-node (runtime/rendezvous.py): one `musubi train` per node, the same arguments on each.
     nnodes: int = 1
@@ -164,7 +168,7 @@ def prepare(req: TrainRequest) -> tuple[Path, Path, dict, int, str]:
     if not req.fleet_member:
         if not req.resume or not (run_dir / "run.json").exists():
             write_json(run_dir / "run.json", run_record({"jobs": [config]}, req.argv))
-        write_json(run_dir / "env.json", env_record())
+        write_json(run_dir / "env.json", {**env_record(), "datasets": dataset_record([config], db_path(run_dir))})
     record = {"config": config, "status": "running", "attempts": attempts, "nproc": nproc, "device": kind,
               "resume": req.resume, "nnodes": rdzv.nnodes if rdzv else 1,
               "preflight": "skipped (--no-check)" if preflight is None else
@@ -315,8 +319,9 @@ def launch_train(req: TrainRequest) -> TrainResult:
     (logs / f"pinning{node}.txt").write_text(pins.note + "\n", encoding="utf-8")
     argv = torchrun_argv(job_dir, nproc, req.resume, req.max_steps, restarts, req.probe_only, pins.torchrun_args,
                          rdzv)
-    proc = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, text=True,
-                            errors="replace", stdout=subprocess.PIPE if req.probe_only else None)
+    started = time.time()
+    proc = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, text=True, errors="replace",
+                            stdout=subprocess.PIPE if req.probe_only else (subprocess.DEVNULL if req.quiet else None))
     probe_out = None
     if req.probe_only:
         assert proc.stdout is not None
@@ -327,6 +332,9 @@ def launch_train(req: TrainRequest) -> TrainResult:
     except KeyboardInterrupt:
         proc.terminate()
         code = proc.wait()
+    from musubi.runtime.saver import reap_checkpoint_daemons
+
+    reap_checkpoint_daemons(job_dir)  # checkpoint processes of ranks that died (they hold our pipes)
     pump.join(timeout=5)
     err_kind, err = first_error(job_dir)
     if code == 0:
@@ -346,7 +354,8 @@ def launch_train(req: TrainRequest) -> TrainResult:
         if not summary.get("finished"):
             status = "stopped"
     history = record.get("history", [])
-    entry: dict = {"attempt": record["attempts"], "exit_code": code, "status": status, "error": err}
+    entry: dict = {"attempt": record["attempts"], "exit_code": code, "status": status, "error": err,
+                   "started": round(started, 3), "ended": round(time.time(), 3)}
     if summary_path.is_file():
         summary = read_json(summary_path)
         entry["restarts"] = summary.get("restarts", 0)
@@ -356,6 +365,16 @@ def launch_train(req: TrainRequest) -> TrainResult:
     history.append(entry)
     record.update(status=status, history=history)
     write_json(job_dir / "job.json", record)
+    if not req.probe_only:
+        from musubi.runtime.goodput import write_goodput
+
+        good = write_goodput(job_dir)  # reads the history just written
+        if good is not None:
+            # Each failure's cause (hang with its rank, OOM, the rank that died first) for the fleet.
+            entry["failures"] = [{k: f[k] for k in ("attempt", "cause", "ranks", "lost_steps")}
+                                 for f in good["failures"] if f["attempt"].startswith(f"{record['attempts']}.")]
+            entry["goodput"] = good["goodput"]
+            write_json(job_dir / "job.json", record)
     if probe_out:
         print(probe_out.strip().splitlines()[-1] if probe_out.strip() else "", flush=True)
     return TrainResult(result_code, run_dir, job_dir, err)

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, Dataset
 
 from musubi.config.errors import ConfigError
+from musubi.runtime.loader_plan import plan_loader
 from musubi.runtime.sampler import ResumableDistributedSampler, ShardedEvalSampler
 from musubi.runtime.world import World
 from musubi.tasks.base import Task
@@ -29,9 +30,11 @@ def channels_last(batch: Any) -> Any:
 class TrainFeed:
     """This rank's training micro-batches, epoch by epoch, resumable at any micro-batch."""
 
-    def __init__(self, task: Task, world: World, batch: int, seed: int, workers: int, pin: bool,
+    def __init__(self, task: Task, world: World, batch: int, seed: int, workers: int | str, pin: bool,
                  nhwc: bool = False) -> None:
         self.task, self.world, self.batch, self.nhwc = task, world, batch, nhwc
+        # Telemetry marks the host-to-device copy through this (the recorder's `section`; no-op by default).
+        self.section: Callable[[str], None] = lambda name: None
         spec = task.spec
         syn = spec.data.synthetic
         self.on_device = bool(syn and syn.on_device)
@@ -52,18 +55,10 @@ class TrainFeed:
             # A private generator: DataLoader would otherwise draw worker seeds from the
             # global RNG at every iter(), which a resumed run would draw at another time.
             self.generator = torch.Generator()
-            self.loader = DataLoader(
-                ds,
-                batch_size=batch,
-                sampler=self.sampler,
-                num_workers=workers,
-                collate_fn=task.collate,
-                pin_memory=pin and world.is_cuda,
-                drop_last=True,
-                persistent_workers=workers > 0,
-                generator=self.generator,
-                prefetch_factor=4 if workers > 0 else None,
-            )
+            # Workers (auto: this rank's cores), pinning, prefetch and persistence from data.* (loader_plan).
+            self.plan = plan_loader(workers, pin, spec.data.prefetch, spec.data.persistent_workers, world.is_cuda)
+            self.loader = DataLoader(ds, batch_size=batch, sampler=self.sampler, collate_fn=task.collate,
+                                     drop_last=True, generator=self.generator, **self.plan.kwargs())
             self.micro_per_epoch = len(self.sampler) // batch
             self.seed = seed
         if self.micro_per_epoch < 1:
@@ -81,6 +76,7 @@ class TrainFeed:
         self.sampler.set_position(epoch, start_micro * self.batch)
         self.generator.manual_seed(self.seed * 7919 + epoch)
         for host_batch in self.loader:
+            self.section("h2d")
             b = self.task.to_device(host_batch, self.world.device)
             yield channels_last(b) if self.nhwc else b
 
@@ -88,7 +84,7 @@ class TrainFeed:
 class ValFeed:
     """This rank's share of the validation set, without padding (no sample counted twice)."""
 
-    def __init__(self, task: Task, world: World, batch: int, workers: int, pin: bool) -> None:
+    def __init__(self, task: Task, world: World, batch: int, workers: int | str, pin: bool) -> None:
         self.task, self.world = task, world
         ds = task.val_dataset()
         self.loader: DataLoader | None = None
@@ -97,10 +93,9 @@ class ValFeed:
             return
         self.size = len(ds)  # type: ignore[arg-type]
         sampler = ShardedEvalSampler(self.size, world.size, world.rank)
-        self.loader = DataLoader(
-            ds, batch_size=batch, sampler=sampler, num_workers=workers, collate_fn=task.collate,
-            pin_memory=pin and world.is_cuda, drop_last=False,
-        )
+        plan = plan_loader(workers, pin, task.spec.data.prefetch, False, world.is_cuda)
+        self.loader = DataLoader(ds, batch_size=batch, sampler=sampler, collate_fn=task.collate, drop_last=False,
+                                 **plan.kwargs())
 
     def __bool__(self) -> bool:
         return self.loader is not None

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import random
@@ -24,10 +23,13 @@ from musubi.runtime.memory import memory_figures
 from musubi.runtime.precision import autocast, make_scaler, resolve_precision
 from musubi.runtime.reporting import MetricsWriter, ProgressBar
 from musubi.runtime.rng import capture_rng, restore_rng, rng_template
+from musubi.runtime.saver import Checkpointer
 from musubi.runtime.schedule import lr_factor
+from musubi.runtime.watchdog import Heartbeat
 from musubi.runtime.world import World
 from musubi.runtime.wrap import eval_module, gradient_sync, needs_lockstep_eval, unwrap, wrap_model
 from musubi.tasks.base import Task
+from musubi.telemetry.session import open_telemetry
 
 log = logging.getLogger("musubi.loop")
 
@@ -70,8 +72,10 @@ class Trainer:
     """One rank's training of one job."""
 
     def __init__(self, spec: JobSpec, task: Task, world: World, job_dir: Path, opts: RunOptions,
-                 console: Any = None, plan: BatchPlan | None = None, injector: Injector | None = None) -> None:
+                 console: Any = None, plan: BatchPlan | None = None, injector: Injector | None = None,
+                 heartbeat: Heartbeat | None = None) -> None:
         self.spec, self.task, self.world, self.job_dir, self.opts = spec, task, world, job_dir, opts
+        self.hb = heartbeat or Heartbeat()  # read by the watchdog thread (hang detection, goodput)
         self.console = console
         t = spec.train
         self.precision = resolve_precision(t.precision, world.device)
@@ -105,8 +109,11 @@ class Trainer:
         )
         self.scaler = make_scaler(self.precision, world.device)
         self.ckpt_root = job_dir / "checkpoints"
+        self.tele = open_telemetry(spec, world, job_dir, self.model, self.feed)
         self.telemetry = job_dir / "telemetry" / f"rank{world.rank}.jsonl"
         self.telemetry.parent.mkdir(parents=True, exist_ok=True)
+        self.checkpointer = Checkpointer(self.ckpt_root, spec.checkpoint, world, self.injector,
+                                         task.primary_metric, self.telemetry) if spec.checkpoint.enabled else None
         # Training-time randomness (dropout, augmentation on device) differs per rank.
         torch.manual_seed(t.seed * 1000 + world.rank + 1)
         self.step = 0
@@ -115,6 +122,15 @@ class Trainer:
         self.epoch = 0
         self.micro = 0  # micro-batches of the current epoch already consumed
         self.last_eval: dict[str, float] = {}
+
+    @property
+    def phase(self) -> str:
+        """Where this rank is (forward, backward, ...): the watchdog's progress signal."""
+        return self.hb.phase
+
+    @phase.setter
+    def phase(self, value: str) -> None:
+        self.hb.beat(value)
 
     # -- state ---------------------------------------------------------------
     def trainer_state(self) -> dict[str, Any]:
@@ -135,21 +151,35 @@ class Trainer:
         }
 
     def save(self) -> None:
-        """Collective checkpoint of the current state."""
-        if not self.spec.checkpoint.enabled:
+        """Collective checkpoint of the current state (asynchronous unless checkpoint.async_mode is off)."""
+        if self.checkpointer is None:
             return
         self.phase = "checkpoint"
-        ckpt.save_checkpoint(self.ckpt_root, self.step, self.model, self.optimizer, self.trainer_state(),
-                             capture_rng(self.world.device), self.world, self.spec.checkpoint.keep_last,
-                             before_commit=self.injector.checkpoint_write)
+        self.tele.section("checkpoint")
+        self.checkpointer.save(self.step, self.model, self.optimizer, self.trainer_state(),
+                               capture_rng(self.world.device), metric=self.last_eval)
+
+    def flush_checkpoint_records(self, metrics: MetricsWriter | None) -> None:
+        """Finished saves (time the step was blocked, time to durable) into metrics.jsonl (rank 0)."""
+        if self.checkpointer is None:
+            return
+        for rec in self.checkpointer.drain():
+            if metrics is not None:
+                step = rec.pop("step")
+                metrics.write(step, rec, kind="checkpoint")
 
     def resume(self) -> None:
-        """Load the newest committed checkpoint (every rank reads the same one)."""
-        found = ckpt.latest_checkpoint(self.ckpt_root)
-        # Agree on the step: a rank that sees another directory listing must not load another one.
-        step = self.world.all_reduce_min(found.step if found else -1)
-        if step < 0 or found is None or found.step != step:
+        """Load the newest good committed checkpoint (every rank reads the one rank 0 verified)."""
+        # Rank 0 checks sizes and checksums, newest first, skipping damaged ones with a warning;
+        # the others take its choice and check that they see the same intact directory.
+        mine = ckpt.latest_checkpoint(self.ckpt_root, checksums=True) if self.world.is_main else None
+        step = self.world.all_reduce_max(mine.step if mine is not None else -1)
+        if step < 0:
             raise ConfigError(f"--resume: no committed checkpoint in {self.ckpt_root}; run without --resume")
+        found = mine if mine is not None else ckpt.verify(ckpt.step_dir(self.ckpt_root, step))
+        if self.world.all_reduce_min(1 if found is not None else 0) == 0 or found is None:
+            raise ConfigError(f"{ckpt.step_dir(self.ckpt_root, step)}: not intact on every rank; check that "
+                              "all ranks see the same checkpoint directory (a shared filesystem)")
         state, rank_state = ckpt.load_checkpoint(found, self.model, self.optimizer, rng_template(self.world.device),
                                                  self.world, self.signature)
         if state.get("global_batch") != self.plan.global_batch:
@@ -165,6 +195,8 @@ class Trainer:
         self.scaler.load_state_dict(state["scaler"])
         self.last_eval = state.get("last_eval", {})
         restore_rng(rank_state, self.world.device)
+        self.hb.resumed_step = self.step
+        self.hb.step = self.step
         log.info("resumed from %s: step %d, epoch %d, micro-batch %d", found.path.name, self.step, self.epoch,
                  self.micro)
 
@@ -223,19 +255,21 @@ class Trainer:
         try:
             while self.epoch < t.epochs and self.step < stop:
                 usable = self.steps_per_epoch * plan.accumulation
-                for batch in self.feed.epoch(self.epoch, self.micro):
+                for batch in self.tele.timed(self.feed.epoch(self.epoch, self.micro)):
                     if self.micro >= usable:
                         break  # leftover micro-batches that do not fill an optimizer step
                     sync = (self.micro + 1) % plan.accumulation == 0
                     self.phase = "forward"
                     if self.injector:
                         self._inject_before_forward(batch)
+                    self.tele.section("forward")
                     with gradient_sync(self.model, sync):
                         with autocast(self.precision, w.device):
                             loss, _parts = self.task.loss(self.model, batch)
                         if self.injector and self.injector.poison_loss(self.step + 1):
                             loss = loss * float("nan")  # MUSUBI_INJECT nan: the numerical guard's drill
                         self.phase = "backward"
+                        self.tele.section("backward")
                         hook = self._inject_backward() if self.injector else None
                         try:
                             self.scaler.scale(loss / plan.accumulation).backward()
@@ -249,6 +283,7 @@ class Trainer:
                     if not sync:
                         continue
                     self.phase = "optimizer"
+                    self.tele.section("optimizer")
                     if self.injector and self.injector.oom_phase(self.step + 1, "optimizer"):
                         raise injected_oom(f"optimizer, step {self.step + 1}")
                     if t.grad_clip:
@@ -259,6 +294,8 @@ class Trainer:
                     self.optimizer.zero_grad(set_to_none=True)
                     self.scheduler.step()
                     self.step += 1
+                    self.tele.step_done(self.step)
+                    self.hb.stepped(self.step)
                     self.phase = "between steps"
                     if self.step == self.fit_start_step + 1 and self.step % t.log_every and self.step < stop:
                         # The first step warmed the kernels (cudnn autotuning, allocator, loader workers):
@@ -272,6 +309,7 @@ class Trainer:
                         t_step = time.perf_counter()
                     if self.step % t.log_every == 0 or self.step == stop:
                         # One host sync per log interval, not per step.
+                        self.phase = "log"
                         w.all_reduce_sum(loss_sum)
                         mean_loss = loss_sum.item() / (loss_n * w.size)
                         if not math.isfinite(mean_loss):
@@ -292,6 +330,7 @@ class Trainer:
                                      mean_loss, rate)
                         loss_sum.zero_()
                         loss_n, samples_log, t_log = 0, 0, now
+                        self.flush_checkpoint_records(metrics)
                     else:
                         bar.update(self.step)
                     every = self.spec.checkpoint.every_steps
@@ -311,6 +350,10 @@ class Trainer:
                     self.save()
             if stopped_early:
                 self.save()
+            self.phase = "finish"
+            if self.checkpointer is not None:
+                self.checkpointer.wait()  # the last checkpoint is durable and committed before the summary
+            self.flush_checkpoint_records(metrics)
         finally:
             bar.close()
         elapsed = time.perf_counter() - t_start
@@ -340,6 +383,7 @@ class Trainer:
 
     def _inject_backward(self) -> Any:
         """A hook that raises OOM from inside autograd, once the later layers' grads went to DDP."""
+        self.injector.slow_compute(self.world.device)  # `slow`: before the gradient sync
         if not self.injector.oom_phase(self.step + 1, "backward"):
             return None
         first = next(p for p in unwrap(self.model).parameters() if p.requires_grad)
@@ -355,13 +399,14 @@ class Trainer:
         mem = memory_figures(self.world.device)
         if not mem:
             return {}
-        with open(self.telemetry, "a", encoding="utf-8") as f:
-            f.write(json.dumps({"step": self.step, "kind": "memory", "time": round(time.time(), 3), **mem}) + "\n")
+        self.tele.record({"step": self.step, "kind": "memory", "time": round(time.time(), 3), **mem})
         torch.cuda.reset_peak_memory_stats(self.world.device)
         return mem
 
     def run_eval(self, metrics: MetricsWriter | None) -> None:
         """Validate, log on rank 0, and remember the result for the checkpoint."""
+        self.tele.section("eval")
+        self.phase = "eval"
         values = self.evaluate()
         if not values:
             return
@@ -373,5 +418,8 @@ class Trainer:
 
     def close(self) -> None:
         """Drop the wrapper before the process group goes (gloo can hang at exit otherwise)."""
+        self.tele.close()
+        if self.checkpointer is not None:
+            self.checkpointer.close()
         del self.optimizer, self.scheduler
         self.model = unwrap(self.model)

@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import sys
+import time
 import traceback
 from pathlib import Path
 
@@ -30,10 +31,33 @@ def _write_error(job_dir: Path, rank: int, kind: str, message: str) -> None:
     logs = job_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     (logs / f"error-rank{rank}.txt").write_text(json.dumps({"kind": kind, "message": message}), encoding="utf-8")
+    # Kept per attempt (error-rank* is cleared by the next attempt): goodput names each failure's cause.
+    from musubi.runtime.watchdog import attempt_id
+
+    exits = logs / "exits"
+    exits.mkdir(exist_ok=True)
+    (exits / f"a{attempt_id()}-rank{rank}.json").write_text(
+        json.dumps({"rank": rank, "kind": kind, "message": message[:500], "time": time.time()}), encoding="utf-8")
 
 
 def _restart_count() -> int:
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+
+
+def _start_watchdog(spec, world, job_dir: Path, launch: int, t_start: float):  # noqa: ANN001, ANN202
+    """This rank's heartbeat and watchdog thread (hang detection), and rank 0's goodput progress log."""
+    from musubi.runtime.goodput import ProgressLog
+    from musubi.runtime.watchdog import Heartbeat, Watchdog, attempt_id
+
+    os.environ["MUSUBI_LAUNCH"] = str(launch)
+    progress = ProgressLog(job_dir, attempt_id(), t_start) if world.is_main else None
+    heartbeat = Heartbeat(progress=progress)
+    spec_w = spec.watchdog
+    if not spec_w.enabled:  # still publish heartbeats and progress (goodput), never judge
+        spec_w = spec_w.model_copy(update={"floor_s": 86_400.0})
+    watchdog = Watchdog(job_dir, world.rank, world.size, spec_w, float(spec.train.timeout_s), heartbeat)
+    watchdog.start()
+    return watchdog, heartbeat, progress
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -62,6 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     pinned = pin_rank(int(os.environ.get("LOCAL_RANK", "0")))
     trainer = None
     world = None
+    watchdog = None
+    t_start = time.time()
     try:
         import torch  # noqa: F401  (imported after argument parsing: fast --help)
 
@@ -79,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         injector = Injector.from_env(rank, job_dir / "logs" / "inject")
         world = init_world(spec.train.timeout_s)
         console = setup_logging(world, job_dir / "logs")
+        watchdog, heartbeat, progress = _start_watchdog(spec, world, job_dir, int(record.get("attempts", 1)), t_start)
         from musubi.preflight import check_unique_devices
 
         check_unique_devices(world)  # abort at start if two ranks share one GPU
@@ -88,6 +115,10 @@ def main(argv: list[str] | None = None) -> int:
         if restarts:
             log.warning("restart %d of this job (torchrun): resuming from the newest committed checkpoint",
                         restarts)
+            from musubi.runtime.saver import reap_checkpoint_daemons
+            from musubi.runtime.watchdog import attempt_id
+
+            reap_checkpoint_daemons(job_dir, skip_attempt=attempt_id())  # a killed rank's daemon outlives it
         task = build_task(spec)
         task.validate()
         precision = resolve_precision(spec.train.precision, world.device)
@@ -109,15 +140,17 @@ def main(argv: list[str] | None = None) -> int:
             if world.is_main:
                 print(json.dumps({"per_rank_batch": plan.per_rank, "global_batch": plan.global_batch,
                                   "lr": plan.lr, "source": plan.source}), flush=True)
+            watchdog.stop()
             shutdown_world()
             return 0
         from musubi.runtime.checkpoint import latest_checkpoint
 
-        resume = args.resume or (restarts > 0 and latest_checkpoint(job_dir / "checkpoints") is not None)
+        resume = args.resume or (restarts > 0 and latest_checkpoint(job_dir / "checkpoints", warn=False) is not None)
         opts = RunOptions(resume=resume, stop_at_step=args.stop_at_step)
         metrics = None
         try:
-            trainer = Trainer(spec, task, world, job_dir, opts, console, plan=plan, injector=injector)
+            trainer = Trainer(spec, task, world, job_dir, opts, console, plan=plan, injector=injector,
+                              heartbeat=heartbeat)
             if opts.resume:
                 trainer.resume()
             restarted = opts.resume or restarts > 0
@@ -171,6 +204,9 @@ def main(argv: list[str] | None = None) -> int:
                                 "how": "validation split, each sample counted once over all ranks"}, indent=1),
                     encoding="utf-8")
             log.info("done: %d/%d steps, %.1fs", summary["steps"], summary["total_steps"], summary["train_s"])
+        if progress is not None:
+            progress.end(trainer.step)
+        watchdog.stop()
         trainer.close()
         trainer = None
         # DDP sits in reference cycles (reducer hooks): collect it now, while the

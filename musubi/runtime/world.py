@@ -124,10 +124,28 @@ def init_world(timeout_s: float, device_kind: str | None = None) -> World:
                  backend=backend)
 
 
+_SIDE_GROUP: dist.ProcessGroup | None = None
+
+
+def side_group() -> dist.ProcessGroup | None:
+    """A second gloo group for collectives issued off the training thread (asynchronous checkpoints).
+
+    Collectives of one group must be issued in the same order on every rank; a background
+    thread's cannot be ordered against the training thread's (DDP all-reduces), so they get
+    their own group. Collective on first call: every rank calls it at the same point.
+    """
+    global _SIDE_GROUP
+    if _SIDE_GROUP is None and dist.is_initialized():
+        _SIDE_GROUP = dist.new_group(backend="gloo")
+    return _SIDE_GROUP
+
+
 def shutdown_world() -> None:
     """Tear down the process group (callers must drop DDP/FSDP wrappers first)."""
+    global _SIDE_GROUP
     if dist.is_initialized():
         try:
             dist.barrier()
         finally:
+            _SIDE_GROUP = None
             dist.destroy_process_group()

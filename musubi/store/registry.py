@@ -38,7 +38,7 @@ CREATE TABLE IF NOT EXISTS registry (
     files TEXT NOT NULL,           -- JSON [{"role", "path", "sha256", "bytes"}]
     metrics TEXT NOT NULL,         -- JSON of eval.json's metrics
     primary_metric TEXT,
-    dataset_hash TEXT,             -- synthetic-<sha> / files-<sha>, or NULL when unknown
+    dataset_hash TEXT,             -- synthetic-<sha> / data-<sha>-<opts> (content hash), or NULL when unknown
     env TEXT NOT NULL,             -- JSON of RUN/env.json
     input TEXT NOT NULL,           -- JSON: graph inputs/outputs and what the input means
     fps TEXT,                      -- JSON of eval.json's fps (protocol, device, runtime), by_runtime
@@ -175,13 +175,15 @@ def register(job_dir: Path, name: str | None = None, db: Path | None = None) -> 
         record = job_dir / "export" / "export.json"
         files.append({"role": "export-record", "path": str(record), "sha256": file_sha256(record),
                       "bytes": record.stat().st_size})
-    if config:
+    env = _read_optional_json(run_dir / "env.json")
+    # The version recorded when the run started is what it trained on; hash now only for older runs.
+    dataset = (env.get("datasets") or {}).get(str(config.get("name") or job_dir.name))
+    if dataset is None and config:
         from musubi.evaluate.provenance import dataset_version
 
-        dataset = dataset_version(config)
-    else:
+        dataset = dataset_version(config, store=path)
+    elif dataset is None:
         dataset = evaluation.get("dataset_hash")
-    env = _read_optional_json(run_dir / "env.json")
     input_spec = _input_spec(model_file, export, evaluation)
     input_spec.update(task=config.get("task") or "external", model=config.get("model"))
     with _connect(path) as con:

@@ -128,3 +128,9 @@ def test_reexport_makes_a_new_version(runs: Path) -> None:
     export_job(job, opset=16)  # a different file of the same job
     second = register(job)
     assert second["version"] == 2 and second["input"]["opset"] == 16
+
+
+def test_dataset_version_is_the_one_recorded_when_the_run_started(runs: Path) -> None:
+    # env.json holds what each job trained on (musubi.data.version); the data may have changed since.
+    write_json(runs / "r1" / "env.json", {"host": "h1", "datasets": {"mlp-tiny": "data-0123456789abcdef-abc123"}})
+    assert register(runs / "r1" / "mlp-tiny")["dataset_hash"] == "data-0123456789abcdef-abc123"

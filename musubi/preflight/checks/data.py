@@ -5,6 +5,8 @@ from __future__ import annotations
 from musubi.preflight.readings import DataIssue, DataReading
 from musubi.preflight.result import CheckResult, Status, fail, passed
 
+#: Offenders named on a result's line (`musubi data check` lists the rest below it).
+LINE_EXAMPLES = 3
 #: (status, what the count means, fix) per issue kind. FAIL: training would crash or refuse; WARN: it
 #: silently changes the data (drops or clips boxes).
 ISSUES: dict[str, tuple[Status, str, str]] = {
@@ -13,6 +15,16 @@ ISSUES: dict[str, tuple[Status, str, str]] = {
     "undecodable": (Status.FAIL, "images do not decode", "replace or remove them (and their annotations)"),
     "empty_class": (Status.FAIL, "class folders hold no images",
                     "add images or remove the folders (ImageFolder refuses empty classes)"),
+    "duplicate_image_id": (Status.FAIL, "image ids are used twice", "give each image a unique id"),
+    "unknown_image": (Status.FAIL, "annotations refer to an image id that is not listed",
+                      "add the image or remove the annotations"),
+    "unknown_category": (Status.FAIL, "annotations refer to an unknown category",
+                         "add the category or fix the category_id"),
+    "duplicate_annotation_id": (Status.WARN, "annotation ids are used twice",
+                                "give each annotation a unique id (COCO evaluation tools need it)"),
+    "duplicate_file_name": (Status.WARN, "file names are listed twice", "list each image once: it trains twice"),
+    "duplicate_image": (Status.WARN, "images are byte-identical copies of another",
+                        "remove the copies (they double-count and leak between splits)"),
     "empty_box": (Status.WARN, "boxes have zero or negative width/height", "fix them: training drops them"),
     "box_outside": (Status.WARN, "boxes extend outside their image", "fix them: training clips them"),
     "size_mismatch": (Status.WARN, "images differ from their declared width/height",
@@ -21,7 +33,8 @@ ISSUES: dict[str, tuple[Status, str, str]] = {
 
 
 def _of(issue: DataIssue, reading: DataReading) -> str:
-    total = reading.counts.get("annotations" if "box" in issue.kind else
+    total = reading.counts.get("annotations" if "box" in issue.kind or issue.kind in ("unknown_image",
+                               "unknown_category", "duplicate_annotation_id") else
                                "classes" if issue.kind == "empty_class" else "images")
     return f"{issue.count} of {total}" if total is not None else f"{issue.count}"
 
@@ -34,7 +47,7 @@ def check_dataset(reading: DataReading) -> list[CheckResult]:
     results = []
     for issue in reading.issues:
         status, what, fix = ISSUES.get(issue.kind, (Status.WARN, issue.kind, "fix the dataset"))
-        first = "; ".join(issue.examples)
+        first = "; ".join(issue.examples[:LINE_EXAMPLES])
         results.append(CheckResult(name, status, f"{reading.path}: {_of(issue, reading)} {what} (first: {first})", fix))
     if not results:
         c = reading.counts

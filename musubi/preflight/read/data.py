@@ -66,13 +66,12 @@ def _decode_all(paths: list[Path]) -> list[tuple[int, int] | str]:
         return list(pool.map(one, paths))
 
 
-def _issue(kind: str, examples: list[str], count: int | None = None) -> DataIssue:
-    return DataIssue(kind=kind, count=len(examples) if count is None else count,
-                     examples=tuple(examples[:MAX_EXAMPLES]))
+def _issue(kind: str, examples: list[str], count: int | None = None, keep: int = MAX_EXAMPLES) -> DataIssue:
+    return DataIssue(kind=kind, count=len(examples) if count is None else count, examples=tuple(examples[:keep]))
 
 
-def _issues(found: dict[str, list[str]]) -> tuple[DataIssue, ...]:
-    return tuple(_issue(kind, ex) for kind, ex in found.items() if ex)
+def _issues(found: dict[str, list[str]], keep: int = MAX_EXAMPLES) -> tuple[DataIssue, ...]:
+    return tuple(_issue(kind, ex, keep=keep) for kind, ex in found.items() if ex)
 
 
 def find_image_dir(ann: Path, file_names: Iterable[str]) -> tuple[Path | None, list[Path]]:
@@ -102,13 +101,16 @@ def data_targets(data: Any) -> list[str]:
     return out
 
 
-def read_data(target: str) -> DataReading:
-    """Read one `--data` target into a reading (never raises for a bad dataset)."""
+def read_data(target: str, examples: int = MAX_EXAMPLES, store: Path | None = None) -> DataReading:
+    """Read one `--data` target into a reading (never raises for a bad dataset).
+
+    `examples`: offenders named per problem kind; `store`: musubi.db caching image digests (COCO).
+    """
     t0 = time.perf_counter()
     if PAIR_SEPARATOR in target:
         a, b = (Path(p) for p in target.split(PAIR_SEPARATOR, 1))
         ann, images = (b, a) if b.suffix.lower() == ".json" else (a, b)
-        reading = read_coco(target, ann, images)
+        reading = read_coco(target, ann, images, examples, store)
     else:
         path = Path(target)
         if not path.exists():
@@ -118,15 +120,62 @@ def read_data(target: str) -> DataReading:
         elif path.is_dir():
             reading = read_image_folder(target, path)
         elif path.suffix.lower() == ".json":
-            reading = read_coco(target, path, None)
+            reading = read_coco(target, path, None, examples, store)
         else:
             reading = read_text(target, path)
     return dataclasses.replace(reading, seconds=round(time.perf_counter() - t0, 3))
 
 
-def read_coco(target: str, ann: Path, image_dir: Path | None) -> DataReading:
-    """A COCO set: the structural check of musubi.data.coco, then every image and every box."""
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _key(v: Any) -> Any:
+    """A hashable stand-in for a JSON value (a malformed id may be a list or an object)."""
+    return v if isinstance(v, (int, float, str, bool, type(None))) else repr(v)
+
+
+def _duplicates(values: list[Any]) -> list[Any]:
+    seen: set[Any] = set()
+    return [v for v in values if v in seen or seen.add(v)]  # type: ignore[func-returns-value]
+
+
+def scan_references(raw: dict[str, Any]) -> dict[str, list[str]]:
+    """Problems of ids and references a loader would refuse or silently double: one list of offenders per kind."""
+    images = [img for img in raw["images"] if isinstance(img, dict)]
+    anns = [a for a in raw["annotations"] if isinstance(a, dict)]
+    image_ids = {_key(img.get("id")) for img in images}
+    category_ids = {_key(c.get("id")) for c in raw["categories"] if isinstance(c, dict)}
+    return {
+        "duplicate_image_id": [f"image id {i}" for i in _duplicates([_key(img.get("id")) for img in images])],
+        "duplicate_annotation_id": [f"annotation id {i}" for i in _duplicates([_key(a.get("id")) for a in anns])
+                                    if i is not None],
+        "duplicate_file_name": [str(n) for n in _duplicates([_key(img.get("file_name")) for img in images])],
+        "unknown_image": [f"annotations[{n}] image_id {a.get('image_id')!r}" for n, a in enumerate(raw["annotations"])
+                          if isinstance(a, dict) and _key(a.get("image_id")) not in image_ids],
+        "unknown_category": [f"annotations[{n}] category_id {a.get('category_id')!r}"
+                             for n, a in enumerate(raw["annotations"])
+                             if isinstance(a, dict) and _key(a.get("category_id")) not in category_ids],
+    }
+
+
+def _size_counts(sizes: dict[str, int]) -> list[int]:
+    """How many files have each file's size (in the dict's order)."""
+    from collections import Counter
+
+    count = Counter(sizes.values())
+    return [count[v] for v in sizes.values()]
+
+
+#: Reference problems that make musubi.data.coco refuse the file (reported per offender instead).
+BLOCKING = ("duplicate_image_id", "unknown_image", "unknown_category")
+
+
+def read_coco(target: str, ann: Path, image_dir: Path | None, examples: int = MAX_EXAMPLES,
+              store: Path | None = None) -> DataReading:
+    """A COCO set: ids and references, the structural check of musubi.data.coco, then every image and box."""
     from musubi.data.coco import CocoDetection, check_relative_name, read_annotation_json
+    from musubi.data.version import digests
 
     base = {"target": target, "kind": "coco", "path": str(ann)}
     try:
@@ -142,10 +191,20 @@ def read_coco(target: str, ann: Path, image_dir: Path | None) -> DataReading:
             return DataReading(**base, error=f"{ann}: cannot find the image directory (looked in {where})",
                                fix=f"give --data IMAGES_DIR{PAIR_SEPARATOR}{ann}")
     base["image_dir"] = str(image_dir)
+    found = scan_references(raw)
     try:
+        if any(found[k] for k in BLOCKING):
+            # Listed one by one already; the loader's own rules still run on the remaining entries.
+            by_id = {_key(i.get("id")): i for i in raw["images"] if isinstance(i, dict)}
+            cats = {_key(c.get("id")) for c in raw["categories"] if isinstance(c, dict)}
+            raw_ok = {**raw, "images": list(by_id.values()),
+                      "annotations": [a for a in raw["annotations"] if not isinstance(a, dict) or
+                                      (_key(a.get("image_id")) in by_id and _key(a.get("category_id")) in cats)]}
+        else:
+            raw_ok = raw
         # The exact code a training rank runs: if this passes, the loader's construction will too
         # (it parses the file a second time: the price of not keeping a copy of its rules here).
-        ds = CocoDetection(image_dir, ann, check_files=False)
+        ds = CocoDetection(image_dir, ann, check_files=False, raw=raw_ok)
     except ConfigError as e:
         problem, fix = split_error(str(e))
         return DataReading(**base, error=problem, fix=fix)
@@ -153,16 +212,16 @@ def read_coco(target: str, ann: Path, image_dir: Path | None) -> DataReading:
     files = [check_relative_name(img.get("file_name"), ann, img.get("id")) for img in images]
     paths = [image_dir / f for f in files]
     exists = [p.is_file() for p in paths]
-    found: dict[str, list[str]] = {k: [] for k in ("missing", "undecodable", "size_mismatch", "empty_box",
-                                                   "box_outside")}
+    for k in ("missing", "undecodable", "duplicate_image", "size_mismatch", "empty_box", "box_outside"):
+        found[k] = []
     found["missing"] = [f for f, ok in zip(files, exists, strict=True) if not ok]
     decoded = _decode_all([p for p, ok in zip(paths, exists, strict=True) if ok])
     size_of: dict[Any, tuple[float, float]] = {}
     it = iter(decoded)
-    for img, name, ok in zip(images, files, exists, strict=True):
+    readable: list[tuple[str, Path]] = []
+    for img, name, path, ok in zip(images, files, paths, exists, strict=True):
         # Non-integer or missing sizes mean "unknown" to musubi.data.coco too.
-        declared = tuple(v if isinstance(v, int) and not isinstance(v, bool) else 0
-                         for v in (img.get("width"), img.get("height")))
+        declared = tuple(v if _is_int(v) else 0 for v in (img.get("width"), img.get("height")))
         if not ok:
             if declared[0] and declared[1]:
                 size_of[img["id"]] = declared
@@ -171,17 +230,33 @@ def read_coco(target: str, ann: Path, image_dir: Path | None) -> DataReading:
         if isinstance(got, str):
             found["undecodable"].append(f"{name} ({got})")
             continue
+        readable.append((name, path))
         size_of[img["id"]] = got
         if declared[0] and declared[1] and tuple(declared) != got:
             found["size_mismatch"].append(f"{name} (declared {declared[0]}x{declared[1]}, is {got[0]}x{got[1]})")
+    # Identical bytes under two names: the same frame twice (or in two splits) skews training and scores.
+    # Only files that share their size with another can be copies: hash just those.
+    unique = dict(readable)
+    sizes = {name: path.stat().st_size for name, path in unique.items()}
+    shared = [n for n, c in zip(unique, _size_counts(sizes), strict=True) if c > 1]
+    sums, _ = digests([unique[n] for n in shared], store)
+    first_of: dict[str, str] = {}
+    for name, digest in zip(shared, sums, strict=True):
+        if digest in first_of:
+            found["duplicate_image"].append(f"{name} = {first_of[digest]}")
+        else:
+            first_of[digest] = name
     file_of = {img["id"]: name for img, name in zip(images, files, strict=True)}
-    used: set[int] = set()
+    known = set(ds.category_ids)
+    per_class = {ds.category_names[c]: 0 for c in ds.category_ids}
     crowd = 0
     for n, a in enumerate(raw["annotations"]):
-        used.add(a["category_id"])
+        if _key(a.get("image_id")) not in file_of or _key(a.get("category_id")) not in known:
+            continue  # listed as unknown_image / unknown_category
         if a.get("iscrowd", 0):
             crowd += 1
             continue
+        per_class[ds.category_names[a["category_id"]]] += 1
         x, y, w, h = (float(v) for v in a["bbox"])
         where = f"{file_of[a['image_id']]} (annotations[{n}] bbox [{x:g}, {y:g}, {w:g}, {h:g}])"
         if not all(math.isfinite(v) for v in (x, y, w, h)) or w <= 0 or h <= 0:
@@ -193,8 +268,8 @@ def read_coco(target: str, ann: Path, image_dir: Path | None) -> DataReading:
             found["box_outside"].append(f"{where} in {size[0]}x{size[1]}")
     counts = {"images": len(images), "annotations": len(raw["annotations"]), "boxes": ds.stats.boxes,
               "categories": ds.num_classes, "crowd": crowd,
-              "unused_categories": sum(cid not in used for cid in ds.category_ids)}
-    return DataReading(**base, counts=counts, issues=_issues(found),
+              "unused_categories": sum(v == 0 for v in per_class.values())}
+    return DataReading(**base, counts=counts, issues=_issues(found, examples), per_class=per_class,
                        categories=tuple(ds.category_names[c] for c in ds.category_ids))
 
 

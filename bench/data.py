@@ -1,0 +1,286 @@
+"""Feeder bench: FCOS (ResNet-50 FPN) DDP training fed from real JPEG files vs the same job fed from the device.
+
+    python bench/data.py [--gpus 4] [--steps 20] [--warmup 5] [--work DIR] [--json OUT.json]
+    python bench/data.py --cpu            # tiny CPU mode (gloo, 2 ranks): proves the plumbing only
+
+Two data sets are written first, on the local disk of this machine, with every core
+(musubi.data.synthetic_files: small objects on big frames, real JPEG files):
+  frames1080  1920x1080 frames, fed whole (the model resizes to 800..1333 on the GPU);
+  tiles640    4000x3000 frames cut offline into 640x640 tiles (musubi.data.sliced.slice_coco).
+Each set is trained (batch 16 per GPU, bf16, SGD) under these feeders, in one process group:
+  device      reference: 4 batches of the same decoded samples kept on the GPU and cycled;
+  default-w0  DataLoader(num_workers=0), float images, no pinning (torch defaults);
+  default-w4  DataLoader(num_workers=4), float images, no pinning (torch defaults);
+  musubi      musubi's loader plan (workers from cores per GPU, pinned, prefetch, persistent),
+              uint8 through the loader, float made on the GPU;
+  musubi-nvjpeg  workers read JPEG bytes only, decode_jpeg(device="cuda") decodes the batch.
+Figures per feeder: images/s over all GPUs, ratio to the device reference (target >= 0.95),
+and data wait = host time blocked until the loader hands over the next batch, as % of step
+time (an upper bound of GPU starvation: the GPU may still be busy with queued work meanwhile;
+target <= 2 %); the copy to the device counts as step time, so it shows in the ratio. Files sit in the page cache after being written (a warm data set, as from a
+second epoch); the decode and copy work is what is measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from musubi.data.coco import CocoDetection  # noqa: E402
+from musubi.data.gpu_decode import decode_batch  # noqa: E402
+from musubi.data.sliced import slice_coco  # noqa: E402
+from musubi.data.slicing import SliceParams  # noqa: E402
+from musubi.data.synthetic_files import SyntheticFiles, write_synthetic_coco  # noqa: E402
+from musubi.runtime.loader_plan import plan_loader  # noqa: E402
+
+#: In the order they run (feeder by feeder, each on both sets): should --budget-s cut the run short, the
+#: slowest baseline is what goes.
+FEEDERS = ("device", "musubi", "musubi-nvjpeg", "default-w4", "default-w0")
+CLASSES = 4
+
+
+def make_sets(work: Path, cpu: bool, frames: int, big_frames: int) -> dict[str, dict[str, Any]]:
+    """Write the two JPEG sets (and slice the big frames); returns name -> {path, annotations, seconds, ...}."""
+    out: dict[str, dict[str, Any]] = {}
+    t0 = time.perf_counter()
+    if cpu:
+        p = SyntheticFiles(frames, 320, 180, CLASSES, 6, 6, 20, seed=1)
+    else:
+        p = SyntheticFiles(frames, 1920, 1080, CLASSES, 12, 12, 64, seed=1)
+    ann = write_synthetic_coco(work / "frames1080", p)
+    out["frames1080"] = {"path": str(ann.parent / "images"), "annotations": str(ann), "frames": frames,
+                         "size": f"{p.width}x{p.height}", "write_s": round(time.perf_counter() - t0, 1)}
+    t0 = time.perf_counter()
+    big = SyntheticFiles(big_frames, 800, 600, CLASSES, 20, 6, 20, seed=2) if cpu else \
+        SyntheticFiles(big_frames, 4000, 3000, CLASSES, 60, 12, 48, seed=2)
+    big_ann = write_synthetic_coco(work / "frames4k", big)
+    tile = 128 if cpu else 640
+    report = slice_coco(big_ann, big_ann.parent / "images", work / "tiles640",
+                        SliceParams(tile=tile, overlap=0.2, min_visibility=0.5, empty_ratio=0.1))
+    out["tiles640"] = {"path": str(work / "tiles640" / "images"), "annotations": report.annotations,
+                       "frames": big_frames, "size": f"{big.width}x{big.height} -> {tile}x{tile} tiles",
+                       "tiles": report.tiles, "worst_case_tiles": report.worst_case,
+                       "write_s": round(time.perf_counter() - t0, 1)}
+    return out
+
+
+def collate(samples: list[Any]) -> tuple[list[torch.Tensor], list[dict[str, torch.Tensor]]]:
+    """Detection batches: lists, not stacked (images differ in size in general)."""
+    return [s[0] for s in samples], [s[1] for s in samples]
+
+
+def _to_device(batch: Any, device: torch.device, feeder: str) -> tuple[list[torch.Tensor], list[dict]]:
+    images, targets = batch
+    if feeder == "musubi-nvjpeg":
+        return decode_batch(images, targets, device, None)
+    blocking = feeder.startswith("default")
+    images = [im.to(device, non_blocking=not blocking) for im in images]
+    images = [im.float().div_(255.0) if im.dtype == torch.uint8 else im for im in images]
+    targets = [{k: v.to(device, non_blocking=not blocking) for k, v in t.items()} for t in targets]
+    return images, targets
+
+
+def _on_device(batch: Any, device: torch.device, feeder: str) -> Any:
+    """The device reference's batches are already there."""
+    return batch
+
+
+def _loader(ds_info: dict[str, Any], feeder: str, batch: int, rank: int, world: int, is_cuda: bool,
+            epoch_seed: int) -> Any:
+    from torch.utils.data import DataLoader, DistributedSampler
+
+    ds = CocoDetection(ds_info["path"], ds_info["annotations"], as_uint8=feeder.startswith("musubi"),
+                       encoded=feeder == "musubi-nvjpeg", check_files=False)
+    sampler = DistributedSampler(ds, world, rank, shuffle=True, seed=epoch_seed, drop_last=True)
+    if feeder.startswith("default"):
+        return DataLoader(ds, batch_size=batch, sampler=sampler, collate_fn=collate, drop_last=True,
+                          num_workers=0 if feeder == "default-w0" else 4)
+    plan = plan_loader("auto", True, 4, True, is_cuda, local_ranks=world)
+    return DataLoader(ds, batch_size=batch, sampler=sampler, collate_fn=collate, drop_last=True, **plan.kwargs())
+
+
+def _batches(loader: Any) -> Any:
+    epoch = 0
+    while True:
+        loader.sampler.set_epoch(epoch)
+        yield from loader
+        epoch += 1
+
+
+def run_rank(rank: int, world: int, args: argparse.Namespace, sets: dict[str, dict[str, Any]], result: str) -> None:
+    """One rank: for each data set and feeder, warm up, then time `steps` DDP steps."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from torchvision.models.detection import fcos_resnet50_fpn
+
+    cuda = not args.cpu
+    if cuda:
+        torch.cuda.set_device(rank)
+        device = torch.device("cuda", rank)
+    else:
+        device = torch.device("cpu")
+        torch.set_num_threads(1)
+    dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world)
+    torch.manual_seed(0)
+    size = {"min_size": 64, "max_size": 96} if args.cpu else {"min_size": 800, "max_size": 1333}
+    model = fcos_resnet50_fpn(weights=None, weights_backbone=None, num_classes=CLASSES + 1, **size).to(device)
+    ddp = DDP(model, device_ids=[rank] if cuda else None)
+    opt = torch.optim.SGD(ddp.parameters(), lr=1e-3, momentum=0.9)
+    dtype = torch.bfloat16 if cuda else torch.float32
+    rows = []
+
+    def step(images: list[torch.Tensor], targets: list[dict], net: Any = ddp) -> torch.Tensor:
+        with torch.autocast(device.type, dtype=dtype, enabled=cuda):
+            losses = net(images, targets)
+        loss = sum(losses.values())
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        return loss.detach()
+
+    def sync() -> None:
+        if cuda:
+            torch.cuda.synchronize(device)
+
+    t_begin = time.perf_counter()
+    for feeder in args.feeders:
+        for set_name, info in sets.items():
+            # Every rank agrees whether time is left (the slowest rank's clock decides).
+            spent = torch.tensor([time.perf_counter() - t_begin], dtype=torch.float64, device=device)
+            dist.all_reduce(spent, op=dist.ReduceOp.MAX)
+            if float(spent) > args.budget_s:
+                if rank == 0:
+                    print(f"  {set_name} {feeder}: skipped (--budget-s {args.budget_s:.0f} s spent)", flush=True)
+                continue
+            loader = None
+            if feeder == "device":
+                src = _loader(info, "musubi", args.batch, rank, world, cuda, 0)
+                it = _batches(src)
+                pool = [_to_device(next(it), device, "musubi") for _ in range(4)]
+                del it, src
+                feed = (pool[i % 4] for i in range(10**9))
+                to_device = _on_device
+            else:
+                loader = _loader(info, feeder, args.batch, rank, world, cuda, 1)
+                feed = _batches(loader)
+                to_device = _to_device
+            for _ in range(args.warmup):
+                step(*to_device(next(feed), device, feeder))
+            sync()
+            dist.barrier()
+            wait = 0.0
+            t0 = time.perf_counter()
+            for _ in range(args.steps):
+                # Data wait: blocked until the loader hands over a host batch. The copy to the device
+                # belongs to the step (a blocking copy from pageable memory also waits for queued kernels).
+                a = time.perf_counter()
+                host = next(feed)
+                wait += time.perf_counter() - a
+                last = step(*to_device(host, device, feeder))
+            float(last)  # one sync at the end: the host is free to run ahead as in training
+            sync()
+            elapsed = time.perf_counter() - t0
+            # The slowest rank sets the pace of a synchronous job; its wait is what starved it.
+            stats = torch.tensor([elapsed, wait], dtype=torch.float64, device=device)
+            dist.all_reduce(stats, op=dist.ReduceOp.MAX)
+            elapsed, wait = stats.tolist()
+            rows.append({"set": set_name, "feeder": feeder, "steps": args.steps, "step_ms": 1000 * elapsed / args.steps,
+                         "images_per_s": args.steps * args.batch * world / elapsed,
+                         "data_wait_pct": 100 * wait / elapsed})
+            if rank == 0:  # as it goes: a run cut short still shows what it measured
+                r = rows[-1]
+                print(f"  {set_name} {feeder}: {r['step_ms']:.1f} ms/step, {r['images_per_s']:.1f} img/s, "
+                      f"data wait {r['data_wait_pct']:.2f} %", flush=True)
+                Path(result).write_text(json.dumps(rows))
+            # Shut this feeder's workers down before the next one is timed (they would steal its cores).
+            del feed, loader
+            gc.collect()
+    dist.barrier()
+    del ddp
+    dist.destroy_process_group()
+
+
+def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rows by set (feeders in FEEDERS order), with the ratio to the on-device reference of the same set."""
+    rows = sorted(rows, key=lambda r: (r["set"], FEEDERS.index(r["feeder"])))
+    ref = {r["set"]: r["images_per_s"] for r in rows if r["feeder"] == "device"}
+    for r in rows:
+        r["vs_device"] = r["images_per_s"] / ref[r["set"]] if r["set"] in ref else None
+    return rows
+
+
+def main() -> None:
+    """Write the sets, run every feeder in one process group, print the table and write JSON."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--gpus", type=int, default=None, help="GPUs (default: all visible).")
+    ap.add_argument("--cpu", action="store_true", help="Tiny CPU mode (gloo, 2 ranks, small frames).")
+    ap.add_argument("--steps", type=int, default=None, help="Timed steps per feeder (default 20; CPU 2).")
+    ap.add_argument("--warmup", type=int, default=None, help="Untimed steps first (default 5; CPU 1).")
+    ap.add_argument("--batch", type=int, default=None, help="Images per GPU (default 16; CPU 2).")
+    ap.add_argument("--frames", type=int, default=None, help="1920x1080 frames written (default 2048; CPU 16).")
+    ap.add_argument("--big-frames", type=int, default=None, help="4000x3000 frames written (default 64; CPU 1).")
+    ap.add_argument("--feeders", default=",".join(FEEDERS), help="Comma-separated subset of " + ",".join(FEEDERS))
+    ap.add_argument("--budget-s", type=float, default=None,
+                    help="Start no new feeder after this many seconds of training (default 180 on GPUs, "
+                    "none on CPU): keeps the GPU run short.")
+    ap.add_argument("--work", type=Path, default=None, help="Folder for the JPEG sets (default: a temp dir).")
+    ap.add_argument("--json", type=Path, default=Path("bench-data.json"), help="Where to write the results.")
+    args = ap.parse_args()
+    args.feeders = [f for f in args.feeders.split(",") if f]
+    unknown = set(args.feeders) - set(FEEDERS)
+    if unknown:
+        ap.error(f"unknown feeders {sorted(unknown)}; known: {', '.join(FEEDERS)}")
+    if args.cpu:
+        args.feeders = [f for f in args.feeders if f != "musubi-nvjpeg"]  # nvJPEG needs a GPU
+    # GPU: 2048 frames and ~2500 tiles give 32+ steps an epoch, so warmup + timed steps stay in one epoch.
+    d = (2, 1, 2, 16, 1) if args.cpu else (20, 5, 16, 2048, 64)
+    args.steps, args.warmup, args.batch = args.steps or d[0], args.warmup or d[1], args.batch or d[2]
+    args.frames, args.big_frames = args.frames or d[3], args.big_frames or d[4]
+    if args.budget_s is None:
+        args.budget_s = float("inf") if args.cpu else 180.0
+    world = 2 if args.cpu else (args.gpus or torch.cuda.device_count())
+    if world < 1:
+        ap.error("no GPU visible; use --cpu for the plumbing check")
+    t_start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="musubi-bench-data-", dir=args.work) as tmp:
+        sets = make_sets(Path(tmp), args.cpu, args.frames, args.big_frames)
+        for name, info in sets.items():
+            print(f"{name}: {info['size']}, {info.get('tiles', info['frames'])} samples, written in "
+                  f"{info['write_s']} s", flush=True)
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(29000 + os.getpid() % 1000))
+        result = Path(tmp) / "rows.json"
+        mp.start_processes(run_rank, args=(world, args, sets, str(result)), nprocs=world, join=True,
+                           start_method="spawn")
+        rows = summarise(json.loads(result.read_text()))
+    device = torch.cuda.get_device_name(0) if not args.cpu else "cpu (gloo)"
+    print(f"\nFCOS ResNet-50 FPN, batch {args.batch}/rank x {world} ranks, {device}, cores {os.cpu_count()}, "
+          f"{args.steps} timed steps after {args.warmup}")
+    print(f"{'set':<11} {'feeder':<14} {'step ms':>8} {'img/s':>8} {'vs device':>9} {'data wait':>9}")
+    for r in rows:
+        vs = f"{r['vs_device']:.3f}" if r["vs_device"] is not None else "-"
+        print(f"{r['set']:<11} {r['feeder']:<14} {r['step_ms']:8.1f} {r['images_per_s']:8.1f} {vs:>9} "
+              f"{r['data_wait_pct']:8.2f}%")
+    out = {"device": device, "world": world, "cores": os.cpu_count(), "batch_per_rank": args.batch,
+           "steps": args.steps, "warmup": args.warmup, "torch": torch.__version__, "sets": sets, "rows": rows,
+           "targets": {"vs_device_min": 0.95, "data_wait_pct_max": 2.0},
+           "wall_s": round(time.perf_counter() - t_start, 1)}
+    args.json.write_text(json.dumps(out, indent=1))
+    print(f"wrote {args.json} ({out['wall_s']} s)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,243 @@
+"""`musubi data ...`: check, hash, slice, convert, watch and generate data sets (thin: parse, call, print).
+
+Registered by the CLI as `app.add_typer(data_app, name="data")`; nothing heavy is
+imported until a command runs. Bad input exits 2 with one line; a data set with
+problems exits 1 (`check`).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+
+from musubi.config.errors import ConfigError
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+#: Offenders printed per problem kind on the console (--json lists them all).
+CONSOLE_EXAMPLES = 20
+
+data_app = typer.Typer(no_args_is_help=True, add_completion=False,
+                       help="Data sets: check, version (hash), slice, convert, watch, generate.")
+err = Console(stderr=True, soft_wrap=True)
+
+
+def _usage(message: str) -> None:
+    err.print(f"error: {message}", highlight=False, markup=False)
+    raise typer.Exit(EXIT_USAGE)
+
+
+def coco_source(src: str) -> tuple[Path, Path]:
+    """(annotation file, image directory) of SRC: ANN.json, IMAGES_DIR::ANN.json or a folder holding one JSON."""
+    from musubi.preflight.read.data import PAIR_SEPARATOR, find_image_dir
+
+    if PAIR_SEPARATOR in src:
+        a, b = (Path(p) for p in src.split(PAIR_SEPARATOR, 1))
+        return (b, a) if b.suffix.lower() == ".json" else (a, b)
+    path = Path(src)
+    if path.is_dir():
+        jsons = sorted(path.glob("*.json")) + sorted(path.glob("annotations/*.json"))
+        if len(jsons) != 1:
+            raise ConfigError(f"{src}: found {len(jsons)} annotation JSON files; give ANN.json or IMAGES_DIR::ANN.json")
+        path = jsons[0]
+    if not path.is_file():
+        raise ConfigError(f"{src}: no such file; give a COCO ANN.json or IMAGES_DIR::ANN.json")
+    from musubi.data.coco import read_annotation_json
+
+    names = [i.get("file_name") for i in read_annotation_json(path)["images"] if isinstance(i, dict)]
+    image_dir, tried = find_image_dir(path, (n for n in names if isinstance(n, str)))
+    if image_dir is None:
+        raise ConfigError(f"{path}: cannot find the image directory (looked in {', '.join(map(str, tried[:4]))}); "
+                          f"give IMAGES_DIR{PAIR_SEPARATOR}{path}")
+    return path, image_dir
+
+
+@data_app.command("check")
+def check_command(
+    path: str = typer.Argument(..., help="ANN.json, IMAGES_DIR::ANN.json (COCO), an image folder or a text file."),
+    as_json: bool = typer.Option(False, "--json", help="Print the findings as JSON (every offender listed)."),
+    allow_warnings: bool = typer.Option(False, "--allow-warnings",
+                                        help="Exit 0 when only WARN problems (boxes clipped or dropped) are found."),
+    store: Path = typer.Option(Path("runs"), "--store", help="Folder of musubi.db (caches image digests)."),
+) -> None:
+    """Check a data set: it parses, every image exists and decodes, boxes inside with area, ids, duplicates."""
+    from musubi.preflight.checks.data import check_data
+    from musubi.preflight.read.data import read_data
+    from musubi.preflight.result import PreflightReport, Status, render
+
+    reading = read_data(path, examples=10**9, store=store / "musubi.db")
+    results = check_data([reading])
+    bad = [r for r in results if r.status is Status.FAIL or (r.status is Status.WARN and not allow_warnings)]
+    if as_json:
+        print(json.dumps({
+            "path": reading.path, "kind": reading.kind, "image_dir": reading.image_dir, "ok": not bad,
+            "error": reading.error, "fix": reading.fix or None, "counts": reading.counts,
+            "per_class": reading.per_class, "seconds": reading.seconds,
+            "issues": [{"kind": i.kind, "count": i.count, "files": list(i.examples)} for i in reading.issues],
+            "results": [r.to_dict() for r in results],
+        }, indent=1, default=str))
+    else:
+        console = Console(soft_wrap=True)
+        render(PreflightReport(results, reading.seconds), console)
+        for issue in reading.issues:
+            console.print(f"{issue.kind} ({issue.count}):", highlight=False, markup=False)
+            for ex in issue.examples[:CONSOLE_EXAMPLES]:
+                console.print(f"  {ex}", highlight=False, markup=False)
+            if issue.count > CONSOLE_EXAMPLES:
+                console.print(f"  ... {issue.count - CONSOLE_EXAMPLES} more (--json lists all)", highlight=False,
+                              markup=False)
+        if reading.per_class:
+            console.print("boxes per class: " + ", ".join(f"{k} {v}" for k, v in reading.per_class.items()),
+                          highlight=False, markup=False)
+    if bad:
+        raise typer.Exit(EXIT_FAILED)
+
+
+@data_app.command("hash")
+def hash_command(
+    path: Path = typer.Argument(..., help="Data set folder, or a COCO ANN.json (the file plus the images it lists)."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    store: Path = typer.Option(Path("runs"), "--store", help="Folder of musubi.db (digest cache)."),
+    no_cache: bool = typer.Option(False, "--no-cache", help="Read every byte again (no digest cache)."),
+    workers: int | None = typer.Option(None, "--workers", min=1, help="Hashing threads (default: 2 per core, <=16)."),
+) -> None:
+    """The content version of a data set: sha256 over every file's name and bytes."""
+    from musubi.data.version import hash_dataset
+
+    try:
+        v = hash_dataset(path, None if no_cache else store / "musubi.db", workers)
+    except ConfigError as e:
+        _usage(str(e))
+    if as_json:
+        print(json.dumps(v.as_dict()))
+    else:
+        print(f"{v.version}  {v.files} files, {v.bytes / 2**20:.1f} MiB, {v.hashed} read ({v.seconds:.2f} s)")
+
+
+@data_app.command("slice")
+def slice_command(
+    src: str = typer.Argument(..., help="COCO source: ANN.json, IMAGES_DIR::ANN.json or a folder with one JSON."),
+    out: Path = typer.Option(..., "--out", help="Output folder (images/ + annotations.json)."),
+    tile: int = typer.Option(640, "--tile", help="Tile side in pixels."),
+    overlap: float = typer.Option(0.2, "--overlap", help="Overlap between neighbouring tiles (fraction)."),
+    min_visibility: float = typer.Option(0.5, "--min-visibility",
+                                         help="Keep a clipped box when at least this fraction of it remains."),
+    empty_ratio: float = typer.Option(0.1, "--empty-ratio", help="Fraction of tiles without boxes kept."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the empty-tile sampling."),
+    as_json: bool = typer.Option(False, "--json", help="Print the report (tiles per image) as JSON."),
+) -> None:
+    """Cut large frames into overlapping tiles (boxes clipped, tiny remnants dropped) and write a COCO set."""
+    from musubi.data.sliced import slice_coco
+    from musubi.data.slicing import SliceParams
+
+    try:
+        params = SliceParams(tile, overlap, min_visibility, empty_ratio, seed)
+        params.check()
+        ann, images = coco_source(src)
+        if out.exists() and any(out.iterdir()):
+            raise ConfigError(f"--out {out} is not empty; give a new folder (nothing is overwritten)")
+        report = slice_coco(ann, images, out, params)
+    except ConfigError as e:
+        _usage(str(e))
+    if as_json:
+        print(json.dumps({**vars(report), "worst_case": report.worst_case}))
+        return
+    counts = sorted(report.tiles_per_image.values())
+    print(f"{report.frames} frames -> {report.tiles} tiles ({min(counts)}-{max(counts)} per frame, "
+          f"worst case {report.worst_case}); boxes {report.boxes_in} -> {report.boxes_out}; {report.annotations}")
+
+
+@data_app.command("convert")
+def convert_command(
+    src: str = typer.Argument(..., help="COCO source (ANN.json, IMAGES_DIR::ANN.json) or a YOLO folder (data.yaml)."),
+    to: str = typer.Option(..., "--to", help="yolo or coco."),
+    out: Path = typer.Option(..., "--out", help="yolo: output folder; coco: output annotation JSON."),
+) -> None:
+    """Convert COCO to YOLO (images/, labels/, data.yaml) or back."""
+    from musubi.data.yolo import coco_to_yolo, yolo_to_coco
+
+    try:
+        if to == "yolo":
+            if out.exists() and any(out.iterdir()):
+                raise ConfigError(f"--out {out} is not empty; give a new folder (nothing is overwritten)")
+            ann, images = coco_source(src)
+            counts: dict[str, Any] = coco_to_yolo(ann, images, out)
+        elif to == "coco":
+            if out.exists():
+                raise ConfigError(f"--out {out} exists; give a new file name (nothing is overwritten)")
+            counts = yolo_to_coco(Path(src), out)
+        else:
+            raise ConfigError(f"--to {to!r}: give yolo or coco")
+    except ConfigError as e:
+        _usage(str(e))
+    print(f"{out}: " + ", ".join(f"{v} {k}" for k, v in counts.items()))
+
+
+@data_app.command("watch")
+def watch_command(
+    data_dir: Path = typer.Argument(..., help="Folder the labelling tool exports into."),
+    fleet: Path = typer.Option(..., "--fleet", help="Fleet YAML started on each new version."),
+    interval: float = typer.Option(60.0, "--interval", min=0.0, help="Seconds between polls."),
+    once: bool = typer.Option(False, "--once", help="Poll once: start the fleet if the version is new, then exit."),
+    settle: float = typer.Option(2.0, "--settle", min=0.0, help="Seconds a version must hold still before it counts."),
+    runs: Path = typer.Option(Path("runs"), "--runs", help="Where run directories, musubi.db and the state go."),
+    device: str | None = typer.Option(None, "--device", help="cuda or cpu (as `musubi run`)."),
+    cpu_slots: int | None = typer.Option(None, "--cpu-slots", help="Without GPUs: CPU rank slots."),
+) -> None:
+    """Start FLEET whenever DIR gets a new content version (previous best model first)."""
+    from musubi.config.load import load_fleet
+    from musubi.data.watch import WatchState, watch
+    from musubi.fleet.run import FleetRequest, run_fleet
+    from musubi.runtime.launch import PreflightFailed
+    from musubi.store.rundir import default_run_dir
+
+    try:
+        if not data_dir.is_dir():
+            raise ConfigError(f"{data_dir}: not a folder; give the folder the labelling tool exports into")
+        name = load_fleet(fleet).name
+    except ConfigError as e:
+        _usage(str(e))
+
+    def start(version: str) -> str:
+        req = FleetRequest(fleet_path=fleet, out=default_run_dir(name, runs), device=device, cpu_slots=cpu_slots)
+        try:
+            run_dir, states = run_fleet(req, Console())
+        except (ConfigError, PreflightFailed) as e:
+            err.print(f"fleet for {version} did not start: {e}", highlight=False, markup=False)
+            return f"not started: {e}"
+        failed = [s.name for s in states.values() if s.state != "done"]
+        return f"{run_dir} ({'failed: ' + ', '.join(failed) if failed else 'done'})"
+
+    try:
+        watch(data_dir, WatchState(runs / f"watch-{name}.json"), runs / "musubi.db", start, interval_s=interval,
+              once=once, settle_s=settle)
+    except ConfigError as e:
+        _usage(str(e))
+
+
+@data_app.command("synth")
+def synth_command(
+    out: Path = typer.Argument(..., help="Output folder (images/ + annotations.json)."),
+    images: int = typer.Option(16, "--images", min=1, help="Frames to write."),
+    size: str = typer.Option("1920x1080", "--size", help="Frame size WxH."),
+    objects: int = typer.Option(12, "--objects", min=0, help="Objects per frame."),
+    min_object: int = typer.Option(12, "--min-object", help="Smallest object side (px)."),
+    max_object: int = typer.Option(48, "--max-object", help="Largest object side (px)."),
+    classes: int = typer.Option(3, "--classes", min=1, help="Object classes."),
+    seed: int = typer.Option(0, "--seed", help="Same seed, same bytes."),
+) -> None:
+    """Write a synthetic detection set as real JPEG files: small objects on big frames."""
+    from musubi.data.synthetic_files import SyntheticFiles, write_synthetic_coco
+
+    try:
+        w, _, h = size.lower().partition("x")
+        if not (w.isdigit() and h.isdigit()):
+            raise ConfigError(f"--size {size!r}: give WIDTHxHEIGHT like 4000x3000")
+        params = SyntheticFiles(images, int(w), int(h), classes, objects, min_object, max_object, seed)
+        ann = write_synthetic_coco(out, params)
+    except ConfigError as e:
+        _usage(str(e))
+    print(f"{images} frames of {size} -> {ann}")

@@ -1,0 +1,234 @@
+"""Sliced COCO data: inline (a Dataset of tiles) and offline (`musubi data slice` writes tile JPEGs + COCO).
+
+Inline, a frame is decoded once per visit and cut into its tiles; with the RAM
+cache on, every tile of that frame is stored in one shared-memory uint8 buffer
+created before the loader forks its workers, so each frame is decoded about once
+per run instead of once per tile per epoch.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+from torch import Tensor
+from torch.utils.data import Dataset
+
+from musubi.config.errors import ConfigError
+from musubi.data.coco import CocoDetection
+from musubi.data.slicing import SliceParams, TileRef, plan_tiles
+
+log = logging.getLogger(__name__)
+
+#: Share of the machine's available RAM the tile cache of all local ranks may take.
+CACHE_RAM_SHARE = 0.5
+
+
+def frame_sizes(ds: CocoDetection) -> list[tuple[int, int]]:
+    """(width, height) per frame: declared in the annotations, else read from the file header."""
+    out = []
+    for name, (w, h) in zip(ds._file_names, ds._declared_sizes, strict=True):
+        if w <= 0 or h <= 0:
+            with Image.open(ds.image_dir / name) as im:  # header only, no decoding
+                w, h = im.size
+        out.append((w, h))
+    return out
+
+
+def frame_boxes(ds: CocoDetection) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Per frame: boxes [N, 4] xyxy (float64) and labels [N] (contiguous 1..K)."""
+    boxes, labels = [], []
+    for i in range(len(ds)):
+        lo, hi = int(ds._offsets[i]), int(ds._offsets[i + 1])
+        boxes.append(ds._boxes[lo:hi].double().numpy())
+        labels.append(ds._labels[lo:hi].numpy())
+    return boxes, labels
+
+
+def cache_fits(tiles: int, tile: int, local_ranks: int = 1) -> bool:
+    """Whether `tiles` uint8 RGB tiles per rank fit the RAM budget and /dev/shm (where shared tensors live)."""
+    import shutil
+
+    import psutil
+
+    need = tiles * tile * tile * 3 * max(1, local_ranks)
+    try:
+        shm_free = shutil.disk_usage("/dev/shm").free
+    except OSError:
+        shm_free = 0
+    return need <= min(CACHE_RAM_SHARE * psutil.virtual_memory().available, CACHE_RAM_SHARE * shm_free)
+
+
+def _check_shm(need: int) -> None:
+    """ConfigError when /dev/shm cannot hold `need` bytes (a worker writing past it dies of SIGBUS)."""
+    import shutil
+
+    try:
+        free = shutil.disk_usage("/dev/shm").free
+    except OSError:
+        return
+    if need > free:
+        raise ConfigError(f"data.cache: on needs {need / 2**30:.1f} GiB in /dev/shm, {free / 2**30:.1f} GiB free; "
+                          "set data.cache: auto, or enlarge /dev/shm (docker --shm-size)")
+
+
+def shared_buffer(nbytes: int) -> Tensor:
+    """uint8 [nbytes] mapped shared from an unlinked /dev/shm file: forked loader workers write into the same
+    pages, and pages are only committed when written (a zero-filled or copied buffer would commit them all)."""
+    import tempfile
+
+    fd, name = tempfile.mkstemp(prefix="musubi-tiles-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+    try:
+        os.ftruncate(fd, nbytes)
+        buf = torch.from_file(name, shared=True, size=nbytes, dtype=torch.uint8)
+    finally:
+        os.close(fd)
+        os.unlink(name)  # the mapping outlives the name; the memory goes with the last process using it
+    return buf
+
+
+class SlicedCocoDetection(Dataset):
+    """Tiles of a COCO set; index -> (tile [3, T, T] float in [0, 1] or uint8, target in tile pixels)."""
+
+    def __init__(self, frames: CocoDetection, params: SliceParams, *, cache: bool | str = False,
+                 as_uint8: bool = False) -> None:
+        """Plan the tiles of `frames`; `cache`: True, False or "auto" (when cache_fits on this machine)."""
+        if frames.image_size is not None:
+            raise ConfigError("data.slice cuts frames at their own resolution; unset data.image_size "
+                              "(the model input is the tile)")
+        self.frames, self.params, self.as_uint8 = frames, params, as_uint8
+        boxes, labels = frame_boxes(frames)
+        self.tiles: list[TileRef]
+        self.tiles, self.tiles_per_image = plan_tiles(frame_sizes(frames), boxes, labels, params)
+        if not self.tiles:
+            raise ConfigError(f"{frames.annotations}: slicing kept no tile; raise data.slice.empty_ratio")
+        # Tiles of each frame, so a decode fills all of them into the cache at once.
+        self._of_frame: dict[int, list[int]] = {}
+        for n, t in enumerate(self.tiles):
+            self._of_frame.setdefault(t.image, []).append(n)
+        self.cache: Tensor | None = None
+        self.cached: Tensor | None = None
+        local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        if cache == "auto":
+            cache = cache_fits(len(self.tiles), params.tile, local_ranks)
+        elif cache:
+            _check_shm(len(self.tiles) * params.tile**2 * 3 * local_ranks)
+        counts = [n for n in self.tiles_per_image if n]
+        log.info("%s: %d frames -> %d tiles (%d..%d per frame), tile cache %s", frames.annotations, len(frames),
+                 len(self.tiles), min(counts, default=0), max(counts, default=0), "on" if cache else "off")
+        if cache:
+            t = params.tile
+            self.cache = shared_buffer(len(self.tiles) * t * t * 3).view(len(self.tiles), t, t, 3)
+            self.cached = torch.zeros(len(self.tiles), dtype=torch.uint8).share_memory_()
+
+    @property
+    def num_classes(self) -> int:
+        """Object classes, background excluded."""
+        return self.frames.num_classes
+
+    @property
+    def category_ids(self) -> tuple[int, ...]:
+        """COCO category ids of the frames (label = position + 1)."""
+        return self.frames.category_ids
+
+    def __len__(self) -> int:
+        return len(self.tiles)
+
+    def _pixels(self, index: int) -> np.ndarray:
+        """uint8 [h, w, 3] of tile `index` (from the cache, or by decoding its frame)."""
+        ref = self.tiles[index]
+        x0, y0, x1, y1 = ref.window
+        if self.cached is not None and self.cached[index]:
+            assert self.cache is not None
+            return self.cache[index, : y1 - y0, : x1 - x0].numpy()
+        frame = np.asarray(self.frames._open(self.frames.image_dir / self.frames._file_names[ref.image]))
+        if self.cache is not None and self.cached is not None:
+            for n in self._of_frame[ref.image]:
+                a0, b0, a1, b1 = self.tiles[n].window
+                self.cache[n, : b1 - b0, : a1 - a0].numpy()[...] = frame[b0:b1, a0:a1]
+                self.cached[n] = 1
+        return frame[y0:y1, x0:x1]
+
+    def __getitem__(self, index: int) -> tuple[Tensor, dict[str, Tensor]]:
+        ref = self.tiles[index]
+        # A copy: the frame's array is read-only (PIL) and the cache's pages are shared with other workers.
+        image = torch.from_numpy(np.array(self._pixels(index))).permute(2, 0, 1).contiguous()
+        if not self.as_uint8:
+            image = image.to(torch.float32).div_(255.0)
+        target = {
+            "boxes": torch.from_numpy(ref.boxes).to(torch.float32),
+            "labels": torch.from_numpy(ref.labels),
+            # Tiles are the samples: a unique id per tile keeps the metric's de-duplication right.
+            "image_id": torch.tensor(index, dtype=torch.int64),
+        }
+        return image, target
+
+
+@dataclass
+class SliceReport:
+    """What `slice_coco` wrote."""
+
+    frames: int
+    tiles: int
+    boxes_in: int
+    boxes_out: int
+    tiles_per_image: dict[str, int] = field(default_factory=dict)
+    annotations: str = ""
+
+    @property
+    def worst_case(self) -> int:
+        """Most tiles any one frame gave."""
+        return max(self.tiles_per_image.values(), default=0)
+
+
+def _write_frame_tiles(args: tuple[Path, Path, list[tuple[str, tuple[int, int, int, int]]], int]) -> None:
+    src, out_dir, tiles, quality = args
+    with Image.open(src) as im:
+        frame = im.convert("RGB")
+    for name, window in tiles:
+        frame.crop(window).save(out_dir / name, format="JPEG", quality=quality)
+
+
+def slice_coco(annotations: Path, image_dir: Path, out: Path, params: SliceParams, quality: int = 95,
+               workers: int | None = None) -> SliceReport:
+    """Cut every frame into tiles: OUT/images/<stem>_<x0>_<y0>.jpg and OUT/annotations.json (COCO)."""
+    frames = CocoDetection(image_dir, annotations)
+    boxes, labels = frame_boxes(frames)
+    tiles, per_image = plan_tiles(frame_sizes(frames), boxes, labels, params)
+    out = Path(out)
+    (out / "images").mkdir(parents=True, exist_ok=True)
+    raw = json.loads(Path(annotations).read_text(encoding="utf-8"))
+    images: list[dict[str, Any]] = []
+    anns: list[dict[str, Any]] = []
+    jobs: dict[int, list[tuple[str, tuple[int, int, int, int]]]] = {}
+    for ref in tiles:
+        x0, y0, x1, y1 = ref.window
+        stem = Path(frames._file_names[ref.image]).with_suffix("").as_posix().replace("/", "__")
+        name = f"{stem}_{x0}_{y0}.jpg"
+        image_id = len(images) + 1
+        images.append({"id": image_id, "file_name": name, "width": x1 - x0, "height": y1 - y0,
+                       "frame_id": frames._image_ids[ref.image], "window": [x0, y0, x1, y1]})
+        for b, lab in zip(ref.boxes.tolist(), ref.labels.tolist(), strict=True):
+            w, h = b[2] - b[0], b[3] - b[1]
+            anns.append({"id": len(anns) + 1, "image_id": image_id,
+                         "category_id": frames.category_ids[int(lab) - 1],
+                         "bbox": [b[0], b[1], w, h], "area": w * h, "iscrowd": 0})
+        jobs.setdefault(ref.image, []).append((name, ref.window))
+    args = [(image_dir / frames._file_names[i], out / "images", t, quality) for i, t in jobs.items()]
+    # PIL releases the GIL while decoding and encoding: threads are enough and share nothing.
+    with ThreadPoolExecutor(max_workers=workers or min(16, os.cpu_count() or 1)) as pool:
+        list(pool.map(_write_frame_tiles, args))
+    ann_out = out / "annotations.json"
+    ann_out.write_text(json.dumps({"images": images, "annotations": anns, "categories": raw["categories"]}),
+                       encoding="utf-8")
+    return SliceReport(frames=len(frames), tiles=len(tiles), boxes_in=frames.stats.boxes, boxes_out=len(anns),
+                       tiles_per_image={frames._file_names[i]: n for i, n in enumerate(per_image)},
+                       annotations=str(ann_out))

@@ -1,0 +1,1 @@
+"""Diagnosis from telemetry: straggler detection, bottleneck labels with evidence, the HTML report."""

@@ -1,0 +1,211 @@
+"""One label per job (or step window) with its evidence: where the step time goes, and why.
+
+Labels: input bound, communication bound, straggler (rank r, section s),
+periodic checkpoint stall, host/launch bound, memory pressure, healthy compute
+bound. Each candidate carries the share of step time it costs; the largest
+triggered one is the label, the rest are listed as further findings.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from musubi.diagnose.straggler import WARMUP, detect
+from musubi.diagnose.timeline import JobTelemetry, sections_ms, wall_ms
+from musubi.telemetry.spans import SECTIONS
+
+#: Thresholds (fractions of step time) at which a cause is named. Chosen with the scenario suite
+#: (`musubi.diagnose.drills`): healthy CPU and GPU runs stay well below each one.
+INPUT_SHARE = 0.15
+COMM_SHARE = 0.25
+CHECKPOINT_SHARE = 0.05
+HOST_BOUND_SM = 60.0  # % SM activity (or utilisation) under which an un-starved GPU is waiting for launches
+DEFAULT_THRESHOLD = 0.05
+
+
+def _median(xs: list[float]) -> float:
+    return statistics.median(xs) if xs else 0.0
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f} %"
+
+
+def breakdown(tele: JobTelemetry, steps: list[tuple[int, dict[int, dict]]]) -> dict[int, dict[str, Any]]:
+    """Per rank: mean ms per section, mean wall, uncovered remainder, and span coverage of the wall."""
+    out: dict[int, dict[str, Any]] = {}
+    for rank in tele.ranks:
+        recs = [recs[rank] for _, recs in steps if rank in recs]
+        if not recs:
+            continue
+        means = {s: round(sum(sections_ms(r).get(s, 0.0) for r in recs) / len(recs), 3) for s in SECTIONS}
+        walls = [wall_ms(r) for r in recs]
+        cover = sorted(min(1.0, sum(sections_ms(r).values()) / w) for r, w in zip(recs, walls, strict=True) if w > 0)
+        mean_wall = sum(walls) / len(walls)
+        out[rank] = {"sections_ms": {k: v for k, v in means.items() if v}, "wall_ms": round(mean_wall, 3),
+                     "uncovered_ms": round(mean_wall - sum(means.values()), 3),
+                     "coverage_min": round(cover[0], 4) if cover else None,
+                     "coverage_median": round(_median(cover), 4) if cover else None}
+    return out
+
+
+def _checkpoint(tele: JobTelemetry, steps: list[tuple[int, dict[int, dict]]]) -> dict[str, Any]:
+    """Checkpoint time (slowest rank per step), how often, and its share of all step time."""
+    total = sum(max(wall_ms(r) for r in recs.values()) for _, recs in steps)
+    at, cost = [], []
+    for k, recs in steps:
+        c = max(sections_ms(r).get("checkpoint", 0.0) for r in recs.values())
+        if c > 0:
+            at.append(k)
+            cost.append(c)
+    period = _median([b - a for a, b in zip(at, at[1:], strict=False)]) if len(at) > 1 else None
+    return {"count": len(at), "steps": at[:50], "mean_ms": round(_median(cost), 1) if cost else 0.0,
+            "every_steps": period, "share": (sum(cost) / total) if total else 0.0}
+
+
+def _gpu_figures(tele: JobTelemetry, first_t: float | None, last_t: float | None) -> dict[int, dict[str, Any]]:
+    """Per rank, means of the hardware samples inside the analysed time span."""
+    out: dict[int, dict[str, Any]] = {}
+    for rank, samples in tele.samples.items():
+        xs = [s for s in samples if (first_t is None or s["t"] >= first_t) and (last_t is None or s["t"] <= last_t)]
+        if not xs:
+            continue
+        fig: dict[str, Any] = {"samples": len(xs)}
+        for key in ("util", "sm_active", "power_w", "temp_c", "sm_clock_mhz", "proc_cpu", "workers_cpu", "host_cpu"):
+            vals = [float(s[key]) for s in xs if isinstance(s.get(key), (int, float))]
+            if vals:
+                fig[key] = round(sum(vals) / len(vals), 1)
+        used = [s["mem_used_gib"] / s["mem_total_gib"] for s in xs if s.get("mem_total_gib")]
+        if used:
+            fig["mem_used_max"] = round(max(used), 3)
+        thr = sorted({t for s in xs for t in s.get("throttle", [])})
+        if thr:
+            fig["throttle"] = thr
+        out[rank] = fig
+    return out
+
+
+def _memory(tele: JobTelemetry, first: int, last: int) -> dict[str, Any]:
+    """Allocator retries gained inside the window (any rank)."""
+    gained = 0
+    for recs in tele.memory.values():
+        xs = [r for r in recs if first <= int(r.get("step", 0)) <= last and "mem_alloc_retries" in r]
+        if len(xs) >= 1:
+            before = [r for r in recs if int(r.get("step", 0)) < first and "mem_alloc_retries" in r]
+            base = before[-1]["mem_alloc_retries"] if before else 0
+            gained = max(gained, int(xs[-1]["mem_alloc_retries"]) - int(base))
+    return {"alloc_retries": gained}
+
+
+def analyze(tele: JobTelemetry, first: int | None = None, last: int | None = None,
+            threshold: float | None = None) -> dict[str, Any]:
+    """The job's figures and its label with evidence (steps [first, last] when given)."""
+    if threshold is None:
+        threshold = float(((tele.job.get("config") or {}).get("telemetry") or {}).get("straggler_threshold")
+                          or DEFAULT_THRESHOLD)
+    aligned = tele.aligned(first, last)
+    if not aligned:
+        return {"job": tele.name, "steps": 0, "label": None,
+                "text": "no step telemetry (telemetry disabled, or the job never finished a step)"}
+    steady = [(k, r) for k, r in aligned if k > WARMUP] or aligned
+    k0, k1 = steady[0][0], steady[-1][0]
+    n_ranks = len(tele.ranks)
+    walls = [max(wall_ms(r) for r in recs.values()) for _, recs in steady]
+    step_ms = _median(walls)
+
+    def share(rec: dict, *names: str) -> float:
+        w = wall_ms(rec)
+        return sum(sections_ms(rec).get(n, 0.0) for n in names) / w if w else 0.0
+
+    data = _median([statistics.mean(share(r, "data", "h2d") for r in recs.values()) for _, recs in steady])
+    comm = _median([min(share(r, "grad_comm") for r in recs.values()) for _, recs in steady])
+    ckpt = _checkpoint(tele, steady)
+    strag = detect(aligned, threshold)
+    t_first = min(r["t"] for r in steady[0][1].values())
+    t_last = max(r["t"] + wall_ms(r) / 1e3 for r in steady[-1][1].values())
+    gpu = _gpu_figures(tele, t_first, t_last)
+    mem = _memory(tele, k0, k1)
+
+    findings: list[dict[str, Any]] = []
+    for s in strag["stragglers"]:
+        ev = (f"rank {s['rank']} spends {_pct(s['excess'])} of a step longer in {s['section']} than the fastest "
+              f"rank (median of {strag['steps']} steps; {_pct(s['work_excess'])} over all its work before the "
+              "gradient sync)")
+        if s["last_share"] is not None:
+            ev += f"; it arrived last at {_pct(s['last_share'])} of the gradient all-reduces"
+        if s.get("flagged_at"):
+            ev += f"; flagged live at step {s['flagged_at']}"
+        findings.append({"label": "straggler", "rank": s["rank"], "section": s["section"], "share": s["excess"],
+                         "text": f"straggler (rank {s['rank']}, section {s['section']})", "evidence": ev})
+    if ckpt["count"] >= 2 and ckpt["share"] >= CHECKPOINT_SHARE:
+        findings.append({"label": "periodic checkpoint stall", "share": ckpt["share"],
+                         "text": "periodic checkpoint stall",
+                         "evidence": f"{ckpt['count']} checkpoints, every {ckpt['every_steps']:g} steps, "
+                                     f"{ckpt['mean_ms']:.0f} ms each: {_pct(ckpt['share'])} of all step time "
+                                     f"(a normal step takes {step_ms:.1f} ms)"})
+    if data >= INPUT_SHARE:
+        findings.append({"label": "input bound", "share": data, "text": "input bound",
+                         "evidence": f"ranks wait for the next batch (data + host-to-device) for "
+                                     f"{_pct(data)} of each step (median)"
+                                     + _cpu_evidence(gpu)})
+    if comm >= COMM_SHARE and not strag["stragglers"]:
+        findings.append({"label": "communication bound", "share": comm, "text": "communication bound",
+                         "evidence": f"even the last rank to arrive waits {_pct(comm)} of each step for the "
+                                     "gradient all-reduce (exposed, not overlapped with backward)"})
+    retries = mem["alloc_retries"]
+    mem_full = max((g.get("mem_used_max", 0.0) for g in gpu.values()), default=0.0)
+    if retries > 0 or mem_full >= 0.97:
+        findings.append({"label": "memory pressure", "share": 0.5 if retries else 0.1, "text": "memory pressure",
+                         "evidence": f"{retries} allocator retries (cudaFree + retry) in the window; "
+                                     f"GPU memory up to {_pct(mem_full)} used"})
+    if tele.on_gpu:
+        host = _host_launch(tele, steady, gpu)
+        if host is not None:
+            findings.append(host)
+    findings.sort(key=lambda f: -f["share"])
+    if findings:
+        top = findings[0]
+    else:
+        busy = [g.get("sm_active", g.get("util")) for g in gpu.values() if "util" in g or "sm_active" in g]
+        ev = (f"no stall above its threshold: data {_pct(data)}, exposed gradient comm {_pct(comm)}, "
+              f"checkpoint {_pct(ckpt['share'])} of step time; no straggler")
+        if busy:
+            ev += f"; GPU busy {statistics.mean(busy):.0f} % (mean over GPUs)"
+        top = {"label": "healthy compute bound", "share": 1.0 - data - comm, "text": "healthy compute bound",
+               "evidence": ev}
+    return {
+        "job": tele.name, "ranks": n_ranks, "device": "gpu" if tele.on_gpu else "cpu",
+        "steps": len(aligned), "window": [k0, k1], "step_ms_median": round(step_ms, 3),
+        "label": top["label"], "text": top["text"], "evidence": top["evidence"],
+        "findings": findings[1:] if findings and top is findings[0] else findings,
+        "figures": {"data_share": round(data, 4), "grad_comm_share": round(comm, 4),
+                    "checkpoint": ckpt, "memory": mem, "hardware": gpu},
+        "breakdown": breakdown(tele, steady), "stragglers": strag,
+    }
+
+
+def _cpu_evidence(gpu: dict[int, dict[str, Any]]) -> str:
+    """Loader-worker and host CPU load, when sampled."""
+    host = [g["host_cpu"] for g in gpu.values() if "host_cpu" in g]
+    workers = [g["workers_cpu"] for g in gpu.values() if "workers_cpu" in g]
+    if not host:
+        return ""
+    return f"; host CPU {statistics.mean(host):.0f} %, loader workers {statistics.mean(workers):.0f} % per rank"
+
+
+def _host_launch(tele: JobTelemetry, steady: list, gpu: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
+    """GPU idle between kernels while the host is busy launching them (not data, not comm)."""
+    busy = [g.get("sm_active", g.get("util")) for g in gpu.values() if "sm_active" in g or "util" in g]
+    if not busy or statistics.mean(busy) >= HOST_BOUND_SM:
+        return None
+    compute = ("forward", "backward", "optimizer")
+    host = sum(sum(r.get("host", {}).get(s, 0.0) for s in compute) for _, recs in steady for r in recs.values())
+    dev = sum(sum(r.get("gpu", {}).get(s, 0.0) for s in compute) for _, recs in steady for r in recs.values())
+    if not dev or host / dev < 0.9:
+        return None
+    idle = 1.0 - statistics.mean(busy) / 100
+    return {"label": "host/launch bound", "share": idle, "text": "host/launch bound",
+            "evidence": f"the GPUs are busy {statistics.mean(busy):.0f} % of the time while the host spends "
+                        f"{host / dev:.2f}x the GPU's time issuing forward/backward/optimizer: kernels wait "
+                        "for the CPU to launch them"}

@@ -1,0 +1,83 @@
+"""`musubi report RUN [-o report.html] [--json] [--steps A:B]`: diagnosis, HTML report, Chrome trace."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.text import Text
+
+from musubi.config.errors import ConfigError
+
+
+def _steps(window: str | None) -> tuple[int | None, int | None]:
+    if not window:
+        return None, None
+    a, sep, b = window.partition(":")
+    try:
+        first = int(a) if a.strip() else None
+        last = int(b) if b.strip() else None
+    except ValueError:
+        raise ConfigError(f"--steps {window!r}: give FIRST:LAST optimizer steps, e.g. --steps 100:400") from None
+    if not sep or (first is not None and last is not None and last < first):
+        raise ConfigError(f"--steps {window!r}: give FIRST:LAST optimizer steps, e.g. --steps 100:400")
+    return first, last
+
+
+def build_report(run: Path, out: Path | None = None, window: str | None = None,
+                 write_html: bool = True) -> dict[str, Any]:
+    """Analyse every job of `run`; write the HTML page and the trace unless `write_html` is False."""
+    from musubi.diagnose.classify import analyze
+    from musubi.diagnose.timeline import job_dirs, load_job
+
+    run = Path(run)
+    if not run.is_dir():
+        raise ConfigError(f"{run}: no such run directory; give the --out folder of `musubi train` or `musubi run`")
+    first, last = _steps(window)
+    dirs = job_dirs(run)
+    if not dirs:
+        raise ConfigError(f"{run}: no job with a telemetry/ folder; was it trained with telemetry.enabled: false?")
+    jobs = []
+    for d in dirs:
+        tele = load_job(d)
+        jobs.append((tele, analyze(tele, first, last)))
+    result: dict[str, Any] = {"run": str(run), "jobs": [a for _, a in jobs]}
+    if write_html:
+        from musubi.diagnose.page import render
+        from musubi.diagnose.trace import chrome_trace
+
+        html_path = out or run / "report.html"
+        trace_path = html_path.with_name(html_path.stem + ".trace.json")
+        trace_path.parent.mkdir(parents=True, exist_ok=True)
+        trace_path.write_text(json.dumps(chrome_trace([t for t, _ in jobs])), encoding="utf-8")
+        html_path.write_text(render(run, jobs, trace_path.name), encoding="utf-8")
+        result["html"], result["trace"] = str(html_path), str(trace_path)
+    return result
+
+
+def report_command(
+    run: Path = typer.Argument(..., help="Run directory (or one job's folder)."),
+    out: Path | None = typer.Option(None, "-o", "--out", help="HTML file (default RUN/report.html)."),
+    as_json: bool = typer.Option(False, "--json", help="Print labels, evidence and figures as JSON (no HTML)."),
+    steps: str | None = typer.Option(None, "--steps", help="Analyse optimizer steps FIRST:LAST only."),
+) -> None:
+    """Name each job's bottleneck with its evidence; write report.html and a Chrome/Perfetto trace."""
+    from rich.console import Console
+
+    try:
+        result = build_report(run, out, steps, write_html=not as_json)
+    except ConfigError as e:
+        Console(stderr=True, soft_wrap=True).print(Text("error: ", style="bold red") + Text(str(e)), highlight=False)
+        raise typer.Exit(2) from None
+    if as_json:
+        print(json.dumps(result, indent=1))
+        return
+    con = Console(soft_wrap=True)
+    for a in result["jobs"]:
+        if a.get("label"):
+            con.print(f"{a['job']}: {a['text']} - {a['evidence']}", highlight=False, markup=False)
+        else:
+            con.print(f"{a['job']}: {a.get('text')}", highlight=False, markup=False)
+    con.print(f"report: {result['html']}\ntrace: {result['trace']} (open in ui.perfetto.dev)", highlight=False)

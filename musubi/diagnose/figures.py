@@ -1,0 +1,166 @@
+"""The report's plots, drawn with matplotlib and returned as inline SVG text.
+
+Text is drawn as paths (matplotlib's default `svg.fonttype`), and no plot carries
+a user-controlled string (job names, paths): only rank numbers, section names
+and units, so an SVG can be inlined in the page as is.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+from typing import Any
+
+from musubi.config.errors import ConfigError
+from musubi.diagnose.timeline import JobTelemetry, local_work_ms, sections_ms, wall_ms
+from musubi.telemetry.spans import SECTIONS
+
+COLORS = {"data": "#e45756", "h2d": "#ff9da6", "forward": "#4c78a8", "backward": "#72b7b2",
+          "grad_comm": "#f58518", "optimizer": "#54a24b", "log": "#bab0ac", "checkpoint": "#b279a2",
+          "eval": "#9d755d", "uncovered": "#eeeeee"}
+
+
+def _plt() -> Any:
+    try:
+        import matplotlib
+    except ImportError:
+        raise ConfigError("musubi report draws with matplotlib, which is not installed: "
+                          "pip install 'musubi-train[report]' (or use --json)") from None
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _svg(fig: Any) -> str:
+    buf = io.StringIO()
+    fig.savefig(buf, format="svg", bbox_inches="tight")
+    _plt().close(fig)
+    text = buf.getvalue()
+    text = text[text.index("<svg"):]  # drop the XML prolog and DOCTYPE: inlined in HTML
+    return re.sub(r"<metadata>.*?</metadata>", "", text, flags=re.S)
+
+
+def _t0(tele: JobTelemetry) -> float:
+    ts = [r["t"] for recs in tele.steps.values() for r in recs[:1]]
+    ts += [s["t"] for ss in tele.samples.values() for s in ss[:1]]
+    return min(ts) if ts else 0.0
+
+
+def utilisation(tele: JobTelemetry) -> str | None:
+    """GPU utilisation and SM activity over time, one line per rank's GPU (CPU runs: process CPU %)."""
+    if not tele.samples:
+        return None
+    plt = _plt()
+    t0 = _t0(tele)
+    gpu = any("util" in s for ss in tele.samples.values() for s in ss)
+    fig, ax = plt.subplots(figsize=(9, 3.2))
+    for rank, ss in sorted(tele.samples.items()):
+        t = [s["t"] - t0 for s in ss]
+        if gpu:
+            ax.plot(t, [s.get("util", float("nan")) for s in ss], lw=1.2, label=f"rank {rank} GPU util")
+            if any("sm_active" in s for s in ss):
+                ax.plot(t, [s.get("sm_active", float("nan")) for s in ss], lw=1, ls="--",
+                        label=f"rank {rank} SM active")
+        else:
+            ax.plot(t, [s.get("proc_cpu", float("nan")) for s in ss], lw=1.2, label=f"rank {rank} process CPU")
+            ax.plot(t, [s.get("workers_cpu", float("nan")) for s in ss], lw=1, ls=":",
+                    label=f"rank {rank} loader workers CPU")
+    ax.set_xlabel("time since start (s)")
+    ax.set_ylabel("%")
+    ax.set_title("GPU utilisation per GPU" if gpu else "CPU load per rank (no GPU)")
+    ax.legend(fontsize=7, ncol=2, loc="upper right")
+    ax.grid(alpha=0.3)
+    return _svg(fig)
+
+
+def breakdown(analysis: dict[str, Any]) -> str | None:
+    """Mean step time per rank, stacked by section."""
+    b = analysis.get("breakdown") or {}
+    if not b:
+        return None
+    plt = _plt()
+    ranks = sorted(b, key=int)
+    fig, ax = plt.subplots(figsize=(9, 0.5 + 0.45 * len(ranks)))
+    for i, r in enumerate(ranks):
+        left = 0.0
+        secs = b[r]["sections_ms"]
+        for s in (*SECTIONS, "uncovered"):
+            v = secs.get(s, 0.0) if s != "uncovered" else max(0.0, b[r]["uncovered_ms"])
+            if v <= 0:
+                continue
+            ax.barh(i, v, left=left, color=COLORS[s], label=s if i == 0 else None, edgecolor="white", lw=0.5)
+            left += v
+    ax.set_yticks(range(len(ranks)), [f"rank {r}" for r in ranks])
+    ax.invert_yaxis()
+    ax.set_xlabel("mean ms per step")
+    ax.set_title("Step-time breakdown per rank")
+    handles, labels = ax.get_legend_handles_labels()
+    seen = dict(zip(labels, handles, strict=True))
+    ax.legend(seen.values(), seen.keys(), fontsize=7, ncol=5, loc="upper center", bbox_to_anchor=(0.5, -0.35))
+    return _svg(fig)
+
+
+def heartbeat(tele: JobTelemetry) -> str | None:
+    """Step wall time (slowest rank) per step: a periodic stall shows as regular spikes."""
+    aligned = tele.aligned()
+    if not aligned:
+        return None
+    plt = _plt()
+    steps = [k for k, _ in aligned]
+    walls = [max(wall_ms(r) for r in recs.values()) for _, recs in aligned]
+    fig, ax = plt.subplots(figsize=(9, 2.8))
+    ax.plot(steps, walls, lw=1, color="#4c78a8", label="step time (slowest rank)")
+    for name, color in (("checkpoint", COLORS["checkpoint"]), ("eval", COLORS["eval"]), ("data", COLORS["data"])):
+        xs = [(k, w) for (k, recs), w in zip(aligned, walls, strict=True)
+              if max(sections_ms(r).get(name, 0.0) for r in recs.values()) > 0.25 * w]
+        if xs:
+            ax.scatter([x for x, _ in xs], [w for _, w in xs], s=14, color=color, zorder=3,
+                       label=f"{name} > 25 % of the step")
+    ax.set_yscale("log")
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("ms")
+    ax.set_title("Stall heartbeat")
+    ax.legend(fontsize=7, loc="upper right")
+    ax.grid(alpha=0.3, which="both")
+    return _svg(fig)
+
+
+def local_work(tele: JobTelemetry) -> str | None:
+    """Each rank's own work before the gradient sync, per step (where a straggler shows)."""
+    if len(tele.steps) < 2:
+        return None
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(9, 2.8))
+    for rank, recs in sorted(tele.steps.items()):
+        ax.plot([r["step"] for r in recs], [local_work_ms(r) for r in recs], lw=1, label=f"rank {rank}")
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("ms")
+    ax.set_title("Work before the gradient sync, per rank")
+    ax.legend(fontsize=7, ncol=4, loc="upper right")
+    ax.grid(alpha=0.3)
+    return _svg(fig)
+
+
+def memory(tele: JobTelemetry) -> str | None:
+    """GPU memory used over time per GPU (NVML); CPU runs: each rank's resident memory."""
+    if not tele.samples:
+        return None
+    plt = _plt()
+    t0 = _t0(tele)
+    gpu = any("mem_used_gib" in s for ss in tele.samples.values() for s in ss)
+    key = "mem_used_gib" if gpu else "rss_gib"
+    fig, ax = plt.subplots(figsize=(9, 2.8))
+    for rank, ss in sorted(tele.samples.items()):
+        ax.plot([s["t"] - t0 for s in ss], [s.get(key, float("nan")) for s in ss], lw=1.2, label=f"rank {rank}")
+        if gpu:
+            total = next((s["mem_total_gib"] for s in ss if s.get("mem_total_gib")), None)
+            if total:
+                ax.axhline(total, color="grey", lw=0.8, ls=":")
+    ax.set_xlabel("time since start (s)")
+    ax.set_ylabel("GiB")
+    ax.set_title("GPU memory used per GPU (dotted: capacity)" if gpu else "Resident memory per rank (no GPU)")
+    ax.legend(fontsize=7, ncol=4, loc="lower right")
+    ax.grid(alpha=0.3)
+    return _svg(fig)

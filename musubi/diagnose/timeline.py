@@ -1,0 +1,122 @@
+"""Reading a job's telemetry back: step records per rank, hardware samples, memory figures, live flags."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+#: Sections that are a rank's own work (no collective inside): what straggler scores compare.
+LOCAL_WORK = ("data", "h2d", "forward", "backward", "optimizer")
+
+
+def sections_ms(rec: dict[str, Any]) -> dict[str, float]:
+    """A step's section times: device time where CUDA events were resolved, host time otherwise."""
+    return rec.get("gpu") or rec.get("host") or {}
+
+
+def wall_ms(rec: dict[str, Any]) -> float:
+    """A step's wall time on the clock its sections use."""
+    return float(rec.get("gpu_wall_ms") or rec.get("wall_ms") or 0.0)
+
+
+def local_work_ms(rec: dict[str, Any]) -> float:
+    """Time a rank spent on its own work in a step (no waiting for peers)."""
+    s = sections_ms(rec)
+    return sum(s.get(k, 0.0) for k in LOCAL_WORK)
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """JSON lines of a file; a torn last line (a rank killed mid-write) is skipped."""
+    out = []
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return out
+    for line in text.splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(rec, dict):
+            out.append(rec)
+    return out
+
+
+@dataclass
+class JobTelemetry:
+    """Everything a job's telemetry folder holds, by rank."""
+
+    name: str
+    path: Path
+    steps: dict[int, list[dict[str, Any]]] = field(default_factory=dict)  # rank -> step records in order
+    tails: dict[int, dict[str, Any]] = field(default_factory=dict)  # rank -> what ran after the last step
+    memory: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
+    samples: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
+    flags: list[dict[str, Any]] = field(default_factory=list)  # live straggler flags (rank 0's watch)
+    job: dict[str, Any] = field(default_factory=dict)  # job.json
+
+    @property
+    def ranks(self) -> list[int]:
+        """Ranks that recorded steps."""
+        return sorted(self.steps)
+
+    @property
+    def on_gpu(self) -> bool:
+        """True when steps carry CUDA event times."""
+        return any("gpu" in r for recs in self.steps.values() for r in recs[:1])
+
+    def aligned(self, first: int | None = None, last: int | None = None) -> list[tuple[int, dict[int, dict]]]:
+        """(step, {rank: record}) for the steps every rank recorded, within [first, last]."""
+        by_step: dict[int, dict[int, dict]] = {}
+        for rank, recs in self.steps.items():
+            for r in recs:
+                by_step.setdefault(int(r["step"]), {})[rank] = r
+        n = len(self.steps)
+        return [(k, v) for k, v in sorted(by_step.items()) if len(v) == n
+                and (first is None or k >= first) and (last is None or k <= last)]
+
+
+def load_job(job_dir: Path) -> JobTelemetry:
+    """Read JOB/telemetry/ (and job.json); steps deduplicated to the latest attempt's records."""
+    tele = JobTelemetry(name=job_dir.name, path=job_dir)
+    try:
+        tele.job = json.loads((job_dir / "job.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        tele.job = {}
+    d = job_dir / "telemetry"
+    for p in sorted(d.glob("rank*.jsonl")):
+        try:
+            rank = int(p.stem[4:])
+        except ValueError:
+            continue
+        steps: dict[int, dict] = {}
+        for rec in read_jsonl(p):
+            kind = rec.get("kind")
+            if kind == "step" and isinstance(rec.get("step"), int):
+                steps[rec["step"]] = rec  # a restart redoes steps: the later record wins
+            elif kind == "tail":
+                tele.tails[rank] = rec
+            elif kind == "memory":
+                tele.memory.setdefault(rank, []).append(rec)
+        if steps:
+            tele.steps[rank] = [steps[k] for k in sorted(steps)]
+    for p in sorted(d.glob("sampler-rank*.jsonl")):
+        try:
+            rank = int(p.stem.removeprefix("sampler-rank"))
+        except ValueError:
+            continue
+        tele.samples[rank] = [r for r in read_jsonl(p) if r.get("kind") == "sample"]
+    tele.flags = read_jsonl(d / "stragglers.jsonl")
+    return tele
+
+
+def job_dirs(run: Path) -> list[Path]:
+    """The job folders of a run directory (or the run itself when it is one job's folder)."""
+    if (run / "telemetry").is_dir():
+        return [run]
+    return sorted(p for p in run.iterdir() if p.is_dir() and (p / "telemetry").is_dir())

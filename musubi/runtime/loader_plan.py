@@ -1,0 +1,52 @@
+"""How a rank's data loader is shaped: workers, pinning, prefetch, persistence, from config and machine."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from musubi.runtime.pinning import MAX_AUTO_WORKERS  # noqa: F401 - one limit for `auto`, re-exported
+from musubi.runtime.pinning import auto_workers as workers_for_cores
+
+
+@dataclass(frozen=True)
+class LoaderPlan:
+    """DataLoader keyword arguments of one rank."""
+
+    workers: int
+    pin_memory: bool
+    prefetch: int
+    persistent: bool
+
+    def kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for torch.utils.data.DataLoader."""
+        return {"num_workers": self.workers, "pin_memory": self.pin_memory,
+                "persistent_workers": self.persistent and self.workers > 0,
+                "prefetch_factor": self.prefetch if self.workers > 0 else None}
+
+
+def cores_of_rank(local_ranks: int) -> int:
+    """CPU cores this rank may use: its affinity set when a binder narrowed it, else an equal share."""
+    total = os.cpu_count() or 1
+    try:
+        allowed = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        allowed = total
+    if allowed < total:  # pinned (musubi binding, taskset, Slurm): the set is already this rank's
+        return allowed
+    return max(1, total // max(1, local_ranks))
+
+
+def auto_workers(local_ranks: int) -> int:
+    """Workers per rank: its cores minus one for the training process itself, at least 1 (pinning.auto_workers)."""
+    return max(1, workers_for_cores(cores_of_rank(local_ranks)))
+
+
+def plan_loader(workers: int | str, pin_memory: bool, prefetch: int, persistent: bool, is_cuda: bool,
+                local_ranks: int | None = None) -> LoaderPlan:
+    """The loader plan of one rank (local_ranks default: torchrun's LOCAL_WORLD_SIZE)."""
+    if local_ranks is None:
+        local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    n = auto_workers(local_ranks) if workers == "auto" else int(workers)
+    return LoaderPlan(workers=n, pin_memory=pin_memory and is_cuda, prefetch=prefetch, persistent=persistent)

@@ -1,0 +1,218 @@
+"""Hardware sampler thread: this rank's GPU through NVML, its process and loader workers through psutil.
+
+Per sample (1-10 Hz): GPU utilisation, SM activity from the GPM API where the
+GPU offers it (Hopper and later; plain "utilisation" reads 100 % while one tiny
+kernel runs), memory, power, SM/memory clocks, temperature and clock-event
+(throttle) reasons; CPU of this process, of its data-loader workers, and of the
+host. Without NVML (CPU runs, no driver) only the CPU figures are written. Each
+NVML query that fails is left out of the sample, never fatal.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from musubi.telemetry.writer import TelemetryWriter
+
+log = logging.getLogger("musubi.telemetry")
+
+#: Clock-event reason bits worth naming (NVML's nvmlClocksEventReason*).
+THROTTLE_BITS = {
+    0x1: "gpu_idle", 0x2: "app_clocks", 0x4: "sw_power_cap", 0x8: "hw_slowdown", 0x20: "sw_thermal",
+    0x40: "hw_thermal", 0x80: "hw_power_brake", 0x100: "display_clocks",
+}
+
+
+def throttle_names(mask: int) -> list[str]:
+    """Names of the set clock-event reason bits (idle excluded: not a slowdown)."""
+    return [name for bit, name in THROTTLE_BITS.items() if mask & bit and name != "gpu_idle"]
+
+
+class NvmlDevice:
+    """One GPU seen through NVML (located by UUID so CUDA_VISIBLE_DEVICES cannot mislead it)."""
+
+    def __init__(self, nvml: Any, handle: Any, index: int) -> None:
+        self.nvml, self.h, self.index = nvml, handle, index
+        self._gpm_prev = None
+        try:
+            self.gpm = bool(nvml.nvmlGpmQueryDeviceSupport(handle).isSupportedDevice)
+        except Exception:  # older driver or binding: no GPM
+            self.gpm = False
+
+    def _q(self, out: dict[str, Any], key: str, fn: Any, scale: float = 1.0) -> None:
+        try:
+            v = fn()
+        except Exception:
+            return
+        out[key] = round(v * scale, 3) if isinstance(v, float) or scale != 1.0 else v
+
+    def read(self) -> dict[str, Any]:
+        """One sample of this GPU."""
+        n, h = self.nvml, self.h
+        out: dict[str, Any] = {"gpu_index": self.index}
+        try:
+            u = n.nvmlDeviceGetUtilizationRates(h)
+            out["util"], out["mem_util"] = u.gpu, u.memory
+        except Exception:
+            pass
+        try:
+            m = n.nvmlDeviceGetMemoryInfo(h)
+            out["mem_used_gib"], out["mem_total_gib"] = round(m.used / 2**30, 3), round(m.total / 2**30, 3)
+        except Exception:
+            pass
+        self._q(out, "power_w", lambda: n.nvmlDeviceGetPowerUsage(h), 1e-3)
+        self._q(out, "sm_clock_mhz", lambda: n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_SM))
+        self._q(out, "mem_clock_mhz", lambda: n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_MEM))
+        self._q(out, "temp_c", lambda: n.nvmlDeviceGetTemperature(h, n.NVML_TEMPERATURE_GPU))
+        try:
+            mask = n.nvmlDeviceGetCurrentClocksEventReasons(h)
+        except Exception:
+            try:
+                mask = n.nvmlDeviceGetCurrentClocksThrottleReasons(h)
+            except Exception:
+                mask = None
+        if mask is not None:
+            out["throttle"] = throttle_names(int(mask))
+        if self.gpm:
+            sm = self._gpm_sm_activity()
+            if sm is not None:
+                out["sm_active"] = sm
+        return out
+
+    def _gpm_sm_activity(self) -> float | None:
+        """SM activity (%) between this and the previous GPM sample."""
+        n = self.nvml
+        try:
+            cur = n.nvmlGpmSampleAlloc()
+            n.nvmlGpmSampleGet(self.h, cur)
+        except Exception:
+            self.gpm = False
+            return None
+        prev, self._gpm_prev = self._gpm_prev, cur
+        if prev is None:
+            return None
+        try:
+            mg = n.c_nvmlGpmMetricsGet_t()
+            mg.version = n.NVML_GPM_METRICS_GET_VERSION
+            mg.numMetrics = 1
+            mg.sample1, mg.sample2 = prev, cur
+            mg.metrics[0].metricId = n.NVML_GPM_METRIC_SM_UTIL
+            n.nvmlGpmMetricsGet(mg)
+            if mg.metrics[0].nvmlReturn != 0:  # this metric unsupported on this GPU
+                self.gpm = False
+                return None
+            return round(float(mg.metrics[0].value), 2)
+        except Exception:
+            self.gpm = False
+            return None
+        finally:
+            try:
+                n.nvmlGpmSampleFree(prev)
+            except Exception:
+                pass
+
+
+def open_nvml_device(cuda_index: int | None) -> NvmlDevice | None:
+    """NVML's view of CUDA device `cuda_index` (None: CPU run, or no NVML)."""
+    if cuda_index is None:
+        return None
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:
+        return None
+    handle, index = None, cuda_index
+    try:
+        import torch
+
+        uuid = str(getattr(torch.cuda.get_device_properties(cuda_index), "uuid", "") or "")
+        if uuid:
+            for i in range(pynvml.nvmlDeviceGetCount()):
+                h = pynvml.nvmlDeviceGetHandleByIndex(i)
+                if str(pynvml.nvmlDeviceGetUUID(h)).removeprefix("GPU-") == uuid.removeprefix("GPU-"):
+                    handle, index = h, i
+                    break
+        if handle is None:
+            handle = pynvml.nvmlDeviceGetHandleByIndex(cuda_index)
+    except Exception as e:
+        log.info("NVML sees no GPU for cuda:%s (%s): CPU figures only", cuda_index, e)
+        return None
+    return NvmlDevice(pynvml, handle, index)
+
+
+class Sampler:
+    """A daemon thread writing one sample per period to `path`."""
+
+    def __init__(self, path: Path, rank: int, hz: float, device: NvmlDevice | None) -> None:
+        self.rank, self.period, self.device = rank, 1.0 / hz, device
+        self.proc = psutil.Process()
+        self.proc.cpu_percent(None)  # the first call only starts the measurement
+        psutil.cpu_percent(None)
+        self._children: dict[int, psutil.Process] = {}
+        self.writer = TelemetryWriter(path)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"musubi-sampler-rank{rank}", daemon=True)
+        self._thread.start()
+
+    def _workers_cpu(self) -> tuple[float, int]:
+        """CPU % of this process's children (data-loader workers), summed; and their count."""
+        total, seen = 0.0, set()
+        try:
+            kids = self.proc.children(recursive=True)
+        except psutil.Error:
+            return 0.0, 0
+        for k in kids:
+            seen.add(k.pid)
+            p = self._children.get(k.pid)
+            if p is None:
+                self._children[k.pid] = k
+                try:
+                    k.cpu_percent(None)
+                except psutil.Error:
+                    pass
+                continue
+            try:
+                total += p.cpu_percent(None)
+            except psutil.Error:
+                pass
+        for pid in list(self._children):
+            if pid not in seen:
+                del self._children[pid]
+        return round(total, 1), len(seen)
+
+    def sample(self) -> dict[str, Any]:
+        """One record: time, CPU figures, and the GPU's when there is one."""
+        workers, n = self._workers_cpu()
+        rec: dict[str, Any] = {
+            "kind": "sample", "rank": self.rank, "t": round(time.time(), 3),
+            "proc_cpu": self.proc.cpu_percent(None), "workers_cpu": workers, "workers": n,
+            "host_cpu": psutil.cpu_percent(None),
+        }
+        try:
+            rec["rss_gib"] = round(self.proc.memory_info().rss / 2**30, 3)
+        except psutil.Error:
+            pass
+        if self.device is not None:
+            rec.update(self.device.read())
+        return rec
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.period):
+            try:
+                self.writer.put(self.sample())
+            except Exception as e:  # a sampler never ends a run
+                log.warning("sampler stopped: %s", e)
+                return
+
+    def close(self) -> None:
+        """Stop sampling and flush."""
+        self._stop.set()
+        self._thread.join(5)
+        self.writer.close()

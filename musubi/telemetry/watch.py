@@ -1,0 +1,94 @@
+"""Rank 0's live straggler watch: a thread that tails every rank's telemetry file.
+
+No collective and nothing in the step: the writers flush every half second, this
+thread reads the new lines once a second, feeds each step that every rank has
+recorded to the streaming detector, and on a new flag logs one line naming the
+rank and the section, and appends it to `telemetry/stragglers.jsonl`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from musubi.diagnose.straggler import StragglerDetector
+
+log = logging.getLogger("musubi.telemetry")
+POLL_S = 1.0
+
+
+class StragglerWatch:
+    """Tail `rank{r}.jsonl` of `world` ranks in `folder`; flag stragglers as they appear."""
+
+    def __init__(self, folder: Path, world: int, threshold: float) -> None:
+        self.folder, self.world = folder, world
+        self.detector = StragglerDetector(threshold)
+        self._offsets = [0] * world
+        self._partial = [""] * world
+        self._pending: dict[int, dict[int, dict[str, Any]]] = {}
+        self._next = 1  # the next step to hand to the detector
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="musubi-straggler-watch", daemon=True)
+        self._thread.start()
+
+    def _read(self, rank: int) -> None:
+        p = self.folder / f"rank{rank}.jsonl"
+        try:
+            with open(p, encoding="utf-8", errors="replace") as f:
+                f.seek(self._offsets[rank])
+                chunk = f.read()
+                self._offsets[rank] = f.tell()
+        except OSError:
+            return
+        text = self._partial[rank] + chunk
+        lines = text.split("\n")
+        self._partial[rank] = lines.pop()  # an unfinished line waits for the next read
+        for line in lines:
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if rec.get("kind") == "step":
+                self._pending.setdefault(int(rec["step"]), {})[rank] = rec
+
+    def poll(self) -> None:
+        """Read what is new and feed complete steps to the detector, in order."""
+        for r in range(self.world):
+            self._read(r)
+        if self._pending and self._next not in self._pending:
+            self._next = min(self._pending)  # a resumed run starts past step 1
+        while len(self._pending.get(self._next, {})) == self.world:
+            recs = self._pending.pop(self._next)
+            for s in self.detector.update(self._next, recs):
+                self._flag(s)
+            self._next += 1
+
+    def _flag(self, s: Any) -> None:
+        share = "" if s.last_share is None else f"; it arrived last at {s.last_share:.0%} of gradient all-reduces"
+        log.warning("straggler: rank %d is %.1f%% of a step slower than the fastest rank in %s, before the "
+                    "gradient sync (steps %d-%d)%s", s.rank, 100 * s.excess, s.section,
+                    s.flagged_at - self.detector.window + 1, s.flagged_at, share)
+        with open(self.folder / "stragglers.jsonl", "a", encoding="utf-8") as f:
+            f.write(json.dumps({"kind": "straggler", "t": round(time.time(), 3), "step": s.flagged_at,
+                                **s.to_dict()}) + "\n")
+
+    def _run(self) -> None:
+        while not self._stop.wait(POLL_S):
+            try:
+                self.poll()
+            except Exception as e:  # the watch never ends a run
+                log.warning("straggler watch stopped: %s", e)
+                return
+
+    def close(self) -> None:
+        """A last poll (the run's final steps), then stop."""
+        self._stop.set()
+        self._thread.join(5)
+        try:
+            self.poll()
+        except Exception as e:
+            log.warning("straggler watch: last poll failed: %s", e)

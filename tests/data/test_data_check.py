@@ -1,0 +1,93 @@
+"""`musubi data check`: each crafted problem is found, named and listed; the CLI exits 1 on it."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from musubi.cli import app
+from musubi.preflight.read.data import read_data
+
+from .sets import edit, small_set
+
+
+def _kinds(ann: Path) -> dict[str, list[str]]:
+    r = read_data(str(ann), examples=100)
+    assert r.error is None, r.error
+    return {i.kind: list(i.examples) for i in r.issues}
+
+
+def _break_missing(ann: Path) -> None:
+    (ann.parent / "images" / "frame_00001.jpg").unlink()
+
+
+def _break_corrupt(ann: Path) -> None:
+    p = ann.parent / "images" / "frame_00002.jpg"
+    p.write_bytes(p.read_bytes()[:300])  # truncated JPEG
+
+
+def _box(i: int, bbox: list[float]) -> Any:
+    return lambda d: d["annotations"][i].update(bbox=bbox)
+
+
+CASES = {
+    "missing": (_break_missing, "frame_00001.jpg"),
+    "undecodable": (_break_corrupt, "frame_00002.jpg"),
+    "box_outside": (lambda a: edit(a, _box(0, [90, 10, 30, 10])), "annotations[0]"),
+    "empty_box": (lambda a: edit(a, _box(1, [10, 10, 0, 5])), "annotations[1]"),
+    "unknown_category": (lambda a: edit(a, lambda d: d["annotations"][2].update(category_id=99)),
+                         "annotations[2] category_id 99"),
+    "unknown_image": (lambda a: edit(a, lambda d: d["annotations"][3].update(image_id=77)), "image_id 77"),
+    "duplicate_image_id": (lambda a: edit(a, lambda d: d["images"][1].update(id=1)), "image id 1"),
+    "duplicate_annotation_id": (lambda a: edit(a, lambda d: d["annotations"][1].update(id=1)),
+                                "annotation id 1"),
+    "duplicate_file_name": (lambda a: edit(a, lambda d: d["images"][2].update(file_name="frame_00000.jpg")),
+                            "frame_00000.jpg"),
+    "duplicate_image": (lambda a: shutil.copy(a.parent / "images" / "frame_00000.jpg",
+                                              a.parent / "images" / "frame_00001.jpg"),
+                        "frame_00001.jpg = frame_00000.jpg"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(CASES))
+def test_each_broken_set_is_named_and_listed(tmp_path: Path, kind: str) -> None:
+    ann = small_set(tmp_path)
+    assert _kinds(ann) == {}
+    brk, offender = CASES[kind]
+    brk(ann)
+    found = _kinds(ann)
+    assert kind in found and any(offender in ex for ex in found[kind]), found
+    # Nothing else is reported for a single defect (duplicate ids also make one image's boxes unknown).
+    assert set(found) <= {kind, "unknown_image"}, found
+
+
+def test_cli_exits_1_lists_every_offender_and_counts_per_class(tmp_path: Path) -> None:
+    ann = small_set(tmp_path, images=4, objects=6)
+    runner = CliRunner()
+    ok = runner.invoke(app, ["data", "check", str(ann), "--json", "--store", str(tmp_path / "runs")])
+    assert ok.exit_code == 0, ok.output
+    report = json.loads(ok.output)
+    assert report["ok"] and sum(report["per_class"].values()) == 24 and set(report["per_class"]) == {"class1", "class2"}
+    for n in range(5):  # more offenders than the preflight's 3 examples: all listed
+        edit(ann, _box(n, [-50, -50, 10, 10]))
+    bad = runner.invoke(app, ["data", "check", str(ann), "--json", "--store", str(tmp_path / "runs")])
+    assert bad.exit_code == 1
+    issues = {i["kind"]: i for i in json.loads(bad.output)["issues"]}
+    assert issues["box_outside"]["count"] == 5 and len(issues["box_outside"]["files"]) == 5
+    # Files are listed, never dropped: the annotation file and images are untouched.
+    assert len(json.loads(ann.read_text())["annotations"]) == 24
+    warn_only = runner.invoke(app, ["data", "check", str(ann), "--allow-warnings", "--store", str(tmp_path / "r")])
+    assert warn_only.exit_code == 0 and "box_outside (5):" in warn_only.output
+
+
+def test_malformed_ids_are_findings_not_crashes(tmp_path: Path) -> None:
+    ann = small_set(tmp_path)
+    edit(ann, lambda d: d["annotations"][0].update(image_id=[1], category_id={"x": 1}))
+    found = _kinds(ann)
+    assert "annotations[0] image_id [1]" in found["unknown_image"][0]
+    assert "annotations[0] category_id {'x': 1}" in found["unknown_category"][0]

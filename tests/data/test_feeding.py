@@ -1,0 +1,84 @@
+"""Feeding detection: loader plan from the machine, uint8 and GPU-decode paths, sliced tasks end to end (CPU)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from pydantic import ValidationError
+
+from musubi.config.job import JobSpec
+from musubi.data.coco import CocoDetection
+from musubi.data.gpu_decode import decode_batch
+from musubi.data.sliced import SlicedCocoDetection
+from musubi.runtime import loader_plan
+from musubi.runtime.loader_plan import plan_loader
+from musubi.tasks.detection import DetectionTask
+
+from .sets import small_set
+
+
+def _job(root: Path, ann: Path, **data: Any) -> JobSpec:
+    split = {"path": str(root / "images"), "annotations": str(ann)}
+    return JobSpec(name="det", task="detection", model="fasterrcnn_mobilenet_v3_large_320_fpn",
+                   data={"train": split, "val": split, "workers": 0, **data})
+
+
+def test_auto_workers_from_the_cores_of_each_rank(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(loader_plan.os, "cpu_count", lambda: 64)
+    monkeypatch.setattr(loader_plan.os, "sched_getaffinity", lambda _: set(range(64)), raising=False)
+    assert plan_loader("auto", True, 4, True, True, local_ranks=8).workers == 7  # 8 cores a rank, one trains
+    assert plan_loader("auto", True, 4, True, True, local_ranks=1).workers == loader_plan.MAX_AUTO_WORKERS
+    # A binder narrowed this rank to 4 cores: that set is its share already.
+    monkeypatch.setattr(loader_plan.os, "sched_getaffinity", lambda _: {0, 1, 2, 3}, raising=False)
+    plan = plan_loader("auto", True, 2, True, is_cuda=False, local_ranks=8)
+    assert plan.workers == 3 and plan.pin_memory is False
+    assert plan.kwargs() == {"num_workers": 3, "pin_memory": False, "persistent_workers": True, "prefetch_factor": 2}
+    assert plan_loader(0, True, 4, True, True).kwargs()["prefetch_factor"] is None
+
+
+def test_jpeg_bytes_decode_like_the_host_path(tmp_path: Path) -> None:
+    ann = small_set(tmp_path, images=2, width=96, height=64)
+    host = CocoDetection(tmp_path / "images", ann, image_size=48)
+    raw = CocoDetection(tmp_path / "images", ann, image_size=48, encoded=True)
+    images, targets = decode_batch([raw[i][0] for i in range(2)], [raw[i][1] for i in range(2)],
+                                   torch.device("cpu"), 48)
+    for i in range(2):
+        ref_image, ref_target = host[i]
+        assert images[i].shape == ref_image.shape == (3, 32, 48)
+        assert torch.allclose(targets[i]["boxes"], ref_target["boxes"], atol=1e-4)
+        assert (images[i] - ref_image).abs().mean() < 0.03  # two resamplers, same picture
+
+
+def test_config_refuses_contradictions(tmp_path: Path) -> None:
+    ann = small_set(tmp_path, images=1)
+    with pytest.raises(ValidationError, match="unset image_size"):
+        _job(tmp_path, ann, slice={"tile": 32}, image_size=64)
+    with pytest.raises(ValidationError, match="gpu_decode and slice"):
+        _job(tmp_path, ann, slice={"tile": 32}, gpu_decode=True)
+    with pytest.raises(ValidationError, match="0..64 or auto"):
+        _job(tmp_path, ann, workers=65)
+
+
+def test_sliced_task_trains_on_tiles_and_scores_whole_frames(tmp_path: Path) -> None:
+    ann = small_set(tmp_path, images=2, width=120, height=80, objects=3)
+    task = DetectionTask(_job(tmp_path, ann, slice={"tile": 48, "overlap": 0.25, "empty_ratio": 1.0}, cache="on"))
+    train, val = task.train_dataset(), task.val_dataset()
+    assert isinstance(train, SlicedCocoDetection) and train.cache is not None and task.image_size == 48
+    assert isinstance(val, CocoDetection) and task.num_classes == 2
+    images, targets = task.to_device(task.collate([train[0], train[1]]), torch.device("cpu"))
+    assert images[0].dtype == torch.float32 and images[0].shape == (3, 48, 48) and float(images[0].max()) <= 1.0
+    calls: list[int] = []
+
+    def model(tiles: list[torch.Tensor]) -> list[dict[str, torch.Tensor]]:
+        calls.append(len(tiles))  # a detector that sees one box at its tile's origin
+        return [{"boxes": torch.tensor([[0.0, 0.0, 4.0, 4.0]]), "scores": torch.tensor([0.5]),
+                 "labels": torch.tensor([1])} for _ in tiles]
+
+    frames = task.to_device(task.collate([val[0]]), torch.device("cpu"))
+    out = task.predict(model, frames)  # type: ignore[arg-type]
+    assert sum(calls) == 6  # 120x80 in 48 px tiles at 0.25 overlap: 3 x 2
+    origins = sorted(tuple(b[:2]) for b in out[0]["boxes"].tolist())
+    assert origins == sorted((float(x), float(y)) for x in (0, 36, 72) for y in (0, 32))

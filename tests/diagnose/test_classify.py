@@ -1,0 +1,83 @@
+"""Labels, straggler scores and the report's JSON from synthetic step records (no training)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from musubi.cli import app
+from musubi.diagnose.classify import analyze
+from musubi.diagnose.straggler import StragglerDetector
+from musubi.diagnose.timeline import load_job
+from tests.diagnose.records import write_job
+
+
+@pytest.mark.parametrize(("kwargs", "label"), [
+    ({}, "healthy compute bound"),
+    ({"data_ms": 15.0}, "input bound"),
+    ({"comm_ms": 20.0}, "communication bound"),
+    ({"ckpt_every": 10, "ckpt_ms": 200.0}, "periodic checkpoint stall"),
+    ({"slow_rank": 2, "factor": 1.1, "ranks": 4}, "straggler"),
+    ({"gpu": True}, "healthy compute bound"),
+    ({"gpu": True, "busy": 35.0}, "host/launch bound"),  # host time == device time in these records
+    ({"gpu": True, "alloc_retries": 40}, "memory pressure"),
+])
+def test_label_of_each_scenario(tmp_path: Path, kwargs: dict, label: str) -> None:
+    a = analyze(load_job(write_job(tmp_path / "job", **kwargs)))
+    assert a["label"] == label, a["evidence"]
+    assert a["evidence"]
+    if label == "straggler":
+        assert a["text"] == "straggler (rank 2, section backward)"
+        assert a["stragglers"]["stragglers"][0]["flagged_at"] <= 50
+        # the others wait for rank 2 at the all-reduce: their long grad_comm is not "communication bound"
+        assert all(f["label"] != "communication bound" for f in a["findings"])
+    else:
+        assert not a["stragglers"]["stragglers"]
+
+
+def test_slow_rank_flagged_live_within_window_and_healthy_never() -> None:
+    """The streaming detector flags rank 1 (10 % slow) by step 50; a healthy noisy run is never flagged."""
+    def steps(slow: float, n: int = 120):
+        import random
+
+        rng = random.Random(1)
+        for k in range(1, n + 1):
+            work = {r: 33.0 * (1 + rng.uniform(-0.03, 0.03)) + (slow * 33.0 if r == 1 else 0.0) for r in range(2)}
+            top = max(work.values())
+            yield k, {r: {"step": k, "wall_ms": top + 2, "host": {"forward": w, "grad_comm": top - w + 2}}
+                      for r, w in work.items()}
+
+    slow = StragglerDetector(0.05)
+    flags = [s for k, recs in steps(0.1) for s in slow.update(k, recs)]
+    assert flags and flags[0].rank == 1 and flags[0].flagged_at <= 50 and flags[0].section == "forward"
+    healthy = StragglerDetector(0.05)
+    assert not [s for k, recs in steps(0.0) for s in healthy.update(k, recs)]
+
+
+def test_report_json_and_window(tmp_path: Path) -> None:
+    """`musubi report RUN --json`: one entry per job, label and figures; --steps narrows the window."""
+    write_job(tmp_path / "run" / "a", ckpt_every=10, ckpt_ms=200.0)
+    write_job(tmp_path / "run" / "b")
+    res = CliRunner().invoke(app, ["report", str(tmp_path / "run"), "--json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output)
+    assert [j["label"] for j in out["jobs"]] == ["periodic checkpoint stall", "healthy compute bound"]
+    assert out["jobs"][0]["figures"]["checkpoint"]["every_steps"] == 10
+    res = CliRunner().invoke(app, ["report", str(tmp_path / "run" / "a"), "--json", "--steps", "22:29"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output)["jobs"][0]["window"] == [22, 29]
+
+
+@pytest.mark.parametrize("args", [["--steps", "9"], ["--steps", "a:b"], ["--steps", "30:10"]])
+def test_report_bad_input_one_line(tmp_path: Path, args: list[str]) -> None:
+    write_job(tmp_path / "run" / "a", steps=12)
+    res = CliRunner().invoke(app, ["report", str(tmp_path / "run"), *args])
+    assert res.exit_code == 2 and "--steps" in res.output and len(res.output.strip().splitlines()) == 1
+
+
+def test_report_missing_run(tmp_path: Path) -> None:
+    res = CliRunner().invoke(app, ["report", str(tmp_path / "nope")])
+    assert res.exit_code == 2 and "no such run directory" in res.output
