@@ -51,19 +51,29 @@ def train(
     no_check: bool = typer.Option(False, "--no-check", help="Skip the preflight (job.json records that)."),
     fleet_member: bool = typer.Option(False, "--fleet-member", hidden=True,
                                       help="Started by `musubi run`: RUN/ is the fleet's, only RUN/JOB/ is ours."),
+    nnodes: int = typer.Option(1, "--nnodes", help="Nodes of the job: run `musubi train` with the same arguments "
+                               "on each (c10d rendezvous; --nproc is per node)."),
+    node_rank: int = typer.Option(0, "--node-rank", help="This node's rank, 0..nnodes-1 (0 hosts the rendezvous)."),
+    rdzv_endpoint: str | None = typer.Option(None, "--rdzv-endpoint", help="HOST:PORT of node 0's rendezvous "
+                                             "store (multi-node)."),
+    rdzv_id: str | None = typer.Option(None, "--rdzv-id", help="Rendezvous id (default: job name + run dir)."),
+    rdzv_timeout: int = typer.Option(300, "--rdzv-timeout", help="Seconds to wait for every node to join."),
+    iface: str | None = typer.Option(None, "--iface", help="Network interface of the rendezvous and gloo/NCCL "
+                                     "sockets (default: the one that routes to the endpoint)."),
 ) -> None:
-    """Train one job on all GPUs of this machine (or N CPU ranks) through torchrun."""
+    """Train one job on all GPUs of this machine (or N CPU ranks), or on several nodes, through torchrun."""
     from musubi.runtime.launch import TrainRequest, launch_train
 
     if max_steps is not None and max_steps < 1:
         _fail(f"--max-steps {max_steps}: must be >= 1", 2)
     req = TrainRequest(job_path=job, nproc=nproc, out=out, resume=resume, max_steps=max_steps,
                        overrides=list(set_), device=device, argv=sys.argv, probe_only=probe_only, check=not no_check,
-                       fleet_member=fleet_member)
+                       fleet_member=fleet_member, nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint,
+                       rdzv_id=rdzv_id, rdzv_timeout_s=rdzv_timeout, iface=iface)
     result = _guarded(launch_train, req)
     if result.code != 0:
         _fail(f"{result.error} (logs: {result.job_dir / 'logs'})", result.code)
-    if probe_only:
+    if probe_only or node_rank > 0:  # node 0 reports the run
         return
     _print_goodput(result.job_dir)
     if not fleet_member and not _checklist(result.run_dir, Console()):
@@ -97,7 +107,8 @@ def run(
     fleet: Path = typer.Argument(..., help="Fleet YAML (see examples/fleet-demo.yaml)."),
     out: Path | None = typer.Option(None, "--out", help="Run directory (default runs/<time>-<name>)."),
     resume: bool = typer.Option(False, "--resume", help="Continue a fleet: skip finished jobs, resume the rest."),
-    executor: str = typer.Option("local", "--executor", help="local (this machine's GPUs)."),
+    executor: str | None = typer.Option(None, "--executor", help="local (this machine's GPUs, the default) or "
+                                        "slurm (each job a Slurm job); --resume keeps the run's own."),
     cpu_slots: int | None = typer.Option(None, "--cpu-slots", help="Without GPUs: CPU rank slots (default 2)."),
     device: str | None = typer.Option(None, "--device", help="cuda or cpu (default: cuda if a GPU is visible)."),
     no_check: bool = typer.Option(False, "--no-check", help="Skip the preflight (recorded)."),

@@ -36,15 +36,42 @@ EnvValue = Annotated[str, Field(max_length=32768), AfterValidator(check_arg)]
 class Placement(StrictModel):
     """Where and how often a job runs in the fleet."""
 
-    gpus: int = Field(1, ge=1, le=1024, description="GPUs (or CPU ranks) the job gets, all its own.")
+    gpus: int = Field(1, ge=1, le=1024, description="GPUs (or CPU ranks) the job gets on each of its nodes, "
+                      "all its own.")
+    nodes: int = Field(1, ge=1, le=1024, description="Nodes the job spans (one torchrun agent each, c10d "
+                       "rendezvous on the first); more than 1 needs `--executor slurm`.")
     priority: int = Field(0, ge=-1000, le=1000, description="Higher runs earlier.")
     family: ShortStr | None = Field(None, description="Jobs of one family run back to back (warm caches).")
     retries: int = Field(1, ge=0, le=20, description="Retries after a failure (not after a config error).")
     memory_gib: float | None = Field(None, gt=0, le=1e6, description="Declared GPU memory need per GPU (GiB).")
+    after: list[ShortStr] = Field(default_factory=list, max_length=MAX_JOBS, description="Jobs that must end well before this one "
+                             "starts (Slurm: --dependency=afterok).")
+    cpus_per_rank: int | None = Field(None, ge=1, le=1024, description="Slurm: CPU cores per rank (default: "
+                                      "slurm.cpus_per_rank).")
+    host_memory_gib: float | None = Field(None, gt=0, le=1e6, description="Slurm: host memory per node (--mem), GiB.")
+    time_min: int | None = Field(None, ge=1, le=10**7, description="Slurm: time limit in minutes (--time; default: "
+                                 "slurm.time_min).")
 
 
 #: Keys of a fleet job that place it in the fleet; the rest describe the training job.
 PLACEMENT_KEYS = frozenset(Placement.model_fields)
+
+
+class SlurmSpec(StrictModel):
+    """How `musubi run --executor slurm` asks Slurm for each job."""
+
+    partition: ShortStr | None = Field(None, description="Partition (--partition); None: the cluster's default.")
+    account: ShortStr | None = Field(None, description="Account (--account).")
+    qos: ShortStr | None = Field(None, description="Quality of service (--qos).")
+    cpus_per_rank: int = Field(4, ge=1, le=1024, description="CPU cores per rank (data loading), unless the job "
+                               "says otherwise.")
+    time_min: int | None = Field(None, ge=1, le=10**7, description="Default time limit in minutes (None: the partition's).")
+    contiguous: bool = Field(False, description="Multi-node jobs on contiguous nodes (--contiguous).")
+    switches: int | None = Field(None, ge=1, le=10**4, description="Multi-node jobs under at most this many leaf switches "
+                                 "(--switches).")
+    extra: list[ShortStr] = Field(default_factory=list, max_length=64, description="More sbatch options, verbatim (e.g. "
+                             "['--constraint=h100']).")
+    poll_s: float = Field(10.0, gt=0, le=600, description="Seconds between squeue polls.")
 
 
 class CommandJob(Placement):
@@ -70,6 +97,8 @@ class CommandJob(Placement):
     def _single_gpu(self) -> CommandJob:
         if self.launch == "single" and self.gpus > 1:
             raise ValueError("launch: single runs one process: gpus must be 1 (or use launch: torchrun)")
+        if self.nodes > 1:
+            raise ValueError("nodes: external commands run on one node; multi-node jobs are task jobs")
         return self
 
 
@@ -114,6 +143,7 @@ class FleetSpec(StrictModel):
     success: SuccessSpec = Field(default_factory=SuccessSpec, description="Success criteria over the whole "
                                  "fleet, checked at the end (RUN/checklist.json, exit code).")
     machine: MachineSpec = Field(default_factory=MachineSpec, description="Topology and CPU pinning.")
+    slurm: SlurmSpec = Field(default_factory=SlurmSpec, description="Resources and polling of `--executor slurm`.")
     jobs: list[TaskJob | CommandJob] = Field(min_length=1, max_length=MAX_JOBS, description="The jobs.")
 
     @field_validator("name")
@@ -128,6 +158,19 @@ class FleetSpec(StrictModel):
             if job.name in seen:
                 raise ValueError(f"two jobs are named {job.name!r}: job names must be unique")
             seen.add(job.name)
+        for job in self.jobs:
+            for dep in job.after:
+                if dep not in seen or dep == job.name:
+                    raise ValueError(f"job {job.name!r}: after: {dep!r} is no other job of this fleet; name one of "
+                                     f"{sorted(seen - {job.name})}")
+        deps = {j.name: set(j.after) for j in self.jobs}
+        done: set[str] = set()
+        while len(done) < len(deps):  # peel jobs whose dependencies are all peeled; what stays is a cycle
+            ready = {n for n, d in deps.items() if n not in done and d <= done}
+            if not ready:
+                raise ValueError(f"after: the jobs {sorted(set(deps) - done)} wait for each other (a cycle); "
+                                 "break it")
+            done |= ready
         return self
 
 

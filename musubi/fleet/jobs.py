@@ -63,18 +63,24 @@ def gpu_env(gpus: list[int], kind: str, threads: int | None = None, cpus: str | 
     return env
 
 
-def task_launch(job: TaskJob, run_dir: Path, gpus: list[int], kind: str, resume: bool,
-                threads: int | None = None, cpus: str | None = None, pin: bool = True) -> Launch:
-    """`musubi train` of a task job as a fleet member (its own torchrun, its own rendezvous port).
-
-    `cpus`: MUSUBI_CPUS for its ranks (the cores of its GPUs); `pin` False: the fleet turned pinning off.
-    """
+def write_job_spec(job: TaskJob, run_dir: Path, pin: bool = True) -> Path:
+    """RUN/.fleet/JOB.yaml: the resolved job `musubi train` of a fleet member reads."""
     spec_path = run_dir / ".fleet" / f"{job.name}.yaml"
     spec_path.parent.mkdir(parents=True, exist_ok=True)
     resolved = job.spec.resolved()
     if not pin:
         resolved["train"]["pin_cpus"] = False
     spec_path.write_text(yaml.safe_dump(resolved, sort_keys=False), encoding="utf-8")
+    return spec_path
+
+
+def task_launch(job: TaskJob, run_dir: Path, gpus: list[int], kind: str, resume: bool,
+                threads: int | None = None, cpus: str | None = None, pin: bool = True) -> Launch:
+    """`musubi train` of a task job as a fleet member (its own torchrun, its own rendezvous port).
+
+    `cpus`: MUSUBI_CPUS for its ranks (the cores of its GPUs); `pin` False: the fleet turned pinning off.
+    """
+    spec_path = write_job_spec(job, run_dir, pin)
     argv = [sys.executable, "-m", "musubi.cli", "train", str(spec_path), "--out", str(run_dir), "--nproc",
             str(job.gpus), "--device", kind, "--no-check", "--fleet-member"]
     if resume:

@@ -50,6 +50,9 @@ class JobState:
     started: float | None = None
     ended: float | None = None
     placement: str = ""  # why the job got its GPUs (the packer's reason)
+    scheduler_id: str = ""  # Slurm executor: the job's Slurm id (the newest submission)
+    scheduler_state: str = ""  # Slurm executor: its state as squeue/sacct last said
+    log: str = ""  # Slurm executor: the batch log (RUN/JOB/logs/slurm-ID.log)
 
 
 @dataclass
@@ -97,13 +100,14 @@ class LocalFleet:
                         st.state, st.gpus = "queued", []
                     self.states[name] = st
         first = previous_best(run_dir.parent, spec.name, run_dir)
-        queue = [Demand(j.name, j.gpus, j.priority, j.family, first=(j.name == first))
+        queue = [Demand(j.name, j.gpus, j.priority, j.family, first=(j.name == first), after=tuple(j.after))
                  for j in spec.jobs if self.states[j.name].state != "done"]
         problems = unplaceable(queue, len(devices))
         if problems:
             raise ConfigError(problems[0])
         topology = fleet_topology(spec, base, run_dir, kind)
         self.packer = Packer(list(devices), queue, topology=topology)
+        self.packer.done = {n for n, st in self.states.items() if st.state == "done"}
         self.running: dict[str, _Running] = {}
         # CPU threads per rank: the machine's cores shared by every device's rank.
         self.threads = max(1, (os.cpu_count() or 1) // max(1, len(devices)))
@@ -197,6 +201,7 @@ class LocalFleet:
         st.ended = time.time()
         if code == 0:
             st.state = "done"
+            self.packer.done.add(name)
             self._say(f"done {name} ({st.ended - (st.started or st.ended):.0f}s)")
             return
         cause = J.failure_cause(job_dir, code) if run.phase == "train" else f"evaluation: exit {code}"
@@ -208,9 +213,13 @@ class LocalFleet:
         if retry:
             st.state = "queued"
             job = self.jobs[name]
-            self.packer.requeue(Demand(name, job.gpus, job.priority, job.family))
+            self.packer.requeue(Demand(name, job.gpus, job.priority, job.family, after=tuple(job.after)))
         else:
             st.state = "failed"
+            for dep in self.packer.drop_dependents(name):
+                self.states[dep].state = "failed"
+                self.states[dep].causes.append(f"dependency {name!r} failed")
+                self._say(f"failed {dep}: it waits for {name}, which failed")
 
     def _say(self, text: str) -> None:
         if not self.console.is_terminal:

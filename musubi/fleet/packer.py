@@ -28,6 +28,7 @@ class Demand:
     priority: int = 0
     family: str | None = None
     first: bool = False  # the previous best model of this fleet
+    after: tuple[str, ...] = ()  # jobs that must end well first
 
 
 @dataclass
@@ -39,6 +40,7 @@ class Packer:
     busy: dict[str, list[int]] = field(default_factory=dict)
     topology: NodeTopology | None = None
     reasons: dict[str, str] = field(default_factory=dict)  # job -> why it got its GPUs (latest placement)
+    done: set[str] = field(default_factory=set)  # jobs that ended well (their dependents may start)
 
     def __post_init__(self) -> None:
         self.free = sorted(self.gpus)
@@ -48,7 +50,7 @@ class Packer:
         """Start every queued job that fits now, in queue order with backfill."""
         started: list[tuple[Demand, list[int]]] = []
         for job in list(self.queue):
-            if job.gpus <= len(self.free):
+            if job.gpus <= len(self.free) and set(job.after) <= self.done:
                 behind = [(d.name, d.gpus) for d in self.queue if d is not job]
                 pick = choose(self.topology, self.free, job.gpus, behind)
                 chosen = list(pick.gpus)
@@ -64,6 +66,19 @@ class Packer:
     def release(self, name: str) -> None:
         """A job ended: its GPUs are free again."""
         self.free = sorted(self.free + self.busy.pop(name, []))
+
+    def drop_dependents(self, name: str) -> list[str]:
+        """`name` failed for good: remove every queued job that waits on it (directly or not); their names."""
+        gone: list[str] = []
+        waiting = {name}
+        while True:
+            hit = [d for d in self.queue if waiting & set(d.after)]
+            if not hit:
+                return gone
+            for d in hit:
+                self.queue.remove(d)
+                gone.append(d.name)
+                waiting.add(d.name)
 
     def requeue(self, job: Demand) -> None:
         """A job will be retried: back in the queue at its place in the order."""

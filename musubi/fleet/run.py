@@ -35,7 +35,7 @@ class FleetRequest:
     fleet_path: Path
     out: Path | None = None
     resume: bool = False
-    executor: str = "local"
+    executor: str | None = None  # local | slurm; None: local, or on --resume the one fleet.json names
     cpu_slots: int | None = None
     check: bool = True
     device: str | None = None
@@ -78,12 +78,31 @@ def machine(req: FleetRequest) -> tuple[list[int], str]:
 def run_fleet(req: FleetRequest, console: Console | None = None) -> tuple[Path, dict[str, JobState]]:
     """Run a fleet to the end; returns the run directory and every job's final state."""
     console = console or Console()
-    if req.executor != "local":
-        raise ConfigError(f"--executor {req.executor}: only the local executor exists so far; use --executor local")
+    from musubi.fleet.slurm import recorded_executor
+
+    earlier = recorded_executor(req.out) if req.resume and req.out is not None else None
+    executor = req.executor or earlier or "local"
+    if executor not in ("local", "slurm"):
+        raise ConfigError(f"--executor {executor}: use local (this machine) or slurm")
+    if earlier and executor != earlier:
+        raise ConfigError(f"--resume: {req.out} ran with --executor {earlier}; resume it with the same executor")
     spec = load_fleet(req.fleet_path)
     base = req.fleet_path.resolve().parent
     validate_fleet(spec, base)
-    devices, kind = machine(req)
+    if executor == "slurm":
+        from musubi.fleet.slurm import check_slurm, cluster_kind
+
+        check_slurm()
+        if spec.success.baseline_steps:
+            raise ConfigError("success.baseline_steps times single-GPU baselines on this machine; drop it for "
+                              "--executor slurm")
+        devices, kind = [], req.device or cluster_kind()
+    else:
+        wide = [j for j in spec.jobs if j.nodes > 1]
+        if wide:
+            raise ConfigError(f"job {wide[0].name!r} asks for nodes: {wide[0].nodes}; the local executor has one "
+                              "machine: use --executor slurm (or run `musubi train --nnodes` on each node)")
+        devices, kind = machine(req)
     if req.resume:
         if req.out is None or not (req.out / "fleet.json").is_file():
             raise ConfigError("--resume: give --out RUN_DIR of an earlier `musubi run` (it holds fleet.json)")
@@ -92,7 +111,7 @@ def run_fleet(req: FleetRequest, console: Console | None = None) -> tuple[Path, 
         run_dir = req.out or default_run_dir(spec.name)
         if run_dir.exists() and any(run_dir.iterdir()):
             raise ConfigError(f"{run_dir} already holds a run; pass --resume to continue it or choose another --out")
-    if req.check:
+    if req.check and executor == "local":  # on Slurm the jobs run elsewhere: this machine tells nothing
         _preflight(spec, kind, run_dir, console)
     run_dir.mkdir(parents=True, exist_ok=True)
     resolved = {"name": spec.name, "leaderboard": spec.leaderboard.model_dump(),
@@ -102,6 +121,14 @@ def run_fleet(req: FleetRequest, console: Console | None = None) -> tuple[Path, 
         write_json(run_dir / "run.json", run_record(resolved, sys.argv))
     datasets = dataset_record([j.spec.resolved() for j in spec.jobs if isinstance(j, TaskJob)], db_path(run_dir))
     write_json(run_dir / "env.json", {**env_record(), "datasets": datasets})
+    if executor == "slurm":
+        from musubi.fleet.slurm import SlurmFleet
+
+        console.print(f"fleet {spec.name}: {len(spec.jobs)} jobs on Slurm ({'GPU' if kind == 'cuda' else 'CPU'} "
+                      f"jobs) -> {run_dir}", highlight=False, markup=False)
+        states = SlurmFleet(spec, run_dir, base, kind, req.resume, console).run()
+        _finish(spec, run_dir, console)
+        return run_dir, states
     console.print(f"fleet {spec.name}: {len(spec.jobs)} jobs on {len(devices)} "
                   f"{'GPU' if kind == 'cuda' else 'CPU slot'}{'s' if len(devices) > 1 else ''} -> {run_dir}",
                   highlight=False, markup=False)

@@ -21,6 +21,7 @@ from musubi.config.errors import ConfigError
 from musubi.config.load import load_job
 from musubi.evaluate.provenance import dataset_record
 from musubi.runtime.checkpoint import latest_checkpoint
+from musubi.runtime.multinode import DEFAULT_JOIN_TIMEOUT_S, Rendezvous, make_rendezvous, rendezvous_error
 from musubi.store.db import db_path
 from musubi.store.rundir import default_run_dir, env_record, read_json, run_record, write_json
 
@@ -43,6 +44,14 @@ class TrainRequest:
     fleet_member: bool = False  # a job of a fleet: RUN/ belongs to the fleet, only RUN/JOB/ is ours
     quiet: bool = False  # rank 0's console output discarded (it is also in logs/rank0.log): drills
     argv: list[str] = field(default_factory=list)
+    # Multi-node (runtime/rendezvous.py): one `musubi train` per node, the same arguments on each.
+    nnodes: int = 1
+    node_rank: int = 0
+    rdzv_endpoint: str | None = None
+    rdzv_id: str | None = None
+    rdzv_timeout_s: int = DEFAULT_JOIN_TIMEOUT_S
+    iface: str | None = None
+    rendezvous: Rendezvous | None = None  # set by prepare()
 
 
 class PreflightFailed(Exception):
@@ -104,6 +113,11 @@ def prepare(req: TrainRequest) -> tuple[Path, Path, dict, int, str]:
     """Validate everything checkable before launch; lay out RUN/ and RUN/JOB/job.json."""
     spec = load_job(req.job_path, req.overrides)
     nproc, kind = resolve_world(req.nproc, req.device)
+    rdzv = req.rendezvous = make_rendezvous(req.nnodes, req.node_rank, req.rdzv_endpoint, req.out, spec.name,
+                                            req.rdzv_id, req.iface, req.rdzv_timeout_s)
+    if rdzv is not None:
+        # The preflight's environment check judges the variables for this many nodes.
+        os.environ["MUSUBI_NNODES"] = str(rdzv.nnodes)
     if spec.train.pin_cpus and os.environ.get("MUSUBI_CPUS"):
         from musubi.runtime.pin_plan import check_cpus_value
 
@@ -120,6 +134,13 @@ def prepare(req: TrainRequest) -> tuple[Path, Path, dict, int, str]:
     preflight = run_preflight(req, spec, nproc, kind) if req.check else None
     run_dir = _pick_run_dir(req, spec.name)
     job_dir = run_dir / spec.name
+    if rdzv is not None and not rdzv.is_first:
+        # Another node's agent: node 0 owns the records (shared storage, one writer); our workers start only
+        # once every agent joined the rendezvous, so node 0 has written job.json by then.
+        if req.resume and latest_checkpoint(job_dir / "checkpoints") is None:
+            raise ConfigError(f"--resume: no committed checkpoint in {job_dir / 'checkpoints'}; run without --resume")
+        (job_dir / "logs").mkdir(parents=True, exist_ok=True)
+        return run_dir, job_dir, {"config": spec.resolved(), "attempts": 0}, nproc, kind
     if req.resume:
         if not job_dir.is_dir():
             raise ConfigError(f"--resume: {job_dir} does not exist; nothing to resume (run without --resume)")
@@ -149,7 +170,7 @@ def prepare(req: TrainRequest) -> tuple[Path, Path, dict, int, str]:
             write_json(run_dir / "run.json", run_record({"jobs": [config]}, req.argv))
         write_json(run_dir / "env.json", {**env_record(), "datasets": dataset_record([config], db_path(run_dir))})
     record = {"config": config, "status": "running", "attempts": attempts, "nproc": nproc, "device": kind,
-              "resume": req.resume,
+              "resume": req.resume, "nnodes": rdzv.nnodes if rdzv else 1,
               "preflight": "skipped (--no-check)" if preflight is None else
               ("passed with warnings" if preflight.warnings else "passed")}
     prev = job_dir / "job.json"
@@ -199,17 +220,20 @@ def run_preflight(req: TrainRequest, spec, nproc: int, kind: str):
 
 
 def torchrun_argv(job_dir: Path, nproc: int, resume: bool, stop_at_step: int | None, max_restarts: int = 0,
-                  probe_only: bool = False, extra: list[str] | None = None) -> list[str]:
-    """The torchrun command line of one single-node job (its own free rendezvous port).
+                  probe_only: bool = False, extra: list[str] | None = None,
+                  rdzv: Rendezvous | None = None) -> list[str]:
+    """The torchrun command line of one job: single-node (its own free port on loopback) or one node's agent.
 
     `--max-restarts`: when a rank fails (an OOM, a crash), torchrun stops the others and
-    restarts all of them; the workers resume from the newest committed checkpoint.
+    restarts all of them (on every node); the workers resume from the newest committed checkpoint.
     """
     from musubi.runtime.rendezvous import torchrun_module
 
-    # torchrun behind a rendezvous bound to 127.0.0.1 (`--standalone`), not to every interface.
-    argv = [sys.executable, *torchrun_module(), "--standalone", "--nnodes=1",
-            f"--nproc-per-node={nproc}", f"--max-restarts={max_restarts}", "--monitor-interval=0.5",
+    # torchrun behind a rendezvous bound to the endpoint's address (127.0.0.1 for `--standalone`), never to
+    # every interface.
+    where = rdzv.torchrun_args() if rdzv is not None else ["--standalone", "--nnodes=1"]
+    argv = [sys.executable, *torchrun_module(), *where, f"--nproc-per-node={nproc}",
+            f"--max-restarts={max_restarts}", "--monitor-interval=0.5",
             # torchrun's own files (per-attempt error records) stay in the run, not in $TMPDIR.
             f"--log-dir={job_dir / 'logs' / 'torchelastic'}",
             *(extra or []), "-m", "musubi.runtime.worker", str(job_dir)]
@@ -276,9 +300,11 @@ def first_error(job_dir: Path) -> tuple[str | None, str | None]:
 def launch_train(req: TrainRequest) -> TrainResult:
     """Run one job under torchrun to completion; never raises for worker failures."""
     run_dir, job_dir, record, nproc, kind = prepare(req)
+    rdzv = req.rendezvous
+    follower = rdzv is not None and not rdzv.is_first
     logs = job_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    for old in logs.glob("error-rank*.txt"):
+    for old in ([] if follower else logs.glob("error-rank*.txt")):
         old.unlink()
     spec_det = bool(record["config"]["train"]["deterministic"])
     restarts = 0 if req.probe_only else int(record["config"]["train"]["max_restarts"])
@@ -287,8 +313,12 @@ def launch_train(req: TrainRequest) -> TrainResult:
     env = worker_env(kind, nproc, spec_det, job_dir)
     pins = plan_pinning(bool(record["config"]["train"].get("pin_cpus", True)), kind, nproc, env)
     env = apply_to_env(pins, env)
-    (logs / "pinning.txt").write_text(pins.note + "\n", encoding="utf-8")
-    argv = torchrun_argv(job_dir, nproc, req.resume, req.max_steps, restarts, req.probe_only, pins.torchrun_args)
+    node = f"-node{rdzv.node_rank}" if rdzv is not None else ""
+    if rdzv is not None:  # several nodes: the workers' sockets on the chosen interface, not loopback
+        env.update(rdzv.socket_env(os.environ))
+    (logs / f"pinning{node}.txt").write_text(pins.note + "\n", encoding="utf-8")
+    argv = torchrun_argv(job_dir, nproc, req.resume, req.max_steps, restarts, req.probe_only, pins.torchrun_args,
+                         rdzv)
     started = time.time()
     proc = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, text=True, errors="replace",
                             stdout=subprocess.PIPE if req.probe_only else (subprocess.DEVNULL if req.quiet else None))
@@ -296,7 +326,7 @@ def launch_train(req: TrainRequest) -> TrainResult:
     if req.probe_only:
         assert proc.stdout is not None
         probe_out = proc.stdout.read()
-    pump = _tee_stderr(proc.stderr, logs / "torchrun.log")
+    pump = _tee_stderr(proc.stderr, logs / f"torchrun{node}.log")
     try:
         code = proc.wait()
     except KeyboardInterrupt:
@@ -312,8 +342,12 @@ def launch_train(req: TrainRequest) -> TrainResult:
     else:
         status = "failed"
         result_code = EXIT_CONFIG if err_kind == "config" else EXIT_FAIL
+        if rdzv is not None and err is None:
+            err = rendezvous_error(rdzv, logs / f"torchrun{node}.log")
         if err is None:
-            err = f"torchrun exited with {code}; see {logs / 'torchrun.log'}"
+            err = f"torchrun exited with {code}; see {logs / f'torchrun{node}.log'}"
+    if follower:  # node 0 records the job's outcome
+        return TrainResult(result_code, run_dir, job_dir, err)
     summary_path = job_dir / "summary.json"
     if code == 0 and summary_path.is_file():
         summary = read_json(summary_path)

@@ -59,6 +59,9 @@ def env(nodes: int = 1, ranks: int = 8, cpus: int = 64, names: tuple[str, ...] =
      "NCCL_IB_DISABLE=1 on a 2-node job: InfiniBand/RoCE off, nodes talk over TCP sockets (10x+ slower)"),
     ({"NCCL_SOCKET_IFNAME": "lo"}, 4, "env.NCCL_SOCKET_IFNAME", Status.FAIL,
      "NCCL_SOCKET_IFNAME=lo on a 4-node job: other nodes cannot reach the loopback interface"),
+    ({"GLOO_SOCKET_IFNAME": "lo"}, 2, "env.GLOO_SOCKET_IFNAME", Status.FAIL,
+     "GLOO_SOCKET_IFNAME=lo on a 2-node job: gloo (CPU collectives, checkpoint staging) binds to loopback, "
+     "other nodes cannot reach it"),
     ({"CUDA_LAUNCH_BLOCKING": "1"}, 1, "env.CUDA_LAUNCH_BLOCKING", Status.WARN,
      "CUDA_LAUNCH_BLOCKING=1: every kernel launch waits for the GPU (training several times slower)"),
     ({"TORCH_NCCL_BLOCKING_WAIT": "1"}, 1, "env.TORCH_NCCL_BLOCKING_WAIT", Status.WARN,

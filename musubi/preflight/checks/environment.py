@@ -63,6 +63,10 @@ def check_env(env: EnvReading) -> list[CheckResult]:
         flag("NCCL_SOCKET_IFNAME", "FAIL", f"NCCL_SOCKET_IFNAME={v['NCCL_SOCKET_IFNAME']} on a {env.nodes}-node job: "
              "other nodes cannot reach the loopback interface", "set it to the cluster interface (eth0, ib0, ...) "
              "or unset it")
+    if multi and "GLOO_SOCKET_IFNAME" in v and _selects_loopback(v["GLOO_SOCKET_IFNAME"]):
+        flag("GLOO_SOCKET_IFNAME", "FAIL", f"GLOO_SOCKET_IFNAME={v['GLOO_SOCKET_IFNAME']} on a {env.nodes}-node "
+             "job: gloo (CPU collectives, checkpoint staging) binds to loopback, other nodes cannot reach it",
+             "set it to the cluster interface (eth0, ...) or unset it (musubi train --iface sets it)")
     if multi and v.get("NCCL_NET", "").strip().lower() == "socket":
         flag("NCCL_NET", "WARN", f"NCCL_NET={v['NCCL_NET']} on a {env.nodes}-node job: TCP sockets, not "
              "InfiniBand/RoCE", "unset it")

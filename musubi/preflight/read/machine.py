@@ -13,7 +13,7 @@ from musubi.preflight.readings import DiskReading, EnvReading, NvmlReading, Stac
 
 #: Variables the environment check looks at (prefixes and exact names).
 ENV_PREFIXES = ("NCCL_", "TORCH_NCCL_", "TORCH_DISTRIBUTED_", "CUDA_", "OMP_", "PYTORCH_", "TORCH_CPP_LOG")
-ENV_NAMES = ("MKL_NUM_THREADS", "MASTER_ADDR", "LOCAL_WORLD_SIZE", "WORLD_SIZE")
+ENV_NAMES = ("MKL_NUM_THREADS", "MASTER_ADDR", "LOCAL_WORLD_SIZE", "WORLD_SIZE", "GLOO_SOCKET_IFNAME")
 _NODE_VARS = ("MUSUBI_NNODES", "SLURM_JOB_NUM_NODES", "SLURM_NNODES", "PET_NNODES", "NNODES")
 
 
