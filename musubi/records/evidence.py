@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from musubi.config.success import SuccessSpec
+from musubi.diagnose.timeline import read_jsonl  # one reader of JSON-lines records (torn lines skipped)
 
 #: Log records skipped at the start of a job when judging throughput (cudnn autotuning, warm-up).
 WARMUP_RECORDS = 1
@@ -25,23 +26,6 @@ def read_json_or_none(path: Path) -> Any:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """Every well-formed JSON object line of `path` (a line cut by a crash is skipped)."""
-    out: list[dict[str, Any]] = []
-    try:
-        text = path.read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return out
-    for line in text.splitlines():
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(rec, dict):
-            out.append(rec)
-    return out
 
 
 @dataclass
