@@ -78,12 +78,18 @@ def run_job_alone(job, base: Path, out: Path, device: str, n: int, gpu: str | No
 
 
 def run_sequential(fleet: Path, out: Path, device: str, gpus_all: int, all_gpus: bool,
-                   durations: dict[str, float]) -> float:
-    """Each job alone, one after another: on one GPU (a), or on all GPUs for distributable jobs (b)."""
+                   durations: dict[str, float], single_known: dict[str, float] | None = None) -> float:
+    """Each job alone, one after another: on one GPU (a), or on all GPUs for distributable jobs (b).
+
+    `single_known`: (a)'s times, reused in (b) for the single-GPU-only jobs, which (b) runs exactly
+    as (a) does (alone on one GPU): measuring them twice would only spend device time."""
     spec = load_fleet(fleet)
     base = fleet.resolve().parent
     for job in spec.jobs:
         n = gpus_all if (all_gpus and isinstance(job, TaskJob)) else 1
+        if n == 1 and all_gpus and single_known and job.name in single_known:
+            durations[job.name] = single_known[job.name]
+            continue
         durations[job.name] = run_job_alone(job, base, out, device, n, None)
     return sum(durations.values())
 
@@ -141,7 +147,7 @@ def main() -> None:
         elif mode == "a":
             result[mode] = run_sequential(args.fleet, tmp / "a", args.device, n, False, jobs[mode])
         elif mode == "b":
-            result[mode] = run_sequential(args.fleet, tmp / "b", args.device, n, True, jobs[mode])
+            result[mode] = run_sequential(args.fleet, tmp / "b", args.device, n, True, jobs[mode], jobs.get("a"))
         print(f"{mode}: {result[mode]:.1f} s {json.dumps({k: round(v, 1) for k, v in jobs[mode].items()})}",
               flush=True)
     report = {"devices": n, "device": args.device, "makespan_s": {k: round(v, 1) for k, v in result.items()},
