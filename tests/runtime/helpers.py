@@ -8,7 +8,8 @@ import torch
 from typer.testing import CliRunner
 
 from musubi.cli import app
-from musubi.runtime.checkpoint import latest_checkpoint, read_full_state
+from musubi.runtime.checkpoint import latest_checkpoint
+from musubi.runtime.drill import final_tensors
 
 
 def train(*args: str) -> tuple[int, str]:
@@ -18,21 +19,6 @@ def train(*args: str) -> tuple[int, str]:
 
 
 def final_state(job_dir: Path) -> dict[str, torch.Tensor]:
-    """Model and optimizer tensors of the newest committed checkpoint, flattened."""
-    ck = latest_checkpoint(job_dir / "checkpoints")
-    assert ck is not None, f"no committed checkpoint in {job_dir}"
-    full = read_full_state(ck.path)
-    flat: dict[str, torch.Tensor] = {}
-
-    def walk(prefix: str, node) -> None:
-        if isinstance(node, torch.Tensor):
-            flat[prefix] = node
-        elif isinstance(node, dict):
-            for k, v in node.items():
-                walk(f"{prefix}.{k}" if prefix else str(k), v)
-        elif isinstance(node, (list, tuple)):
-            for i, v in enumerate(node):
-                walk(f"{prefix}.{i}", v)
-
-    walk("", {"model": full["model"], "optim": full["optim"]})
-    return flat
+    """Model and optimizer tensors of the newest committed checkpoint, flattened (the drill's reader)."""
+    assert latest_checkpoint(job_dir / "checkpoints") is not None, f"no committed checkpoint in {job_dir}"
+    return final_tensors(job_dir)
