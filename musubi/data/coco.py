@@ -273,7 +273,9 @@ class CocoDetection(Dataset):
         if self.encoded:
             from torchvision.io import read_file
 
-            return read_file(str(path)), {"boxes": boxes, "labels": labels, "image_id": image_id}
+            # A copy: read_file maps the file, and a loader worker cannot pass a file-mapped storage to the
+            # main process (torch takes it for shared memory and dups a closed fd: EBADF, seen on 4x H200).
+            return read_file(str(path)).clone(), {"boxes": boxes, "labels": labels, "image_id": image_id}
         im = self._open(path)
         if self.image_size is not None:
             scale = self.image_size / max(im.width, im.height)

@@ -52,6 +52,19 @@ def test_jpeg_bytes_decode_like_the_host_path(tmp_path: Path) -> None:
         assert (images[i] - ref_image).abs().mean() < 0.03  # two resamplers, same picture
 
 
+@pytest.mark.timeout(120)
+def test_jpeg_bytes_cross_loader_workers(tmp_path: Path) -> None:
+    # The GPU-decode path through real worker processes (it died with EBADF on the GPU machine).
+    from torch.utils.data import DataLoader
+
+    ann = small_set(tmp_path, images=4, width=64, height=48)
+    raw = CocoDetection(tmp_path / "images", ann, encoded=True)
+    # Without the copy the loader waits forever for a batch its worker could not send: time it out.
+    loader = DataLoader(raw, batch_size=2, num_workers=2, collate_fn=lambda b: tuple(zip(*b)), timeout=30)
+    got = [img for images, _ in loader for img in images]
+    assert len(got) == 4 and all(img.dtype == torch.uint8 and img[:2].tolist() == [0xFF, 0xD8] for img in got)
+
+
 def test_config_refuses_contradictions(tmp_path: Path) -> None:
     ann = small_set(tmp_path, images=1)
     with pytest.raises(ValidationError, match="unset image_size"):
