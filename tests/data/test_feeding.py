@@ -60,7 +60,8 @@ def test_jpeg_bytes_cross_loader_workers(tmp_path: Path) -> None:
     ann = small_set(tmp_path, images=4, width=64, height=48)
     raw = CocoDetection(tmp_path / "images", ann, encoded=True)
     # Without the copy the loader waits forever for a batch its worker could not send: time it out.
-    loader = DataLoader(raw, batch_size=2, num_workers=2, collate_fn=lambda b: tuple(zip(*b)), timeout=30)
+    loader = DataLoader(raw, batch_size=2, num_workers=2, collate_fn=lambda b: tuple(zip(*b, strict=True)),
+                        timeout=30)
     got = [img for images, _ in loader for img in images]
     assert len(got) == 4 and all(img.dtype == torch.uint8 and img[:2].tolist() == [0xFF, 0xD8] for img in got)
 
