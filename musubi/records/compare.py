@@ -61,13 +61,15 @@ class JobFigures:
 
 def _breakdown(job_dir: Path) -> dict[str, float]:
     """Mean seconds per step of each recorded section on rank 0 (telemetry step spans), if any."""
+    from musubi.diagnose.timeline import sections_ms
+
     sums: dict[str, list[float]] = {}
     for rec in E.read_jsonl(job_dir / "telemetry" / "rank0.jsonl"):
         if rec.get("kind") != "step":
             continue
-        for k, v in rec.items():
-            if k.endswith("_s") and isinstance(v, (int, float)):
-                sums.setdefault(k[:-2], []).append(float(v))
+        for k, v in sections_ms(rec).items():
+            if isinstance(v, (int, float)):
+                sums.setdefault(k, []).append(float(v) / 1e3)
     return {k: statistics.fmean(v) for k, v in sums.items()}
 
 

@@ -14,7 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from musubi.config.success import SuccessSpec
-from musubi.diagnose.timeline import read_jsonl  # one reader of JSON-lines records (torn lines skipped)
+
+# One reader of JSON-lines records (torn lines skipped) and of the telemetry's step records.
+from musubi.diagnose.timeline import read_jsonl, sections_ms, wall_ms
 
 #: Log records skipped at the start of a job when judging throughput (cudnn autotuning, warm-up).
 WARMUP_RECORDS = 1
@@ -133,18 +135,19 @@ def rank_steps(job_dir: Path) -> dict[int, int]:
 
 
 def gpu_utilisation(job_dir: Path) -> dict[int, float] | None:
-    """Mean utilisation (0-1) per GPU after the first tenth of the samples, from GPU telemetry records
-    (`{"kind": "gpu", "gpu": i, "util": 0-100 or 0-1}` lines in JOB/telemetry/*.jsonl); None: none."""
+    """Mean utilisation (0-1) per GPU after the first tenth of the samples, from the telemetry sampler
+    (JOB/telemetry/sampler-rank{r}.jsonl: `{"kind": "sample", "gpu_index": i, "util": 0-100}`); None: none
+    (CPU ranks, or no NVML)."""
     samples: dict[int, list[float]] = {}
     folder = job_dir / "telemetry"
     if not folder.is_dir():
         return None
     for path in sorted(folder.glob("*.jsonl")):
         for r in read_jsonl(path):
-            if r.get("kind") != "gpu" or not isinstance(r.get("util"), (int, float)):
+            if r.get("kind") not in ("sample", "gpu") or not isinstance(r.get("util"), (int, float)):
                 continue
-            gpu = r.get("gpu", r.get("index"))
-            if isinstance(gpu, int):
+            gpu = next((r[k] for k in ("gpu_index", "gpu", "index", "rank") if isinstance(r.get(k), int)), None)
+            if gpu is not None:
                 u = float(r["util"])
                 samples.setdefault(gpu, []).append(u / 100 if u > 1 else u)
     if not samples:
@@ -153,18 +156,17 @@ def gpu_utilisation(job_dir: Path) -> dict[int, float] | None:
 
 
 def data_wait_share(job_dir: Path) -> float | None:
-    """Largest per-rank share of step time spent waiting for data, from step spans
-    (`{"kind": "step", "step_s": s, "data_wait_s": s}` lines); None: no spans."""
+    """Largest per-rank share of step time spent waiting for data (the `data` section of the step
+    spans in JOB/telemetry/rank{r}.jsonl, the first tenth of the steps skipped); None: no spans."""
     folder = job_dir / "telemetry"
     if not folder.is_dir():
         return None
     worst = None
     for path in sorted(folder.glob("rank*.jsonl")):
-        total = wait = 0.0
-        for r in read_jsonl(path):
-            if r.get("kind") == "step" and isinstance(r.get("step_s"), (int, float)):
-                total += float(r["step_s"])
-                wait += float(r.get("data_wait_s") or 0.0)
+        steps = [r for r in read_jsonl(path) if r.get("kind") == "step" and wall_ms(r) > 0]
+        steps = steps[len(steps) // 10:]
+        total = sum(wall_ms(r) for r in steps)
+        wait = sum(float(sections_ms(r).get("data", 0.0)) for r in steps)
         if total > 0:
             worst = max(worst or 0.0, wait / total)
     return worst

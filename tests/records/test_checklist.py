@@ -141,9 +141,12 @@ def test_gpu_utilisation_and_data_wait_from_telemetry(tmp_path: Path) -> None:
     run = tmp_path / "r"
     _fleet(run, {"a": "done"})
     d = _job(run, "a")
-    gpu = [{"kind": "gpu", "gpu": g, "util": u} for g, u in ((0, 95), (1, 40)) for _ in range(20)]
-    _w(d / "telemetry" / "gpu.jsonl", "\n".join(json.dumps(r) for r in gpu))
-    steps = [{"kind": "step", "step": i, "step_s": 1.0, "data_wait_s": 0.3} for i in range(5)]
+    # The telemetry's own formats: sampler records per rank, step records with host/gpu sections in ms.
+    for rank, util in ((0, 95), (1, 40)):
+        samples = [{"kind": "sample", "rank": rank, "gpu_index": rank, "util": util} for _ in range(20)]
+        _w(d / "telemetry" / f"sampler-rank{rank}.jsonl", "\n".join(json.dumps(r) for r in samples))
+    steps = [{"kind": "step", "step": i, "rank": 0, "wall_ms": 1000.0,
+              "host": {"data": 300.0, "forward": 300.0, "backward": 400.0}} for i in range(1, 11)]
     for rank in (0, 1):
         _w(d / "telemetry" / f"rank{rank}.jsonl", "\n".join(json.dumps(r) for r in steps))
     _shipped(run, "a")
