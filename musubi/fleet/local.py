@@ -63,6 +63,17 @@ class _Running:
     log_file: Any
 
 
+def fleet_states(spec: FleetSpec, state_path: Path | None) -> dict[str, JobState]:
+    """Every job's state: fresh, or as RUN/fleet.json recorded it (--resume; each executor then decides
+    what an unfinished state becomes)."""
+    states = {j.name: JobState(j.name, "command" if isinstance(j, CommandJob) else "task") for j in spec.jobs}
+    if state_path is not None and state_path.is_file():
+        for name, rec in read_json(state_path).get("jobs", {}).items():
+            if name in states:
+                states[name] = JobState(**rec)
+    return states
+
+
 def previous_best(runs_base: Path, fleet_name: str, current: Path) -> str | None:
     """The rank-1 job of the newest earlier run of this fleet (it runs first this time)."""
     if not runs_base.is_dir():
@@ -90,15 +101,10 @@ class LocalFleet:
         self.console = console or Console()
         self.jobs = {j.name: j for j in spec.jobs}
         self.state_path = run_dir / "fleet.json"
-        self.states = {j.name: JobState(j.name, "command" if isinstance(j, CommandJob) else "task")
-                       for j in spec.jobs}
-        if resume and self.state_path.is_file():
-            for name, rec in read_json(self.state_path).get("jobs", {}).items():
-                if name in self.states:
-                    st = JobState(**rec)
-                    if st.state != "done":
-                        st.state, st.gpus = "queued", []
-                    self.states[name] = st
+        self.states = fleet_states(spec, self.state_path if resume else None)
+        for st in self.states.values():
+            if st.state != "done":  # unfinished jobs queue again and resume from their checkpoints
+                st.state, st.gpus = "queued", []
         first = previous_best(run_dir.parent, spec.name, run_dir)
         queue = [Demand(j.name, j.gpus, j.priority, j.family, first=(j.name == first), after=tuple(j.after))
                  for j in spec.jobs if self.states[j.name].state != "done"]

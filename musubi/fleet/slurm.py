@@ -29,8 +29,8 @@ from rich.console import Console
 from musubi.config.errors import ConfigError
 from musubi.config.fleet import CommandJob, FleetSpec, TaskJob
 from musubi.fleet import jobs as J
-from musubi.fleet.local import JobState
-from musubi.store.rundir import read_json, write_json
+from musubi.fleet.local import JobState, fleet_states
+from musubi.store.rundir import write_json
 
 log = logging.getLogger("musubi.fleet")
 
@@ -166,15 +166,10 @@ class SlurmFleet:
         self.jobs = {j.name: j for j in spec.jobs}
         self.state_path = run_dir / "fleet.json"
         self.nice = nice_values(spec)
-        self.states = {j.name: JobState(j.name, "command" if isinstance(j, CommandJob) else "task")
-                       for j in spec.jobs}
-        if resume and self.state_path.is_file():
-            for name, rec in read_json(self.state_path).get("jobs", {}).items():
-                if name in self.states:
-                    st = JobState(**rec)
-                    if st.state == "failed":  # a new chance, like the local executor's --resume
-                        st.state, st.scheduler_id = "queued", ""
-                    self.states[name] = st
+        self.states = fleet_states(spec, self.state_path if resume else None)
+        for st in self.states.values():
+            if st.state == "failed":  # a new chance, like the local executor's --resume; running ones reattach
+                st.state, st.scheduler_id = "queued", ""
 
     def save_state(self) -> None:
         """Write fleet.json (atomically), with the executor so --resume reattaches the same way."""
