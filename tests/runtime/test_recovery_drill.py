@@ -40,3 +40,25 @@ def test_drill_kill_writer_kill_and_hang(tiny_job, tmp_path: Path) -> None:
         (f,) = json.loads((Path(r["run"]) / "tiny" / "goodput.json").read_text())["failures"]
         if r["fault"] in ("kill", "hang"):
             assert f["ranks"] == [r["rank"]], (r["inject"], f)  # the cause names the rank
+
+
+def test_drill_with_dcp_checkpoint_process(tiny_job, tmp_path: Path) -> None:
+    """The same guarantees when saves go through DCP's checkpoint process (`async_mode: process`,
+    the GPU default): a rank killed, and the writer killed in the daemon while it writes a shard."""
+    from musubi.runtime.saver import process_mode_available
+
+    if not process_mode_available():
+        pytest.skip("DCP's checkpoint process needs torch >= 2.7")
+    job = tiny_job(checkpoint={"every_steps": 3, "async_mode": "process"}, watchdog={"floor_s": 5})
+    # Seed 5 draws phase=write for the writer kill: the daemon dies inside a shard.
+    res = CliRunner().invoke(app, ["drill", str(job), "--faults", "kill,ckpt_kill", "--repeat", "1", "--nproc", "2", "--device", "cpu",
+                                   "--out", str(tmp_path / "drill"), "--seed", "5", "--json"])
+    drill = json.loads((tmp_path / "drill" / "drill.json").read_text())
+    assert res.exit_code == 0 and all(r["ok"] for r in drill["runs"]), (res.output, drill["runs"])
+    assert any("phase=write" in r["inject"] for r in drill["runs"])
+    s = drill["summary"]
+    assert s["kill"]["weights_equal"] == 1 and s["ckpt_kill"]["weights_equal"] == 1
+    assert s["ckpt_kill"]["partial_loads"] == 0
+    recs = [json.loads(line) for r in drill["runs"]
+            for line in (Path(r["run"]) / "tiny" / "metrics.jsonl").read_text().splitlines()]
+    assert {r["mode"] for r in recs if r.get("kind") == "checkpoint"} == {"process"}

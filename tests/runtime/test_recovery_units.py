@@ -9,13 +9,14 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed as dist
 
 from musubi.config.errors import ConfigError
 from musubi.config.job import CheckpointSpec, WatchdogSpec
 from musubi.runtime import checkpoint as ckpt
 from musubi.runtime.goodput import compute_goodput
 from musubi.runtime.inject import Injector, parse
-from musubi.runtime.saver import Checkpointer
+from musubi.runtime.saver import Checkpointer, process_mode_available
 from musubi.runtime.watchdog import EXIT_HANG, Heartbeat, Watchdog, describe_hang
 from musubi.runtime.world import World
 
@@ -62,8 +63,23 @@ def test_retention_keeps_last_and_best(tmp_path: Path) -> None:
     assert sorted(d.name for d in root.iterdir()) == ["step-000000005"]
 
 
-@pytest.mark.parametrize("mode", ["thread", "off"])
+@pytest.mark.parametrize("mode", [
+    "thread", "off",
+    # DCP's checkpoint daemon: a spawned process with a process group of its own (torch >= 2.7).
+    pytest.param("process", marks=[pytest.mark.timeout(180),
+                                   pytest.mark.skipif(not process_mode_available(), reason="torch < 2.7")]),
+])
 def test_save_commits_when_durable_and_records_timings(tmp_path: Path, mode: str) -> None:
+    if mode == "process":  # DCP's daemon takes its ranks from the default group, as under torchrun
+        dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        _save_and_check(tmp_path, mode)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _save_and_check(tmp_path: Path, mode: str) -> None:
     world = World(rank=0, local_rank=0, size=1, device=torch.device("cpu"), backend="gloo")
     model = torch.nn.Linear(8, 4)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
