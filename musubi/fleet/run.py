@@ -11,6 +11,8 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +24,7 @@ from musubi.config.load import load_fleet
 from musubi.evaluate.provenance import dataset_record
 from musubi.fleet.jobs import check_command
 from musubi.fleet.local import JobState, LocalFleet
+from musubi.fleet.machine import SHOW, check_topology
 from musubi.store.db import db_path
 from musubi.store.rundir import default_run_dir, env_record, read_json, run_record, write_json
 
@@ -103,6 +106,8 @@ def run_fleet(req: FleetRequest, console: Console | None = None) -> tuple[Path, 
             raise ConfigError(f"job {wide[0].name!r} asks for nodes: {wide[0].nodes}; the local executor has one "
                               "machine: use --executor slurm (or run `musubi train --nnodes` on each node)")
         devices, kind = machine(req)
+        # A typo or a file of another machine is refused before anything is written (a re-run must work).
+        check_topology(spec, base, devices)
     if req.resume:
         if req.out is None or not (req.out / "fleet.json").is_file():
             raise ConfigError("--resume: give --out RUN_DIR of an earlier `musubi run` (it holds fleet.json)")
@@ -132,13 +137,68 @@ def run_fleet(req: FleetRequest, console: Console | None = None) -> tuple[Path, 
     console.print(f"fleet {spec.name}: {len(spec.jobs)} jobs on {len(devices)} "
                   f"{'GPU' if kind == 'cuda' else 'CPU slot'}{'s' if len(devices) > 1 else ''} -> {run_dir}",
                   highlight=False, markup=False)
-    if spec.success.baseline_steps:
-        from musubi.fleet.baseline import measure_baselines
+    with fleet_logging(run_dir, console):
+        if spec.success.baseline_steps:
+            from musubi.fleet.baseline import measure_baselines
 
-        measure_baselines(spec, run_dir, devices, kind, read_json(run_dir / "env.json"), console)
-    states = LocalFleet(spec, run_dir, base, devices, kind, req.resume, console).run()
+            measure_baselines(spec, run_dir, devices, kind, read_json(run_dir / "env.json"), console)
+        fleet = LocalFleet(spec, run_dir, base, devices, kind, req.resume, console)
+        topo = fleet.packer.topology
+        if topo is None:
+            log.info("placement without a topology: the lowest free %s", "GPUs" if kind == "cuda" else "CPU slots",
+                     extra=SHOW)
+        else:
+            log.info("placing by topology: %s", topo.summary(), extra=SHOW)
+            missing = [d for d in devices if d not in topo.gpu_indices]
+            if missing:
+                log.warning("the topology does not name device(s) %s: jobs that get them are placed without it "
+                            "(lowest free GPUs)", ",".join(map(str, missing)))
+        states = fleet.run()
     _finish(spec, run_dir, console)
     return run_dir, states
+
+
+class _ConsoleLines(logging.Handler):
+    """The fleet's decisions on the console, one concise line each: placements and pinning (records logged with
+    extra=SHOW), and warnings. Everything else goes to RUN/fleet.log only."""
+
+    def __init__(self, console: Console) -> None:
+        super().__init__(logging.INFO)
+        self.console = console
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.WARNING or bool(getattr(record, "show", False))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            prefix = "fleet: " if record.levelno < logging.WARNING else f"fleet {record.levelname.lower()}: "
+            self.console.print(prefix + record.getMessage(), highlight=False, markup=False, soft_wrap=True)
+        except Exception:  # noqa: BLE001 - logging never breaks the fleet
+            self.handleError(record)
+
+
+@contextmanager
+def fleet_logging(run_dir: Path, console: Console) -> Iterator[None]:
+    """While the fleet runs: its log records (musubi.fleet: every placement and its reason, the core plan,
+    starts, ends, failures) go to RUN/fleet.log, and the decisions also to the console."""
+    logger = logging.getLogger("musubi.fleet")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    to_file = logging.FileHandler(run_dir / "fleet.log", encoding="utf-8")
+    to_file.setLevel(logging.INFO)
+    to_file.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    to_console = _ConsoleLines(console)
+    level = logger.level
+    if logger.getEffectiveLevel() > logging.INFO:
+        logger.setLevel(logging.INFO)
+    logger.addHandler(to_file)
+    logger.addHandler(to_console)
+    try:
+        yield
+    finally:
+        logger.removeHandler(to_console)
+        logger.removeHandler(to_file)
+        to_file.close()
+        logger.setLevel(level)
 
 
 def _preflight(spec: FleetSpec, kind: str, run_dir: Path, console: Console) -> None:

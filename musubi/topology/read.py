@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -11,6 +12,7 @@ from musubi.topology.model import GpuPlace, NodeTopology, parse_cpulist
 from musubi.topology.smi import parse_topo_matrix, read_topo_text
 
 SYSFS_PCI = Path("/sys/bus/pci/devices")
+_PAIR = re.compile(r"gpu\d+-gpu\d+")
 
 
 def _sysfs_place(index: int, bus_id: str) -> GpuPlace:
@@ -60,8 +62,20 @@ def load_topology(path: Path) -> NodeTopology:
         except ValueError as e:
             raise ConfigError(f"topology file {path}: not valid JSON ({e}); give a `nvidia-smi topo -m` text "
                               "or an env.json") from None
-        data = data.get("topology", data) if isinstance(data, dict) else {}
-        topo = NodeTopology.from_dict(data) if isinstance(data, dict) else NodeTopology()
+        if not isinstance(data, dict):
+            raise ConfigError(f"topology file {path}: JSON but not an object; give a `nvidia-smi topo -m` text or "
+                              "an env.json written on a GPU machine")
+        if "topology" in data:
+            data = data["topology"]
+        elif not ("links" in data or (data and all(_PAIR.fullmatch(str(k)) for k in data))):
+            raise ConfigError(f"topology file {path}: JSON without a `topology` (an env.json written on a machine "
+                              "without GPUs or NVML?); give `nvidia-smi topo -m` text saved on the GPU machine, or "
+                              "an env.json written there")
+        try:
+            topo = NodeTopology.from_dict(data) if isinstance(data, dict) else NodeTopology()
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise ConfigError(f"topology file {path}: its `topology` is not in env.json's form ({e}); give "
+                              "`nvidia-smi topo -m` text or an env.json written on a GPU machine") from None
         if topo.text and not topo.gpus:  # an older record: re-read the text it kept
             topo = parse_topo_matrix(topo.text)
     else:

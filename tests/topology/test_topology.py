@@ -108,3 +108,16 @@ def test_live_reading_merges_nvidia_smi_with_nvml_and_falls_back_to_sysfs(monkey
     assert t.source == "nvml" and t.link(0, 1) == "NV18" and t.numa_of(0) == 1 and t.gpu(0).cpus == tuple(range(8, 16))
     assert t.numa_of(1) is None  # sysfs has nothing for it
 
+
+
+def test_env_json_without_topology_and_non_pair_keys_are_config_errors(tmp_path: Path) -> None:
+    cpu_env = tmp_path / "env.json"
+    cpu_env.write_text(json.dumps({"host": "x", "gpus": []}))  # written on a machine without GPUs
+    with pytest.raises(ConfigError, match="without a `topology`"):
+        load_topology(cpu_env)
+    odd = tmp_path / "odd.json"
+    odd.write_text(json.dumps({"topology": {"links": {"host": "NV18"}}}))
+    with pytest.raises(ConfigError, match="not a GPU pair"):
+        load_topology(odd)
+    with pytest.raises(ValueError, match="not a GPU pair"):
+        NodeTopology.from_dict({"links": {"gpu0": "NV4"}})
