@@ -61,7 +61,10 @@ def check_topology(spec: FleetSpec, base: Path, devices: list[int]) -> NodeTopol
 
 def device_cores(devices: list[int], topo: NodeTopology | None) -> CorePlan:
     """Each device's own cores on this machine (NUMA nodes from the topology when it knows them)."""
-    plan = partition_cores(devices, numa_nodes(topo) if topo is not None else {}, read_cpus())
+    numa = numa_nodes(topo) if topo is not None else {}
+    # Nodes with GPUs this fleet was not given keep their cores (another job may run there).
+    reserved = frozenset(n for g, n in numa.items() if g not in devices)
+    plan = partition_cores(devices, numa, read_cpus(), reserved)
     if plan:
         log.info("cores per device (%s): %s", plan.reason,
                  "; ".join(f"{d}: {format_cpulist(c)}" for d, c in sorted(plan.sets.items())), extra=SHOW)
