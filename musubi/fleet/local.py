@@ -153,7 +153,7 @@ class LocalFleet:
         self.running[job.name] = _Running(job, proc, "train", f)
         log.info("start %s on %s %s (attempt %d): %s%s", job.name, "GPU" if self.kind == "cuda" else "CPU slot",
                  ",".join(map(str, gpus)), st.attempts, st.placement,
-                 f"; cores per rank {cpus}" if cpus else "; CPU pinning off" if self.cores is None else "",
+                 f"; cores per rank {cpus}" if cpus else "; CPU pinning off" if self.cores is None else "; not pinned",
                  extra=SHOW)
 
     def _start_eval(self, run: _Running) -> None:
