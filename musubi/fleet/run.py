@@ -42,6 +42,7 @@ class FleetRequest:
     cpu_slots: int | None = None
     check: bool = True
     device: str | None = None
+    dry_run: bool = False  # print the placement plan; start and write nothing
 
 
 def validate_fleet(spec: FleetSpec, base: Path) -> None:
@@ -199,6 +200,58 @@ def fleet_logging(run_dir: Path, console: Console) -> Iterator[None]:
         logger.removeHandler(to_file)
         to_file.close()
         logger.setLevel(level)
+
+
+def plan_fleet(req: FleetRequest, console: Console | None = None) -> list[str]:
+    """`musubi run --dry-run`: the placements (and reasons) and core plan the local executor would give, on this
+    machine or the recorded `machine.topology`; nothing is started or written. Jobs are assumed to end in the
+    order they started (their lengths are not known), so later waves are an illustration. Returns the lines."""
+    from musubi.fleet.machine import cpus_value, device_cores
+    from musubi.fleet.packer import Demand, Packer, unplaceable
+    from musubi.topology.read import read_node_topology
+
+    console = console or Console()
+    spec = load_fleet(req.fleet_path)
+    base = req.fleet_path.resolve().parent
+    validate_fleet(spec, base)
+    wide = [j for j in spec.jobs if j.nodes > 1]
+    if wide or (req.executor or "local") != "local":
+        raise ConfigError("--dry-run shows the local executor's placements on one machine; drop --executor slurm "
+                          "and multi-node jobs")
+    devices, kind = machine(req)
+    topo = check_topology(spec, base, devices)
+    if topo is None and kind == "cuda":
+        topo = read_node_topology()
+    queue = [Demand(j.name, j.gpus, j.priority, j.family, after=tuple(j.after)) for j in spec.jobs]
+    problems = unplaceable(queue, len(devices))
+    if problems:
+        raise ConfigError(problems[0])
+    unit = "GPU" if kind == "cuda" else "CPU slot"
+    lines = [f"fleet {spec.name}: {len(spec.jobs)} jobs on {len(devices)} {unit}s (dry run: nothing started)",
+             f"topology: {topo.summary() if topo is not None else 'none: the lowest free ' + unit + 's'}"]
+    cores = device_cores(devices, topo) if spec.machine.pin_cpus else None
+    if cores is not None:
+        lines.append(f"cores per device: {cores.reason}" if cores else f"no CPU pinning: {cores.reason}")
+    packer = Packer(list(devices), queue, topology=topo)
+    running: list[str] = []
+    when = "at start"
+    while packer.queue:
+        placed = packer.place()
+        for d, gpus in placed:
+            pin = cpus_value(cores, gpus) if cores else None
+            lines.append(f"{when}: {d.name} on {unit} {','.join(map(str, gpus))}: {packer.reasons[d.name]}"
+                         + (f"; cores per rank {pin}" if pin else ""))
+            running.append(d.name)
+        if not running:
+            lines += [f"never starts: {d.name} (waits for {', '.join(d.after)})" for d in packer.queue]
+            break
+        ended = running.pop(0)
+        packer.release(ended)
+        packer.done.add(ended)
+        when = f"after {ended} ends"
+    for ln in lines:
+        console.print(ln, highlight=False, markup=False, soft_wrap=True)
+    return lines
 
 
 def _preflight(spec: FleetSpec, kind: str, run_dir: Path, console: Console) -> None:

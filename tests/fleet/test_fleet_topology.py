@@ -91,3 +91,21 @@ def test_env_json_without_topology_is_refused(tmp_path: Path) -> None:
 def test_topology_not_covering_every_device_is_refused(tmp_path: Path) -> None:
     out = _refused(tmp_path, str(FIXTURES / "nvlink4_all.txt"))  # 4 GPUs; the fleet has 6 slots
     assert "4,5 not in it" in out and "record" in out
+
+
+def test_dry_run_prints_the_placement_plan_and_writes_nothing(tmp_path: Path) -> None:
+    (tmp_path / "ext.py").write_text(EXTERNAL)
+    data = {"name": "berth", "machine": {"topology": str(FIXTURES / "pcie8_two_switches.txt")},
+            "leaderboard": {"export_top": 0},
+            "jobs": [{"name": "a", "command": ["ext.py"], "gpus": 2, "priority": 1, "launch": "torchrun"},
+                     {"name": "b", "command": ["ext.py"], "gpus": 4, "launch": "torchrun"},
+                     {"name": "c", "command": ["ext.py"], "gpus": 4, "launch": "torchrun"}]}
+    (tmp_path / "fleet.yaml").write_text(yaml.safe_dump(data))
+    out = tmp_path / "run"
+    res = CliRunner().invoke(app, ["run", str(tmp_path / "fleet.yaml"), "--out", str(out), "--device", "cpu",
+                                   "--cpu-slots", "8", "--dry-run"])
+    assert res.exit_code == 0, res.output
+    assert "dry run: nothing started" in res.output and "from recorded:pcie8_two_switches.txt" in res.output
+    assert "at start: a on CPU slot 0,1: best-linked 2" in res.output
+    assert "at start: b on CPU slot 4,5,6,7" in res.output and "after a ends: c on CPU slot 0,1,2,3" in res.output
+    assert not out.exists()
