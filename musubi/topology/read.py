@@ -45,6 +45,13 @@ def read_node_topology() -> NodeTopology:
         # nvidia-smi knows NICs and affinity; NVML adds P2P status and bus ids.
         gpus = tuple(replace(g, bus_id=buses.get(g.index, "")) for g in smi.gpus)
         return replace(smi, p2p=topo.p2p, gpus=gpus)
+    return with_sysfs_places(nvml, topo)
+
+
+def with_sysfs_places(nvml, topo: NodeTopology) -> NodeTopology:  # noqa: ANN001 - an NvmlReading
+    """NVML's link reading with each GPU's NUMA node and local CPUs from sysfs (when it has no GPU places)."""
+    if topo.gpus:
+        return topo
     places = tuple(_sysfs_place(g.index, g.pci_bus_id) for g in nvml.gpus if g.error is None)
     return replace(topo, gpus=places)
 
@@ -91,4 +98,4 @@ def numa_nodes(topo: NodeTopology) -> dict[int, int | None]:
     return {g.index: g.numa for g in topo.gpus}
 
 
-__all__ = ["load_topology", "numa_nodes", "parse_cpulist", "read_node_topology"]
+__all__ = ["load_topology", "numa_nodes", "parse_cpulist", "read_node_topology", "with_sysfs_places"]

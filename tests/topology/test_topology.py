@@ -121,3 +121,13 @@ def test_env_json_without_topology_and_non_pair_keys_are_config_errors(tmp_path:
         load_topology(odd)
     with pytest.raises(ValueError, match="not a GPU pair"):
         NodeTopology.from_dict({"links": {"gpu0": "NV4"}})
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_preflight_json_keeps_the_topology_in_env_json_form(name: str) -> None:
+    from musubi.preflight.result import jsonable
+
+    t = recorded(name)
+    rec = json.loads(json.dumps(jsonable({"topology": t})))["topology"]
+    back = NodeTopology.from_dict(rec)  # before: keys "0-1" and cpus as a list -> ValueError
+    assert back.links == t.links and back.gpus == t.gpus and back.nics == t.nics
