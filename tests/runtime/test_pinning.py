@@ -55,6 +55,24 @@ def test_lone_job_in_its_own_cpuset_splits_over_its_own_gpus(monkeypatch: pytest
     assert own.env == {"MUSUBI_CPUS": "0-63"} and "this job's GPUs" in own.note
 
 
+def test_more_workers_than_pinned_cores_is_said() -> None:
+    from types import SimpleNamespace
+
+    import torch
+
+    from musubi.runtime.pinning import Pinning, configure_threads
+
+    before = torch.get_num_threads()
+    try:
+        spec = SimpleNamespace(data=SimpleNamespace(workers=8))
+        line = configure_threads(spec, Pinning((0, 1, 2, 3)))
+        assert "8 loader workers on 4 pinned core(s) oversubscribe them" in line and "auto gives 3" in line
+        assert "warning" not in configure_threads(SimpleNamespace(data=SimpleNamespace(workers=2)),
+                                                  Pinning((0, 1, 2, 3)))
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_given_sets_are_checked_and_off_means_off() -> None:
     assert plan_pinning(True, "cpu", 2, {"MUSUBI_CPUS": "0-3;4-7"}).env == {}
     with pytest.raises(ConfigError, match="gives 1 core set"):
