@@ -7,10 +7,9 @@ from pathlib import Path
 
 from musubi.config.errors import ConfigError
 from musubi.config.fleet import FleetSpec
-from musubi.store.rundir import read_json
 from musubi.topology.cores import CorePlan, partition_cores, read_cpus
 from musubi.topology.model import NodeTopology, format_cpulist
-from musubi.topology.read import load_topology, numa_nodes, read_node_topology
+from musubi.topology.read import env_topology, load_topology, numa_nodes, read_node_topology
 
 log = logging.getLogger("musubi.fleet")
 
@@ -26,12 +25,7 @@ def fleet_topology(spec: FleetSpec, base: Path, run_dir: Path, kind: str) -> Nod
         return recorded_topology(spec, base)
     if kind != "cuda":
         return None
-    env = run_dir / "env.json"
-    if env.is_file():
-        rec = read_json(env).get("topology")
-        if isinstance(rec, dict) and rec.get("links"):
-            return NodeTopology.from_dict(rec)
-    return read_node_topology()
+    return env_topology(run_dir / "env.json") or read_node_topology()
 
 
 def recorded_topology(spec: FleetSpec, base: Path) -> NodeTopology:

@@ -93,9 +93,20 @@ def load_topology(path: Path) -> NodeTopology:
     return replace(topo, source=f"recorded:{path.name}")
 
 
+def env_topology(env_path: Path) -> NodeTopology | None:
+    """The topology a run's env.json recorded (the machine it was written on), None when it holds none."""
+    try:
+        rec = json.loads(env_path.read_text(encoding="utf-8")).get("topology")
+        if isinstance(rec, dict) and rec.get("links"):
+            return NodeTopology.from_dict(rec)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        pass
+    return None
+
+
 def numa_nodes(topo: NodeTopology) -> dict[int, int | None]:
     """GPU index -> NUMA node (None where unknown), from the model's GPU places."""
     return {g.index: g.numa for g in topo.gpus}
 
 
-__all__ = ["load_topology", "numa_nodes", "parse_cpulist", "read_node_topology", "with_sysfs_places"]
+__all__ = ["env_topology", "load_topology", "numa_nodes", "parse_cpulist", "read_node_topology", "with_sysfs_places"]

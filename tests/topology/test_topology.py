@@ -131,3 +131,14 @@ def test_preflight_json_keeps_the_topology_in_env_json_form(name: str) -> None:
     rec = json.loads(json.dumps(jsonable({"topology": t})))["topology"]
     back = NodeTopology.from_dict(rec)  # before: keys "0-1" and cpus as a list -> ValueError
     assert back.links == t.links and back.gpus == t.gpus and back.nics == t.nics
+
+
+def test_env_topology_reads_what_env_json_recorded(tmp_path: Path) -> None:
+    from musubi.topology.read import env_topology
+
+    t = recorded(PCIE8)
+    env = tmp_path / "env.json"
+    env.write_text(json.dumps({"host": "x", "topology": t.to_dict()}))
+    assert env_topology(env).links == t.links and env_topology(env).gpus == t.gpus
+    env.write_text(json.dumps({"host": "x"}))
+    assert env_topology(env) is None and env_topology(tmp_path / "missing.json") is None
