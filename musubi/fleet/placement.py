@@ -35,6 +35,8 @@ EXHAUSTIVE_LIMIT = 5000
 LOOKAHEAD = 8
 #: Groups the exact joint search of the queue's lookahead may try per decision before it goes greedy.
 JOINT_BUDGET = 20000
+#: Candidate groups whose effect on the queue is simulated (all of them on machines of up to 8 GPUs).
+SIM_LIMIT = 128
 
 Cost = tuple[float, float]
 
@@ -51,10 +53,26 @@ def describe(link: str | None) -> str:
     return f"{link} ({_WORDS.get(link, 'PCIe')})"
 
 
+_TABLES: dict[int, tuple[NodeTopology, dict[tuple[int, int], float], dict[int, int | None]]] = {}
+
+
+def _tables(topo: NodeTopology) -> tuple[dict[tuple[int, int], float], dict[int, int | None]]:
+    """Pair costs and NUMA nodes of a topology, computed once (the search asks for them millions of times)."""
+    hit = _TABLES.get(id(topo))
+    if hit is None or hit[0] is not topo:
+        if len(_TABLES) > 8:
+            _TABLES.clear()
+        idx = topo.gpu_indices
+        costs = {(a, b): topo.cost(a, b) for a, b in combinations(sorted(idx), 2)}
+        hit = _TABLES[id(topo)] = (topo, costs, {g: topo.numa_of(g) for g in idx})
+    return hit[1], hit[2]
+
+
 def group_cost(topo: NodeTopology, gpus: Iterable[int]) -> Cost:
     """(bottleneck pair cost, sum of pair costs) of a GPU group; (0, 0) for one GPU. Rounded: ties are ties."""
     g = sorted(gpus)
-    costs = [topo.cost(a, b) for a, b in combinations(g, 2)]
+    table = _tables(topo)[0]
+    costs = [table[p] if p in table else topo.cost(*p) for p in combinations(g, 2)]
     if not costs:
         return (0.0, 0.0)
     return (round(max(costs), 9), round(sum(costs), 9))
@@ -95,7 +113,8 @@ def best_group(topo: NodeTopology, pool: Sequence[int], k: int) -> tuple[int, ..
 
 def _numa_spread(topo: NodeTopology, gpus: Iterable[int]) -> int:
     """How many NUMA nodes a group spans (unknown nodes count as one each)."""
-    nodes = [topo.numa_of(g) for g in gpus]
+    numa = _tables(topo)[1]
+    nodes = [numa.get(g) for g in gpus]
     return len({n for n in nodes if n is not None}) + sum(1 for n in nodes if n is None)
 
 
@@ -106,9 +125,15 @@ def _nic_spread(topo: NodeTopology, gpus: Iterable[int]) -> int:
     return len(sets)
 
 
-def _best_in(topo: NodeTopology, pool: Sequence[int], m: int) -> tuple[int, ...]:
+def _best_in(topo: NodeTopology, pool: Sequence[int], m: int, memo: dict | None = None) -> tuple[int, ...]:
     """The group a queued job would get from `pool`: lowest cost, then fewest NUMA nodes, then lowest indices."""
-    return min(candidates(topo, pool, m), key=lambda g: (group_cost(topo, g), _numa_spread(topo, g), g))
+    key = ("best", frozenset(pool), m)
+    if memo is not None and key in memo:
+        return memo[key]
+    got = min(candidates(topo, pool, m), key=lambda g: (group_cost(topo, g), _numa_spread(topo, g), g))
+    if memo is not None:
+        memo[key] = got
+    return got
 
 
 def _joint(topo: NodeTopology, pool: frozenset[int], sizes: tuple[int, ...], memo: dict,
@@ -157,13 +182,13 @@ def _simulate(topo: NodeTopology, left: set[int], later: set[int], queued: Seque
             now -= set(g)
     else:
         for name, m in now_jobs:
-            g = _best_in(topo, sorted(now), m)
+            g = _best_in(topo, sorted(now), m, memo)
             now -= set(g)
             placed.append((name, g))
     pool = now | later
     for name, m in waiting:
         if m <= len(pool):
-            g = _best_in(topo, sorted(pool), m)
+            g = _best_in(topo, sorted(pool), m, memo)
             pool -= set(g)
             placed.append((name, g))
     bottleneck = total = 0.0
@@ -213,6 +238,8 @@ def choose(topo: NodeTopology | None, free: Sequence[int], k: int, queued: Seque
     held = set(later) & set(topo.gpu_indices)
     groups = candidates(topo, free, k)
     own = {g: group_cost(topo, g) for g in groups}
+    if multi and len(groups) > SIM_LIMIT:  # big machines: the queue is simulated for the best-linked groups only
+        groups = sorted(groups, key=lambda g: (own[g], _numa_spread(topo, g), g))[:SIM_LIMIT]
     memo: dict = {}
     budget = [JOINT_BUDGET]
     sim = {g: _simulate(topo, set(free) - set(g), held, multi, memo, budget) for g in groups} if multi else {}
