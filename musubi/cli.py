@@ -112,12 +112,17 @@ def run(
     cpu_slots: int | None = typer.Option(None, "--cpu-slots", help="Without GPUs: CPU rank slots (default 2)."),
     device: str | None = typer.Option(None, "--device", help="cuda or cpu (default: cuda if a GPU is visible)."),
     no_check: bool = typer.Option(False, "--no-check", help="Skip the preflight (recorded)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print where each job would run and why (placements, "
+                                 "cores), on this machine or machine.topology; start and write nothing."),
 ) -> None:
     """Train a whole fleet: pack jobs onto the GPUs, retry failures, then rank, export and register."""
-    from musubi.fleet.run import FleetRequest, run_fleet
+    from musubi.fleet.run import FleetRequest, plan_fleet, run_fleet
 
     req = FleetRequest(fleet_path=fleet, out=out, resume=resume, executor=executor, cpu_slots=cpu_slots,
-                       check=not no_check, device=device)
+                       check=not no_check, device=device, dry_run=dry_run)
+    if dry_run:
+        _guarded(plan_fleet, req, Console(width=None if sys.stdout.isatty() else 160))
+        return
     # Under a pipe (CI, a log file) rich would squeeze the live table into 80 columns.
     console = Console(width=None if sys.stdout.isatty() else 160)
     run_dir, states = _guarded(run_fleet, req, console)

@@ -80,4 +80,20 @@ def report_command(
             con.print(f"{a['job']}: {a['text']} - {a['evidence']}", highlight=False, markup=False)
         else:
             con.print(f"{a['job']}: {a.get('text')}", highlight=False, markup=False)
+        line = tail_line(a)
+        if line:
+            con.print(f"{a['job']}: {line}", highlight=False, markup=False)
     con.print(f"report: {result['html']}\ntrace: {result['trace']} (open in ui.perfetto.dev)", highlight=False)
+
+
+def tail_line(analysis: dict) -> str | None:
+    """'step-time tail, worst rank: CV 0.190 (rank 2), p99/p50 1.437 (rank 0)' from a job's straggler figures."""
+    ranks = [r for r in ((analysis.get("stragglers") or {}).get("ranks") or []) if r.get("cv") is not None]
+    if not ranks:
+        return None
+    cv = max(ranks, key=lambda r: r["cv"])
+    tail = max((r for r in ranks if r.get("p99_p50") is not None), key=lambda r: r["p99_p50"], default=None)
+    out = f"step-time tail after warm-up, worst rank: CV {cv['cv']:.3f} (rank {cv['rank']})"
+    if tail is not None:
+        out += f", p99/p50 {tail['p99_p50']:.3f} (rank {tail['rank']})"
+    return out

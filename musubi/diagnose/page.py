@@ -90,17 +90,20 @@ def _straggler_table(a: dict[str, Any]) -> str:
                      f"{_num(100 * r['work_excess'], 1)} %",
                      "-" if r["last_share"] is None else f"{_num(100 * r['last_share'], 0)} %",
                      "-" if r["history"] is None else f"{_num(r['history'], 3)}x",
-                     "<b>yes</b>" if r["flagged"] else "no", esc(r.get("flagged_at") or "-")])
+                     "<b>yes</b>" if r["flagged"] else "no", esc(r.get("flagged_at") or "-"),
+                     "-" if r.get("cv") is None else _num(r["cv"], 3),
+                     "-" if r.get("p99_p50") is None else _num(r["p99_p50"], 3)])
     if not rows:
         return '<p class="muted">One rank: no straggler analysis.</p>'
     need = s.get("last_share_needed")
     return (_table(["rank", "excess vs fastest", "in section", "all pre-sync work", "arrived last", "vs own start",
                     "straggler",
-                    "flagged live at step"], rows)
+                    "flagged live at step", "step-time CV", "p99/p50"], rows)
             + f'<p class="muted">Excess: median extra time in one section over the fastest rank, as a share of the '
               f'step. Flag: excess &ge; {_num(100 * s["threshold"], 1)} % and last arrival at the gradient all-reduce '
               f"in &ge; {_num(100 * (need or 0), 0)} % of {s['steps']} steps (or flagged live for a quarter of the "
-              "run).</p>")
+              "run). Step-time CV and p99/p50: each rank's own step times after the warm-up steps (the right tail "
+              "that CPU pinning aims to narrow).</p>")
 
 
 def _hardware_table(a: dict[str, Any]) -> str:

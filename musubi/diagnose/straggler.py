@@ -41,6 +41,7 @@ class StepView:
     work: dict[int, float]
     sections: dict[int, dict[str, float]]
     last: int | None
+    walls: dict[int, float] | None = None  # each rank's own step wall time
 
 
 def view(step: int, recs: dict[int, dict[str, Any]]) -> StepView:
@@ -49,7 +50,8 @@ def view(step: int, recs: dict[int, dict[str, Any]]) -> StepView:
     last = min(comm, key=lambda r: comm[r]) if len(recs) > 1 and all(v is not None for v in comm.values()) else None
     return StepView(step=step, wall=max(wall_ms(x) for x in recs.values()) or 1e-9,
                     work={r: local_work_ms(x) for r, x in recs.items()},
-                    sections={r: sections_ms(x) for r, x in recs.items()}, last=last)
+                    sections={r: sections_ms(x) for r, x in recs.items()}, last=last,
+                    walls={r: wall_ms(x) for r, x in recs.items()})
 
 
 @dataclass
@@ -64,6 +66,8 @@ class RankScore:
     history: float | None  # median work now / median work in the first window (1.0 = unchanged)
     flagged: bool
     flagged_at: int | None = None
+    cv: float | None = None  # this rank's step-time coefficient of variation (after warm-up)
+    p99_p50: float | None = None  # its p99 / median step time (the right tail pinning aims to narrow)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able form."""
@@ -73,6 +77,16 @@ class RankScore:
 def last_share_needed(world: int) -> float:
     """Share of last arrivals that singles a rank out (well above the 1/world of chance)."""
     return min(0.6, 1.2 / max(world, 1))
+
+
+def tail(walls: list[float]) -> tuple[float | None, float | None]:
+    """(coefficient of variation, p99/p50) of step times; None where there are too few (or zero) times."""
+    walls = [w for w in walls if w > 0]
+    if len(walls) < 2:
+        return None, None
+    mean, med = statistics.fmean(walls), statistics.median(walls)
+    p99 = statistics.quantiles(walls, n=100, method="inclusive")[98]
+    return round(statistics.pstdev(walls) / mean, 4), round(p99 / med, 4) if med else None
 
 
 def score(views: list[StepView], threshold: float, baseline: dict[int, float] | None = None) -> list[RankScore]:
@@ -95,10 +109,12 @@ def score(views: list[StepView], threshold: float, baseline: dict[int, float] | 
         work_now = statistics.median(v.work[r] for v in views)
         hist = work_now / baseline[r] if baseline and baseline.get(r) else None
         excess = per_section[section]
+        cv, p99_p50 = tail([v.walls[r] for v in views if v.walls and r in v.walls])
         flagged = len(ranks) > 1 and excess >= threshold and (share is None or share >= need)
         out.append(RankScore(rank=r, excess=round(excess, 4), section=section, work_excess=round(work_excess, 4),
                              last_share=None if share is None else round(share, 3),
-                             history=None if hist is None else round(hist, 3), flagged=flagged))
+                             history=None if hist is None else round(hist, 3), flagged=flagged,
+                             cv=cv, p99_p50=p99_p50))
     return out
 
 

@@ -29,7 +29,7 @@ from rich.text import Text
 from musubi.config.errors import ConfigError
 from musubi.config.fleet import CommandJob, FleetSpec, TaskJob
 from musubi.fleet import jobs as J
-from musubi.fleet.machine import cpus_value, device_cores, fleet_topology
+from musubi.fleet.machine import SHOW, cpus_value, device_cores, fleet_topology
 from musubi.fleet.packer import Demand, Packer, unplaceable
 from musubi.runtime.checkpoint import latest_checkpoint
 from musubi.store.rundir import read_json, write_json
@@ -120,7 +120,7 @@ class LocalFleet:
         # Each device's own cores: a job's ranks are pinned to the cores of its GPUs (never another job's).
         self.cores = device_cores(list(devices), topology) if spec.machine.pin_cpus else None
         if first:
-            log.info("previous best model %s runs first", first)
+            log.info("previous best model %s runs first", first, extra=SHOW)
 
     # -- state ---------------------------------------------------------------
     def save_state(self) -> None:
@@ -151,8 +151,10 @@ class LocalFleet:
                                 stdin=subprocess.DEVNULL)
         J.pin_process(proc.pid, launch.cpus)  # external commands (task jobs' ranks pin themselves)
         self.running[job.name] = _Running(job, proc, "train", f)
-        log.info("start %s on %s %s (attempt %d): %s", job.name, "GPU" if self.kind == "cuda" else "CPU slot",
-                 ",".join(map(str, gpus)), st.attempts, st.placement)
+        log.info("start %s on %s %s (attempt %d): %s%s", job.name, "GPU" if self.kind == "cuda" else "CPU slot",
+                 ",".join(map(str, gpus)), st.attempts, st.placement,
+                 f"; cores per rank {cpus}" if cpus else "; CPU pinning off" if self.cores is None else "; not pinned",
+                 extra=SHOW)
 
     def _start_eval(self, run: _Running) -> None:
         job = run.job

@@ -5,41 +5,65 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from musubi.config.errors import ConfigError
 from musubi.config.fleet import FleetSpec
-from musubi.store.rundir import read_json
 from musubi.topology.cores import CorePlan, partition_cores, read_cpus
 from musubi.topology.model import NodeTopology, format_cpulist
-from musubi.topology.read import load_topology, numa_nodes, read_node_topology
+from musubi.topology.read import env_topology, load_topology, numa_nodes, read_node_topology
 
 log = logging.getLogger("musubi.fleet")
 
 #: The variable that hands each local rank its cores: one cpulist per local rank, ';'-separated ("0-7;8-15").
 CPUS_ENV = "MUSUBI_CPUS"
+#: `extra=` of the fleet's log records that `musubi run` also prints on the console (placement, pinning).
+SHOW = {"show": True}
 
 
 def fleet_topology(spec: FleetSpec, base: Path, run_dir: Path, kind: str) -> NodeTopology | None:
     """The recorded topology the fleet names, else this machine's (from env.json when it holds one); None on CPU."""
     if spec.machine.topology:
-        path = Path(spec.machine.topology)
-        return load_topology(path if path.is_absolute() else base / path)
+        return recorded_topology(spec, base)
     if kind != "cuda":
         return None
-    env = run_dir / "env.json"
-    if env.is_file():
-        rec = read_json(env).get("topology")
-        if isinstance(rec, dict) and rec.get("links"):
-            return NodeTopology.from_dict(rec)
-    return read_node_topology()
+    return env_topology(run_dir / "env.json") or read_node_topology()
+
+
+def recorded_topology(spec: FleetSpec, base: Path) -> NodeTopology:
+    """The topology file `machine.topology` names (relative to the fleet file), or a one-line ConfigError."""
+    assert spec.machine.topology
+    path = Path(spec.machine.topology)
+    try:
+        return load_topology(path if path.is_absolute() else base / path)
+    except ConfigError as e:
+        raise ConfigError(f"machine.topology: {e}") from None
+
+
+def check_topology(spec: FleetSpec, base: Path, devices: list[int]) -> NodeTopology | None:
+    """Before anything is written: the recorded topology `machine.topology` names loads, and it covers every
+    device of this fleet (its GPU indices, or the CPU slots standing for them). None without machine.topology."""
+    if not spec.machine.topology:
+        return None
+    topo = recorded_topology(spec, base)
+    missing = [d for d in devices if d not in topo.gpu_indices]
+    if missing:
+        have = ",".join(map(str, topo.gpu_indices))
+        raise ConfigError(f"machine.topology {spec.machine.topology}: it has GPUs {have}, but this fleet runs on "
+                          f"{','.join(map(str, devices))} ({','.join(map(str, missing))} not in it); record "
+                          "`nvidia-smi topo -m` on this machine, or drop machine.topology to read it live")
+    return topo
 
 
 def device_cores(devices: list[int], topo: NodeTopology | None) -> CorePlan:
     """Each device's own cores on this machine (NUMA nodes from the topology when it knows them)."""
-    plan = partition_cores(devices, numa_nodes(topo) if topo is not None else {}, read_cpus())
+    numa = numa_nodes(topo) if topo is not None else {}
+    # Nodes with GPUs this fleet was not given keep their cores (another job may run there).
+    reserved = frozenset(n for g, n in numa.items() if g not in devices)
+    plan = partition_cores(devices, numa, read_cpus(), reserved)
     if plan:
         log.info("cores per device (%s): %s", plan.reason,
-                 "; ".join(f"{d}: {format_cpulist(c)}" for d, c in sorted(plan.sets.items())))
+                 "; ".join(f"{d}: {format_cpulist(c)}" for d, c in sorted(plan.sets.items())), extra=SHOW)
     else:
-        log.info("no CPU pinning: %s", plan.reason)
+        log.info("no CPU pinning: %s", plan.reason, extra=SHOW)
     return plan
 
 

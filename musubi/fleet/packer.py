@@ -52,7 +52,8 @@ class Packer:
         for job in list(self.queue):
             if job.gpus <= len(self.free) and set(job.after) <= self.done:
                 behind = [(d.name, d.gpus) for d in self.queue if d is not job]
-                pick = choose(self.topology, self.free, job.gpus, behind)
+                held = [g for gs in self.busy.values() for g in gs]  # running jobs give these back later
+                pick = choose(self.topology, self.free, job.gpus, behind, later=held)
                 chosen = list(pick.gpus)
                 self.free = [g for g in self.free if g not in chosen]
                 self.busy[job.name] = chosen

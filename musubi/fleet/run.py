@@ -11,6 +11,8 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +24,7 @@ from musubi.config.load import load_fleet
 from musubi.evaluate.provenance import dataset_record
 from musubi.fleet.jobs import check_command
 from musubi.fleet.local import JobState, LocalFleet
+from musubi.fleet.machine import SHOW, check_topology
 from musubi.store.db import db_path
 from musubi.store.rundir import default_run_dir, env_record, read_json, run_record, write_json
 
@@ -39,6 +42,7 @@ class FleetRequest:
     cpu_slots: int | None = None
     check: bool = True
     device: str | None = None
+    dry_run: bool = False  # print the placement plan; start and write nothing
 
 
 def validate_fleet(spec: FleetSpec, base: Path) -> None:
@@ -103,6 +107,8 @@ def run_fleet(req: FleetRequest, console: Console | None = None) -> tuple[Path, 
             raise ConfigError(f"job {wide[0].name!r} asks for nodes: {wide[0].nodes}; the local executor has one "
                               "machine: use --executor slurm (or run `musubi train --nnodes` on each node)")
         devices, kind = machine(req)
+        # A typo or a file of another machine is refused before anything is written (a re-run must work).
+        check_topology(spec, base, devices)
     if req.resume:
         if req.out is None or not (req.out / "fleet.json").is_file():
             raise ConfigError("--resume: give --out RUN_DIR of an earlier `musubi run` (it holds fleet.json)")
@@ -132,13 +138,120 @@ def run_fleet(req: FleetRequest, console: Console | None = None) -> tuple[Path, 
     console.print(f"fleet {spec.name}: {len(spec.jobs)} jobs on {len(devices)} "
                   f"{'GPU' if kind == 'cuda' else 'CPU slot'}{'s' if len(devices) > 1 else ''} -> {run_dir}",
                   highlight=False, markup=False)
-    if spec.success.baseline_steps:
-        from musubi.fleet.baseline import measure_baselines
+    with fleet_logging(run_dir, console):
+        if spec.success.baseline_steps:
+            from musubi.fleet.baseline import measure_baselines
 
-        measure_baselines(spec, run_dir, devices, kind, read_json(run_dir / "env.json"), console)
-    states = LocalFleet(spec, run_dir, base, devices, kind, req.resume, console).run()
+            measure_baselines(spec, run_dir, devices, kind, read_json(run_dir / "env.json"), console)
+        fleet = LocalFleet(spec, run_dir, base, devices, kind, req.resume, console)
+        topo = fleet.packer.topology
+        if topo is None:
+            log.info("placement without a topology: the lowest free %s", "GPUs" if kind == "cuda" else "CPU slots",
+                     extra=SHOW)
+        else:
+            log.info("placing by topology: %s", topo.summary(), extra=SHOW)
+            missing = [d for d in devices if d not in topo.gpu_indices]
+            if missing:
+                log.warning("the topology does not name device(s) %s: jobs that get them are placed without it "
+                            "(lowest free GPUs)", ",".join(map(str, missing)))
+        states = fleet.run()
     _finish(spec, run_dir, console)
     return run_dir, states
+
+
+class _ConsoleLines(logging.Handler):
+    """The fleet's decisions on the console, one concise line each: placements and pinning (records logged with
+    extra=SHOW), and warnings. Everything else goes to RUN/fleet.log only."""
+
+    def __init__(self, console: Console) -> None:
+        super().__init__(logging.INFO)
+        self.console = console
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.WARNING or bool(getattr(record, "show", False))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            prefix = "fleet: " if record.levelno < logging.WARNING else f"fleet {record.levelname.lower()}: "
+            self.console.print(prefix + record.getMessage(), highlight=False, markup=False, soft_wrap=True)
+        except Exception:  # noqa: BLE001 - logging never breaks the fleet
+            self.handleError(record)
+
+
+@contextmanager
+def fleet_logging(run_dir: Path, console: Console) -> Iterator[None]:
+    """While the fleet runs: its log records (musubi.fleet: every placement and its reason, the core plan,
+    starts, ends, failures) go to RUN/fleet.log, and the decisions also to the console."""
+    logger = logging.getLogger("musubi.fleet")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    to_file = logging.FileHandler(run_dir / "fleet.log", encoding="utf-8")
+    to_file.setLevel(logging.INFO)
+    to_file.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    to_console = _ConsoleLines(console)
+    level = logger.level
+    if logger.getEffectiveLevel() > logging.INFO:
+        logger.setLevel(logging.INFO)
+    logger.addHandler(to_file)
+    logger.addHandler(to_console)
+    try:
+        yield
+    finally:
+        logger.removeHandler(to_console)
+        logger.removeHandler(to_file)
+        to_file.close()
+        logger.setLevel(level)
+
+
+def plan_fleet(req: FleetRequest, console: Console | None = None) -> list[str]:
+    """`musubi run --dry-run`: the placements (and reasons) and core plan the local executor would give, on this
+    machine or the recorded `machine.topology`; nothing is started or written. Jobs are assumed to end in the
+    order they started (their lengths are not known), so later waves are an illustration. Returns the lines."""
+    from musubi.fleet.machine import cpus_value, device_cores
+    from musubi.fleet.packer import Demand, Packer, unplaceable
+    from musubi.topology.read import read_node_topology
+
+    console = console or Console()
+    spec = load_fleet(req.fleet_path)
+    base = req.fleet_path.resolve().parent
+    validate_fleet(spec, base)
+    wide = [j for j in spec.jobs if j.nodes > 1]
+    if wide or (req.executor or "local") != "local":
+        raise ConfigError("--dry-run shows the local executor's placements on one machine; drop --executor slurm "
+                          "and multi-node jobs")
+    devices, kind = machine(req)
+    topo = check_topology(spec, base, devices)
+    if topo is None and kind == "cuda":
+        topo = read_node_topology()
+    queue = [Demand(j.name, j.gpus, j.priority, j.family, after=tuple(j.after)) for j in spec.jobs]
+    problems = unplaceable(queue, len(devices))
+    if problems:
+        raise ConfigError(problems[0])
+    unit = "GPU" if kind == "cuda" else "CPU slot"
+    lines = [f"fleet {spec.name}: {len(spec.jobs)} jobs on {len(devices)} {unit}s (dry run: nothing started)",
+             f"topology: {topo.summary() if topo is not None else 'none: the lowest free ' + unit + 's'}"]
+    cores = device_cores(devices, topo) if spec.machine.pin_cpus else None
+    if cores is not None:
+        lines.append(f"cores per device: {cores.reason}" if cores else f"no CPU pinning: {cores.reason}")
+    packer = Packer(list(devices), queue, topology=topo)
+    running: list[str] = []
+    when = "at start"
+    while packer.queue:
+        placed = packer.place()
+        for d, gpus in placed:
+            pin = cpus_value(cores, gpus) if cores else None
+            lines.append(f"{when}: {d.name} on {unit} {','.join(map(str, gpus))}: {packer.reasons[d.name]}"
+                         + (f"; cores per rank {pin}" if pin else ""))
+            running.append(d.name)
+        if not running:
+            lines += [f"never starts: {d.name} (waits for {', '.join(d.after)})" for d in packer.queue]
+            break
+        ended = running.pop(0)
+        packer.release(ended)
+        packer.done.add(ended)
+        when = f"after {ended} ends"
+    for ln in lines:
+        console.print(ln, highlight=False, markup=False, soft_wrap=True)
+    return lines
 
 
 def _preflight(spec: FleetSpec, kind: str, run_dir: Path, console: Console) -> None:

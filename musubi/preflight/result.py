@@ -56,7 +56,11 @@ def fail(check: str, found: str, fix: str) -> CheckResult:
 
 
 def jsonable(value: Any) -> Any:
-    """Readings as JSON-able data (dataclasses, tuple-keyed dicts, paths, enums)."""
+    """Readings as JSON-able data (dataclasses, tuple-keyed dicts, paths, enums); a topology in env.json's form."""
+    from musubi.topology.model import NodeTopology
+
+    if isinstance(value, NodeTopology):
+        return value.to_dict()  # NodeTopology.from_dict reads it back (one form in preflight.json and env.json)
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
     if isinstance(value, dict):

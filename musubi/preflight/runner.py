@@ -20,6 +20,7 @@ from musubi.preflight.read.nvml import read_nvml
 from musubi.preflight.read.topology import read_topo_smi
 from musubi.preflight.readings import CommReading
 from musubi.preflight.result import CheckResult, PreflightReport, warn
+from musubi.topology.read import with_sysfs_places
 
 #: Default run-directory parent (as `musubi train` uses when --out is not given).
 DEFAULT_RUNS = Path("runs")
@@ -64,6 +65,8 @@ def run_checks(
     try:
         if len(nvml.gpus) > 1 and not topo.links:
             topo = read_topo_smi()
+        # The same model env.json keeps (musubi.topology): NUMA node and CPUs of each GPU where NVML gave links.
+        topo = with_sysfs_places(nvml, topo)
         stack = read_stack(nvml)
     except BaseException:
         if probe is not None:

@@ -311,7 +311,11 @@ def launch_train(req: TrainRequest) -> TrainResult:
     from musubi.runtime.pin_plan import apply_to_env, plan_pinning
 
     env = worker_env(kind, nproc, spec_det, job_dir)
-    pins = plan_pinning(bool(record["config"]["train"].get("pin_cpus", True)), kind, nproc, env)
+    # A lone single-node job reads the topology the env.json it just wrote holds (one reading of the machine).
+    from musubi.topology.read import env_topology
+
+    topo = env_topology(run_dir / "env.json") if kind == "cuda" and rdzv is None and not req.fleet_member else None
+    pins = plan_pinning(bool(record["config"]["train"].get("pin_cpus", True)), kind, nproc, env, topo)
     env = apply_to_env(pins, env)
     node = f"-node{rdzv.node_rank}" if rdzv is not None else ""
     if rdzv is not None:  # several nodes: the workers' sockets on the chosen interface, not loopback

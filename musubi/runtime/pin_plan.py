@@ -3,7 +3,9 @@
 A fleet hands its jobs MUSUBI_CPUS (the cores of their GPUs, see fleet/machine.py);
 a lone `musubi train` computes it here the same way: the machine's cores split
 between all of its GPUs, each rank taking its own GPU's share, so two jobs on
-one machine never share a core. The ranks apply it (runtime/pinning.py).
+one machine never share a core. When a scheduler already gave the job a cpuset
+of its own (its affinity is narrower than the machine), the cores are split
+between the job's own GPUs only. The ranks apply it (runtime/pinning.py).
 """
 
 from __future__ import annotations
@@ -84,22 +86,44 @@ def plan_pinning(enabled: bool, kind: str, nproc: int, env: dict[str, str],
             from musubi.topology.read import read_node_topology
 
             topology = read_node_topology()
-        # Split over every GPU of the machine, so that a job beside this one gets other cores.
-        devices = sorted(set(topology.gpu_indices) | set(gpus))
         numa = {g.index: g.numa for g in topology.gpus}
+        if narrowed():
+            # A scheduler (Slurm, a container) gave this job its own cpuset: the cores it may use are its own
+            # already, so they are split between its own GPUs only.
+            devices, scope = sorted(set(gpus)), "this job's GPUs (its cpuset is its own)"
+        else:
+            # Split over every GPU of the machine, so that a job beside this one gets other cores.
+            devices = sorted(set(topology.gpu_indices) | set(gpus))
+            scope = f"all {len(devices)} GPUs of the machine" if len(devices) > len(gpus) else "its GPUs"
     else:
         gpus = list(range(nproc))
-        devices, numa = gpus, {}
-    plan = partition_cores(devices, numa, read_cpus())
+        devices, numa, scope = gpus, {}, "its CPU ranks"
+    cpus = read_cpus()
+    plan = partition_cores(devices, numa, cpus)
     if not plan:
         return PinPlan(note=f"no CPU pinning: {plan.reason}")
     value = ";".join(format_cpulist(plan.sets[g]) for g in gpus)
+    used = sum(len(plan.sets[g]) for g in gpus)
+    if used * 4 < len(cpus) * 3:
+        log.warning("CPU pinning gives this job's %d rank(s) %d of the %d CPUs it may use (cores split over %s, "
+                    "so a job beside it gets other cores); if it runs alone and its data loading is CPU-bound, "
+                    "set train.pin_cpus: false, or run it under a scheduler that gives it a cpuset", len(gpus),
+                    used, len(cpus), scope)
     args: list[str] = []
     if kind == "cuda" and plan.mode == "numa" and numa_binding_supported():
         # torchrun binds each worker to its GPU's NUMA node from its first instruction; the rank then
         # narrows to its own cores within that node.
         args = ["--numa-binding=node"]
-    return PinPlan(env={CPUS_ENV: value}, torchrun_args=args, note=f"cores per rank ({plan.reason}): {value}")
+    return PinPlan(env={CPUS_ENV: value}, torchrun_args=args,
+                   note=f"cores per rank (split over {scope}; {plan.reason}): {value}")
+
+
+def narrowed() -> bool:
+    """This process may use fewer CPUs than the machine has online (a cgroup cpuset or an affinity mask)."""
+    try:
+        return len(os.sched_getaffinity(0)) < (os.cpu_count() or 0)
+    except (AttributeError, OSError):
+        return False
 
 
 def apply_to_env(plan: PinPlan, env: dict[str, str]) -> dict[str, str]:

@@ -9,6 +9,7 @@ cores - loader workers (at least 1): the workers decode on the other cores.
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 
@@ -102,4 +103,10 @@ def configure_threads(spec, pinned: Pinning | None) -> str:  # noqa: ANN001 - a 
         return f"not pinned: {torch.get_num_threads()} intra-op thread(s), {spec.data.workers} loader worker(s)"
     threads = intra_op_threads(cores, spec.data.workers)
     torch.set_num_threads(threads)
-    return f"{pinned.describe()}: {threads} intra-op thread(s), {spec.data.workers} loader worker(s)"
+    line = f"{pinned.describe()}: {threads} intra-op thread(s), {spec.data.workers} loader worker(s)"
+    if isinstance(spec.data.workers, int) and spec.data.workers >= cores:
+        # Said, not silently clamped: the workers and the training loop now share too few cores.
+        line += (f"; warning: {spec.data.workers} loader workers on {cores} pinned core(s) oversubscribe them "
+                 f"(data.workers: auto gives {auto_workers(cores)})")
+        logging.getLogger("musubi.runtime").warning("%s", line)
+    return line

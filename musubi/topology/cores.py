@@ -6,7 +6,8 @@ long as they never share a GPU (which the packer guarantees). Cores of the
 GPU's own NUMA node are split evenly between the GPUs of that node, whole
 physical cores (hyperthread siblings stay together) before logical CPUs.
 Without NUMA information (a VM, CPU rank slots) all allowed cores are split
-evenly. Cores of a NUMA node without GPUs stay free for the rest of the system.
+evenly. Cores of NUMA nodes without GPUs are split between all devices too (after
+each device's own node's share), so they do not idle.
 """
 
 from __future__ import annotations
@@ -96,23 +97,40 @@ def _split(cpus: list[Cpu], devices: list[int]) -> dict[int, tuple[int, ...]] | 
                                                                            strict=True)}
 
 
-def partition_cores(devices: list[int], numa_of: dict[int, int | None], cpus: list[Cpu]) -> CorePlan:
-    """Each device's own cores: from its NUMA node when every device's node is known, else from all cores."""
+def partition_cores(devices: list[int], numa_of: dict[int, int | None], cpus: list[Cpu],
+                    reserved: frozenset[int | None] = frozenset()) -> CorePlan:
+    """Each device's own cores: from its NUMA node when every device's node is known (plus a share of the cores
+    of NUMA nodes without any device), else from all cores. `reserved`: NUMA nodes never shared out (they hold
+    GPUs of the machine that are not among `devices`, which other jobs may use)."""
     devices = sorted(set(devices))
     if not devices or not cpus:
         return CorePlan(reason="no devices" if not devices else "no CPUs readable")
     nodes = {c.numa for c in cpus if c.numa is not None}
     if all(numa_of.get(d) in nodes for d in devices) and nodes:
         sets: dict[int, tuple[int, ...]] = {}
-        for node in sorted({numa_of[d] for d in devices}):  # type: ignore[type-var]
+        homes = sorted({numa_of[d] for d in devices})  # type: ignore[type-var]
+        for node in homes:
             here = [d for d in devices if numa_of.get(d) == node]
             part = _split([c for c in cpus if c.numa == node], here)
             if part is None:
                 return CorePlan(reason=f"NUMA node {node} has fewer CPUs than its {len(here)} devices")
             sets.update(part)
-        return CorePlan(sets, "numa", f"{len(devices)} devices on NUMA node(s) {','.join(map(str, sorted(nodes)))}")
+        why = f"{len(devices)} devices on NUMA node(s) {','.join(map(str, homes))}"
+        # NUMA nodes without a device (or CPUs of unknown node): their cores would idle; split them too, so a
+        # rank's loader workers may use them. Still no core for two devices.
+        rest = [c for c in cpus if c.numa not in homes and c.numa not in reserved]
+        spill = _split(rest, devices) if rest else None
+        if spill:
+            sets = {d: tuple(sorted(sets[d] + spill[d])) for d in devices}
+            others = sorted({c.numa for c in rest if c.numa is not None})
+            why += (f", plus the {len(rest)} CPUs of NUMA node(s) {','.join(map(str, others)) or '?'} (no device "
+                    "there) shared out")
+        return CorePlan(sets, "numa", why)
     part = _split(cpus, devices)
     if part is None:
         return CorePlan(reason=f"{len(cpus)} CPUs for {len(devices)} devices: fewer than one each")
-    why = "devices without a known NUMA node" if nodes else "no NUMA information"
+    if not numa_of:
+        why = "CPU ranks (no NUMA node of their own)"
+    else:
+        why = "devices without a known NUMA node" if nodes else "no NUMA information"
     return CorePlan(part, "flat", f"{why}: {len(cpus)} CPUs split evenly")

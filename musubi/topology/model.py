@@ -183,7 +183,10 @@ class NodeTopology:
             data = {"source": "env.json", "links": data}
 
         def pair(key: str) -> tuple[int, int]:
-            a, b = (int(x.removeprefix("gpu")) for x in key.split("-"))
+            parts = str(key).split("-")
+            if len(parts) != 2 or not all(x.removeprefix("gpu").isdigit() for x in parts):
+                raise ValueError(f"{key!r} is not a GPU pair like 'gpu0-gpu1'")
+            a, b = (int(x.removeprefix("gpu")) for x in parts)
             return (min(a, b), max(a, b))
 
         return cls(

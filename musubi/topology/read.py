@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -11,6 +12,7 @@ from musubi.topology.model import GpuPlace, NodeTopology, parse_cpulist
 from musubi.topology.smi import parse_topo_matrix, read_topo_text
 
 SYSFS_PCI = Path("/sys/bus/pci/devices")
+_PAIR = re.compile(r"gpu\d+-gpu\d+")
 
 
 def _sysfs_place(index: int, bus_id: str) -> GpuPlace:
@@ -43,6 +45,13 @@ def read_node_topology() -> NodeTopology:
         # nvidia-smi knows NICs and affinity; NVML adds P2P status and bus ids.
         gpus = tuple(replace(g, bus_id=buses.get(g.index, "")) for g in smi.gpus)
         return replace(smi, p2p=topo.p2p, gpus=gpus)
+    return with_sysfs_places(nvml, topo)
+
+
+def with_sysfs_places(nvml, topo: NodeTopology) -> NodeTopology:  # noqa: ANN001 - an NvmlReading
+    """NVML's link reading with each GPU's NUMA node and local CPUs from sysfs (when it has no GPU places)."""
+    if topo.gpus:
+        return topo
     places = tuple(_sysfs_place(g.index, g.pci_bus_id) for g in nvml.gpus if g.error is None)
     return replace(topo, gpus=places)
 
@@ -60,8 +69,20 @@ def load_topology(path: Path) -> NodeTopology:
         except ValueError as e:
             raise ConfigError(f"topology file {path}: not valid JSON ({e}); give a `nvidia-smi topo -m` text "
                               "or an env.json") from None
-        data = data.get("topology", data) if isinstance(data, dict) else {}
-        topo = NodeTopology.from_dict(data) if isinstance(data, dict) else NodeTopology()
+        if not isinstance(data, dict):
+            raise ConfigError(f"topology file {path}: JSON but not an object; give a `nvidia-smi topo -m` text or "
+                              "an env.json written on a GPU machine")
+        if "topology" in data:
+            data = data["topology"]
+        elif not ("links" in data or (data and all(_PAIR.fullmatch(str(k)) for k in data))):
+            raise ConfigError(f"topology file {path}: JSON without a `topology` (an env.json written on a machine "
+                              "without GPUs or NVML?); give `nvidia-smi topo -m` text saved on the GPU machine, or "
+                              "an env.json written there")
+        try:
+            topo = NodeTopology.from_dict(data) if isinstance(data, dict) else NodeTopology()
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise ConfigError(f"topology file {path}: its `topology` is not in env.json's form ({e}); give "
+                              "`nvidia-smi topo -m` text or an env.json written on a GPU machine") from None
         if topo.text and not topo.gpus:  # an older record: re-read the text it kept
             topo = parse_topo_matrix(topo.text)
     else:
@@ -72,9 +93,20 @@ def load_topology(path: Path) -> NodeTopology:
     return replace(topo, source=f"recorded:{path.name}")
 
 
+def env_topology(env_path: Path) -> NodeTopology | None:
+    """The topology a run's env.json recorded (the machine it was written on), None when it holds none."""
+    try:
+        rec = json.loads(env_path.read_text(encoding="utf-8")).get("topology")
+        if isinstance(rec, dict) and rec.get("links"):
+            return NodeTopology.from_dict(rec)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        pass
+    return None
+
+
 def numa_nodes(topo: NodeTopology) -> dict[int, int | None]:
     """GPU index -> NUMA node (None where unknown), from the model's GPU places."""
     return {g.index: g.numa for g in topo.gpus}
 
 
-__all__ = ["load_topology", "numa_nodes", "parse_cpulist", "read_node_topology"]
+__all__ = ["env_topology", "load_topology", "numa_nodes", "parse_cpulist", "read_node_topology", "with_sysfs_places"]

@@ -102,3 +102,20 @@ def test_report_shows_the_checklist_and_the_planner_beside_measured(tmp_path: Pa
     assert "<h2>Checklist</h2>" in html and "did NOT meet its success criteria" in html
     assert "1.2x &lt;b&gt;low&lt;/b&gt;" in html  # escaped, like every string from the run
     assert "Planner: predicted beside measured" in html and "<td>50.0</td><td>40.0</td>" in html.replace(" ", "")
+
+
+def test_per_rank_step_time_tail_in_the_report(tmp_path: Path) -> None:
+    """Each rank's step-time CV and p99/p50 after warm-up: in the report's JSON and on its console line."""
+    from musubi.diagnose.straggler import tail
+
+    assert tail([10.0] * 50) == (0.0, 1.0)
+    cv, ratio = tail([10.0] * 98 + [30.0, 30.0])
+    assert ratio is not None and 2.9 < ratio <= 3.0 and cv is not None and cv > 0.2
+    assert tail([10.0]) == (None, None)
+    write_job(tmp_path / "run" / "s", slow_rank=2, factor=1.1, ranks=4)
+    a = analyze(load_job(tmp_path / "run" / "s"))
+    ranks = a["stragglers"]["ranks"]
+    assert len(ranks) == 4 and all(r["cv"] is not None and r["p99_p50"] >= 1.0 for r in ranks)
+    res = CliRunner().invoke(app, ["report", str(tmp_path / "run")])
+    assert res.exit_code == 0, res.output
+    assert "step-time tail after warm-up, worst rank: CV" in res.output and "p99/p50" in res.output

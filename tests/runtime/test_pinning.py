@@ -30,6 +30,7 @@ def two_sockets() -> list[Cpu]:
 def test_gpu_job_gets_the_cores_of_its_gpus_and_the_numa_flag(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(pin_plan, "read_cpus", two_sockets)
     monkeypatch.setattr(pin_plan, "numa_binding_supported", lambda: True)
+    monkeypatch.setattr(pin_plan, "narrowed", lambda: False)
     plan = plan_pinning(True, "cuda", 2, {"CUDA_VISIBLE_DEVICES": "4,6"}, recorded(PCIE8))
     # split over all 8 GPUs of the machine (a job beside this one gets other cores): 4 cores + siblings each
     assert plan.env == {"MUSUBI_CPUS": "16-19,48-51;24-27,56-59"}
@@ -37,6 +38,39 @@ def test_gpu_job_gets_the_cores_of_its_gpus_and_the_numa_flag(monkeypatch: pytes
     env = apply_to_env(plan, {"OMP_NUM_THREADS": "32"})
     if "OMP_NUM_THREADS" not in os.environ:
         assert env["OMP_NUM_THREADS"] == "8"
+
+
+def test_lone_job_in_its_own_cpuset_splits_over_its_own_gpus(monkeypatch: pytest.MonkeyPatch,
+                                                              caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setattr(pin_plan, "read_cpus", two_sockets)
+    monkeypatch.setattr(pin_plan, "numa_binding_supported", lambda: False)
+    monkeypatch.setattr(pin_plan, "narrowed", lambda: False)
+    with caplog.at_level("WARNING", logger="musubi.launch"):
+        shared = plan_pinning(True, "cuda", 1, {"CUDA_VISIBLE_DEVICES": "0"}, recorded(PCIE8))
+    assert shared.env == {"MUSUBI_CPUS": "0-3,32-35"} and "all 8 GPUs of the machine" in shared.note
+    assert "8 of the 64 CPUs" in caplog.text  # said, not silent
+    monkeypatch.setattr(pin_plan, "narrowed", lambda: True)  # a scheduler gave the job a cpuset of its own
+    own = plan_pinning(True, "cuda", 1, {"CUDA_VISIBLE_DEVICES": "0"}, recorded(PCIE8))
+    # its GPU's whole node 0 (0-15,32-47) plus node 1, which has no GPU of this job
+    assert own.env == {"MUSUBI_CPUS": "0-63"} and "this job's GPUs" in own.note
+
+
+def test_more_workers_than_pinned_cores_is_said() -> None:
+    from types import SimpleNamespace
+
+    import torch
+
+    from musubi.runtime.pinning import Pinning, configure_threads
+
+    before = torch.get_num_threads()
+    try:
+        spec = SimpleNamespace(data=SimpleNamespace(workers=8))
+        line = configure_threads(spec, Pinning((0, 1, 2, 3)))
+        assert "8 loader workers on 4 pinned core(s) oversubscribe them" in line and "auto gives 3" in line
+        assert "warning" not in configure_threads(SimpleNamespace(data=SimpleNamespace(workers=2)),
+                                                  Pinning((0, 1, 2, 3)))
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_given_sets_are_checked_and_off_means_off() -> None:

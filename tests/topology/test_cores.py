@@ -55,10 +55,14 @@ def test_partitions_never_overlap_and_respect_numa(nodes, cores, threads, device
         seen |= set(s)
         assert set(s) <= set(ids)
         if plan.mode == "numa":
-            assert {ids[c].numa for c in s} == {numa_of[d]}, "cores from another NUMA node"
-    # no core of a used NUMA node (or, flat, of the machine) is left idle
-    used_nodes = {numa_of[d] for d in devices} if plan.mode == "numa" else None
-    assert seen == {c.id for c in cpus if used_nodes is None or c.numa in used_nodes}
+            homes = {numa_of[x] for x in devices}
+            # its own node's cores, plus maybe some of nodes without any device; never another device's node
+            assert {ids[c].numa for c in s} - {numa_of[d]} <= {c.numa for c in cpus} - homes, "another's node"
+            assert any(ids[c].numa == numa_of[d] for c in s)
+    # no core is left idle (GPU-less NUMA nodes are shared out too), unless too few to go round
+    spare = [c for c in cpus if plan.mode == "numa" and c.numa not in {numa_of[d] for d in devices}]
+    if len(spare) >= len(devices) or not spare:
+        assert seen == {c.id for c in cpus}
 
 
 def test_read_cpus_from_sysfs(tmp_path: Path) -> None:
@@ -72,3 +76,19 @@ def test_read_cpus_from_sysfs(tmp_path: Path) -> None:
     (node / "node0" / "cpulist").write_text("0-3\n")
     got = [c for c in read_cpus(cpu, node) if c.id < 4]
     assert all(c.numa == 0 for c in got) and {c.core for c in got} <= {(0, 0), (0, 1)}
+
+
+def test_numa_nodes_without_gpus_are_shared_out_and_the_reason_names_the_devices_nodes() -> None:
+    cpus = machine(2, 16)  # 64 CPUs; all 4 GPUs on node 0
+    plan = partition_cores([0, 1, 2, 3], {0: 0, 1: 0, 2: 0, 3: 0}, cpus)
+    assert plan.mode == "numa"
+    assert plan.sets[0] == (0, 1, 2, 3, 16, 17, 18, 19, 32, 33, 34, 35, 48, 49, 50, 51)  # node 0 share + node 1
+    assert sum(len(s) for s in plan.sets.values()) == 64  # before: node 1's 32 CPUs went to no rank
+    assert "4 devices on NUMA node(s) 0" in plan.reason and "NUMA node(s) 1 (no device there)" in plan.reason
+    assert "CPU ranks" in partition_cores([0, 1], {}, cpus).reason  # not "devices without a known NUMA node"
+
+
+def test_nodes_with_gpus_of_other_jobs_are_never_shared_out() -> None:
+    cpus = machine(2, 16)
+    plan = partition_cores([0, 1], {0: 0, 1: 0}, cpus, reserved=frozenset({1}))  # GPUs 4-7 (node 1) not ours
+    assert all(c < 16 or 32 <= c < 48 for s in plan.sets.values() for c in s)

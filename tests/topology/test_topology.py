@@ -108,3 +108,37 @@ def test_live_reading_merges_nvidia_smi_with_nvml_and_falls_back_to_sysfs(monkey
     assert t.source == "nvml" and t.link(0, 1) == "NV18" and t.numa_of(0) == 1 and t.gpu(0).cpus == tuple(range(8, 16))
     assert t.numa_of(1) is None  # sysfs has nothing for it
 
+
+
+def test_env_json_without_topology_and_non_pair_keys_are_config_errors(tmp_path: Path) -> None:
+    cpu_env = tmp_path / "env.json"
+    cpu_env.write_text(json.dumps({"host": "x", "gpus": []}))  # written on a machine without GPUs
+    with pytest.raises(ConfigError, match="without a `topology`"):
+        load_topology(cpu_env)
+    odd = tmp_path / "odd.json"
+    odd.write_text(json.dumps({"topology": {"links": {"host": "NV18"}}}))
+    with pytest.raises(ConfigError, match="not a GPU pair"):
+        load_topology(odd)
+    with pytest.raises(ValueError, match="not a GPU pair"):
+        NodeTopology.from_dict({"links": {"gpu0": "NV4"}})
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_preflight_json_keeps_the_topology_in_env_json_form(name: str) -> None:
+    from musubi.preflight.result import jsonable
+
+    t = recorded(name)
+    rec = json.loads(json.dumps(jsonable({"topology": t})))["topology"]
+    back = NodeTopology.from_dict(rec)  # before: keys "0-1" and cpus as a list -> ValueError
+    assert back.links == t.links and back.gpus == t.gpus and back.nics == t.nics
+
+
+def test_env_topology_reads_what_env_json_recorded(tmp_path: Path) -> None:
+    from musubi.topology.read import env_topology
+
+    t = recorded(PCIE8)
+    env = tmp_path / "env.json"
+    env.write_text(json.dumps({"host": "x", "topology": t.to_dict()}))
+    assert env_topology(env).links == t.links and env_topology(env).gpus == t.gpus
+    env.write_text(json.dumps({"host": "x"}))
+    assert env_topology(env) is None and env_topology(tmp_path / "missing.json") is None
