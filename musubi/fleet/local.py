@@ -11,6 +11,7 @@ checkpoints.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -31,6 +32,7 @@ from musubi.config.fleet import CommandJob, FleetSpec, TaskJob
 from musubi.fleet import jobs as J
 from musubi.fleet.machine import cpus_value, device_cores, fleet_topology
 from musubi.fleet.packer import Demand, Packer, unplaceable
+from musubi.fleet.stop import FleetInterrupted, signals_ignored, signals_raise, stop_trees
 from musubi.runtime.checkpoint import latest_checkpoint
 from musubi.store.rundir import read_json, write_json
 
@@ -43,7 +45,7 @@ class JobState:
 
     name: str
     kind: str  # task | command
-    state: str = "queued"  # queued | running | evaluating | done | failed
+    state: str = "queued"  # queued | running | evaluating | done | failed | interrupted
     gpus: list[int] = field(default_factory=list)
     attempts: int = 0
     causes: list[str] = field(default_factory=list)
@@ -53,6 +55,7 @@ class JobState:
     scheduler_id: str = ""  # Slurm executor: the job's Slurm id (the newest submission)
     scheduler_state: str = ""  # Slurm executor: its state as squeue/sacct last said
     log: str = ""  # Slurm executor: the batch log (RUN/JOB/logs/slurm-ID.log)
+    interruptions: int = 0  # attempts stopped by a signal to `musubi run` (not counted in `attempts`)
 
 
 @dataclass
@@ -147,8 +150,9 @@ class LocalFleet:
             launch = J.command_launch(job, self.run_dir, gpus, self.kind, self.base, self.threads * job.gpus, cpus)
         launch.log.parent.mkdir(parents=True, exist_ok=True)
         f = open(launch.log, "a", encoding="utf-8")
+        # A session of its own: the job's whole process tree can be stopped as one group (fleet/stop.py).
         proc = subprocess.Popen(launch.argv, env=launch.env, cwd=launch.cwd, stdout=f, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL)
+                                stdin=subprocess.DEVNULL, start_new_session=True)
         J.pin_process(proc.pid, launch.cpus)  # external commands (task jobs' ranks pin themselves)
         self.running[job.name] = _Running(job, proc, "train", f)
         log.info("start %s on %s %s (attempt %d): %s", job.name, "GPU" if self.kind == "cuda" else "CPU slot",
@@ -162,7 +166,7 @@ class LocalFleet:
         argv = [sys.executable, "-m", "musubi.fleet.eval_step", str(self.run_dir / job.name)]
         cpus = cpus_value(self.cores, st.gpus) if self.cores is not None else None
         proc = subprocess.Popen(argv, env=env, stdout=run.log_file, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL)
+                                stdin=subprocess.DEVNULL, start_new_session=True)
         J.pin_process(proc.pid, J.union_cpus(cpus))
         run.proc, run.phase = proc, "eval"
 
@@ -174,26 +178,56 @@ class LocalFleet:
                     transient=False) if self.console.is_terminal else None
         if live:
             live.start()
+        stopped: FleetInterrupted | None = None
         try:
-            while self.packer.queue or self.running:
-                for demand, gpus in self.packer.place():
-                    self._start(self.jobs[demand.name], gpus)
-                self.save_state()
-                time.sleep(0.5)
-                for name, run in list(self.running.items()):
-                    code = run.proc.poll()
-                    if code is None:
-                        continue
-                    self._finished(name, run, code)
-                if live:
-                    live.update(self.table())
+            with signals_raise():
+                try:
+                    while self.packer.queue or self.running:
+                        for demand, gpus in self.packer.place():
+                            self._start(self.jobs[demand.name], gpus)
+                        self.save_state()
+                        time.sleep(0.5)
+                        for name, run in list(self.running.items()):
+                            code = run.proc.poll()
+                            if code is None:
+                                continue
+                            self._finished(name, run, code)
+                        if live:
+                            live.update(self.table())
+                except KeyboardInterrupt:
+                    stopped = FleetInterrupted(2)
+                except FleetInterrupted as e:
+                    stopped = e
         finally:
             if live:
                 live.stop()
-            for run in self.running.values():  # interrupted: leave nothing running
-                run.proc.terminate()
+            with signals_ignored():  # a second Ctrl-C does not cut the clean-up short
+                self._stop_running(stopped)
         self.save_state()
+        if stopped is not None:
+            raise stopped
         return self.states
+
+    def _stop_running(self, why: FleetInterrupted | None) -> None:
+        """Interrupted (or crashed): end every running job's whole process tree; they become `interrupted`."""
+        if not self.running:
+            return
+        names = list(self.running)
+        self._say(f"stopping {len(names)} job(s): {', '.join(names)}" + (f" ({why})" if why else ""))
+        stop_trees([r.proc for r in self.running.values()])
+        now = time.time()
+        for name, run in self.running.items():
+            st = self.states[name]
+            # An interruption is not a failure: the attempt is not counted against the retries.
+            st.state, st.gpus, st.ended = "interrupted", [], now
+            st.attempts = max(0, st.attempts - 1)
+            st.interruptions += 1
+            with contextlib.suppress(OSError):
+                run.log_file.write(f"=== musubi run stopped this attempt ({why or 'error'}) ===\n")
+                run.log_file.close()
+            self.packer.release(name)
+        self.running.clear()
+        self.save_state()
 
     def _finished(self, name: str, run: _Running, code: int) -> None:
         st = self.states[name]

@@ -22,6 +22,7 @@ from musubi.config.load import load_fleet
 from musubi.evaluate.provenance import dataset_record
 from musubi.fleet.jobs import check_command
 from musubi.fleet.local import JobState, LocalFleet
+from musubi.fleet.stop import FleetInterrupted, check_unlocked, run_lock
 from musubi.store.db import db_path
 from musubi.store.rundir import default_run_dir, env_record, read_json, run_record, write_json
 
@@ -103,16 +104,63 @@ def run_fleet(req: FleetRequest, console: Console | None = None) -> tuple[Path, 
             raise ConfigError(f"job {wide[0].name!r} asks for nodes: {wide[0].nodes}; the local executor has one "
                               "machine: use --executor slurm (or run `musubi train --nnodes` on each node)")
         devices, kind = machine(req)
+    problems = refusals(spec, devices, kind) if executor == "local" else []
+    if problems:  # before the preflight and before any file is written
+        raise ConfigError(problems[0])
     if req.resume:
         if req.out is None or not (req.out / "fleet.json").is_file():
             raise ConfigError("--resume: give --out RUN_DIR of an earlier `musubi run` (it holds fleet.json)")
         run_dir = req.out
+        check_unlocked(run_dir)  # a live `musubi run` on this folder: refuse before the preflight
     else:
         run_dir = req.out or default_run_dir(spec.name)
-        if run_dir.exists() and any(run_dir.iterdir()):
+        if run_dir.exists() and any(p.name != ".lock" for p in run_dir.iterdir()):
             raise ConfigError(f"{run_dir} already holds a run; pass --resume to continue it or choose another --out")
     if req.check and executor == "local":  # on Slurm the jobs run elsewhere: this machine tells nothing
         _preflight(spec, kind, run_dir, console)
+    try:
+        with run_lock(run_dir):  # one `musubi run` per run folder at a time
+            return _run_locked(req, spec, base, executor, devices, kind, run_dir, console)
+    except FleetInterrupted as e:
+        e.run_dir = run_dir
+        raise
+
+
+def refusals(spec: FleetSpec, devices: list[int], kind: str, gpu_memory: float | None = None) -> list[str]:
+    """One line per job that can never run on this machine (GPU count, declared memory), naming job and field."""
+    unit = "GPUs" if kind == "cuda" else "CPU slots (--cpu-slots)"
+    out = []
+    for i, job in enumerate(spec.jobs):
+        if job.gpus > len(devices):
+            out.append(f"jobs[{i}] ({job.name}): gpus: {job.gpus} > the {len(devices)} {unit} of this machine; "
+                       "lower its gpus:")
+    if kind == "cuda" and any(j.memory_gib for j in spec.jobs):
+        gpu_memory = gpu_memory if gpu_memory is not None else gpu_memory_gib(devices)
+    if gpu_memory is not None:
+        for i, job in enumerate(spec.jobs):
+            if job.memory_gib and job.memory_gib > gpu_memory:
+                out.append(f"jobs[{i}] ({job.name}): memory_gib: {job.memory_gib:g} > the {gpu_memory:.1f} GiB of "
+                           "one GPU here; lower it, or a smaller batch/model")
+    return out
+
+
+def gpu_memory_gib(devices: list[int]) -> float | None:
+    """The smallest total memory of `devices` in GiB (NVML; never initialises CUDA here); None if unknown."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            return min(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(d)).total
+                       for d in devices) / 2**30
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # noqa: BLE001 - no NVML: the declaration cannot be checked here
+        return None
+
+
+def _run_locked(req: FleetRequest, spec: FleetSpec, base: Path, executor: str, devices: list[int], kind: str,
+                run_dir: Path, console: Console) -> tuple[Path, dict[str, JobState]]:
     run_dir.mkdir(parents=True, exist_ok=True)
     resolved = {"name": spec.name, "leaderboard": spec.leaderboard.model_dump(),
                 "jobs": [({"spec": j.spec.resolved(), **j.model_dump(exclude={"spec"})} if isinstance(j, TaskJob)
