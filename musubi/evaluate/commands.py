@@ -48,7 +48,9 @@ def leaderboard_table(board: dict[str, Any]) -> Table:
     table = Table(title=Text(f"{board.get('formula', '')}; {board.get('fps_normalisation', '')}"),
                   title_justify="left")
     for col in ("rank", "job", "model", "metric", "quality", "fps", "runtime", "fps_norm", "score", "note"):
-        table.add_column(col, justify="right" if col in ("rank", "quality", "fps", "fps_norm", "score") else "left")
+        # fold, never `…`: a narrow terminal wraps a score rather than cutting its digits
+        table.add_column(col, justify="right" if col in ("rank", "quality", "fps", "fps_norm", "score") else "left",
+                         overflow="fold")
     for r in board.get("rows", []):
         cells = [_fmt(r.get("rank")), r.get("job"), r.get("model") or r.get("kind"), r.get("metric"),
                  _fmt(r.get("quality")), _fmt(r.get("fps")), r.get("fps_runtime"), _fmt(r.get("fps_norm"), 3),
@@ -57,15 +59,22 @@ def leaderboard_table(board: dict[str, Any]) -> Table:
     return table
 
 
-def print_leaderboard(run_dir: Path, console: Console | None = None) -> None:
-    """Print RUN/leaderboard.json as a table (and its warning, if any)."""
+def print_leaderboard(run_dir: Path, console: Console | None = None, board: dict[str, Any] | None = None) -> None:
+    """Print RUN/leaderboard.json (or `board`) as a table (and its warning, if any)."""
     from musubi.evaluate.leaderboard import read_leaderboard
 
-    console = console or Console()
-    board = read_leaderboard(run_dir)
+    console = console or _out_console()
+    board = board if board is not None else read_leaderboard(run_dir)
     console.print(leaderboard_table(board))
     if board.get("warning"):
         console.print(Text(f"warning: {board['warning']}", style="yellow"))
+
+
+def _out_console() -> Console:
+    """stdout; under a pipe 160 columns wide (rich's 80 would cut the scores to `0.56…`)."""
+    import sys
+
+    return Console(width=None if sys.stdout.isatty() else 160)
 
 
 def _weights(text: str) -> tuple[float, float]:
@@ -76,27 +85,59 @@ def _weights(text: str) -> tuple[float, float]:
     return q, f
 
 
+def fleet_rule(run_dir: Path) -> tuple[tuple[float, float], float | None] | None:
+    """The fleet's own leaderboard weights and FPS target (RUN/run.json), or None for a run without them."""
+    from musubi.store.rundir import read_json
+
+    try:
+        lb = read_json(Path(run_dir) / "run.json")["config"]["leaderboard"]
+        return (float(lb["quality_weight"]), float(lb["fps_weight"])), lb.get("fps_target")
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
+        return None
+
+
 def leaderboard_command(
     run_dir: Path = typer.Argument(..., help="Run directory (RUN/ with one folder per job)."),
     as_json: bool = typer.Option(False, "--json", help="Print leaderboard.json instead of a table."),
-    weights: str = typer.Option("0.7,0.3", "--weights", help="Quality and FPS weights: score = wq x quality + "
-                                "wf x fps_norm."),
+    weights: str | None = typer.Option(None, "--weights", help="Quality and FPS weights: score = wq x quality + "
+                                       "wf x fps_norm (default: the fleet's own, from RUN/run.json; else 0.7,0.3)."),
     fps_target: float | None = typer.Option(None, "--fps-target", help="Normalise FPS by this target "
                                             "(min(1, fps/target)) instead of the fleet's best."),
+    write: bool = typer.Option(False, "--write", help="Write the ranking to RUN/leaderboard.json and the "
+                               "store's history (without it the command only shows)."),
 ) -> None:
-    """Rank the jobs of a run (0.7 x mAP50/top-1/val_acc + 0.3 x normalised FPS); writes RUN/leaderboard.json."""
-    from musubi.evaluate.leaderboard import build_leaderboard, read_leaderboard
+    """Show a run's ranking (by the fleet's own weights unless --weights); --write records it in
+    RUN/leaderboard.json and the history (the next fleet's first job is read from that file)."""
+    from musubi.evaluate.leaderboard import (
+        LEADERBOARD_FILE,
+        build_leaderboard,
+        collect_jobs,
+        rank_jobs,
+        read_leaderboard,
+    )
+    from musubi.evaluate.score import ScoreRule
 
     try:
-        build_leaderboard(run_dir, weights=_weights(weights), fps_target=fps_target)
-        board = read_leaderboard(run_dir)
+        own = fleet_rule(run_dir)
+        chosen = _weights(weights) if weights is not None else (own[0] if own else (0.7, 0.3))
+        target = fps_target if fps_target is not None else (own[1] if own and weights is None else None)
+        if write:
+            build_leaderboard(run_dir, weights=chosen, fps_target=target)
+            board = read_leaderboard(run_dir)
+        elif weights is None and fps_target is None and (Path(run_dir) / LEADERBOARD_FILE).is_file():
+            board = read_leaderboard(run_dir)  # the board the fleet wrote: shown as it is
+        else:
+            if not Path(run_dir).is_dir():
+                raise ConfigError(f"{run_dir}: no such run directory")
+            rows, header = rank_jobs(collect_jobs(run_dir), ScoreRule(chosen[0], chosen[1], target))
+            board = {**header, "rows": rows}
     except ConfigError as e:
         _fail(str(e))
         return
     if as_json:
         _print_json(board)
         return
-    print_leaderboard(run_dir)
+    print_leaderboard(run_dir, board=board)
 
 
 # -- export and evaluate --------------------------------------------------------
