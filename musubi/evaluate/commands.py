@@ -19,7 +19,7 @@ from rich.text import Text
 from musubi.config.errors import ConfigError
 
 registry_app = typer.Typer(add_completion=False, no_args_is_help=True,
-                           help="Registered models: list, register, promote, deployment manifest.")
+                           help="Registered models: list, register, promote, demote, deployment manifest.")
 
 _DB_HELP = "Registry database (default runs/musubi.db)."
 
@@ -285,7 +285,41 @@ def registry_manifest(
     except ConfigError as e:
         _fail(str(e))
         return
+    _warn_skipped(data)
     Console().print(Text(f"{target}: {len(data['models'])} promoted model(s)"))
+
+
+def _warn_skipped(data: dict[str, Any], console: Console | None = None) -> None:
+    """One line per promoted model a manifest left out (its files are gone or changed)."""
+    console = console or Console(stderr=True, soft_wrap=True)
+    for line in data.get("skipped") or []:
+        console.print(Text("warning: ", style="yellow") + Text(line), highlight=False, soft_wrap=True)
+
+
+@registry_app.command("demote")
+def registry_demote(
+    model: str = typer.Argument(..., help="NAME (every promoted version) or NAME:VERSION."),
+    db: Path | None = typer.Option(None, "--db", help=_DB_HELP),
+    manifest: Path | None = typer.Option(None, "--manifest", help="Deployment manifest to rewrite "
+                                         "(default: manifest.json beside the database)."),
+) -> None:
+    """Take a model version out of deployment (also one whose run was deleted) and rewrite the manifest."""
+    from musubi.store.registry import demote, resolve_db, write_manifest
+
+    name, _, ver = model.partition(":")
+    try:
+        if ver and not ver.isdigit():
+            raise ConfigError(f"{model!r}: give NAME or NAME:VERSION (a version number), e.g. {name}:2")
+        path = resolve_db(db)
+        versions = demote(name, int(ver) if ver else None, db=path)
+        out = manifest or path.parent / "manifest.json"
+        data = write_manifest(out, db=path)
+    except ConfigError as e:
+        _fail(str(e))
+        return
+    _warn_skipped(data)
+    Console().print(Text(f"demoted {name} v{', v'.join(map(str, versions))}; {out} lists "
+                         f"{len(data['models'])} model(s)"))
 
 
 @registry_app.command("rebuild")

@@ -48,6 +48,13 @@ def ship(spec: FleetSpec, run_dir: Path, console: Console) -> list[dict]:
             log.warning("export/registration of %s failed: %s", row["job"], what)
             console.print(f"export of {row['job']} failed ({what}); trying the next model", highlight=False,
                           markup=False)
-    write_manifest(run_dir / "manifest.json", run_dir=run_dir)
-    print_leaderboard(run_dir, console)
+    print_leaderboard(run_dir, console)  # first: a registry problem never hides the ranking
+    try:
+        data = write_manifest(run_dir / "manifest.json", run_dir=run_dir)
+    except ConfigError as e:
+        console.print(f"manifest: {one_line(e)}", highlight=False, markup=False)
+        return rows
+    from musubi.evaluate.commands import _warn_skipped
+
+    _warn_skipped(data, console)
     return rows
