@@ -121,6 +121,13 @@ class LeaderboardSpec(StrictModel):
     fps_target: float | None = Field(None, gt=0, description="Normalise FPS by this target (default: fleet best).")
     export_top: int = Field(1, ge=0, le=100, description="Export (ONNX) and register the top-k jobs.")
 
+    @model_validator(mode="after")
+    def _some_weight(self) -> LeaderboardSpec:
+        if self.quality_weight + self.fps_weight <= 0:
+            raise ValueError("quality_weight and fps_weight are both 0: nothing would rank the jobs; give one a "
+                             "weight > 0")
+        return self
+
 
 class MachineSpec(StrictModel):
     """How the fleet uses the machine: its topology and the cores of each job's ranks."""
