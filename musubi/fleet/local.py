@@ -136,6 +136,8 @@ class LocalFleet:
         st.attempts += 1
         st.state, st.gpus, st.started = "running", gpus, time.time()
         st.placement = self.packer.reasons.get(job.name, "")
+        if self._evaluate_only(job, st):
+            return
         cpus = cpus_value(self.cores, gpus) if self.cores is not None else None
         job_dir = self.run_dir / job.name
         if isinstance(job, TaskJob):
@@ -150,6 +152,8 @@ class LocalFleet:
             launch = J.command_launch(job, self.run_dir, gpus, self.kind, self.base, self.threads * job.gpus, cpus)
         launch.log.parent.mkdir(parents=True, exist_ok=True)
         f = open(launch.log, "a", encoding="utf-8")
+        f.write(f"=== musubi run: {job.name} attempt {st.attempts} ===\n")  # tails never mix attempts
+        f.flush()
         # A session of its own: the job's whole process tree can be stopped as one group (fleet/stop.py).
         proc = subprocess.Popen(launch.argv, env=launch.env, cwd=launch.cwd, stdout=f, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
@@ -162,6 +166,10 @@ class LocalFleet:
         job = run.job
         st = self.states[job.name]
         st.state = "evaluating"
+        trained = self._trained_marker(job.name)
+        if not trained.is_file():  # a retry (or --resume) after a failed evaluation does not train again
+            trained.parent.mkdir(parents=True, exist_ok=True)
+            trained.write_text(json.dumps({"attempt": st.attempts, "time": time.time()}) + "\n", encoding="utf-8")
         env = dict(os.environ, **J.gpu_env(st.gpus, self.kind, self.threads * len(st.gpus)))
         argv = [sys.executable, "-m", "musubi.fleet.eval_step", str(self.run_dir / job.name)]
         cpus = cpus_value(self.cores, st.gpus) if self.cores is not None else None
@@ -169,6 +177,39 @@ class LocalFleet:
                                 stdin=subprocess.DEVNULL, start_new_session=True)
         J.pin_process(proc.pid, J.union_cpus(cpus))
         run.proc, run.phase = proc, "eval"
+
+    def _job_log(self, name: str) -> Path:
+        return self.run_dir / name / "logs" / ("fleet.log" if self.states[name].kind == "task" else "stdout.log")
+
+    def _trained_marker(self, name: str) -> Path:
+        return self.run_dir / name / "logs" / "trained.json"
+
+    def _evaluate_only(self, job: TaskJob | CommandJob, st: JobState) -> bool:
+        """Training of this job ended well in an earlier attempt: run only its evaluation step."""
+        if not self._trained_marker(job.name).is_file():
+            return False
+        path = self._job_log(job.name)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        f = open(path, "a", encoding="utf-8")
+        f.write(f"=== musubi run: {job.name} attempt {st.attempts}: trained earlier, evaluation only ===\n")
+        f.flush()
+        run = _Running(job, None, "eval", f)  # type: ignore[arg-type]  # _start_eval sets the process
+        self.running[job.name] = run
+        self._start_eval(run)
+        self._say(f"evaluate {job.name} (attempt {st.attempts}: its training ended well before)")
+        return True
+
+    def _failure_cause(self, name: str, run: _Running, code: int) -> str:
+        """Why an attempt failed: job.json's cause, else what the log shows (OOM, NCCL), or a broken contract."""
+        path = self._job_log(name)
+        if run.phase == "eval":
+            if J.NO_EVAL_JSON in J.attempt_log(path):
+                return f"contract: external job wrote no eval.json to $MUSUBI_JOB_DIR ({self.run_dir / name})"
+            return f"evaluation: exit {code}"
+        cause = J.failure_cause(self.run_dir / name, code)
+        if cause.startswith("exit "):  # nothing in job.json (an external job): the log's own words
+            cause = J.log_cause(path, code) or cause
+        return cause
 
     # -- the loop --------------------------------------------------------------
     def run(self) -> dict[str, JobState]:
@@ -244,7 +285,7 @@ class LocalFleet:
             self.packer.done.add(name)
             self._say(f"done {name} ({st.ended - (st.started or st.ended):.0f}s)")
             return
-        cause = J.failure_cause(job_dir, code) if run.phase == "train" else f"evaluation: exit {code}"
+        cause = self._failure_cause(name, run, code)
         st.causes.append(cause)
         retry = st.attempts <= self.jobs[name].retries and not cause.startswith("config")
         tail = J.log_tail(job_dir / "logs" / ("fleet.log" if st.kind == "task" else "stdout.log"), 8)
