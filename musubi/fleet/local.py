@@ -78,20 +78,37 @@ def fleet_states(spec: FleetSpec, state_path: Path | None) -> dict[str, JobState
 
 
 def previous_best(runs_base: Path, fleet_name: str, current: Path) -> str | None:
-    """The rank-1 job of the newest earlier run of this fleet (it runs first this time)."""
-    if not runs_base.is_dir():
-        return None
-    earlier = sorted(p for p in runs_base.glob(f"*-{fleet_name}") if p.resolve() != current.resolve())
-    for run in reversed(earlier):
-        board = run / "leaderboard.json"
-        if board.is_file():
-            try:
-                rows = read_json(board)
-                rows = rows.get("rows", rows) if isinstance(rows, dict) else rows
-                if rows and isinstance(rows[0], dict):
-                    return rows[0].get("job") or rows[0].get("name")
-            except (OSError, ValueError, RecursionError, TypeError, KeyError):
-                continue  # an unreadable old leaderboard only costs the ordering hint
+    """The rank-1 job of the newest earlier run of this fleet (it runs first this time).
+
+    Earlier runs are the run folders beside `current` and those the store's leaderboard history knows,
+    whose RUN/run.json names this fleet (whatever the folders are called: `--out` included).
+    """
+    candidates: list[Path] = [p for p in runs_base.iterdir() if p.is_dir()] if runs_base.is_dir() else []
+    try:
+        from musubi.store.registry import leaderboard_history
+
+        candidates += [Path(h["run_dir"]) for h in leaderboard_history(run_dir=current)]
+    except Exception:  # noqa: BLE001 - an unreadable store only costs the ordering hint
+        pass
+    earlier: dict[Path, str] = {}
+    for run in candidates:
+        try:
+            if run.resolve() == current.resolve() or run.resolve() in earlier or \
+                    not (run / "leaderboard.json").is_file():
+                continue
+            record = read_json(run / "run.json")
+            if record["config"]["name"] == fleet_name:
+                earlier[run.resolve()] = str(record.get("started") or "")
+        except (OSError, ValueError, RecursionError, TypeError, KeyError):
+            continue
+    for run in sorted(earlier, key=lambda r: (earlier[r], r.name), reverse=True):
+        try:
+            rows = read_json(run / "leaderboard.json")
+            rows = rows.get("rows", rows) if isinstance(rows, dict) else rows
+            if rows and isinstance(rows[0], dict):
+                return rows[0].get("job") or rows[0].get("name")
+        except (OSError, ValueError, RecursionError, TypeError, KeyError):
+            continue  # an unreadable old leaderboard only costs the ordering hint
     return None
 
 

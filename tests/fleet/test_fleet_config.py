@@ -152,3 +152,19 @@ def test_declared_memory_larger_than_the_gpu_is_refused(tmp_path: Path) -> None:
     assert refusals(spec, [0, 1], "cuda", gpu_memory=79.2) == [
         "jobs[1] (b): memory_gib: 120 > the 79.2 GiB of one GPU here; lower it, or a smaller batch/model"]
     assert refusals(spec, [0, 1], "cuda", gpu_memory=139.8) == []
+
+
+def test_previous_best_is_found_by_the_fleet_name_in_run_json(tmp_path: Path) -> None:
+    from musubi.fleet.local import previous_best
+    from musubi.store.rundir import write_json
+
+    runs = tmp_path / "runs"
+    for folder, fleet, started, best in (("demo1", "f", "2026-01-01T00:00", "a"),  # --out: any folder name
+                                         ("0102-f", "other-f", "2026-01-02T00:00", "b"),  # another fleet
+                                         ("0103-f", "f", "2026-01-03T00:00", None)):  # no leaderboard
+        write_json(runs / folder / "run.json", {"config": {"name": fleet}, "started": started})
+        if best:
+            write_json(runs / folder / "leaderboard.json", {"rows": [{"job": best, "rank": 1}]})
+    assert previous_best(runs, "f", runs / "demo2") == "a"
+    assert previous_best(runs, "other-f", runs / "demo2") == "b"
+    assert previous_best(runs, "f", runs / "demo1") is None
