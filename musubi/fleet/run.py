@@ -112,6 +112,8 @@ def run_fleet(req: FleetRequest, console: Console | None = None) -> tuple[Path, 
             raise ConfigError("--resume: give --out RUN_DIR of an earlier `musubi run` (it holds fleet.json)")
         run_dir = req.out
         check_unlocked(run_dir)  # a live `musubi run` on this folder: refuse before the preflight
+        for line in changed_jobs(_resolved(spec), run_dir):
+            console.print(f"warning: {line}", highlight=False, markup=False)
     else:
         run_dir = req.out or default_run_dir(spec.name)
         if run_dir.exists() and any(p.name != ".lock" for p in run_dir.iterdir()):
@@ -124,6 +126,41 @@ def run_fleet(req: FleetRequest, console: Console | None = None) -> tuple[Path, 
     except FleetInterrupted as e:
         e.run_dir = run_dir
         raise
+
+
+def _resolved(spec: FleetSpec) -> dict:
+    """The fleet as RUN/run.json records it (every task job's spec resolved)."""
+    return {"name": spec.name, "leaderboard": spec.leaderboard.model_dump(),
+            "jobs": [({"spec": j.spec.resolved(), **j.model_dump(exclude={"spec"})} if isinstance(j, TaskJob)
+                      else j.model_dump()) for j in spec.jobs]}
+
+
+def changed_jobs(resolved: dict, run_dir: Path) -> list[str]:
+    """--resume: one line per job whose definition differs from the one RUN/run.json recorded."""
+    import json
+
+    from musubi.store.redact import redact_tree
+
+    try:
+        recorded = read_json(run_dir / "run.json")["config"]["jobs"]
+        states = read_json(run_dir / "fleet.json").get("jobs", {})
+        before = {(j["spec"]["name"] if "spec" in j else j["name"]): j for j in recorded}
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
+        return []
+    lines = []
+    for job in resolved["jobs"]:
+        name = job["spec"]["name"] if "spec" in job else job["name"]
+        now = json.loads(json.dumps(redact_tree(job), default=str))
+        if name not in before:
+            lines.append(f"job {name!r} is new since {run_dir}/run.json: it runs now")
+        elif now != before[name]:
+            if (states.get(name) or {}).get("state") == "done":
+                lines.append(f"job {name!r} changed since it finished in {run_dir}: --resume keeps its "
+                             "result as it is; use a new --out to train the changed job")
+            else:
+                lines.append(f"job {name!r} changed since {run_dir}/run.json was written: it resumes with the "
+                             "new definition (run.json keeps the first)")
+    return lines
 
 
 def refusals(spec: FleetSpec, devices: list[int], kind: str, gpu_memory: float | None = None) -> list[str]:
@@ -162,9 +199,7 @@ def gpu_memory_gib(devices: list[int]) -> float | None:
 def _run_locked(req: FleetRequest, spec: FleetSpec, base: Path, executor: str, devices: list[int], kind: str,
                 run_dir: Path, console: Console) -> tuple[Path, dict[str, JobState]]:
     run_dir.mkdir(parents=True, exist_ok=True)
-    resolved = {"name": spec.name, "leaderboard": spec.leaderboard.model_dump(),
-                "jobs": [({"spec": j.spec.resolved(), **j.model_dump(exclude={"spec"})} if isinstance(j, TaskJob)
-                          else j.model_dump()) for j in spec.jobs]}
+    resolved = _resolved(spec)
     if not req.resume:
         write_json(run_dir / "run.json", run_record(resolved, sys.argv))
     datasets = dataset_record([j.spec.resolved() for j in spec.jobs if isinstance(j, TaskJob)], db_path(run_dir))

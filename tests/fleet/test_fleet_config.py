@@ -168,3 +168,21 @@ def test_previous_best_is_found_by_the_fleet_name_in_run_json(tmp_path: Path) ->
     assert previous_best(runs, "f", runs / "demo2") == "a"
     assert previous_best(runs, "other-f", runs / "demo2") == "b"
     assert previous_best(runs, "f", runs / "demo1") is None
+
+
+def test_resume_names_jobs_changed_since_the_run_started(tmp_path: Path) -> None:
+    from musubi.fleet.run import _resolved, changed_jobs
+    from musubi.store.rundir import run_record, write_json
+
+    data = tiny_fleet()
+    data["jobs"].append({"name": "ext", "command": ["true"], "env": {"API_TOKEN": "s3cret"}})
+    run = tmp_path / "run"
+    write_json(run / "run.json", run_record(_resolved(load_fleet(write(tmp_path, data))), ["musubi"]))
+    write_json(run / "fleet.json", {"jobs": {"a": {"state": "done"}, "b": {"state": "failed"}}})
+    assert changed_jobs(_resolved(load_fleet(write(tmp_path, data))), run) == []  # unchanged (secrets redacted)
+    data["jobs"][0]["train"] = {"lr": 0.5}
+    data["jobs"][1]["train"] = {"lr": 0.5}
+    lines = changed_jobs(_resolved(load_fleet(write(tmp_path, data))), run)
+    assert len(lines) == 2
+    assert lines[0].startswith("job 'a' changed since it finished") and "new --out" in lines[0]
+    assert lines[1].startswith("job 'b' changed since") and "resumes with the new definition" in lines[1]
