@@ -170,3 +170,23 @@ def test_deleted_run_is_skipped_with_a_warning_demote_and_supersede(runs: Path) 
     assert res.exit_code == 2 and "not promoted" in res.output
     res = cli.invoke(app, ["registry", "demote", "det", "--db", str(db)])
     assert res.exit_code == 0 and not any(e["promoted"] for e in list_models(db=db))
+
+
+@pytest.mark.parametrize("auto", [True, False])
+def test_fleet_promotion_can_be_turned_off(tmp_path: Path, auto: bool) -> None:
+    import yaml
+    from rich.console import Console
+
+    from musubi.config.load import load_fleet
+    from musubi.fleet.ship import ship
+
+    run = tmp_path / "runs" / "r3"
+    tiny_onnx(run / "ext" / "model.onnx")
+    write_json(run / "ext" / "eval.json", {"metrics": {"map50": 0.4}, "primary_metric": "map50",
+                                           "fps": {"fps": 55.0}})
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text(yaml.safe_dump({"name": "p", "leaderboard": {"promote": auto},
+                                     "jobs": [{"name": "ext", "command": ["true"]}]}))
+    ship(load_fleet(fleet), run, Console(width=160, file=open(tmp_path / "out.txt", "w")))  # noqa: SIM115
+    assert [(e["name"], e["promoted"]) for e in list_models(run_dir=run)] == [("ext", auto)]
+    assert len(json.loads((run / "manifest.json").read_text())["models"]) == int(auto)
