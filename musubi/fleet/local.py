@@ -224,7 +224,7 @@ class LocalFleet:
                 return f"contract: external job wrote no eval.json to $MUSUBI_JOB_DIR ({self.run_dir / name})"
             return f"evaluation: exit {code}"
         cause = J.failure_cause(self.run_dir / name, code)
-        if cause.startswith("exit "):  # nothing in job.json (an external job): the log's own words
+        if self.states[name].kind == "command" and cause.startswith("exit "):  # no job.json: the log's own words
             cause = J.log_cause(path, code) or cause
         return cause
 
