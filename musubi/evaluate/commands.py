@@ -105,6 +105,8 @@ def leaderboard_command(
                                             "(min(1, fps/target)) instead of the fleet's best."),
     write: bool = typer.Option(False, "--write", help="Write the ranking to RUN/leaderboard.json and the "
                                "store's history (without it the command only shows)."),
+    history: bool = typer.Option(False, "--history", help="Show every ranking of this run the store kept "
+                                 "(musubi.db beside RUN), oldest first."),
 ) -> None:
     """Show a run's ranking (by the fleet's own weights unless --weights); --write records it in
     RUN/leaderboard.json and the history (the next fleet's first job is read from that file)."""
@@ -117,6 +119,9 @@ def leaderboard_command(
     )
     from musubi.evaluate.score import ScoreRule
 
+    if history:
+        _print_history(run_dir, as_json)
+        return
     try:
         own = fleet_rule(run_dir)
         chosen = _weights(weights) if weights is not None else (own[0] if own else (0.7, 0.3))
@@ -138,6 +143,30 @@ def leaderboard_command(
         _print_json(board)
         return
     print_leaderboard(run_dir, board=board)
+
+
+def _print_history(run_dir: Path, as_json: bool) -> None:
+    import datetime as dt
+
+    from musubi.store.registry import leaderboard_history
+
+    if not Path(run_dir).is_dir():
+        _fail(f"{run_dir}: no such run directory")
+    here = str(Path(run_dir).resolve())
+    rows = [h for h in leaderboard_history(run_dir=run_dir) if h["run_dir"] == here]
+    if as_json:
+        _print_json(rows)
+        return
+    if not rows:
+        Console().print(Text(f"no leaderboard of {run_dir} in the store (written by `musubi run` or --write)"))
+        return
+    table = Table(title=Text(f"leaderboard history of {run_dir}"), title_justify="left")
+    for col in ("written (UTC)", "rank", "job", "score"):
+        table.add_column(col, justify="right" if col in ("rank", "score") else "left", overflow="fold")
+    for h in rows:
+        when = dt.datetime.fromtimestamp(h["created"], dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+        table.add_row(*(Text(c) for c in (when, _fmt(h["rank"]), h["job"], _fmt(h["score"]))))
+    _out_console().print(table)
 
 
 # -- export and evaluate --------------------------------------------------------

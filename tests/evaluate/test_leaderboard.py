@@ -205,3 +205,5 @@ def test_cli_shows_the_fleets_own_weights_and_writes_only_when_asked(tmp_path: P
     assert res.exit_code == 0 and "accurate" in res.output
     assert (run / "leaderboard.json").read_text() == written
     assert len(leaderboard_history("accurate", run_dir=run)) == 1
+    res = cli.invoke(app, ["leaderboard", str(run), "--history", "--json"])
+    assert [(h["job"], h["rank"]) for h in json.loads(res.output)] == [("accurate", 1), ("fast", 2)]
