@@ -117,6 +117,7 @@ def run(
 ) -> None:
     """Train a whole fleet: pack jobs onto the GPUs, retry failures, then rank, export and register."""
     from musubi.fleet.run import FleetRequest, plan_fleet, run_fleet
+    from musubi.fleet.stop import FleetInterrupted
 
     req = FleetRequest(fleet_path=fleet, out=out, resume=resume, executor=executor, cpu_slots=cpu_slots,
                        check=not no_check, device=device, dry_run=dry_run)
@@ -125,7 +126,11 @@ def run(
         return
     # Under a pipe (CI, a log file) rich would squeeze the live table into 80 columns.
     console = Console(width=None if sys.stdout.isatty() else 160)
-    run_dir, states = _guarded(run_fleet, req, console)
+    try:
+        run_dir, states = _guarded(run_fleet, req, console)
+    except FleetInterrupted as e:
+        _fail(f"{e}: the running jobs were stopped and recorded as interrupted; continue with "
+              f"`musubi run {fleet} --out {e.run_dir} --resume`", e.code)
     met = _checklist(run_dir, console)
     failed = [s.name for s in states.values() if s.state != "done"]
     if failed:

@@ -120,6 +120,15 @@ class LeaderboardSpec(StrictModel):
     fps_weight: float = Field(0.3, ge=0, le=1, description="Weight of normalised FPS.")
     fps_target: float | None = Field(None, gt=0, description="Normalise FPS by this target (default: fleet best).")
     export_top: int = Field(1, ge=0, le=100, description="Export (ONNX) and register the top-k jobs.")
+    promote: bool = Field(True, description="Promote the exported top-k for deployment (each supersedes the "
+                          "promoted version of its model name); false: register only, promote by hand.")
+
+    @model_validator(mode="after")
+    def _some_weight(self) -> LeaderboardSpec:
+        if self.quality_weight + self.fps_weight <= 0:
+            raise ValueError("quality_weight and fps_weight are both 0: nothing would rank the jobs; give one a "
+                             "weight > 0")
+        return self
 
 
 class MachineSpec(StrictModel):

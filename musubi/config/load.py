@@ -237,6 +237,12 @@ def load_fleet(path: str | Path) -> FleetSpec:
             jobs.append(TaskJob(spec=spec, **placement))
         except ValidationError as err:
             raise ConfigError(format_validation_error(err, TaskJob, label)) from None
+    first_of: dict[str, int] = {}
+    for i, job in enumerate(jobs):  # one line naming both jobs (pydantic's message would dump the whole file)
+        if job.name in first_of:
+            raise ConfigError(f"{path}: jobs[{i}] ({job.name}): name: duplicate of jobs[{first_of[job.name]}]; "
+                              "job names must be unique")
+        first_of[job.name] = i
     try:
         return FleetSpec.model_validate({**data, "jobs": jobs})
     except ValidationError as err:

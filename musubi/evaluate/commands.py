@@ -19,7 +19,7 @@ from rich.text import Text
 from musubi.config.errors import ConfigError
 
 registry_app = typer.Typer(add_completion=False, no_args_is_help=True,
-                           help="Registered models: list, register, promote, deployment manifest.")
+                           help="Registered models: list, register, promote, demote, deployment manifest.")
 
 _DB_HELP = "Registry database (default runs/musubi.db)."
 
@@ -48,7 +48,9 @@ def leaderboard_table(board: dict[str, Any]) -> Table:
     table = Table(title=Text(f"{board.get('formula', '')}; {board.get('fps_normalisation', '')}"),
                   title_justify="left")
     for col in ("rank", "job", "model", "metric", "quality", "fps", "runtime", "fps_norm", "score", "note"):
-        table.add_column(col, justify="right" if col in ("rank", "quality", "fps", "fps_norm", "score") else "left")
+        # fold, never `…`: a narrow terminal wraps a score rather than cutting its digits
+        table.add_column(col, justify="right" if col in ("rank", "quality", "fps", "fps_norm", "score") else "left",
+                         overflow="fold")
     for r in board.get("rows", []):
         cells = [_fmt(r.get("rank")), r.get("job"), r.get("model") or r.get("kind"), r.get("metric"),
                  _fmt(r.get("quality")), _fmt(r.get("fps")), r.get("fps_runtime"), _fmt(r.get("fps_norm"), 3),
@@ -57,15 +59,22 @@ def leaderboard_table(board: dict[str, Any]) -> Table:
     return table
 
 
-def print_leaderboard(run_dir: Path, console: Console | None = None) -> None:
-    """Print RUN/leaderboard.json as a table (and its warning, if any)."""
+def print_leaderboard(run_dir: Path, console: Console | None = None, board: dict[str, Any] | None = None) -> None:
+    """Print RUN/leaderboard.json (or `board`) as a table (and its warning, if any)."""
     from musubi.evaluate.leaderboard import read_leaderboard
 
-    console = console or Console()
-    board = read_leaderboard(run_dir)
+    console = console or _out_console()
+    board = board if board is not None else read_leaderboard(run_dir)
     console.print(leaderboard_table(board))
     if board.get("warning"):
         console.print(Text(f"warning: {board['warning']}", style="yellow"))
+
+
+def _out_console() -> Console:
+    """stdout; under a pipe 160 columns wide (rich's 80 would cut the scores to `0.56…`)."""
+    import sys
+
+    return Console(width=None if sys.stdout.isatty() else 160)
 
 
 def _weights(text: str) -> tuple[float, float]:
@@ -76,27 +85,88 @@ def _weights(text: str) -> tuple[float, float]:
     return q, f
 
 
+def fleet_rule(run_dir: Path) -> tuple[tuple[float, float], float | None] | None:
+    """The fleet's own leaderboard weights and FPS target (RUN/run.json), or None for a run without them."""
+    from musubi.store.rundir import read_json
+
+    try:
+        lb = read_json(Path(run_dir) / "run.json")["config"]["leaderboard"]
+        return (float(lb["quality_weight"]), float(lb["fps_weight"])), lb.get("fps_target")
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
+        return None
+
+
 def leaderboard_command(
     run_dir: Path = typer.Argument(..., help="Run directory (RUN/ with one folder per job)."),
     as_json: bool = typer.Option(False, "--json", help="Print leaderboard.json instead of a table."),
-    weights: str = typer.Option("0.7,0.3", "--weights", help="Quality and FPS weights: score = wq x quality + "
-                                "wf x fps_norm."),
+    weights: str | None = typer.Option(None, "--weights", help="Quality and FPS weights: score = wq x quality + "
+                                       "wf x fps_norm (default: the fleet's own, from RUN/run.json; else 0.7,0.3)."),
     fps_target: float | None = typer.Option(None, "--fps-target", help="Normalise FPS by this target "
                                             "(min(1, fps/target)) instead of the fleet's best."),
+    write: bool = typer.Option(False, "--write", help="Write the ranking to RUN/leaderboard.json and the "
+                               "store's history (without it the command only shows)."),
+    history: bool = typer.Option(False, "--history", help="Show every ranking of this run the store kept "
+                                 "(musubi.db beside RUN), oldest first."),
 ) -> None:
-    """Rank the jobs of a run (0.7 x mAP50/top-1/val_acc + 0.3 x normalised FPS); writes RUN/leaderboard.json."""
-    from musubi.evaluate.leaderboard import build_leaderboard, read_leaderboard
+    """Show a run's ranking (by the fleet's own weights unless --weights); --write records it in
+    RUN/leaderboard.json and the history (the next fleet's first job is read from that file)."""
+    from musubi.evaluate.leaderboard import (
+        LEADERBOARD_FILE,
+        build_leaderboard,
+        collect_jobs,
+        rank_jobs,
+        read_leaderboard,
+    )
+    from musubi.evaluate.score import ScoreRule
 
+    if history:
+        _print_history(run_dir, as_json)
+        return
     try:
-        build_leaderboard(run_dir, weights=_weights(weights), fps_target=fps_target)
-        board = read_leaderboard(run_dir)
+        own = fleet_rule(run_dir)
+        chosen = _weights(weights) if weights is not None else (own[0] if own else (0.7, 0.3))
+        target = fps_target if fps_target is not None else (own[1] if own and weights is None else None)
+        if write:
+            build_leaderboard(run_dir, weights=chosen, fps_target=target)
+            board = read_leaderboard(run_dir)
+        elif weights is None and fps_target is None and (Path(run_dir) / LEADERBOARD_FILE).is_file():
+            board = read_leaderboard(run_dir)  # the board the fleet wrote: shown as it is
+        else:
+            if not Path(run_dir).is_dir():
+                raise ConfigError(f"{run_dir}: no such run directory")
+            rows, header = rank_jobs(collect_jobs(run_dir), ScoreRule(chosen[0], chosen[1], target))
+            board = {**header, "rows": rows}
     except ConfigError as e:
         _fail(str(e))
         return
     if as_json:
         _print_json(board)
         return
-    print_leaderboard(run_dir)
+    print_leaderboard(run_dir, board=board)
+
+
+def _print_history(run_dir: Path, as_json: bool) -> None:
+    import datetime as dt
+
+    from musubi.store.registry import leaderboard_history
+
+    if not Path(run_dir).is_dir():
+        _fail(f"{run_dir}: no such run directory")
+    here = str(Path(run_dir).resolve())
+    rows = [h for h in leaderboard_history(run_dir=run_dir) if h["run_dir"] == here]
+    if as_json:
+        _print_json(rows)
+        return
+    if not rows:
+        Console().print(Text(f"no leaderboard of {run_dir} in the store (written by `musubi run` or --write)"))
+        return
+    table = Table(title=Text(f"leaderboard history of {run_dir}"), title_justify="left")
+    for col in ("written (UTC)", "rank", "job", "score"):
+        table.add_column(col, justify="right" if col in ("rank", "score") else "left", overflow="fold")
+    for h in rows:
+        when = dt.datetime.fromtimestamp(h["created"], dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+        table.add_row(*(Text(c) for c in (when, _fmt(h["rank"]), h["job"], _fmt(h["score"]))))
+    _out_console().print(table)
 
 
 # -- export and evaluate --------------------------------------------------------
@@ -244,7 +314,41 @@ def registry_manifest(
     except ConfigError as e:
         _fail(str(e))
         return
+    _warn_skipped(data)
     Console().print(Text(f"{target}: {len(data['models'])} promoted model(s)"))
+
+
+def _warn_skipped(data: dict[str, Any], console: Console | None = None) -> None:
+    """One line per promoted model a manifest left out (its files are gone or changed)."""
+    console = console or Console(stderr=True, soft_wrap=True)
+    for line in data.get("skipped") or []:
+        console.print(Text("warning: ", style="yellow") + Text(line), highlight=False, soft_wrap=True)
+
+
+@registry_app.command("demote")
+def registry_demote(
+    model: str = typer.Argument(..., help="NAME (every promoted version) or NAME:VERSION."),
+    db: Path | None = typer.Option(None, "--db", help=_DB_HELP),
+    manifest: Path | None = typer.Option(None, "--manifest", help="Deployment manifest to rewrite "
+                                         "(default: manifest.json beside the database)."),
+) -> None:
+    """Take a model version out of deployment (also one whose run was deleted) and rewrite the manifest."""
+    from musubi.store.registry import demote, resolve_db, write_manifest
+
+    name, _, ver = model.partition(":")
+    try:
+        if ver and not ver.isdigit():
+            raise ConfigError(f"{model!r}: give NAME or NAME:VERSION (a version number), e.g. {name}:2")
+        path = resolve_db(db)
+        versions = demote(name, int(ver) if ver else None, db=path)
+        out = manifest or path.parent / "manifest.json"
+        data = write_manifest(out, db=path)
+    except ConfigError as e:
+        _fail(str(e))
+        return
+    _warn_skipped(data)
+    Console().print(Text(f"demoted {name} v{', v'.join(map(str, versions))}; {out} lists "
+                         f"{len(data['models'])} model(s)"))
 
 
 @registry_app.command("rebuild")

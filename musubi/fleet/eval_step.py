@@ -17,8 +17,15 @@ def main(argv: list[str] | None = None) -> int:
     if len(args) != 1:
         print("usage: python -m musubi.fleet.eval_step JOB_DIR", file=sys.stderr)
         return 2
+    job_dir = Path(args[0])
+    if job_dir.is_dir() and not (job_dir / "job.json").is_file() and not (job_dir / "eval.json").is_file():
+        from musubi.fleet.jobs import NO_EVAL_JSON
+
+        print(f"error: external job {NO_EVAL_JSON} ({job_dir}): the program exited 0 without writing it; "
+              "see the contract in the README", file=sys.stderr, flush=True)
+        return 3
     try:
-        result = evaluate_job(Path(args[0]))
+        result = evaluate_job(job_dir)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

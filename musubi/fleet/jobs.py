@@ -166,8 +166,43 @@ def failure_cause(job_dir: Path, code: int) -> str:
 
 
 def log_tail(path: Path, lines: int = 15) -> str:
-    """The last lines of a log file (for a failed job's report)."""
+    """The last lines of a log file (for a failed job's report), after a line naming the log."""
     try:
-        return "\n".join(path.read_text(encoding="utf-8", errors="replace").splitlines()[-lines:])
+        tail = path.read_text(encoding="utf-8", errors="replace").splitlines()[-lines:]
+    except OSError:
+        return f"(no log at {path})"
+    return "\n".join([f"--- last {len(tail)} lines of {path} ---", *tail])
+
+
+#: What the evaluation step prints when an external job broke its contract (fleet/eval_step.py).
+NO_EVAL_JSON = "wrote no eval.json to $MUSUBI_JOB_DIR"
+
+_OOM = ("cuda out of memory", "outofmemoryerror", "cuda error: out of memory", "cublas_status_alloc_failed",
+        "hip out of memory")
+_NCCL = ("nccl error", "ncclinternalerror", "ncclsystemerror", "ncclunhandledcudaerror", "ncclinvalidusage",
+         "ncclremoteerror", "distbackenderror", "processgroupnccl", "nccl watchdog", "nccl timeout")
+
+
+def attempt_log(path: Path, max_bytes: int = 256 * 1024) -> str:
+    """The newest attempt's part of a job log (after the fleet's last `=== musubi run:` line), at most its end."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - max_bytes))
+            text = f.read().decode("utf-8", errors="replace")
     except OSError:
         return ""
+    cut = text.rfind("=== musubi run:")
+    return text[cut:] if cut >= 0 else text
+
+
+def log_cause(path: Path, code: int) -> str | None:
+    """oom / nccl with the log line that shows it (an external job's own output), or None."""
+    if code < 0:
+        return None
+    lines = attempt_log(path).splitlines()
+    for kind, needles in (("oom", _OOM), ("nccl", _NCCL)):
+        for ln in reversed(lines):
+            if any(n in ln.lower() for n in needles):
+                return f"{kind}: {ln.strip()[:200]}"
+    return None

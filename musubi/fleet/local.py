@@ -11,6 +11,7 @@ checkpoints.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -31,6 +32,7 @@ from musubi.config.fleet import CommandJob, FleetSpec, TaskJob
 from musubi.fleet import jobs as J
 from musubi.fleet.machine import SHOW, cpus_value, device_cores, fleet_topology
 from musubi.fleet.packer import Demand, Packer, unplaceable
+from musubi.fleet.stop import FleetInterrupted, signals_ignored, signals_raise, stop_trees
 from musubi.runtime.checkpoint import latest_checkpoint
 from musubi.store.rundir import read_json, write_json
 
@@ -43,7 +45,7 @@ class JobState:
 
     name: str
     kind: str  # task | command
-    state: str = "queued"  # queued | running | evaluating | done | failed
+    state: str = "queued"  # queued | running | evaluating | done | failed | interrupted
     gpus: list[int] = field(default_factory=list)
     attempts: int = 0
     causes: list[str] = field(default_factory=list)
@@ -53,6 +55,7 @@ class JobState:
     scheduler_id: str = ""  # Slurm executor: the job's Slurm id (the newest submission)
     scheduler_state: str = ""  # Slurm executor: its state as squeue/sacct last said
     log: str = ""  # Slurm executor: the batch log (RUN/JOB/logs/slurm-ID.log)
+    interruptions: int = 0  # attempts stopped by a signal to `musubi run` (not counted in `attempts`)
 
 
 @dataclass
@@ -75,20 +78,37 @@ def fleet_states(spec: FleetSpec, state_path: Path | None) -> dict[str, JobState
 
 
 def previous_best(runs_base: Path, fleet_name: str, current: Path) -> str | None:
-    """The rank-1 job of the newest earlier run of this fleet (it runs first this time)."""
-    if not runs_base.is_dir():
-        return None
-    earlier = sorted(p for p in runs_base.glob(f"*-{fleet_name}") if p.resolve() != current.resolve())
-    for run in reversed(earlier):
-        board = run / "leaderboard.json"
-        if board.is_file():
-            try:
-                rows = read_json(board)
-                rows = rows.get("rows", rows) if isinstance(rows, dict) else rows
-                if rows and isinstance(rows[0], dict):
-                    return rows[0].get("job") or rows[0].get("name")
-            except (OSError, ValueError, RecursionError, TypeError, KeyError):
-                continue  # an unreadable old leaderboard only costs the ordering hint
+    """The rank-1 job of the newest earlier run of this fleet (it runs first this time).
+
+    Earlier runs are the run folders beside `current` and those the store's leaderboard history knows,
+    whose RUN/run.json names this fleet (whatever the folders are called: `--out` included).
+    """
+    candidates: list[Path] = [p for p in runs_base.iterdir() if p.is_dir()] if runs_base.is_dir() else []
+    try:
+        from musubi.store.registry import leaderboard_history
+
+        candidates += [Path(h["run_dir"]) for h in leaderboard_history(run_dir=current)]
+    except Exception:  # noqa: BLE001 - an unreadable store only costs the ordering hint
+        pass
+    earlier: dict[Path, str] = {}
+    for run in candidates:
+        try:
+            if run.resolve() == current.resolve() or run.resolve() in earlier or \
+                    not (run / "leaderboard.json").is_file():
+                continue
+            record = read_json(run / "run.json")
+            if record["config"]["name"] == fleet_name:
+                earlier[run.resolve()] = str(record.get("started") or "")
+        except (OSError, ValueError, RecursionError, TypeError, KeyError):
+            continue
+    for run in sorted(earlier, key=lambda r: (earlier[r], r.name), reverse=True):
+        try:
+            rows = read_json(run / "leaderboard.json")
+            rows = rows.get("rows", rows) if isinstance(rows, dict) else rows
+            if rows and isinstance(rows[0], dict):
+                return rows[0].get("job") or rows[0].get("name")
+        except (OSError, ValueError, RecursionError, TypeError, KeyError):
+            continue  # an unreadable old leaderboard only costs the ordering hint
     return None
 
 
@@ -133,6 +153,8 @@ class LocalFleet:
         st.attempts += 1
         st.state, st.gpus, st.started = "running", gpus, time.time()
         st.placement = self.packer.reasons.get(job.name, "")
+        if self._evaluate_only(job, st):
+            return
         cpus = cpus_value(self.cores, gpus) if self.cores is not None else None
         job_dir = self.run_dir / job.name
         if isinstance(job, TaskJob):
@@ -147,8 +169,11 @@ class LocalFleet:
             launch = J.command_launch(job, self.run_dir, gpus, self.kind, self.base, self.threads * job.gpus, cpus)
         launch.log.parent.mkdir(parents=True, exist_ok=True)
         f = open(launch.log, "a", encoding="utf-8")
+        f.write(f"=== musubi run: {job.name} attempt {st.attempts} ===\n")  # tails never mix attempts
+        f.flush()
+        # A session of its own: the job's whole process tree can be stopped as one group (fleet/stop.py).
         proc = subprocess.Popen(launch.argv, env=launch.env, cwd=launch.cwd, stdout=f, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL)
+                                stdin=subprocess.DEVNULL, start_new_session=True)
         J.pin_process(proc.pid, launch.cpus)  # external commands (task jobs' ranks pin themselves)
         self.running[job.name] = _Running(job, proc, "train", f)
         log.info("start %s on %s %s (attempt %d): %s%s", job.name, "GPU" if self.kind == "cuda" else "CPU slot",
@@ -160,13 +185,50 @@ class LocalFleet:
         job = run.job
         st = self.states[job.name]
         st.state = "evaluating"
+        trained = self._trained_marker(job.name)
+        if not trained.is_file():  # a retry (or --resume) after a failed evaluation does not train again
+            trained.parent.mkdir(parents=True, exist_ok=True)
+            trained.write_text(json.dumps({"attempt": st.attempts, "time": time.time()}) + "\n", encoding="utf-8")
         env = dict(os.environ, **J.gpu_env(st.gpus, self.kind, self.threads * len(st.gpus)))
         argv = [sys.executable, "-m", "musubi.fleet.eval_step", str(self.run_dir / job.name)]
         cpus = cpus_value(self.cores, st.gpus) if self.cores is not None else None
         proc = subprocess.Popen(argv, env=env, stdout=run.log_file, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL)
+                                stdin=subprocess.DEVNULL, start_new_session=True)
         J.pin_process(proc.pid, J.union_cpus(cpus))
         run.proc, run.phase = proc, "eval"
+
+    def _job_log(self, name: str) -> Path:
+        return self.run_dir / name / "logs" / ("fleet.log" if self.states[name].kind == "task" else "stdout.log")
+
+    def _trained_marker(self, name: str) -> Path:
+        return self.run_dir / name / "logs" / "trained.json"
+
+    def _evaluate_only(self, job: TaskJob | CommandJob, st: JobState) -> bool:
+        """Training of this job ended well in an earlier attempt: run only its evaluation step."""
+        if not self._trained_marker(job.name).is_file():
+            return False
+        path = self._job_log(job.name)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        f = open(path, "a", encoding="utf-8")
+        f.write(f"=== musubi run: {job.name} attempt {st.attempts}: trained earlier, evaluation only ===\n")
+        f.flush()
+        run = _Running(job, None, "eval", f)  # type: ignore[arg-type]  # _start_eval sets the process
+        self.running[job.name] = run
+        self._start_eval(run)
+        self._say(f"evaluate {job.name} (attempt {st.attempts}: its training ended well before)")
+        return True
+
+    def _failure_cause(self, name: str, run: _Running, code: int) -> str:
+        """Why an attempt failed: job.json's cause, else what the log shows (OOM, NCCL), or a broken contract."""
+        path = self._job_log(name)
+        if run.phase == "eval":
+            if J.NO_EVAL_JSON in J.attempt_log(path):
+                return f"contract: external job wrote no eval.json to $MUSUBI_JOB_DIR ({self.run_dir / name})"
+            return f"evaluation: exit {code}"
+        cause = J.failure_cause(self.run_dir / name, code)
+        if self.states[name].kind == "command" and cause.startswith("exit "):  # no job.json: the log's own words
+            cause = J.log_cause(path, code) or cause
+        return cause
 
     # -- the loop --------------------------------------------------------------
     def run(self) -> dict[str, JobState]:
@@ -176,26 +238,56 @@ class LocalFleet:
                     transient=False) if self.console.is_terminal else None
         if live:
             live.start()
+        stopped: FleetInterrupted | None = None
         try:
-            while self.packer.queue or self.running:
-                for demand, gpus in self.packer.place():
-                    self._start(self.jobs[demand.name], gpus)
-                self.save_state()
-                time.sleep(0.5)
-                for name, run in list(self.running.items()):
-                    code = run.proc.poll()
-                    if code is None:
-                        continue
-                    self._finished(name, run, code)
-                if live:
-                    live.update(self.table())
+            with signals_raise():
+                try:
+                    while self.packer.queue or self.running:
+                        for demand, gpus in self.packer.place():
+                            self._start(self.jobs[demand.name], gpus)
+                        self.save_state()
+                        time.sleep(0.5)
+                        for name, run in list(self.running.items()):
+                            code = run.proc.poll()
+                            if code is None:
+                                continue
+                            self._finished(name, run, code)
+                        if live:
+                            live.update(self.table())
+                except KeyboardInterrupt:
+                    stopped = FleetInterrupted(2)
+                except FleetInterrupted as e:
+                    stopped = e
         finally:
             if live:
                 live.stop()
-            for run in self.running.values():  # interrupted: leave nothing running
-                run.proc.terminate()
+            with signals_ignored():  # a second Ctrl-C does not cut the clean-up short
+                self._stop_running(stopped)
         self.save_state()
+        if stopped is not None:
+            raise stopped
         return self.states
+
+    def _stop_running(self, why: FleetInterrupted | None) -> None:
+        """Interrupted (or crashed): end every running job's whole process tree; they become `interrupted`."""
+        if not self.running:
+            return
+        names = list(self.running)
+        self._say(f"stopping {len(names)} job(s): {', '.join(names)}" + (f" ({why})" if why else ""))
+        stop_trees([r.proc for r in self.running.values()])
+        now = time.time()
+        for name, run in self.running.items():
+            st = self.states[name]
+            # An interruption is not a failure: the attempt is not counted against the retries.
+            st.state, st.gpus, st.ended = "interrupted", [], now
+            st.attempts = max(0, st.attempts - 1)
+            st.interruptions += 1
+            with contextlib.suppress(OSError):
+                run.log_file.write(f"=== musubi run stopped this attempt ({why or 'error'}) ===\n")
+                run.log_file.close()
+            self.packer.release(name)
+        self.running.clear()
+        self.save_state()
 
     def _finished(self, name: str, run: _Running, code: int) -> None:
         st = self.states[name]
@@ -212,7 +304,7 @@ class LocalFleet:
             self.packer.done.add(name)
             self._say(f"done {name} ({st.ended - (st.started or st.ended):.0f}s)")
             return
-        cause = J.failure_cause(job_dir, code) if run.phase == "train" else f"evaluation: exit {code}"
+        cause = self._failure_cause(name, run, code)
         st.causes.append(cause)
         retry = st.attempts <= self.jobs[name].retries and not cause.startswith("config")
         tail = J.log_tail(job_dir / "logs" / ("fleet.log" if st.kind == "task" else "stdout.log"), 8)

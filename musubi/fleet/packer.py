@@ -5,7 +5,10 @@ model of the fleet first (a deployable model exists early), then priority, then
 family (a family's jobs back to back), then larger GPU demand first (big jobs
 placed before the small ones fragment the machine). Whenever GPUs are free, the
 first job in that order that fits starts; while the head job waits for more GPUs,
-later jobs that fit in what is free start instead (backfill), so no GPU idles
+later jobs of the same or higher priority that fit in what is free start instead
+(backfill). Jobs of lower priority than a job waiting for GPUs are not backfilled
+(its GPUs are reserved as they free up), so a stream of small low-priority jobs
+never starves a high-priority multi-GPU job; within one priority no GPU idles
 while work is queued. Jobs never share a GPU. Which free GPUs a job gets is
 decided by the node's topology (fleet/placement.py): the best-linked group,
 leaving the best groups to the multi-GPU jobs still queued.
@@ -49,8 +52,14 @@ class Packer:
     def place(self) -> list[tuple[Demand, list[int]]]:
         """Start every queued job that fits now, in queue order with backfill."""
         started: list[tuple[Demand, list[int]]] = []
+        waiting: int | None = None  # the highest priority of a ready job that waits for more GPUs
         for job in list(self.queue):
-            if job.gpus <= len(self.free) and set(job.after) <= self.done:
+            ready = set(job.after) <= self.done
+            if ready and waiting is not None and job.priority < waiting:
+                continue  # reserved: no lower-priority backfill while a higher-priority job waits for GPUs
+            if ready and job.gpus > len(self.free):
+                waiting = job.priority if waiting is None else max(waiting, job.priority)
+            if job.gpus <= len(self.free) and ready:
                 behind = [(d.name, d.gpus) for d in self.queue if d is not job]
                 held = [g for gs in self.busy.values() for g in gs]  # running jobs give these back later
                 pick = choose(self.topology, self.free, job.gpus, behind, later=held)

@@ -25,6 +25,7 @@ from musubi.evaluate.provenance import dataset_record
 from musubi.fleet.jobs import check_command
 from musubi.fleet.local import JobState, LocalFleet
 from musubi.fleet.machine import SHOW, check_topology
+from musubi.fleet.stop import FleetInterrupted, check_unlocked, run_lock
 from musubi.store.db import db_path
 from musubi.store.rundir import default_run_dir, env_record, read_json, run_record, write_json
 
@@ -109,20 +110,102 @@ def run_fleet(req: FleetRequest, console: Console | None = None) -> tuple[Path, 
         devices, kind = machine(req)
         # A typo or a file of another machine is refused before anything is written (a re-run must work).
         check_topology(spec, base, devices)
+    problems = refusals(spec, devices, kind) if executor == "local" else []
+    if problems:  # before the preflight and before any file is written
+        raise ConfigError(problems[0])
     if req.resume:
         if req.out is None or not (req.out / "fleet.json").is_file():
             raise ConfigError("--resume: give --out RUN_DIR of an earlier `musubi run` (it holds fleet.json)")
         run_dir = req.out
+        check_unlocked(run_dir)  # a live `musubi run` on this folder: refuse before the preflight
+        for line in changed_jobs(_resolved(spec), run_dir):
+            console.print(f"warning: {line}", highlight=False, markup=False)
     else:
         run_dir = req.out or default_run_dir(spec.name)
-        if run_dir.exists() and any(run_dir.iterdir()):
+        if run_dir.exists() and any(p.name != ".lock" for p in run_dir.iterdir()):
             raise ConfigError(f"{run_dir} already holds a run; pass --resume to continue it or choose another --out")
     if req.check and executor == "local":  # on Slurm the jobs run elsewhere: this machine tells nothing
         _preflight(spec, kind, run_dir, console)
+    try:
+        with run_lock(run_dir):  # one `musubi run` per run folder at a time
+            return _run_locked(req, spec, base, executor, devices, kind, run_dir, console)
+    except FleetInterrupted as e:
+        e.run_dir = run_dir
+        raise
+
+
+def _resolved(spec: FleetSpec) -> dict:
+    """The fleet as RUN/run.json records it (every task job's spec resolved)."""
+    return {"name": spec.name, "leaderboard": spec.leaderboard.model_dump(),
+            "jobs": [({"spec": j.spec.resolved(), **j.model_dump(exclude={"spec"})} if isinstance(j, TaskJob)
+                      else j.model_dump()) for j in spec.jobs]}
+
+
+def changed_jobs(resolved: dict, run_dir: Path) -> list[str]:
+    """--resume: one line per job whose definition differs from the one RUN/run.json recorded."""
+    import json
+
+    from musubi.store.redact import redact_tree
+
+    try:
+        recorded = read_json(run_dir / "run.json")["config"]["jobs"]
+        states = read_json(run_dir / "fleet.json").get("jobs", {})
+        before = {(j["spec"]["name"] if "spec" in j else j["name"]): j for j in recorded}
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
+        return []
+    lines = []
+    for job in resolved["jobs"]:
+        name = job["spec"]["name"] if "spec" in job else job["name"]
+        now = json.loads(json.dumps(redact_tree(job), default=str))
+        if name not in before:
+            lines.append(f"job {name!r} is new since {run_dir}/run.json: it runs now")
+        elif now != before[name]:
+            if (states.get(name) or {}).get("state") == "done":
+                lines.append(f"job {name!r} changed since it finished in {run_dir}: --resume keeps its "
+                             "result as it is; use a new --out to train the changed job")
+            else:
+                lines.append(f"job {name!r} changed since {run_dir}/run.json was written: it resumes with the "
+                             "new definition (run.json keeps the first)")
+    return lines
+
+
+def refusals(spec: FleetSpec, devices: list[int], kind: str, gpu_memory: float | None = None) -> list[str]:
+    """One line per job that can never run on this machine (GPU count, declared memory), naming job and field."""
+    unit = "GPUs" if kind == "cuda" else "CPU slots (--cpu-slots)"
+    out = []
+    for i, job in enumerate(spec.jobs):
+        if job.gpus > len(devices):
+            out.append(f"jobs[{i}] ({job.name}): gpus: {job.gpus} > the {len(devices)} {unit} of this machine; "
+                       "lower its gpus:")
+    if kind == "cuda" and any(j.memory_gib for j in spec.jobs):
+        gpu_memory = gpu_memory if gpu_memory is not None else gpu_memory_gib(devices)
+    if gpu_memory is not None:
+        for i, job in enumerate(spec.jobs):
+            if job.memory_gib and job.memory_gib > gpu_memory:
+                out.append(f"jobs[{i}] ({job.name}): memory_gib: {job.memory_gib:g} > the {gpu_memory:.1f} GiB of "
+                           "one GPU here; lower it, or a smaller batch/model")
+    return out
+
+
+def gpu_memory_gib(devices: list[int]) -> float | None:
+    """The smallest total memory of `devices` in GiB (NVML; never initialises CUDA here); None if unknown."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            return min(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(d)).total
+                       for d in devices) / 2**30
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # noqa: BLE001 - no NVML: the declaration cannot be checked here
+        return None
+
+
+def _run_locked(req: FleetRequest, spec: FleetSpec, base: Path, executor: str, devices: list[int], kind: str,
+                run_dir: Path, console: Console) -> tuple[Path, dict[str, JobState]]:
     run_dir.mkdir(parents=True, exist_ok=True)
-    resolved = {"name": spec.name, "leaderboard": spec.leaderboard.model_dump(),
-                "jobs": [({"spec": j.spec.resolved(), **j.model_dump(exclude={"spec"})} if isinstance(j, TaskJob)
-                          else j.model_dump()) for j in spec.jobs]}
+    resolved = _resolved(spec)
     if not req.resume:
         write_json(run_dir / "run.json", run_record(resolved, sys.argv))
     datasets = dataset_record([j.spec.resolved() for j in spec.jobs if isinstance(j, TaskJob)], db_path(run_dir))
@@ -223,7 +306,7 @@ def plan_fleet(req: FleetRequest, console: Console | None = None) -> list[str]:
     if topo is None and kind == "cuda":
         topo = read_node_topology()
     queue = [Demand(j.name, j.gpus, j.priority, j.family, after=tuple(j.after)) for j in spec.jobs]
-    problems = unplaceable(queue, len(devices))
+    problems = refusals(spec, devices, kind) or unplaceable(queue, len(devices))
     if problems:
         raise ConfigError(problems[0])
     unit = "GPU" if kind == "cuda" else "CPU slot"

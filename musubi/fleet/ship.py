@@ -39,15 +39,23 @@ def ship(spec: FleetSpec, run_dir: Path, console: Console) -> list[dict]:
             else:
                 export_job(job_dir)
             entry = register(job_dir)
-            promote(entry["name"], entry["version"], run_dir=run_dir)
+            if lb.promote:
+                promote(entry["name"], entry["version"], run_dir=run_dir)
             shipped += 1
-            console.print(f"exported and registered {entry['name']} v{entry['version']} (rank {row['rank']})",
-                          highlight=False, markup=False)
+            console.print(f"exported and registered {entry['name']} v{entry['version']} (rank {row['rank']})"
+                          + ("; promoted" if lb.promote else ""), highlight=False, markup=False)
         except Exception as e:  # noqa: BLE001 - one model that cannot be exported does not sink the fleet
             what = one_line(e) if isinstance(e, ConfigError) else f"{type(e).__name__}: {one_line(e)}"
             log.warning("export/registration of %s failed: %s", row["job"], what)
             console.print(f"export of {row['job']} failed ({what}); trying the next model", highlight=False,
                           markup=False)
-    write_manifest(run_dir / "manifest.json", run_dir=run_dir)
-    print_leaderboard(run_dir, console)
+    print_leaderboard(run_dir, console)  # first: a registry problem never hides the ranking
+    try:
+        data = write_manifest(run_dir / "manifest.json", run_dir=run_dir)
+    except ConfigError as e:
+        console.print(f"manifest: {one_line(e)}", highlight=False, markup=False)
+        return rows
+    from musubi.evaluate.commands import _warn_skipped
+
+    _warn_skipped(data, console)
     return rows

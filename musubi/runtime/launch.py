@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -297,6 +298,16 @@ def first_error(job_dir: Path) -> tuple[str | None, str | None]:
     return None, None
 
 
+def _term_as_interrupt():  # noqa: ANN202 - the previous handler, or None off the main thread
+    def raise_interrupt(signum: int, frame: object) -> None:  # noqa: ARG001
+        raise KeyboardInterrupt
+
+    try:
+        return signal.signal(signal.SIGTERM, raise_interrupt)
+    except ValueError:  # not the main thread
+        return None
+
+
 def launch_train(req: TrainRequest) -> TrainResult:
     """Run one job under torchrun to completion; never raises for worker failures."""
     run_dir, job_dir, record, nproc, kind = prepare(req)
@@ -331,11 +342,15 @@ def launch_train(req: TrainRequest) -> TrainResult:
         assert proc.stdout is not None
         probe_out = proc.stdout.read()
     pump = _tee_stderr(proc.stderr, logs / f"torchrun{node}.log")
+    old_term = _term_as_interrupt()  # SIGTERM (e.g. from `musubi run`) stops torchrun like Ctrl-C does
     try:
         code = proc.wait()
     except KeyboardInterrupt:
         proc.terminate()
         code = proc.wait()
+    finally:
+        if old_term is not None:
+            signal.signal(signal.SIGTERM, old_term)
     from musubi.runtime.saver import reap_checkpoint_daemons
 
     reap_checkpoint_daemons(job_dir)  # checkpoint processes of ranks that died (they hold our pipes)

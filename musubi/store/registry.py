@@ -269,11 +269,16 @@ def promote(name: str, version: int, db: Path | None = None, run_dir: Path | Non
 def manifest(db: Path | None = None, run_dir: Path | None = None, base: Path | None = None) -> dict[str, Any]:
     """The deployment manifest: promoted models, their files (sha256), input spec and measured FPS."""
     path = resolve_db(db, run_dir)
-    models = []
+    models, skipped = [], []
     for e in list_models(db=path):
         if not e["promoted"]:
             continue
-        _check_files(e)
+        try:
+            _check_files(e)
+        except ConfigError as err:  # a deleted old run must not break every later manifest
+            skipped.append(f"{e['name']} v{e['version']} left out: {err}; `musubi registry demote "
+                           f"{e['name']}:{e['version']}` drops it for good, or restore the file")
+            continue
         files = []
         for f in e["files"]:
             item = dict(f)
@@ -298,7 +303,37 @@ def manifest(db: Path | None = None, run_dir: Path | None = None, base: Path | N
             "registered": dt.datetime.fromtimestamp(e["created"], dt.timezone.utc).isoformat(),
         })
     return {"format": MANIFEST_FORMAT, "created": dt.datetime.now(dt.timezone.utc).isoformat(),
-            "registry": str(path), "models": models}
+            "registry": str(path), "models": models, "skipped": skipped}
+
+
+def demote(name: str, version: int | None = None, db: Path | None = None,
+           run_dir: Path | None = None) -> list[int]:
+    """Take one version (or, without `version`, every promoted version) of `name` out of deployment.
+
+    Works whether or not the files still exist (a deleted run's model is demoted the same way);
+    returns the versions demoted.
+    """
+    path = resolve_db(db, run_dir)
+    if version is not None:
+        get_model(name, version, db=path)  # ConfigError naming the versions that exist
+    with _connect(path) as con:
+        sql = "SELECT version, job_dir, created FROM registry WHERE name = ? AND promoted = 1"
+        rows = con.execute(sql + (" AND version = ?" if version is not None else ""),
+                           (name, int(version)) if version is not None else (name,)).fetchall()
+        if not rows:
+            known = [v for (v,) in con.execute("SELECT version FROM registry WHERE name = ? AND promoted = 1",
+                                              (name,))]
+            what = f"{name} v{version}" if version is not None else repr(name)
+            hint = f"promoted: v{known[0]}" if known else "no version of it is promoted"
+            if not con.execute("SELECT 1 FROM registry WHERE name = ?", (name,)).fetchone():
+                hint = "no model of that name; see `musubi registry list`"
+            raise ConfigError(f"{path}: {what} is not promoted ({hint})")
+        for v, _, _ in rows:
+            con.execute("UPDATE registry SET promoted = 0 WHERE name = ? AND version = ?", (name, v))
+    for v, job_dir, created in rows:
+        if Path(job_dir).is_dir():
+            _write_marker(Path(job_dir), name, v, created, promoted=False)
+    return [v for v, _, _ in rows]
 
 
 def write_manifest(path: Path, db: Path | None = None, run_dir: Path | None = None) -> dict[str, Any]:

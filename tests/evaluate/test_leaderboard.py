@@ -172,3 +172,38 @@ def test_score_helpers() -> None:
     assert composite(rule, 0.5, fps_norm(rule, 50.0, 100.0)) == pytest.approx(0.5)
     target = ScoreRule(fps_target=30.0)
     assert fps_norm(target, 90.0, 30.0) == 1.0
+
+
+def test_cli_shows_the_fleets_own_weights_and_writes_only_when_asked(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from musubi.cli import app
+
+    run = tmp_path / "runs" / "r1"
+    task_job(run, "accurate", metrics={"map50": 0.812345}, fps=10.0)
+    task_job(run, "fast", metrics={"map50": 0.6}, fps=100.0)
+    write_json(run / "run.json", {"config": {"name": "f", "leaderboard": {
+        "quality_weight": 1.0, "fps_weight": 0.0, "fps_target": None, "export_top": 1}}})
+    (run / "leaderboard.json").unlink(missing_ok=True)
+    cli = CliRunner()
+    # no board yet: ranked by the fleet's weights, shown, nothing written
+    res = cli.invoke(app, ["leaderboard", str(run)])
+    assert res.exit_code == 0, res.output
+    assert "score = 1 x quality + 0 x fps_norm" in res.output
+    assert "0.8123" in res.output and "…" not in res.output  # not cut to 80 columns under a pipe
+    assert not (run / "leaderboard.json").exists() and leaderboard_history("accurate", run_dir=run) == []
+    # other weights are only shown; --write records them (file and history)
+    res = cli.invoke(app, ["leaderboard", str(run), "--weights", "0.7,0.3", "--json"])
+    assert json.loads(res.output)["rows"][0]["job"] == "fast" and not (run / "leaderboard.json").exists()
+    res = cli.invoke(app, ["leaderboard", str(run), "--write"])
+    assert res.exit_code == 0, res.output
+    written = (run / "leaderboard.json").read_text()
+    assert json.loads(written)["rows"][0]["job"] == "accurate"
+    assert len(leaderboard_history("accurate", run_dir=run)) == 1
+    # viewing the written board changes neither the file nor the history
+    res = cli.invoke(app, ["leaderboard", str(run)])
+    assert res.exit_code == 0 and "accurate" in res.output
+    assert (run / "leaderboard.json").read_text() == written
+    assert len(leaderboard_history("accurate", run_dir=run)) == 1
+    res = cli.invoke(app, ["leaderboard", str(run), "--history", "--json"])
+    assert [(h["job"], h["rank"]) for h in json.loads(res.output)] == [("accurate", 1), ("fast", 2)]

@@ -45,7 +45,9 @@ def test_defaults_merge_under_each_job(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("change,needle", [
-    (lambda d: d["jobs"].append({"name": "a"}), "two jobs are named 'a'"),
+    (lambda d: d["jobs"].append({"name": "a"}), "jobs[2] (a): name: duplicate of jobs[0]; job names must be unique"),
+    (lambda d: d.update(leaderboard={"quality_weight": 0, "fps_weight": 0}), "leaderboard: quality_weight and "
+     "fps_weight are both 0"),
     (lambda d: d["jobs"][0].update(model_args={"x": [1]}), "jobs[0] (a): model_args.x"),
     (lambda d: d["jobs"][1].update(trian={"batch": 2}), "jobs[1] (b): unknown key trian"),
     (lambda d: d["jobs"].append({"name": "c", "command": "python train.py --epochs 3"}), "argv list, never a shell"),
@@ -59,6 +61,7 @@ def test_bad_fleets_name_the_job_and_field(tmp_path: Path, change, needle: str) 
     with pytest.raises(ConfigError) as ei:
         load_fleet(write(tmp_path, data))
     assert needle in str(ei.value) and "\n" not in str(ei.value)
+    assert "'defaults'" not in str(ei.value)  # the whole file is never dumped into the message
 
 
 def test_unknown_model_and_missing_command_refused_before_start(tmp_path: Path) -> None:
@@ -116,3 +119,70 @@ def test_live_table_reads_progress_from_metrics(tmp_path: Path) -> None:
     Console(file=out, width=200).print(fleet.table())
     row = next(ln for ln in out.getvalue().splitlines() if " a " in ln)
     assert "3/10" in row and "12.5" in row and "running" in row and "7s" in row
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("jobs,extra,needle", [
+    ([{"name": "a", "command": ["true"]}, {"name": "big", "command": ["true"], "launch": "torchrun", "gpus": 3}],
+     {}, "jobs[1] (big): gpus: 3 > the 2 CPU slots"),
+    ([{"name": "a", "command": ["true"]}], {"leaderboard": {"quality_weight": 0, "fps_weight": 0}},
+     "fps_weight are both 0"),
+])
+def test_refused_before_preflight_and_before_any_file(tmp_path: Path, monkeypatch, jobs, extra, needle) -> None:
+    from typer.testing import CliRunner
+
+    import musubi.fleet.run as fleet_run
+    from musubi.cli import app
+
+    monkeypatch.setattr(fleet_run, "_preflight", lambda *a: pytest.fail("the preflight ran before the refusal"))
+    path = write(tmp_path, {"name": "bad", "jobs": jobs, **extra})
+    out = tmp_path / "out"
+    res = CliRunner().invoke(app, ["run", str(path), "--out", str(out), "--device", "cpu", "--cpu-slots", "2"])
+    assert res.exit_code == 2, res.output
+    assert needle in res.output and len(res.output.strip().splitlines()) == 1, res.output
+    assert not out.exists()
+
+
+def test_declared_memory_larger_than_the_gpu_is_refused(tmp_path: Path) -> None:
+    from musubi.fleet.run import refusals
+
+    data = tiny_fleet()
+    data["jobs"][1]["memory_gib"] = 120
+    spec = load_fleet(write(tmp_path, data))
+    assert refusals(spec, [0, 1], "cuda", gpu_memory=79.2) == [
+        "jobs[1] (b): memory_gib: 120 > the 79.2 GiB of one GPU here; lower it, or a smaller batch/model"]
+    assert refusals(spec, [0, 1], "cuda", gpu_memory=139.8) == []
+
+
+def test_previous_best_is_found_by_the_fleet_name_in_run_json(tmp_path: Path) -> None:
+    from musubi.fleet.local import previous_best
+    from musubi.store.rundir import write_json
+
+    runs = tmp_path / "runs"
+    for folder, fleet, started, best in (("demo1", "f", "2026-01-01T00:00", "a"),  # --out: any folder name
+                                         ("0102-f", "other-f", "2026-01-02T00:00", "b"),  # another fleet
+                                         ("0103-f", "f", "2026-01-03T00:00", None)):  # no leaderboard
+        write_json(runs / folder / "run.json", {"config": {"name": fleet}, "started": started})
+        if best:
+            write_json(runs / folder / "leaderboard.json", {"rows": [{"job": best, "rank": 1}]})
+    assert previous_best(runs, "f", runs / "demo2") == "a"
+    assert previous_best(runs, "other-f", runs / "demo2") == "b"
+    assert previous_best(runs, "f", runs / "demo1") is None
+
+
+def test_resume_names_jobs_changed_since_the_run_started(tmp_path: Path) -> None:
+    from musubi.fleet.run import _resolved, changed_jobs
+    from musubi.store.rundir import run_record, write_json
+
+    data = tiny_fleet()
+    data["jobs"].append({"name": "ext", "command": ["true"], "env": {"API_TOKEN": "s3cret"}})
+    run = tmp_path / "run"
+    write_json(run / "run.json", run_record(_resolved(load_fleet(write(tmp_path, data))), ["musubi"]))
+    write_json(run / "fleet.json", {"jobs": {"a": {"state": "done"}, "b": {"state": "failed"}}})
+    assert changed_jobs(_resolved(load_fleet(write(tmp_path, data))), run) == []  # unchanged (secrets redacted)
+    data["jobs"][0]["train"] = {"lr": 0.5}
+    data["jobs"][1]["train"] = {"lr": 0.5}
+    lines = changed_jobs(_resolved(load_fleet(write(tmp_path, data))), run)
+    assert len(lines) == 2
+    assert lines[0].startswith("job 'a' changed since it finished") and "new --out" in lines[0]
+    assert lines[1].startswith("job 'b' changed since") and "resumes with the new definition" in lines[1]

@@ -20,8 +20,9 @@ def simulate(jobs: list[Demand], gpus: int, durations: dict[str, float]) -> list
         in_use = [x for gs in p.busy.values() for x in gs]
         assert len(in_use) == len(set(in_use)), "a GPU was given to two jobs"
         assert set(in_use) | set(p.free) == set(range(gpus)) and not set(in_use) & set(p.free)
-        # no GPU idles while a queued job would fit
-        assert not any(d.gpus <= len(p.free) for d in p.queue)
+        # no GPU idles while a queued job would fit, unless a higher-priority job waits for GPUs (reserved)
+        top = max((d.priority for d in p.queue if d.gpus > len(p.free)), default=None)
+        assert not any(d.gpus <= len(p.free) and (top is None or d.priority >= top) for d in p.queue)
         name = min(running, key=running.get)
         t = running.pop(name)
         p.release(name)
@@ -37,6 +38,26 @@ def test_random_fleets_never_overcommit_and_never_idle(seed: int) -> None:
     durations = {j.name: rng.uniform(1, 10) for j in jobs}
     starts = simulate(jobs, gpus, durations)
     assert sorted(s[1] for s in starts) == sorted(j.name for j in jobs)
+    # priorities respected under backfill: no job starts after a lower-priority one
+    at = {name: t for t, name, _ in starts}
+    prio = {j.name: j.priority for j in jobs}
+    late = [(h, lo) for h in at for lo in at if prio[h] > prio[lo] and at[h] > at[lo]]
+    assert not late, f"higher-priority jobs started after lower-priority ones: {late}"
+
+
+def test_high_priority_multi_gpu_job_is_not_starved_by_small_backfill() -> None:
+    """The review's case: 4 GPUs busy with 1-GPU jobs, more queued, then a 4-GPU priority-10 job arrives."""
+    p = Packer([0, 1, 2, 3], [Demand(f"lo{i}", 1) for i in range(12)])
+    first = [d.name for d, _ in p.place()]
+    assert len(first) == 4
+    p.requeue(Demand("HI-ddp", 4, priority=10))  # a retry, or a job whose `after:` just cleared
+    started = []
+    for name in first:  # the running small jobs end one by one: their GPUs are kept for HI-ddp
+        p.release(name)
+        started += [d.name for d, _ in p.place()]
+    assert started == ["HI-ddp"]
+    p.release("HI-ddp")
+    assert len(p.place()) == 4  # then the small ones fill the machine again
 
 
 def test_single_gpu_jobs_fill_the_gaps_beside_a_distributed_job() -> None:

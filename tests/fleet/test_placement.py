@@ -91,7 +91,9 @@ def test_packer_with_topology_never_overcommits(name: str, seed: int, demands: l
         held = [x for gs in p.busy.values() for x in gs]
         assert len(held) == len(set(held)), "a GPU given to two jobs"
         assert set(held).isdisjoint(p.free) and set(held) | set(p.free) == set(range(n))
-        assert not any(d.gpus <= len(p.free) for d in p.queue), "a GPU idles while a queued job fits"
+        top = max((d.priority for d in p.queue if d.gpus > len(p.free)), default=None)  # reserved for it
+        assert not any(d.gpus <= len(p.free) and (top is None or d.priority >= top) for d in p.queue), \
+            "a GPU idles while a queued job fits"
         p.release(running.pop(rng.randrange(len(running))))
     assert started == len(jobs)
 

@@ -134,3 +134,59 @@ def test_dataset_version_is_the_one_recorded_when_the_run_started(runs: Path) ->
     # env.json holds what each job trained on (musubi.data.version); the data may have changed since.
     write_json(runs / "r1" / "env.json", {"host": "h1", "datasets": {"mlp-tiny": "data-0123456789abcdef-abc123"}})
     assert register(runs / "r1" / "mlp-tiny")["dataset_hash"] == "data-0123456789abcdef-abc123"
+
+
+def test_deleted_run_is_skipped_with_a_warning_demote_and_supersede(runs: Path) -> None:
+    import shutil
+
+    from typer.testing import CliRunner
+
+    from musubi.cli import app
+
+    db = runs / "musubi.db"
+    old = register(runs / "r1" / "mlp-tiny")
+    promote(old["name"], old["version"], run_dir=runs / "r1")  # an earlier fleet's auto-promotion
+    first = register(runs / "r1" / "ext", name="det")
+    promote("det", first["version"], db=db)
+    r2 = runs / "r2"
+    shutil.copytree(runs / "r1" / "ext", r2 / "ext")
+    (r2 / "ext" / "export" / "registered.json").unlink()
+    newer = register(r2 / "ext", name="det")  # a later fleet promotes the same model name
+    promote("det", newer["version"], run_dir=r2)
+    assert [(e["version"], e["promoted"]) for e in list_models(db=db, name="det")] == [(1, False), (2, True)]
+    shutil.rmtree(runs / "r1")  # the old run is deleted; its promoted model stays in the registry
+    data = write_manifest(r2 / "manifest.json", run_dir=r2)  # a later fleet's manifest still works
+    assert [(m["name"], m["version"]) for m in data["models"]] == [("det", 2)]
+    assert len(data["skipped"]) == 1 and "mlp-tiny v1" in data["skipped"][0]
+    assert "r1/mlp-tiny/export/model.onnx" in data["skipped"][0]
+    assert "musubi registry demote mlp-tiny:1" in data["skipped"][0]
+    cli = CliRunner()
+    res = cli.invoke(app, ["registry", "manifest", "--db", str(db)])
+    assert res.exit_code == 0 and "warning: mlp-tiny v1 left out" in res.output, res.output
+    res = cli.invoke(app, ["registry", "demote", "mlp-tiny:1", "--db", str(db)])
+    assert res.exit_code == 0 and "demoted mlp-tiny v1" in res.output, res.output
+    assert json.loads((runs / "manifest.json").read_text())["skipped"] == []
+    res = cli.invoke(app, ["registry", "demote", "mlp-tiny", "--db", str(db)])
+    assert res.exit_code == 2 and "not promoted" in res.output
+    res = cli.invoke(app, ["registry", "demote", "det", "--db", str(db)])
+    assert res.exit_code == 0 and not any(e["promoted"] for e in list_models(db=db))
+
+
+@pytest.mark.parametrize("auto", [True, False])
+def test_fleet_promotion_can_be_turned_off(tmp_path: Path, auto: bool) -> None:
+    import yaml
+    from rich.console import Console
+
+    from musubi.config.load import load_fleet
+    from musubi.fleet.ship import ship
+
+    run = tmp_path / "runs" / "r3"
+    tiny_onnx(run / "ext" / "model.onnx")
+    write_json(run / "ext" / "eval.json", {"metrics": {"map50": 0.4}, "primary_metric": "map50",
+                                           "fps": {"fps": 55.0}})
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text(yaml.safe_dump({"name": "p", "leaderboard": {"promote": auto},
+                                     "jobs": [{"name": "ext", "command": ["true"]}]}))
+    ship(load_fleet(fleet), run, Console(width=160, file=open(tmp_path / "out.txt", "w")))  # noqa: SIM115
+    assert [(e["name"], e["promoted"]) for e in list_models(run_dir=run)] == [("ext", auto)]
+    assert len(json.loads((run / "manifest.json").read_text())["models"]) == int(auto)

@@ -1,0 +1,54 @@
+"""Failure causes of external jobs from their own log (oom, nccl), the eval.json contract, and log tails."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+ROOT = Path(__file__).resolve().parents[2]
+
+JOB = '''
+import os, pathlib, sys
+d = pathlib.Path(os.environ["MUSUBI_JOB_DIR"])
+runs = d / "runs"
+runs.write_text(str(int(runs.read_text()) + 1) if runs.exists() else "1")
+if sys.argv[1] == "oom":
+    print("step 3 loss 1.2")
+    print("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 79.1 GiB total)")
+    sys.exit(1)
+if sys.argv[1] == "nccl":
+    print("torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970, unhandled system error")
+    sys.exit(1)
+print("trained; forgot eval.json")  # exits 0 without writing $MUSUBI_JOB_DIR/eval.json
+'''
+
+
+def test_external_causes_from_the_log_and_a_broken_contract_is_not_retrained(tmp_path: Path) -> None:
+    (tmp_path / "job.py").write_text(JOB)
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text(yaml.safe_dump({"name": "causes", "jobs": [
+        {"name": "oomer", "command": ["job.py", "oom"], "retries": 0},
+        {"name": "nccl", "command": ["job.py", "nccl"], "retries": 0},
+        {"name": "noeval", "command": ["job.py", "noeval"], "retries": 1}]}))
+    out = tmp_path / "run"
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    res = subprocess.run([sys.executable, "-m", "musubi.cli", "run", str(fleet), "--out", str(out), "--device",
+                          "cpu", "--cpu-slots", "2", "--no-check"], env=env, cwd=tmp_path, capture_output=True,
+                         text=True, timeout=240)
+    assert res.returncode == 1, res.stdout + res.stderr
+    jobs = json.loads((out / "fleet.json").read_text())["jobs"]
+    assert jobs["oomer"]["causes"][0].startswith("oom: torch.OutOfMemoryError: CUDA out of memory")
+    assert jobs["nccl"]["causes"][0].startswith("nccl: torch.distributed.DistBackendError: NCCL error")
+    contract = f"contract: external job wrote no eval.json to $MUSUBI_JOB_DIR ({out / 'noeval'})"
+    assert jobs["noeval"]["causes"] == [contract, contract], jobs["noeval"]
+    assert jobs["noeval"]["attempts"] == 2 and (out / "noeval" / "runs").read_text() == "1"  # trained once
+    # the failure's log tail names the log
+    assert f"--- last 3 lines of {out / 'oomer' / 'logs' / 'stdout.log'} ---" in res.stderr, res.stderr
