@@ -51,4 +51,7 @@ def test_external_causes_from_the_log_and_a_broken_contract_is_not_retrained(tmp
     assert jobs["noeval"]["causes"] == [contract, contract], jobs["noeval"]
     assert jobs["noeval"]["attempts"] == 2 and (out / "noeval" / "runs").read_text() == "1"  # trained once
     # the failure's log tail names the log
-    assert f"--- last 3 lines of {out / 'oomer' / 'logs' / 'stdout.log'} ---" in res.stderr, res.stderr
+    # the failure's log tail names the log: on the console and in RUN/fleet.log
+    head = f"--- last 3 lines of {out / 'oomer' / 'logs' / 'stdout.log'} ---"
+    assert head in res.stdout + res.stderr, res.stdout + res.stderr
+    assert head in (out / "fleet.log").read_text()
