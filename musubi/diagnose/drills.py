@@ -94,6 +94,11 @@ def judge(scenario: Scenario, job_dir: Path) -> dict[str, Any]:
                                                 if b.get("coverage_min") is not None), default=None),
                            "stragglers": flagged, "live_flags": [(f["rank"], f["step"]) for f in live]}
     ok = a["label"] == scenario.expect
+    if scenario.name == "data_stall":  # the stall is a wait for the batch: `data`, not the host-to-device copy
+        bd = a.get("breakdown", {}).values()
+        row["data_in_data"] = bool(bd) and all(b["sections_ms"].get("data", 0.0) > b["sections_ms"].get("h2d", 0.0)
+                                               for b in bd)
+        ok = ok and row["data_in_data"]
     # When the streaming detector (what rank 0's watch runs, replayed here on the recorded steps, so a
     # suite can be re-judged after a change of rule) first flagged each rank.
     replay = {s["rank"]: s["flagged_at"] for s in a["stragglers"]["ranks"] if s.get("flagged_at")}

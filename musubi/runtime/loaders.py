@@ -35,6 +35,8 @@ class TrainFeed:
         self.task, self.world, self.batch, self.nhwc = task, world, batch, nhwc
         # Telemetry marks the host-to-device copy through this (the recorder's `section`; no-op by default).
         self.section: Callable[[str], None] = lambda name: None
+        # Called in the wait for each batch, before its copy (fault injection: `data_stall`).
+        self.before_batch: Callable[[], None] = lambda: None
         spec = task.spec
         syn = spec.data.synthetic
         self.on_device = bool(syn and syn.on_device)
@@ -71,11 +73,13 @@ class TrainFeed:
         """Device batches of `epoch`, from micro-batch `start_micro` to the end of the epoch."""
         if self.on_device:
             for i in range(start_micro, self.micro_per_epoch):
+                self.before_batch()
                 yield self.pool[(epoch * self.micro_per_epoch + i) % DEVICE_POOL]
             return
         self.sampler.set_position(epoch, start_micro * self.batch)
         self.generator.manual_seed(self.seed * 7919 + epoch)
         for host_batch in self.loader:
+            self.before_batch()
             self.section("h2d")
             b = self.task.to_device(host_batch, self.world.device)
             yield channels_last(b) if self.nhwc else b
