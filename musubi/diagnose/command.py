@@ -78,6 +78,8 @@ def report_command(
     for a in result["jobs"]:
         if a.get("label"):
             con.print(f"{a['job']}: {a['text']} - {a['evidence']}", highlight=False, markup=False)
+            for lim in a.get("limitations") or []:
+                con.print(f"  not measured: {lim}", highlight=False, markup=False)
         else:
             con.print(f"{a['job']}: {a.get('text')}", highlight=False, markup=False)
     con.print(f"report: {result['html']}\ntrace: {result['trace']} (open in ui.perfetto.dev)", highlight=False)

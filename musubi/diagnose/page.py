@@ -61,6 +61,8 @@ def _diagnosis(a: dict[str, Any]) -> str:
     cls = "label" if a["label"] == "healthy compute bound" else "label bad"
     out = [f'<div class="{cls}" data-label="{esc(a["label"])}">{esc(a["text"])}</div>',
            f"<p>{esc(a['evidence'])}.</p>"]
+    for lim in a.get("limitations") or []:
+        out.append(f'<p class="muted" data-limitation="1"><b>Not measured:</b> {esc(lim)}.</p>')
     if a.get("findings"):
         out.append("<p>Also found:</p><ul>" + "".join(
             f"<li><b>{esc(f['text'])}</b>: {esc(f['evidence'])}</li>" for f in a["findings"]) + "</ul>")

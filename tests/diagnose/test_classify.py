@@ -102,3 +102,39 @@ def test_report_shows_the_checklist_and_the_planner_beside_measured(tmp_path: Pa
     assert "<h2>Checklist</h2>" in html and "did NOT meet its success criteria" in html
     assert "1.2x &lt;b&gt;low&lt;/b&gt;" in html  # escaped, like every string from the run
     assert "Planner: predicted beside measured" in html and "<td>50.0</td><td>40.0</td>" in html.replace(" ", "")
+
+
+def _as_fsdp(job: Path) -> Path:
+    """Records as FSDP leaves them: no comm-hook mark, the gradient sync inside backward."""
+    for p in (job / "telemetry").glob("rank*.jsonl"):
+        out = []
+        for line in p.read_text(encoding="utf-8").splitlines():
+            rec = json.loads(line)
+            if rec.get("kind") == "step":
+                rec["host"]["backward"] += rec["host"].pop("grad_comm")
+                rec["spans"] = [s for s in rec["spans"] if s[0] != "grad_comm"]
+            out.append(json.dumps(rec))
+        p.write_text("\n".join(out) + "\n", encoding="utf-8")
+    meta = json.loads((job / "job.json").read_text(encoding="utf-8"))
+    meta["config"]["train"] = {"strategy": "fsdp"}
+    (job / "job.json").write_text(json.dumps(meta), encoding="utf-8")
+    return job
+
+
+def test_fsdp_says_comm_and_stragglers_are_not_measured(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    _as_fsdp(write_job(run / "job", ranks=2))
+    a = analyze(load_job(run / "job"))
+    assert a["label"] == "healthy compute bound"
+    assert "gradient comm not measured" in a["evidence"] and "exposed gradient comm" not in a["evidence"]
+    assert a["figures"]["grad_comm_share"] is None
+    (lim,) = a["limitations"]
+    assert "FSDP" in lim and "straggler" in lim
+    res = CliRunner().invoke(app, ["report", str(run), "--json"])
+    assert res.exit_code == 0 and json.loads(res.output)["jobs"][0]["limitations"] == [lim]
+    from musubi.diagnose.command import build_report
+
+    assert "Not measured:</b> gradient communication not separable (FSDP)" in Path(
+        build_report(run)["html"]).read_text(encoding="utf-8")
+    # a DDP job has the split: nothing to say
+    assert analyze(load_job(write_job(tmp_path / "ddp", ranks=2)))["limitations"] == []
