@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,15 @@ def _steps(window: str | None) -> tuple[int | None, int | None]:
     return first, last
 
 
+def _write_whole(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def build_report(run: Path, out: Path | None = None, window: str | None = None,
                  write_html: bool = True) -> dict[str, Any]:
     """Analyse every job of `run`; write the HTML page and the trace unless `write_html` is False."""
@@ -45,15 +55,21 @@ def build_report(run: Path, out: Path | None = None, window: str | None = None,
         jobs.append((tele, analyze(tele, first, last)))
     result: dict[str, Any] = {"run": str(run), "jobs": [a for _, a in jobs]}
     if write_html:
+        from musubi.diagnose import figures
         from musubi.diagnose.page import render
         from musubi.diagnose.trace import chrome_trace
 
         html_path = out or run / "report.html"
         trace_path = html_path.with_name(html_path.stem + ".trace.json")
-        trace_path.parent.mkdir(parents=True, exist_ok=True)
-        trace_path.write_text(json.dumps(chrome_trace([t for t, _ in jobs])), encoding="utf-8")
-        html_path.write_text(render(run, jobs, trace_path.name), encoding="utf-8")
+        # Both are built before either is written, and each lands whole (written aside, then renamed):
+        # a failure leaves no half-written report behind.
+        page = render(run, jobs, trace_path.name)
+        trace = json.dumps(chrome_trace([t for t, _ in jobs]))
+        html_path.parent.mkdir(parents=True, exist_ok=True)
+        _write_whole(trace_path, trace)
+        _write_whole(html_path, page)
         result["html"], result["trace"] = str(html_path), str(trace_path)
+        result["plots"] = figures.available()
     return result
 
 
@@ -82,4 +98,7 @@ def report_command(
                 con.print(f"  not measured: {lim}", highlight=False, markup=False)
         else:
             con.print(f"{a['job']}: {a.get('text')}", highlight=False, markup=False)
+    if not result.get("plots", True):
+        con.print("plots left out: matplotlib is not installed (pip install 'musubi-train[report]')",
+                  highlight=False, markup=False)
     con.print(f"report: {result['html']}\ntrace: {result['trace']} (open in ui.perfetto.dev)", highlight=False)

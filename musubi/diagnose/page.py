@@ -50,6 +50,8 @@ def _table(headers: list[str], rows: list[list[str]]) -> str:
 
 
 def _figure(svg: str | None, caption: str) -> str:
+    if not figures.available():
+        return f'<p class="muted">{esc(caption)}: not drawn (matplotlib is not installed).</p>'
     if not svg:
         return f'<p class="muted">{esc(caption)}: no data.</p>'
     return f'<figure class="plot">{svg}<figcaption class="muted">{esc(caption)}</figcaption></figure>'

@@ -138,3 +138,33 @@ def test_fsdp_says_comm_and_stragglers_are_not_measured(tmp_path: Path) -> None:
         build_report(run)["html"]).read_text(encoding="utf-8")
     # a DDP job has the split: nothing to say
     assert analyze(load_job(write_job(tmp_path / "ddp", ranks=2)))["limitations"] == []
+
+
+def test_report_without_matplotlib_writes_the_page_without_plots(tmp_path: Path, monkeypatch) -> None:
+    import sys
+
+    run = tmp_path / "run"
+    write_job(run / "job", ranks=2)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` raises ImportError
+    res = CliRunner().invoke(app, ["report", str(run), "-o", str(tmp_path / "r.html")])
+    assert res.exit_code == 0, res.output
+    assert [ln for ln in res.output.splitlines() if "matplotlib is not installed" in ln] == [
+        "plots left out: matplotlib is not installed (pip install 'musubi-train[report]')"]
+    page = (tmp_path / "r.html").read_text(encoding="utf-8")
+    assert "<svg" not in page and "not drawn (matplotlib is not installed)" in page
+    assert 'data-label="healthy compute bound"' in page and (tmp_path / "r.trace.json").is_file()
+
+
+def test_a_failed_report_leaves_no_file(tmp_path: Path, monkeypatch) -> None:
+    from musubi.diagnose import page
+
+    run = tmp_path / "run"
+    write_job(run / "job", ranks=2)
+
+    def broken(*a, **k):  # noqa: ANN002, ANN003, ANN202
+        raise RuntimeError("render failed")
+
+    monkeypatch.setattr(page, "render", broken)
+    res = CliRunner().invoke(app, ["report", str(run), "-o", str(tmp_path / "out" / "r.html")])
+    assert res.exit_code != 0
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
