@@ -168,3 +168,18 @@ def test_a_failed_report_leaves_no_file(tmp_path: Path, monkeypatch) -> None:
     res = CliRunner().invoke(app, ["report", str(run), "-o", str(tmp_path / "out" / "r.html")])
     assert res.exit_code != 0
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+def test_drill_judge_needs_the_live_flag(tmp_path: Path) -> None:
+    """The suite judges what rank 0's watch flagged during the run, not only the replayed detector."""
+    from musubi.diagnose import drills
+
+    job = write_job(tmp_path / "job", ranks=2, steps=80, slow_rank=1, factor=1.3)
+    row = drills.judge(drills.SCENARIOS["slow_1.3"], job)
+    assert row["flagged_at"] and row["live_flagged_at"] is None and not row["flagged_in_time"]  # no stragglers.jsonl
+    (job / "telemetry" / "stragglers.jsonl").write_text(json.dumps({"kind": "straggler", "rank": 1, "step": 29}) + "\n")
+    row = drills.judge(drills.SCENARIOS["slow_1.3"], job)
+    assert row["live_flagged_at"] == 29 and row["flagged_in_time"]
+    healthy = write_job(tmp_path / "healthy", ranks=2, steps=80)
+    (healthy / "telemetry" / "stragglers.jsonl").write_text(json.dumps({"kind": "straggler", "rank": 0, "step": 40}))
+    assert drills.judge(drills.SCENARIOS["healthy"], healthy)["false_straggler"]  # a live flag alone counts
