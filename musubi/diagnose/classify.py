@@ -144,8 +144,12 @@ def analyze(tele: JobTelemetry, first: int | None = None, last: int | None = Non
               "gradient sync)")
         if s["last_share"] is not None:
             ev += f"; it arrived last at {_pct(s['last_share'])} of the gradient all-reduces"
+        live = [int(f["step"]) for f in tele.flags if f.get("kind") == "straggler" and f.get("rank") == s["rank"]
+                and isinstance(f.get("step"), int)]
+        if live:
+            ev += f"; flagged live at step {min(live)}"
         if s.get("flagged_at"):
-            ev += f"; flagged live at step {s['flagged_at']}"
+            ev += f"; the detector, replayed over steps {k0}-{k1}, flags it at step {s['flagged_at']}"
         findings.append({"label": "straggler", "rank": s["rank"], "section": s["section"], "share": s["excess"],
                          "text": f"straggler (rank {s['rank']}, section {s['section']})", "evidence": ev})
     if ckpt["count"] >= 2 and ckpt["share"] >= CHECKPOINT_SHARE:

@@ -63,8 +63,10 @@ def build_report(run: Path, out: Path | None = None, window: str | None = None,
         trace_path = html_path.with_name(html_path.stem + ".trace.json")
         # Both are built before either is written, and each lands whole (written aside, then renamed):
         # a failure leaves no half-written report behind.
-        page = render(run, jobs, trace_path.name)
-        trace = json.dumps(chrome_trace([t for t, _ in jobs]))
+        # With --steps the plots, the tables and the trace show the same steps as the label.
+        shown = [(t.window(first, last), a) for t, a in jobs]
+        page = render(run, shown, trace_path.name)
+        trace = json.dumps(chrome_trace([t for t, _ in shown]))
         html_path.parent.mkdir(parents=True, exist_ok=True)
         _write_whole(trace_path, trace)
         _write_whole(html_path, page)

@@ -183,3 +183,21 @@ def test_drill_judge_needs_the_live_flag(tmp_path: Path) -> None:
     healthy = write_job(tmp_path / "healthy", ranks=2, steps=80)
     (healthy / "telemetry" / "stragglers.jsonl").write_text(json.dumps({"kind": "straggler", "rank": 0, "step": 40}))
     assert drills.judge(drills.SCENARIOS["healthy"], healthy)["false_straggler"]  # a live flag alone counts
+
+
+def test_steps_window_covers_plots_and_trace_and_live_flag_is_the_live_one(tmp_path: Path) -> None:
+    from musubi.diagnose.command import build_report
+
+    run = tmp_path / "run"
+    job = write_job(run / "job", ranks=2, steps=90, slow_rank=1, factor=1.3)
+    (job / "telemetry" / "stragglers.jsonl").write_text(json.dumps({"kind": "straggler", "rank": 1, "step": 29}) + "\n")
+    a = analyze(load_job(job), 40, 80)
+    assert "flagged live at step 29" in a["evidence"] and "replayed over steps" in a["evidence"]
+    res = build_report(run, tmp_path / "w.html", "40:60")
+    trace = json.loads(Path(res["trace"]).read_text(encoding="utf-8"))
+    steps = {e["args"]["step"] for e in trace["traceEvents"] if e["ph"] == "X"}
+    assert steps == set(range(40, 61))
+    tele = load_job(job).window(40, 60)
+    assert {r["step"] for recs in tele.steps.values() for r in recs} == set(range(40, 61)) and not tele.flags
+    t0 = min(r["t"] for recs in tele.steps.values() for r in recs)
+    assert tele.samples[0] and all(s["t"] >= t0 for s in tele.samples[0])
