@@ -212,8 +212,14 @@ def _live_flags(tele: JobTelemetry) -> str:
     flags = [f for f in tele.flags if f.get("kind") == "straggler"]
     if not flags:
         return ""
+
+    def cleared(f: dict[str, Any]) -> str:
+        at = [c.get("step") for c in tele.flags if c.get("kind") == "cleared" and c.get("rank") == f.get("rank")
+              and isinstance(c.get("step"), int) and c["step"] > int(f.get("step") or 0)]
+        return f"; cleared at step {esc(min(at))}" if at else ""
+
     items = "".join(f"<li>step {esc(f.get('step'))}: rank {esc(f.get('rank'))} in {esc(f.get('section'))}, "
-                    f"{_num(100 * float(f.get('excess', 0)), 1)} % of a step</li>" for f in flags)
+                    f"{_num(100 * float(f.get('excess', 0)), 1)} % of a step{cleared(f)}</li>" for f in flags)
     return f"<p>Flagged during the run:</p><ul>{items}</ul>"
 
 

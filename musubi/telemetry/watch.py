@@ -83,6 +83,8 @@ class StragglerWatch:
             if complete:
                 for s in self.detector.update(self._next, recs):
                     self._flag(s)
+                for rank in self.detector.cleared_now:
+                    self._clear(rank, self._next)
             else:
                 self.skipped += 1
                 if self.skipped == 1:
@@ -100,6 +102,12 @@ class StragglerWatch:
         with open(self.folder / "stragglers.jsonl", "a", encoding="utf-8") as f:
             f.write(json.dumps({"kind": "straggler", "t": round(time.time(), 3), "step": s.flagged_at,
                                 **s.to_dict()}) + "\n")
+
+    def _clear(self, rank: int, step: int) -> None:
+        log.warning("straggler cleared: rank %d is back within %.0f%% of a step of the fastest rank (steps %d-%d)",
+                    rank, 100 * self.detector.threshold, step - self.detector.window + 1, step)
+        with open(self.folder / "stragglers.jsonl", "a", encoding="utf-8") as f:
+            f.write(json.dumps({"kind": "cleared", "t": round(time.time(), 3), "step": step, "rank": rank}) + "\n")
 
     def _run(self) -> None:
         while not self._stop.wait(POLL_S):

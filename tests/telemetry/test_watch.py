@@ -53,3 +53,21 @@ def test_pending_steps_are_bounded_when_a_rank_stops_writing(tmp_path: Path, mon
     src = write_job(tmp_path / "src", ranks=2, steps=steps, noise=0.0)
     w, flags = _feed(src, tmp_path / "live", set(), 50, monkeypatch, only={1: 5})
     assert not flags and len(w._pending) <= watch.MAX_PENDING + 1 and w.skipped >= 1
+
+
+def test_a_flag_is_cleared_once_the_rank_is_back_under_the_bar(tmp_path: Path, monkeypatch, caplog) -> None:
+    import logging
+
+    slow = write_job(tmp_path / "slow", ranks=2, steps=60, slow_rank=1, factor=1.3)
+    fine = write_job(tmp_path / "fine", ranks=2, steps=160, seed=1)
+    src = tmp_path / "src"
+    (src / "telemetry").mkdir(parents=True)
+    for r in (0, 1):
+        keep = _lines(slow, r) + [ln for ln in _lines(fine, r) if json.loads(ln)["step"] > 60]
+        (src / "telemetry" / f"rank{r}.jsonl").write_text("".join(keep), encoding="utf-8")
+    with caplog.at_level(logging.WARNING, logger="musubi.telemetry"):
+        _, flags = _feed(src, tmp_path / "live", set(), 10, monkeypatch)
+    kinds = [(f["kind"], f["rank"]) for f in flags]
+    assert kinds == [("straggler", 1), ("cleared", 1)], kinds
+    assert 60 < flags[1]["step"] <= 60 + 20 + 10  # a window of healthy steps, then PERSIST windows
+    assert any("straggler cleared: rank 1" in r.getMessage() for r in caplog.records)
