@@ -147,6 +147,10 @@ def open_nvml_device(cuda_index: int | None) -> NvmlDevice | None:
     return NvmlDevice(pynvml, handle, index)
 
 
+FIRST_SAMPLE_S = 0.2  # the first sample, after start
+MAX_FAILURES = 10  # failed samples in a row after which the sampler stops
+
+
 class Sampler:
     """A daemon thread writing one sample per period to `path`."""
 
@@ -156,6 +160,7 @@ class Sampler:
         self.proc.cpu_percent(None)  # the first call only starts the measurement
         psutil.cpu_percent(None)
         self._children: dict[int, psutil.Process] = {}
+        self._failures = 0  # failed samples in a row
         self.writer = TelemetryWriter(path)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"musubi-sampler-rank{rank}", daemon=True)
@@ -204,15 +209,29 @@ class Sampler:
         return rec
 
     def _run(self) -> None:
-        while not self._stop.wait(self.period):
-            try:
-                self.writer.put(self.sample())
-            except Exception as e:  # a sampler never ends a run
-                log.warning("sampler stopped: %s", e)
+        # The first sample soon after start (CPU figures need a short interval to mean anything), then one
+        # per period: a run of a few seconds still gets several points.
+        wait = min(self.period, FIRST_SAMPLE_S)
+        while not self._stop.wait(wait):
+            wait = self.period
+            self._sample_once()
+            if self._failures >= MAX_FAILURES:
+                log.warning("sampler stopped after %d failed samples in a row", self._failures)
                 return
 
+    def _sample_once(self) -> None:
+        try:
+            self.writer.put(self.sample())
+            self._failures = 0
+        except Exception as e:  # a sampler never ends a run; one failed read does not end the sampler
+            self._failures += 1
+            if self._failures == 1:
+                log.warning("sampler: a sample failed (%s); going on", e)
+
     def close(self) -> None:
-        """Stop sampling and flush."""
+        """Stop sampling, take a last sample (the end of the run is on the plots), and flush."""
         self._stop.set()
         self._thread.join(5)
+        if not self._thread.is_alive() and self._failures < MAX_FAILURES:
+            self._sample_once()
         self.writer.close()
