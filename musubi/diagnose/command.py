@@ -53,6 +53,10 @@ def build_report(run: Path, out: Path | None = None, window: str | None = None,
     for d in dirs:
         tele = load_job(d)
         jobs.append((tele, analyze(tele, first, last)))
+    from musubi.diagnose.planner_view import planner_view
+
+    for tele, a in jobs:
+        a["planner"] = planner_view(tele.path)
     result: dict[str, Any] = {"run": str(run), "jobs": [a for _, a in jobs]}
     if write_html:
         from musubi.diagnose import figures

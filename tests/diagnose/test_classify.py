@@ -102,6 +102,16 @@ def test_report_shows_the_checklist_and_the_planner_beside_measured(tmp_path: Pa
     assert "<h2>Checklist</h2>" in html and "did NOT meet its success criteria" in html
     assert "1.2x &lt;b&gt;low&lt;/b&gt;" in html  # escaped, like every string from the run
     assert "Planner: predicted beside measured" in html and "<td>50.0</td><td>40.0</td>" in html.replace(" ", "")
+    assert "achieved MFU is the planner" in html
+    res = CliRunner().invoke(app, ["report", str(tmp_path / "run"), "--json"])
+    plan = json.loads(res.output)["jobs"][0]["planner"]
+    assert plan["predicted"]["step_time_s"] == 0.05 and plan["measured"]["step_time_s"] == pytest.approx(0.04)
+    assert plan["measured"]["mfu_achieved"] == pytest.approx(0.5) and plan["measured"]["memory_allocated_gib"] == 2.5
+    (job / "plan.json").unlink()  # a job whose task has no plan_spec: said so, in the JSON and on the page
+    res = CliRunner().invoke(app, ["report", str(tmp_path / "run"), "--json"])
+    assert "plan_spec" in json.loads(res.output)["jobs"][0]["planner"]["note"]
+    CliRunner().invoke(app, ["report", str(tmp_path / "run"), "-o", str(out)])
+    assert "no planner prediction" in out.read_text()
 
 
 def _as_fsdp(job: Path) -> Path:
