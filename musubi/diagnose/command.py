@@ -37,7 +37,7 @@ def _write_whole(path: Path, text: str) -> None:
 
 
 def build_report(run: Path, out: Path | None = None, window: str | None = None,
-                 write_html: bool = True) -> dict[str, Any]:
+                 write_html: bool = True, trace_steps: int | None = None) -> dict[str, Any]:
     """Analyse every job of `run`; write the HTML page and the trace unless `write_html` is False."""
     from musubi.diagnose.classify import analyze
     from musubi.diagnose.timeline import job_dirs, load_job
@@ -61,7 +61,7 @@ def build_report(run: Path, out: Path | None = None, window: str | None = None,
     if write_html:
         from musubi.diagnose import figures
         from musubi.diagnose.page import render
-        from musubi.diagnose.trace import chrome_trace
+        from musubi.diagnose.trace import MAX_STEPS, chrome_trace
 
         html_path = out or run / "report.html"
         trace_path = html_path.with_name(html_path.stem + ".trace.json")
@@ -70,12 +70,15 @@ def build_report(run: Path, out: Path | None = None, window: str | None = None,
         # With --steps the plots, the tables and the trace show the same steps as the label.
         shown = [(t.window(first, last), a) for t, a in jobs]
         page = render(run, shown, trace_path.name)
-        trace = json.dumps(chrome_trace([t for t, _ in shown]))
+        traced = chrome_trace([t for t, _ in shown], MAX_STEPS if trace_steps is None else trace_steps)
+        trace = json.dumps(traced)
         html_path.parent.mkdir(parents=True, exist_ok=True)
         _write_whole(trace_path, trace)
         _write_whole(html_path, page)
         result["html"], result["trace"] = str(html_path), str(trace_path)
         result["plots"] = figures.available()
+        if traced.get("otherData"):
+            result["trace_steps_left_out"] = traced["otherData"]["steps_left_out"]
     return result
 
 
@@ -84,12 +87,14 @@ def report_command(
     out: Path | None = typer.Option(None, "-o", "--out", help="HTML file (default RUN/report.html)."),
     as_json: bool = typer.Option(False, "--json", help="Print labels, evidence and figures as JSON (no HTML)."),
     steps: str | None = typer.Option(None, "--steps", help="Analyse optimizer steps FIRST:LAST only."),
+    trace_steps: int = typer.Option(2000, "--trace-steps", min=0,
+                                    help="At most this many steps per job in the trace (slowest, first, last); 0: all."),
 ) -> None:
     """Name each job's bottleneck with its evidence; write report.html and a Chrome/Perfetto trace."""
     from rich.console import Console
 
     try:
-        result = build_report(run, out, steps, write_html=not as_json)
+        result = build_report(run, out, steps, write_html=not as_json, trace_steps=trace_steps)
     except ConfigError as e:
         Console(stderr=True, soft_wrap=True).print(Text("error: ", style="bold red") + Text(str(e)), highlight=False)
         raise typer.Exit(2) from None
@@ -107,4 +112,6 @@ def report_command(
     if not result.get("plots", True):
         con.print("plots left out: matplotlib is not installed (pip install 'musubi-train[report]')",
                   highlight=False, markup=False)
+    for job, n in (result.get("trace_steps_left_out") or {}).items():
+        con.print(f"trace: {n} steps of {job} left out (--trace-steps 0 keeps all)", highlight=False, markup=False)
     con.print(f"report: {result['html']}\ntrace: {result['trace']} (open in ui.perfetto.dev)", highlight=False)

@@ -211,3 +211,18 @@ def test_steps_window_covers_plots_and_trace_and_live_flag_is_the_live_one(tmp_p
     assert {r["step"] for recs in tele.steps.values() for r in recs} == set(range(40, 61)) and not tele.flags
     t0 = min(r["t"] for recs in tele.steps.values() for r in recs)
     assert tele.samples[0] and all(s["t"] >= t0 for s in tele.samples[0])
+
+
+def test_trace_of_a_long_run_is_capped_keeping_the_slow_steps(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    write_job(run / "job", ranks=2, steps=3000, ckpt_every=500, ckpt_ms=300.0)
+    res = CliRunner().invoke(app, ["report", str(run), "-o", str(tmp_path / "r.html"), "--trace-steps", "400"])
+    assert res.exit_code == 0, res.output
+    assert "trace: 2600 steps of job left out" in res.output
+    trace = json.loads((tmp_path / "r.trace.json").read_text(encoding="utf-8"))
+    steps = {e["args"]["step"] for e in trace["traceEvents"] if e["ph"] == "X"}
+    assert len(steps) == 400 and trace["otherData"]["steps_left_out"] == {"job": 2600}
+    assert {501, 1001, 2501} <= steps and {1, 50, 3000} <= steps  # checkpoints, the start, the end
+    res = CliRunner().invoke(app, ["report", str(run), "-o", str(tmp_path / "all.html"), "--trace-steps", "0"])
+    trace = json.loads((tmp_path / "all.trace.json").read_text(encoding="utf-8"))
+    assert len({e["args"]["step"] for e in trace["traceEvents"] if e["ph"] == "X"}) == 3000
