@@ -96,6 +96,8 @@ class StragglerWatch:
 
     def _flag(self, s: Any) -> None:
         share = "" if s.last_share is None else f"; it arrived last at {s.last_share:.0%} of gradient all-reduces"
+        if s.history is not None:
+            share += f"; its work before the sync is {s.history:.2f}x its own first window"
         log.warning("straggler: rank %d is %.1f%% of a step slower than the fastest rank in %s, before the "
                     "gradient sync (steps %d-%d)%s", s.rank, 100 * s.excess, s.section,
                     s.flagged_at - self.detector.window + 1, s.flagged_at, share)

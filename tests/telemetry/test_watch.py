@@ -71,3 +71,5 @@ def test_a_flag_is_cleared_once_the_rank_is_back_under_the_bar(tmp_path: Path, m
     assert kinds == [("straggler", 1), ("cleared", 1)], kinds
     assert 60 < flags[1]["step"] <= 60 + 20 + 10  # a window of healthy steps, then PERSIST windows
     assert any("straggler cleared: rank 1" in r.getMessage() for r in caplog.records)
+    (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("straggler: rank 1")]
+    assert "in backward" in line and "x its own first window" in line  # the own-history score, live too
