@@ -120,6 +120,7 @@ def main() -> None:
     ap.add_argument("--cpu", action="store_true", help="CPU mode: 2 gloo ranks, the drill task")
     ap.add_argument("--part", default="all", choices=["overhead", "scenarios", "all"])
     ap.add_argument("--gpus", type=int, default=4)
+    ap.add_argument("--nproc", type=int, default=2, help="CPU mode: gloo ranks (the issue asks 2-4)")
     ap.add_argument("--models", default="resnet50,fcos")
     ap.add_argument("--steps", type=int, default=40, help="timed steps per overhead run (after 15 warm-up)")
     ap.add_argument("--repeat", type=int, default=1, help="overhead runs per setting (interleaved)")
@@ -142,7 +143,7 @@ def main() -> None:
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # keep NVLink multicast off (shared hosts)
     work = Path(tempfile.mkdtemp(prefix="musubi-telemetry-bench-"))
     device = "cpu" if args.cpu else "cuda"
-    nproc = 2 if args.cpu else args.gpus
+    nproc = args.nproc if args.cpu else args.gpus
     result: dict = {"device": device, "world": nproc}
     if args.cpu:
         cpu_job = write_job(drills.CPU_DRILL_JOB, work)

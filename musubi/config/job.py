@@ -264,6 +264,12 @@ class CheckpointSpec(StrictModel):
     )
     enabled: bool = Field(True, description="Write checkpoints at all.")
 
+    @field_validator("async_mode", mode="before")
+    @classmethod
+    def _off_is_false(cls, v: Any) -> Any:
+        """YAML 1.1 (PyYAML, and so `--set`) reads a bare `off` as False: take it as "off"."""
+        return "off" if v is False else v
+
 
 class TrackingSpec(StrictModel):
     """Experiment trackers rank 0 mirrors metrics.jsonl to (metrics.jsonl is always written)."""

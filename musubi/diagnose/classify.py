@@ -119,6 +119,16 @@ def analyze(tele: JobTelemetry, first: int | None = None, last: int | None = Non
         return sum(sections_ms(rec).get(n, 0.0) for n in names) / w if w else 0.0
 
     data = _median([statistics.mean(share(r, "data", "h2d") for r in recs.values()) for _, recs in steady])
+    # The gradient sync is split from backward by DDP's comm hook; FSDP's reduce-scatters run inside
+    # backward with no such mark, so exposed comm and the pre-sync view of each rank are not measured.
+    strategy = str(((tele.job.get("config") or {}).get("train") or {}).get("strategy") or "")
+    comm_measured = n_ranks < 2 or any("grad_comm" in sections_ms(r) for _, recs in steady for r in recs.values())
+    limitations: list[str] = []
+    if not comm_measured:
+        why = "FSDP" if "fsdp" in strategy.lower() else "no gradient-sync mark was recorded"
+        limitations.append(f"gradient communication not separable ({why}): exposed communication and the "
+                           "straggler analysis before the sync are not measured (backward includes the sync, "
+                           "which evens the ranks out); a slow rank or a communication-bound job is not detected")
     comm = _median([min(share(r, "grad_comm") for r in recs.values()) for _, recs in steady])
     ckpt = _checkpoint(tele, steady)
     strag = detect(aligned, threshold)
@@ -134,8 +144,12 @@ def analyze(tele: JobTelemetry, first: int | None = None, last: int | None = Non
               "gradient sync)")
         if s["last_share"] is not None:
             ev += f"; it arrived last at {_pct(s['last_share'])} of the gradient all-reduces"
+        live = [int(f["step"]) for f in tele.flags if f.get("kind") == "straggler" and f.get("rank") == s["rank"]
+                and isinstance(f.get("step"), int)]
+        if live:
+            ev += f"; flagged live at step {min(live)}"
         if s.get("flagged_at"):
-            ev += f"; flagged live at step {s['flagged_at']}"
+            ev += f"; the detector, replayed over steps {k0}-{k1}, flags it at step {s['flagged_at']}"
         findings.append({"label": "straggler", "rank": s["rank"], "section": s["section"], "share": s["excess"],
                          "text": f"straggler (rank {s['rank']}, section {s['section']})", "evidence": ev})
     if ckpt["count"] >= 2 and ckpt["share"] >= CHECKPOINT_SHARE:
@@ -168,8 +182,10 @@ def analyze(tele: JobTelemetry, first: int | None = None, last: int | None = Non
         top = findings[0]
     else:
         busy = [g.get("sm_active", g.get("util")) for g in gpu.values() if "util" in g or "sm_active" in g]
-        ev = (f"no stall above its threshold: data {_pct(data)}, exposed gradient comm {_pct(comm)}, "
-              f"checkpoint {_pct(ckpt['share'])} of step time; no straggler")
+        comm_ev = f"exposed gradient comm {_pct(comm)}" if comm_measured else "gradient comm not measured"
+        ev = (f"no stall above its threshold: data {_pct(data)}, {comm_ev}, "
+              f"checkpoint {_pct(ckpt['share'])} of step time; "
+              + ("no straggler" if comm_measured else "stragglers not analysable"))
         if busy:
             ev += f"; GPU busy {statistics.mean(busy):.0f} % (mean over GPUs)"
         top = {"label": "healthy compute bound", "share": 1.0 - data - comm, "text": "healthy compute bound",
@@ -179,7 +195,8 @@ def analyze(tele: JobTelemetry, first: int | None = None, last: int | None = Non
         "steps": len(aligned), "window": [k0, k1], "step_ms_median": round(step_ms, 3),
         "label": top["label"], "text": top["text"], "evidence": top["evidence"],
         "findings": findings[1:] if findings and top is findings[0] else findings,
-        "figures": {"data_share": round(data, 4), "grad_comm_share": round(comm, 4),
+        "limitations": limitations,
+        "figures": {"data_share": round(data, 4), "grad_comm_share": round(comm, 4) if comm_measured else None,
                     "checkpoint": ckpt, "memory": mem, "hardware": gpu},
         "breakdown": breakdown(tele, steady), "stragglers": strag,
     }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +27,17 @@ def _steps(window: str | None) -> tuple[int | None, int | None]:
     return first, last
 
 
+def _write_whole(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def build_report(run: Path, out: Path | None = None, window: str | None = None,
-                 write_html: bool = True) -> dict[str, Any]:
+                 write_html: bool = True, trace_steps: int | None = None) -> dict[str, Any]:
     """Analyse every job of `run`; write the HTML page and the trace unless `write_html` is False."""
     from musubi.diagnose.classify import analyze
     from musubi.diagnose.timeline import job_dirs, load_job
@@ -43,17 +53,32 @@ def build_report(run: Path, out: Path | None = None, window: str | None = None,
     for d in dirs:
         tele = load_job(d)
         jobs.append((tele, analyze(tele, first, last)))
+    from musubi.diagnose.planner_view import planner_view
+
+    for tele, a in jobs:
+        a["planner"] = planner_view(tele.path)
     result: dict[str, Any] = {"run": str(run), "jobs": [a for _, a in jobs]}
     if write_html:
+        from musubi.diagnose import figures
         from musubi.diagnose.page import render
-        from musubi.diagnose.trace import chrome_trace
+        from musubi.diagnose.trace import MAX_STEPS, chrome_trace
 
         html_path = out or run / "report.html"
         trace_path = html_path.with_name(html_path.stem + ".trace.json")
-        trace_path.parent.mkdir(parents=True, exist_ok=True)
-        trace_path.write_text(json.dumps(chrome_trace([t for t, _ in jobs])), encoding="utf-8")
-        html_path.write_text(render(run, jobs, trace_path.name), encoding="utf-8")
+        # Both are built before either is written, and each lands whole (written aside, then renamed):
+        # a failure leaves no half-written report behind.
+        # With --steps the plots, the tables and the trace show the same steps as the label.
+        shown = [(t.window(first, last), a) for t, a in jobs]
+        page = render(run, shown, trace_path.name)
+        traced = chrome_trace([t for t, _ in shown], MAX_STEPS if trace_steps is None else trace_steps)
+        trace = json.dumps(traced)
+        html_path.parent.mkdir(parents=True, exist_ok=True)
+        _write_whole(trace_path, trace)
+        _write_whole(html_path, page)
         result["html"], result["trace"] = str(html_path), str(trace_path)
+        result["plots"] = figures.available()
+        if traced.get("otherData"):
+            result["trace_steps_left_out"] = traced["otherData"]["steps_left_out"]
     return result
 
 
@@ -62,12 +87,14 @@ def report_command(
     out: Path | None = typer.Option(None, "-o", "--out", help="HTML file (default RUN/report.html)."),
     as_json: bool = typer.Option(False, "--json", help="Print labels, evidence and figures as JSON (no HTML)."),
     steps: str | None = typer.Option(None, "--steps", help="Analyse optimizer steps FIRST:LAST only."),
+    trace_steps: int = typer.Option(2000, "--trace-steps", min=0,
+                                    help="At most this many steps per job in the trace (slowest, first, last); 0: all."),
 ) -> None:
     """Name each job's bottleneck with its evidence; write report.html and a Chrome/Perfetto trace."""
     from rich.console import Console
 
     try:
-        result = build_report(run, out, steps, write_html=not as_json)
+        result = build_report(run, out, steps, write_html=not as_json, trace_steps=trace_steps)
     except ConfigError as e:
         Console(stderr=True, soft_wrap=True).print(Text("error: ", style="bold red") + Text(str(e)), highlight=False)
         raise typer.Exit(2) from None
@@ -78,11 +105,18 @@ def report_command(
     for a in result["jobs"]:
         if a.get("label"):
             con.print(f"{a['job']}: {a['text']} - {a['evidence']}", highlight=False, markup=False)
+            for lim in a.get("limitations") or []:
+                con.print(f"  not measured: {lim}", highlight=False, markup=False)
         else:
             con.print(f"{a['job']}: {a.get('text')}", highlight=False, markup=False)
         line = tail_line(a)
         if line:
             con.print(f"{a['job']}: {line}", highlight=False, markup=False)
+    if not result.get("plots", True):
+        con.print("plots left out: matplotlib is not installed (pip install 'musubi-train[report]')",
+                  highlight=False, markup=False)
+    for job, n in (result.get("trace_steps_left_out") or {}).items():
+        con.print(f"trace: {n} steps of {job} left out (--trace-steps 0 keeps all)", highlight=False, markup=False)
     con.print(f"report: {result['html']}\ntrace: {result['trace']} (open in ui.perfetto.dev)", highlight=False)
 
 

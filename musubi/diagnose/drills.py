@@ -94,17 +94,28 @@ def judge(scenario: Scenario, job_dir: Path) -> dict[str, Any]:
                                                 if b.get("coverage_min") is not None), default=None),
                            "stragglers": flagged, "live_flags": [(f["rank"], f["step"]) for f in live]}
     ok = a["label"] == scenario.expect
+    if scenario.name == "data_stall":  # the stall is a wait for the batch: `data`, not the host-to-device copy
+        bd = a.get("breakdown", {}).values()
+        row["data_in_data"] = bool(bd) and all(b["sections_ms"].get("data", 0.0) > b["sections_ms"].get("h2d", 0.0)
+                                               for b in bd)
+        ok = ok and row["data_in_data"]
     # When the streaming detector (what rank 0's watch runs, replayed here on the recorded steps, so a
     # suite can be re-judged after a change of rule) first flagged each rank.
     replay = {s["rank"]: s["flagged_at"] for s in a["stragglers"]["ranks"] if s.get("flagged_at")}
     row["replayed_flags"] = sorted(replay.items())
+    # What rank 0's watch flagged during the run (stragglers.jsonl): a watch that stopped must fail the drill.
+    live_first: dict[int, int] = {}
+    for f in live:
+        live_first[int(f["rank"])] = min(int(f["step"]), live_first.get(int(f["rank"]), int(f["step"])))
     if scenario.rank is not None:
         first = replay.get(scenario.rank)
         row["flagged_at"] = first
+        row["live_flagged_at"] = live_first.get(scenario.rank)
         ok = ok and flagged == [scenario.rank]
-        row["flagged_in_time"] = first is not None and first <= FLAG_WITHIN
+        row["flagged_in_time"] = (first is not None and first <= FLAG_WITHIN and row["live_flagged_at"] is not None
+                                  and row["live_flagged_at"] <= FLAG_WITHIN)
     else:
-        row["false_straggler"] = bool(flagged or replay)
+        row["false_straggler"] = bool(flagged or replay or live_first)
         if scenario.name == "healthy":
             ok = ok and not row["false_straggler"]
     row["ok"] = ok

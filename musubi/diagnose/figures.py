@@ -7,8 +7,10 @@ and units, so an SVG can be inlined in the page as is.
 
 from __future__ import annotations
 
+import functools
 import io
 import re
+from collections.abc import Callable
 from typing import Any
 
 from musubi.config.errors import ConfigError
@@ -18,6 +20,25 @@ from musubi.telemetry.spans import SECTIONS
 COLORS = {"data": "#e45756", "h2d": "#ff9da6", "forward": "#4c78a8", "backward": "#72b7b2",
           "grad_comm": "#f58518", "optimizer": "#54a24b", "log": "#bab0ac", "checkpoint": "#b279a2",
           "eval": "#9d755d", "uncovered": "#eeeeee"}
+
+
+def available() -> bool:
+    """Whether matplotlib can be imported (the `report` extra); without it the page has no plots."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _plots(fn: Callable[..., str | None]) -> Callable[..., str | None]:
+    """A figure function that draws nothing (None) when matplotlib is not installed."""
+
+    @functools.wraps(fn)
+    def draw(*args: Any, **kwargs: Any) -> str | None:
+        return fn(*args, **kwargs) if available() else None
+
+    return draw
 
 
 def _plt() -> Any:
@@ -48,6 +69,7 @@ def _t0(tele: JobTelemetry) -> float:
     return min(ts) if ts else 0.0
 
 
+@_plots
 def utilisation(tele: JobTelemetry) -> str | None:
     """GPU utilisation and SM activity over time, one line per rank's GPU (CPU runs: process CPU %)."""
     if not tele.samples:
@@ -75,6 +97,7 @@ def utilisation(tele: JobTelemetry) -> str | None:
     return _svg(fig)
 
 
+@_plots
 def breakdown(analysis: dict[str, Any]) -> str | None:
     """Mean step time per rank, stacked by section."""
     b = analysis.get("breakdown") or {}
@@ -102,6 +125,7 @@ def breakdown(analysis: dict[str, Any]) -> str | None:
     return _svg(fig)
 
 
+@_plots
 def heartbeat(tele: JobTelemetry) -> str | None:
     """Step wall time (slowest rank) per step: a periodic stall shows as regular spikes."""
     aligned = tele.aligned()
@@ -127,6 +151,7 @@ def heartbeat(tele: JobTelemetry) -> str | None:
     return _svg(fig)
 
 
+@_plots
 def local_work(tele: JobTelemetry) -> str | None:
     """Each rank's own work before the gradient sync, per step (where a straggler shows)."""
     if len(tele.steps) < 2:
@@ -143,6 +168,7 @@ def local_work(tele: JobTelemetry) -> str | None:
     return _svg(fig)
 
 
+@_plots
 def memory(tele: JobTelemetry) -> str | None:
     """GPU memory used over time per GPU (NVML); CPU runs: each rank's resident memory."""
     if not tele.samples:

@@ -50,6 +50,8 @@ def _table(headers: list[str], rows: list[list[str]]) -> str:
 
 
 def _figure(svg: str | None, caption: str) -> str:
+    if not figures.available():
+        return f'<p class="muted">{esc(caption)}: not drawn (matplotlib is not installed).</p>'
     if not svg:
         return f'<p class="muted">{esc(caption)}: no data.</p>'
     return f'<figure class="plot">{svg}<figcaption class="muted">{esc(caption)}</figcaption></figure>'
@@ -61,6 +63,8 @@ def _diagnosis(a: dict[str, Any]) -> str:
     cls = "label" if a["label"] == "healthy compute bound" else "label bad"
     out = [f'<div class="{cls}" data-label="{esc(a["label"])}">{esc(a["text"])}</div>',
            f"<p>{esc(a['evidence'])}.</p>"]
+    for lim in a.get("limitations") or []:
+        out.append(f'<p class="muted" data-limitation="1"><b>Not measured:</b> {esc(lim)}.</p>')
     if a.get("findings"):
         out.append("<p>Also found:</p><ul>" + "".join(
             f"<li><b>{esc(f['text'])}</b>: {esc(f['evidence'])}</li>" for f in a["findings"]) + "</ul>")
@@ -178,41 +182,42 @@ def _checklist(run: Path) -> str:
 
 def _planner(job_dir: Path) -> str:
     """The planner's prediction for this job (JOB/plan.json) beside what the job measured."""
-    from musubi.records.evidence import median_rate, train_records
+    from musubi.diagnose.planner_view import planner_view
 
-    try:
-        plan = json.loads((job_dir / "plan.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return ""
-    pred = plan.get("predicted") if isinstance(plan, dict) else None
-    if not isinstance(pred, dict):
-        return ""
-    records = train_records(job_dir)
-    rate = median_rate(records)
-    step = plan["global_batch"] / rate if rate and plan.get("global_batch") else None
-    peaks = [r["mem_peak_allocated_gib"] for r in records if isinstance(r.get("mem_peak_allocated_gib"), (int, float))]
-    mem_pred = (pred.get("memory_gib") or {}).get("allocated")
+    v = planner_view(job_dir)
+    if "predicted" not in v:
+        return f'<h3>Planner</h3><p class="muted">{esc(v["note"])}.</p>'
+    pred, meas = v["predicted"], v["measured"]
     rows = []
-    if pred.get("step_time_s") is not None:
+    if "step_time_s" in pred:
+        step = meas.get("step_time_s")
         rows.append(["step time (ms)", esc(_num(1e3 * pred["step_time_s"], 1)), esc(_num(1e3 * step, 1) if step else "-")])
-    if mem_pred is not None:
-        rows.append(["peak memory allocated (GiB)", esc(_num(mem_pred, 2)), esc(_num(max(peaks), 2) if peaks else "-")])
-    if pred.get("mfu") is not None:
-        measured_mfu = pred["mfu"] * pred["step_time_s"] / step if step and pred.get("step_time_s") else None
-        rows.append(["MFU", esc(_num(pred["mfu"], 3)), esc(_num(measured_mfu, 3) if measured_mfu else "-")])
+    if "memory_allocated_gib" in pred:
+        rows.append(["peak memory allocated (GiB)", esc(_num(pred["memory_allocated_gib"], 2)),
+                     esc(_num(meas.get("memory_allocated_gib"), 2))])
+    if "mfu" in pred:
+        rows.append(["MFU (measured: achieved, see below)", esc(_num(pred["mfu"], 3)),
+                     esc(_num(meas.get("mfu_achieved"), 3) if meas.get("mfu_achieved") else "-")])
     if not rows:
         return ""
     return ("<h3>Planner: predicted beside measured</h3>" + _table(["figure", "predicted", "measured"], rows)
-            + f'<p class="muted">layout {esc(plan.get("layout", ""))} on {esc(plan.get("gpu") or "-")}; '
-            "uncalibrated unless `musubi plan --calibrate` was used for the prediction.</p>")
+            + f'<p class="muted">layout {esc(v.get("layout") or "")} on {esc(v.get("gpu") or "-")}; '
+            "uncalibrated unless `musubi plan --calibrate` was used for the prediction. "
+            + "".join(f"{esc(n)}." for n in v["notes"]) + "</p>")
 
 
 def _live_flags(tele: JobTelemetry) -> str:
     flags = [f for f in tele.flags if f.get("kind") == "straggler"]
     if not flags:
         return ""
+
+    def cleared(f: dict[str, Any]) -> str:
+        at = [c.get("step") for c in tele.flags if c.get("kind") == "cleared" and c.get("rank") == f.get("rank")
+              and isinstance(c.get("step"), int) and c["step"] > int(f.get("step") or 0)]
+        return f"; cleared at step {esc(min(at))}" if at else ""
+
     items = "".join(f"<li>step {esc(f.get('step'))}: rank {esc(f.get('rank'))} in {esc(f.get('section'))}, "
-                    f"{_num(100 * float(f.get('excess', 0)), 1)} % of a step</li>" for f in flags)
+                    f"{_num(100 * float(f.get('excess', 0)), 1)} % of a step{cleared(f)}</li>" for f in flags)
     return f"<p>Flagged during the run:</p><ul>{items}</ul>"
 
 

@@ -130,6 +130,8 @@ class StragglerDetector:
         self.streak: dict[int, int] = {}
         self.windows = 0  # windows scored so far
         self.flagged_windows: dict[int, int] = {}  # per rank: windows in which it was over the bar
+        self.clean: dict[int, int] = {}  # per rank: windows in a row under the bar
+        self.cleared_now: list[int] = []  # flagged ranks back under the bar for PERSIST windows (last update)
 
     def update(self, step: int, recs: dict[int, dict[str, Any]]) -> list[RankScore]:
         """Feed one aligned step; the scores of ranks that became flagged at this step."""
@@ -142,17 +144,21 @@ class StragglerDetector:
         if self.baseline is None:
             self.baseline = {r: statistics.median(v.work[r] for v in views) for r in views[0].work}
         new = []
+        self.cleared_now = []
         self.windows += 1
         for s in score(views, self.threshold, self.baseline):
             self.streak[s.rank] = self.streak.get(s.rank, 0) + 1 if s.flagged else 0
+            self.clean[s.rank] = 0 if s.flagged else self.clean.get(s.rank, 0) + 1
             self.flagged_windows[s.rank] = self.flagged_windows.get(s.rank, 0) + int(s.flagged)
             if s.flagged and self.streak[s.rank] >= PERSIST and s.rank not in self.active:
                 s.flagged_at = step
                 self.active.add(s.rank)
                 self.first_flag.setdefault(s.rank, s)
                 new.append(s)
-            elif not s.flagged:
+            elif s.rank in self.active and self.clean[s.rank] >= PERSIST:
+                # Cleared as it was flagged: PERSIST windows in a row (one quiet window does not end a flag).
                 self.active.discard(s.rank)
+                self.cleared_now.append(s.rank)
         return new
 
 

@@ -81,6 +81,28 @@ class JobTelemetry:
                 and (first is None or k >= first) and (last is None or k <= last)]
 
 
+    def window(self, first: int | None = None, last: int | None = None) -> JobTelemetry:
+        """A copy holding optimizer steps [first, last] only, and the samples, memory figures and live
+        flags of that stretch (what the plots and the trace of `musubi report --steps` show)."""
+        if first is None and last is None:
+            return self
+
+        def inside(k: Any) -> bool:
+            return isinstance(k, int) and (first is None or k >= first) and (last is None or k <= last)
+
+        steps = {r: [x for x in recs if inside(x.get("step"))] for r, recs in self.steps.items()}
+        steps = {r: recs for r, recs in steps.items() if recs}
+        starts = [x["t"] for recs in steps.values() for x in recs]
+        ends = [x["t"] + float(x.get("wall_ms", 0.0)) / 1e3 for recs in steps.values() for x in recs]
+        t0, t1 = (min(starts), max(ends)) if starts else (0.0, -1.0)
+        return JobTelemetry(
+            name=self.name, path=self.path, steps=steps,
+            tails=dict(self.tails) if last is None else {},
+            memory={r: [x for x in recs if inside(x.get("step"))] for r, recs in self.memory.items()},
+            samples={r: [x for x in recs if t0 <= float(x.get("t", 0.0)) <= t1] for r, recs in self.samples.items()},
+            flags=[f for f in self.flags if inside(f.get("step"))], job=self.job)
+
+
 def load_job(job_dir: Path) -> JobTelemetry:
     """Read JOB/telemetry/ (and job.json); steps deduplicated to the latest attempt's records."""
     tele = JobTelemetry(name=job_dir.name, path=job_dir)

@@ -16,7 +16,12 @@ Kinds and their keys (rank defaults to every rank, step to any step):
   on a GPU real kernels (matrix products; a host sleep would hide in the launch queue's
   slack), on CPU a sleep.
 - `kill`: SIGKILL the rank at `step`.   `hang`: stop the rank forever at `step`.
-- `data_stall`: delay every batch by `ms` (with `every=N`: every N-th batch only).   `ckpt_stall`: delay each checkpoint write by `ms`.
+- `data_stall`: delay every batch by `ms` (with `every=N`: every N-th batch only), inside the
+  wait for the batch (the `data` section, before the host-to-device copy).
+- `ckpt_stall`: delay each checkpoint by `ms`. `phase=block` (default): in the part of the save
+  the training step waits for (a synchronous save; the staging of an asynchronous one), so the
+  step sees the stall whatever `checkpoint.async_mode` is. `phase=write`: in the background
+  write, before the commit (asynchronous saves: the step does not wait for it).
 - `ckpt_kill`: SIGKILL the writer in the middle of the checkpoint of `step`. `phase=commit`
   (default): every shard is written, the rank dies before the marker (asynchronous saves: rank 0,
   the committer, dies in its commit thread). `phase=write`: the rank dies while writing its
@@ -41,6 +46,7 @@ ENV = "MUSUBI_INJECT"
 PHASES = ("forward", "backward", "optimizer")
 SLOW_WARMUP = 3  # `slow` sizes its delay from step times after these steps
 CKPT_PHASES = ("write", "commit")
+STALL_PHASES = ("block", "write")
 _KEYS: dict[str, set[str]] = {
     "oom": {"rank", "step", "phase", "every"},
     "oom_above": {"rank", "batch"},
@@ -48,7 +54,7 @@ _KEYS: dict[str, set[str]] = {
     "kill": {"rank", "step", "every"},
     "hang": {"rank", "step", "every"},
     "data_stall": {"rank", "ms", "every"},
-    "ckpt_stall": {"rank", "ms"},
+    "ckpt_stall": {"rank", "ms", "phase"},
     "ckpt_kill": {"rank", "step", "phase"},
     "nan": {"rank", "step", "every"},
 }
@@ -94,7 +100,7 @@ def parse(spec: str) -> list[Fault]:
             params[key] = value.strip()
         for key, value in params.items():
             if key == "phase":
-                allowed = CKPT_PHASES if kind == "ckpt_kill" else PHASES
+                allowed = {"ckpt_kill": CKPT_PHASES, "ckpt_stall": STALL_PHASES}.get(kind, PHASES)
                 if value not in allowed:
                     raise ConfigError(f"{ENV}: {kind}: phase must be one of {', '.join(allowed)}, not {value!r}")
                 continue
@@ -106,6 +112,8 @@ def parse(spec: str) -> list[Fault]:
             params["phase"] = "forward"
         if kind == "ckpt_kill" and "phase" not in params:
             params["phase"] = "commit"
+        if kind == "ckpt_stall" and "phase" not in params:
+            params["phase"] = "block"
         if kind == "oom_above" and "batch" not in params:
             raise ConfigError(f"{ENV}: oom_above needs batch=N (the largest batch that fits)")
         faults.append(Fault(kind, params, i))
@@ -236,10 +244,17 @@ class Injector:
             if self._batches % every == 0:
                 time.sleep((f.num("ms", 0.0) or 0.0) / 1000)
 
-    def checkpoint_write(self, step: int) -> None:
-        """`ckpt_stall` / `ckpt_kill` (phase commit): called after the shards are written, before the commit."""
+    def checkpoint_block(self, step: int) -> None:
+        """`ckpt_stall` (phase block): called in the part of a save the training step waits for."""
         for f in self._of("ckpt_stall"):
-            time.sleep((f.num("ms", 0.0) or 0.0) / 1000)
+            if f.params["phase"] == "block":
+                time.sleep((f.num("ms", 0.0) or 0.0) / 1000)
+
+    def checkpoint_write(self, step: int) -> None:
+        """`ckpt_stall` (phase write) / `ckpt_kill` (phase commit): after the shards are written, before the commit."""
+        for f in self._of("ckpt_stall"):
+            if f.params["phase"] == "write":
+                time.sleep((f.num("ms", 0.0) or 0.0) / 1000)
         for f in self._of("ckpt_kill"):
             if f.params["phase"] == "commit" and self._due(f, step):
                 self._mark(f)

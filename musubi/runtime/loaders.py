@@ -35,6 +35,9 @@ class TrainFeed:
         self.task, self.world, self.batch, self.nhwc = task, world, batch, nhwc
         # Telemetry marks the host-to-device copy through this (the recorder's `section`; no-op by default).
         self.section: Callable[[str], None] = lambda name: None
+        # Called in the wait for each batch, before its copy (fault injection: `data_stall`).
+        self.before_batch: Callable[[], None] = lambda: None
+        self._batches: Any = None  # the loader's iterator of the current epoch (its worker processes)
         spec = task.spec
         syn = spec.data.synthetic
         self.on_device = bool(syn and syn.on_device)
@@ -71,14 +74,22 @@ class TrainFeed:
         """Device batches of `epoch`, from micro-batch `start_micro` to the end of the epoch."""
         if self.on_device:
             for i in range(start_micro, self.micro_per_epoch):
+                self.before_batch()
                 yield self.pool[(epoch * self.micro_per_epoch + i) % DEVICE_POOL]
             return
         self.sampler.set_position(epoch, start_micro * self.batch)
         self.generator.manual_seed(self.seed * 7919 + epoch)
-        for host_batch in self.loader:
+        self._batches = iter(self.loader)
+        for host_batch in self._batches:
+            self.before_batch()
             self.section("h2d")
             b = self.task.to_device(host_batch, self.world.device)
             yield channels_last(b) if self.nhwc else b
+
+
+    def worker_pids(self) -> list[int]:
+        """The process ids of the training loader's workers now (none: no workers, or no epoch started)."""
+        return [w.pid for w in getattr(self._batches, "_workers", None) or [] if w.pid]
 
 
 class ValFeed:

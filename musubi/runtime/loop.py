@@ -95,6 +95,8 @@ class Trainer:
 
         self.feed = TrainFeed(task, world, self.plan.per_rank, t.seed, spec.data.workers, spec.data.pin_memory,
                               nhwc=t.channels_last)
+        if self.injector:  # `data_stall` sleeps in the wait for the batch: the `data` section
+            self.feed.before_batch = self.injector.data_delay
         self.val = ValFeed(task, world, self.plan.per_rank, spec.data.workers, spec.data.pin_memory)
         self.steps_per_epoch = self.feed.micro_per_epoch // self.plan.accumulation
         if self.steps_per_epoch < 1:
@@ -373,8 +375,7 @@ class Trainer:
 
     # -- fault injection and memory figures ------------------------------------
     def _inject_before_forward(self, batch: Any) -> None:
-        """Data stalls, and OOMs due in forward (also the simulated memory limit)."""
-        self.injector.data_delay()
+        """OOMs due in forward (also the simulated memory limit); data stalls are the feed's (before_batch)."""
         limit = self.injector.batch_limit()
         if limit is not None and self.task.batch_size_of(batch) > limit:
             raise injected_oom(f"batch {self.task.batch_size_of(batch)} > simulated limit {limit}")

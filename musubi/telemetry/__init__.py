@@ -5,5 +5,5 @@ Everything here stays out of the training step's way: a span boundary costs one
 lines written by a background thread (`writer.py`); hardware is sampled by
 another (`sampler.py`). Files: `JOB/telemetry/rank{r}.jsonl` (steps, memory),
 `JOB/telemetry/sampler-rank{r}.jsonl` (hardware), `JOB/telemetry/stragglers.jsonl`
-(live flags, rank 0).
+(live flags and `cleared` records, rank 0).
 """

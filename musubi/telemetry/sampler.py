@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -147,29 +148,37 @@ def open_nvml_device(cuda_index: int | None) -> NvmlDevice | None:
     return NvmlDevice(pynvml, handle, index)
 
 
+FIRST_SAMPLE_S = 0.2  # the first sample, after start
+MAX_FAILURES = 10  # failed samples in a row after which the sampler stops
+
+
 class Sampler:
     """A daemon thread writing one sample per period to `path`."""
 
-    def __init__(self, path: Path, rank: int, hz: float, device: NvmlDevice | None) -> None:
+    def __init__(self, path: Path, rank: int, hz: float, device: NvmlDevice | None,
+                 worker_pids: Callable[[], Iterable[int]] | None = None) -> None:
         self.rank, self.period, self.device = rank, 1.0 / hz, device
+        # The data loader's worker processes; None: every child process counts as a worker.
+        self.worker_pids = worker_pids
         self.proc = psutil.Process()
         self.proc.cpu_percent(None)  # the first call only starts the measurement
         psutil.cpu_percent(None)
         self._children: dict[int, psutil.Process] = {}
+        self._failures = 0  # failed samples in a row
         self.writer = TelemetryWriter(path)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"musubi-sampler-rank{rank}", daemon=True)
         self._thread.start()
 
-    def _workers_cpu(self) -> tuple[float, int]:
-        """CPU % of this process's children (data-loader workers), summed; and their count."""
-        total, seen = 0.0, set()
+    def _children_cpu(self) -> dict[int, float]:
+        """CPU % of each child process of this rank (0 at the first sight of a child)."""
+        cpu: dict[int, float] = {}
         try:
             kids = self.proc.children(recursive=True)
         except psutil.Error:
-            return 0.0, 0
+            return cpu
         for k in kids:
-            seen.add(k.pid)
+            cpu[k.pid] = 0.0
             p = self._children.get(k.pid)
             if p is None:
                 self._children[k.pid] = k
@@ -179,22 +188,38 @@ class Sampler:
                     pass
                 continue
             try:
-                total += p.cpu_percent(None)
+                cpu[k.pid] = p.cpu_percent(None)
             except psutil.Error:
                 pass
         for pid in list(self._children):
-            if pid not in seen:
+            if pid not in cpu:
                 del self._children[pid]
-        return round(total, 1), len(seen)
+        return cpu
+
+    def _workers_cpu(self) -> tuple[float, int, float, int]:
+        """CPU % summed and count of the loader's workers, then of the other children (DCP's checkpoint
+        process, compile workers): only the workers are evidence of the input pipeline's load."""
+        cpu = self._children_cpu()
+        if self.worker_pids is None:
+            return round(sum(cpu.values()), 1), len(cpu), 0.0, 0
+        try:
+            mine = set(self.worker_pids())
+        except Exception:  # the loader between epochs
+            mine = set()
+        workers = [v for pid, v in cpu.items() if pid in mine]
+        others = [v for pid, v in cpu.items() if pid not in mine]
+        return round(sum(workers), 1), len(workers), round(sum(others), 1), len(others)
 
     def sample(self) -> dict[str, Any]:
         """One record: time, CPU figures, and the GPU's when there is one."""
-        workers, n = self._workers_cpu()
+        workers, n, others, n_others = self._workers_cpu()
         rec: dict[str, Any] = {
             "kind": "sample", "rank": self.rank, "t": round(time.time(), 3),
             "proc_cpu": self.proc.cpu_percent(None), "workers_cpu": workers, "workers": n,
             "host_cpu": psutil.cpu_percent(None),
         }
+        if n_others:
+            rec["other_children_cpu"], rec["other_children"] = others, n_others
         try:
             rec["rss_gib"] = round(self.proc.memory_info().rss / 2**30, 3)
         except psutil.Error:
@@ -204,15 +229,29 @@ class Sampler:
         return rec
 
     def _run(self) -> None:
-        while not self._stop.wait(self.period):
-            try:
-                self.writer.put(self.sample())
-            except Exception as e:  # a sampler never ends a run
-                log.warning("sampler stopped: %s", e)
+        # The first sample soon after start (CPU figures need a short interval to mean anything), then one
+        # per period: a run of a few seconds still gets several points.
+        wait = min(self.period, FIRST_SAMPLE_S)
+        while not self._stop.wait(wait):
+            wait = self.period
+            self._sample_once()
+            if self._failures >= MAX_FAILURES:
+                log.warning("sampler stopped after %d failed samples in a row", self._failures)
                 return
 
+    def _sample_once(self) -> None:
+        try:
+            self.writer.put(self.sample())
+            self._failures = 0
+        except Exception as e:  # a sampler never ends a run; one failed read does not end the sampler
+            self._failures += 1
+            if self._failures == 1:
+                log.warning("sampler: a sample failed (%s); going on", e)
+
     def close(self) -> None:
-        """Stop sampling and flush."""
+        """Stop sampling, take a last sample (the end of the run is on the plots), and flush."""
         self._stop.set()
         self._thread.join(5)
+        if not self._thread.is_alive() and self._failures < MAX_FAILURES:
+            self._sample_once()
         self.writer.close()

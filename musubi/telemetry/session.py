@@ -35,7 +35,8 @@ def open_telemetry(spec: JobSpec, world: World, job_dir: Path, model: torch.nn.M
     if feed is not None:
         feed.section = rec.section
     nvml = open_nvml_device(world.device.index if world.is_cuda else None)
-    rec.companions.append(Sampler(d / f"sampler-rank{world.rank}.jsonl", world.rank, cfg.sample_hz, nvml))
+    rec.companions.append(Sampler(d / f"sampler-rank{world.rank}.jsonl", world.rank, cfg.sample_hz, nvml,
+                                  worker_pids=getattr(feed, "worker_pids", None)))
     if world.is_main and world.size > 1:
         from musubi.telemetry.watch import StragglerWatch
 

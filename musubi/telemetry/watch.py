@@ -4,6 +4,12 @@ No collective and nothing in the step: the writers flush every half second, this
 thread reads the new lines once a second, feeds each step that every rank has
 recorded to the streaming detector, and on a new flag logs one line naming the
 rank and the section, and appends it to `telemetry/stragglers.jsonl`.
+
+A rank's records arrive in step order, so once every rank has recorded a later
+step, a step still missing a rank's record will never be complete (the writer
+dropped it): it is skipped, and the steps after it are scored as usual. At most
+MAX_PENDING steps are held (a rank whose file stopped growing cannot make the
+others' records pile up).
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from musubi.diagnose.straggler import StragglerDetector
 
 log = logging.getLogger("musubi.telemetry")
 POLL_S = 1.0
+MAX_PENDING = 512  # steps held while waiting for a rank's record
 
 
 class StragglerWatch:
@@ -31,6 +38,8 @@ class StragglerWatch:
         self._partial = [""] * world
         self._pending: dict[int, dict[int, dict[str, Any]]] = {}
         self._next = 1  # the next step to hand to the detector
+        self._seen = [0] * world  # per rank: the last step read
+        self.skipped = 0  # steps passed over with a rank's record missing
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="musubi-straggler-watch", daemon=True)
         self._thread.start()
@@ -53,7 +62,10 @@ class StragglerWatch:
             except ValueError:
                 continue
             if rec.get("kind") == "step":
-                self._pending.setdefault(int(rec["step"]), {})[rank] = rec
+                step = int(rec["step"])
+                if step >= self._next:
+                    self._pending.setdefault(step, {})[rank] = rec
+                self._seen[rank] = max(self._seen[rank], step)
 
     def poll(self) -> None:
         """Read what is new and feed complete steps to the detector, in order."""
@@ -61,20 +73,43 @@ class StragglerWatch:
             self._read(r)
         if self._pending and self._next not in self._pending:
             self._next = min(self._pending)  # a resumed run starts past step 1
-        while len(self._pending.get(self._next, {})) == self.world:
-            recs = self._pending.pop(self._next)
-            for s in self.detector.update(self._next, recs):
-                self._flag(s)
+        while self._pending:
+            complete = len(self._pending.get(self._next, {})) == self.world
+            # Final without being complete: every rank is past it, or too many steps wait behind it.
+            final = min(self._seen) > self._next or len(self._pending) > MAX_PENDING
+            if not complete and not final:
+                break
+            recs = self._pending.pop(self._next, {})
+            if complete:
+                for s in self.detector.update(self._next, recs):
+                    self._flag(s)
+                for rank in self.detector.cleared_now:
+                    self._clear(rank, self._next)
+            else:
+                self.skipped += 1
+                if self.skipped == 1:
+                    log.info("straggler watch: step %d lacks the record of rank(s) %s; skipped", self._next,
+                             sorted(set(range(self.world)) - set(recs)))
             self._next += 1
+            if self._pending and self._next not in self._pending and self._next < min(self._pending):
+                self._next = min(self._pending)
 
     def _flag(self, s: Any) -> None:
         share = "" if s.last_share is None else f"; it arrived last at {s.last_share:.0%} of gradient all-reduces"
+        if s.history is not None:
+            share += f"; its work before the sync is {s.history:.2f}x its own first window"
         log.warning("straggler: rank %d is %.1f%% of a step slower than the fastest rank in %s, before the "
                     "gradient sync (steps %d-%d)%s", s.rank, 100 * s.excess, s.section,
                     s.flagged_at - self.detector.window + 1, s.flagged_at, share)
         with open(self.folder / "stragglers.jsonl", "a", encoding="utf-8") as f:
             f.write(json.dumps({"kind": "straggler", "t": round(time.time(), 3), "step": s.flagged_at,
                                 **s.to_dict()}) + "\n")
+
+    def _clear(self, rank: int, step: int) -> None:
+        log.warning("straggler cleared: rank %d is back within %.0f%% of a step of the fastest rank (steps %d-%d)",
+                    rank, 100 * self.detector.threshold, step - self.detector.window + 1, step)
+        with open(self.folder / "stragglers.jsonl", "a", encoding="utf-8") as f:
+            f.write(json.dumps({"kind": "cleared", "t": round(time.time(), 3), "step": step, "rank": rank}) + "\n")
 
     def _run(self) -> None:
         while not self._stop.wait(POLL_S):

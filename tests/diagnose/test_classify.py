@@ -102,6 +102,130 @@ def test_report_shows_the_checklist_and_the_planner_beside_measured(tmp_path: Pa
     assert "<h2>Checklist</h2>" in html and "did NOT meet its success criteria" in html
     assert "1.2x &lt;b&gt;low&lt;/b&gt;" in html  # escaped, like every string from the run
     assert "Planner: predicted beside measured" in html and "<td>50.0</td><td>40.0</td>" in html.replace(" ", "")
+    assert "achieved MFU is the planner" in html
+    res = CliRunner().invoke(app, ["report", str(tmp_path / "run"), "--json"])
+    plan = json.loads(res.output)["jobs"][0]["planner"]
+    assert plan["predicted"]["step_time_s"] == 0.05 and plan["measured"]["step_time_s"] == pytest.approx(0.04)
+    assert plan["measured"]["mfu_achieved"] == pytest.approx(0.5) and plan["measured"]["memory_allocated_gib"] == 2.5
+    (job / "plan.json").unlink()  # a job whose task has no plan_spec: said so, in the JSON and on the page
+    res = CliRunner().invoke(app, ["report", str(tmp_path / "run"), "--json"])
+    assert "plan_spec" in json.loads(res.output)["jobs"][0]["planner"]["note"]
+    CliRunner().invoke(app, ["report", str(tmp_path / "run"), "-o", str(out)])
+    assert "no planner prediction" in out.read_text()
+
+
+def _as_fsdp(job: Path) -> Path:
+    """Records as FSDP leaves them: no comm-hook mark, the gradient sync inside backward."""
+    for p in (job / "telemetry").glob("rank*.jsonl"):
+        out = []
+        for line in p.read_text(encoding="utf-8").splitlines():
+            rec = json.loads(line)
+            if rec.get("kind") == "step":
+                rec["host"]["backward"] += rec["host"].pop("grad_comm")
+                rec["spans"] = [s for s in rec["spans"] if s[0] != "grad_comm"]
+            out.append(json.dumps(rec))
+        p.write_text("\n".join(out) + "\n", encoding="utf-8")
+    meta = json.loads((job / "job.json").read_text(encoding="utf-8"))
+    meta["config"]["train"] = {"strategy": "fsdp"}
+    (job / "job.json").write_text(json.dumps(meta), encoding="utf-8")
+    return job
+
+
+def test_fsdp_says_comm_and_stragglers_are_not_measured(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    _as_fsdp(write_job(run / "job", ranks=2))
+    a = analyze(load_job(run / "job"))
+    assert a["label"] == "healthy compute bound"
+    assert "gradient comm not measured" in a["evidence"] and "exposed gradient comm" not in a["evidence"]
+    assert a["figures"]["grad_comm_share"] is None
+    (lim,) = a["limitations"]
+    assert "FSDP" in lim and "straggler" in lim
+    res = CliRunner().invoke(app, ["report", str(run), "--json"])
+    assert res.exit_code == 0 and json.loads(res.output)["jobs"][0]["limitations"] == [lim]
+    from musubi.diagnose.command import build_report
+
+    assert "Not measured:</b> gradient communication not separable (FSDP)" in Path(
+        build_report(run)["html"]).read_text(encoding="utf-8")
+    # a DDP job has the split: nothing to say
+    assert analyze(load_job(write_job(tmp_path / "ddp", ranks=2)))["limitations"] == []
+
+
+def test_report_without_matplotlib_writes_the_page_without_plots(tmp_path: Path, monkeypatch) -> None:
+    import sys
+
+    run = tmp_path / "run"
+    write_job(run / "job", ranks=2)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` raises ImportError
+    res = CliRunner().invoke(app, ["report", str(run), "-o", str(tmp_path / "r.html")])
+    assert res.exit_code == 0, res.output
+    assert [ln for ln in res.output.splitlines() if "matplotlib is not installed" in ln] == [
+        "plots left out: matplotlib is not installed (pip install 'musubi-train[report]')"]
+    page = (tmp_path / "r.html").read_text(encoding="utf-8")
+    assert "<svg" not in page and "not drawn (matplotlib is not installed)" in page
+    assert 'data-label="healthy compute bound"' in page and (tmp_path / "r.trace.json").is_file()
+
+
+def test_a_failed_report_leaves_no_file(tmp_path: Path, monkeypatch) -> None:
+    from musubi.diagnose import page
+
+    run = tmp_path / "run"
+    write_job(run / "job", ranks=2)
+
+    def broken(*a, **k):  # noqa: ANN002, ANN003, ANN202
+        raise RuntimeError("render failed")
+
+    monkeypatch.setattr(page, "render", broken)
+    res = CliRunner().invoke(app, ["report", str(run), "-o", str(tmp_path / "out" / "r.html")])
+    assert res.exit_code != 0
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+def test_drill_judge_needs_the_live_flag(tmp_path: Path) -> None:
+    """The suite judges what rank 0's watch flagged during the run, not only the replayed detector."""
+    from musubi.diagnose import drills
+
+    job = write_job(tmp_path / "job", ranks=2, steps=80, slow_rank=1, factor=1.3)
+    row = drills.judge(drills.SCENARIOS["slow_1.3"], job)
+    assert row["flagged_at"] and row["live_flagged_at"] is None and not row["flagged_in_time"]  # no stragglers.jsonl
+    (job / "telemetry" / "stragglers.jsonl").write_text(json.dumps({"kind": "straggler", "rank": 1, "step": 29}) + "\n")
+    row = drills.judge(drills.SCENARIOS["slow_1.3"], job)
+    assert row["live_flagged_at"] == 29 and row["flagged_in_time"]
+    healthy = write_job(tmp_path / "healthy", ranks=2, steps=80)
+    (healthy / "telemetry" / "stragglers.jsonl").write_text(json.dumps({"kind": "straggler", "rank": 0, "step": 40}))
+    assert drills.judge(drills.SCENARIOS["healthy"], healthy)["false_straggler"]  # a live flag alone counts
+
+
+def test_steps_window_covers_plots_and_trace_and_live_flag_is_the_live_one(tmp_path: Path) -> None:
+    from musubi.diagnose.command import build_report
+
+    run = tmp_path / "run"
+    job = write_job(run / "job", ranks=2, steps=90, slow_rank=1, factor=1.3)
+    (job / "telemetry" / "stragglers.jsonl").write_text(json.dumps({"kind": "straggler", "rank": 1, "step": 29}) + "\n")
+    a = analyze(load_job(job), 40, 80)
+    assert "flagged live at step 29" in a["evidence"] and "replayed over steps" in a["evidence"]
+    res = build_report(run, tmp_path / "w.html", "40:60")
+    trace = json.loads(Path(res["trace"]).read_text(encoding="utf-8"))
+    steps = {e["args"]["step"] for e in trace["traceEvents"] if e["ph"] == "X"}
+    assert steps == set(range(40, 61))
+    tele = load_job(job).window(40, 60)
+    assert {r["step"] for recs in tele.steps.values() for r in recs} == set(range(40, 61)) and not tele.flags
+    t0 = min(r["t"] for recs in tele.steps.values() for r in recs)
+    assert tele.samples[0] and all(s["t"] >= t0 for s in tele.samples[0])
+
+
+def test_trace_of_a_long_run_is_capped_keeping_the_slow_steps(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    write_job(run / "job", ranks=2, steps=3000, ckpt_every=500, ckpt_ms=300.0)
+    res = CliRunner().invoke(app, ["report", str(run), "-o", str(tmp_path / "r.html"), "--trace-steps", "400"])
+    assert res.exit_code == 0, res.output
+    assert "trace: 2600 steps of job left out" in res.output
+    trace = json.loads((tmp_path / "r.trace.json").read_text(encoding="utf-8"))
+    steps = {e["args"]["step"] for e in trace["traceEvents"] if e["ph"] == "X"}
+    assert len(steps) == 400 and trace["otherData"]["steps_left_out"] == {"job": 2600}
+    assert {501, 1001, 2501} <= steps and {1, 50, 3000} <= steps  # checkpoints, the start, the end
+    res = CliRunner().invoke(app, ["report", str(run), "-o", str(tmp_path / "all.html"), "--trace-steps", "0"])
+    trace = json.loads((tmp_path / "all.trace.json").read_text(encoding="utf-8"))
+    assert len({e["args"]["step"] for e in trace["traceEvents"] if e["ph"] == "X"}) == 3000
 
 
 def test_per_rank_step_time_tail_in_the_report(tmp_path: Path) -> None:

@@ -1,7 +1,8 @@
 """The scenario suite end to end: real torchrun + gloo ranks, faults through MUSUBI_INJECT, diagnosis.
 
-CI runs one healthy and one 10 %-slow-rank drill (the rest are covered by synthetic records in
-test_classify.py); `MUSUBI_DRILLS=healthy,data_stall,slow_1.1,slow_1.3,ckpt_stall MUSUBI_DRILL_RUNS=10`
+CI runs one run each of healthy, data stall, 10 %-slow rank and checkpoint stall (the 30 %-slow rank is
+covered by synthetic records in test_classify.py); `MUSUBI_DRILLS=healthy,data_stall,slow_1.1,slow_1.3,ckpt_stall
+MUSUBI_DRILL_RUNS=10`
 runs the issue's full suite (or `python bench/telemetry.py --cpu --runs 10`).
 """
 
@@ -18,7 +19,7 @@ from musubi.diagnose.command import build_report
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
-NAMES = os.environ.get("MUSUBI_DRILLS", "healthy,slow_1.1").split(",")
+NAMES = os.environ.get("MUSUBI_DRILLS", "healthy,data_stall,slow_1.1,ckpt_stall").split(",")
 RUNS = int(os.environ.get("MUSUBI_DRILL_RUNS", "1"))
 
 

@@ -139,3 +139,55 @@ def test_nvml_sample_fields() -> None:
     assert second == {"gpu_index": 3, "util": 97, "mem_util": 40, "mem_used_gib": 60.0, "mem_total_gib": 80.0,
                       "power_w": 612.0, "sm_clock_mhz": 1980, "mem_clock_mhz": 2619, "temp_c": 61,
                       "throttle": ["sw_power_cap"], "sm_active": 71.25}
+
+
+def test_sampler_samples_soon_at_close_and_survives_a_failed_read(tmp_path: Path, monkeypatch) -> None:
+    """A short run gets a first sample soon after start and one at close; one failed read is not the end."""
+    s = Sampler(tmp_path / "sampler-rank0.jsonl", 0, 1.0, None)  # 1 Hz
+    real, calls = s.sample, []
+
+    def flaky() -> dict:
+        calls.append(1)
+        if len(calls) == 2:
+            raise OSError("psutil hiccup")
+        return real()
+
+    monkeypatch.setattr(s, "sample", flaky)
+    time.sleep(2.8)  # samples at ~0.2 s, ~1.2 s (fails), ~2.2 s
+    s.close()
+    recs = _records(tmp_path / "sampler-rank0.jsonl")
+    # 0.2 s, 2.2 s (the sampler went on after the failure) and the one at close
+    assert len(calls) >= 4 and len(recs) == len(calls) - 1
+
+
+def test_sampler_counts_only_the_loaders_workers_as_workers(tmp_path: Path) -> None:
+    """Other children (DCP's checkpoint process, compile workers) are reported apart from loader workers."""
+    import subprocess
+    import sys
+
+    from musubi.runtime.loaders import TrainFeed
+
+    busy = "import time\nt = time.time()\nwhile time.time() - t < 30: pass"
+    worker = subprocess.Popen([sys.executable, "-c", busy])
+    other = subprocess.Popen([sys.executable, "-c", busy])
+    try:
+        s = Sampler(tmp_path / "sampler-rank0.jsonl", 0, 5.0, None, worker_pids=lambda: [worker.pid])
+        time.sleep(1.0)
+        s.close()
+    finally:
+        worker.kill()
+        other.kill()
+        worker.wait()
+        other.wait()
+    last = _records(tmp_path / "sampler-rank0.jsonl")[-1]
+    assert last["workers"] == 1 and last["other_children"] == 1, last
+    assert last["workers_cpu"] > 10 and last["other_children_cpu"] > 10, last
+    # the feed names its loader's workers (a real DataLoader with 2 worker processes)
+    from torch.utils.data import DataLoader
+
+    feed = TrainFeed.__new__(TrainFeed)
+    feed._batches = iter(DataLoader(list(range(8)), batch_size=2, num_workers=2))
+    pids = feed.worker_pids()
+    assert len(pids) == 2 and all(isinstance(p, int) for p in pids)
+    feed._batches = None  # before the first epoch, or an on-device feed
+    assert feed.worker_pids() == []

@@ -1,0 +1,75 @@
+"""Rank 0's live straggler watch when a rank's record of a step is missing (a dropped telemetry record)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from musubi.telemetry import watch
+from musubi.telemetry.watch import StragglerWatch
+from tests.diagnose.records import write_job
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _lines(job: Path, rank: int) -> list[str]:
+    return (job / "telemetry" / f"rank{rank}.jsonl").read_text(encoding="utf-8").splitlines(keepends=True)
+
+
+def _feed(src: Path, dst: Path, drop: set[tuple[int, int]], chunk: int, monkeypatch: pytest.MonkeyPatch,
+          only: dict[int, int] | None = None) -> tuple[StragglerWatch, list[dict]]:
+    """Append the records of `src` to `dst` `chunk` steps at a time, polling after each chunk, as live."""
+    monkeypatch.setattr(watch, "POLL_S", 3600.0)  # only the test polls
+    dst.mkdir(parents=True)
+    lines = {r: [ln for ln in _lines(src, r) if json.loads(ln)["kind"] == "step"] for r in (0, 1)}
+    w = StragglerWatch(dst, 2, 0.05)
+    n = len(lines[0])
+    for i in range(0, n, chunk):
+        for r in (0, 1):
+            with open(dst / f"rank{r}.jsonl", "a", encoding="utf-8") as f:
+                for ln in lines[r][i:i + chunk]:
+                    step = json.loads(ln)["step"]
+                    if (r, step) not in drop and step <= (only or {}).get(r, n):
+                        f.write(ln)
+        w.poll()
+        assert len(w._pending) <= watch.MAX_PENDING + chunk + 1  # bounded, whatever the files hold
+    w.close()
+    flags_file = dst / "stragglers.jsonl"
+    flags = [json.loads(x) for x in flags_file.read_text().splitlines()] if flags_file.exists() else []
+    return w, flags
+
+
+def test_a_missing_record_skips_one_step_and_flags_later_ones(tmp_path: Path, monkeypatch) -> None:
+    src = write_job(tmp_path / "src", ranks=2, steps=120, slow_rank=1, factor=1.3)
+    w, flags = _feed(src, tmp_path / "live", {(1, 10)}, 7, monkeypatch)
+    assert [f["rank"] for f in flags] == [1] and flags[0]["step"] <= 50
+    assert w.skipped == 1 and not w._pending and w._next == 121
+
+
+def test_pending_steps_are_bounded_when_a_rank_stops_writing(tmp_path: Path, monkeypatch) -> None:
+    steps = watch.MAX_PENDING + 200
+    src = write_job(tmp_path / "src", ranks=2, steps=steps, noise=0.0)
+    w, flags = _feed(src, tmp_path / "live", set(), 50, monkeypatch, only={1: 5})
+    assert not flags and len(w._pending) <= watch.MAX_PENDING + 1 and w.skipped >= 1
+
+
+def test_a_flag_is_cleared_once_the_rank_is_back_under_the_bar(tmp_path: Path, monkeypatch, caplog) -> None:
+    import logging
+
+    slow = write_job(tmp_path / "slow", ranks=2, steps=60, slow_rank=1, factor=1.3)
+    fine = write_job(tmp_path / "fine", ranks=2, steps=160, seed=1)
+    src = tmp_path / "src"
+    (src / "telemetry").mkdir(parents=True)
+    for r in (0, 1):
+        keep = _lines(slow, r) + [ln for ln in _lines(fine, r) if json.loads(ln)["step"] > 60]
+        (src / "telemetry" / f"rank{r}.jsonl").write_text("".join(keep), encoding="utf-8")
+    with caplog.at_level(logging.WARNING, logger="musubi.telemetry"):
+        _, flags = _feed(src, tmp_path / "live", set(), 10, monkeypatch)
+    kinds = [(f["kind"], f["rank"]) for f in flags]
+    assert kinds == [("straggler", 1), ("cleared", 1)], kinds
+    assert 60 < flags[1]["step"] <= 60 + 20 + 10  # a window of healthy steps, then PERSIST windows
+    assert any("straggler cleared: rank 1" in r.getMessage() for r in caplog.records)
+    (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("straggler: rank 1")]
+    assert "in backward" in line and "x its own first window" in line  # the own-history score, live too
