@@ -39,10 +39,16 @@ def coco_source(src: str) -> tuple[Path, Path]:
         return (b, a) if b.suffix.lower() == ".json" else (a, b)
     path = Path(src)
     if path.is_dir():
-        jsons = sorted(path.glob("*.json")) + sorted(path.glob("annotations/*.json"))
-        if len(jsons) != 1:
-            raise ConfigError(f"{src}: found {len(jsons)} annotation JSON files; give ANN.json or IMAGES_DIR::ANN.json")
-        path = jsons[0]
+        from musubi.preflight.read.data import folder_layout
+
+        layout, found = folder_layout(path)
+        if layout == "yolo":
+            raise ConfigError(f"{src}: a YOLO folder ({found[0].name}), not COCO; "
+                              f"convert it first: musubi data convert {src} --to coco --out ANN.json")
+        if layout != "coco":
+            raise ConfigError(f"{src}: no COCO annotation JSON in it (ROOT/*.json or ROOT/annotations/*.json); "
+                              "give ANN.json or IMAGES_DIR::ANN.json")
+        path = found[0]
     if not path.is_file():
         raise ConfigError(f"{src}: no such file; give a COCO ANN.json or IMAGES_DIR::ANN.json")
     from musubi.data.coco import read_annotation_json
@@ -65,10 +71,14 @@ def check_command(
 ) -> None:
     """Check a data set: it parses, every image exists and decodes, boxes inside with area, ids, duplicates."""
     from musubi.preflight.checks.data import check_data
-    from musubi.preflight.read.data import read_data
+    from musubi.preflight.read.data import PAIR_SEPARATOR, read_data
     from musubi.preflight.result import PreflightReport, Status, render
 
+    if PAIR_SEPARATOR not in path and not Path(path).exists():
+        _usage(f"PATH {path}: no such file or directory; give ANN.json, IMAGES_DIR::ANN.json, a folder or a file")
     reading = read_data(path, examples=10**9, store=store / "musubi.db")
+    if reading.kind in ("ambiguous", "yolo"):
+        _usage(f"{reading.error}; {reading.fix}")
     results = check_data([reading])
     bad = [r for r in results if r.status is Status.FAIL or (r.status is Status.WARN and not allow_warnings)]
     if as_json:

@@ -91,3 +91,55 @@ def test_malformed_ids_are_findings_not_crashes(tmp_path: Path) -> None:
     found = _kinds(ann)
     assert "annotations[0] image_id [1]" in found["unknown_image"][0]
     assert "annotations[0] category_id {'x': 1}" in found["unknown_category"][0]
+
+
+def test_a_coco_folder_is_checked_as_coco_not_as_an_image_folder(tmp_path: Path) -> None:
+    # Before: `data check DIR` read DIR as ROOT/CLASS/image and passed a set with a negative box.
+    ann = small_set(tmp_path / "set")
+    edit(ann, _box(0, [10, 10, -5, 5]))
+    res = CliRunner().invoke(app, ["data", "check", str(tmp_path / "set"), "--json", "--store", str(tmp_path / "r")])
+    assert res.exit_code == 1, res.output
+    report = json.loads(res.output)
+    assert report["kind"] == "coco" and {i["kind"] for i in report["issues"]} == {"empty_box"}
+    # Two JSONs: ambiguous, refused in one line naming the fix (exit 2), for check and slice alike.
+    (tmp_path / "set" / "other.json").write_text("{}")
+    for args in (["data", "check", str(tmp_path / "set")],
+                 ["data", "slice", str(tmp_path / "set"), "--out", str(tmp_path / "o")]):
+        amb = CliRunner().invoke(app, args)
+        assert amb.exit_code == 2 and "2 annotation JSON files" in amb.output and "ANN.json" in amb.output
+        assert len(amb.output.strip().splitlines()) == 1
+    assert not (tmp_path / "o").exists()
+    # A YOLO folder is named as such, with the command that converts it.
+    (tmp_path / "y").mkdir()
+    (tmp_path / "y" / "data.yaml").write_text("names: [a]\n")
+    yolo = CliRunner().invoke(app, ["data", "check", str(tmp_path / "y")])
+    assert yolo.exit_code == 2 and "YOLO folder" in yolo.output and "--to coco" in yolo.output
+    missing = CliRunner().invoke(app, ["data", "check", str(tmp_path / "nope")])
+    assert missing.exit_code == 2 and "PATH" in missing.output and "no such file" in missing.output
+
+
+def test_every_malformed_entry_is_listed_and_nothing_else_is_hidden(tmp_path: Path) -> None:
+    # Before: the first malformed bbox aborted the check with one error and no other finding.
+    ann = small_set(tmp_path, images=4, objects=4)
+
+    def brk(d: dict[str, Any]) -> None:
+        d["annotations"][0]["bbox"] = ["10", 10, 5, 5]
+        d["annotations"][5]["bbox"] = [1, 2, 3]
+        del d["annotations"][6]["bbox"]
+        d["annotations"][12]["bbox"] = [90, 10, 30, 10]  # outside the 96x64 frame (a frame that decodes)
+        d["annotations"].append(7)
+        d["images"].append({"id": 99, "file_name": "../escape.jpg"})
+        d["images"].append({"id": "x", "file_name": "s.jpg"})
+        d["categories"].append(dict(d["categories"][0]))
+
+    edit(ann, brk)
+    _break_missing(ann)
+    _break_corrupt(ann)
+    res = CliRunner().invoke(app, ["data", "check", str(ann), "--json", "--store", str(tmp_path / "r")])
+    assert res.exit_code == 1
+    issues = {i["kind"]: i for i in json.loads(res.output)["issues"]}
+    assert issues["bad_bbox"]["count"] == 3
+    assert {"bad_annotation_entry", "bad_file_name", "bad_image_entry", "duplicate_category_id", "missing",
+            "undecodable", "box_outside"} <= set(issues), sorted(issues)
+    text = CliRunner().invoke(app, ["data", "check", str(ann), "--store", str(tmp_path / "r")])
+    assert text.exit_code == 1 and "bad_bbox (3):" in text.output and "annotations[5]" in text.output

@@ -92,6 +92,38 @@ def find_image_dir(ann: Path, file_names: Iterable[str]) -> tuple[Path | None, l
     return best, tried
 
 
+#: Files that mark a folder as a YOLO data set.
+YOLO_MARKERS = ("data.yaml", "dataset.yaml")
+
+
+def annotation_jsons(root: Path) -> list[Path]:
+    """COCO annotation candidates of a folder: ROOT/*.json and ROOT/annotations/*.json (hidden files skipped)."""
+    found = sorted(root.glob("*.json")) + sorted(root.glob("annotations/*.json"))
+    return [p for p in found if not p.name.startswith(".")]
+
+
+def folder_layout(root: Path, several: bool = False) -> tuple[str, list[Path]]:
+    """What a data set folder is: ("coco", [ANN.json, ...]), ("yolo", [data.yaml]) or ("folder", []).
+
+    One rule for check, slice, convert, hash and watch. A folder holding both a COCO JSON and a YOLO
+    layout, or (unless `several`) more than one JSON, is ambiguous: ConfigError naming the fix.
+    """
+    jsons = annotation_jsons(root)
+    yamls = [root / n for n in YOLO_MARKERS if (root / n).is_file()]
+    if jsons and (yamls or (root / "labels").is_dir()):
+        raise ConfigError(f"{root}: holds both COCO JSON ({jsons[0].name}) and a YOLO layout (data.yaml/labels); "
+                          f"give ANN.json or IMAGES_DIR{PAIR_SEPARATOR}ANN.json")
+    if len(jsons) > 1 and not several:
+        names = ", ".join(str(p.relative_to(root)) for p in jsons[:4])
+        raise ConfigError(f"{root}: holds {len(jsons)} annotation JSON files ({names}); "
+                          f"give one of them as ANN.json or IMAGES_DIR{PAIR_SEPARATOR}ANN.json")
+    if jsons:
+        return "coco", jsons
+    if yamls:
+        return "yolo", yamls[:1]
+    return "folder", []
+
+
 def data_targets(data: Any) -> list[str]:
     """`--data` targets of a job's on-disk splits (a config DataSpec), train first; [] for synthetic data."""
     out = []
@@ -113,10 +145,23 @@ def read_data(target: str, examples: int = MAX_EXAMPLES, store: Path | None = No
         reading = read_coco(target, ann, images, examples, store)
     else:
         path = Path(target)
+        layout, found = "folder", []
+        if path.is_dir():
+            try:
+                layout, found = folder_layout(path)
+            except ConfigError as e:
+                problem, fix = split_error(str(e))
+                return DataReading(target=target, kind="ambiguous", path=target, error=problem, fix=fix)
         if not path.exists():
             reading = DataReading(target=target, kind="missing", path=target,
                                   error=f"{target}: no such file or directory",
-                                  fix="fix --data (or data.train.path / data.val.path)")
+                                  fix="give an existing PATH (ANN.json, IMAGES_DIR::ANN.json, a folder or a file)")
+        elif layout == "coco":
+            reading = read_coco(target, found[0], None, examples, store)
+        elif layout == "yolo":
+            reading = DataReading(target=target, kind="yolo", path=target,
+                                  error=f"{target}: a YOLO folder ({found[0].name}); the check reads COCO",
+                                  fix=f"run `musubi data convert {target} --to coco --out ANN.json` and check that")
         elif path.is_dir():
             reading = read_image_folder(target, path)
         elif path.suffix.lower() == ".json":
@@ -140,23 +185,76 @@ def _duplicates(values: list[Any]) -> list[Any]:
     return [v for v in values if v in seen or seen.add(v)]  # type: ignore[func-returns-value]
 
 
-def scan_references(raw: dict[str, Any]) -> dict[str, list[str]]:
-    """Problems of ids and references a loader would refuse or silently double: one list of offenders per kind."""
+def scan_references(raw: dict[str, Any], index_of: dict[int, int] | None = None) -> dict[str, list[str]]:
+    """Problems of ids and references a loader would refuse or silently double: one list of offenders per kind.
+
+    `index_of`: id(annotation) -> its index in the file, when `raw` is a filtered copy (scan_entries).
+    """
     images = [img for img in raw["images"] if isinstance(img, dict)]
     anns = [a for a in raw["annotations"] if isinstance(a, dict)]
     image_ids = {_key(img.get("id")) for img in images}
     category_ids = {_key(c.get("id")) for c in raw["categories"] if isinstance(c, dict)}
+
+    def at(n: int, a: Any) -> int:
+        return index_of.get(id(a), n) if index_of else n
+
     return {
         "duplicate_image_id": [f"image id {i}" for i in _duplicates([_key(img.get("id")) for img in images])],
         "duplicate_annotation_id": [f"annotation id {i}" for i in _duplicates([_key(a.get("id")) for a in anns])
                                     if i is not None],
         "duplicate_file_name": [str(n) for n in _duplicates([_key(img.get("file_name")) for img in images])],
-        "unknown_image": [f"annotations[{n}] image_id {a.get('image_id')!r}" for n, a in enumerate(raw["annotations"])
+        "unknown_image": [f"annotations[{at(n, a)}] image_id {a.get('image_id')!r}"
+                          for n, a in enumerate(raw["annotations"])
                           if isinstance(a, dict) and _key(a.get("image_id")) not in image_ids],
-        "unknown_category": [f"annotations[{n}] category_id {a.get('category_id')!r}"
+        "unknown_category": [f"annotations[{at(n, a)}] category_id {a.get('category_id')!r}"
                              for n, a in enumerate(raw["annotations"])
                              if isinstance(a, dict) and _key(a.get("category_id")) not in category_ids],
     }
+
+
+def scan_entries(raw: dict[str, Any], ann: Path) -> tuple[dict[str, list[str]], dict[str, Any]]:
+    """Malformed entries the loader would refuse, one list per kind, and the file without them.
+
+    Every offender is listed (the loader stops at the first); the remaining entries go on to the
+    loader's own rules, the image decode and the box checks, so one bad entry hides nothing else.
+    """
+    from musubi.data.coco import check_relative_name
+
+    found: dict[str, list[str]] = {"bad_category_entry": [], "duplicate_category_id": [], "bad_image_entry": [],
+                                   "bad_file_name": [], "bad_annotation_entry": [], "bad_bbox": []}
+    cats: list[Any] = []
+    seen_cat: set[Any] = set()
+    for n, c in enumerate(raw["categories"]):
+        if not isinstance(c, dict) or not _is_int(c.get("id")):
+            found["bad_category_entry"].append(f"categories[{n}] has no integer 'id'")
+        elif c["id"] in seen_cat:
+            found["duplicate_category_id"].append(f"categories[{n}] id {c['id']}")
+        else:
+            seen_cat.add(c["id"])
+            cats.append(c)
+    images: list[Any] = []
+    for n, img in enumerate(raw["images"]):
+        if not isinstance(img, dict) or not _is_int(img.get("id")):
+            found["bad_image_entry"].append(f"images[{n}] has no integer 'id'")
+            continue
+        try:
+            check_relative_name(img.get("file_name"), ann, img["id"])
+        except ConfigError as e:
+            found["bad_file_name"].append(f"images[{n}]: {split_error(str(e))[0].split(': ', 1)[-1]}")
+            continue
+        images.append(img)
+    anns: list[Any] = []
+    for n, a in enumerate(raw["annotations"]):
+        if not isinstance(a, dict):
+            found["bad_annotation_entry"].append(f"annotations[{n}] is not an object")
+            continue
+        bbox = a.get("bbox")
+        if not isinstance(bbox, list) or len(bbox) != 4 or not all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) for v in bbox):
+            found["bad_bbox"].append(f"annotations[{n}] bbox {bbox!r} is not [x, y, w, h] numbers")
+            continue
+        anns.append(a)
+    return found, {**raw, "categories": cats, "images": images, "annotations": anns}
 
 
 def _size_counts(sizes: dict[str, int]) -> list[int]:
@@ -191,7 +289,10 @@ def read_coco(target: str, ann: Path, image_dir: Path | None, examples: int = MA
             return DataReading(**base, error=f"{ann}: cannot find the image directory (looked in {where})",
                                fix=f"give --data IMAGES_DIR{PAIR_SEPARATOR}{ann}")
     base["image_dir"] = str(image_dir)
-    found = scan_references(raw)
+    original = raw
+    index_of = {id(a): n for n, a in enumerate(original["annotations"])}
+    malformed, raw = scan_entries(raw, ann)
+    found = {**malformed, **scan_references(raw, index_of)}
     try:
         if any(found[k] for k in BLOCKING):
             # Listed one by one already; the loader's own rules still run on the remaining entries.
@@ -207,7 +308,7 @@ def read_coco(target: str, ann: Path, image_dir: Path | None, examples: int = MA
         ds = CocoDetection(image_dir, ann, check_files=False, raw=raw_ok)
     except ConfigError as e:
         problem, fix = split_error(str(e))
-        return DataReading(**base, error=problem, fix=fix)
+        return DataReading(**base, error=problem, fix=fix, issues=_issues(found, examples))
     images: list[dict[str, Any]] = [img for img in raw["images"] if isinstance(img, dict)]
     files = [check_relative_name(img.get("file_name"), ann, img.get("id")) for img in images]
     paths = [image_dir / f for f in files]
@@ -250,7 +351,8 @@ def read_coco(target: str, ann: Path, image_dir: Path | None, examples: int = MA
     known = set(ds.category_ids)
     per_class = {ds.category_names[c]: 0 for c in ds.category_ids}
     crowd = 0
-    for n, a in enumerate(raw["annotations"]):
+    for a in raw["annotations"]:
+        n = index_of[id(a)]
         if _key(a.get("image_id")) not in file_of or _key(a.get("category_id")) not in known:
             continue  # listed as unknown_image / unknown_category
         if a.get("iscrowd", 0):
@@ -266,7 +368,7 @@ def read_coco(target: str, ann: Path, image_dir: Path | None, examples: int = MA
         tol = BOX_TOLERANCE_PX
         if size and (x < -tol or y < -tol or x + w > size[0] + tol or y + h > size[1] + tol):
             found["box_outside"].append(f"{where} in {size[0]}x{size[1]}")
-    counts = {"images": len(images), "annotations": len(raw["annotations"]), "boxes": ds.stats.boxes,
+    counts = {"images": len(original["images"]), "annotations": len(original["annotations"]), "boxes": ds.stats.boxes,
               "categories": ds.num_classes, "crowd": crowd,
               "unused_categories": sum(v == 0 for v in per_class.values())}
     return DataReading(**base, counts=counts, issues=_issues(found, examples), per_class=per_class,
