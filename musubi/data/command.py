@@ -108,7 +108,8 @@ def check_command(
 
 @data_app.command("hash")
 def hash_command(
-    path: Path = typer.Argument(..., help="Data set folder, or a COCO ANN.json (the file plus the images it lists)."),
+    path: str = typer.Argument(..., help="Data set folder, a COCO ANN.json or IMAGES_DIR::ANN.json "
+                                         "(the annotation file plus the images it lists), or a file."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     store: Path = typer.Option(Path("runs"), "--store", help="Folder of musubi.db (digest cache)."),
     no_cache: bool = typer.Option(False, "--no-cache", help="Read every byte again (no digest cache)."),
@@ -116,9 +117,15 @@ def hash_command(
 ) -> None:
     """The content version of a data set: sha256 over every file's name and bytes."""
     from musubi.data.version import hash_dataset
+    from musubi.preflight.read.data import PAIR_SEPARATOR
 
     try:
-        v = hash_dataset(path, None if no_cache else store / "musubi.db", workers)
+        image_dir = None
+        target = Path(path)
+        if PAIR_SEPARATOR in path:
+            a, b = (Path(p) for p in path.split(PAIR_SEPARATOR, 1))
+            target, image_dir = (b, a) if b.suffix.lower() == ".json" else (a, b)
+        v = hash_dataset(target, None if no_cache else store / "musubi.db", workers, image_dir=image_dir)
     except ConfigError as e:
         _usage(str(e))
     if as_json:
@@ -199,7 +206,7 @@ def watch_command(
 ) -> None:
     """Start FLEET whenever DIR gets a new content version (previous best model first)."""
     from musubi.config.load import load_fleet
-    from musubi.data.watch import WatchState, watch
+    from musubi.data.watch import StartFailed, WatchState, watch
     from musubi.fleet.run import FleetRequest, run_fleet
     from musubi.runtime.launch import PreflightFailed
     from musubi.store.rundir import default_run_dir
@@ -212,12 +219,13 @@ def watch_command(
         _usage(str(e))
 
     def start(version: str) -> str:
-        req = FleetRequest(fleet_path=fleet, out=default_run_dir(name, runs), device=device, cpu_slots=cpu_slots)
+        req = FleetRequest(fleet_path=fleet, out=default_run_dir(name, runs), device=device, cpu_slots=cpu_slots,
+                           trigger={"data_dir": str(data_dir), "version": version})
         try:
             run_dir, states = run_fleet(req, Console())
         except (ConfigError, PreflightFailed) as e:
             err.print(f"fleet for {version} did not start: {e}", highlight=False, markup=False)
-            return f"not started: {e}"
+            raise StartFailed(str(e)) from None
         failed = [s.name for s in states.values() if s.state != "done"]
         return f"{run_dir} ({'failed: ' + ', '.join(failed) if failed else 'done'})"
 

@@ -39,6 +39,8 @@ class FleetRequest:
     cpu_slots: int | None = None
     check: bool = True
     device: str | None = None
+    #: What started the fleet (`musubi data watch`: {"data_dir", "version"}), recorded in env.json.
+    trigger: dict[str, str] | None = None
 
 
 def validate_fleet(spec: FleetSpec, base: Path) -> None:
@@ -120,7 +122,10 @@ def run_fleet(req: FleetRequest, console: Console | None = None) -> tuple[Path, 
     if not req.resume:
         write_json(run_dir / "run.json", run_record(resolved, sys.argv))
     datasets = dataset_record([j.spec.resolved() for j in spec.jobs if isinstance(j, TaskJob)], db_path(run_dir))
-    write_json(run_dir / "env.json", {**env_record(), "datasets": datasets})
+    env = {**env_record(), "datasets": datasets}
+    if req.trigger:
+        env["trigger"] = req.trigger
+    write_json(run_dir / "env.json", env)
     if executor == "slurm":
         from musubi.fleet.slurm import SlurmFleet
 
