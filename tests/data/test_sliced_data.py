@@ -16,7 +16,7 @@ from musubi.data.coco import CocoDetection
 from musubi.data.sliced import SlicedCocoDetection
 from musubi.data.slicing import SliceParams, tile_grid
 
-from .sets import small_set
+from .sets import edit, small_set
 
 
 def test_tiles_are_crops_of_the_frame_with_shifted_boxes(tmp_path: Path) -> None:
@@ -67,3 +67,36 @@ def test_slice_command_writes_tiles_and_reports_counts(tmp_path: Path) -> None:
     assert again.exit_code == 2 and "not empty" in again.output
     bad = CliRunner().invoke(app, ["data", "slice", str(ann), "--overlap", "1.5", "--out", str(tmp_path / "x")])
     assert bad.exit_code == 2 and "overlap 1.5" in bad.output
+
+
+def test_slice_tiles_of_same_stem_frames_do_not_overwrite_each_other(tmp_path: Path) -> None:
+    # Before: x.jpg and x.png both wrote x_0_0.jpg; 4 tiles were listed but only 2 files existed.
+    ann = small_set(tmp_path / "src", images=2, width=64, height=64, objects=2)
+
+    def same_stem(d: dict) -> None:
+        d["images"][1]["file_name"] = "frame_00000.png"
+
+    edit(ann, same_stem)
+    Image.open(ann.parent / "images" / "frame_00001.jpg").save(ann.parent / "images" / "frame_00000.png")
+    out = tmp_path / "tiles"
+    res = CliRunner().invoke(app, ["data", "slice", str(ann), "--tile", "64", "--empty-ratio", "1",
+                                   "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    names = [i["file_name"] for i in json.loads((out / "annotations.json").read_text())["images"]]
+    assert len(names) == len(set(names)) == 2 and len(list((out / "images").iterdir())) == 2
+
+
+def test_slice_of_a_corrupt_frame_fails_in_one_line_and_leaves_nothing(tmp_path: Path) -> None:
+    # Before: an OSError traceback and a half-written --out that refused the rerun.
+    ann = small_set(tmp_path / "src", images=3, width=200, height=120, objects=4)
+    bad = ann.parent / "images" / "frame_00001.jpg"
+    good = bad.read_bytes()
+    bad.write_bytes(good[:400])
+    out = tmp_path / "tiles"
+    res = CliRunner().invoke(app, ["data", "slice", str(ann), "--tile", "64", "--out", str(out)])
+    assert res.exit_code == 2 and len(res.output.strip().splitlines()) == 1
+    assert "frame_00001.jpg" in res.output and "data check" in res.output
+    assert not out.exists() and list(tmp_path.iterdir()) == [tmp_path / "src"]
+    bad.write_bytes(good)
+    res = CliRunner().invoke(app, ["data", "slice", str(ann), "--tile", "64", "--out", str(out)])
+    assert res.exit_code == 0, res.output
