@@ -171,7 +171,9 @@ def slice_command(
 def convert_command(
     src: str = typer.Argument(..., help="COCO source (ANN.json, IMAGES_DIR::ANN.json) or a YOLO folder (data.yaml)."),
     to: str = typer.Option(..., "--to", help="yolo or coco."),
-    out: Path = typer.Option(..., "--out", help="yolo: output folder; coco: output annotation JSON."),
+    out: Path = typer.Option(..., "--out", help="yolo: output folder; coco: output annotation JSON "
+                                                "(a folder when the YOLO set has train and val splits)."),
+    val: str | None = typer.Option(None, "--val", help="--to yolo: the COCO val split (written to images/val)."),
 ) -> None:
     """Convert COCO to YOLO (images/, labels/, data.yaml) or back."""
     from musubi.data.yolo import coco_to_yolo, yolo_to_coco
@@ -181,16 +183,25 @@ def convert_command(
             if out.exists() and any(out.iterdir()):
                 raise ConfigError(f"--out {out} is not empty; give a new folder (nothing is overwritten)")
             ann, images = coco_source(src)
-            counts: dict[str, Any] = coco_to_yolo(ann, images, out)
+            counts: dict[str, Any] = coco_to_yolo(ann, images, out, coco_source(val) if val else None)
         elif to == "coco":
+            if val:
+                raise ConfigError("--val is for --to yolo; a YOLO set's splits come from its data.yaml")
+            if not Path(src).is_dir():
+                raise ConfigError(f"SRC {src}: not a folder; give the root of a YOLO data set (data.yaml)")
             if out.exists():
-                raise ConfigError(f"--out {out} exists; give a new file name (nothing is overwritten)")
+                raise ConfigError(f"--out {out} exists; give a new name (nothing is overwritten)")
             counts = yolo_to_coco(Path(src), out)
         else:
             raise ConfigError(f"--to {to!r}: give yolo or coco")
     except ConfigError as e:
         _usage(str(e))
-    print(f"{out}: " + ", ".join(f"{v} {k}" for k, v in counts.items()))
+    numbers = {k: v for k, v in counts.items() if isinstance(v, int)}
+    print(f"{out}: " + ", ".join(f"{v} {k}" for k, v in numbers.items()))
+    if to == "coco":  # where the images are: the JSON alone does not say
+        pairs = [f"{k}: {v}" for k, v in counts.items() if isinstance(v, str) and "::" in v]
+        for line in pairs or [f"images: {counts.get('images_dir')}::{out}"]:
+            print(f"  {line}")
 
 
 @data_app.command("watch")

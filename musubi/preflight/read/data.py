@@ -99,7 +99,8 @@ YOLO_MARKERS = ("data.yaml", "dataset.yaml")
 def annotation_jsons(root: Path) -> list[Path]:
     """COCO annotation candidates of a folder: ROOT/*.json and ROOT/annotations/*.json (hidden files skipped)."""
     found = sorted(root.glob("*.json")) + sorted(root.glob("annotations/*.json"))
-    return [p for p in found if not p.name.startswith(".")]
+    # coco_image_ids.json: the image-id sidecar `data convert --to yolo` writes next to data.yaml.
+    return [p for p in found if not p.name.startswith(".") and p.name != "coco_image_ids.json"]
 
 
 def folder_layout(root: Path, several: bool = False) -> tuple[str, list[Path]]:
