@@ -266,6 +266,8 @@ def synth_command(
         if not (w.isdigit() and h.isdigit()):
             raise ConfigError(f"--size {size!r}: give WIDTHxHEIGHT like 4000x3000")
         params = SyntheticFiles(images, int(w), int(h), classes, objects, min_object, max_object, seed)
+        if out.exists() and (not out.is_dir() or any(out.iterdir())):
+            raise ConfigError(f"OUT {out} is not an empty folder; give a new folder (nothing is overwritten)")
         ann = write_synthetic_coco(out, params)
     except ConfigError as e:
         _usage(str(e))

@@ -100,3 +100,16 @@ def test_slice_of_a_corrupt_frame_fails_in_one_line_and_leaves_nothing(tmp_path:
     bad.write_bytes(good)
     res = CliRunner().invoke(app, ["data", "slice", str(ann), "--tile", "64", "--out", str(out)])
     assert res.exit_code == 0, res.output
+
+
+def test_synth_never_overwrites_an_existing_set(tmp_path: Path) -> None:
+    # Before: synth into an existing set replaced annotations.json and left stale frames behind.
+    ann = small_set(tmp_path / "set", images=2)
+    before = ann.read_bytes()
+    res = CliRunner().invoke(app, ["data", "synth", str(tmp_path / "set"), "--images", "1", "--size", "320x240"])
+    assert res.exit_code == 2 and "not an empty folder" in res.output and len(res.output.strip().splitlines()) == 1
+    assert ann.read_bytes() == before
+    (tmp_path / "empty").mkdir()
+    res = CliRunner().invoke(app, ["data", "synth", str(tmp_path / "empty"), "--images", "1", "--size", "320x240"])
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "empty" / "annotations.json").is_file()
