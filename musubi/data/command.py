@@ -50,7 +50,8 @@ def coco_source(src: str) -> tuple[Path, Path]:
                               "give ANN.json or IMAGES_DIR::ANN.json")
         path = found[0]
     if not path.is_file():
-        raise ConfigError(f"{src}: no such file; give a COCO ANN.json or IMAGES_DIR::ANN.json")
+        raise ConfigError(f"SRC {src}: no such file; give a COCO ANN.json, IMAGES_DIR::ANN.json or a folder "
+                          "with one annotation JSON")
     from musubi.data.coco import read_annotation_json
 
     names = [i.get("file_name") for i in read_annotation_json(path)["images"] if isinstance(i, dict)]
@@ -125,6 +126,9 @@ def hash_command(
         if PAIR_SEPARATOR in path:
             a, b = (Path(p) for p in path.split(PAIR_SEPARATOR, 1))
             target, image_dir = (b, a) if b.suffix.lower() == ".json" else (a, b)
+        if not target.exists():
+            raise ConfigError(f"PATH {target}: no such file or directory; give a data set folder, a COCO ANN.json "
+                              "or IMAGES_DIR::ANN.json")
         v = hash_dataset(target, None if no_cache else store / "musubi.db", workers, image_dir=image_dir)
     except ConfigError as e:
         _usage(str(e))
@@ -224,7 +228,7 @@ def watch_command(
 
     try:
         if not data_dir.is_dir():
-            raise ConfigError(f"{data_dir}: not a folder; give the folder the labelling tool exports into")
+            raise ConfigError(f"DIR {data_dir}: not a folder; give the folder the labelling tool exports into")
         name = load_fleet(fleet).name
     except ConfigError as e:
         _usage(str(e))

@@ -95,3 +95,14 @@ def test_one_version_for_folder_annotation_file_and_job(tmp_path: Path) -> None:
     assert dataset_detail(config)["train"] == folder == dataset_detail(config)["val"]
     v = dataset_version(config)
     assert v is not None and v.startswith(folder + "+" + folder + "-")
+
+
+def test_a_missing_path_exits_2_naming_the_argument(tmp_path: Path) -> None:
+    gone = str(tmp_path / "nope")
+    for args, name in ((["data", "check", gone], "PATH"), (["data", "hash", gone], "PATH"),
+                       (["data", "slice", gone, "--out", str(tmp_path / "o")], "SRC"),
+                       (["data", "convert", gone, "--to", "yolo", "--out", str(tmp_path / "o")], "SRC"),
+                       (["data", "convert", gone, "--to", "coco", "--out", str(tmp_path / "o.json")], "SRC")):
+        res = CliRunner().invoke(app, args)
+        assert res.exit_code == 2 and f"{name} {gone}" in res.output, (args, res.output)
+        assert len(res.output.strip().splitlines()) == 1
