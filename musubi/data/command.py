@@ -103,6 +103,13 @@ def check_command(
         if reading.per_class:
             console.print("boxes per class: " + ", ".join(f"{k} {v}" for k, v in reading.per_class.items()),
                           highlight=False, markup=False)
+            unused = [k for k, v in reading.per_class.items() if v == 0]
+            if unused:
+                console.print(f"categories without boxes ({len(unused)}): {', '.join(unused)}", highlight=False,
+                              markup=False)
+        if reading.counts.get("images_without_boxes"):
+            console.print(f"images without boxes: {reading.counts['images_without_boxes']} of "
+                          f"{reading.counts['images']}", highlight=False, markup=False)
     if bad:
         raise typer.Exit(EXIT_FAILED)
 

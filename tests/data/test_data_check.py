@@ -143,3 +143,26 @@ def test_every_malformed_entry_is_listed_and_nothing_else_is_hidden(tmp_path: Pa
             "undecodable", "box_outside"} <= set(issues), sorted(issues)
     text = CliRunner().invoke(app, ["data", "check", str(ann), "--store", str(tmp_path / "r")])
     assert text.exit_code == 1 and "bad_bbox (3):" in text.output and "annotations[5]" in text.output
+
+
+def test_duplicate_boxes_and_category_names_crowd_outside_and_unlabelled_images(tmp_path: Path) -> None:
+    # Before: all of these passed silently, and per_class merged two categories of one name.
+    ann = small_set(tmp_path, images=3, objects=2)
+
+    def brk(d: dict[str, Any]) -> None:
+        d["annotations"].append({**d["annotations"][0], "id": 1000})
+        d["annotations"][1].update(iscrowd=1, bbox=[90, 10, 30, 10])
+        d["categories"].append({"id": 9, "name": d["categories"][0]["name"]})
+        d["annotations"] = [a for a in d["annotations"] if a["image_id"] != d["images"][2]["id"]]
+
+    edit(ann, brk)
+    found = _kinds(ann)
+    assert "annotations[0]" in found["duplicate_box"][0]
+    assert "(ids 1, 9)" in found["duplicate_category_name"][0]
+    assert "(crowd)" in found["box_outside"][0]
+    r = read_data(str(ann))
+    assert r.counts["images_without_boxes"] == 1 and r.counts["unused_categories"] == 1
+    assert len(r.per_class) == 3 and r.per_class["class1 (id 9)"] == 0
+    res = CliRunner().invoke(app, ["data", "check", str(ann), "--store", str(tmp_path / "r")])
+    assert res.exit_code == 1 and "categories without boxes (1): class1 (id 9)" in res.output
+    assert "images without boxes: 1 of 3" in res.output

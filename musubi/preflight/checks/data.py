@@ -35,6 +35,10 @@ ISSUES: dict[str, tuple[Status, str, str]] = {
                         "remove the copies (they double-count and leak between splits)"),
     "empty_box": (Status.WARN, "boxes have zero or negative width/height", "fix them: training drops them"),
     "box_outside": (Status.WARN, "boxes extend outside their image", "fix them: training clips them"),
+    "duplicate_box": (Status.WARN, "boxes repeat another box exactly (same image, category and bbox)",
+                      "remove the copies (they double the loss and count twice in evaluation)"),
+    "duplicate_category_name": (Status.WARN, "category names are used by more than one id",
+                                "merge the categories or rename one (reports by name mix them)"),
     "size_mismatch": (Status.WARN, "images differ from their declared width/height",
                       "re-export the annotations: boxes may be for another resolution"),
 }

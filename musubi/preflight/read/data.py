@@ -350,28 +350,50 @@ def read_coco(target: str, ann: Path, image_dir: Path | None, examples: int = MA
             first_of[digest] = name
     file_of = {img["id"]: name for img, name in zip(images, files, strict=True)}
     known = set(ds.category_ids)
-    per_class = {ds.category_names[c]: 0 for c in ds.category_ids}
+    # Keyed by name as before; two categories of one name are told apart by id (never merged).
+    name_count: dict[str, int] = {}
+    for c in ds.category_ids:
+        name_count[ds.category_names[c]] = name_count.get(ds.category_names[c], 0) + 1
+    label = {c: ds.category_names[c] if name_count[ds.category_names[c]] == 1 else f"{ds.category_names[c]} (id {c})"
+             for c in ds.category_ids}
+    found["duplicate_category_name"] = [f"{n!r} (ids {', '.join(str(c) for c in ds.category_ids if ds.category_names[c] == n)})"
+                                        for n, k in name_count.items() if k > 1]
+    found["duplicate_box"] = []
+    per_class = {label[c]: 0 for c in ds.category_ids}
     crowd = 0
+    boxed: set[Any] = set()
+    first_box: dict[tuple[Any, ...], int] = {}
     for a in raw["annotations"]:
         n = index_of[id(a)]
         if _key(a.get("image_id")) not in file_of or _key(a.get("category_id")) not in known:
             continue  # listed as unknown_image / unknown_category
-        if a.get("iscrowd", 0):
-            crowd += 1
-            continue
-        per_class[ds.category_names[a["category_id"]]] += 1
         x, y, w, h = (float(v) for v in a["bbox"])
         where = f"{file_of[a['image_id']]} (annotations[{n}] bbox [{x:g}, {y:g}, {w:g}, {h:g}])"
+        size = size_of.get(a["image_id"])
+        tol = BOX_TOLERANCE_PX
+        outside = bool(size) and (x < -tol or y < -tol or x + w > size[0] + tol or y + h > size[1] + tol)
+        if a.get("iscrowd", 0):
+            crowd += 1
+            if outside:  # a crowd region is not trained on, but evaluation ignores detections by it
+                found["box_outside"].append(f"{where} (crowd) in {size[0]}x{size[1]}")
+            continue
+        per_class[label[a["category_id"]]] += 1
+        boxed.add(a["image_id"])
+        same = (a["image_id"], a["category_id"], x, y, w, h)
+        if same in first_box:
+            found["duplicate_box"].append(f"{where} = annotations[{first_box[same]}]")
+        else:
+            first_box[same] = n
         if not all(math.isfinite(v) for v in (x, y, w, h)) or w <= 0 or h <= 0:
             found["empty_box"].append(where)
             continue
-        size = size_of.get(a["image_id"])
-        tol = BOX_TOLERANCE_PX
-        if size and (x < -tol or y < -tol or x + w > size[0] + tol or y + h > size[1] + tol):
+        if outside:
             found["box_outside"].append(f"{where} in {size[0]}x{size[1]}")
+    # Unused categories are common (a val subset) and only reported: a count here, named by `data check`.
     counts = {"images": len(original["images"]), "annotations": len(original["annotations"]), "boxes": ds.stats.boxes,
               "categories": ds.num_classes, "crowd": crowd,
-              "unused_categories": sum(v == 0 for v in per_class.values())}
+              "unused_categories": sum(v == 0 for v in per_class.values()),
+              "images_without_boxes": sum(img["id"] not in boxed for img in images)}
     return DataReading(**base, counts=counts, issues=_issues(found, examples), per_class=per_class,
                        categories=tuple(ds.category_names[c] for c in ds.category_ids))
 
