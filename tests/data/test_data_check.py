@@ -166,3 +166,17 @@ def test_duplicate_boxes_and_category_names_crowd_outside_and_unlabelled_images(
     res = CliRunner().invoke(app, ["data", "check", str(ann), "--store", str(tmp_path / "r")])
     assert res.exit_code == 1 and "categories without boxes (1): class1 (id 9)" in res.output
     assert "images without boxes: 1 of 3" in res.output
+
+
+def test_exif_rotation_is_named_as_the_cause(tmp_path: Path) -> None:
+    # Before: only size_mismatch/box_outside with the fix "re-export", not the real cause.
+    from PIL import Image
+
+    ann = small_set(tmp_path, images=2)
+    p = ann.parent / "images" / "frame_00000.jpg"
+    with Image.open(p) as im:
+        exif = im.getexif()
+        exif[0x0112] = 6  # rotate 90° on display
+        im.save(p, exif=exif)
+    found = _kinds(ann)
+    assert "frame_00000.jpg (EXIF orientation 6, stored 96x64)" in found["exif_rotated"]

@@ -39,6 +39,9 @@ ISSUES: dict[str, tuple[Status, str, str]] = {
                       "remove the copies (they double the loss and count twice in evaluation)"),
     "duplicate_category_name": (Status.WARN, "category names are used by more than one id",
                                 "merge the categories or rename one (reports by name mix them)"),
+    "exif_rotated": (Status.WARN, "images carry an EXIF rotation that training does not apply",
+                     "write the rotation into the pixels (e.g. PIL ImageOps.exif_transpose) and re-export the "
+                     "annotations, or annotate the stored orientation"),
     "size_mismatch": (Status.WARN, "images differ from their declared width/height",
                       "re-export the annotations: boxes may be for another resolution"),
 }

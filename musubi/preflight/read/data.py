@@ -32,8 +32,22 @@ def split_error(message: str) -> tuple[str, str]:
     return (head, tail) if sep else (message, "fix the dataset")
 
 
+#: EXIF tag of the orientation a viewer applies (1: as stored).
+EXIF_ORIENTATION = 0x0112
+
+
+class Rotated(tuple):  # type: ignore[type-arg]
+    """(width, height) of an image whose EXIF orientation a viewer applies but training does not."""
+
+    orientation: int
+
+
 def decode_image(path: Path) -> tuple[int, int]:
-    """Decode an image fully (JPEG at 1/8 scale: every byte is still read) and return (width, height)."""
+    """Decode an image fully (JPEG at 1/8 scale: every byte is still read) and return (width, height).
+
+    The size is the stored one (what the loader sees); when the EXIF orientation is not 1 the result
+    is a `Rotated` tuple carrying it (viewers and labelling tools show the image turned).
+    """
     from PIL import Image
 
     from musubi.data.coco import DEFAULT_MAX_IMAGE_PIXELS
@@ -41,6 +55,10 @@ def decode_image(path: Path) -> tuple[int, int]:
     limit = Image.MAX_IMAGE_PIXELS or DEFAULT_MAX_IMAGE_PIXELS
     with Image.open(path) as im:
         w, h = im.size
+        try:
+            orientation = int(im.getexif().get(EXIF_ORIENTATION, 1) or 1)
+        except Exception:  # noqa: BLE001 - a broken EXIF block is not a decode failure
+            orientation = 1
         if w * h > limit:
             raise ValueError(f"{w}x{h} pixels, over the {limit} pixel limit")
         if im.format == "JPEG":
@@ -48,6 +66,10 @@ def decode_image(path: Path) -> tuple[int, int]:
             # so a truncated or corrupt file fails here exactly as in training, ~5x faster.
             im.draft("RGB", (max(1, w // 8), max(1, h // 8)))
         im.load()
+    if orientation != 1:
+        out = Rotated((w, h))
+        out.orientation = orientation
+        return out
     return w, h
 
 
@@ -314,7 +336,8 @@ def read_coco(target: str, ann: Path, image_dir: Path | None, examples: int = MA
     files = [check_relative_name(img.get("file_name"), ann, img.get("id")) for img in images]
     paths = [image_dir / f for f in files]
     exists = [p.is_file() for p in paths]
-    for k in ("missing", "undecodable", "duplicate_image", "size_mismatch", "empty_box", "box_outside"):
+    for k in ("missing", "undecodable", "exif_rotated", "duplicate_image", "size_mismatch", "empty_box",
+              "box_outside"):
         found[k] = []
     found["missing"] = [f for f, ok in zip(files, exists, strict=True) if not ok]
     decoded = _decode_all([p for p, ok in zip(paths, exists, strict=True) if ok])
@@ -334,6 +357,8 @@ def read_coco(target: str, ann: Path, image_dir: Path | None, examples: int = MA
             continue
         readable.append((name, path))
         size_of[img["id"]] = got
+        if isinstance(got, Rotated):
+            found["exif_rotated"].append(f"{name} (EXIF orientation {got.orientation}, stored {got[0]}x{got[1]})")
         if declared[0] and declared[1] and tuple(declared) != got:
             found["size_mismatch"].append(f"{name} (declared {declared[0]}x{declared[1]}, is {got[0]}x{got[1]})")
     # Identical bytes under two names: the same frame twice (or in two splits) skews training and scores.
