@@ -215,6 +215,21 @@ def convert_command(
             print(f"  {line}")
 
 
+def reads_from(spec: Any, data_dir: Path, base: Path) -> bool:
+    """Whether any job of the fleet has a data path (images or annotations) under `data_dir`."""
+    root = data_dir.resolve()
+    for job in getattr(spec, "jobs", []):
+        data = getattr(getattr(job, "spec", None), "data", None)
+        for split in (getattr(data, "train", None), getattr(data, "val", None)):
+            for value in (getattr(split, "path", None), getattr(split, "annotations", None)):
+                if not value:
+                    continue
+                for where in {Path(value).resolve(), (base / value).resolve()}:
+                    if where == root or root in where.parents:
+                        return True
+    return False
+
+
 @data_app.command("watch")
 def watch_command(
     data_dir: Path = typer.Argument(..., help="Folder the labelling tool exports into."),
@@ -236,9 +251,13 @@ def watch_command(
     try:
         if not data_dir.is_dir():
             raise ConfigError(f"DIR {data_dir}: not a folder; give the folder the labelling tool exports into")
-        name = load_fleet(fleet).name
+        spec = load_fleet(fleet)
+        name = spec.name
     except ConfigError as e:
         _usage(str(e))
+    if not reads_from(spec, data_dir, fleet.parent):
+        err.print(f"warning: no job of {fleet} reads data under {data_dir}; a new version of it retrains "
+                  "on other data (point data.train.path / annotations into it)", highlight=False, markup=False)
 
     def start(version: str) -> str:
         req = FleetRequest(fleet_path=fleet, out=default_run_dir(name, runs), device=device, cpu_slots=cpu_slots,

@@ -124,3 +124,20 @@ def test_cli_once_starts_a_real_fleet_then_waits_for_new_data(tmp_path: Path) ->
     assert len([p for p in (tmp_path / "runs").iterdir() if p.is_dir()]) == 1
     missing = CliRunner().invoke(app, ["data", "watch", str(tmp_path / "nope"), "--fleet", str(fleet), "--once"])
     assert missing.exit_code == 2 and "not a folder" in missing.output
+
+
+def test_watch_warns_when_no_job_reads_the_folder(tmp_path: Path) -> None:
+    import yaml
+
+    from musubi.config.load import load_fleet
+    from musubi.data.command import reads_from
+
+    small_set(tmp_path / "export")
+    fleet = tmp_path / "fleet.yaml"
+    job = {"name": "d", "task": "detection", "model": "fcos_resnet50_fpn",
+           "data": {"train": {"path": "export/images", "annotations": "export/annotations.json"}}}
+    fleet.write_text(yaml.safe_dump({"name": "wf", "jobs": [job]}))
+    spec = load_fleet(fleet)
+    assert reads_from(spec, tmp_path / "export", tmp_path)
+    (tmp_path / "other").mkdir()
+    assert not reads_from(spec, tmp_path / "other", tmp_path)
