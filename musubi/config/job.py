@@ -105,7 +105,17 @@ class SliceSpec(StrictModel):
         True,
         description="Validate on full frames: predict on their tiles and merge with NMS, so mAP is per frame.",
     )
-    nms_iou: float = Field(0.5, gt=0.0, le=1.0, description="IoU of the NMS that merges tile detections.")
+    nms_iou: float = Field(
+        0.5, gt=0.0, le=1.0, description="Overlap threshold of the merge of tile detections (see merge, match_metric)."
+    )
+    merge: Literal["nmm", "nms"] = Field(
+        "nmm",
+        description="How tile detections merge: nmm (overlapping boxes become their union, as SAHI) or nms "
+        "(the lower-scored box is dropped).",
+    )
+    match_metric: Literal["ios", "iou"] = Field(
+        "ios", description="Overlap measure of nmm: ios (intersection over the smaller box) or iou."
+    )
 
 
 class DataSpec(StrictModel):

@@ -18,6 +18,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
+from typing import Any
 
 from musubi.config.errors import ConfigError
 from musubi.config.load import job_from_dict
@@ -201,7 +202,8 @@ def main(argv: list[str] | None = None) -> int:
                 (job_dir / "eval.json").write_text(
                     json.dumps({"metrics": summary["val"], "step": summary["steps"],
                                 "primary_metric": task.primary_metric,
-                                "how": "validation split, each sample counted once over all ranks"}, indent=1),
+                                "how": "validation split, each sample counted once over all ranks"
+                                + _merge_how(task)}, indent=1),
                     encoding="utf-8")
             log.info("done: %d/%d steps, %.1fs", summary["steps"], summary["total_steps"], summary["train_s"])
         if progress is not None:
@@ -233,3 +235,13 @@ if __name__ == "__main__":
     # whose C++ destructors (gloo threads) were seen to abort a rank at exit, and on
     # failure a peer may be stuck in a collective; torchrun ends the others.
     os._exit(code)
+
+
+def _merge_how(task: Any) -> str:
+    """How sliced evaluation merged tile detections (eval.json's "how"), or ""."""
+    data = getattr(getattr(task, "spec", None), "data", None)
+    sl = getattr(data, "slice", None)
+    if sl is None or not getattr(sl, "sliced_eval", False) or getattr(data, "synthetic", None) is not None:
+        return ""
+    return (f"; whole frames predicted on {sl.tile} px tiles (overlap {sl.overlap:g}), merged by {sl.merge}"
+            f"{f' ({sl.match_metric})' if sl.merge == 'nmm' else ''} at {sl.nms_iou:g}")

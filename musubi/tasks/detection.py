@@ -409,7 +409,8 @@ class DetectionTask(Task):
         if sl is None or not sl.sliced_eval or self.spec.data.synthetic is not None:
             return model(images)
         # Whole validation frames: predict on their tiles, merge in frame pixels, so mAP is per frame.
-        return [sliced_predict(model, image, sl.tile, sl.overlap, batch=max(1, len(images)), iou=sl.nms_iou)
+        return [sliced_predict(model, image, sl.tile, sl.overlap, batch=max(1, len(images)), iou=sl.nms_iou,
+                               merge=sl.merge, match_metric=sl.match_metric)
                 for image in images]
 
     def make_metric(self, device: torch.device) -> Metric:
