@@ -62,9 +62,40 @@ def coco_source(src: str) -> tuple[Path, Path]:
     return path, image_dir
 
 
+def _reading_json(reading: Any) -> dict[str, Any]:
+    return {"path": reading.path, "kind": reading.kind, "image_dir": reading.image_dir, "error": reading.error,
+            "fix": reading.fix or None, "counts": reading.counts, "per_class": reading.per_class,
+            "seconds": reading.seconds,
+            "issues": [{"kind": i.kind, "count": i.count, "files": list(i.examples)} for i in reading.issues]}
+
+
+def _print_reading(console: Console, reading: Any, title: bool) -> None:
+    if title:
+        console.print(f"== {reading.path}", highlight=False, markup=False)
+    for issue in reading.issues:
+        console.print(f"{issue.kind} ({issue.count}):", highlight=False, markup=False)
+        for ex in issue.examples[:CONSOLE_EXAMPLES]:
+            console.print(f"  {ex}", highlight=False, markup=False)
+        if issue.count > CONSOLE_EXAMPLES:
+            console.print(f"  ... {issue.count - CONSOLE_EXAMPLES} more (--json lists all)", highlight=False,
+                          markup=False)
+    if reading.per_class:
+        console.print("boxes per class: " + ", ".join(f"{k} {v}" for k, v in reading.per_class.items()),
+                      highlight=False, markup=False)
+        unused = [k for k, v in reading.per_class.items() if v == 0]
+        if unused:
+            console.print(f"categories without boxes ({len(unused)}): {', '.join(unused)}", highlight=False,
+                          markup=False)
+    if reading.counts.get("images_without_boxes"):
+        console.print(f"images without boxes: {reading.counts['images_without_boxes']} of "
+                      f"{reading.counts['images']}", highlight=False, markup=False)
+
+
 @data_app.command("check")
 def check_command(
-    path: str = typer.Argument(..., help="ANN.json, IMAGES_DIR::ANN.json (COCO), an image folder or a text file."),
+    paths: list[str] = typer.Argument(..., help="ANN.json, IMAGES_DIR::ANN.json (COCO), a data set folder or a "
+                                               "text file; several: splits, train first (categories must agree, "
+                                               "no image in two splits)."),
     as_json: bool = typer.Option(False, "--json", help="Print the findings as JSON (every offender listed)."),
     allow_warnings: bool = typer.Option(False, "--allow-warnings",
                                         help="Exit 0 when only WARN problems (boxes clipped or dropped) are found."),
@@ -72,44 +103,43 @@ def check_command(
 ) -> None:
     """Check a data set: it parses, every image exists and decodes, boxes inside with area, ids, duplicates."""
     from musubi.preflight.checks.data import check_data
-    from musubi.preflight.read.data import PAIR_SEPARATOR, read_data
-    from musubi.preflight.result import PreflightReport, Status, render
+    from musubi.preflight.read.data import PAIR_SEPARATOR, across_splits, read_data
+    from musubi.preflight.result import PreflightReport, Status, render, warn
 
-    if PAIR_SEPARATOR not in path and not Path(path).exists():
-        _usage(f"PATH {path}: no such file or directory; give ANN.json, IMAGES_DIR::ANN.json, a folder or a file")
-    reading = read_data(path, examples=10**9, store=store / "musubi.db")
-    if reading.kind in ("ambiguous", "yolo"):
-        _usage(f"{reading.error}; {reading.fix}")
-    results = check_data([reading])
+    for path in paths:
+        if PAIR_SEPARATOR not in path and not Path(path).exists():
+            _usage(f"PATH {path}: no such file or directory; give ANN.json, IMAGES_DIR::ANN.json, a folder or a file")
+    readings = []
+    for path in paths:
+        reading = read_data(path, examples=10**9, store=store / "musubi.db")
+        if reading.kind in ("ambiguous", "yolo"):
+            _usage(f"{reading.error}; {reading.fix}")
+        readings.append(reading)
+    results = check_data(readings)
+    leaks = across_splits(readings, store / "musubi.db") if len(readings) > 1 else []
+    if leaks:
+        results.append(warn("data.splits", f"{len(leaks)} images are byte-identical across splits "
+                                           f"(first: {'; '.join(leaks[:3])})",
+                            "remove them from one split (they leak into the score)"))
     bad = [r for r in results if r.status is Status.FAIL or (r.status is Status.WARN and not allow_warnings)]
+    seconds = round(sum(r.seconds for r in readings), 3)
     if as_json:
-        print(json.dumps({
-            "path": reading.path, "kind": reading.kind, "image_dir": reading.image_dir, "ok": not bad,
-            "error": reading.error, "fix": reading.fix or None, "counts": reading.counts,
-            "per_class": reading.per_class, "seconds": reading.seconds,
-            "issues": [{"kind": i.kind, "count": i.count, "files": list(i.examples)} for i in reading.issues],
-            "results": [r.to_dict() for r in results],
-        }, indent=1, default=str))
+        if len(readings) == 1:
+            out: dict[str, Any] = {**_reading_json(readings[0]), "ok": not bad}
+        else:
+            out = {"ok": not bad, "datasets": [_reading_json(r) for r in readings],
+                   "duplicate_across_splits": leaks}
+        out["results"] = [r.to_dict() for r in results]
+        print(json.dumps(out, indent=1, default=str))
     else:
         console = Console(soft_wrap=True)
-        render(PreflightReport(results, reading.seconds), console)
-        for issue in reading.issues:
-            console.print(f"{issue.kind} ({issue.count}):", highlight=False, markup=False)
-            for ex in issue.examples[:CONSOLE_EXAMPLES]:
+        render(PreflightReport(results, seconds), console)
+        for reading in readings:
+            _print_reading(console, reading, len(readings) > 1)
+        if leaks:
+            console.print(f"duplicate_across_splits ({len(leaks)}):", highlight=False, markup=False)
+            for ex in leaks[:CONSOLE_EXAMPLES]:
                 console.print(f"  {ex}", highlight=False, markup=False)
-            if issue.count > CONSOLE_EXAMPLES:
-                console.print(f"  ... {issue.count - CONSOLE_EXAMPLES} more (--json lists all)", highlight=False,
-                              markup=False)
-        if reading.per_class:
-            console.print("boxes per class: " + ", ".join(f"{k} {v}" for k, v in reading.per_class.items()),
-                          highlight=False, markup=False)
-            unused = [k for k, v in reading.per_class.items() if v == 0]
-            if unused:
-                console.print(f"categories without boxes ({len(unused)}): {', '.join(unused)}", highlight=False,
-                              markup=False)
-        if reading.counts.get("images_without_boxes"):
-            console.print(f"images without boxes: {reading.counts['images_without_boxes']} of "
-                          f"{reading.counts['images']}", highlight=False, markup=False)
     if bad:
         raise typer.Exit(EXIT_FAILED)
 

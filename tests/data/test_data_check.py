@@ -180,3 +180,19 @@ def test_exif_rotation_is_named_as_the_cause(tmp_path: Path) -> None:
         im.save(p, exif=exif)
     found = _kinds(ann)
     assert "frame_00000.jpg (EXIF orientation 6, stored 96x64)" in found["exif_rotated"]
+
+
+def test_several_splits_checked_together_find_leaks_and_category_disagreement(tmp_path: Path) -> None:
+    # Before: `data check` took one PATH; nothing found the same image in train and val.
+    train = small_set(tmp_path / "train", images=3)
+    val = small_set(tmp_path / "val", images=2, seed=5)
+    shutil.copy(train.parent / "images" / "frame_00001.jpg", val.parent / "images" / "frame_00000.jpg")
+    res = CliRunner().invoke(app, ["data", "check", str(tmp_path / "train"), str(tmp_path / "val"), "--json",
+                                   "--store", str(tmp_path / "r")])
+    assert res.exit_code == 1, res.output
+    report = json.loads(res.output)
+    assert len(report["datasets"]) == 2 and len(report["duplicate_across_splits"]) == 1
+    assert "frame_00000.jpg" in report["duplicate_across_splits"][0]
+    edit(val, lambda d: d["categories"].append({"id": 7, "name": "boat"}))
+    res = CliRunner().invoke(app, ["data", "check", str(train), str(val), "--store", str(tmp_path / "r")])
+    assert res.exit_code == 1 and "categories not in" in res.output and "duplicate_across_splits (1):" in res.output

@@ -426,6 +426,41 @@ def read_coco(target: str, ann: Path, image_dir: Path | None, examples: int = MA
                        categories=tuple(ds.category_names[c] for c in ds.category_ids))
 
 
+def _split_images(reading: DataReading) -> list[Path]:
+    """The image files of a reading that parsed (COCO: listed and present; image folder: every image)."""
+    if reading.error is not None or reading.kind not in ("coco", "image_folder"):
+        return []
+    if reading.kind == "image_folder":
+        from torchvision.datasets.folder import IMG_EXTENSIONS
+
+        return sorted(p for p in Path(reading.path).rglob("*") if p.suffix.lower() in IMG_EXTENSIONS and p.is_file())
+    from musubi.data.coco import read_annotation_json
+
+    raw = read_annotation_json(Path(reading.path))
+    root = Path(str(reading.image_dir))
+    names = {img.get("file_name") for img in raw["images"] if isinstance(img, dict)}
+    return sorted(root / n for n in names if isinstance(n, str) and (root / n).is_file())
+
+
+def across_splits(readings: list[DataReading], store: Path | None = None) -> list[str]:
+    """Images whose bytes appear in two splits ('val/x.jpg = train/y.jpg'): only same-size files are hashed."""
+    from musubi.data.version import digests
+
+    files = [(r.path, p) for r in readings for p in _split_images(r)]
+    sizes: dict[int, set[str]] = {}
+    for split, p in files:
+        sizes.setdefault(p.stat().st_size, set()).add(split)
+    shared = [(split, p) for split, p in files if len(sizes[p.stat().st_size]) > 1]
+    sums, _ = digests([p for _, p in shared], store)
+    first: dict[str, tuple[str, Path]] = {}
+    out = []
+    for (split, p), d in zip(shared, sums, strict=True):
+        if d in first and first[d][0] != split:
+            out.append(f"{p} ({split}) = {first[d][1]} ({first[d][0]})")
+        first.setdefault(d, (split, p))
+    return out
+
+
 def read_image_folder(target: str, root: Path) -> DataReading:
     """An image folder (ROOT/CLASS/image): classes as torchvision's ImageFolder finds them, every image decoded."""
     from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, has_file_allowed_extension
