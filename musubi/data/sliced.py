@@ -118,6 +118,7 @@ class SlicedCocoDetection(Dataset):
         self.cache: Tensor | None = None
         self.cached: Tensor | None = None
         local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        self._auto = cache == "auto"
         if cache == "auto":
             cache = cache_fits(len(self.tiles), params.tile, local_ranks)
         elif cache:
@@ -125,6 +126,14 @@ class SlicedCocoDetection(Dataset):
         counts = [n for n in self.tiles_per_image if n]
         log.info("%s: %d frames -> %d tiles (%d..%d per frame), tile cache %s", frames.annotations, len(frames),
                  len(self.tiles), min(counts, default=0), max(counts, default=0), "on" if cache else "off")
+        if not cache and counts:
+            log.warning("%s: tile cache off (%s): tiles are drawn frame by frame (frames shuffled, tiles shuffled "
+                        "within each frame) so a worker decodes a frame about once per batch, not once per tile "
+                        "(up to %dx more decoding); set data.cache: on, or free RAM / enlarge /dev/shm for auto",
+                        frames.annotations, "auto: the tiles do not fit" if cache is False and self._auto else "off",
+                        max(counts))
+        #: The frame a worker decoded last (cache off): the next tiles of a batch come from it.
+        self._last: tuple[int, np.ndarray] | None = None
         if cache:
             t = params.tile
             self.cache = shared_buffer(len(self.tiles) * t * t * 3).view(len(self.tiles), t, t, 3)
@@ -143,6 +152,11 @@ class SlicedCocoDetection(Dataset):
     def __len__(self) -> int:
         return len(self.tiles)
 
+    @property
+    def frame_groups(self) -> list[list[int]] | None:
+        """Tile indices per frame when the cache is off (the training sampler then draws frame by frame)."""
+        return None if self.cache is not None else list(self._of_frame.values())
+
     def _pixels(self, index: int) -> np.ndarray:
         """uint8 [h, w, 3] of tile `index` (from the cache, or by decoding its frame)."""
         ref = self.tiles[index]
@@ -150,7 +164,11 @@ class SlicedCocoDetection(Dataset):
         if self.cached is not None and self.cached[index]:
             assert self.cache is not None
             return self.cache[index, : y1 - y0, : x1 - x0].numpy()
+        if self.cache is None and self._last is not None and self._last[0] == ref.image:
+            return self._last[1][y0:y1, x0:x1]
         frame = np.asarray(self.frames._open(self.frames.image_dir / self.frames._file_names[ref.image]))
+        if self.cache is None:
+            self._last = (ref.image, frame)
         if self.cache is not None and self.cached is not None:
             for n in self._of_frame[ref.image]:
                 a0, b0, a1, b1 = self.tiles[n].window

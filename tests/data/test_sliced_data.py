@@ -113,3 +113,31 @@ def test_synth_never_overwrites_an_existing_set(tmp_path: Path) -> None:
     res = CliRunner().invoke(app, ["data", "synth", str(tmp_path / "empty"), "--images", "1", "--size", "320x240"])
     assert res.exit_code == 0, res.output
     assert (tmp_path / "empty" / "annotations.json").is_file()
+
+
+def test_without_the_cache_tiles_are_drawn_frame_by_frame_and_each_frame_decoded_once(tmp_path: Path) -> None:
+    # Before: with the cache off every tile decoded its whole frame (48 decodes of a 4000x3000 frame).
+    from musubi.runtime.sampler import ResumableDistributedSampler
+
+    ann = small_set(tmp_path, images=4, width=200, height=120)
+    frames = CocoDetection(tmp_path / "images", ann, as_uint8=True)
+    ds = SlicedCocoDetection(frames, SliceParams(tile=64, overlap=0.25, empty_ratio=1.0), as_uint8=True)
+    opened: list[Path] = []
+    real = frames._open
+    frames._open = lambda p: (opened.append(p), real(p))[1]  # type: ignore[method-assign]
+    ranks = [ResumableDistributedSampler(ds, 2, r, seed=3) for r in range(2)]
+    orders = [list(s) for s in ranks]
+    assert sorted(orders[0] + orders[1]) == list(range(len(ds)))  # a partition (len is even here)
+    for i in orders[0]:
+        ds[i]
+    assert len(opened) == len({ds.tiles[i].image for i in orders[0]})  # one decode per frame
+    # Frames come whole and in another order next epoch; a resumed position gives the same tail.
+    runs = sum(1 for a, b in zip(orders[0], orders[0][1:], strict=False) if ds.tiles[a].image != ds.tiles[b].image)
+    assert runs <= 2
+    ranks[0].set_position(1, 0)
+    e1 = list(ranks[0])
+    assert e1 != orders[0]
+    ranks[0].set_position(1, 5)
+    assert list(ranks[0]) == e1[5:]
+    cached = SlicedCocoDetection(frames, SliceParams(tile=64, overlap=0.25, empty_ratio=1.0), cache=True)
+    assert cached.frame_groups is None  # with the cache the plain shuffled order is kept
