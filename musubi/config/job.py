@@ -113,6 +113,11 @@ class SliceSpec(StrictModel):
         description="How tile detections merge: nmm (overlapping boxes become their union, as SAHI) or nms "
         "(the lower-scored box is dropped).",
     )
+    inline_train: bool = Field(
+        True,
+        description="Cut the train split into tiles inline. false: the train split is used as given (tiles "
+        "already cut by `musubi data slice`) and only validation is sliced (needs sliced_eval).",
+    )
     match_metric: Literal["ios", "iou"] = Field(
         "ios", description="Overlap measure of nmm: ios (intersection over the smaller box) or iou."
     )
@@ -160,6 +165,9 @@ class DataSpec(StrictModel):
             raise ValueError("slice cuts frames on disk (data.train); synthetic data has no frames to cut")
         if self.slice is not None and self.image_size is not None:
             raise ValueError("slice cuts frames at their own resolution; unset image_size (the tile is the input)")
+        if self.slice is not None and not self.slice.inline_train and not self.slice.sliced_eval:
+            raise ValueError("slice.inline_train: false slices only validation; set slice.sliced_eval: true "
+                             "or remove data.slice")
         if self.gpu_decode and self.slice is not None:
             raise ValueError("gpu_decode and slice do not combine yet; slice offline (`musubi data slice`) "
                              "and decode the tiles on the GPU")

@@ -333,7 +333,9 @@ class DetectionTask(Task):
                 self._train = SyntheticDetection.from_spec(data.synthetic, "train", self.image_size)
             else:
                 assert data.train is not None  # DataSpec guarantees one source
-                self._train = self._coco(data.train, "train", None, tiles=True)
+                # slice.inline_train false: the train split is already tiles (`musubi data slice`).
+                self._train = self._coco(data.train, "train", None,
+                                         tiles=data.slice is None or data.slice.inline_train)
         return self._train
 
     def val_dataset(self) -> Dataset | None:

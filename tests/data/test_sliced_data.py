@@ -141,3 +141,29 @@ def test_without_the_cache_tiles_are_drawn_frame_by_frame_and_each_frame_decoded
     assert list(ranks[0]) == e1[5:]
     cached = SlicedCocoDetection(frames, SliceParams(tile=64, overlap=0.25, empty_ratio=1.0), cache=True)
     assert cached.frame_groups is None  # with the cache the plain shuffled order is kept
+
+
+def test_offline_sliced_train_with_sliced_eval_on_whole_frames(tmp_path: Path) -> None:
+    # Before: sliced evaluation came only with inline slicing of the train split.
+    import pytest
+
+    from musubi.config.errors import ConfigError
+    from musubi.config.load import job_from_dict
+    from musubi.tasks.registry import build_task
+
+    frames_ann = small_set(tmp_path / "frames", images=2, width=200, height=120)
+    assert CliRunner().invoke(app, ["data", "slice", str(frames_ann), "--tile", "64", "--empty-ratio", "1",
+                                    "--out", str(tmp_path / "tiles")]).exit_code == 0
+    job = {"name": "d", "task": "detection", "model": "fcos_resnet50_fpn",
+           "data": {"train": {"path": str(tmp_path / "tiles" / "images"),
+                              "annotations": str(tmp_path / "tiles" / "annotations.json")},
+                    "val": {"path": str(tmp_path / "frames" / "images"), "annotations": str(frames_ann)},
+                    "slice": {"tile": 64, "inline_train": False}}}
+    task = build_task(job_from_dict(job))
+    train, val = task.train_dataset(), task.val_dataset()
+    assert type(train) is CocoDetection and len(train) == len(json.loads(
+        (tmp_path / "tiles" / "annotations.json").read_text())["images"])
+    assert type(val) is CocoDetection and len(val) == 2  # whole frames, predicted on tiles
+    job["data"]["slice"]["sliced_eval"] = False
+    with pytest.raises(ConfigError, match="inline_train"):
+        job_from_dict(job)
