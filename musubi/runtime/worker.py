@@ -197,6 +197,9 @@ def main(argv: list[str] | None = None) -> int:
             summary["per_rank_batch"] = plan.per_rank
             summary["accumulation"] = plan.accumulation
             summary["restarts"] = restarts
+            loader = getattr(getattr(trainer, "feed", None), "plan", None)
+            if loader is not None:  # on-device synthetic data has no loader
+                summary["loader"] = loader.record()
             (job_dir / "summary.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
             if summary["val"]:
                 (job_dir / "eval.json").write_text(
@@ -226,6 +229,16 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
+def _merge_how(task: Any) -> str:
+    """How sliced evaluation merged tile detections (eval.json's "how"), or ""."""
+    data = getattr(getattr(task, "spec", None), "data", None)
+    sl = getattr(data, "slice", None)
+    if sl is None or not getattr(sl, "sliced_eval", False) or getattr(data, "synthetic", None) is not None:
+        return ""
+    return (f"; whole frames predicted on {sl.tile} px tiles (overlap {sl.overlap:g}), merged by {sl.merge}"
+            f"{f' ({sl.match_metric})' if sl.merge == 'nmm' else ''} at {sl.nms_iou:g}")
+
+
 if __name__ == "__main__":
     code = main()
     logging.shutdown()
@@ -236,12 +249,3 @@ if __name__ == "__main__":
     # failure a peer may be stuck in a collective; torchrun ends the others.
     os._exit(code)
 
-
-def _merge_how(task: Any) -> str:
-    """How sliced evaluation merged tile detections (eval.json's "how"), or ""."""
-    data = getattr(getattr(task, "spec", None), "data", None)
-    sl = getattr(data, "slice", None)
-    if sl is None or not getattr(sl, "sliced_eval", False) or getattr(data, "synthetic", None) is not None:
-        return ""
-    return (f"; whole frames predicted on {sl.tile} px tiles (overlap {sl.overlap:g}), merged by {sl.merge}"
-            f"{f' ({sl.match_metric})' if sl.merge == 'nmm' else ''} at {sl.nms_iou:g}")

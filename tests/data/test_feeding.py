@@ -37,6 +37,10 @@ def test_auto_workers_from_the_cores_of_each_rank(monkeypatch: pytest.MonkeyPatc
     assert plan.workers == 3 and plan.pin_memory is False
     assert plan.kwargs() == {"num_workers": 3, "pin_memory": False, "persistent_workers": True, "prefetch_factor": 2}
     assert plan_loader(0, True, 4, True, True).kwargs()["prefetch_factor"] is None
+    # summary.json records what the loader got and where the worker count came from.
+    assert plan.record() == {"workers": 3, "workers_from": "auto (4 cores for this rank)", "pin_memory": False,
+                             "prefetch": 2, "persistent_workers": True}
+    assert plan_loader(0, True, 4, True, True).record()["workers_from"] == "config"
 
 
 def test_jpeg_bytes_decode_like_the_host_path(tmp_path: Path) -> None:
