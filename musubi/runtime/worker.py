@@ -112,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         check_unique_devices(world)  # abort at start if two ranks share one GPU
         from musubi.runtime.pinning import configure_threads
 
+        workers_from = "auto (this rank's cores)" if spec.data.workers == "auto" else "config"
         log.info("rank %d: %s", world.rank, configure_threads(spec, pinned))
         if restarts:
             log.warning("restart %d of this job (torchrun): resuming from the newest committed checkpoint",
@@ -199,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
             summary["restarts"] = restarts
             loader = getattr(getattr(trainer, "feed", None), "plan", None)
             if loader is not None:  # on-device synthetic data has no loader
-                summary["loader"] = loader.record()
+                summary["loader"] = {**loader.record(), "workers_from": workers_from}
             (job_dir / "summary.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
             if summary["val"]:
                 (job_dir / "eval.json").write_text(
