@@ -67,10 +67,31 @@ def dataset_version(config: dict[str, Any], store: Path | None = None) -> str | 
         fields["task"] = config.get("task")  # the same seed draws other samples for another task
         text = json.dumps(fields, sort_keys=True, separators=(",", ":"))
         return "synthetic-" + hashlib.sha256(text.encode()).hexdigest()[:16]
-    detail = dataset_detail(config, store)
+    return _joined(dataset_detail(config, store))
+
+
+def _joined(detail: dict[str, Any] | None) -> str | None:
     if detail is None:
         return None
     return "+".join(v for k, v in detail.items() if k != "options") + "-" + detail["options"]
+
+
+def dataset_env(configs: list[dict[str, Any]], store: Path | None = None) -> dict[str, Any]:
+    """env.json's data keys: `datasets` (job -> version) and `dataset_splits` (job -> per-split versions)."""
+    versions: dict[str, str | None] = {}
+    splits: dict[str, Any] = {}
+    for c in configs:
+        if not isinstance(c, dict):
+            continue
+        name = str(c.get("name"))
+        data = c.get("data") or {}
+        if isinstance(data.get("synthetic"), dict):
+            versions[name] = dataset_version(c, store)
+            continue
+        detail = dataset_detail(c, store)
+        versions[name] = _joined(detail)
+        splits[name] = detail
+    return {"datasets": versions, "dataset_splits": splits}
 
 
 def dataset_record(configs: list[dict[str, Any]], store: Path | None = None) -> dict[str, str | None]:

@@ -19,7 +19,7 @@ from rich.console import Console
 from musubi.config.errors import ConfigError
 from musubi.config.fleet import FleetSpec, TaskJob
 from musubi.config.load import load_fleet
-from musubi.evaluate.provenance import dataset_record
+from musubi.evaluate.provenance import dataset_env
 from musubi.fleet.jobs import check_command
 from musubi.fleet.local import JobState, LocalFleet
 from musubi.store.db import db_path
@@ -121,8 +121,8 @@ def run_fleet(req: FleetRequest, console: Console | None = None) -> tuple[Path, 
                           else j.model_dump()) for j in spec.jobs]}
     if not req.resume:
         write_json(run_dir / "run.json", run_record(resolved, sys.argv))
-    datasets = dataset_record([j.spec.resolved() for j in spec.jobs if isinstance(j, TaskJob)], db_path(run_dir))
-    env = {**env_record(), "datasets": datasets}
+    env = {**env_record(), **dataset_env([j.spec.resolved() for j in spec.jobs if isinstance(j, TaskJob)],
+                                         db_path(run_dir))}
     if req.trigger:
         env["trigger"] = req.trigger
     write_json(run_dir / "env.json", env)

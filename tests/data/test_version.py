@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from musubi.cli import app
 from musubi.data.version import hash_dataset
-from musubi.evaluate.provenance import dataset_detail, dataset_version
+from musubi.evaluate.provenance import dataset_detail, dataset_env, dataset_version
 
 from .sets import small_set
 
@@ -95,6 +95,8 @@ def test_one_version_for_folder_annotation_file_and_job(tmp_path: Path) -> None:
     assert dataset_detail(config)["train"] == folder == dataset_detail(config)["val"]
     v = dataset_version(config)
     assert v is not None and v.startswith(folder + "+" + folder + "-")
+    env = dataset_env([config])  # what env.json records
+    assert env["datasets"] == {"j": v} and env["dataset_splits"]["j"]["train"] == folder
 
 
 def test_a_missing_path_exits_2_naming_the_argument(tmp_path: Path) -> None:
