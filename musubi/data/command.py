@@ -195,8 +195,8 @@ def slice_command(
         params = SliceParams(tile, overlap, min_visibility, empty_ratio, seed)
         params.check()
         ann, images = coco_source(src)
-        if out.exists() and any(out.iterdir()):
-            raise ConfigError(f"--out {out} is not empty; give a new folder (nothing is overwritten)")
+        if out.exists() and (not out.is_dir() or any(out.iterdir())):
+            raise ConfigError(f"--out {out} is not an empty folder; give a new folder (nothing is overwritten)")
         report = slice_coco(ann, images, out, params)
     except ConfigError as e:
         _usage(str(e))
@@ -221,8 +221,8 @@ def convert_command(
 
     try:
         if to == "yolo":
-            if out.exists() and any(out.iterdir()):
-                raise ConfigError(f"--out {out} is not empty; give a new folder (nothing is overwritten)")
+            if out.exists() and (not out.is_dir() or any(out.iterdir())):
+                raise ConfigError(f"--out {out} is not an empty folder; give a new folder (nothing is overwritten)")
             ann, images = coco_source(src)
             counts: dict[str, Any] = coco_to_yolo(ann, images, out, coco_source(val) if val else None)
         elif to == "coco":

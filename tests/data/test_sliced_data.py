@@ -64,7 +64,7 @@ def test_slice_command_writes_tiles_and_reports_counts(tmp_path: Path) -> None:
     check = CliRunner().invoke(app, ["data", "check", str(out / "annotations.json"), "--store", str(tmp_path / "r")])
     assert check.exit_code == 0, check.output
     again = CliRunner().invoke(app, ["data", "slice", str(ann), "--out", str(out)])
-    assert again.exit_code == 2 and "not empty" in again.output
+    assert again.exit_code == 2 and "not an empty folder" in again.output
     bad = CliRunner().invoke(app, ["data", "slice", str(ann), "--overlap", "1.5", "--out", str(tmp_path / "x")])
     assert bad.exit_code == 2 and "overlap 1.5" in bad.output
 
@@ -167,3 +167,15 @@ def test_offline_sliced_train_with_sliced_eval_on_whole_frames(tmp_path: Path) -
     job["data"]["slice"]["sliced_eval"] = False
     with pytest.raises(ConfigError, match="inline_train"):
         job_from_dict(job)
+
+
+def test_an_out_that_is_a_file_is_refused_in_one_line(tmp_path: Path) -> None:
+    # Before: NotADirectoryError traceback from iterdir().
+    ann = small_set(tmp_path / "src", images=1)
+    (tmp_path / "f").write_text("keep me")
+    for args in (["data", "slice", str(ann), "--out", str(tmp_path / "f")],
+                 ["data", "convert", str(ann), "--to", "yolo", "--out", str(tmp_path / "f")],
+                 ["data", "synth", str(tmp_path / "f")]):
+        res = CliRunner().invoke(app, args)
+        assert res.exit_code == 2 and "not an empty folder" in res.output, (args, res.output)
+    assert (tmp_path / "f").read_text() == "keep me"
