@@ -102,7 +102,7 @@ def test_a_coco_folder_is_checked_as_coco_not_as_an_image_folder(tmp_path: Path)
     report = json.loads(res.output)
     assert report["kind"] == "coco" and {i["kind"] for i in report["issues"]} == {"empty_box"}
     # Two JSONs: ambiguous, refused in one line naming the fix (exit 2), for check and slice alike.
-    (tmp_path / "set" / "other.json").write_text("{}")
+    shutil.copy(ann, tmp_path / "set" / "other.json")
     for args in (["data", "check", str(tmp_path / "set")],
                  ["data", "slice", str(tmp_path / "set"), "--out", str(tmp_path / "o")]):
         amb = CliRunner().invoke(app, args)
@@ -196,3 +196,15 @@ def test_several_splits_checked_together_find_leaks_and_category_disagreement(tm
     edit(val, lambda d: d["categories"].append({"id": 7, "name": "boat"}))
     res = CliRunner().invoke(app, ["data", "check", str(train), str(val), "--store", str(tmp_path / "r")])
     assert res.exit_code == 1 and "categories not in" in res.output and "duplicate_across_splits (1):" in res.output
+
+
+def test_a_class_folder_set_with_a_metadata_json_stays_an_image_folder(tmp_path: Path) -> None:
+    from PIL import Image
+
+    for c in ("cat", "dog"):
+        (tmp_path / "set" / c).mkdir(parents=True)
+        Image.new("RGB", (8, 8)).save(tmp_path / "set" / c / "a.jpg")
+    (tmp_path / "set" / "classes.json").write_text('{"names": ["cat", "dog"]}')
+    res = CliRunner().invoke(app, ["data", "check", str(tmp_path / "set"), "--json", "--store", str(tmp_path / "r")])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output)["kind"] == "image_folder"

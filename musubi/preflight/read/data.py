@@ -122,7 +122,23 @@ def annotation_jsons(root: Path) -> list[Path]:
     """COCO annotation candidates of a folder: ROOT/*.json and ROOT/annotations/*.json (hidden files skipped)."""
     found = sorted(root.glob("*.json")) + sorted(root.glob("annotations/*.json"))
     # coco_image_ids.json: the image-id sidecar `data convert --to yolo` writes next to data.yaml.
-    return [p for p in found if not p.name.startswith(".") and p.name != "coco_image_ids.json"]
+    return [p for p in found if not p.name.startswith(".") and p.name != "coco_image_ids.json" and _looks_coco(p)]
+
+
+#: JSON files larger than this are taken as COCO without looking (a data folder's big JSON is its annotations).
+SNIFF_BYTES = 1 << 20
+
+
+def _looks_coco(path: Path) -> bool:
+    """Whether a JSON file may be COCO annotations: it names "images" and "annotations" (a class-folder set's
+    `classes.json` or a tool's metadata file does not make the folder COCO)."""
+    try:
+        if path.stat().st_size > SNIFF_BYTES:
+            return True
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return True  # unreadable: let the reader name the problem
+    return '"images"' in text and '"annotations"' in text
 
 
 def folder_layout(root: Path, several: bool = False) -> tuple[str, list[Path]]:
