@@ -1,8 +1,10 @@
 """Dataset version: a content hash of the annotations and every image byte.
 
-The version is sha256 over (relative name, sha256 of the file) of every file,
+The version is sha256 over (name, sha256 of the file) of every file of the set,
 sorted by name, so it changes with any byte, any rename and any added or removed
-file, and never with the order the files were read in. Files are hashed on a
+file, and never with the order the files were read in. Which files and names:
+see dataset_files (a COCO split is its annotation file plus the images it lists,
+wherever they sit; a folder's run store, hidden and temporary files never count). Files are hashed on a
 thread pool (hashlib releases the GIL on large buffers) and their digests cached
 in the store (`musubi.db`) by path, size and mtime, so a new export of a large set
 re-reads only what changed.
@@ -144,9 +146,18 @@ def dataset_files(target: Path, image_dir: Path | None = None) -> list[tuple[str
             return data_files(target)
         if len(jsons) == 1:
             return coco_files(jsons[0])
+        # Splits may list the same file_name in different image folders: images are named by their path
+        # under the folder here (or after their annotation file when they lie outside it).
         files: dict[str, Path] = {}
         for ann in jsons:
-            files.update(coco_files(ann, name=f"annotations/{ann.relative_to(target).as_posix()}"))
+            rel = f"annotations/{ann.relative_to(target).as_posix()}"
+            for name, path in coco_files(ann, name=rel):
+                if path == ann:
+                    files[name] = path
+                elif path.resolve().is_relative_to(target.resolve()):
+                    files[path.resolve().relative_to(target.resolve()).as_posix()] = path
+                else:
+                    files[f"{rel}/{name}"] = path
         return sorted(files.items())
     if not target.is_file():
         raise ConfigError(f"{target}: no such file or directory; give a dataset folder or a COCO JSON file")

@@ -108,3 +108,18 @@ def test_a_missing_path_exits_2_naming_the_argument(tmp_path: Path) -> None:
         res = CliRunner().invoke(app, args)
         assert res.exit_code == 2 and f"{name} {gone}" in res.output, (args, res.output)
         assert len(res.output.strip().splitlines()) == 1
+
+
+def test_a_folder_of_train_and_val_exports_hashes_both_splits(tmp_path: Path) -> None:
+    # Both splits list frame_00000.jpg, in different image folders: each counts (no name collision).
+    root = tmp_path / "set"
+    for split, seed in (("train", 0), ("val", 1)):
+        small_set(tmp_path / split, images=2, seed=seed)
+        shutil.move(str(tmp_path / split / "images"), str(root / "images" / split))
+        (root / "annotations").mkdir(parents=True, exist_ok=True)
+        shutil.move(str(tmp_path / split / "annotations.json"), str(root / "annotations" / f"{split}.json"))
+    first = hash_dataset(root)
+    assert first.files == 6
+    img = root / "images" / "val" / "frame_00000.jpg"
+    img.write_bytes(img.read_bytes() + b"\0")
+    assert hash_dataset(root).version != first.version
