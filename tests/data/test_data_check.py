@@ -208,3 +208,10 @@ def test_a_class_folder_set_with_a_metadata_json_stays_an_image_folder(tmp_path:
     res = CliRunner().invoke(app, ["data", "check", str(tmp_path / "set"), "--json", "--store", str(tmp_path / "r")])
     assert res.exit_code == 0, res.output
     assert json.loads(res.output)["kind"] == "image_folder"
+
+
+def test_a_coco_folder_missing_a_list_is_not_passed_as_an_image_folder(tmp_path: Path) -> None:
+    ann = small_set(tmp_path / "set")
+    edit(ann, lambda d: d.pop("images"))
+    res = CliRunner().invoke(app, ["data", "check", str(tmp_path / "set"), "--store", str(tmp_path / "r")])
+    assert res.exit_code == 1 and "missing the COCO list 'images'" in res.output

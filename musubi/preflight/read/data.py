@@ -130,15 +130,16 @@ SNIFF_BYTES = 1 << 20
 
 
 def _looks_coco(path: Path) -> bool:
-    """Whether a JSON file may be COCO annotations: it names "images" and "annotations" (a class-folder set's
-    `classes.json` or a tool's metadata file does not make the folder COCO)."""
+    """Whether a JSON file may be COCO annotations: it names "images", "annotations" or "categories" (a
+    class-folder set's `classes.json` does not make the folder COCO; a COCO file missing a list does, and
+    the check names what is missing)."""
     try:
         if path.stat().st_size > SNIFF_BYTES:
             return True
         text = path.read_text(encoding="utf-8", errors="replace")
     except OSError:
         return True  # unreadable: let the reader name the problem
-    return '"images"' in text and '"annotations"' in text
+    return any(f'"{k}"' in text for k in ("images", "annotations", "categories"))
 
 
 def folder_layout(root: Path, several: bool = False) -> tuple[str, list[Path]]:
