@@ -137,9 +137,11 @@ class DataSpec(StrictModel):
         None, ge=1, le=2**40, description="Refuse on-disk images with more pixels than this (decompression "
         "bombs), read from the header before decoding; default PIL's limit (89,478,485)."
     )
-    workers: int | Literal["auto"] = Field(
+    workers: int | Literal["auto", "measure"] = Field(
         2, description="Data-loader worker processes per rank (0-64), or `auto`: the rank's cores (pinned, else "
-        "its share of the machine's) minus one for the training loop, at most 16 (see train.pin_cpus).")
+        "its share of the machine's) minus one for the training loop, at most 16 (see train.pin_cpus); or "
+        "`measure`: time the real loader at 1, 2, 4, ... up to the `auto` count at start and keep the smallest "
+        "count within 5% of the best rate.")
     pin_memory: bool = Field(True, description="Pin host batches for faster copies to the GPU.")
     prefetch: int = Field(4, ge=1, le=64, description="Batches each loader worker prepares ahead.")
     persistent_workers: bool = Field(True, description="Keep loader workers (and their caches) between epochs.")

@@ -56,7 +56,8 @@ def plan_loader(workers: int | str, pin_memory: bool, prefetch: int, persistent:
     """The loader plan of one rank (local_ranks default: torchrun's LOCAL_WORLD_SIZE)."""
     if local_ranks is None:
         local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    n = auto_workers(local_ranks) if workers == "auto" else int(workers)
-    source = f"auto ({cores_of_rank(local_ranks)} cores for this rank)" if workers == "auto" else "config"
+    # `measure` is resolved by the training feed (loader_probe); anywhere else it means `auto`.
+    n = auto_workers(local_ranks) if workers in ("auto", "measure") else int(workers)
+    source = f"auto ({cores_of_rank(local_ranks)} cores for this rank)" if workers in ("auto", "measure") else "config"
     return LoaderPlan(workers=n, pin_memory=pin_memory and is_cuda, prefetch=prefetch, persistent=persistent,
                       source=source)

@@ -200,6 +200,10 @@ def main(argv: list[str] | None = None) -> int:
             summary["restarts"] = restarts
             loader = getattr(getattr(trainer, "feed", None), "plan", None)
             if loader is not None:  # on-device synthetic data has no loader
+                measured = getattr(trainer.feed, "measured", None)
+                if measured:
+                    workers_from = "measured (samples/s: " + ", ".join(
+                        f"{k} workers {r:.0f}" for k, r in measured.items()) + ")"
                 summary["loader"] = {**loader.record(), "workers_from": workers_from}
             (job_dir / "summary.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
             if summary["val"]:
