@@ -7,6 +7,7 @@ problems exits 1 (`check`).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -114,6 +115,8 @@ def check_command(
         reading = read_data(path, examples=10**9, store=store / "musubi.db")
         if reading.kind in ("ambiguous", "yolo"):
             _usage(f"{reading.error}; {reading.fix}")
+        if reading.fix and reading.fix.startswith("give --data "):  # the preflight's option; here it is PATH
+            reading = dataclasses.replace(reading, fix="give PATH as " + reading.fix.removeprefix("give --data "))
         readings.append(reading)
     results = check_data(readings)
     leaks = across_splits(readings, store / "musubi.db") if len(readings) > 1 else []

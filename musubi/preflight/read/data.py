@@ -330,7 +330,7 @@ def read_coco(target: str, ann: Path, image_dir: Path | None, examples: int = MA
         if image_dir is None:
             where = ", ".join(str(t) for t in tried[:4])
             return DataReading(**base, error=f"{ann}: cannot find the image directory (looked in {where})",
-                               fix=f"give IMAGES_DIR{PAIR_SEPARATOR}{ann} (or --data IMAGES_DIR{PAIR_SEPARATOR}{ann} to musubi check)")
+                               fix=f"give --data IMAGES_DIR{PAIR_SEPARATOR}{ann}")
     base["image_dir"] = str(image_dir)
     original = raw
     index_of = {id(a): n for n, a in enumerate(original["annotations"])}
