@@ -105,7 +105,22 @@ class SliceSpec(StrictModel):
         True,
         description="Validate on full frames: predict on their tiles and merge with NMS, so mAP is per frame.",
     )
-    nms_iou: float = Field(0.5, gt=0.0, le=1.0, description="IoU of the NMS that merges tile detections.")
+    nms_iou: float = Field(
+        0.5, gt=0.0, le=1.0, description="Overlap threshold of the merge of tile detections (see merge, match_metric)."
+    )
+    merge: Literal["nmm", "nms"] = Field(
+        "nmm",
+        description="How tile detections merge: nmm (overlapping boxes become their union, as SAHI) or nms "
+        "(the lower-scored box is dropped).",
+    )
+    inline_train: bool = Field(
+        True,
+        description="Cut the train split into tiles inline. false: the train split is used as given (tiles "
+        "already cut by `musubi data slice`) and only validation is sliced (needs sliced_eval).",
+    )
+    match_metric: Literal["ios", "iou"] = Field(
+        "ios", description="Overlap measure of nmm: ios (intersection over the smaller box) or iou."
+    )
 
 
 class DataSpec(StrictModel):
@@ -122,9 +137,11 @@ class DataSpec(StrictModel):
         None, ge=1, le=2**40, description="Refuse on-disk images with more pixels than this (decompression "
         "bombs), read from the header before decoding; default PIL's limit (89,478,485)."
     )
-    workers: int | Literal["auto"] = Field(
+    workers: int | Literal["auto", "measure"] = Field(
         2, description="Data-loader worker processes per rank (0-64), or `auto`: the rank's cores (pinned, else "
-        "its share of the machine's) minus one for the training loop, at most 16 (see train.pin_cpus).")
+        "its share of the machine's) minus one for the training loop, at most 16 (see train.pin_cpus); or "
+        "`measure`: time the real loader at 1, 2, 4, ... up to the `auto` count at start and keep the smallest "
+        "count within 5% of the best rate.")
     pin_memory: bool = Field(True, description="Pin host batches for faster copies to the GPU.")
     prefetch: int = Field(4, ge=1, le=64, description="Batches each loader worker prepares ahead.")
     persistent_workers: bool = Field(True, description="Keep loader workers (and their caches) between epochs.")
@@ -150,6 +167,9 @@ class DataSpec(StrictModel):
             raise ValueError("slice cuts frames on disk (data.train); synthetic data has no frames to cut")
         if self.slice is not None and self.image_size is not None:
             raise ValueError("slice cuts frames at their own resolution; unset image_size (the tile is the input)")
+        if self.slice is not None and not self.slice.inline_train and not self.slice.sliced_eval:
+            raise ValueError("slice.inline_train: false slices only validation; set slice.sliced_eval: true "
+                             "or remove data.slice")
         if self.gpu_decode and self.slice is not None:
             raise ValueError("gpu_decode and slice do not combine yet; slice offline (`musubi data slice`) "
                              "and decode the tiles on the GPU")

@@ -7,6 +7,7 @@ problems exits 1 (`check`).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -39,12 +40,19 @@ def coco_source(src: str) -> tuple[Path, Path]:
         return (b, a) if b.suffix.lower() == ".json" else (a, b)
     path = Path(src)
     if path.is_dir():
-        jsons = sorted(path.glob("*.json")) + sorted(path.glob("annotations/*.json"))
-        if len(jsons) != 1:
-            raise ConfigError(f"{src}: found {len(jsons)} annotation JSON files; give ANN.json or IMAGES_DIR::ANN.json")
-        path = jsons[0]
+        from musubi.preflight.read.data import folder_layout
+
+        layout, found = folder_layout(path)
+        if layout == "yolo":
+            raise ConfigError(f"{src}: a YOLO folder ({found[0].name}), not COCO; "
+                              f"convert it first: musubi data convert {src} --to coco --out ANN.json")
+        if layout != "coco":
+            raise ConfigError(f"{src}: no COCO annotation JSON in it (ROOT/*.json or ROOT/annotations/*.json); "
+                              "give ANN.json or IMAGES_DIR::ANN.json")
+        path = found[0]
     if not path.is_file():
-        raise ConfigError(f"{src}: no such file; give a COCO ANN.json or IMAGES_DIR::ANN.json")
+        raise ConfigError(f"SRC {src}: no such file; give a COCO ANN.json, IMAGES_DIR::ANN.json or a folder "
+                          "with one annotation JSON")
     from musubi.data.coco import read_annotation_json
 
     names = [i.get("file_name") for i in read_annotation_json(path)["images"] if isinstance(i, dict)]
@@ -55,9 +63,40 @@ def coco_source(src: str) -> tuple[Path, Path]:
     return path, image_dir
 
 
+def _reading_json(reading: Any) -> dict[str, Any]:
+    return {"path": reading.path, "kind": reading.kind, "image_dir": reading.image_dir, "error": reading.error,
+            "fix": reading.fix or None, "counts": reading.counts, "per_class": reading.per_class,
+            "seconds": reading.seconds,
+            "issues": [{"kind": i.kind, "count": i.count, "files": list(i.examples)} for i in reading.issues]}
+
+
+def _print_reading(console: Console, reading: Any, title: bool) -> None:
+    if title:
+        console.print(f"== {reading.path}", highlight=False, markup=False)
+    for issue in reading.issues:
+        console.print(f"{issue.kind} ({issue.count}):", highlight=False, markup=False)
+        for ex in issue.examples[:CONSOLE_EXAMPLES]:
+            console.print(f"  {ex}", highlight=False, markup=False)
+        if issue.count > CONSOLE_EXAMPLES:
+            console.print(f"  ... {issue.count - CONSOLE_EXAMPLES} more (--json lists all)", highlight=False,
+                          markup=False)
+    if reading.per_class:
+        console.print("boxes per class: " + ", ".join(f"{k} {v}" for k, v in reading.per_class.items()),
+                      highlight=False, markup=False)
+        unused = [k for k, v in reading.per_class.items() if v == 0]
+        if unused:
+            console.print(f"categories without boxes ({len(unused)}): {', '.join(unused)}", highlight=False,
+                          markup=False)
+    if reading.counts.get("images_without_boxes"):
+        console.print(f"images without boxes: {reading.counts['images_without_boxes']} of "
+                      f"{reading.counts['images']}", highlight=False, markup=False)
+
+
 @data_app.command("check")
 def check_command(
-    path: str = typer.Argument(..., help="ANN.json, IMAGES_DIR::ANN.json (COCO), an image folder or a text file."),
+    paths: list[str] = typer.Argument(..., help="ANN.json, IMAGES_DIR::ANN.json (COCO), a data set folder or a "
+                                               "text file; several: splits, train first (categories must agree, "
+                                               "no image in two splits)."),
     as_json: bool = typer.Option(False, "--json", help="Print the findings as JSON (every offender listed)."),
     allow_warnings: bool = typer.Option(False, "--allow-warnings",
                                         help="Exit 0 when only WARN problems (boxes clipped or dropped) are found."),
@@ -65,40 +104,53 @@ def check_command(
 ) -> None:
     """Check a data set: it parses, every image exists and decodes, boxes inside with area, ids, duplicates."""
     from musubi.preflight.checks.data import check_data
-    from musubi.preflight.read.data import read_data
-    from musubi.preflight.result import PreflightReport, Status, render
+    from musubi.preflight.read.data import PAIR_SEPARATOR, across_splits, read_data
+    from musubi.preflight.result import PreflightReport, Status, render, warn
 
-    reading = read_data(path, examples=10**9, store=store / "musubi.db")
-    results = check_data([reading])
+    for path in paths:
+        if PAIR_SEPARATOR not in path and not Path(path).exists():
+            _usage(f"PATH {path}: no such file or directory; give ANN.json, IMAGES_DIR::ANN.json, a folder or a file")
+    readings = []
+    for path in paths:
+        reading = read_data(path, examples=10**9, store=store / "musubi.db")
+        if reading.kind in ("ambiguous", "yolo"):
+            _usage(f"{reading.error}; {reading.fix}")
+        if reading.fix and reading.fix.startswith("give --data "):  # the preflight's option; here it is PATH
+            reading = dataclasses.replace(reading, fix="give PATH as " + reading.fix.removeprefix("give --data "))
+        readings.append(reading)
+    results = check_data(readings)
+    leaks = across_splits(readings, store / "musubi.db") if len(readings) > 1 else []
+    if leaks:
+        results.append(warn("data.splits", f"{len(leaks)} images are byte-identical across splits "
+                                           f"(first: {'; '.join(leaks[:3])})",
+                            "remove them from one split (they leak into the score)"))
     bad = [r for r in results if r.status is Status.FAIL or (r.status is Status.WARN and not allow_warnings)]
+    seconds = round(sum(r.seconds for r in readings), 3)
     if as_json:
-        print(json.dumps({
-            "path": reading.path, "kind": reading.kind, "image_dir": reading.image_dir, "ok": not bad,
-            "error": reading.error, "fix": reading.fix or None, "counts": reading.counts,
-            "per_class": reading.per_class, "seconds": reading.seconds,
-            "issues": [{"kind": i.kind, "count": i.count, "files": list(i.examples)} for i in reading.issues],
-            "results": [r.to_dict() for r in results],
-        }, indent=1, default=str))
+        if len(readings) == 1:
+            out: dict[str, Any] = {**_reading_json(readings[0]), "ok": not bad}
+        else:
+            out = {"ok": not bad, "datasets": [_reading_json(r) for r in readings],
+                   "duplicate_across_splits": leaks}
+        out["results"] = [r.to_dict() for r in results]
+        print(json.dumps(out, indent=1, default=str))
     else:
         console = Console(soft_wrap=True)
-        render(PreflightReport(results, reading.seconds), console)
-        for issue in reading.issues:
-            console.print(f"{issue.kind} ({issue.count}):", highlight=False, markup=False)
-            for ex in issue.examples[:CONSOLE_EXAMPLES]:
+        render(PreflightReport(results, seconds), console)
+        for reading in readings:
+            _print_reading(console, reading, len(readings) > 1)
+        if leaks:
+            console.print(f"duplicate_across_splits ({len(leaks)}):", highlight=False, markup=False)
+            for ex in leaks[:CONSOLE_EXAMPLES]:
                 console.print(f"  {ex}", highlight=False, markup=False)
-            if issue.count > CONSOLE_EXAMPLES:
-                console.print(f"  ... {issue.count - CONSOLE_EXAMPLES} more (--json lists all)", highlight=False,
-                              markup=False)
-        if reading.per_class:
-            console.print("boxes per class: " + ", ".join(f"{k} {v}" for k, v in reading.per_class.items()),
-                          highlight=False, markup=False)
     if bad:
         raise typer.Exit(EXIT_FAILED)
 
 
 @data_app.command("hash")
 def hash_command(
-    path: Path = typer.Argument(..., help="Data set folder, or a COCO ANN.json (the file plus the images it lists)."),
+    path: str = typer.Argument(..., help="Data set folder, a COCO ANN.json or IMAGES_DIR::ANN.json "
+                                         "(the annotation file plus the images it lists), or a file."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     store: Path = typer.Option(Path("runs"), "--store", help="Folder of musubi.db (digest cache)."),
     no_cache: bool = typer.Option(False, "--no-cache", help="Read every byte again (no digest cache)."),
@@ -106,9 +158,18 @@ def hash_command(
 ) -> None:
     """The content version of a data set: sha256 over every file's name and bytes."""
     from musubi.data.version import hash_dataset
+    from musubi.preflight.read.data import PAIR_SEPARATOR
 
     try:
-        v = hash_dataset(path, None if no_cache else store / "musubi.db", workers)
+        image_dir = None
+        target = Path(path)
+        if PAIR_SEPARATOR in path:
+            a, b = (Path(p) for p in path.split(PAIR_SEPARATOR, 1))
+            target, image_dir = (b, a) if b.suffix.lower() == ".json" else (a, b)
+        if not target.exists():
+            raise ConfigError(f"PATH {target}: no such file or directory; give a data set folder, a COCO ANN.json "
+                              "or IMAGES_DIR::ANN.json")
+        v = hash_dataset(target, None if no_cache else store / "musubi.db", workers, image_dir=image_dir)
     except ConfigError as e:
         _usage(str(e))
     if as_json:
@@ -137,8 +198,8 @@ def slice_command(
         params = SliceParams(tile, overlap, min_visibility, empty_ratio, seed)
         params.check()
         ann, images = coco_source(src)
-        if out.exists() and any(out.iterdir()):
-            raise ConfigError(f"--out {out} is not empty; give a new folder (nothing is overwritten)")
+        if out.exists() and (not out.is_dir() or any(out.iterdir())):
+            raise ConfigError(f"--out {out} is not an empty folder; give a new folder (nothing is overwritten)")
         report = slice_coco(ann, images, out, params)
     except ConfigError as e:
         _usage(str(e))
@@ -154,26 +215,52 @@ def slice_command(
 def convert_command(
     src: str = typer.Argument(..., help="COCO source (ANN.json, IMAGES_DIR::ANN.json) or a YOLO folder (data.yaml)."),
     to: str = typer.Option(..., "--to", help="yolo or coco."),
-    out: Path = typer.Option(..., "--out", help="yolo: output folder; coco: output annotation JSON."),
+    out: Path = typer.Option(..., "--out", help="yolo: output folder; coco: output annotation JSON "
+                                                "(a folder when the YOLO set has train and val splits)."),
+    val: str | None = typer.Option(None, "--val", help="--to yolo: the COCO val split (written to images/val)."),
 ) -> None:
     """Convert COCO to YOLO (images/, labels/, data.yaml) or back."""
     from musubi.data.yolo import coco_to_yolo, yolo_to_coco
 
     try:
         if to == "yolo":
-            if out.exists() and any(out.iterdir()):
-                raise ConfigError(f"--out {out} is not empty; give a new folder (nothing is overwritten)")
+            if out.exists() and (not out.is_dir() or any(out.iterdir())):
+                raise ConfigError(f"--out {out} is not an empty folder; give a new folder (nothing is overwritten)")
             ann, images = coco_source(src)
-            counts: dict[str, Any] = coco_to_yolo(ann, images, out)
+            counts: dict[str, Any] = coco_to_yolo(ann, images, out, coco_source(val) if val else None)
         elif to == "coco":
+            if val:
+                raise ConfigError("--val is for --to yolo; a YOLO set's splits come from its data.yaml")
+            if not Path(src).is_dir():
+                raise ConfigError(f"SRC {src}: not a folder; give the root of a YOLO data set (data.yaml)")
             if out.exists():
-                raise ConfigError(f"--out {out} exists; give a new file name (nothing is overwritten)")
+                raise ConfigError(f"--out {out} exists; give a new name (nothing is overwritten)")
             counts = yolo_to_coco(Path(src), out)
         else:
             raise ConfigError(f"--to {to!r}: give yolo or coco")
     except ConfigError as e:
         _usage(str(e))
-    print(f"{out}: " + ", ".join(f"{v} {k}" for k, v in counts.items()))
+    numbers = {k: v for k, v in counts.items() if isinstance(v, int)}
+    print(f"{out}: " + ", ".join(f"{v} {k}" for k, v in numbers.items()))
+    if to == "coco":  # where the images are: the JSON alone does not say
+        pairs = [f"{k}: {v}" for k, v in counts.items() if isinstance(v, str) and "::" in v]
+        for line in pairs or [f"images: {counts.get('images_dir')}::{out}"]:
+            print(f"  {line}")
+
+
+def reads_from(spec: Any, data_dir: Path, base: Path) -> bool:
+    """Whether any job of the fleet has a data path (images or annotations) under `data_dir`."""
+    root = data_dir.resolve()
+    for job in getattr(spec, "jobs", []):
+        data = getattr(getattr(job, "spec", None), "data", None)
+        for split in (getattr(data, "train", None), getattr(data, "val", None)):
+            for value in (getattr(split, "path", None), getattr(split, "annotations", None)):
+                if not value:
+                    continue
+                for where in {Path(value).resolve(), (base / value).resolve()}:
+                    if where == root or root in where.parents:
+                        return True
+    return False
 
 
 @data_app.command("watch")
@@ -189,25 +276,30 @@ def watch_command(
 ) -> None:
     """Start FLEET whenever DIR gets a new content version (previous best model first)."""
     from musubi.config.load import load_fleet
-    from musubi.data.watch import WatchState, watch
+    from musubi.data.watch import StartFailed, WatchState, watch
     from musubi.fleet.run import FleetRequest, run_fleet
     from musubi.runtime.launch import PreflightFailed
     from musubi.store.rundir import default_run_dir
 
     try:
         if not data_dir.is_dir():
-            raise ConfigError(f"{data_dir}: not a folder; give the folder the labelling tool exports into")
-        name = load_fleet(fleet).name
+            raise ConfigError(f"DIR {data_dir}: not a folder; give the folder the labelling tool exports into")
+        spec = load_fleet(fleet)
+        name = spec.name
     except ConfigError as e:
         _usage(str(e))
+    if not reads_from(spec, data_dir, fleet.parent):
+        err.print(f"warning: no job of {fleet} reads data under {data_dir}; a new version of it retrains "
+                  "on other data (point data.train.path / annotations into it)", highlight=False, markup=False)
 
     def start(version: str) -> str:
-        req = FleetRequest(fleet_path=fleet, out=default_run_dir(name, runs), device=device, cpu_slots=cpu_slots)
+        req = FleetRequest(fleet_path=fleet, out=default_run_dir(name, runs), device=device, cpu_slots=cpu_slots,
+                           trigger={"data_dir": str(data_dir), "version": version})
         try:
             run_dir, states = run_fleet(req, Console())
         except (ConfigError, PreflightFailed) as e:
             err.print(f"fleet for {version} did not start: {e}", highlight=False, markup=False)
-            return f"not started: {e}"
+            raise StartFailed(str(e)) from None
         failed = [s.name for s in states.values() if s.state != "done"]
         return f"{run_dir} ({'failed: ' + ', '.join(failed) if failed else 'done'})"
 
@@ -237,6 +329,8 @@ def synth_command(
         if not (w.isdigit() and h.isdigit()):
             raise ConfigError(f"--size {size!r}: give WIDTHxHEIGHT like 4000x3000")
         params = SyntheticFiles(images, int(w), int(h), classes, objects, min_object, max_object, seed)
+        if out.exists() and (not out.is_dir() or any(out.iterdir())):
+            raise ConfigError(f"OUT {out} is not an empty folder; give a new folder (nothing is overwritten)")
         ann = write_synthetic_coco(out, params)
     except ConfigError as e:
         _usage(str(e))

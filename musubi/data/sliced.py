@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -117,6 +118,7 @@ class SlicedCocoDetection(Dataset):
         self.cache: Tensor | None = None
         self.cached: Tensor | None = None
         local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        self._auto = cache == "auto"
         if cache == "auto":
             cache = cache_fits(len(self.tiles), params.tile, local_ranks)
         elif cache:
@@ -124,6 +126,14 @@ class SlicedCocoDetection(Dataset):
         counts = [n for n in self.tiles_per_image if n]
         log.info("%s: %d frames -> %d tiles (%d..%d per frame), tile cache %s", frames.annotations, len(frames),
                  len(self.tiles), min(counts, default=0), max(counts, default=0), "on" if cache else "off")
+        if not cache and counts:
+            log.warning("%s: tile cache off (%s): tiles are drawn frame by frame (frames shuffled, tiles shuffled "
+                        "within each frame) so a worker decodes a frame about once per batch, not once per tile "
+                        "(up to %dx more decoding); set data.cache: on, or free RAM / enlarge /dev/shm for auto",
+                        frames.annotations, "auto: the tiles do not fit" if cache is False and self._auto else "off",
+                        max(counts))
+        #: The frame a worker decoded last (cache off): the next tiles of a batch come from it.
+        self._last: tuple[int, np.ndarray] | None = None
         if cache:
             t = params.tile
             self.cache = shared_buffer(len(self.tiles) * t * t * 3).view(len(self.tiles), t, t, 3)
@@ -142,6 +152,11 @@ class SlicedCocoDetection(Dataset):
     def __len__(self) -> int:
         return len(self.tiles)
 
+    @property
+    def frame_groups(self) -> list[list[int]] | None:
+        """Tile indices per frame when the cache is off (the training sampler then draws frame by frame)."""
+        return None if self.cache is not None else list(self._of_frame.values())
+
     def _pixels(self, index: int) -> np.ndarray:
         """uint8 [h, w, 3] of tile `index` (from the cache, or by decoding its frame)."""
         ref = self.tiles[index]
@@ -149,7 +164,11 @@ class SlicedCocoDetection(Dataset):
         if self.cached is not None and self.cached[index]:
             assert self.cache is not None
             return self.cache[index, : y1 - y0, : x1 - x0].numpy()
+        if self.cache is None and self._last is not None and self._last[0] == ref.image:
+            return self._last[1][y0:y1, x0:x1]
         frame = np.asarray(self.frames._open(self.frames.image_dir / self.frames._file_names[ref.image]))
+        if self.cache is None:
+            self._last = (ref.image, frame)
         if self.cache is not None and self.cached is not None:
             for n in self._of_frame[ref.image]:
                 a0, b0, a1, b1 = self.tiles[n].window
@@ -189,30 +208,62 @@ class SliceReport:
         return max(self.tiles_per_image.values(), default=0)
 
 
-def _write_frame_tiles(args: tuple[Path, Path, list[tuple[str, tuple[int, int, int, int]]], int]) -> None:
+def _write_frame_tiles(args: tuple[Path, Path, list[tuple[str, tuple[int, int, int, int]]], int]) -> str | None:
+    """Write one frame's tiles; the reason it failed (e.g. a truncated JPEG), or None."""
     src, out_dir, tiles, quality = args
-    with Image.open(src) as im:
-        frame = im.convert("RGB")
-    for name, window in tiles:
-        frame.crop(window).save(out_dir / name, format="JPEG", quality=quality)
+    try:
+        with Image.open(src) as im:
+            frame = im.convert("RGB")
+        for name, window in tiles:
+            frame.crop(window).save(out_dir / name, format="JPEG", quality=quality)
+    except Exception as e:  # noqa: BLE001 - every frame's failure is collected and reported together
+        return f"{src.name} ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+    return None
+
+
+def tile_name(file_name: str, image_id: int, x0: int, y0: int) -> str:
+    """`<frame id>_<stem>_<x0>_<y0>.jpg`: unique per frame (x.jpg and x.png, a/b.jpg and a__b.jpg differ)."""
+    stem = Path(file_name).with_suffix("").as_posix().replace("/", "__")
+    return f"{image_id}_{stem}_{x0}_{y0}.jpg"
 
 
 def slice_coco(annotations: Path, image_dir: Path, out: Path, params: SliceParams, quality: int = 95,
                workers: int | None = None) -> SliceReport:
-    """Cut every frame into tiles: OUT/images/<stem>_<x0>_<y0>.jpg and OUT/annotations.json (COCO)."""
+    """Cut every frame into tiles: OUT/images/<id>_<stem>_<x0>_<y0>.jpg and OUT/annotations.json (COCO).
+
+    Everything is written into a hidden sibling folder that becomes OUT only when every frame was
+    cut: a frame that does not decode leaves nothing behind (ConfigError listing every such frame),
+    so a rerun after fixing it is not refused.
+    """
     frames = CocoDetection(image_dir, annotations)
     boxes, labels = frame_boxes(frames)
     tiles, per_image = plan_tiles(frame_sizes(frames), boxes, labels, params)
-    out = Path(out)
-    (out / "images").mkdir(parents=True, exist_ok=True)
+    final = Path(out)
+    out = final.parent / f".{final.name}.partial-{os.getpid()}"
+    if out.exists():
+        shutil.rmtree(out)
+    (out / "images").mkdir(parents=True)
+    try:
+        report = _slice_into(frames, tiles, per_image, Path(annotations), Path(image_dir), out, quality, workers)
+    except BaseException:
+        shutil.rmtree(out, ignore_errors=True)
+        raise
+    if final.exists():
+        final.rmdir()  # checked empty by the caller; rmdir refuses otherwise (nothing is overwritten)
+    out.rename(final)
+    report.annotations = str(final / "annotations.json")
+    return report
+
+
+def _slice_into(frames: CocoDetection, tiles: list[TileRef], per_image: list[int], annotations: Path,
+                image_dir: Path, out: Path, quality: int, workers: int | None) -> SliceReport:
     raw = json.loads(Path(annotations).read_text(encoding="utf-8"))
     images: list[dict[str, Any]] = []
     anns: list[dict[str, Any]] = []
     jobs: dict[int, list[tuple[str, tuple[int, int, int, int]]]] = {}
     for ref in tiles:
         x0, y0, x1, y1 = ref.window
-        stem = Path(frames._file_names[ref.image]).with_suffix("").as_posix().replace("/", "__")
-        name = f"{stem}_{x0}_{y0}.jpg"
+        name = tile_name(frames._file_names[ref.image], frames._image_ids[ref.image], x0, y0)
         image_id = len(images) + 1
         images.append({"id": image_id, "file_name": name, "width": x1 - x0, "height": y1 - y0,
                        "frame_id": frames._image_ids[ref.image], "window": [x0, y0, x1, y1]})
@@ -225,7 +276,11 @@ def slice_coco(annotations: Path, image_dir: Path, out: Path, params: SliceParam
     args = [(image_dir / frames._file_names[i], out / "images", t, quality) for i, t in jobs.items()]
     # PIL releases the GIL while decoding and encoding: threads are enough and share nothing.
     with ThreadPoolExecutor(max_workers=workers or min(16, os.cpu_count() or 1)) as pool:
-        list(pool.map(_write_frame_tiles, args))
+        failed = [f for f in pool.map(_write_frame_tiles, args) if f]
+    if failed:
+        raise ConfigError(f"{annotations}: {len(failed)} frames do not decode ({'; '.join(failed[:5])}"
+                          f"{'; ...' if len(failed) > 5 else ''}); nothing written: run `musubi data check` "
+                          "and fix or remove them")
     ann_out = out / "annotations.json"
     ann_out.write_text(json.dumps({"images": images, "annotations": anns, "categories": raw["categories"]}),
                        encoding="utf-8")

@@ -116,10 +116,59 @@ def worst_case_tiles(width: int, height: int, tile: int, overlap: float) -> int:
     return len(tile_grid(width, height, tile, overlap))
 
 
+def greedy_merge(boxes: Tensor, scores: Tensor, labels: Tensor, threshold: float, metric: str = "ios",
+                 limit: int = 3000) -> tuple[Tensor, Tensor, Tensor]:
+    """Greedy non-maximum merging per class (SAHI's NMM): the best box absorbs every same-class box that
+    overlaps it by `threshold` (`ios`: intersection over the smaller box; `iou`) and grows to their union.
+
+    A tile that sees only part of an object gives a truncated box lying inside the full box another tile
+    gives (IOS 1): merged, it neither stays as a duplicate nor, at equal scores, replaces the full box.
+    Only the `limit` best boxes take part (the rest are below them in score). Returns sorted by score.
+    """
+    order = scores.argsort(descending=True)[:limit]
+    b, s, lab = boxes[order].float(), scores[order], labels[order]
+    n = len(b)
+    if n == 0:
+        return b, s, lab
+    x1 = torch.maximum(b[:, None, 0], b[None, :, 0])
+    y1 = torch.maximum(b[:, None, 1], b[None, :, 1])
+    x2 = torch.minimum(b[:, None, 2], b[None, :, 2])
+    y2 = torch.minimum(b[:, None, 3], b[None, :, 3])
+    inter = (x2 - x1).clamp(min=0) * (y2 - y1).clamp(min=0)
+    area = (b[:, 2] - b[:, 0]).clamp(min=0) * (b[:, 3] - b[:, 1]).clamp(min=0)
+    if metric == "ios":
+        denom = torch.minimum(area[:, None], area[None, :])
+    elif metric == "iou":
+        denom = area[:, None] + area[None, :] - inter
+    else:
+        raise ValueError(f"match metric {metric!r}: give ios or iou")
+    match = (inter / denom.clamp(min=1e-9) >= threshold) & (lab[:, None] == lab[None, :])
+    taken = torch.zeros(n, dtype=torch.bool, device=b.device)
+    keep: list[int] = []
+    out = b.clone()
+    later = torch.arange(n, device=b.device)
+    for i in range(n):
+        if taken[i]:
+            continue
+        keep.append(i)
+        group = match[i] & ~taken & (later > i)
+        if group.any():
+            members = torch.cat([b[i : i + 1], b[group]])
+            out[i] = torch.cat([members[:, :2].min(0).values, members[:, 2:].max(0).values])
+            taken |= group
+    idx = torch.tensor(keep, dtype=torch.long, device=b.device)
+    return out[idx].to(boxes.dtype), s[idx], lab[idx]
+
+
 def sliced_predict(predict: Callable[[list[Tensor]], list[dict[str, Tensor]]], image: Tensor, tile: int,
-                   overlap: float, batch: int = 8, iou: float = 0.5, max_detections: int = 300
-                   ) -> dict[str, Tensor]:
-    """Detections of one full image [3, H, W] from its tiles, in frame pixels, merged by class-wise NMS."""
+                   overlap: float, batch: int = 8, iou: float = 0.5, max_detections: int = 300,
+                   merge: str = "nmm", match_metric: str = "ios") -> dict[str, Tensor]:
+    """Detections of one full image [3, H, W] from its tiles, in frame pixels, merged per class.
+
+    `merge`: "nmm" (greedy_merge: overlapping boxes become their union) or "nms" (torchvision's
+    batched_nms: the lower-scored box is dropped); `match_metric` (nmm only): ios or iou; `iou` is
+    the overlap threshold of either.
+    """
     from torchvision.ops import batched_nms
 
     _, h, w = image.shape
@@ -137,5 +186,10 @@ def sliced_predict(predict: Callable[[list[Tensor]], list[dict[str, Tensor]]], i
         empty = torch.zeros(0, device=image.device)
         return {"boxes": empty.reshape(0, 4), "scores": empty, "labels": empty.long()}
     b, s, lab = torch.cat(boxes), torch.cat(scores), torch.cat(labels)
+    if merge == "nmm":
+        mb, ms, ml = greedy_merge(b, s, lab, iou, match_metric)
+        return {"boxes": mb[:max_detections], "scores": ms[:max_detections], "labels": ml[:max_detections]}
+    if merge != "nms":
+        raise ValueError(f"merge {merge!r}: give nmm or nms")
     keep = batched_nms(b.float(), s.float(), lab, iou)[:max_detections]  # sorted by score
     return {"boxes": b[keep], "scores": s[keep], "labels": lab[keep]}

@@ -11,35 +11,53 @@ from typing import Any
 _NOT_CONTENT = {"on_device"}
 
 
-def split_files(data: dict[str, Any]) -> list[tuple[str, Path]] | None:
-    """(name, file) of every on-disk split (annotations and every file under an image folder); None if gone."""
-    from musubi.data.version import dataset_files
+def split_versions(data: dict[str, Any], store: Path | None = None) -> dict[str, str] | None:
+    """Content version of every on-disk split, e.g. {"train": "data-…", "val": "data-…"}; None if gone.
 
-    files: list[tuple[str, Path]] = []
+    Each is exactly what `musubi data hash` prints for that split (IMAGES_DIR + ANN.json hashes as
+    the annotation file and the images it lists; a folder or a file as itself): one definition.
+    """
+    from musubi.config.errors import ConfigError
+    from musubi.data.version import hash_dataset
+
+    out: dict[str, str] = {}
     for split in ("train", "val"):
         spec = data.get(split)
         if not isinstance(spec, dict):
             continue
         path = Path(str(spec.get("path")))
-        if path.is_file():
-            files.append((f"{split}/{path.name}", path))
-        elif path.is_dir():
-            files += [(f"{split}/{name}", p) for name, p in dataset_files(path)]
-        else:
-            return None
-        if spec.get("annotations"):
-            ann = Path(spec["annotations"])
-            if not ann.is_file():
+        try:
+            if spec.get("annotations"):
+                out[split] = hash_dataset(Path(spec["annotations"]), store, image_dir=path).version
+            elif path.exists():
+                out[split] = hash_dataset(path, store).version
+            else:
                 return None
-            files.append((f"{split}.annotations/{ann.name}", ann))
-    return files
+        except ConfigError:
+            return None
+    return out or None
+
+
+def options_digest(data: dict[str, Any]) -> str:
+    """Six hex digits of the options that change the samples drawn from the same files."""
+    options = {k: data.get(k) for k in ("image_size", "seq_len", "slice")}
+    return hashlib.sha256(json.dumps(options, sort_keys=True, default=str).encode()).hexdigest()[:6]
+
+
+def dataset_detail(config: dict[str, Any], store: Path | None = None) -> dict[str, Any] | None:
+    """The parts of a job's version: {"train": "data-…", "val": "data-…", "options": "abc123"} (on-disk data)."""
+    data = config.get("data") or {}
+    if isinstance(data.get("synthetic"), dict):
+        return None
+    splits = split_versions(data, store)
+    return None if splits is None else {**splits, "options": options_digest(data)}
 
 
 def dataset_version(config: dict[str, Any], store: Path | None = None) -> str | None:
-    """`synthetic-<sha256>` of the synthetic spec, `data-<sha256>-<options>` of the files, or None.
+    """`synthetic-<sha256>` of the synthetic spec, `data-<train>[+data-<val>]-<options>` of the files, or None.
 
-    On-disk data is hashed byte for byte (annotations, text and every image, see
-    musubi.data.version; digests cached in `store`), plus the options that change
+    On-disk data: each split's content version as `musubi data hash` prints it (so the version a
+    watcher acted on is found verbatim in the job's), joined by '+', then the options that change
     the samples (image_size, seq_len, slice); None when the files are gone.
     """
     data = config.get("data") or {}
@@ -49,19 +67,31 @@ def dataset_version(config: dict[str, Any], store: Path | None = None) -> str | 
         fields["task"] = config.get("task")  # the same seed draws other samples for another task
         text = json.dumps(fields, sort_keys=True, separators=(",", ":"))
         return "synthetic-" + hashlib.sha256(text.encode()).hexdigest()[:16]
-    from musubi.config.errors import ConfigError
-    from musubi.data.version import hash_files
+    return _joined(dataset_detail(config, store))
 
-    files = split_files(data)
-    if not files:
+
+def _joined(detail: dict[str, Any] | None) -> str | None:
+    if detail is None:
         return None
-    # Options that change the samples drawn from the same files are part of the version.
-    options = {k: data.get(k) for k in ("image_size", "seq_len", "slice")}
-    try:
-        digest = hash_files(files, store).version
-    except ConfigError:
-        return None
-    return digest + "-" + hashlib.sha256(json.dumps(options, sort_keys=True, default=str).encode()).hexdigest()[:6]
+    return "+".join(v for k, v in detail.items() if k != "options") + "-" + detail["options"]
+
+
+def dataset_env(configs: list[dict[str, Any]], store: Path | None = None) -> dict[str, Any]:
+    """env.json's data keys: `datasets` (job -> version) and `dataset_splits` (job -> per-split versions)."""
+    versions: dict[str, str | None] = {}
+    splits: dict[str, Any] = {}
+    for c in configs:
+        if not isinstance(c, dict):
+            continue
+        name = str(c.get("name"))
+        data = c.get("data") or {}
+        if isinstance(data.get("synthetic"), dict):
+            versions[name] = dataset_version(c, store)
+            continue
+        detail = dataset_detail(c, store)
+        versions[name] = _joined(detail)
+        splits[name] = detail
+    return {"datasets": versions, "dataset_splits": splits}
 
 
 def dataset_record(configs: list[dict[str, Any]], store: Path | None = None) -> dict[str, str | None]:

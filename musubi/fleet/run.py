@@ -21,7 +21,7 @@ from rich.console import Console
 from musubi.config.errors import ConfigError
 from musubi.config.fleet import FleetSpec, TaskJob
 from musubi.config.load import load_fleet
-from musubi.evaluate.provenance import dataset_record
+from musubi.evaluate.provenance import dataset_env
 from musubi.fleet.jobs import check_command
 from musubi.fleet.local import JobState, LocalFleet
 from musubi.fleet.machine import SHOW, check_topology
@@ -44,6 +44,8 @@ class FleetRequest:
     check: bool = True
     device: str | None = None
     dry_run: bool = False  # print the placement plan; start and write nothing
+    #: What started the fleet (`musubi data watch`: {"data_dir", "version"}), recorded in env.json.
+    trigger: dict[str, str] | None = None
 
 
 def validate_fleet(spec: FleetSpec, base: Path) -> None:
@@ -208,8 +210,11 @@ def _run_locked(req: FleetRequest, spec: FleetSpec, base: Path, executor: str, d
     resolved = _resolved(spec)
     if not req.resume:
         write_json(run_dir / "run.json", run_record(resolved, sys.argv))
-    datasets = dataset_record([j.spec.resolved() for j in spec.jobs if isinstance(j, TaskJob)], db_path(run_dir))
-    write_json(run_dir / "env.json", {**env_record(), "datasets": datasets})
+    env = {**env_record(), **dataset_env([j.spec.resolved() for j in spec.jobs if isinstance(j, TaskJob)],
+                                         db_path(run_dir))}
+    if req.trigger:
+        env["trigger"] = req.trigger
+    write_json(run_dir / "env.json", env)
     if executor == "slurm":
         from musubi.fleet.slurm import SlurmFleet
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from musubi.config.errors import ConfigError
 from musubi.config.load import load_job
-from musubi.evaluate.provenance import dataset_record
+from musubi.evaluate.provenance import dataset_env
 from musubi.runtime.checkpoint import latest_checkpoint
 from musubi.runtime.multinode import DEFAULT_JOIN_TIMEOUT_S, Rendezvous, make_rendezvous, rendezvous_error
 from musubi.store.db import db_path
@@ -169,7 +169,7 @@ def prepare(req: TrainRequest) -> tuple[Path, Path, dict, int, str]:
     if not req.fleet_member:
         if not req.resume or not (run_dir / "run.json").exists():
             write_json(run_dir / "run.json", run_record({"jobs": [config]}, req.argv))
-        write_json(run_dir / "env.json", {**env_record(), "datasets": dataset_record([config], db_path(run_dir))})
+        write_json(run_dir / "env.json", {**env_record(), **dataset_env([config], db_path(run_dir))})
     record = {"config": config, "status": "running", "attempts": attempts, "nproc": nproc, "device": kind,
               "resume": req.resume, "nnodes": rdzv.nnodes if rdzv else 1,
               "preflight": "skipped (--no-check)" if preflight is None else

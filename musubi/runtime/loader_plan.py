@@ -18,6 +18,14 @@ class LoaderPlan:
     pin_memory: bool
     prefetch: int
     persistent: bool
+    #: How `workers` was chosen: "config" or "auto (N cores for this rank)".
+    source: str = "config"
+
+    def record(self) -> dict[str, Any]:
+        """summary.json's `loader`: the values the rank's DataLoader got and where `workers` came from."""
+        return {"workers": self.workers, "workers_from": self.source, "pin_memory": self.pin_memory,
+                "prefetch": self.prefetch if self.workers > 0 else None,
+                "persistent_workers": self.persistent and self.workers > 0}
 
     def kwargs(self) -> dict[str, Any]:
         """Keyword arguments for torch.utils.data.DataLoader."""
@@ -48,5 +56,8 @@ def plan_loader(workers: int | str, pin_memory: bool, prefetch: int, persistent:
     """The loader plan of one rank (local_ranks default: torchrun's LOCAL_WORLD_SIZE)."""
     if local_ranks is None:
         local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    n = auto_workers(local_ranks) if workers == "auto" else int(workers)
-    return LoaderPlan(workers=n, pin_memory=pin_memory and is_cuda, prefetch=prefetch, persistent=persistent)
+    # `measure` is resolved by the training feed (loader_probe); anywhere else it means `auto`.
+    n = auto_workers(local_ranks) if workers in ("auto", "measure") else int(workers)
+    source = f"auto ({cores_of_rank(local_ranks)} cores for this rank)" if workers in ("auto", "measure") else "config"
+    return LoaderPlan(workers=n, pin_memory=pin_memory and is_cuda, prefetch=prefetch, persistent=persistent,
+                      source=source)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -55,6 +56,16 @@ class TrainFeed:
             ds: Dataset = task.train_dataset()
             self.dataset_size = len(ds)  # type: ignore[arg-type]
             self.sampler = ResumableDistributedSampler(ds, world.size, world.rank, seed)
+            #: samples/s per worker count tried (`data.workers: measure`), else None.
+            self.measured: dict[int, float] | None = None
+            if workers == "measure":
+                from musubi.runtime.loader_plan import auto_workers
+                from musubi.runtime.loader_probe import measure_workers
+
+                workers, self.measured = measure_workers(ds, task.collate, batch, auto_workers(
+                    int(os.environ.get("LOCAL_WORLD_SIZE", "1"))), spec.data.prefetch, pin and world.is_cuda,
+                    seed=seed)
+                task.spec.data.workers = workers  # validation and restarts of this process reuse the count
             # A private generator: DataLoader would otherwise draw worker seeds from the
             # global RNG at every iter(), which a resumed run would draw at another time.
             self.generator = torch.Generator()

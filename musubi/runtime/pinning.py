@@ -99,11 +99,14 @@ def configure_threads(spec, pinned: Pinning | None) -> str:  # noqa: ANN001 - a 
     cores = pinned.cores if pinned is not None else unpinned_cores(int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     if spec.data.workers == "auto":
         spec.data.workers = auto_workers(cores)
+    # `measure`: the feed times the loader later, at most `auto` workers; threads are planned for that many.
+    workers = auto_workers(cores) if spec.data.workers == "measure" else spec.data.workers
+    said = "up to " + str(workers) + " (measured)" if spec.data.workers == "measure" else str(workers)
     if pinned is None:  # not pinned: threads as OMP_NUM_THREADS says (the launcher's share of the cores)
-        return f"not pinned: {torch.get_num_threads()} intra-op thread(s), {spec.data.workers} loader worker(s)"
-    threads = intra_op_threads(cores, spec.data.workers)
+        return f"not pinned: {torch.get_num_threads()} intra-op thread(s), {said} loader worker(s)"
+    threads = intra_op_threads(cores, workers)
     torch.set_num_threads(threads)
-    line = f"{pinned.describe()}: {threads} intra-op thread(s), {spec.data.workers} loader worker(s)"
+    line = f"{pinned.describe()}: {threads} intra-op thread(s), {said} loader worker(s)"
     if isinstance(spec.data.workers, int) and spec.data.workers >= cores:
         # Said, not silently clamped: the workers and the training loop now share too few cores.
         line += (f"; warning: {spec.data.workers} loader workers on {cores} pinned core(s) oversubscribe them "

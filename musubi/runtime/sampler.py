@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import torch
 from torch.utils.data import Dataset, DistributedSampler, Sampler
 
 
@@ -26,9 +27,22 @@ class ResumableDistributedSampler(DistributedSampler):
         self.start = start
 
     def __iter__(self) -> Iterator[int]:
-        indices = list(super().__iter__())
+        groups = getattr(self.dataset, "frame_groups", None)
+        indices = self._grouped(groups) if groups else list(super().__iter__())
         start, self.start = self.start, 0  # the skip applies to one epoch only
         return iter(indices[start:])
+
+    def _grouped(self, groups: list[list[int]]) -> list[int]:
+        """Frame-grouped order (a sliced set without its tile cache): frames shuffled, each frame's tiles
+        shuffled and kept together, ranks taking contiguous runs, so consecutive samples (one batch, one
+        worker) share a decoded frame. Seeded by seed + epoch like the plain order (exact resume)."""
+        g = torch.Generator()
+        g.manual_seed(self.seed + self.epoch)
+        flat: list[int] = []
+        for f in torch.randperm(len(groups), generator=g).tolist():
+            tiles = groups[f]
+            flat += [tiles[i] for i in torch.randperm(len(tiles), generator=g).tolist()]
+        return flat[self.rank * self.num_samples : (self.rank + 1) * self.num_samples]
 
 
 class ShardedEvalSampler(Sampler[int]):

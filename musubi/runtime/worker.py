@@ -18,6 +18,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
+from typing import Any
 
 from musubi.config.errors import ConfigError
 from musubi.config.load import job_from_dict
@@ -111,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         check_unique_devices(world)  # abort at start if two ranks share one GPU
         from musubi.runtime.pinning import configure_threads
 
+        workers_from = "auto (this rank's cores)" if spec.data.workers == "auto" else "config"
         log.info("rank %d: %s", world.rank, configure_threads(spec, pinned))
         if restarts:
             log.warning("restart %d of this job (torchrun): resuming from the newest committed checkpoint",
@@ -196,12 +198,20 @@ def main(argv: list[str] | None = None) -> int:
             summary["per_rank_batch"] = plan.per_rank
             summary["accumulation"] = plan.accumulation
             summary["restarts"] = restarts
+            loader = getattr(getattr(trainer, "feed", None), "plan", None)
+            if loader is not None:  # on-device synthetic data has no loader
+                measured = getattr(trainer.feed, "measured", None)
+                if measured:
+                    workers_from = "measured (samples/s: " + ", ".join(
+                        f"{k} workers {r:.0f}" for k, r in measured.items()) + ")"
+                summary["loader"] = {**loader.record(), "workers_from": workers_from}
             (job_dir / "summary.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
             if summary["val"]:
                 (job_dir / "eval.json").write_text(
                     json.dumps({"metrics": summary["val"], "step": summary["steps"],
                                 "primary_metric": task.primary_metric,
-                                "how": "validation split, each sample counted once over all ranks"}, indent=1),
+                                "how": "validation split, each sample counted once over all ranks"
+                                + _merge_how(task)}, indent=1),
                     encoding="utf-8")
             log.info("done: %d/%d steps, %.1fs", summary["steps"], summary["total_steps"], summary["train_s"])
         if progress is not None:
@@ -224,6 +234,16 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
+def _merge_how(task: Any) -> str:
+    """How sliced evaluation merged tile detections (eval.json's "how"), or ""."""
+    data = getattr(getattr(task, "spec", None), "data", None)
+    sl = getattr(data, "slice", None)
+    if sl is None or not getattr(sl, "sliced_eval", False) or getattr(data, "synthetic", None) is not None:
+        return ""
+    return (f"; whole frames predicted on {sl.tile} px tiles (overlap {sl.overlap:g}), merged by {sl.merge}"
+            f"{f' ({sl.match_metric})' if sl.merge == 'nmm' else ''} at {sl.nms_iou:g}")
+
+
 if __name__ == "__main__":
     code = main()
     logging.shutdown()
@@ -233,3 +253,4 @@ if __name__ == "__main__":
     # whose C++ destructors (gloo threads) were seen to abort a rank at exit, and on
     # failure a peer may be stuck in a collective; torchrun ends the others.
     os._exit(code)
+

@@ -333,7 +333,9 @@ class DetectionTask(Task):
                 self._train = SyntheticDetection.from_spec(data.synthetic, "train", self.image_size)
             else:
                 assert data.train is not None  # DataSpec guarantees one source
-                self._train = self._coco(data.train, "train", None, tiles=True)
+                # slice.inline_train false: the train split is already tiles (`musubi data slice`).
+                self._train = self._coco(data.train, "train", None,
+                                         tiles=data.slice is None or data.slice.inline_train)
         return self._train
 
     def val_dataset(self) -> Dataset | None:
@@ -409,7 +411,8 @@ class DetectionTask(Task):
         if sl is None or not sl.sliced_eval or self.spec.data.synthetic is not None:
             return model(images)
         # Whole validation frames: predict on their tiles, merge in frame pixels, so mAP is per frame.
-        return [sliced_predict(model, image, sl.tile, sl.overlap, batch=max(1, len(images)), iou=sl.nms_iou)
+        return [sliced_predict(model, image, sl.tile, sl.overlap, batch=max(1, len(images)), iou=sl.nms_iou,
+                               merge=sl.merge, match_metric=sl.match_metric)
                 for image in images]
 
     def make_metric(self, device: torch.device) -> Metric:

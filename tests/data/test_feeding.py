@@ -37,6 +37,10 @@ def test_auto_workers_from_the_cores_of_each_rank(monkeypatch: pytest.MonkeyPatc
     assert plan.workers == 3 and plan.pin_memory is False
     assert plan.kwargs() == {"num_workers": 3, "pin_memory": False, "persistent_workers": True, "prefetch_factor": 2}
     assert plan_loader(0, True, 4, True, True).kwargs()["prefetch_factor"] is None
+    # summary.json records what the loader got and where the worker count came from.
+    assert plan.record() == {"workers": 3, "workers_from": "auto (4 cores for this rank)", "pin_memory": False,
+                             "prefetch": 2, "persistent_workers": True}
+    assert plan_loader(0, True, 4, True, True).record()["workers_from"] == "config"
 
 
 def test_jpeg_bytes_decode_like_the_host_path(tmp_path: Path) -> None:
@@ -96,3 +100,35 @@ def test_sliced_task_trains_on_tiles_and_scores_whole_frames(tmp_path: Path) -> 
     assert sum(calls) == 6  # 120x80 in 48 px tiles at 0.25 overlap: 3 x 2
     origins = sorted(tuple(b[:2]) for b in out[0]["boxes"].tolist())
     assert origins == sorted((float(x), float(y)) for x in (0, 36, 72) for y in (0, 32))
+
+
+def test_measure_picks_the_fewest_workers_that_feed_best() -> None:
+    # Before: workers were a default (2) or a rule (cores - 1), never measured.
+    import time
+
+    from torch.utils.data import Dataset
+
+    from musubi.runtime.loader_probe import candidates, measure_workers
+
+    class Slow(Dataset):
+        def __len__(self) -> int:
+            return 64
+
+        def __getitem__(self, i: int) -> int:
+            time.sleep(0.02)  # decode-bound: more workers help
+            return i
+
+    assert candidates(7) == [1, 2, 4, 7] and candidates(1) == [1] and candidates(0) == [1]
+    chosen, rates = measure_workers(Slow(), list, batch=4, max_workers=4, batches=3)
+    assert chosen >= 2 and rates[chosen] > 1.5 * rates[1], rates
+
+    class Fast(Dataset):
+        def __len__(self) -> int:
+            return 64
+
+        def __getitem__(self, i: int) -> int:
+            return i
+
+    ticks = iter(range(100))  # a fake clock: every count measures the same rate -> the fewest win
+    chosen, rates = measure_workers(Fast(), list, batch=4, max_workers=4, batches=3, clock=lambda: next(ticks))
+    assert chosen == 1 and list(rates) == [1, 2]  # no gain from 2: the search stops

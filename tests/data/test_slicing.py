@@ -100,3 +100,29 @@ def test_sliced_predict_maps_back_to_frame_pixels_and_merges_overlaps() -> None:
 
     merged = sliced_predict(predict, image, tile=100, overlap=0.2)
     assert merged["boxes"].tolist() == [[80.0, 40.0, 100.0, 60.0]] and merged["labels"].tolist() == [1]
+
+
+def test_sliced_merge_keeps_the_whole_box_not_the_truncated_part() -> None:
+    # Before: plain NMS kept a duplicate truncated box (40 % seen) or, at equal scores, only the truncated one.
+    from musubi.data.slicing import tile_grid as grid
+
+    image = torch.zeros(3, 700, 1200)
+    for obj, scores in (((620, 300, 670, 350), (0.8, 0.9)), ((610, 300, 660, 350), (0.9, 0.9))):
+        tiles = grid(1200, 700, 640, 0.2)
+        outs = []
+        seen = 0
+        for x0, y0, x1, y1 in tiles:
+            bx0, by0, bx1, by1 = max(obj[0], x0), max(obj[1], y0), min(obj[2], x1), min(obj[3], y1)
+            if bx1 > bx0 and by1 > by0:
+                outs.append({"boxes": torch.tensor([[bx0 - x0, by0 - y0, bx1 - x0, by1 - y0]], dtype=torch.float32),
+                             "scores": torch.tensor([scores[min(seen, 1)]]), "labels": torch.tensor([1])})
+                seen += 1
+            else:
+                outs.append({"boxes": torch.zeros(0, 4), "scores": torch.zeros(0), "labels": torch.zeros(0).long()})
+        assert seen >= 2  # the object straddles a tile edge
+
+        def predict(batch: list[torch.Tensor], outs: list = outs) -> list[dict[str, torch.Tensor]]:
+            return [outs.pop(0) for _ in batch]
+
+        merged = sliced_predict(predict, image, tile=640, overlap=0.2, batch=64)
+        assert merged["boxes"].tolist() == [list(map(float, obj))], (obj, merged)

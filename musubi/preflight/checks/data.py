@@ -20,6 +20,14 @@ ISSUES: dict[str, tuple[Status, str, str]] = {
                       "add the image or remove the annotations"),
     "unknown_category": (Status.FAIL, "annotations refer to an unknown category",
                          "add the category or fix the category_id"),
+    "bad_category_entry": (Status.FAIL, "categories have no integer id", "give each category an integer 'id'"),
+    "duplicate_category_id": (Status.FAIL, "category ids are used twice", "give each category a unique id"),
+    "bad_image_entry": (Status.FAIL, "image entries are not objects with an integer id",
+                        "give each image an integer 'id'"),
+    "bad_file_name": (Status.FAIL, "image file_names are empty or escape the image directory",
+                      "use a path relative to the image directory without '..'"),
+    "bad_annotation_entry": (Status.FAIL, "annotations are not JSON objects", "fix or remove those entries"),
+    "bad_bbox": (Status.FAIL, "annotations have no [x, y, w, h] bbox of numbers", "fix or remove those entries"),
     "duplicate_annotation_id": (Status.WARN, "annotation ids are used twice",
                                 "give each annotation a unique id (COCO evaluation tools need it)"),
     "duplicate_file_name": (Status.WARN, "file names are listed twice", "list each image once: it trains twice"),
@@ -27,6 +35,13 @@ ISSUES: dict[str, tuple[Status, str, str]] = {
                         "remove the copies (they double-count and leak between splits)"),
     "empty_box": (Status.WARN, "boxes have zero or negative width/height", "fix them: training drops them"),
     "box_outside": (Status.WARN, "boxes extend outside their image", "fix them: training clips them"),
+    "duplicate_box": (Status.WARN, "boxes repeat another box exactly (same image, category and bbox)",
+                      "remove the copies (they double the loss and count twice in evaluation)"),
+    "duplicate_category_name": (Status.WARN, "category names are used by more than one id",
+                                "merge the categories or rename one (reports by name mix them)"),
+    "exif_rotated": (Status.WARN, "images carry an EXIF rotation that training does not apply",
+                     "write the rotation into the pixels (e.g. PIL ImageOps.exif_transpose) and re-export the "
+                     "annotations, or annotate the stored orientation"),
     "size_mismatch": (Status.WARN, "images differ from their declared width/height",
                       "re-export the annotations: boxes may be for another resolution"),
 }
@@ -34,7 +49,8 @@ ISSUES: dict[str, tuple[Status, str, str]] = {
 
 def _of(issue: DataIssue, reading: DataReading) -> str:
     total = reading.counts.get("annotations" if "box" in issue.kind or issue.kind in ("unknown_image",
-                               "unknown_category", "duplicate_annotation_id") else
+                               "unknown_category", "duplicate_annotation_id", "bad_annotation_entry") else
+                               "categories" if "category" in issue.kind else
                                "classes" if issue.kind == "empty_class" else "images")
     return f"{issue.count} of {total}" if total is not None else f"{issue.count}"
 
@@ -42,14 +58,14 @@ def _of(issue: DataIssue, reading: DataReading) -> str:
 def check_dataset(reading: DataReading) -> list[CheckResult]:
     """One dataset: its structural error, or one line per kind of problem, or a PASS with its counts."""
     name = f"data.{reading.kind}"
-    if reading.error is not None:
-        return [fail(name, reading.error, reading.fix or "fix the dataset")]
     results = []
+    if reading.error is not None:
+        results.append(fail(name, reading.error, reading.fix or "fix the dataset"))
     for issue in reading.issues:
         status, what, fix = ISSUES.get(issue.kind, (Status.WARN, issue.kind, "fix the dataset"))
         first = "; ".join(issue.examples[:LINE_EXAMPLES])
         results.append(CheckResult(name, status, f"{reading.path}: {_of(issue, reading)} {what} (first: {first})", fix))
-    if not results:
+    if not results and reading.error is None:
         c = reading.counts
         if reading.kind == "coco":
             found = (f"{reading.path}: {c['images']} images, {c['boxes']} boxes, {c['categories']} categories; "

@@ -32,8 +32,22 @@ def split_error(message: str) -> tuple[str, str]:
     return (head, tail) if sep else (message, "fix the dataset")
 
 
+#: EXIF tag of the orientation a viewer applies (1: as stored).
+EXIF_ORIENTATION = 0x0112
+
+
+class Rotated(tuple):  # type: ignore[type-arg]
+    """(width, height) of an image whose EXIF orientation a viewer applies but training does not."""
+
+    orientation: int
+
+
 def decode_image(path: Path) -> tuple[int, int]:
-    """Decode an image fully (JPEG at 1/8 scale: every byte is still read) and return (width, height)."""
+    """Decode an image fully (JPEG at 1/8 scale: every byte is still read) and return (width, height).
+
+    The size is the stored one (what the loader sees); when the EXIF orientation is not 1 the result
+    is a `Rotated` tuple carrying it (viewers and labelling tools show the image turned).
+    """
     from PIL import Image
 
     from musubi.data.coco import DEFAULT_MAX_IMAGE_PIXELS
@@ -41,6 +55,10 @@ def decode_image(path: Path) -> tuple[int, int]:
     limit = Image.MAX_IMAGE_PIXELS or DEFAULT_MAX_IMAGE_PIXELS
     with Image.open(path) as im:
         w, h = im.size
+        try:
+            orientation = int(im.getexif().get(EXIF_ORIENTATION, 1) or 1)
+        except Exception:  # noqa: BLE001 - a broken EXIF block is not a decode failure
+            orientation = 1
         if w * h > limit:
             raise ValueError(f"{w}x{h} pixels, over the {limit} pixel limit")
         if im.format == "JPEG":
@@ -48,6 +66,10 @@ def decode_image(path: Path) -> tuple[int, int]:
             # so a truncated or corrupt file fails here exactly as in training, ~5x faster.
             im.draft("RGB", (max(1, w // 8), max(1, h // 8)))
         im.load()
+    if orientation != 1:
+        out = Rotated((w, h))
+        out.orientation = orientation
+        return out
     return w, h
 
 
@@ -92,6 +114,56 @@ def find_image_dir(ann: Path, file_names: Iterable[str]) -> tuple[Path | None, l
     return best, tried
 
 
+#: Files that mark a folder as a YOLO data set.
+YOLO_MARKERS = ("data.yaml", "dataset.yaml")
+
+
+def annotation_jsons(root: Path) -> list[Path]:
+    """COCO annotation candidates of a folder: ROOT/*.json and ROOT/annotations/*.json (hidden files skipped)."""
+    found = sorted(root.glob("*.json")) + sorted(root.glob("annotations/*.json"))
+    # coco_image_ids.json: the image-id sidecar `data convert --to yolo` writes next to data.yaml.
+    return [p for p in found if not p.name.startswith(".") and p.name != "coco_image_ids.json" and _looks_coco(p)]
+
+
+#: JSON files larger than this are taken as COCO without looking (a data folder's big JSON is its annotations).
+SNIFF_BYTES = 1 << 20
+
+
+def _looks_coco(path: Path) -> bool:
+    """Whether a JSON file may be COCO annotations: it names "images", "annotations" or "categories" (a
+    class-folder set's `classes.json` does not make the folder COCO; a COCO file missing a list does, and
+    the check names what is missing)."""
+    try:
+        if path.stat().st_size > SNIFF_BYTES:
+            return True
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return True  # unreadable: let the reader name the problem
+    return any(f'"{k}"' in text for k in ("images", "annotations", "categories"))
+
+
+def folder_layout(root: Path, several: bool = False) -> tuple[str, list[Path]]:
+    """What a data set folder is: ("coco", [ANN.json, ...]), ("yolo", [data.yaml]) or ("folder", []).
+
+    One rule for check, slice, convert, hash and watch. A folder holding both a COCO JSON and a YOLO
+    layout, or (unless `several`) more than one JSON, is ambiguous: ConfigError naming the fix.
+    """
+    jsons = annotation_jsons(root)
+    yamls = [root / n for n in YOLO_MARKERS if (root / n).is_file()]
+    if jsons and (yamls or (root / "labels").is_dir()):
+        raise ConfigError(f"{root}: holds both COCO JSON ({jsons[0].name}) and a YOLO layout (data.yaml/labels); "
+                          f"give ANN.json or IMAGES_DIR{PAIR_SEPARATOR}ANN.json")
+    if len(jsons) > 1 and not several:
+        names = ", ".join(str(p.relative_to(root)) for p in jsons[:4])
+        raise ConfigError(f"{root}: holds {len(jsons)} annotation JSON files ({names}); "
+                          f"give one of them as ANN.json or IMAGES_DIR{PAIR_SEPARATOR}ANN.json")
+    if jsons:
+        return "coco", jsons
+    if yamls:
+        return "yolo", yamls[:1]
+    return "folder", []
+
+
 def data_targets(data: Any) -> list[str]:
     """`--data` targets of a job's on-disk splits (a config DataSpec), train first; [] for synthetic data."""
     out = []
@@ -105,7 +177,10 @@ def read_data(target: str, examples: int = MAX_EXAMPLES, store: Path | None = No
     """Read one `--data` target into a reading (never raises for a bad dataset).
 
     `examples`: offenders named per problem kind; `store`: musubi.db caching image digests (COCO).
+    The seconds reported are the reading's own, not importing torch (done first).
     """
+    import musubi.data.coco  # noqa: F401 - imports torch: outside the measured time
+
     t0 = time.perf_counter()
     if PAIR_SEPARATOR in target:
         a, b = (Path(p) for p in target.split(PAIR_SEPARATOR, 1))
@@ -113,10 +188,23 @@ def read_data(target: str, examples: int = MAX_EXAMPLES, store: Path | None = No
         reading = read_coco(target, ann, images, examples, store)
     else:
         path = Path(target)
+        layout, found = "folder", []
+        if path.is_dir():
+            try:
+                layout, found = folder_layout(path)
+            except ConfigError as e:
+                problem, fix = split_error(str(e))
+                return DataReading(target=target, kind="ambiguous", path=target, error=problem, fix=fix)
         if not path.exists():
             reading = DataReading(target=target, kind="missing", path=target,
                                   error=f"{target}: no such file or directory",
-                                  fix="fix --data (or data.train.path / data.val.path)")
+                                  fix="give an existing PATH (ANN.json, IMAGES_DIR::ANN.json, a folder or a file)")
+        elif layout == "coco":
+            reading = read_coco(target, found[0], None, examples, store)
+        elif layout == "yolo":
+            reading = DataReading(target=target, kind="yolo", path=target,
+                                  error=f"{target}: a YOLO folder ({found[0].name}); the check reads COCO",
+                                  fix=f"run `musubi data convert {target} --to coco --out ANN.json` and check that")
         elif path.is_dir():
             reading = read_image_folder(target, path)
         elif path.suffix.lower() == ".json":
@@ -140,23 +228,76 @@ def _duplicates(values: list[Any]) -> list[Any]:
     return [v for v in values if v in seen or seen.add(v)]  # type: ignore[func-returns-value]
 
 
-def scan_references(raw: dict[str, Any]) -> dict[str, list[str]]:
-    """Problems of ids and references a loader would refuse or silently double: one list of offenders per kind."""
+def scan_references(raw: dict[str, Any], index_of: dict[int, int] | None = None) -> dict[str, list[str]]:
+    """Problems of ids and references a loader would refuse or silently double: one list of offenders per kind.
+
+    `index_of`: id(annotation) -> its index in the file, when `raw` is a filtered copy (scan_entries).
+    """
     images = [img for img in raw["images"] if isinstance(img, dict)]
     anns = [a for a in raw["annotations"] if isinstance(a, dict)]
     image_ids = {_key(img.get("id")) for img in images}
     category_ids = {_key(c.get("id")) for c in raw["categories"] if isinstance(c, dict)}
+
+    def at(n: int, a: Any) -> int:
+        return index_of.get(id(a), n) if index_of else n
+
     return {
         "duplicate_image_id": [f"image id {i}" for i in _duplicates([_key(img.get("id")) for img in images])],
         "duplicate_annotation_id": [f"annotation id {i}" for i in _duplicates([_key(a.get("id")) for a in anns])
                                     if i is not None],
         "duplicate_file_name": [str(n) for n in _duplicates([_key(img.get("file_name")) for img in images])],
-        "unknown_image": [f"annotations[{n}] image_id {a.get('image_id')!r}" for n, a in enumerate(raw["annotations"])
+        "unknown_image": [f"annotations[{at(n, a)}] image_id {a.get('image_id')!r}"
+                          for n, a in enumerate(raw["annotations"])
                           if isinstance(a, dict) and _key(a.get("image_id")) not in image_ids],
-        "unknown_category": [f"annotations[{n}] category_id {a.get('category_id')!r}"
+        "unknown_category": [f"annotations[{at(n, a)}] category_id {a.get('category_id')!r}"
                              for n, a in enumerate(raw["annotations"])
                              if isinstance(a, dict) and _key(a.get("category_id")) not in category_ids],
     }
+
+
+def scan_entries(raw: dict[str, Any], ann: Path) -> tuple[dict[str, list[str]], dict[str, Any]]:
+    """Malformed entries the loader would refuse, one list per kind, and the file without them.
+
+    Every offender is listed (the loader stops at the first); the remaining entries go on to the
+    loader's own rules, the image decode and the box checks, so one bad entry hides nothing else.
+    """
+    from musubi.data.coco import check_relative_name
+
+    found: dict[str, list[str]] = {"bad_category_entry": [], "duplicate_category_id": [], "bad_image_entry": [],
+                                   "bad_file_name": [], "bad_annotation_entry": [], "bad_bbox": []}
+    cats: list[Any] = []
+    seen_cat: set[Any] = set()
+    for n, c in enumerate(raw["categories"]):
+        if not isinstance(c, dict) or not _is_int(c.get("id")):
+            found["bad_category_entry"].append(f"categories[{n}] has no integer 'id'")
+        elif c["id"] in seen_cat:
+            found["duplicate_category_id"].append(f"categories[{n}] id {c['id']}")
+        else:
+            seen_cat.add(c["id"])
+            cats.append(c)
+    images: list[Any] = []
+    for n, img in enumerate(raw["images"]):
+        if not isinstance(img, dict) or not _is_int(img.get("id")):
+            found["bad_image_entry"].append(f"images[{n}] has no integer 'id'")
+            continue
+        try:
+            check_relative_name(img.get("file_name"), ann, img["id"])
+        except ConfigError as e:
+            found["bad_file_name"].append(f"images[{n}]: {split_error(str(e))[0].split(': ', 1)[-1]}")
+            continue
+        images.append(img)
+    anns: list[Any] = []
+    for n, a in enumerate(raw["annotations"]):
+        if not isinstance(a, dict):
+            found["bad_annotation_entry"].append(f"annotations[{n}] is not an object")
+            continue
+        bbox = a.get("bbox")
+        if not isinstance(bbox, list) or len(bbox) != 4 or not all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) for v in bbox):
+            found["bad_bbox"].append(f"annotations[{n}] bbox {bbox!r} is not [x, y, w, h] numbers")
+            continue
+        anns.append(a)
+    return found, {**raw, "categories": cats, "images": images, "annotations": anns}
 
 
 def _size_counts(sizes: dict[str, int]) -> list[int]:
@@ -191,7 +332,10 @@ def read_coco(target: str, ann: Path, image_dir: Path | None, examples: int = MA
             return DataReading(**base, error=f"{ann}: cannot find the image directory (looked in {where})",
                                fix=f"give --data IMAGES_DIR{PAIR_SEPARATOR}{ann}")
     base["image_dir"] = str(image_dir)
-    found = scan_references(raw)
+    original = raw
+    index_of = {id(a): n for n, a in enumerate(original["annotations"])}
+    malformed, raw = scan_entries(raw, ann)
+    found = {**malformed, **scan_references(raw, index_of)}
     try:
         if any(found[k] for k in BLOCKING):
             # Listed one by one already; the loader's own rules still run on the remaining entries.
@@ -207,12 +351,13 @@ def read_coco(target: str, ann: Path, image_dir: Path | None, examples: int = MA
         ds = CocoDetection(image_dir, ann, check_files=False, raw=raw_ok)
     except ConfigError as e:
         problem, fix = split_error(str(e))
-        return DataReading(**base, error=problem, fix=fix)
+        return DataReading(**base, error=problem, fix=fix, issues=_issues(found, examples))
     images: list[dict[str, Any]] = [img for img in raw["images"] if isinstance(img, dict)]
     files = [check_relative_name(img.get("file_name"), ann, img.get("id")) for img in images]
     paths = [image_dir / f for f in files]
     exists = [p.is_file() for p in paths]
-    for k in ("missing", "undecodable", "duplicate_image", "size_mismatch", "empty_box", "box_outside"):
+    for k in ("missing", "undecodable", "exif_rotated", "duplicate_image", "size_mismatch", "empty_box",
+              "box_outside"):
         found[k] = []
     found["missing"] = [f for f, ok in zip(files, exists, strict=True) if not ok]
     decoded = _decode_all([p for p, ok in zip(paths, exists, strict=True) if ok])
@@ -232,6 +377,8 @@ def read_coco(target: str, ann: Path, image_dir: Path | None, examples: int = MA
             continue
         readable.append((name, path))
         size_of[img["id"]] = got
+        if isinstance(got, Rotated):
+            found["exif_rotated"].append(f"{name} (EXIF orientation {got.orientation}, stored {got[0]}x{got[1]})")
         if declared[0] and declared[1] and tuple(declared) != got:
             found["size_mismatch"].append(f"{name} (declared {declared[0]}x{declared[1]}, is {got[0]}x{got[1]})")
     # Identical bytes under two names: the same frame twice (or in two splits) skews training and scores.
@@ -248,29 +395,87 @@ def read_coco(target: str, ann: Path, image_dir: Path | None, examples: int = MA
             first_of[digest] = name
     file_of = {img["id"]: name for img, name in zip(images, files, strict=True)}
     known = set(ds.category_ids)
-    per_class = {ds.category_names[c]: 0 for c in ds.category_ids}
+    # Keyed by name as before; two categories of one name are told apart by id (never merged).
+    name_count: dict[str, int] = {}
+    for c in ds.category_ids:
+        name_count[ds.category_names[c]] = name_count.get(ds.category_names[c], 0) + 1
+    label = {c: ds.category_names[c] if name_count[ds.category_names[c]] == 1 else f"{ds.category_names[c]} (id {c})"
+             for c in ds.category_ids}
+    found["duplicate_category_name"] = [f"{n!r} (ids {', '.join(str(c) for c in ds.category_ids if ds.category_names[c] == n)})"
+                                        for n, k in name_count.items() if k > 1]
+    found["duplicate_box"] = []
+    per_class = {label[c]: 0 for c in ds.category_ids}
     crowd = 0
-    for n, a in enumerate(raw["annotations"]):
+    boxed: set[Any] = set()
+    first_box: dict[tuple[Any, ...], int] = {}
+    for a in raw["annotations"]:
+        n = index_of[id(a)]
         if _key(a.get("image_id")) not in file_of or _key(a.get("category_id")) not in known:
             continue  # listed as unknown_image / unknown_category
-        if a.get("iscrowd", 0):
-            crowd += 1
-            continue
-        per_class[ds.category_names[a["category_id"]]] += 1
         x, y, w, h = (float(v) for v in a["bbox"])
         where = f"{file_of[a['image_id']]} (annotations[{n}] bbox [{x:g}, {y:g}, {w:g}, {h:g}])"
+        size = size_of.get(a["image_id"])
+        tol = BOX_TOLERANCE_PX
+        outside = bool(size) and (x < -tol or y < -tol or x + w > size[0] + tol or y + h > size[1] + tol)
+        if a.get("iscrowd", 0):
+            crowd += 1
+            if outside:  # a crowd region is not trained on, but evaluation ignores detections by it
+                found["box_outside"].append(f"{where} (crowd) in {size[0]}x{size[1]}")
+            continue
+        per_class[label[a["category_id"]]] += 1
+        boxed.add(a["image_id"])
+        same = (a["image_id"], a["category_id"], x, y, w, h)
+        if same in first_box:
+            found["duplicate_box"].append(f"{where} = annotations[{first_box[same]}]")
+        else:
+            first_box[same] = n
         if not all(math.isfinite(v) for v in (x, y, w, h)) or w <= 0 or h <= 0:
             found["empty_box"].append(where)
             continue
-        size = size_of.get(a["image_id"])
-        tol = BOX_TOLERANCE_PX
-        if size and (x < -tol or y < -tol or x + w > size[0] + tol or y + h > size[1] + tol):
+        if outside:
             found["box_outside"].append(f"{where} in {size[0]}x{size[1]}")
-    counts = {"images": len(images), "annotations": len(raw["annotations"]), "boxes": ds.stats.boxes,
+    # Unused categories are common (a val subset) and only reported: a count here, named by `data check`.
+    counts = {"images": len(original["images"]), "annotations": len(original["annotations"]), "boxes": ds.stats.boxes,
               "categories": ds.num_classes, "crowd": crowd,
-              "unused_categories": sum(v == 0 for v in per_class.values())}
+              "unused_categories": sum(v == 0 for v in per_class.values()),
+              "images_without_boxes": sum(img["id"] not in boxed for img in images)}
     return DataReading(**base, counts=counts, issues=_issues(found, examples), per_class=per_class,
                        categories=tuple(ds.category_names[c] for c in ds.category_ids))
+
+
+def _split_images(reading: DataReading) -> list[Path]:
+    """The image files of a reading that parsed (COCO: listed and present; image folder: every image)."""
+    if reading.error is not None or reading.kind not in ("coco", "image_folder"):
+        return []
+    if reading.kind == "image_folder":
+        from torchvision.datasets.folder import IMG_EXTENSIONS
+
+        return sorted(p for p in Path(reading.path).rglob("*") if p.suffix.lower() in IMG_EXTENSIONS and p.is_file())
+    from musubi.data.coco import read_annotation_json
+
+    raw = read_annotation_json(Path(reading.path))
+    root = Path(str(reading.image_dir))
+    names = {img.get("file_name") for img in raw["images"] if isinstance(img, dict)}
+    return sorted(root / n for n in names if isinstance(n, str) and (root / n).is_file())
+
+
+def across_splits(readings: list[DataReading], store: Path | None = None) -> list[str]:
+    """Images whose bytes appear in two splits ('val/x.jpg = train/y.jpg'): only same-size files are hashed."""
+    from musubi.data.version import digests
+
+    files = [(r.path, p) for r in readings for p in _split_images(r)]
+    sizes: dict[int, set[str]] = {}
+    for split, p in files:
+        sizes.setdefault(p.stat().st_size, set()).add(split)
+    shared = [(split, p) for split, p in files if len(sizes[p.stat().st_size]) > 1]
+    sums, _ = digests([p for _, p in shared], store)
+    first: dict[str, tuple[str, Path]] = {}
+    out = []
+    for (split, p), d in zip(shared, sums, strict=True):
+        if d in first and first[d][0] != split:
+            out.append(f"{p} ({split}) = {first[d][1]} ({first[d][0]})")
+        first.setdefault(d, (split, p))
+    return out
 
 
 def read_image_folder(target: str, root: Path) -> DataReading:
