@@ -156,6 +156,13 @@ def failure_cause(job_dir: Path, code: int) -> str:
         err = str(record["history"][-1].get("error") or "")
     if code < 0:
         return f"signal {-code}"
+    failures = record["history"][-1].get("failures") if record.get("history") else None
+    if code != 2 and failures:
+        # The failure that ended the launch, as goodput named it (the rank killed or hung).
+        from musubi.runtime.goodput import failure_summary
+
+        last = failures[-1]
+        return f"{'oom' if last.get('cause') == 'oom' else f'exit {code}'}: {failure_summary(last)[:200]}"
     if "out of memory" in err.lower():
         return f"oom: {err[:200]}"
     if code == 2:

@@ -297,6 +297,13 @@ def first_error(job_dir: Path) -> tuple[str | None, str | None]:
     return None, None
 
 
+def _victim(err: str | None) -> bool:
+    """Whether an error is a rank's report that it lost a peer (not the failure's cause)."""
+    from musubi.runtime.goodput import _VICTIM_RE
+
+    return bool(err and _VICTIM_RE.search(err))
+
+
 def launch_train(req: TrainRequest) -> TrainResult:
     """Run one job under torchrun to completion; never raises for worker failures."""
     run_dir, job_dir, record, nproc, kind = prepare(req)
@@ -356,9 +363,13 @@ def launch_train(req: TrainRequest) -> TrainResult:
     history = record.get("history", [])
     entry: dict = {"attempt": record["attempts"], "exit_code": code, "status": status, "error": err,
                    "started": round(started, 3), "ended": round(time.time(), 3)}
-    if summary_path.is_file():
-        summary = read_json(summary_path)
-        entry["restarts"] = summary.get("restarts", 0)
+    # torchrun restarts of this launch: one progress file per attempt (a failed launch writes no summary).
+    attempts_here = list((job_dir / "progress").glob(f"a{record['attempts']}.*.jsonl")) \
+        if (job_dir / "progress").is_dir() else []
+    if attempts_here:
+        entry["restarts"] = len(attempts_here) - 1
+    elif summary_path.is_file():
+        entry["restarts"] = read_json(summary_path).get("restarts", 0)
     oom_records = sorted((job_dir / "memory").glob("applied-oom-*.json")) if (job_dir / "memory").is_dir() else []
     if oom_records:
         entry["oom_recoveries"] = [read_json(p) for p in oom_records]
@@ -371,9 +382,17 @@ def launch_train(req: TrainRequest) -> TrainResult:
         good = write_goodput(job_dir)  # reads the history just written
         if good is not None:
             # Each failure's cause (hang with its rank, OOM, the rank that died first) for the fleet.
-            entry["failures"] = [{k: f[k] for k in ("attempt", "cause", "ranks", "lost_steps")}
-                                 for f in good["failures"] if f["attempt"].startswith(f"{record['attempts']}.")]
+            mine = [f for f in good["failures"] if f["attempt"].startswith(f"{record['attempts']}.")]
+            entry["failures"] = [{k: f.get(k) for k in ("attempt", "cause", "ranks", "lost_steps", "detail")}
+                                 for f in mine]
             entry["goodput"] = good["goodput"]
+            if code != 0 and mine and mine[-1]["resumed_from_step"] is None and mine[-1]["cause"] != "unknown" \
+                    and (err_kind is None or _victim(err)):
+                # The rank that died or hung, not the peer that saw its connection drop.
+                from musubi.runtime.goodput import failure_summary
+
+                err = f"attempt {mine[-1]['attempt']} failed: {failure_summary(mine[-1])}"
+                entry["error"] = err
             write_json(job_dir / "job.json", record)
     if probe_out:
         print(probe_out.strip().splitlines()[-1] if probe_out.strip() else "", flush=True)

@@ -75,14 +75,26 @@ class Heartbeat:
         self.t_train_start: float | None = None  # wall time of the first step of this attempt
         self.resumed_step = 0
         self._t_step = time.perf_counter()
+        self._t_phase = self._t_step
+        # The last duration of evaluation (a checkpoint's may include waiting for the previous save: not derived).
+        self.phase_times: dict[str, float] = {}
 
     def beat(self, phase: str) -> None:
         """Enter `phase` (progress)."""
+        if phase != self.phase:
+            now = time.perf_counter()
+            if self.phase == "eval":
+                self.phase_times[self.phase] = now - self._t_phase
+            self._t_phase = now
         if self.t_train_start is None and phase == "forward":
             self.t_train_start = time.time()
             self._t_step = time.perf_counter()
             if self.progress is not None:
                 self.progress.train_start(self.t_train_start, self.step)
+        elif phase == "forward" and self.phase in LONG_PHASES:
+            # A step is timed from its first forward: evaluation and checkpoint time between two
+            # steps would inflate the step-derived hang timeout.
+            self._t_step = time.perf_counter()
         self.phase = phase
         self.seq += 1
 
@@ -150,6 +162,10 @@ class Watchdog:
 
     def timeout_for(self, phase: str) -> float:
         """The stall allowed in `phase`."""
+        if phase in self.hb.phase_times:
+            # Evaluation: derived from its own last duration, never above the collective timeout.
+            derived = max(self.spec.floor_s, self.spec.factor * self.hb.phase_times[phase], self.step_timeout())
+            return min(derived, self.collective_timeout_s)
         if phase in LONG_PHASES:
             return max(self.step_timeout(), self.collective_timeout_s)
         return self.step_timeout()
