@@ -186,3 +186,26 @@ def test_goodput_from_a_killed_attempt(tmp_path: Path) -> None:
     assert f["lost_s"] == pytest.approx(12.5 - 9) and f["downtime_s"] == pytest.approx(20 - 12.5)
     # productive: 4 s (steps 1-4) + 6 s (steps 5-10) of 28 s wall
     assert g["productive_s"] == pytest.approx(10.0, abs=0.01) and g["goodput"] == pytest.approx(10 / 28, abs=1e-3)
+
+
+def test_step_times_exclude_eval_and_checkpoint_and_eval_gets_its_own_timeout(tmp_path: Path) -> None:
+    """A step is timed from its first forward: a long evaluation before it does not inflate the hang
+    timeout; evaluation's own timeout follows its last duration, below the collective timeout."""
+    wd, hb = _watchdog(tmp_path, [])
+    for _ in range(2):
+        hb.beat("forward")
+        time.sleep(0.02)
+        hb.stepped(hb.step + 1)
+        hb.beat("between steps")
+    hb.beat("eval")
+    time.sleep(0.3)
+    hb.beat("checkpoint")
+    time.sleep(0.1)
+    hb.beat("forward")
+    time.sleep(0.02)
+    hb.stepped(hb.step + 1)
+    assert max(hb.step_times) < 0.2, list(hb.step_times)
+    assert wd.timeout_for("backward") == 2  # the floor, not 10 x (eval + checkpoint)
+    assert 0.3 <= hb.phase_times["eval"] < 0.5
+    assert wd.timeout_for("eval") == pytest.approx(max(2, 10 * hb.phase_times["eval"]))
+    assert wd.timeout_for("checkpoint") == 600.0  # may wait for the previous save: the collective timeout
