@@ -135,8 +135,7 @@ def main(argv: list[str] | None = None) -> int:
 
         log.info("rank %d: %s", world.rank, configure_threads(spec, pinned))
         if restarts:
-            log.warning("restart %d of this job (torchrun): resuming from the newest intact committed checkpoint, "
-                        "if any", restarts)
+            log.warning("restart %d of this job (torchrun)", restarts)
             from musubi.runtime.saver import reap_checkpoint_daemons
             from musubi.runtime.watchdog import attempt_id
 

@@ -121,3 +121,13 @@ def test_restarts_run_out_name_the_killed_rank(tiny_job, tmp_path: Path, monkeyp
     assert "--resume" not in log0 and "restarting from step 0" in log0, log0[-3000:]
     assert re.search(r"attempt 1\.1 after 1\.0 failed \((killed|rank died) \(rank 1\).*\): it reached step \d, "
                      r"resumed from step 0: \d step\(s\) to redo, [\d.]+ s down", log0), log0[-3000:]
+    # the report shows goodput and each failure's cause and cost; the checklist names the rank
+    from musubi.diagnose.command import build_report
+    from musubi.records.checklist import build_checklist
+
+    html = Path(build_report(tmp_path / "run")["html"]).read_text()
+    text = re.sub(r"<[^>]+>", " ", html)
+    assert "Reliability: goodput, restarts, checkpoints" in text and "Goodput" in text
+    assert "2 failure(s)" in text and "1.1" in text and "blocked (s)" in text
+    items = {(i.job, i.check): i for i in build_checklist(tmp_path / "run").items}
+    assert items[("tiny", "restarts")].status == "FAIL" and "(rank 1)" in items[("tiny", "restarts")].found
