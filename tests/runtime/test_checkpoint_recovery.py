@@ -92,6 +92,11 @@ def test_keep_best_ranks_evaluated_weights_and_readers_verify_checksums(tiny_job
     assert val_steps == {8, 16}
     assert all(c.step in val_steps for c in kept if c.marker["metric"]), [(c.step, c.marker["metric"]) for c in kept]
     assert {c.step for c in kept if c.marker["metric"]} & val_steps and kept[-1].step == 16
+    # the report's Reliability section lists every save's blocked and durable time
+    from musubi.diagnose.page import _reliability
+
+    section = _reliability(root.parent)
+    assert "blocked (s)" in section and "to durable (s)" in section and "0 failure(s)" in section
     # one byte flipped in the newest checkpoint (same size): readers fall back to the previous good one
     assert [c.step for c in kept][-2:] == [15, 16], [c.step for c in kept]
     shard = next(kept[-1].path.glob("*.distcp"))

@@ -128,6 +128,6 @@ def test_restarts_run_out_name_the_killed_rank(tiny_job, tmp_path: Path, monkeyp
     html = Path(build_report(tmp_path / "run")["html"]).read_text()
     text = re.sub(r"<[^>]+>", " ", html)
     assert "Reliability: goodput, restarts, checkpoints" in text and "Goodput" in text
-    assert "2 failure(s)" in text and "1.1" in text and "blocked (s)" in text
+    assert "2 failure(s)" in text and "failed at step" in text and "1.1" in text
     items = {(i.job, i.check): i for i in build_checklist(tmp_path / "run").items}
     assert items[("tiny", "restarts")].status == "FAIL" and "(rank 1)" in items[("tiny", "restarts")].found
