@@ -52,6 +52,7 @@ class TrainRequest:
     rdzv_timeout_s: int = DEFAULT_JOIN_TIMEOUT_S
     iface: str | None = None
     rendezvous: Rendezvous | None = None  # set by prepare()
+    deadline_s: float | None = None  # drills: end torchrun (and its workers) after this many seconds
 
 
 class PreflightFailed(Exception):
@@ -66,6 +67,46 @@ class TrainResult:
     run_dir: Path
     job_dir: Path
     error: str | None = None
+    timed_out: bool = False  # ended by TrainRequest.deadline_s
+
+
+def _end_workers(job_dir: Path) -> None:
+    """SIGKILL every worker still alive that a heartbeat file names (torchrun puts each in its own session)."""
+    import signal
+
+    for p in (job_dir / "heartbeat").glob("a*-rank*.json") if (job_dir / "heartbeat").is_dir() else []:
+        try:
+            pid = int(json.loads(p.read_text(encoding="utf-8"))["pid"])
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except (OSError, ValueError, KeyError):
+            continue
+        if b"musubi.runtime.worker" in cmd and str(job_dir).encode() in cmd:
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+
+def _wait(proc: subprocess.Popen, deadline_s: float | None, job_dir: Path) -> tuple[int, bool]:
+    """torchrun's exit code; past the deadline torchrun is ended (TERM, then KILL) and so are its workers."""
+    import signal
+
+    try:
+        return proc.wait(timeout=deadline_s), False
+    except subprocess.TimeoutExpired:
+        code = None
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(proc.pid, sig)
+            except OSError:
+                pass
+            try:
+                code = proc.wait(timeout=15)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        _end_workers(job_dir)
+        return (proc.wait() if code is None else code), True
 
 
 def visible_gpus() -> int:
@@ -328,14 +369,16 @@ def launch_train(req: TrainRequest) -> TrainResult:
                          rdzv)
     started = time.time()
     proc = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, text=True, errors="replace",
-                            stdout=subprocess.PIPE if req.probe_only else (subprocess.DEVNULL if req.quiet else None))
+                            stdout=subprocess.PIPE if req.probe_only else (subprocess.DEVNULL if req.quiet else None),
+                            start_new_session=req.deadline_s is not None)  # its own group: the deadline ends all
     probe_out = None
     if req.probe_only:
         assert proc.stdout is not None
         probe_out = proc.stdout.read()
     pump = _tee_stderr(proc.stderr, logs / f"torchrun{node}.log")
+    timed_out = False
     try:
-        code = proc.wait()
+        code, timed_out = _wait(proc, req.deadline_s, job_dir)
     except KeyboardInterrupt:
         proc.terminate()
         code = proc.wait()
@@ -351,10 +394,12 @@ def launch_train(req: TrainRequest) -> TrainResult:
         result_code = EXIT_CONFIG if err_kind == "config" else EXIT_FAIL
         if rdzv is not None and err is None:
             err = rendezvous_error(rdzv, logs / f"torchrun{node}.log")
+        if timed_out:
+            err = f"did not finish within {req.deadline_s:.0f} s (deadline): torchrun and its workers were ended"
         if err is None:
             err = f"torchrun exited with {code}; see {logs / f'torchrun{node}.log'}"
     if follower:  # node 0 records the job's outcome
-        return TrainResult(result_code, run_dir, job_dir, err)
+        return TrainResult(result_code, run_dir, job_dir, err, timed_out)
     summary_path = job_dir / "summary.json"
     if code == 0 and summary_path.is_file():
         summary = read_json(summary_path)
@@ -386,8 +431,8 @@ def launch_train(req: TrainRequest) -> TrainResult:
             entry["failures"] = [{k: f.get(k) for k in ("attempt", "cause", "ranks", "lost_steps", "detail")}
                                  for f in mine]
             entry["goodput"] = good["goodput"]
-            if code != 0 and mine and mine[-1]["resumed_from_step"] is None and mine[-1]["cause"] != "unknown" \
-                    and (err_kind is None or _victim(err)):
+            if code != 0 and not timed_out and mine and mine[-1]["resumed_from_step"] is None \
+                    and mine[-1]["cause"] != "unknown" and (err_kind is None or _victim(err)):
                 # The rank that died or hung, not the peer that saw its connection drop.
                 from musubi.runtime.goodput import failure_summary
 
@@ -396,4 +441,4 @@ def launch_train(req: TrainRequest) -> TrainResult:
             write_json(job_dir / "job.json", record)
     if probe_out:
         print(probe_out.strip().splitlines()[-1] if probe_out.strip() else "", flush=True)
-    return TrainResult(result_code, run_dir, job_dir, err)
+    return TrainResult(result_code, run_dir, job_dir, err, timed_out)

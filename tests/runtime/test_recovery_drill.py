@@ -131,3 +131,25 @@ def test_restarts_run_out_name_the_killed_rank(tiny_job, tmp_path: Path, monkeyp
     assert "2 failure(s)" in text and "failed at step" in text and "1.1" in text
     items = {(i.job, i.check): i for i in build_checklist(tmp_path / "run").items}
     assert items[("tiny", "restarts")].status == "FAIL" and "(rank 1)" in items[("tiny", "restarts")].found
+
+
+@pytest.mark.timeout(120)
+def test_drill_deadline_ends_a_run_that_never_recovers(tiny_job, tmp_path: Path, monkeypatch) -> None:
+    """A hang nobody detects (watchdog off): the drill's per-run deadline ends torchrun and every worker."""
+    from musubi.runtime.launch import TrainRequest, launch_train
+
+    job = tiny_job(watchdog={"enabled": False})
+    monkeypatch.setenv("MUSUBI_INJECT", "hang:rank=1,step=3")
+    t0 = time.monotonic()
+    res = launch_train(TrainRequest(job_path=job, nproc=2, out=tmp_path / "run", device="cpu", check=False,
+                                    quiet=True, deadline_s=15))
+    assert res.timed_out and res.code != 0 and "within 15 s (deadline)" in (res.error or ""), res
+    assert time.monotonic() - t0 < 60
+    left = []
+    for cmd in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if str(res.job_dir).encode() in cmd.read_bytes():
+                left.append(cmd.parent.name)
+        except OSError:
+            continue
+    assert not left, f"processes of the run still alive: {left}"
