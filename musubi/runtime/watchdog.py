@@ -277,6 +277,15 @@ class Watchdog:
         report["stacks"] = str(self.hang_dir / f"stacks-a{self.attempt}-rank*.txt")
         report["stacks_requested_from"] = asked
         report["flight_recorder"] = fr
+        pending = pending_collectives(self.hang_dir / f"flight-recorder-{tag}.json") if fr else []
+        if pending:
+            # The operation itself, from this rank's recorder: what it waits in, by sequence number.
+            op = pending[0]
+            report["pending_collectives"] = pending
+            report["collective"] = (f"{op['profiling_name']} (process group {op['pg_id']}, collective #"
+                                    f"{op['collective_seq_id']}, sizes {op['input_sizes']}) in {report['collective']}")
+            report["message"] += (f"; rank {self.rank}'s flight recorder: {op['profiling_name']} #"
+                                  f"{op['collective_seq_id']} of process group {op['pg_id']} never completed")
         report["detected_by"] = self.rank
         path = self.hang_dir / f"hang-a{self.attempt}.json"
         try:  # the first rank to notice writes the report; the others keep their stacks only
@@ -289,6 +298,20 @@ class Watchdog:
                   self.hang_dir)
         logging.shutdown()
         self._exit(EXIT_HANG)
+
+
+def pending_collectives(path: Path) -> list[dict[str, Any]]:
+    """The collectives a flight recorder dump holds as not finished (oldest first); [] if unreadable.
+
+    NCCL entries move to state `completed`; gloo's stay `scheduled` and are `retired` when done.
+    """
+    try:
+        entries = json.loads(path.read_text(encoding="utf-8")).get("entries") or []
+    except (OSError, ValueError, AttributeError):
+        return []
+    keys = ("profiling_name", "pg_id", "collective_seq_id", "input_sizes", "state")
+    return [{k: e.get(k) for k in keys} for e in entries  # in the recorder's order
+            if isinstance(e, dict) and not e.get("retired") and e.get("state") != "completed"]
 
 
 def describe_hang(states: dict[int, dict[str, Any]], attempt: str) -> dict[str, Any]:

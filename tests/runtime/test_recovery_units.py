@@ -209,3 +209,20 @@ def test_step_times_exclude_eval_and_checkpoint_and_eval_gets_its_own_timeout(tm
     assert 0.3 <= hb.phase_times["eval"] < 0.5
     assert wd.timeout_for("eval") == pytest.approx(max(2, 10 * hb.phase_times["eval"]))
     assert wd.timeout_for("checkpoint") == 600.0  # may wait for the previous save: the collective timeout
+
+
+def test_flight_recorder_names_the_collective_that_never_completed(tmp_path: Path) -> None:
+    """gloo's recorder: finished entries are `retired`, the pending one is not (the shape torch 2.x dumps)."""
+    from musubi.runtime.watchdog import pending_collectives
+
+    def entry(name: str, seq: int, pg: int, retired: bool) -> dict:
+        return {"profiling_name": name, "collective_seq_id": seq, "pg_id": pg, "input_sizes": [[676]],
+                "state": "scheduled", "retired": retired}
+
+    dump = tmp_path / "fr.json"
+    dump.write_text(json.dumps({"version": "2.7", "entries": [
+        entry("gloo:all_reduce", 18, 0, True), entry("gloo:all_reduce", 19, 0, False),
+        entry("gloo:broadcast", 18, 1, True)]}))
+    assert pending_collectives(dump) == [{"profiling_name": "gloo:all_reduce", "pg_id": 0, "collective_seq_id": 19,
+                                          "input_sizes": [[676]], "state": "scheduled"}]
+    assert pending_collectives(tmp_path / "missing.json") == []
