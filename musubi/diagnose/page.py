@@ -222,7 +222,7 @@ def _reliability(job_dir: Path) -> str:
                      f"(productive {esc(_num(good.get('productive_s'), 1))} s of {esc(_num(good.get('wall_s'), 1))} s "
                      f"wall; {esc(_num(100 * tg, 1) + ' %' if isinstance(tg, (int, float)) else 'n/a')} from the "
                      f"first step on); {esc(good.get('attempts', 0))} attempt(s), {len(failures)} failure(s), "
-                     f"{esc(good.get('lost_steps', 0))} step(s) redone, {esc(_num(good.get('downtime_s'), 1))} s "
+                     f"{esc(good.get('lost_steps', 0))} step(s) lost, {esc(_num(good.get('downtime_s'), 1))} s "
                      "down.</p>")
         if failures:
             rows = [[esc(f.get("attempt")), esc(f.get("cause")), esc(", ".join(map(str, f.get("ranks") or [])) or "-"),

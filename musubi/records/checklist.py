@@ -117,7 +117,7 @@ def _restarts_item(job: str, job_dir: Path, ended_well: bool) -> Item | None:
     if not failures:
         return Item("during", "restarts", "PASS", f"no failure; {ratio}", job)
     causes = "; ".join(failure_summary({k: v for k, v in f.items() if k != "detail"}) for f in failures)
-    what = (f"{len(failures)} failure(s) ({causes}), {rec.get('lost_steps', 0)} step(s) redone, "
+    what = (f"{len(failures)} failure(s) ({causes}), {rec.get('lost_steps', 0)} step(s) lost, "
             f"{rec.get('downtime_s', 0):.1f}s down; {ratio}")
     if ended_well:
         return Item("during", "restarts", "WARN", f"recovered from {what}", job)

@@ -336,5 +336,5 @@ def goodput_line(rec: dict[str, Any]) -> str:
     causes = ", ".join(f"{f['cause']}" + (f" (rank {','.join(map(str, f['ranks']))})" if f.get("ranks") else "")
                        for f in rec.get("failures", []))
     return (f"goodput {ratio} of {rec.get('wall_s', 0):.1f}s wall; {n} failure(s)"
-            + (f": {causes}; {rec['lost_steps']} step(s) redone ({rec['lost_s']:.1f}s), "
+            + (f": {causes}; {rec['lost_steps']} step(s) lost ({rec['lost_s']:.1f}s), "
                f"{rec['downtime_s']:.1f}s down" if n else ""))
