@@ -206,6 +206,46 @@ def _planner(job_dir: Path) -> str:
             + "".join(f"{esc(n)}." for n in v["notes"]) + "</p>")
 
 
+def _reliability(job_dir: Path) -> str:
+    """Goodput, each failure's cause and cost (JOB/goodput.json) and the checkpoints' blocked/durable times."""
+    try:
+        good = json.loads((job_dir / "goodput.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        good = None
+    saves = [r for r in read_jsonl(job_dir / "metrics.jsonl") if r.get("kind") == "checkpoint"] \
+        if (job_dir / "metrics.jsonl").is_file() else []
+    if not isinstance(good, dict) and not saves:
+        return ""
+    parts = ["<h3>Reliability: goodput, restarts, checkpoints</h3>"]
+    if isinstance(good, dict):
+        g, tg = good.get("goodput"), good.get("training_goodput")
+        failures = [f for f in good.get("failures") or [] if isinstance(f, dict)]
+        parts.append(f"<p>Goodput {esc(_num(100 * g, 1) + ' %' if isinstance(g, (int, float)) else 'n/a')} "
+                     f"(productive {esc(_num(good.get('productive_s'), 1))} s of {esc(_num(good.get('wall_s'), 1))} s "
+                     f"wall; {esc(_num(100 * tg, 1) + ' %' if isinstance(tg, (int, float)) else 'n/a')} from the "
+                     f"first step on); {esc(good.get('attempts', 0))} attempt(s), {len(failures)} failure(s), "
+                     f"{esc(good.get('lost_steps', 0))} step(s) lost, {esc(_num(good.get('downtime_s'), 1))} s "
+                     "down.</p>")
+        if failures:
+            rows = [[esc(f.get("attempt")), esc(f.get("cause")), esc(", ".join(map(str, f.get("ranks") or [])) or "-"),
+                     esc(f.get("failed_at_step")), esc("-" if f.get("resumed_from_step") is None
+                                                       else f.get("resumed_from_step")),
+                     esc(f.get("lost_steps")), esc(_num(f.get("lost_s"), 1)),
+                     esc("-" if f.get("downtime_s") is None else _num(f.get("downtime_s"), 1)),
+                     esc(str(f.get("detail") or "")[:200])] for f in failures]
+            parts.append(_table(["attempt", "cause", "rank(s)", "failed at step", "resumed from", "steps lost",
+                                 "s lost", "s down", "detail"], rows))
+    if saves:
+        rows = [[esc(r.get("step")), esc(r.get("mode", "")), esc(_num(r.get("blocked_s"), 3)),
+                 esc(_num(r.get("durable_s"), 2)), esc("yes" if r.get("ok", True) else "no")] for r in saves[-10:]]
+        blocked = [float(r["blocked_s"]) for r in saves if isinstance(r.get("blocked_s"), (int, float))]
+        parts.append(f"<p>{len(saves)} checkpoint(s); the step was blocked at most "
+                     f"{esc(_num(max(blocked), 3) if blocked else '-')} s"
+                     + (" (the last 10 below)" if len(saves) > 10 else "") + ".</p>"
+                     + _table(["step", "mode", "blocked (s)", "to durable (s)", "committed"], rows))
+    return "".join(parts)
+
+
 def _live_flags(tele: JobTelemetry) -> str:
     flags = [f for f in tele.flags if f.get("kind") == "straggler"]
     if not flags:
@@ -240,6 +280,7 @@ def render(run: Path, jobs: list[tuple[JobTelemetry, dict[str, Any]]], trace_nam
         if hw:
             parts.append("<h3>Hardware (means over the analysed steps)</h3>" + hw)
         parts.append(_planner(run / tele.name))
+        parts.append(_reliability(run / tele.name))
     parts.append(_checklist(run))
     parts.append(_leaderboard(run))
     parts.append(_preflight(run))

@@ -61,7 +61,9 @@ def load_job_model(job_dir: Path) -> JobModel:
     """The job's model with the newest committed checkpoint's weights, loaded strictly, in eval mode."""
     job_dir = Path(job_dir)
     spec = read_job_spec(job_dir)
-    ckpt = latest_checkpoint(job_dir / "checkpoints")
+    # Sizes and SHA-256 checksums: a damaged newer checkpoint is skipped for the previous good one, with
+    # a warning naming it (as training's resume does), so evaluate/export/registry never load broken weights.
+    ckpt = latest_checkpoint(job_dir / "checkpoints", checksums=True)
     if ckpt is None:
         raise ConfigError(
             f"{job_dir / 'checkpoints'}: no committed checkpoint; train the job (checkpoint.enabled: true) first"

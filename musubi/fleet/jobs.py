@@ -8,6 +8,7 @@ import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -156,6 +157,13 @@ def failure_cause(job_dir: Path, code: int) -> str:
         err = str(record["history"][-1].get("error") or "")
     if code < 0:
         return f"signal {-code}"
+    failures = record["history"][-1].get("failures") if record.get("history") else None
+    if code != 2 and failures:
+        # The failure that ended the launch, as goodput named it (the rank killed or hung).
+        from musubi.runtime.goodput import failure_summary
+
+        last = failures[-1]
+        return f"{'oom' if last.get('cause') == 'oom' else f'exit {code}'}: {failure_summary(last)[:200]}"
     if "out of memory" in err.lower():
         return f"oom: {err[:200]}"
     if code == 2:
@@ -163,6 +171,36 @@ def failure_cause(job_dir: Path, code: int) -> str:
     if "nccl" in err.lower():
         return f"nccl: {err[:200]}"
     return f"exit {code}: {err[:200]}" if err else f"exit {code}"
+
+
+def absorb_job_record(st: Any, job_dir: Path, failed: bool) -> str:
+    """Copy the latest launch's restarts, failures and goodput (JOB/job.json history) into the fleet's JobState.
+
+    Failures torchrun recovered from inside the job become causes too ("recovered: ..."); the one that
+    ended a failed launch is left to `failure_cause`. Returns a suffix for the done/failed line ("" if none).
+    """
+    try:
+        history = json.loads((job_dir / "job.json").read_text(encoding="utf-8")).get("history") or []
+    except (OSError, ValueError):
+        return ""
+    entry = history[-1] if history and isinstance(history[-1], dict) else None
+    # Only this launch's entry (a launch that died before `musubi train` recorded it leaves an older one).
+    if entry is None or (st.started is not None and float(entry.get("started", 0)) < st.started - 5):
+        return ""
+    from musubi.runtime.goodput import failure_summary
+
+    failures = [f for f in entry.get("failures") or [] if isinstance(f, dict)]
+    recovered = failures[:-1] if failed and failures else failures
+    st.restarts += int(entry.get("restarts") or 0)
+    st.failures += [dict(f, recovered=f in recovered) for f in failures]
+    st.goodput = entry.get("goodput")
+    for f in recovered:
+        st.causes.append(f"recovered (attempt {f.get('attempt')}): {failure_summary(f)[:200]}")
+    if not recovered:
+        return ""
+    what = ", ".join(failure_summary({k: v for k, v in f.items() if k != "detail"}) for f in recovered)
+    g = st.goodput
+    return f"; {len(recovered)} failure(s) recovered by restart: {what}" + (f"; goodput {g:.1%}" if g else "")
 
 
 def log_tail(path: Path, lines: int = 15) -> str:

@@ -56,6 +56,9 @@ class JobState:
     scheduler_state: str = ""  # Slurm executor: its state as squeue/sacct last said
     log: str = ""  # Slurm executor: the batch log (RUN/JOB/logs/slurm-ID.log)
     interruptions: int = 0  # attempts stopped by a signal to `musubi run` (not counted in `attempts`)
+    restarts: int = 0  # torchrun restarts inside the job's launches (failures it recovered from by itself)
+    failures: list[dict[str, Any]] = field(default_factory=list)  # every failure of every launch (job.json)
+    goodput: float | None = None  # the job's goodput (JOB/goodput.json) after its latest launch
 
 
 @dataclass
@@ -299,10 +302,11 @@ class LocalFleet:
         del self.running[name]
         self.packer.release(name)
         st.ended = time.time()
+        recovered = J.absorb_job_record(st, job_dir, failed=code != 0 and run.phase == "train")
         if code == 0:
             st.state = "done"
             self.packer.done.add(name)
-            self._say(f"done {name} ({st.ended - (st.started or st.ended):.0f}s)")
+            self._say(f"done {name} ({st.ended - (st.started or st.ended):.0f}s){recovered}")
             return
         cause = self._failure_cause(name, run, code)
         st.causes.append(cause)
@@ -330,8 +334,8 @@ class LocalFleet:
     def table(self) -> Table:
         """Job, state, GPUs, epoch/step, samples/s, ETA."""
         t = Table(title=Text(f"fleet {self.spec.name}"), expand=False)
-        for col in ("job", "state", "GPUs" if self.kind == "cuda" else "CPU slots", "attempt", "step", "epoch",
-                    "samples/s", "ETA"):
+        for col in ("job", "state", "GPUs" if self.kind == "cuda" else "CPU slots", "attempt", "restarts", "step",
+                    "epoch", "samples/s", "ETA"):
             t.add_column(col)
         for name, st in self.states.items():
             step = epoch = rate = eta = "-"
@@ -349,7 +353,8 @@ class LocalFleet:
                         eta = f"{left:.0f}s"
             held = ",".join(map(str, st.gpus)) if st.state in ("running", "evaluating") else "-"
             # Text cells: a name is never read as rich markup.
-            t.add_row(*(Text(c) for c in (name, st.state, held, str(st.attempts), step, epoch, rate, eta)))
+            t.add_row(*(Text(c) for c in (name, st.state, held, str(st.attempts), str(st.restarts), step, epoch,
+                                          rate, eta)))
         return t
 
 

@@ -269,11 +269,13 @@ class SlurmFleet:
 
     def _ended(self, st: JobState, state: str, code: int) -> None:
         st.ended = time.time()
+        job_dir = self.run_dir / st.name
+        recovered = J.absorb_job_record(st, job_dir, failed=state == "FAILED")
         if state == "COMPLETED":
             st.state = "done"
-            self._say(f"done {st.name} (slurm job {st.scheduler_id}, {st.ended - (st.started or st.ended):.0f}s)")
+            self._say(f"done {st.name} (slurm job {st.scheduler_id}, {st.ended - (st.started or st.ended):.0f}s)"
+                      f"{recovered}")
             return
-        job_dir = self.run_dir / st.name
         cause = J.failure_cause(job_dir, code) if state == "FAILED" else f"slurm {state} (exit {code})"
         st.causes.append(f"slurm job {st.scheduler_id}: {cause}")
         retry = st.attempts <= self.jobs[st.name].retries and not cause.startswith("config")

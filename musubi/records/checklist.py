@@ -104,6 +104,26 @@ def _ranks_item(job: str, job_dir: Path, nproc: int, ended_well: bool) -> Item:
     return Item("during", "ranks", "SKIP", "no per-rank telemetry and the job did not finish", job)
 
 
+def _restarts_item(job: str, job_dir: Path, ended_well: bool) -> Item | None:
+    """Failures the job met (recovered by torchrun restarts or not) and its goodput (JOB/goodput.json)."""
+    rec = E.read_json_or_none(job_dir / "goodput.json")
+    if not isinstance(rec, dict):
+        return None
+    from musubi.runtime.goodput import failure_summary
+
+    g = rec.get("goodput")
+    ratio = f"goodput {g:.1%}" if isinstance(g, (int, float)) else "goodput n/a"
+    failures = [f for f in rec.get("failures") or [] if isinstance(f, dict)]
+    if not failures:
+        return Item("during", "restarts", "PASS", f"no failure; {ratio}", job)
+    causes = "; ".join(failure_summary({k: v for k, v in f.items() if k != "detail"}) for f in failures)
+    what = (f"{len(failures)} failure(s) ({causes}), {rec.get('lost_steps', 0)} step(s) lost, "
+            f"{rec.get('downtime_s', 0):.1f}s down; {ratio}")
+    if ended_well:
+        return Item("during", "restarts", "WARN", f"recovered from {what}", job)
+    return Item("during", "restarts", "FAIL", f"not recovered: {what}", job)
+
+
 def _throughput_items(job: str, job_dir: Path, records: list[dict[str, Any]], success: SuccessSpec,
                       figures: dict[str, Any]) -> list[Item]:
     rate = E.median_rate(records)
@@ -194,6 +214,9 @@ def job_items(name: str, job_dir: Path, state: str, gpus: int, kind: str, succes
         else:
             items.append(Item("during", "numerics", "PASS", "no non-finite loss", name))
         items.append(_ranks_item(name, job_dir, gpus, ended_well))
+        restarts = _restarts_item(name, job_dir, ended_well)
+        if restarts is not None:
+            items.append(restarts)
         speed = (_throughput_items(name, job_dir, records, success, figures)
                  + _telemetry_items(name, job_dir, success, figures)
                  + _speedup_items(name, job_dir, gpus, success, figures))

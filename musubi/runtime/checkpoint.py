@@ -301,8 +301,9 @@ def read_full_state(ckpt_dir: Path) -> dict[str, Any]:
     Read through `safe_dcp`: the metadata with an allow-listed unpickler, tensors and
     other entries with weights_only=True: nothing is unpickled beyond tensors and containers.
     """
-    if verify(Path(ckpt_dir)) is None:
-        raise ConfigError(f"{ckpt_dir}: not a committed, intact checkpoint; pick another step directory")
+    if verify(Path(ckpt_dir), checksums=True) is None:
+        raise ConfigError(f"{ckpt_dir}: not a committed, intact checkpoint (marker, sizes, SHA-256); pick another "
+                          "step directory")
     try:
         return full_state(Path(ckpt_dir))
     except (Exception, CheckpointException) as e:  # CheckpointException is a BaseException

@@ -87,6 +87,11 @@ def goodput_command(
         return
     print(goodput_line(rec))
     for f in rec["failures"]:
+        if f["resumed_from_step"] is None:  # the failure that ended the job: no attempt came after it
+            print(f"  attempt {f['attempt']}: {f['detail']}; step {f['failed_at_step']}, then the job ended "
+                  f"(restarts ran out or the error will not go away): {f['lost_steps']} step(s) since the last "
+                  f"committed checkpoint, {f['lost_s']:.1f}s of work")
+            continue
         down = f"{f['downtime_s']:.1f}s" if f["downtime_s"] is not None else "n/a (next launch)"
         print(f"  attempt {f['attempt']}: {f['detail']}; step {f['failed_at_step']} -> resumed from "
               f"{f['resumed_from_step']}: {f['lost_steps']} step(s), {f['lost_s']:.1f}s of work lost, {down} down")

@@ -21,6 +21,7 @@ import json
 import os
 import random
 import statistics
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -94,12 +95,13 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(ln) for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()]
 
 
-def _train(req: DrillRequest, out: Path, inject: str | None) -> tuple[int, Path, str | None]:
+def _train(req: DrillRequest, out: Path, inject: str | None, deadline_s: float | None = None
+           ) -> tuple[int, Path, str | None]:
     from musubi.runtime.launch import TrainRequest, launch_train
 
     treq = TrainRequest(job_path=req.job_path, nproc=req.nproc, out=out, device=req.device,
                         overrides=[*req.overrides, "train.deterministic=true"], check=False, quiet=True,
-                        argv=["musubi", "drill"])
+                        argv=["musubi", "drill"], deadline_s=deadline_s)
     old = os.environ.get("MUSUBI_INJECT")
     try:
         if inject:
@@ -137,7 +139,8 @@ def _resumed_steps(job_dir: Path) -> list[int]:
     return [int(m.group(1)) for m in re.finditer(r"resumed from step-(\d+)", text)]
 
 
-def _check(kind: str, drawn: dict, job_dir: Path, code: int, ref: dict[str, Any]) -> dict[str, Any]:
+def _check(kind: str, drawn: dict, job_dir: Path, code: int, ref: dict[str, Any], err: str | None = None,
+           deadline_s: float | None = None) -> dict[str, Any]:
     good = json.loads((job_dir / "goodput.json").read_text(encoding="utf-8")) \
         if (job_dir / "goodput.json").is_file() else {}
     summary = json.loads((job_dir / "summary.json").read_text(encoding="utf-8")) \
@@ -152,7 +155,10 @@ def _check(kind: str, drawn: dict, job_dir: Path, code: int, ref: dict[str, Any]
     row["weights_equal"] = row["finished"] and same_weights(final_tensors(job_dir), ref)
     problems = []
     if not row["finished"]:
-        problems.append(f"did not finish (exit {code})")
+        if err and "(deadline)" in err:
+            problems.append(f"did not finish within {deadline_s:.0f} s (the drill's deadline): ended")
+        else:
+            problems.append(f"did not finish (exit {code})")
     if not fired:
         problems.append("the fault never fired")
     if not row["weights_equal"]:
@@ -168,7 +174,12 @@ def _check(kind: str, drawn: dict, job_dir: Path, code: int, ref: dict[str, Any]
         rep = json.loads(hangs[0].read_text(encoding="utf-8")) if hangs else {}
         named = rep.get("culprits") == [drawn["rank"]]
         culprit = rep.get("ranks", {}).get(str(drawn["rank"]), {})
-        detect = max((float(s.get("stalled_s", 0)) for s in rep.get("ranks", {}).values()), default=None)
+        # From the moment the rank stopped (the fault's own marker) to the hang report, by the file clock:
+        # not the watchdog's own measure of the stall.
+        marks = list((job_dir / "logs" / "inject").glob(f"fired-*-rank{drawn['rank']}")) \
+            if (job_dir / "logs" / "inject").is_dir() else []
+        detect = round(float(rep["time"]) - min(m.stat().st_mtime for m in marks), 2) \
+            if marks and isinstance(rep.get("time"), (int, float)) else None
         timeout = float(culprit.get("timeout_s", 0) or 0)
         row.update(named=named, detected_after_s=detect, timeout_s=timeout)
         if not hangs:
@@ -202,7 +213,11 @@ def run_drill(req: DrillRequest, progress: Any = None) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     say = progress or (lambda _msg: None)
     say(f"reference run (no fault) in {out / 'reference'}")
+    t_ref = time.monotonic()
     code, ref_dir, err = _train(req, out / "reference", None)
+    ref_wall = time.monotonic() - t_ref
+    # Each faulted run: up to 3 x the reference, plus the hang timeout's floor and a minute, then it is ended.
+    deadline = 3 * ref_wall + spec.watchdog.floor_s + 60
     if code != 0:
         raise ConfigError(f"the reference run failed ({err}); fix the job before drilling it")
     ref = final_tensors(ref_dir)
@@ -215,8 +230,8 @@ def run_drill(req: DrillRequest, progress: Any = None) -> dict[str, Any]:
         for i in range(req.repeat):
             spec_str, drawn = _draw(kind, rng, nproc, total, ckpt_steps)
             run_out = out / f"{kind}-{i:03d}"
-            code, job_dir, _err = _train(req, run_out, spec_str)
-            row = _check(kind, drawn, job_dir, code, ref)
+            code, job_dir, err = _train(req, run_out, spec_str, deadline)
+            row = _check(kind, drawn, job_dir, code, ref, err, deadline)
             row["inject"] = spec_str
             row["run"] = str(run_out)
             rows.append(row)

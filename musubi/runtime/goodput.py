@@ -201,6 +201,22 @@ def _cause(job_dir: Path, attempt: str, t0: float, t1: float, exits: dict[str, l
     return {"cause": "unknown", "ranks": [], "detail": "no rank named itself; see logs/torchrun.log"}
 
 
+def _committed_step(job_dir: Path, at_most: int) -> int:
+    """The newest committed checkpoint step <= `at_most` (markers only, no checksums); 0 if none."""
+    from musubi.runtime.checkpoint import committed_checkpoints
+
+    steps = [c.step for c in committed_checkpoints(job_dir / "checkpoints", warn=False) if c.step <= at_most]
+    return max(steps, default=0)
+
+
+def failure_summary(f: dict[str, Any]) -> str:
+    """One failure in words: its cause, the rank(s) it names and the detail, e.g. for an error line."""
+    ranks = f.get("ranks") or []
+    who = f" (rank {', '.join(map(str, ranks))})" if ranks else ""
+    detail = f.get("detail") or ""
+    return f"{f.get('cause', 'unknown')}{who}" + (f": {detail}" if detail else "")
+
+
 def _attempt_end(job_dir: Path, attempt: str, lines: list[dict[str, Any]]) -> float:
     times = [float(r["t"]) for r in lines]
     for p in (job_dir / "heartbeat").glob(f"a{attempt}-rank*.json"):
@@ -237,11 +253,24 @@ def compute_goodput(job_dir: Path) -> dict[str, Any]:
         kept = reached
         if nxt is not None and nxt["resumed_step"] is not None and reached is not None:
             kept = min(reached, nxt["resumed_step"])
+        elif nxt is None and not a["finished"] and reached is not None:
+            # The attempt that ended the job: only what its newest committed checkpoint holds survived.
+            kept = max(a["resumed_step"] or 0, min(reached, _committed_step(job_dir, reached)))
         if a["train_start"] is not None and kept is not None and a["resumed_step"] is not None \
                 and kept > a["resumed_step"]:
             t_kept = _reached_at(a["lines"], kept) or a["end"]
             productive += max(0.0, t_kept - a["train_start"])
-        if nxt is None or a["finished"]:
+        if a["finished"]:
+            continue
+        if nxt is None:
+            # The failure that ended the job (restarts ran out, or a configuration error): no next attempt.
+            t_kept = _reached_at(a["lines"], kept) if kept is not None and kept > (a["resumed_step"] or 0) \
+                else a["train_start"]
+            failures.append({"attempt": a["attempt"], "failed_at_step": reached, "resumed_from_step": None,
+                             "lost_steps": max(0, (reached or 0) - (kept or 0)),
+                             "lost_s": round(max(0.0, a["end"] - (t_kept or a["end"])), 3),
+                             "downtime_s": None,
+                             **_cause(job_dir, a["attempt"], a["start"], a["end"], exits)})
             continue
         same_launch = _attempt_key(nxt["attempt"])[0] == _attempt_key(a["attempt"])[0]
         resumed = nxt["resumed_step"] if nxt["resumed_step"] is not None else 0
@@ -307,5 +336,5 @@ def goodput_line(rec: dict[str, Any]) -> str:
     causes = ", ".join(f"{f['cause']}" + (f" (rank {','.join(map(str, f['ranks']))})" if f.get("ranks") else "")
                        for f in rec.get("failures", []))
     return (f"goodput {ratio} of {rec.get('wall_s', 0):.1f}s wall; {n} failure(s)"
-            + (f": {causes}; {rec['lost_steps']} step(s) redone ({rec['lost_s']:.1f}s), "
+            + (f": {causes}; {rec['lost_steps']} step(s) lost ({rec['lost_s']:.1f}s), "
                f"{rec['downtime_s']:.1f}s down" if n else ""))

@@ -53,6 +53,7 @@ class TrainRequest:
     rdzv_timeout_s: int = DEFAULT_JOIN_TIMEOUT_S
     iface: str | None = None
     rendezvous: Rendezvous | None = None  # set by prepare()
+    deadline_s: float | None = None  # drills: end torchrun (and its workers) after this many seconds
 
 
 class PreflightFailed(Exception):
@@ -67,6 +68,46 @@ class TrainResult:
     run_dir: Path
     job_dir: Path
     error: str | None = None
+    timed_out: bool = False  # ended by TrainRequest.deadline_s
+
+
+def _end_workers(job_dir: Path) -> None:
+    """SIGKILL every worker still alive that a heartbeat file names (torchrun puts each in its own session)."""
+    import signal
+
+    for p in (job_dir / "heartbeat").glob("a*-rank*.json") if (job_dir / "heartbeat").is_dir() else []:
+        try:
+            pid = int(json.loads(p.read_text(encoding="utf-8"))["pid"])
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except (OSError, ValueError, KeyError):
+            continue
+        if b"musubi.runtime.worker" in cmd and str(job_dir).encode() in cmd:
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+
+def _wait(proc: subprocess.Popen, deadline_s: float | None, job_dir: Path) -> tuple[int, bool]:
+    """torchrun's exit code; past the deadline torchrun is ended (TERM, then KILL) and so are its workers."""
+    import signal
+
+    try:
+        return proc.wait(timeout=deadline_s), False
+    except subprocess.TimeoutExpired:
+        code = None
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(proc.pid, sig)
+            except OSError:
+                pass
+            try:
+                code = proc.wait(timeout=15)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        _end_workers(job_dir)
+        return (proc.wait() if code is None else code), True
 
 
 def visible_gpus() -> int:
@@ -308,6 +349,13 @@ def _term_as_interrupt():  # noqa: ANN202 - the previous handler, or None off th
         return None
 
 
+def _victim(err: str | None) -> bool:
+    """Whether an error is a rank's report that it lost a peer (not the failure's cause)."""
+    from musubi.runtime.goodput import _VICTIM_RE
+
+    return bool(err and _VICTIM_RE.search(err))
+
+
 def launch_train(req: TrainRequest) -> TrainResult:
     """Run one job under torchrun to completion; never raises for worker failures."""
     run_dir, job_dir, record, nproc, kind = prepare(req)
@@ -336,15 +384,17 @@ def launch_train(req: TrainRequest) -> TrainResult:
                          rdzv)
     started = time.time()
     proc = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, text=True, errors="replace",
-                            stdout=subprocess.PIPE if req.probe_only else (subprocess.DEVNULL if req.quiet else None))
+                            stdout=subprocess.PIPE if req.probe_only else (subprocess.DEVNULL if req.quiet else None),
+                            start_new_session=req.deadline_s is not None)  # its own group: the deadline ends all
     probe_out = None
     if req.probe_only:
         assert proc.stdout is not None
         probe_out = proc.stdout.read()
     pump = _tee_stderr(proc.stderr, logs / f"torchrun{node}.log")
     old_term = _term_as_interrupt()  # SIGTERM (e.g. from `musubi run`) stops torchrun like Ctrl-C does
+    timed_out = False
     try:
-        code = proc.wait()
+        code, timed_out = _wait(proc, req.deadline_s, job_dir)
     except KeyboardInterrupt:
         proc.terminate()
         code = proc.wait()
@@ -363,10 +413,12 @@ def launch_train(req: TrainRequest) -> TrainResult:
         result_code = EXIT_CONFIG if err_kind == "config" else EXIT_FAIL
         if rdzv is not None and err is None:
             err = rendezvous_error(rdzv, logs / f"torchrun{node}.log")
+        if timed_out:
+            err = f"did not finish within {req.deadline_s:.0f} s (deadline): torchrun and its workers were ended"
         if err is None:
             err = f"torchrun exited with {code}; see {logs / f'torchrun{node}.log'}"
     if follower:  # node 0 records the job's outcome
-        return TrainResult(result_code, run_dir, job_dir, err)
+        return TrainResult(result_code, run_dir, job_dir, err, timed_out)
     summary_path = job_dir / "summary.json"
     if code == 0 and summary_path.is_file():
         summary = read_json(summary_path)
@@ -375,9 +427,13 @@ def launch_train(req: TrainRequest) -> TrainResult:
     history = record.get("history", [])
     entry: dict = {"attempt": record["attempts"], "exit_code": code, "status": status, "error": err,
                    "started": round(started, 3), "ended": round(time.time(), 3)}
-    if summary_path.is_file():
-        summary = read_json(summary_path)
-        entry["restarts"] = summary.get("restarts", 0)
+    # torchrun restarts of this launch: one progress file per attempt (a failed launch writes no summary).
+    attempts_here = list((job_dir / "progress").glob(f"a{record['attempts']}.*.jsonl")) \
+        if (job_dir / "progress").is_dir() else []
+    if attempts_here:
+        entry["restarts"] = len(attempts_here) - 1
+    elif summary_path.is_file():
+        entry["restarts"] = read_json(summary_path).get("restarts", 0)
     oom_records = sorted((job_dir / "memory").glob("applied-oom-*.json")) if (job_dir / "memory").is_dir() else []
     if oom_records:
         entry["oom_recoveries"] = [read_json(p) for p in oom_records]
@@ -390,10 +446,18 @@ def launch_train(req: TrainRequest) -> TrainResult:
         good = write_goodput(job_dir)  # reads the history just written
         if good is not None:
             # Each failure's cause (hang with its rank, OOM, the rank that died first) for the fleet.
-            entry["failures"] = [{k: f[k] for k in ("attempt", "cause", "ranks", "lost_steps")}
-                                 for f in good["failures"] if f["attempt"].startswith(f"{record['attempts']}.")]
+            mine = [f for f in good["failures"] if f["attempt"].startswith(f"{record['attempts']}.")]
+            entry["failures"] = [{k: f.get(k) for k in ("attempt", "cause", "ranks", "lost_steps", "detail")}
+                                 for f in mine]
             entry["goodput"] = good["goodput"]
+            if code != 0 and not timed_out and mine and mine[-1]["resumed_from_step"] is None \
+                    and mine[-1]["cause"] != "unknown" and (err_kind is None or _victim(err)):
+                # The rank that died or hung, not the peer that saw its connection drop.
+                from musubi.runtime.goodput import failure_summary
+
+                err = f"attempt {mine[-1]['attempt']} failed: {failure_summary(mine[-1])}"
+                entry["error"] = err
             write_json(job_dir / "job.json", record)
     if probe_out:
         print(probe_out.strip().splitlines()[-1] if probe_out.strip() else "", flush=True)
-    return TrainResult(result_code, run_dir, job_dir, err)
+    return TrainResult(result_code, run_dir, job_dir, err, timed_out)

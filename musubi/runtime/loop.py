@@ -124,6 +124,7 @@ class Trainer:
         self.epoch = 0
         self.micro = 0  # micro-batches of the current epoch already consumed
         self.last_eval: dict[str, float] = {}
+        self.last_eval_step = -1  # the step whose weights `last_eval` measured
 
     @property
     def phase(self) -> str:
@@ -150,6 +151,7 @@ class Trainer:
             "model": self.spec.model,
             "global_batch": self.plan.global_batch,
             "last_eval": self.last_eval,
+            "last_eval_step": self.last_eval_step,
         }
 
     def save(self) -> None:
@@ -158,8 +160,10 @@ class Trainer:
             return
         self.phase = "checkpoint"
         self.tele.section("checkpoint")
+        # keep_best ranks a checkpoint by the evaluation of its own weights, never an earlier step's.
+        metric = self.last_eval if self.last_eval_step == self.step else {}
         self.checkpointer.save(self.step, self.model, self.optimizer, self.trainer_state(),
-                               capture_rng(self.world.device), metric=self.last_eval)
+                               capture_rng(self.world.device), metric=metric)
 
     def flush_checkpoint_records(self, metrics: MetricsWriter | None) -> None:
         """Finished saves (time the step was blocked, time to durable) into metrics.jsonl (rank 0)."""
@@ -170,14 +174,21 @@ class Trainer:
                 step = rec.pop("step")
                 metrics.write(step, rec, kind="checkpoint")
 
-    def resume(self) -> None:
-        """Load the newest good committed checkpoint (every rank reads the one rank 0 verified)."""
+    def resume(self, automatic: bool = False) -> bool:
+        """Load the newest good committed checkpoint (every rank reads the one rank 0 verified).
+
+        `automatic` (a torchrun restart, not the user's --resume): with no intact checkpoint, train
+        from step 0 and return False instead of failing.
+        """
         # Rank 0 checks sizes and checksums, newest first, skipping damaged ones with a warning;
         # the others take its choice and check that they see the same intact directory.
         mine = ckpt.latest_checkpoint(self.ckpt_root, checksums=True) if self.world.is_main else None
         step = self.world.all_reduce_max(mine.step if mine is not None else -1)
         if step < 0:
-            raise ConfigError(f"--resume: no committed checkpoint in {self.ckpt_root}; run without --resume")
+            if automatic:
+                log.warning("no intact committed checkpoint in %s: restarting from step 0", self.ckpt_root)
+                return False
+            raise ConfigError(f"--resume: no intact committed checkpoint in {self.ckpt_root}; run without --resume")
         found = mine if mine is not None else ckpt.verify(ckpt.step_dir(self.ckpt_root, step))
         if self.world.all_reduce_min(1 if found is not None else 0) == 0 or found is None:
             raise ConfigError(f"{ckpt.step_dir(self.ckpt_root, step)}: not intact on every rank; check that "
@@ -196,11 +207,13 @@ class Trainer:
         self.scheduler.load_state_dict(state["scheduler"])
         self.scaler.load_state_dict(state["scaler"])
         self.last_eval = state.get("last_eval", {})
+        self.last_eval_step = int(state.get("last_eval_step", -1))
         restore_rng(rank_state, self.world.device)
         self.hb.resumed_step = self.step
         self.hb.step = self.step
         log.info("resumed from %s: step %d, epoch %d, micro-batch %d", found.path.name, self.step, self.epoch,
                  self.micro)
+        return True
 
     # -- evaluation ----------------------------------------------------------
     @torch.no_grad()
@@ -338,17 +351,18 @@ class Trainer:
                     every = self.spec.checkpoint.every_steps
                     if self.step >= stop:
                         break
-                    if every and self.step % every == 0:
-                        self.save()
+                    if every and self.step % every == 0 and not (self.micro >= usable and self._best_save_due()):
+                        self.save()  # (a step that ends an evaluated epoch is saved after its evaluation)
                 if self.step >= stop and self.micro < usable:
                     stopped_early = True
                     break
                 # The epoch is complete.
                 self.epoch += 1
                 self.micro = 0
-                if self.epoch % t.eval_every == 0 or self.epoch == t.epochs or self.step >= stop:
+                evaluated = self._eval_due(self.epoch, stop)
+                if evaluated:
                     self.run_eval(metrics)
-                if not self.spec.checkpoint.every_steps or self.step >= stop:
+                if not self.spec.checkpoint.every_steps or self.step >= stop or (evaluated and self._keeps_best()):
                     self.save()
             if stopped_early:
                 self.save()
@@ -404,6 +418,19 @@ class Trainer:
         torch.cuda.reset_peak_memory_stats(self.world.device)
         return mem
 
+    def _eval_due(self, epochs_done: int, stop: int) -> bool:
+        """Whether validation runs once `epochs_done` epochs are complete."""
+        t = self.spec.train
+        return epochs_done % t.eval_every == 0 or epochs_done == t.epochs or self.step >= stop
+
+    def _keeps_best(self) -> bool:
+        return self.checkpointer is not None and self.spec.checkpoint.keep_best > 0 and bool(self.val)
+
+    def _best_save_due(self) -> bool:
+        """The step that ends this epoch is evaluated, and keep_best wants its checkpoint to carry the metric."""
+        stop = min(self.total_steps, self.opts.stop_at_step or self.total_steps)
+        return self._keeps_best() and self._eval_due(self.epoch + 1, stop)
+
     def run_eval(self, metrics: MetricsWriter | None) -> None:
         """Validate, log on rank 0, and remember the result for the checkpoint."""
         self.tele.section("eval")
@@ -411,7 +438,12 @@ class Trainer:
         values = self.evaluate()
         if not values:
             return
+        best = self.checkpointer.best_metric if self._keeps_best() else None
+        if best is not None and best not in values:
+            raise ConfigError(f"checkpoint.best_metric {best!r} is not a validation metric of this task (it reports "
+                              f"{', '.join(sorted(k for k in values if k != 'eval_s'))}); fix it or set keep_best: 0")
         self.last_eval = values
+        self.last_eval_step = self.step
         if metrics is not None:
             metrics.write(self.step, values, kind="val")
         log.info("validation at step %d: %s", self.step,

@@ -75,14 +75,26 @@ class Heartbeat:
         self.t_train_start: float | None = None  # wall time of the first step of this attempt
         self.resumed_step = 0
         self._t_step = time.perf_counter()
+        self._t_phase = self._t_step
+        # The last duration of evaluation (a checkpoint's may include waiting for the previous save: not derived).
+        self.phase_times: dict[str, float] = {}
 
     def beat(self, phase: str) -> None:
         """Enter `phase` (progress)."""
+        if phase != self.phase:
+            now = time.perf_counter()
+            if self.phase == "eval":
+                self.phase_times[self.phase] = now - self._t_phase
+            self._t_phase = now
         if self.t_train_start is None and phase == "forward":
             self.t_train_start = time.time()
             self._t_step = time.perf_counter()
             if self.progress is not None:
                 self.progress.train_start(self.t_train_start, self.step)
+        elif phase == "forward" and self.phase in LONG_PHASES:
+            # A step is timed from its first forward: evaluation and checkpoint time between two
+            # steps would inflate the step-derived hang timeout.
+            self._t_step = time.perf_counter()
         self.phase = phase
         self.seq += 1
 
@@ -150,6 +162,10 @@ class Watchdog:
 
     def timeout_for(self, phase: str) -> float:
         """The stall allowed in `phase`."""
+        if phase in self.hb.phase_times:
+            # Evaluation: derived from its own last duration, never above the collective timeout.
+            derived = max(self.spec.floor_s, self.spec.factor * self.hb.phase_times[phase], self.step_timeout())
+            return min(derived, self.collective_timeout_s)
         if phase in LONG_PHASES:
             return max(self.step_timeout(), self.collective_timeout_s)
         return self.step_timeout()
@@ -261,6 +277,15 @@ class Watchdog:
         report["stacks"] = str(self.hang_dir / f"stacks-a{self.attempt}-rank*.txt")
         report["stacks_requested_from"] = asked
         report["flight_recorder"] = fr
+        pending = pending_collectives(self.hang_dir / f"flight-recorder-{tag}.json") if fr else []
+        if pending:
+            # The operation itself, from this rank's recorder: what it waits in, by sequence number.
+            op = pending[0]
+            report["pending_collectives"] = pending
+            report["collective"] = (f"{op['profiling_name']} (process group {op['pg_id']}, collective #"
+                                    f"{op['collective_seq_id']}, sizes {op['input_sizes']}) in {report['collective']}")
+            report["message"] += (f"; rank {self.rank}'s flight recorder: {op['profiling_name']} #"
+                                  f"{op['collective_seq_id']} of process group {op['pg_id']} never completed")
         report["detected_by"] = self.rank
         path = self.hang_dir / f"hang-a{self.attempt}.json"
         try:  # the first rank to notice writes the report; the others keep their stacks only
@@ -273,6 +298,20 @@ class Watchdog:
                   self.hang_dir)
         logging.shutdown()
         self._exit(EXIT_HANG)
+
+
+def pending_collectives(path: Path) -> list[dict[str, Any]]:
+    """The collectives a flight recorder dump holds as not finished (oldest first); [] if unreadable.
+
+    NCCL entries move to state `completed`; gloo's stay `scheduled` and are `retired` when done.
+    """
+    try:
+        entries = json.loads(path.read_text(encoding="utf-8")).get("entries") or []
+    except (OSError, ValueError, AttributeError):
+        return []
+    keys = ("profiling_name", "pg_id", "collective_seq_id", "input_sizes", "state")
+    return [{k: e.get(k) for k in keys} for e in entries  # in the recorder's order
+            if isinstance(e, dict) and not e.get("retired") and e.get("state") != "completed"]
 
 
 def describe_hang(states: dict[int, dict[str, Any]], attempt: str) -> dict[str, Any]:

@@ -61,6 +61,28 @@ def _start_watchdog(spec, world, job_dir: Path, launch: int, t_start: float):  #
     return watchdog, heartbeat, progress
 
 
+def _log_gap(job_dir: Path, restarts: int, resumed_step: int, t_start: float) -> None:
+    """One line on the failed previous attempt: its cause, the step it reached, the steps to redo, the downtime."""
+    from musubi.runtime.goodput import _attempt_end, _cause, _read_jsonl, _torchrun_exits, failure_summary
+    from musubi.runtime.watchdog import attempt_id
+
+    now = attempt_id()
+    prev = f"{now.split('.')[0]}.{restarts - 1}"
+    try:
+        lines = _read_jsonl(job_dir / "progress" / f"a{prev}.jsonl")
+        steps = [int(r["step"]) for r in lines if "step" in r]
+        reached = max(steps) if steps else 0
+        end = _attempt_end(job_dir, prev, lines) if lines else t_start
+        start = float(lines[0]["t"]) if lines else t_start
+        cause = failure_summary(_cause(job_dir, prev, start, end, _torchrun_exits(job_dir)))
+    except (OSError, ValueError, KeyError) as e:  # bookkeeping never stops the restart
+        log.warning("attempt %s after %s failed (its record is unreadable: %s)", now, prev, e)
+        return
+    log.warning("attempt %s after %s failed (%s): it reached step %d, resumed from step %d: %d step(s) to redo, "
+                "%.1f s down", now, prev, cause, reached, resumed_step, max(0, reached - resumed_step),
+                max(0.0, time.time() - end))
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one rank of a job; returns the process exit code."""
     ap = argparse.ArgumentParser(prog="musubi-worker")
@@ -115,8 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         workers_from = "auto (this rank's cores)" if spec.data.workers == "auto" else "config"
         log.info("rank %d: %s", world.rank, configure_threads(spec, pinned))
         if restarts:
-            log.warning("restart %d of this job (torchrun): resuming from the newest committed checkpoint",
-                        restarts)
+            log.warning("restart %d of this job (torchrun)", restarts)
             from musubi.runtime.saver import reap_checkpoint_daemons
             from musubi.runtime.watchdog import attempt_id
 
@@ -145,16 +166,17 @@ def main(argv: list[str] | None = None) -> int:
             watchdog.stop()
             shutdown_world()
             return 0
-        from musubi.runtime.checkpoint import latest_checkpoint
-
-        resume = args.resume or (restarts > 0 and latest_checkpoint(job_dir / "checkpoints", warn=False) is not None)
-        opts = RunOptions(resume=resume, stop_at_step=args.stop_at_step)
+        # A torchrun restart resumes when an intact checkpoint exists (Trainer.resume checks checksums)
+        # and otherwise starts from step 0; only the user's --resume insists on one.
+        opts = RunOptions(resume=args.resume or restarts > 0, stop_at_step=args.stop_at_step)
         metrics = None
         try:
             trainer = Trainer(spec, task, world, job_dir, opts, console, plan=plan, injector=injector,
                               heartbeat=heartbeat)
             if opts.resume:
-                trainer.resume()
+                trainer.resume(automatic=not args.resume)
+            if restarts and world.is_main:
+                _log_gap(job_dir, restarts, trainer.step, t_start)
             restarted = opts.resume or restarts > 0
             metrics = MetricsWriter(job_dir, trainer.step if restarted else None, spec.tracking, spec.name,
                                     record["config"]) if world.is_main else None

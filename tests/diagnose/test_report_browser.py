@@ -34,6 +34,13 @@ def _hostile_run(tmp_path: Path) -> Path:
                   "fps": 120.0, "score": 0.61, "reason": None}]}), encoding="utf-8")
     (run / "preflight.json").write_text(json.dumps({"ok": False, "results": [
         {"check": HOSTILE_TEXT, "status": "FAIL", "found": HOSTILE_JOB, "fix": HOSTILE_TEXT}]}), encoding="utf-8")
+    # the Reliability section: a failure whose cause and detail carry a rank's error text
+    (run / HOSTILE_JOB / "goodput.json").write_text(json.dumps({
+        "goodput": 0.5, "training_goodput": 0.6, "productive_s": 1.0, "wall_s": 2.0, "attempts": 2,
+        "lost_steps": 1, "lost_s": 0.1, "downtime_s": 0.5,
+        "failures": [{"attempt": HOSTILE_TEXT, "cause": HOSTILE_JOB, "ranks": [1], "failed_at_step": 3,
+                      "resumed_from_step": 2, "lost_steps": 1, "lost_s": 0.1, "downtime_s": 0.5,
+                      "detail": HOSTILE_TEXT}]}), encoding="utf-8")
     return run
 
 
@@ -43,6 +50,7 @@ def test_page_escapes_every_user_string(tmp_path: Path) -> None:
     assert "<script" not in page.lower() and "<img" not in page
     assert not re.search(r"<[a-z]+[^>]*\son(error|load)=", page, re.I)
     assert "&lt;script&gt;" in page and "&lt;img src=x onerror=" in page
+    assert "Reliability: goodput, restarts, checkpoints" in page and "Goodput 50.0 %" in page
     # nothing is loaded: no source or link to any address (xmlns names are not fetched)
     assert "Content-Security-Policy" in page and not re.search(r"(src|href)\s*=\s*[\"']?(https?:|//)", page, re.I)
     trace = json.loads(Path(build_report(run)["trace"]).read_text(encoding="utf-8"))

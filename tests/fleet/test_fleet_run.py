@@ -55,6 +55,8 @@ def fleet(tmp_path: Path, broken: bool = False) -> Path:
 
 def test_fleet_runs_retries_and_ranks(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("SECRET_TOKEN", "do-not-leak")
+    # rank 1 of the 2-rank job is killed once: torchrun recovers inside the job; the fleet must still see it
+    monkeypatch.setenv("MUSUBI_INJECT", "kill:rank=1,step=2")
     out = tmp_path / "run"
     res = CliRunner().invoke(app, ["run", str(fleet(tmp_path, broken=True)), "--out", str(out), "--device", "cpu",
                                    "--cpu-slots", "2"])
@@ -66,12 +68,22 @@ def test_fleet_runs_retries_and_ranks(tmp_path: Path, monkeypatch) -> None:
         "r18-a": "done", "r18-b": "done", "ext-flaky": "done", "ext-broken": "failed"}
     assert state["ext-flaky"]["attempts"] == 2 and state["ext-flaky"]["causes"] == ["exit 3"]
     assert state["ext-broken"]["causes"] == ["exit 4"]
+    a = state["r18-a"]
+    assert a["attempts"] == 1 and a["restarts"] == 1 and [f["ranks"] for f in a["failures"]] == [[1]], a
+    assert len(a["causes"]) == 1 and a["causes"][0].startswith("recovered (attempt 1.0)") and "(rank 1)" in \
+        a["causes"][0], a["causes"]
+    assert "1 failure(s) recovered by restart" in res.output and isinstance(a["goodput"], float)
+    checklist = {(i["job"], i["check"]): i for i in json.loads((out / "checklist.json").read_text())["items"]}
+    assert checklist[("r18-a", "restarts")]["status"] == "WARN" and "rank 1" in checklist[("r18-a", "restarts")][
+        "found"], checklist[("r18-a", "restarts")]
+    assert checklist[("r18-b", "restarts")]["status"] == "PASS"
     assert (out / "r18-a" / "eval.json").is_file() and (out / "r18-a" / "summary.json").is_file()
     assert json.loads((out / "r18-a" / "summary.json").read_text())["world_size"] == 2
     board = json.loads((out / "leaderboard.json").read_text())
     rows = board["rows"] if isinstance(board, dict) else board
     assert {r["job"] for r in rows} >= {"r18-a", "r18-b", "ext-flaky"}
     # resume: finished jobs are skipped, the broken one is tried again (and fails again)
+    monkeypatch.delenv("MUSUBI_INJECT")
     res = CliRunner().invoke(app, ["run", str(fleet(tmp_path, broken=True)), "--out", str(out), "--device", "cpu",
                                    "--resume"])
     assert res.exit_code == 1, res.output

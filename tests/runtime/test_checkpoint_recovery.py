@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 from pathlib import Path
 
@@ -71,3 +72,47 @@ def test_checkpoint_of_another_model_is_refused(finished_run: Path, tiny_job) ->
 def test_other_world_size_is_refused(finished_run: Path, tiny_job) -> None:
     code, out = train(str(tiny_job()), "--nproc", "1", "--out", str(finished_run.parent), "--resume")
     assert code == 2 and "--nproc 2" in out
+
+
+def test_keep_best_ranks_evaluated_weights_and_readers_verify_checksums(tiny_job, tmp_path: Path, caplog) -> None:
+    """keep_best keeps a checkpoint whose metric was measured on its own weights (saves at eval steps);
+    evaluate/export's loader skips a checkpoint that fails its checksum for the previous good one."""
+    from musubi.config.errors import ConfigError
+    from musubi.evaluate.model_io import load_job_model
+    from musubi.runtime.checkpoint import read_full_state
+
+    job = tiny_job(checkpoint={"every_steps": 3, "keep_last": 2, "keep_best": 1})
+    code, out = train(str(job), "--nproc", "2", "--out", str(tmp_path / "run"))
+    assert code == 0, out
+    root = tmp_path / "run" / "tiny" / "checkpoints"
+    kept = committed_checkpoints(root)
+    # validation runs at steps 8 and 16 only: every metric a marker carries is its own step's
+    val_steps = {json.loads(ln)["step"] for ln in (root.parent / "metrics.jsonl").read_text().splitlines()
+                 if json.loads(ln).get("kind") == "val"}
+    assert val_steps == {8, 16}
+    assert all(c.step in val_steps for c in kept if c.marker["metric"]), [(c.step, c.marker["metric"]) for c in kept]
+    assert {c.step for c in kept if c.marker["metric"]} & val_steps and kept[-1].step == 16
+    # the report's Reliability section lists every save's blocked and durable time
+    from musubi.diagnose.page import _reliability
+
+    section = _reliability(root.parent)
+    assert "blocked (s)" in section and "to durable (s)" in section and "0 failure(s)" in section
+    # one byte flipped in the newest checkpoint (same size): readers fall back to the previous good one
+    assert [c.step for c in kept][-2:] == [15, 16], [c.step for c in kept]
+    shard = next(kept[-1].path.glob("*.distcp"))
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    with pytest.raises(ConfigError, match="not a committed, intact checkpoint"):
+        read_full_state(kept[-1].path)
+    with caplog.at_level(logging.WARNING, logger="musubi.checkpoint"):
+        model = load_job_model(root.parent)
+    assert model.step == 15
+    assert any(str(kept[-1].path) in r.getMessage() and "checksum" in r.getMessage() for r in caplog.records)
+
+
+def test_best_metric_no_eval_produces_is_one_line_config_error(tiny_job, tmp_path: Path) -> None:
+    job = tiny_job(checkpoint={"keep_best": 1, "best_metric": "accuracy"}, train={"epochs": 1})
+    code, out = train(str(job), "--nproc", "2", "--out", str(tmp_path / "run"))
+    assert code == 2 and "checkpoint.best_metric 'accuracy' is not a validation metric" in out, out
+    assert "acc" in out.split("best_metric", 1)[1]

@@ -186,3 +186,43 @@ def test_goodput_from_a_killed_attempt(tmp_path: Path) -> None:
     assert f["lost_s"] == pytest.approx(12.5 - 9) and f["downtime_s"] == pytest.approx(20 - 12.5)
     # productive: 4 s (steps 1-4) + 6 s (steps 5-10) of 28 s wall
     assert g["productive_s"] == pytest.approx(10.0, abs=0.01) and g["goodput"] == pytest.approx(10 / 28, abs=1e-3)
+
+
+def test_step_times_exclude_eval_and_checkpoint_and_eval_gets_its_own_timeout(tmp_path: Path) -> None:
+    """A step is timed from its first forward: a long evaluation before it does not inflate the hang
+    timeout; evaluation's own timeout follows its last duration, below the collective timeout."""
+    wd, hb = _watchdog(tmp_path, [])
+    for _ in range(2):
+        hb.beat("forward")
+        time.sleep(0.02)
+        hb.stepped(hb.step + 1)
+        hb.beat("between steps")
+    hb.beat("eval")
+    time.sleep(0.3)
+    hb.beat("checkpoint")
+    time.sleep(0.1)
+    hb.beat("forward")
+    time.sleep(0.02)
+    hb.stepped(hb.step + 1)
+    assert max(hb.step_times) < 0.2, list(hb.step_times)
+    assert wd.timeout_for("backward") == 2  # the floor, not 10 x (eval + checkpoint)
+    assert 0.3 <= hb.phase_times["eval"] < 0.5
+    assert wd.timeout_for("eval") == pytest.approx(max(2, 10 * hb.phase_times["eval"]))
+    assert wd.timeout_for("checkpoint") == 600.0  # may wait for the previous save: the collective timeout
+
+
+def test_flight_recorder_names_the_collective_that_never_completed(tmp_path: Path) -> None:
+    """gloo's recorder: finished entries are `retired`, the pending one is not (the shape torch 2.x dumps)."""
+    from musubi.runtime.watchdog import pending_collectives
+
+    def entry(name: str, seq: int, pg: int, retired: bool) -> dict:
+        return {"profiling_name": name, "collective_seq_id": seq, "pg_id": pg, "input_sizes": [[676]],
+                "state": "scheduled", "retired": retired}
+
+    dump = tmp_path / "fr.json"
+    dump.write_text(json.dumps({"version": "2.7", "entries": [
+        entry("gloo:all_reduce", 18, 0, True), entry("gloo:all_reduce", 19, 0, False),
+        entry("gloo:broadcast", 18, 1, True)]}))
+    assert pending_collectives(dump) == [{"profiling_name": "gloo:all_reduce", "pg_id": 0, "collective_seq_id": 19,
+                                          "input_sizes": [[676]], "state": "scheduled"}]
+    assert pending_collectives(tmp_path / "missing.json") == []
