@@ -180,7 +180,9 @@ def test_sampler_counts_only_the_loaders_workers_as_workers(tmp_path: Path) -> N
         worker.wait()
         other.wait()
     last = _records(tmp_path / "sampler-rank0.jsonl")[-1]
-    assert last["workers"] == 1 and last["other_children"] == 1, last
+    # In a full suite the test process has children of its own (multiprocessing's resource tracker,
+    # left by earlier tests): at least our one other child, never the worker.
+    assert last["workers"] == 1 and last["other_children"] >= 1, last
     assert last["workers_cpu"] > 10 and last["other_children_cpu"] > 10, last
     # the feed names its loader's workers (a real DataLoader with 2 worker processes)
     from torch.utils.data import DataLoader
