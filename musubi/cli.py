@@ -33,6 +33,8 @@ def _guarded(fn, *args):  # noqa: ANN001, ANN202 - a thin wrapper of the two lau
         _fail(str(e), 2)
     except PreflightFailed as e:
         _fail(str(e), 1)
+    except KeyboardInterrupt:  # launch_train stopped torchrun and recorded the attempt
+        _fail("interrupted: the ranks were stopped; continue with --resume and the same --out", 130)
 
 
 @app.command()

@@ -182,22 +182,32 @@ def yolo_to_coco(src: Path, out_json: Path) -> dict[str, Any]:
     if len(dirs) == 1:
         split, image_root = next(iter(dirs.items()))
         known = known_ids.get(split) or known_ids.get("train") or {}
-        counts = _yolo_split_to_coco(src, meta, image_root, Path(out_json), known)
-        return {**counts, "images_dir": str(image_root)}
+        doc = _yolo_split_to_coco(src, meta, image_root, known)
+        _write_coco(doc, Path(out_json))
+        return {"images": len(doc["images"]), "boxes": len(doc["annotations"]), "images_dir": str(image_root)}
     if Path(out_json).suffix.lower() == ".json":
         raise ConfigError(f"{src}: has splits {', '.join(dirs)}; give --out FOLDER "
                           f"(writes {', '.join(f'FOLDER/{k}.json' for k in dirs)})")
+    # Every split is read and checked before the first file is written: a bad val split leaves nothing.
+    docs = {split: _yolo_split_to_coco(src, meta, image_root, known_ids.get(split) or {})
+            for split, image_root in dirs.items()}
     total: dict[str, Any] = {"images": 0, "boxes": 0}
-    for split, image_root in dirs.items():
-        c = _yolo_split_to_coco(src, meta, image_root, Path(out_json) / f"{split}.json", known_ids.get(split) or {})
-        total["images"] += c["images"]
-        total["boxes"] += c["boxes"]
-        total[f"{split}"] = f"{image_root}::{Path(out_json) / f'{split}.json'}"
+    for split, doc in docs.items():
+        _write_coco(doc, Path(out_json) / f"{split}.json")
+        total["images"] += len(doc["images"])
+        total["boxes"] += len(doc["annotations"])
+        total[f"{split}"] = f"{dirs[split]}::{Path(out_json) / f'{split}.json'}"
     return total
 
 
-def _yolo_split_to_coco(src: Path, meta: dict[str, Any], image_root: Path, out_json: Path,
-                        known_ids: dict[str, int]) -> dict[str, int]:
+def _write_coco(doc: dict[str, Any], out_json: Path) -> None:
+    out_json.parent.mkdir(parents=True, exist_ok=True)
+    out_json.write_text(json.dumps(doc), encoding="utf-8")
+
+
+def _yolo_split_to_coco(src: Path, meta: dict[str, Any], image_root: Path,
+                        known_ids: dict[str, int]) -> dict[str, Any]:
+    """One YOLO split as a COCO document (nothing written: the caller writes once every split is read)."""
     meta_path = src / "data.yaml"
     names = meta.get("names")
     if isinstance(names, list):
@@ -244,7 +254,4 @@ def _yolo_split_to_coco(src: Path, meta: dict[str, Any], image_root: Path, out_j
             anns.append({"id": len(anns) + 1, "image_id": image_id, "category_id": ids[cls],
                          "bbox": [x, y, bw, bh], "area": bw * bh, "iscrowd": 0})
     categories = [{"id": cid, "name": str(names[n])} for n, cid in enumerate(ids)]
-    out_json.parent.mkdir(parents=True, exist_ok=True)
-    out_json.write_text(json.dumps({"images": images, "annotations": anns, "categories": categories}),
-                        encoding="utf-8")
-    return {"images": len(images), "boxes": len(anns)}
+    return {"images": images, "annotations": anns, "categories": categories}

@@ -32,7 +32,7 @@ from musubi.config.fleet import CommandJob, FleetSpec, TaskJob
 from musubi.fleet import jobs as J
 from musubi.fleet.machine import SHOW, cpus_value, device_cores, fleet_topology
 from musubi.fleet.packer import Demand, Packer, unplaceable
-from musubi.fleet.stop import FleetInterrupted, signals_ignored, signals_raise, stop_trees
+from musubi.fleet.stop import FleetInterrupted, signals_flagged, stop_trees
 from musubi.runtime.checkpoint import latest_checkpoint
 from musubi.store.rundir import read_json, write_json
 
@@ -242,29 +242,25 @@ class LocalFleet:
         if live:
             live.start()
         stopped: FleetInterrupted | None = None
-        try:
-            with signals_raise():
-                try:
-                    while self.packer.queue or self.running:
-                        for demand, gpus in self.packer.place():
-                            self._start(self.jobs[demand.name], gpus)
-                        self.save_state()
-                        time.sleep(0.5)
-                        for name, run in list(self.running.items()):
-                            code = run.proc.poll()
-                            if code is None:
-                                continue
-                            self._finished(name, run, code)
-                        if live:
-                            live.update(self.table())
-                except KeyboardInterrupt:
-                    stopped = FleetInterrupted(2)
-                except FleetInterrupted as e:
-                    stopped = e
-        finally:
-            if live:
-                live.stop()
-            with signals_ignored():  # a second Ctrl-C does not cut the clean-up short
+        with signals_flagged() as signals:
+            try:
+                while (self.packer.queue or self.running) and not signals:
+                    for demand, gpus in self.packer.place():  # a signal now only notes itself: each
+                        self._start(self.jobs[demand.name], gpus)  # job started is recorded, then stopped
+                    self.save_state()
+                    time.sleep(0.5)
+                    for name, run in list(self.running.items()):
+                        code = run.proc.poll()
+                        if code is None:
+                            continue
+                        self._finished(name, run, code)
+                    if live:
+                        live.update(self.table())
+            finally:  # a signal, or a crash of the loop: no job outlives the fleet
+                if live:
+                    live.stop()
+                if signals:
+                    stopped = FleetInterrupted(signals[0])
                 self._stop_running(stopped)
         self.save_state()
         if stopped is not None:
@@ -277,7 +273,7 @@ class LocalFleet:
             return
         names = list(self.running)
         self._say(f"stopping {len(names)} job(s): {', '.join(names)}" + (f" ({why})" if why else ""))
-        stop_trees([r.proc for r in self.running.values()])
+        stop_trees([r.proc for r in self.running.values() if r.proc is not None])
         now = time.time()
         for name, run in self.running.items():
             st = self.states[name]

@@ -270,7 +270,8 @@ class SlurmFleet:
     def _ended(self, st: JobState, state: str, code: int) -> None:
         st.ended = time.time()
         job_dir = self.run_dir / st.name
-        recovered = J.absorb_job_record(st, job_dir, failed=state == "FAILED")
+        # TIMEOUT, OUT_OF_MEMORY, NODE_FAIL, CANCELLED end the job too: its last failure was not recovered from
+        recovered = J.absorb_job_record(st, job_dir, failed=state != "COMPLETED")
         if state == "COMPLETED":
             st.state = "done"
             self._say(f"done {st.name} (slurm job {st.scheduler_id}, {st.ended - (st.started or st.ended):.0f}s)"

@@ -72,6 +72,9 @@ def _train(run_dir: Path, name: str, info: dict, node_rank: int, nnodes: int, ji
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         return 2
+    except KeyboardInterrupt:  # Slurm's SIGTERM (preemption, scancel): the ranks were stopped and recorded
+        print("error: interrupted: the ranks were stopped", file=sys.stderr, flush=True)
+        return 143
     if result.code:
         print(f"error: {result.error}", file=sys.stderr, flush=True)
     return result.code

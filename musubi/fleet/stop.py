@@ -1,4 +1,4 @@
-"""Stopping a fleet cleanly: signals become an exception, each job's process tree is ended, RUN/ is locked.
+"""Stopping a fleet cleanly: signals are noted and acted on, each job's process tree is ended, RUN/ is locked.
 
 `musubi run` starts every job in a session of its own (`start_new_session=True`), so the job's whole
 process group (`musubi train`, torchrun, the external program and its children) can be signalled at
@@ -33,35 +33,23 @@ class FleetInterrupted(Exception):
 
 
 @contextlib.contextmanager
-def signals_raise() -> Iterator[None]:
-    """While inside: SIGTERM, SIGINT and SIGHUP raise FleetInterrupted (so cleanup runs)."""
-    def handler(signum: int, frame: object) -> None:  # noqa: ARG001
-        raise FleetInterrupted(signum)
-
+def signals_flagged() -> Iterator[list[int]]:
+    """While inside: SIGTERM, SIGINT and SIGHUP are recorded in the yielded list, not raised. The fleet's loop
+    checks it at safe points (never between starting a job and recording it), and its clean-up runs inside
+    too, so a second Ctrl-C cannot cut the stopping of the jobs short."""
     import threading
 
+    got: list[int] = []
     if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
-        yield
+        yield got
         return
+
+    def handler(signum: int, frame: object) -> None:  # noqa: ARG001
+        got.append(signum)
+
     old = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
     try:
-        yield
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
-
-
-@contextlib.contextmanager
-def signals_ignored() -> Iterator[None]:
-    """While inside: SIGTERM, SIGINT and SIGHUP are ignored (the clean-up of the jobs runs to its end)."""
-    import threading
-
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    old = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
-    try:
-        yield
+        yield got
     finally:
         for s, h in old.items():
             signal.signal(s, h)

@@ -41,6 +41,8 @@ def drill_command(
         result = run_drill(req, progress=None if as_json else (lambda m: console.print(m, highlight=False)))
     except ConfigError as e:
         _fail(str(e), 2)
+    except KeyboardInterrupt:  # the running drill's torchrun was stopped; its runs so far stay in --out
+        _fail(f"drill interrupted: the running job was stopped; finished runs are in {out}", 130)
     if as_json:
         print(json.dumps(result["summary"], indent=1))
     else:

@@ -383,6 +383,7 @@ def launch_train(req: TrainRequest) -> TrainResult:
     argv = torchrun_argv(job_dir, nproc, req.resume, req.max_steps, restarts, req.probe_only, pins.torchrun_args,
                          rdzv)
     started = time.time()
+    old_term = _term_as_interrupt()  # SIGTERM (e.g. from `musubi run`) stops torchrun like Ctrl-C does
     proc = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, text=True, errors="replace",
                             stdout=subprocess.PIPE if req.probe_only else (subprocess.DEVNULL if req.quiet else None),
                             start_new_session=req.deadline_s is not None)  # its own group: the deadline ends all
@@ -391,11 +392,11 @@ def launch_train(req: TrainRequest) -> TrainResult:
         assert proc.stdout is not None
         probe_out = proc.stdout.read()
     pump = _tee_stderr(proc.stderr, logs / f"torchrun{node}.log")
-    old_term = _term_as_interrupt()  # SIGTERM (e.g. from `musubi run`) stops torchrun like Ctrl-C does
-    timed_out = False
+    timed_out = interrupted = False
     try:
         code, timed_out = _wait(proc, req.deadline_s, job_dir)
     except KeyboardInterrupt:
+        interrupted = True
         proc.terminate()
         code = proc.wait()
     finally:
@@ -415,9 +416,13 @@ def launch_train(req: TrainRequest) -> TrainResult:
             err = rendezvous_error(rdzv, logs / f"torchrun{node}.log")
         if timed_out:
             err = f"did not finish within {req.deadline_s:.0f} s (deadline): torchrun and its workers were ended"
+        if interrupted:
+            status, err = "interrupted", "interrupted (Ctrl-C or SIGTERM): torchrun and its ranks were stopped"
         if err is None:
             err = f"torchrun exited with {code}; see {logs / f'torchrun{node}.log'}"
     if follower:  # node 0 records the job's outcome
+        if interrupted:
+            raise KeyboardInterrupt
         return TrainResult(result_code, run_dir, job_dir, err, timed_out)
     summary_path = job_dir / "summary.json"
     if code == 0 and summary_path.is_file():
@@ -458,6 +463,8 @@ def launch_train(req: TrainRequest) -> TrainResult:
                 err = f"attempt {mine[-1]['attempt']} failed: {failure_summary(mine[-1])}"
                 entry["error"] = err
             write_json(job_dir / "job.json", record)
+    if interrupted:  # recorded above; the caller decides (musubi train exits 130, a drill stops)
+        raise KeyboardInterrupt
     if probe_out:
         print(probe_out.strip().splitlines()[-1] if probe_out.strip() else "", flush=True)
     return TrainResult(result_code, run_dir, job_dir, err, timed_out)

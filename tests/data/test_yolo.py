@@ -88,6 +88,11 @@ def test_convert_clips_refuses_collisions_keeps_splits_and_ids(tmp_path: Path) -
     assert sorted(i["id"] for i in train["images"]) == [101, 102, 103]
     assert len(json.loads((back / "val.json").read_text())["images"]) == 2
     assert f"{tmp_path / 'y' / 'images' / 'train'}::{back / 'train.json'}" in res.output
+    # A broken line in the val split: refused before train.json is written, so a rerun works.
+    next((tmp_path / "y" / "labels" / "val").glob("*.txt")).write_text("0 0.5 oops 0.1 0.1\n")
+    back2 = tmp_path / "back2"
+    res = runner.invoke(app, ["data", "convert", str(tmp_path / "y"), "--to", "coco", "--out", str(back2)])
+    assert res.exit_code == 2 and "fix the line" in res.output and not back2.exists(), res.output
     # Two frames that would share one label file: refused before anything is written.
     shutil.copy(ann.parent / "images" / "frame_00001.jpg", ann.parent / "images" / "frame_00000.png")
     edit(ann, lambda d: d["images"][1].update(file_name="frame_00000.png"))
