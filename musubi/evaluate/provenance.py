@@ -92,8 +92,3 @@ def dataset_env(configs: list[dict[str, Any]], store: Path | None = None) -> dic
         versions[name] = _joined(detail)
         splits[name] = detail
     return {"datasets": versions, "dataset_splits": splits}
-
-
-def dataset_record(configs: list[dict[str, Any]], store: Path | None = None) -> dict[str, str | None]:
-    """Job name -> dataset version of each resolved job config (env.json's `datasets`)."""
-    return {str(c.get("name")): dataset_version(c, store) for c in configs if isinstance(c, dict)}
