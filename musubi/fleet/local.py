@@ -32,8 +32,9 @@ from musubi.config.fleet import CommandJob, FleetSpec, TaskJob
 from musubi.fleet import jobs as J
 from musubi.fleet.machine import SHOW, cpus_value, device_cores, fleet_topology
 from musubi.fleet.packer import Demand, Packer, unplaceable
-from musubi.fleet.stop import FleetInterrupted, signals_flagged, stop_trees
+from musubi.fleet.stop import FleetInterrupted, signals_flagged
 from musubi.runtime.checkpoint import latest_checkpoint
+from musubi.runtime.proctree import stop_trees
 from musubi.store.rundir import read_json, write_json
 
 log = logging.getLogger("musubi.fleet")

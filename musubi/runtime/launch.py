@@ -71,43 +71,15 @@ class TrainResult:
     timed_out: bool = False  # ended by TrainRequest.deadline_s
 
 
-def _end_workers(job_dir: Path) -> None:
-    """SIGKILL every worker still alive that a heartbeat file names (torchrun puts each in its own session)."""
-    import signal
-
-    for p in (job_dir / "heartbeat").glob("a*-rank*.json") if (job_dir / "heartbeat").is_dir() else []:
-        try:
-            pid = int(json.loads(p.read_text(encoding="utf-8"))["pid"])
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except (OSError, ValueError, KeyError):
-            continue
-        if b"musubi.runtime.worker" in cmd and str(job_dir).encode() in cmd:
-            try:
-                os.killpg(pid, signal.SIGKILL)
-            except OSError:
-                pass
-
-
-def _wait(proc: subprocess.Popen, deadline_s: float | None, job_dir: Path) -> tuple[int, bool]:
-    """torchrun's exit code; past the deadline torchrun is ended (TERM, then KILL) and so are its workers."""
-    import signal
+def _wait(proc: subprocess.Popen, deadline_s: float | None) -> tuple[int, bool]:
+    """torchrun's exit code; past the deadline torchrun and every worker it started are ended (TERM, then KILL)."""
+    from musubi.runtime.proctree import stop_trees
 
     try:
         return proc.wait(timeout=deadline_s), False
     except subprocess.TimeoutExpired:
-        code = None
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            try:
-                os.killpg(proc.pid, sig)
-            except OSError:
-                pass
-            try:
-                code = proc.wait(timeout=15)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-        _end_workers(job_dir)
-        return (proc.wait() if code is None else code), True
+        stop_trees([proc], grace=15)
+        return proc.wait(), True
 
 
 def visible_gpus() -> int:
@@ -394,7 +366,7 @@ def launch_train(req: TrainRequest) -> TrainResult:
     pump = _tee_stderr(proc.stderr, logs / f"torchrun{node}.log")
     timed_out = interrupted = False
     try:
-        code, timed_out = _wait(proc, req.deadline_s, job_dir)
+        code, timed_out = _wait(proc, req.deadline_s)
     except KeyboardInterrupt:
         interrupted = True
         proc.terminate()
