@@ -111,6 +111,22 @@ class _InFlight:
     blocked_s: float
     committer: threading.Thread | None = None
     done: dict[str, Any] = field(default_factory=dict)
+    stager: Any = None  # this save's own stager, closed once the save resolved (see _make_stager)
+
+    def release(self) -> None:
+        """Free this save's staging buffers; only once its future has resolved."""
+        stager, self.stager = self.stager, None
+        _close_stager(stager)
+
+
+def _close_stager(stager: Any) -> None:
+    """Close a DCP stager; closing twice is harmless (torch 2.11 already closed it after staging)."""
+    if stager is None:
+        return
+    try:
+        stager.close()
+    except Exception as e:  # noqa: BLE001 - releasing host buffers must never fail a save
+        log.info("checkpoint staging buffers not released cleanly: %s", one_line(e, 120))
 
 
 class Checkpointer:
@@ -124,14 +140,21 @@ class Checkpointer:
         self.telemetry = telemetry
         # Thread mode: the save's collectives run beside DDP's, so they need a group of their own.
         self.group = side_group() if self.mode == "thread" else None
-        self.stager = self._make_stager() if self.mode != "off" else None
         self.inflight: _InFlight | None = None
         self._records: list[dict[str, Any]] = []
         self._daemon_recorded = False
         self._lock = threading.Lock()
 
     def _make_stager(self) -> Any:
-        """A reused stager: host buffers are cached across saves (pinned on GPU, shared for the daemon)."""
+        """A stager for one save: host copies pinned on GPU, in shared memory for the checkpoint process.
+
+        One per save, never reused. torch 2.11's `DefaultStager._stage` ends every staging with
+        `StateDictStager.close()`, which empties the deepcopy dispatch table, so a second save
+        through the same stager fails with `KeyError: <class 'type'>` (seen on the GPU machine,
+        2026-11-26); torch 2.14 leaves a caller-owned stager open. A fresh stager behaves the same
+        on both. It is closed once its save is durable (`_InFlight.release`): until then the
+        checkpoint process or the writer thread may still read the staged copies.
+        """
         try:
             from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
@@ -168,20 +191,26 @@ class Checkpointer:
             log.info("checkpoint step %d committed in %.2fs: %s", step, elapsed, d)
             return
         extra: dict[str, Any] = {}
-        if self.stager is not None and _takes("async_stager"):
-            extra["async_stager"] = self.stager
+        stager = self._make_stager() if _takes("async_stager") else None
+        if stager is not None:
+            extra["async_stager"] = stager
         if _takes("async_checkpointer_type"):  # absent before torch 2.7: thread only (resolve_mode saw to it)
             from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 
             extra["async_checkpointer_type"] = (AsyncCheckpointerType.PROCESS if self.mode == "process"
                                                 else AsyncCheckpointerType.THREAD)
-        ret = dcp.async_save(state, checkpoint_id=str(d), storage_writer=writer, process_group=self.group, **extra)
+        try:
+            ret = dcp.async_save(state, checkpoint_id=str(d), storage_writer=writer, process_group=self.group,
+                                 **extra)
+        except BaseException:
+            _close_stager(stager)
+            raise
         fut = getattr(ret, "upload_completion", ret)  # torch >= 2.9 may return an AsyncSaveResponse
         if self.mode == "process" and not self._daemon_recorded:
             self._daemon_recorded = True
             threading.Thread(target=self._record_daemon, args=(fut,), name="musubi-ckpt-daemon", daemon=True).start()
         blocked = time.perf_counter() - t0
-        self.inflight = _InFlight(step, d, fut, t0, blocked)
+        self.inflight = _InFlight(step, d, fut, t0, blocked, stager=stager)
         if self.world.is_main:
             th = threading.Thread(target=self._commit_when_durable, args=(self.inflight, trainer_state, metric),
                                   name="musubi-ckpt-commit", daemon=True)
@@ -227,6 +256,7 @@ class Checkpointer:
                 log.warning("checkpoint %s failed on this rank: %s", job.path, one_line(e, 200))
         if job.committer is not None:
             job.committer.join()
+        job.release()
         self.inflight = None
         return time.perf_counter() - t0
 
@@ -274,9 +304,6 @@ class Checkpointer:
     def close(self) -> None:
         """Wait for the last save, release the staging buffers, and end DCP's checkpoint process."""
         self.wait()
-        if self.stager is not None:
-            self.stager.close()
-            self.stager = None
         if self.mode == "process":
             stop_checkpoint_process()
 

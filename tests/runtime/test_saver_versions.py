@@ -1,0 +1,102 @@
+"""Asynchronous saves across the torch versions Musubi claims.
+
+torch 2.11 (the GPU machine's) closes a `DefaultStager`'s deepcopy table at the end of every staging;
+torch 2.14 (this machine's) does not. Reusing one stager therefore crashed every job at its second
+asynchronous save on 2.11 only (`KeyError: <class 'type'>`). These tests make the installed torch
+behave like 2.11 and save several times in every mode, then resume from the last save.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from musubi.config.job import CheckpointSpec
+from musubi.runtime import checkpoint as ckpt
+from musubi.runtime.inject import Injector
+from musubi.runtime.saver import Checkpointer, process_mode_available
+from musubi.runtime.world import World
+
+staging = pytest.importorskip("torch.distributed.checkpoint.staging")
+
+MODES = [
+    "thread", "off",
+    pytest.param("process", marks=[pytest.mark.timeout(240),
+                                   pytest.mark.skipif(not process_mode_available(), reason="torch < 2.7")]),
+]
+
+
+@pytest.fixture
+def stager_closes_after_staging(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Emulate torch 2.11: `DefaultStager._stage` closes its StateDictStager after each staging."""
+    original = staging.DefaultStager._stage
+    calls: list[int] = []
+
+    def stage_then_close(self, state_dict, **kwargs):
+        out = original(self, state_dict, **kwargs)
+        self._state_dict_stager.close()
+        calls.append(id(self))
+        return out
+
+    monkeypatch.setattr(staging.DefaultStager, "_stage", stage_then_close)
+    return calls
+
+
+def test_emulation_reproduces_the_2_11_crash(stager_closes_after_staging: list[int]) -> None:
+    """The emulation is faithful: a reused stager fails at its second staging, as on torch 2.11."""
+    stager = staging.DefaultStager(staging.StagingOptions(use_pinned_memory=False, use_shared_memory=False,
+                                                          use_async_staging=False, use_non_blocking_copy=False))
+    state = {"w": torch.randn(3), "meta": {"kind": torch.nn.Linear}}
+    stager.stage(state)
+    with pytest.raises(KeyError):
+        stager.stage(state)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_three_async_saves_and_a_resume(tmp_path: Path, mode: str, stager_closes_after_staging: list[int]) -> None:
+    if mode == "process":  # DCP's daemon takes its ranks from the default group, as under torchrun
+        dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        _three_saves(tmp_path, mode, stager_closes_after_staging)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _three_saves(tmp_path: Path, mode: str, stagings: list[int]) -> None:
+    torch.manual_seed(0)
+    world = World(rank=0, local_rank=0, size=1, device=torch.device("cpu"), backend="gloo")
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.BatchNorm1d(8), torch.nn.Linear(8, 2))
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+    root = tmp_path / "checkpoints"
+    saver = Checkpointer(root, CheckpointSpec(async_mode=mode, keep_last=5), world, Injector(None, 0, None), None)
+    saved: dict[int, dict[str, torch.Tensor]] = {}
+    for step in (2, 4, 6):
+        for _ in range(2):  # training moves between saves (BatchNorm buffers too)
+            model(torch.randn(16, 8)).square().mean().backward()
+            opt.step()
+            opt.zero_grad()
+        saver.save(step, model, opt, {"step": step}, {"seed": torch.tensor([step])}, None)
+        saved[step] = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    saver.close()
+    records = saver.drain()
+    assert [r["ok"] for r in records] == [True, True, True], records
+    if mode != "off":
+        assert len(set(stagings)) == 3, "each asynchronous save stages through a stager of its own"
+    for step, expected in saved.items():
+        found = ckpt.step_dir(root, step)
+        assert (found / ckpt.MARKER).is_file(), f"step {step} not committed"
+        full = ckpt.read_full_state(found)
+        for k, v in expected.items():
+            assert torch.equal(full["model"][k], v), (step, k)
+    last = ckpt.latest_checkpoint(root, checksums=True)
+    assert last is not None and last.step == 6
+    # resume: a fresh model and optimizer loaded from the last save hold what was saved
+    fresh = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.BatchNorm1d(8), torch.nn.Linear(8, 2))
+    full = ckpt.read_full_state(last.path)
+    fresh.load_state_dict(full["model"])
+    for k, v in fresh.state_dict().items():
+        assert torch.equal(v, saved[6][k]), k
