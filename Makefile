@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 TORCH  ?= torch==2.14.1 torchvision==0.29.1
 STAMP  := $(VENV)/.musubi-installed
 
-.PHONY: demo test lint clean chromium
+.PHONY: demo test gpu-test lint clean chromium
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -20,6 +20,13 @@ demo: $(STAMP)
 
 test: $(STAMP) chromium
 	$(VENV)/bin/python -m pytest -q
+
+# The GPU tier (tests/gpu) on this machine's GPUs: writes bench/results/gpu-tests-DATE-CARD.txt.
+# It uses the Python that has the GPU build of torch (GPU_PY; the lent machines have no internet, so
+# no venv is built there): PYTHONPATH points it at this checkout.
+GPU_PY ?= python3
+gpu-test:
+	PYTHONPATH=$(CURDIR) $(GPU_PY) bench/gpu_tier.py $(GPU_TIER_ARGS)
 
 # The report is checked in a real browser (tests/diagnose/test_report_browser.py): install
 # Chromium when it is missing and we may (root + apt); otherwise say loudly that the test will skip.

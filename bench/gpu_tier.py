@@ -1,0 +1,139 @@
+"""`make gpu-test`: the GPU tier (tests/gpu) on this machine's GPUs, and its result file.
+
+    python bench/gpu_tier.py [--workers 2] [--cpu-suite] [--budget-s 480]
+
+Runs `pytest -m gpu tests/gpu` (two pytest-xdist workers sharing the GPUs through tests/gpu/lease.py
+when xdist is installed) and writes `bench/results/gpu-tests-DATE-CARD.txt`, whose first line names
+the commit and the card, then the torch/CUDA/NCCL versions, the pytest summary and the figures the
+tests recorded. `--cpu-suite` also runs the CPU suite here at the same time (this machine's torch and
+cores: version skew shows up before users meet it) into `bench/results/cpu-suite-DATE-CARD.txt`.
+Where $OUT is set (the lent machine), the result files are copied there too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def commit() -> str:
+    """The commit under test: git's, else MUSUBI_COMMIT (the lent machine gets a tree without .git)."""
+    try:
+        sha = subprocess.run(["git", "rev-parse", "--short=7", "HEAD"], cwd=REPO, capture_output=True, text=True,
+                             timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+        if sha:
+            return sha + ("+dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return os.environ.get("MUSUBI_COMMIT", "unknown")
+
+
+def card() -> tuple[str, str]:
+    """('4xH200', 'NVIDIA H200 x4, driver ...') from NVML; ('cpu', ...) without GPUs."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        n = pynvml.nvmlDeviceGetCount()
+        name = pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(0))
+        name = name.decode() if isinstance(name, bytes) else name
+        driver = pynvml.nvmlSystemGetDriverVersion()
+        driver = driver.decode() if isinstance(driver, bytes) else driver
+        pynvml.nvmlShutdown()
+    except Exception:  # noqa: BLE001 - no driver
+        return "cpu", "no GPU"
+    short = next((w for w in name.replace("-", " ").split() if w[:1] in "HABLV" and any(c.isdigit() for c in w)),
+                 name.split()[-1])
+    return f"{n}x{short}", f"{n}x {name}, driver {driver}"
+
+
+def versions() -> str:
+    code = ("import torch,platform;"
+            "nccl='.'.join(map(str,torch.cuda.nccl.version())) if torch.cuda.is_available() else '-';"
+            "print(f'python {platform.python_version()} torch {torch.__version__} cuda {torch.version.cuda} nccl {nccl}')")
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120).stdout.strip()
+
+
+def pytest_cmd(args: list[str], workers: int) -> list[str]:
+    cmd = [sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", *args]
+    if workers > 1 and importlib.util.find_spec("xdist") is not None:
+        cmd += ["-n", str(workers), "--dist", "loadfile"]
+    return cmd
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workers", type=int, default=2, help="pytest-xdist workers for the GPU tier")
+    ap.add_argument("--cpu-suite", action="store_true", help="also run the CPU suite here, at the same time")
+    ap.add_argument("--cpu-workers", type=int, default=8)
+    ap.add_argument("--budget-s", type=int, default=480, help="the tier's time limit (the issue's 8 minutes)")
+    ap.add_argument("-k", default=None, help="pytest -k expression (a part of the tier)")
+    a = ap.parse_args()
+
+    tag, card_text = card()
+    date = dt.date.today().isoformat()
+    results = REPO / "bench" / "results"
+    results.mkdir(parents=True, exist_ok=True)
+    head = f"commit {commit()} · card {card_text} · {date}"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    cpu = None
+    if a.cpu_suite:
+        cpu_env = dict(env, CUDA_VISIBLE_DEVICES="", MUSUBI_DEVICE="cpu")
+        cpu_log = open(Path(tempfile.gettempdir()) / "musubi-cpu-suite.log", "w")  # noqa: SIM115
+        cpu = (subprocess.Popen(pytest_cmd(["-m", "not gpu", "tests", "--ignore=tests/gpu"], a.cpu_workers),
+                                cwd=REPO, env=cpu_env, stdout=cpu_log, stderr=subprocess.STDOUT), cpu_log, time.time())
+    figures = Path(tempfile.mkdtemp()) / "figures.jsonl"
+    env["MUSUBI_GPU_FIGURES"] = str(figures)
+    t0 = time.time()
+    args = ["-m", "gpu", "tests/gpu"] + (["-k", a.k] if a.k else [])
+    try:
+        res = subprocess.run(pytest_cmd(args, a.workers), cwd=REPO, env=env, capture_output=True, text=True,
+                             timeout=a.budget_s + 60)
+        out, rc = res.stdout + res.stderr, res.returncode
+    except subprocess.TimeoutExpired as e:
+        out, rc = f"{e.stdout or ''}{e.stderr or ''}\nTIMEOUT after {a.budget_s + 60}s", 124
+    wall = time.time() - t0
+    body = [head, versions(), f"command: make gpu-test ({' '.join(pytest_cmd(args, a.workers)[1:])})",
+            f"wall {wall:.0f} s (budget {a.budget_s} s){' OVER BUDGET' if wall > a.budget_s else ''}; pytest exit {rc}",
+            "", "figures:"]
+    body += figures.read_text().splitlines() if figures.is_file() else ["(none)"]
+    body += ["", "pytest:", *out.splitlines()[-150:]]
+    path = results / f"gpu-tests-{date}-{tag}.txt"
+    path.write_text("\n".join(body) + "\n", encoding="utf-8")
+    print("\n".join(body[:6] + body[-25:]))
+    print(f"written: {path}")
+    paths = [path]
+    if cpu is not None:
+        proc, log, c0 = cpu
+        try:
+            proc.wait(timeout=max(60, 570 - (time.time() - t0)))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+        text = Path(log.name).read_text(encoding="utf-8", errors="replace").splitlines()
+        cpath = results / f"cpu-suite-{date}-{tag}.txt"
+        cpath.write_text("\n".join([head, versions(), f"CPU suite on the GPU machine: exit {proc.returncode}, "
+                                    f"{time.time() - c0:.0f} s, {a.cpu_workers} xdist workers", "",
+                                    *text[-200:]]) + "\n", encoding="utf-8")
+        print(f"CPU suite: exit {proc.returncode}; {text[-1] if text else ''}\nwritten: {cpath}")
+        paths.append(cpath)
+    if os.environ.get("OUT"):
+        for p in paths:
+            shutil.copy(p, Path(os.environ["OUT"]) / p.name)
+    return 0 if rc == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
