@@ -26,7 +26,7 @@ test: $(STAMP) chromium
 # no venv is built there): PYTHONPATH points it at this checkout.
 GPU_PY ?= python3
 gpu-test:
-	PYTHONPATH=$(CURDIR) $(GPU_PY) bench/gpu_tier.py $(GPU_TIER_ARGS)
+	PYTHONPATH=$(CURDIR):$$PYTHONPATH $(GPU_PY) bench/gpu_tier.py $(GPU_TIER_ARGS)
 
 # The report is checked in a real browser (tests/diagnose/test_report_browser.py): install
 # Chromium when it is missing and we may (root + apt); otherwise say loudly that the test will skip.
