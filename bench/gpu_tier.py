@@ -120,7 +120,7 @@ def main() -> int:
     if cpu is not None:
         proc, log, c0 = cpu
         try:
-            proc.wait(timeout=max(60, 570 - (time.time() - t0)))
+            proc.wait(timeout=max(30, 530 - (time.time() - t0)))
         except subprocess.TimeoutExpired:
             proc.kill()
         log.close()
