@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 from musubi.config.errors import ConfigError
 from musubi.config.job import JobSpec
@@ -20,6 +21,7 @@ from musubi.runtime.batching import BatchPlan, plan_batch
 from musubi.runtime.inject import Injector, injected_oom
 from musubi.runtime.loaders import TrainFeed, ValFeed
 from musubi.runtime.memory import memory_figures
+from musubi.runtime.ordered_reduce import needs_ordered_reduce, ordered_allreduce_hook
 from musubi.runtime.precision import autocast, make_scaler, resolve_precision
 from musubi.runtime.reporting import MetricsWriter, ProgressBar
 from musubi.runtime.rng import capture_rng, restore_rng, rng_template
@@ -111,7 +113,10 @@ class Trainer:
         )
         self.scaler = make_scaler(self.precision, world.device)
         self.ckpt_root = job_dir / "checkpoints"
-        self.tele = open_telemetry(spec, world, job_dir, self.model, self.feed)
+        ordered = ordered_allreduce_hook if needs_ordered_reduce(t.deterministic, world.size, t.strategy) else None
+        self.tele = open_telemetry(spec, world, job_dir, self.model, self.feed, reduce=ordered)
+        if ordered is not None and not self.tele.enabled and isinstance(self.model, DDP):
+            self.model.register_comm_hook(None, ordered)  # telemetry off: no timing hook wraps it
         self.telemetry = job_dir / "telemetry" / f"rank{world.rank}.jsonl"
         self.telemetry.parent.mkdir(parents=True, exist_ok=True)
         self.checkpointer = Checkpointer(self.ckpt_root, spec.checkpoint, world, self.injector,

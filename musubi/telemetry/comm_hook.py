@@ -17,15 +17,20 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from musubi.telemetry.spans import SpanRecorder
 
 
-def attach(model: torch.nn.Module, recorder: SpanRecorder) -> bool:
-    """Register the timing hook on a DDP model; False (nothing done) for other wrappers."""
+def attach(model: torch.nn.Module, recorder: SpanRecorder, reduce: Any = None) -> bool:
+    """Register the timing hook on a DDP model; False (nothing done) for other wrappers.
+
+    `reduce` is the all-reduce the hook times (DDP's own by default; the runtime passes its
+    layout-independent one in deterministic mode): a DDP model takes one comm hook only.
+    """
     if not recorder.enabled or not isinstance(model, DDP):
         return False
+    allreduce = reduce or default_hooks.allreduce_hook
 
     def timed_allreduce(state: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
         if bucket.is_last():
             recorder.presync()
-        return default_hooks.allreduce_hook(state, bucket)
+        return allreduce(state, bucket)
 
     model.register_comm_hook(None, timed_allreduce)
     return True

@@ -23,15 +23,17 @@ def telemetry_dir(job_dir: Path) -> Path:
 
 
 def open_telemetry(spec: JobSpec, world: World, job_dir: Path, model: torch.nn.Module,
-                   feed: Any = None) -> SpanRecorder:
-    """The recorder the loop marks sections on; its companions stop with `recorder.close()`."""
+                   feed: Any = None, reduce: Any = None) -> SpanRecorder:
+    """The recorder the loop marks sections on; its companions stop with `recorder.close()`.
+
+    `reduce`: the gradient all-reduce the DDP timing hook wraps (None: DDP's own)."""
     cfg = spec.telemetry
     d = telemetry_dir(job_dir)
     d.mkdir(parents=True, exist_ok=True)
     rec = SpanRecorder(d / f"rank{world.rank}.jsonl", world.rank, world.device, enabled=cfg.enabled)
     if not cfg.enabled:
         return rec
-    attach(model, rec)
+    attach(model, rec, reduce)
     if feed is not None:
         feed.section = rec.section
     nvml = open_nvml_device(world.device.index if world.is_cuda else None)
