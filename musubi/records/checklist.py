@@ -134,6 +134,11 @@ def _restarts_item(job: str, job_dir: Path, ended_well: bool) -> Item | None:
     causes = "; ".join(failure_summary({k: v for k, v in f.items() if k != "detail"}) for f in failures)
     what = (f"{len(failures)} failure(s) ({causes}), {rec.get('lost_steps', 0)} step(s) lost, "
             f"{rec.get('downtime_s', 0):.1f}s down; {ratio}")
+    defect = rec.get("defect")
+    if isinstance(defect, dict) and defect.get("attempts"):
+        # Recovery must not hide a defect: the same cause after a restart fails the job, finished or not.
+        return Item("during", "restarts", "FAIL", f"a defect, not a transient fault: the same failure "
+                    f"({defect.get('cause')}) struck attempts {', '.join(map(str, defect['attempts']))}; {what}", job)
     if ended_well:
         return Item("during", "restarts", "WARN", f"recovered from {what}", job)
     return Item("during", "restarts", "FAIL", f"not recovered: {what}", job)
