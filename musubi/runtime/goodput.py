@@ -378,6 +378,9 @@ def goodput_line(rec: dict[str, Any]) -> str:
     n = len(rec.get("failures", []))
     causes = ", ".join(f"{f['cause']}" + (f" (rank {','.join(map(str, f['ranks']))})" if f.get("ranks") else "")
                        for f in rec.get("failures", []))
+    defect = rec.get("defect")
     return (f"goodput {ratio} of {rec.get('wall_s', 0):.1f}s wall; {n} failure(s)"
             + (f": {causes}; {rec['lost_steps']} step(s) lost ({rec['lost_s']:.1f}s), "
-               f"{rec['downtime_s']:.1f}s down" if n else ""))
+               f"{rec['downtime_s']:.1f}s down" if n else "")
+            + (f"; a defect: the same failure struck attempts {', '.join(defect['attempts'])}"
+               if isinstance(defect, dict) and defect.get("attempts") else ""))

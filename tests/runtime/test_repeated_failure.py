@@ -14,7 +14,7 @@ from musubi.cli import app
 from musubi.fleet.jobs import absorb_job_record, failure_cause
 from musubi.fleet.local import JobState
 from musubi.records.checklist import build_checklist
-from musubi.runtime.goodput import compute_goodput, repeated_failure
+from musubi.runtime.goodput import compute_goodput, goodput_line, repeated_failure
 from musubi.runtime.inject import InjectedCrash, Injector
 from musubi.runtime.repeats import exception_site
 from tests.conftest import TINY_JOB
@@ -57,6 +57,7 @@ def test_the_same_exception_at_the_same_line_twice_is_a_defect(tmp_path: Path) -
     # What a third attempt sees before it trains: the two before it failed the same way.
     assert repeated_failure(tmp_path, 1, 2)["attempts"] == ["1.0", "1.1"]
     assert repeated_failure(tmp_path, 1, 1) is None
+    assert goodput_line(g).endswith("; a defect: the same failure struck attempts 1.0, 1.1")
 
 
 @pytest.mark.parametrize("other", [
