@@ -169,7 +169,8 @@ def _telemetry_items(job: str, job_dir: Path, success: SuccessSpec, figures: dic
     out: list[Item] = []
     util = E.gpu_utilisation(job_dir)
     if util is None:
-        out.append(Item("during", "gpu_util", "SKIP", "no GPU utilisation samples (CPU ranks or no NVML)", job))
+        out.append(Item("during", "gpu_util", "SKIP", "no GPU utilisation samples (CPU ranks or no NVML)", job,
+                        success.origin("min_gpu_util")))
     else:
         figures["gpu_util"] = {str(k): round(v, 3) for k, v in util.items()}
         low = {g: u for g, u in util.items() if success.min_gpu_util is not None and u < success.min_gpu_util}
@@ -178,7 +179,8 @@ def _telemetry_items(job: str, job_dir: Path, success: SuccessSpec, figures: dic
                               f"below {success.min_gpu_util:.0%}" if low else None, success, "min_gpu_util"))
     wait = E.data_wait_share(job_dir)
     if wait is None:
-        out.append(Item("during", "data_wait", "SKIP", "no per-step data-wait spans recorded", job))
+        out.append(Item("during", "data_wait", "SKIP", "no per-step data-wait spans recorded", job,
+                        success.origin("max_data_wait")))
     else:
         figures["data_wait"] = round(wait, 4)
         bad = success.max_data_wait is not None and wait > success.max_data_wait
@@ -278,7 +280,9 @@ def build_checklist(run_dir: Path, success: SuccessSpec | None = None) -> Checkl
     # Not softened when defaulted: a job that failed fails the run; max_failures lets the user allow some.
     cl.items.append(Item("criteria", "failures", "FAIL" if len(failed) > success.max_failures else "PASS",
                          f"{len(failed)} job(s) failed{': ' + ', '.join(failed) if failed else ''} "
-                         f"(allowed: {success.max_failures})", None, success.origin("max_failures")))
+                         + (f"(allowed: {success.max_failures})" if success.origin("max_failures") == YOURS
+                            else "(allowed: 0 by default; success.max_failures allows some)"),
+                         None, success.origin("max_failures")))
     if run.fleet:
         _fleet_after(run_dir, run, success, cl)
     elif success.min_score is not None and run.jobs:

@@ -74,7 +74,7 @@ def test_a_failed_job_fails_the_run_unless_allowed(tmp_path: Path) -> None:
     _job(run, "b", status="failed", eval_metrics=False)
     _shipped(run, "a")
     cl = build_checklist(run)
-    assert not cl.ok and _items(cl)[(None, "failures")] == ("FAIL", "1 job(s) failed: b (allowed: 0)")
+    assert not cl.ok and _items(cl)[(None, "failures")] == ("FAIL", "1 job(s) failed: b (allowed: 0 by default; success.max_failures allows some)")
     assert build_checklist(run, SuccessSpec(max_failures=1)).ok is False  # b's own "finished" item still fails
     assert _items(build_checklist(run, SuccessSpec(max_failures=1)))[(None, "failures")][0] == "PASS"
 
