@@ -174,10 +174,12 @@ def _checklist(run: Path) -> str:
         status = str(i.get("status", ""))
         cls = {"PASS": "pass", "WARN": "warn", "FAIL": "fail"}.get(status, "muted")
         rows.append([esc(i.get("phase", "")), esc(i.get("job") or "-"), esc(i.get("check", "")),
-                     f'<span class="{cls}">{esc(status)}</span>', esc(i.get("found", ""))])
+                     f'<span class="{cls}">{esc(status)}</span>', esc(i.get("criterion") or ""),
+                     esc(i.get("found", ""))])
     verdict = "met its success criteria" if data.get("ok") else "did NOT meet its success criteria"
-    return (f"<h2>Checklist</h2><p>The run {esc(verdict)}.</p>"
-            + _table(["phase", "job", "check", "status", "found"], rows))
+    return (f"<h2>Checklist</h2><p>The run {esc(verdict)}. A threshold you wrote in <code>success:</code> is "
+            "<em>yours</em> and fails the run when missed; a <em>default</em> one only warns.</p>"
+            + _table(["phase", "job", "check", "status", "criterion", "found"], rows))
 
 
 def _planner(job_dir: Path) -> str:

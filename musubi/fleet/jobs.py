@@ -146,7 +146,7 @@ def command_launch(job: CommandJob, run_dir: Path, gpus: list[int], kind: str, b
 
 
 def failure_cause(job_dir: Path, code: int) -> str:
-    """Why a job failed, in a word and a detail: oom, config, nccl, signal N, exit N."""
+    """Why a job failed, in a word and a detail: oom, config, defect, nccl, signal N, exit N."""
     record = {}
     try:
         record = json.loads((job_dir / "job.json").read_text(encoding="utf-8"))
@@ -157,6 +157,9 @@ def failure_cause(job_dir: Path, code: int) -> str:
         err = str(record["history"][-1].get("error") or "")
     if code < 0:
         return f"signal {-code}"
+    defect = record["history"][-1].get("defect") if record.get("history") else None
+    if code != 2 and defect:  # the same cause after a restart: not retried (runtime/repeats.py)
+        return f"defect: {str(defect)[:400]}"
     failures = record["history"][-1].get("failures") if record.get("history") else None
     if code != 2 and failures:
         # The failure that ended the launch, as goodput named it (the rank killed or hung).
@@ -177,7 +180,9 @@ def absorb_job_record(st: Any, job_dir: Path, failed: bool) -> str:
     """Copy the latest launch's restarts, failures and goodput (JOB/job.json history) into the fleet's JobState.
 
     Failures torchrun recovered from inside the job become causes too ("recovered: ..."); the one that
-    ended a failed launch is left to `failure_cause`. Returns a suffix for the done/failed line ("" if none).
+    ended a failed launch is left to `failure_cause`. Failures that repeated (a defect: runtime/repeats.py)
+    are never "recovered": a launch that finished anyway gets a "defect: ..." cause. Returns a suffix for
+    the done/failed line ("" if none).
     """
     try:
         history = json.loads((job_dir / "job.json").read_text(encoding="utf-8")).get("history") or []
@@ -190,12 +195,16 @@ def absorb_job_record(st: Any, job_dir: Path, failed: bool) -> str:
     from musubi.runtime.goodput import failure_summary
 
     failures = [f for f in entry.get("failures") or [] if isinstance(f, dict)]
-    recovered = failures[:-1] if failed and failures else failures
+    repeated = {f.get("repeat_of") for f in failures} | {f.get("attempt") for f in failures if f.get("repeat_of")}
+    recovered = [f for f in (failures[:-1] if failed and failures else failures) if f.get("attempt") not in repeated]
     st.restarts += int(entry.get("restarts") or 0)
     st.failures += [dict(f, recovered=f in recovered) for f in failures]
     st.goodput = entry.get("goodput")
     for f in recovered:
         st.causes.append(f"recovered (attempt {f.get('attempt')}): {failure_summary(f)[:200]}")
+    if entry.get("defect") and not failed:  # it finished, yet the same cause struck twice
+        st.causes.append(f"defect: {str(entry['defect'])[:400]}")
+        return f"; but {entry['defect']}"
     if not recovered:
         return ""
     what = ", ".join(failure_summary({k: v for k, v in f.items() if k != "detail"}) for f in recovered)

@@ -307,8 +307,9 @@ class LocalFleet:
             return
         cause = self._failure_cause(name, run, code)
         st.causes.append(cause)
-        # A config error or a broken contract (exit 0, no eval.json) fails the same way every time: no retry.
-        retry = st.attempts <= self.jobs[name].retries and not cause.startswith(("config", "contract"))
+        # A config error, a broken contract (exit 0, no eval.json) or a defect (the same cause after a restart)
+        # fails the same way every time: no retry.
+        retry = st.attempts <= self.jobs[name].retries and not cause.startswith(("config", "contract", "defect"))
         tail = J.log_tail(job_dir / "logs" / ("fleet.log" if st.kind == "task" else "stdout.log"), 8)
         self._say(f"failed {name} (attempt {st.attempts}): {cause}" + ("; retrying" if retry else ""))
         log.warning("failed %s: %s\n%s", name, cause, tail)

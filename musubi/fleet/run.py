@@ -138,7 +138,7 @@ def run_fleet(req: FleetRequest, console: Console | None = None) -> tuple[Path, 
 
 def _resolved(spec: FleetSpec) -> dict:
     """The fleet as RUN/run.json records it (every task job's spec resolved)."""
-    return {"name": spec.name, "leaderboard": spec.leaderboard.model_dump(),
+    return {"name": spec.name, "leaderboard": spec.leaderboard.model_dump(), "success": spec.success.model_dump(),
             "jobs": [({"spec": j.spec.resolved(), **j.model_dump(exclude={"spec"})} if isinstance(j, TaskJob)
                       else j.model_dump()) for j in spec.jobs]}
 

@@ -279,7 +279,7 @@ class SlurmFleet:
             return
         cause = J.failure_cause(job_dir, code) if state == "FAILED" else f"slurm {state} (exit {code})"
         st.causes.append(f"slurm job {st.scheduler_id}: {cause}")
-        retry = st.attempts <= self.jobs[st.name].retries and not cause.startswith("config")
+        retry = st.attempts <= self.jobs[st.name].retries and not cause.startswith(("config", "defect"))
         self._say(f"failed {st.name} (slurm job {st.scheduler_id}, {state}): {cause}" + ("; retrying" if retry
                                                                                       else ""))
         later = self._dependents(st.name)

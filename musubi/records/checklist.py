@@ -5,7 +5,9 @@ job.json, metrics.jsonl, memory/ OOM records, telemetry, eval.json, leaderboard.
 exports, manifest.json), so `musubi checklist RUN` gives the same answer later as the run
 gave at its end. Every item is PASS, WARN, FAIL or SKIP (evidence the run cannot have, such
 as GPU utilisation on CPU ranks: never counted as met). A FAIL means the run did not meet
-its criteria: `musubi run`/`train` then exit 1.
+its criteria: `musubi run`/`train` then exit 1. A threshold the user did not write (a default of
+config/success.py) is measured and shown, but missing it is a WARN; each threshold item says
+whose it is (`criterion`: "yours" or "default").
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from musubi.config.success import SuccessSpec
+from musubi.config.success import YOURS, SuccessSpec
 from musubi.records import evidence as E
 
 CHECKLIST_FILE = "checklist.json"
@@ -29,8 +31,20 @@ CPU_NOTE = "CPU ranks share this machine's cores: reported, not judged"
 def _judged(item: Item, device: str) -> Item:
     """A missed speed criterion fails a GPU run; on CPU ranks it is a warning (see CPU_NOTE)."""
     if item.status == "FAIL" and device == "cpu":
-        return Item("during", item.check, "WARN", f"{item.found} ({CPU_NOTE})", item.job)
+        return Item("during", item.check, "WARN", f"{item.found} ({CPU_NOTE})", item.job, item.criterion)
     return item
+
+
+def _threshold(check: str, job: str | None, found: str, missed: str | None, success: SuccessSpec, name: str,
+               phase: str = "during") -> Item:
+    """A threshold item: PASS when met; missed, FAIL when the user wrote `success.<name>`, else a warning."""
+    origin = success.origin(name)
+    if missed is None:
+        return Item(phase, check, "PASS", found, job, origin)
+    if origin == YOURS:
+        return Item("criteria", check, "FAIL", f"{found} ({missed})", job, origin)
+    return Item(phase, check, "WARN", f"{found} ({missed}: a default, not a criterion you wrote; write "
+                f"success.{name} to judge it)", job, origin)
 
 
 @dataclass(frozen=True)
@@ -42,6 +56,7 @@ class Item:
     status: str  # PASS | WARN | FAIL | SKIP
     found: str
     job: str | None = None
+    criterion: str | None = None  # a threshold item: "yours" (written in success:) or "default"
 
 
 @dataclass
@@ -119,6 +134,11 @@ def _restarts_item(job: str, job_dir: Path, ended_well: bool) -> Item | None:
     causes = "; ".join(failure_summary({k: v for k, v in f.items() if k != "detail"}) for f in failures)
     what = (f"{len(failures)} failure(s) ({causes}), {rec.get('lost_steps', 0)} step(s) lost, "
             f"{rec.get('downtime_s', 0):.1f}s down; {ratio}")
+    defect = rec.get("defect")
+    if isinstance(defect, dict) and defect.get("attempts"):
+        # Recovery must not hide a defect: the same cause after a restart fails the job, finished or not.
+        return Item("during", "restarts", "FAIL", f"a defect, not a transient fault: the same failure "
+                    f"({defect.get('cause')}) struck attempts {', '.join(map(str, defect['attempts']))}; {what}", job)
     if ended_well:
         return Item("during", "restarts", "WARN", f"recovered from {what}", job)
     return Item("during", "restarts", "FAIL", f"not recovered: {what}", job)
@@ -139,32 +159,33 @@ def _throughput_items(job: str, job_dir: Path, records: list[dict[str, Any]], su
     figures["throughput_change"] = round(change, 4)
     found = f"{rate:.1f} samples/s, {change:+.1%} against the median of {len(earlier)} earlier run(s) ({ref:.1f})"
     tol = success.max_throughput_drop
-    if tol is not None and change < -tol:
-        return [Item("criteria", "throughput", "FAIL", f"{found}: a regression beyond {tol:.0%}", job)]
-    return [Item("during", "throughput", "PASS", found, job)]
+    if tol is None:
+        return [Item("during", "throughput", "PASS", found, job)]
+    return [_threshold("throughput", job, found, f"a regression beyond {tol:.0%}" if change < -tol else None,
+                       success, "max_throughput_drop")]
 
 
 def _telemetry_items(job: str, job_dir: Path, success: SuccessSpec, figures: dict[str, Any]) -> list[Item]:
     out: list[Item] = []
     util = E.gpu_utilisation(job_dir)
     if util is None:
-        out.append(Item("during", "gpu_util", "SKIP", "no GPU utilisation samples (CPU ranks or no NVML)", job))
+        out.append(Item("during", "gpu_util", "SKIP", "no GPU utilisation samples (CPU ranks or no NVML)", job,
+                        success.origin("min_gpu_util")))
     else:
         figures["gpu_util"] = {str(k): round(v, 3) for k, v in util.items()}
         low = {g: u for g, u in util.items() if success.min_gpu_util is not None and u < success.min_gpu_util}
         found = ", ".join(f"GPU {g} {u:.0%}" for g, u in sorted(util.items()))
-        status = "FAIL" if low else "PASS"
-        out.append(Item("criteria" if low else "during", "gpu_util", status,
-                        f"after warm-up: {found}" + (f" (below {success.min_gpu_util:.0%})" if low else ""), job))
+        out.append(_threshold("gpu_util", job, f"after warm-up: {found}",
+                              f"below {success.min_gpu_util:.0%}" if low else None, success, "min_gpu_util"))
     wait = E.data_wait_share(job_dir)
     if wait is None:
-        out.append(Item("during", "data_wait", "SKIP", "no per-step data-wait spans recorded", job))
+        out.append(Item("during", "data_wait", "SKIP", "no per-step data-wait spans recorded", job,
+                        success.origin("max_data_wait")))
     else:
         figures["data_wait"] = round(wait, 4)
         bad = success.max_data_wait is not None and wait > success.max_data_wait
-        out.append(Item("criteria" if bad else "during", "data_wait", "FAIL" if bad else "PASS",
-                        f"{wait:.1%} of step time waiting for data"
-                        + (f" (above {success.max_data_wait:.0%})" if bad else ""), job))
+        out.append(_threshold("data_wait", job, f"{wait:.1%} of step time waiting for data",
+                              f"above {success.max_data_wait:.0%}" if bad else None, success, "max_data_wait"))
     return out
 
 
@@ -177,7 +198,7 @@ def _speedup_items(job: str, job_dir: Path, gpus: int, success: SuccessSpec, fig
     if base is None or rate is None:
         if wanted:
             return [Item("criteria", "speedup", "SKIP", "not measured: no single-GPU baseline (success.baseline_steps "
-                         "is 0 or the baseline failed)", job)]
+                         "is 0 or the baseline failed)", job, YOURS)]
         return []
     speedup = rate / base["samples_per_s"]
     eff = speedup / gpus
@@ -188,8 +209,9 @@ def _speedup_items(job: str, job_dir: Path, gpus: int, success: SuccessSpec, fig
         miss.append(f"speedup below {success.min_speedup}")
     if success.min_scaling_efficiency and eff < success.min_scaling_efficiency:
         miss.append(f"efficiency below {success.min_scaling_efficiency:.0%}")
+    # Both have no default: a speed-up criterion is always one the user wrote.
     return [Item("criteria", "speedup", "FAIL" if miss else "PASS", found + (f" ({'; '.join(miss)})" if miss else ""),
-                 job)]
+                 job, YOURS if wanted else None)]
 
 
 def job_items(name: str, job_dir: Path, state: str, gpus: int, kind: str, success: SuccessSpec,
@@ -250,12 +272,17 @@ def build_checklist(run_dir: Path, success: SuccessSpec | None = None) -> Checkl
                              f"{counts.get('FAIL', 0)} failed"))
     for job in run.jobs:
         cl.figures[job.name] = {}
-        cl.items += job_items(job.name, job.dir, job.state, job.gpus, job.kind, success, cl.figures[job.name],
+        # In a fleet a job's own written criteria (its `success:` or the fleet's `defaults:`) beat the fleet's.
+        mine = success.under(job.success) if run.fleet else success
+        cl.items += job_items(job.name, job.dir, job.state, job.gpus, job.kind, mine, cl.figures[job.name],
                               job.device, run.fleet)
     failed = [j.name for j in run.jobs if j.state not in ("done", "stopped")]
+    # Not softened when defaulted: a job that failed fails the run; max_failures lets the user allow some.
     cl.items.append(Item("criteria", "failures", "FAIL" if len(failed) > success.max_failures else "PASS",
                          f"{len(failed)} job(s) failed{': ' + ', '.join(failed) if failed else ''} "
-                         f"(allowed: {success.max_failures})"))
+                         + (f"(allowed: {success.max_failures})" if success.origin("max_failures") == YOURS
+                            else "(allowed: 0 by default; success.max_failures allows some)"),
+                         None, success.origin("max_failures")))
     if run.fleet:
         _fleet_after(run_dir, run, success, cl)
     elif success.min_score is not None and run.jobs:
@@ -264,11 +291,11 @@ def build_checklist(run_dir: Path, success: SuccessSpec | None = None) -> Checkl
         value = ev.get(metric) if metric else None
         if value is None:
             cl.items.append(Item("criteria", "score", "FAIL", f"no {metric or 'headline metric'} to compare with "
-                                 f"success.min_score {success.min_score}"))
+                                 f"success.min_score {success.min_score}", None, YOURS))
         else:
             ok = value >= success.min_score
             cl.items.append(Item("criteria", "score", "PASS" if ok else "FAIL",
-                                 f"{metric} {value:.4g} {'>=' if ok else '<'} {success.min_score}"))
+                                 f"{metric} {value:.4g} {'>=' if ok else '<'} {success.min_score}", None, YOURS))
     return cl
 
 
@@ -297,7 +324,7 @@ def _fleet_after(run_dir: Path, run: E.RunEvidence, success: SuccessSpec, cl: Ch
         ok = best is not None and best >= success.min_score
         cl.items.append(Item("criteria", "score", "PASS" if ok else "FAIL",
                              f"best score {best:.4f} {'>=' if ok else '<'} {success.min_score}" if best is not None
-                             else f"no ranked job to compare with success.min_score {success.min_score}"))
+                             else f"no ranked job to compare with success.min_score {success.min_score}", None, YOURS))
 
 
 def write_checklist(run_dir: Path, cl: Checklist) -> Path:
@@ -316,10 +343,11 @@ def render(cl: Checklist, console: Any) -> None:
 
     colors = {"PASS": "green", "WARN": "yellow", "FAIL": "red", "SKIP": "dim"}
     table = Table(title="run checklist", show_lines=False)
-    for col in ("phase", "job", "check", "status", "found"):
+    for col in ("phase", "job", "check", "status", "criterion", "found"):
         table.add_column(col, overflow="fold")
     for i in cl.items:
         table.add_row(Text(i.phase), Text(i.job or "-"), Text(i.check), Text(i.status, style=colors[i.status]),
+                      Text(i.criterion or "", style="dim" if i.criterion != YOURS else ""),
                       Text(i.found))  # Text: job names and findings are data, never rich markup
     console.print(table)
     d = cl.to_dict()["counts"]

@@ -40,6 +40,7 @@ class JobEvidence:
     state: str  # done | failed | stopped | running | queued | ...
     gpus: int
     device: str = "cuda"  # cuda | cpu (job.json); criteria on speed are judged on GPU runs only
+    success: SuccessSpec = field(default_factory=SuccessSpec)  # the job's own `success:` (job.json)
 
 
 @dataclass
@@ -75,17 +76,20 @@ def read_run(run_dir: Path) -> RunEvidence:
         ev.export_top = int((config.get("leaderboard") or {}).get("export_top", 1))
         for name, st in sorted((fleet.get("jobs") or {}).items()):
             job = read_json_or_none(run_dir / name / "job.json") or {}
+            own = job.get("config") if isinstance(job.get("config"), dict) else {}
             ev.jobs.append(JobEvidence(name, run_dir / name, "task" if st.get("kind") == "task" else "command",
                                        str(st.get("state", "unknown")), max(1, len(st.get("gpus") or [])
                                                                              or int(job.get("nproc") or 1)),
-                                       str(job.get("device") or "cuda")))
+                                       str(job.get("device") or "cuda"), _success_of(own.get("success"))))
         # A fleet checks once for all its jobs (they start with --no-check); the fleet's own flag counts.
         ev.preflight_skipped = "--no-check" in (run.get("argv") or [])
         return ev
     for job_dir in sorted(p for p in run_dir.iterdir() if p.is_dir() and (p / "job.json").is_file()):
         job = read_json_or_none(job_dir / "job.json") or {}
+        own = job.get("config") if isinstance(job.get("config"), dict) else {}
         ev.jobs.append(JobEvidence(job_dir.name, job_dir, "task", str(job.get("status", "unknown")),
-                                   int(job.get("nproc") or 1), str(job.get("device") or "cuda")))
+                                   int(job.get("nproc") or 1), str(job.get("device") or "cuda"),
+                                   _success_of(own.get("success"))))
         ev.preflight_skipped = ev.preflight_skipped or "skipped" in str(job.get("preflight", ""))
         if isinstance(job.get("config"), dict):
             ev.success = _success_of(job["config"].get("success"))

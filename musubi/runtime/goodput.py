@@ -22,7 +22,10 @@ Definitions (written to `JOB/goodput.json`, shown by `musubi goodput` and `musub
 - per failure: the steps lost (reached - resumed from), the time those steps had taken
   (`lost_s`), the downtime until the next attempt's first step (`downtime_s`, restart + setup +
   load) and the cause: a hang (with the rank named), an OOM, or the rank whose heartbeat went
-  silent first (killed or crashed).
+  silent first (killed or crashed);
+- a failure that repeats the one before it (the same exception at the same line, or the same
+  crash signal: runtime/repeats.py) names it (`repeat_of`), and the record's `defect` says
+  which attempts it struck: a defect, not a transient fault.
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ import signal
 import time
 from pathlib import Path
 from typing import Any
+
+from musubi.runtime.repeats import error_signature, mark_repeats, signal_signature
 
 #: A rank whose heartbeat went silent this much before the others' is named as the one that died.
 SILENT_MARGIN_S = 0.3
@@ -163,15 +168,22 @@ def _cause(job_dir: Path, attempt: str, t0: float, t1: float, exits: dict[str, l
     signalled = sorted({r for r, code in exits.get(attempt, []) if code < 0})
     if signalled:
         code = next(c for r, c in exits[attempt] if r == signalled[0])
-        return {"cause": "killed", "ranks": signalled,
-                "detail": f"rank(s) {', '.join(map(str, signalled))}: {_exit_meaning(code)} (torchrun)"}
+        out = {"cause": "killed", "ranks": signalled,
+               "detail": f"rank(s) {', '.join(map(str, signalled))}: {_exit_meaning(code)} (torchrun)"}
+        sig = signal_signature(code)
+        return {**out, "signature": sig} if sig else out
     records = _exit_records(job_dir, attempt)
     own = {r: rec for r, rec in records.items() if not _VICTIM_RE.search(rec.get("message", ""))}
     if own:
         r0 = min(own)
-        kind = own[r0].get("kind")
-        return {"cause": "oom" if kind == "oom" else "error", "ranks": sorted(own),
-                "detail": f"rank {r0}: {own[r0].get('message', '')[:200]}"}
+        rec = own[r0]
+        kind = rec.get("kind")
+        out = {"cause": "oom" if kind == "oom" else "error", "ranks": sorted(own),
+               "detail": f"rank {r0}: {rec.get('message', '')[:200]}"}
+        if rec.get("ours") or rec.get("site"):  # where it was raised (worker's exit record)
+            out["site"] = rec.get("ours") or rec.get("site")
+        sig = error_signature(kind, str(rec.get("message", "")), rec.get("site"), rec.get("ours"))
+        return {**out, "signature": sig} if sig else out
     ranks = _heartbeat_ranks(job_dir, attempt)
     if records and ranks:
         # Every rank that left a record was a victim of a lost peer: the culprits left none.
@@ -214,7 +226,36 @@ def failure_summary(f: dict[str, Any]) -> str:
     ranks = f.get("ranks") or []
     who = f" (rank {', '.join(map(str, ranks))})" if ranks else ""
     detail = f.get("detail") or ""
-    return f"{f.get('cause', 'unknown')}{who}" + (f": {detail}" if detail else "")
+    site = f" at {f['site']}" if f.get("site") else ""
+    return f"{f.get('cause', 'unknown')}{who}" + (f": {detail}" if detail else "") + site
+
+
+def attempt_failure(job_dir: Path, attempt: str) -> dict[str, Any]:
+    """How one ended attempt failed, from its records: the step it reached, its end time and its cause."""
+    path = job_dir / "progress" / f"a{attempt}.jsonl"
+    lines = _read_jsonl(path) if path.is_file() else []
+    steps = [int(r["step"]) for r in lines if "step" in r and r.get("event") != "start"]
+    end = _attempt_end(job_dir, attempt, lines) if lines else time.time()
+    start = float(lines[0]["t"]) if lines else end
+    return {"reached_step": max(steps, default=0), "end": end,
+            **_cause(job_dir, attempt, start, end, _torchrun_exits(job_dir))}
+
+
+def repeated_failure(job_dir: Path, launch: int, restart: int) -> dict[str, Any] | None:
+    """At the start of attempt `launch.restart`: the defect when its two predecessors failed the same way."""
+    if restart < 2:
+        return None
+    return defect_of([{"attempt": a, **attempt_failure(job_dir, a)}
+                      for a in (f"{launch}.{restart - 2}", f"{launch}.{restart - 1}")])
+
+
+def defect_of(failures: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Mark the failures that repeat the one before them (`repeat_of`); the defect they make, cause in words."""
+    defect = mark_repeats(failures)
+    if defect is not None:
+        last = defect.pop("last")
+        defect["cause"] = failure_summary({k: last.get(k) for k in ("cause", "ranks", "detail", "site")})
+    return defect
 
 
 def _attempt_end(job_dir: Path, attempt: str, lines: list[dict[str, Any]]) -> float:
@@ -282,6 +323,7 @@ def compute_goodput(job_dir: Path) -> dict[str, Any]:
                    else None,
                    **_cause(job_dir, a["attempt"], a["start"], a["end"], exits)}
         failures.append(failure)
+    defect = defect_of(failures)
     wall = _wall_seconds(job_dir, attempts)
     # From the first step on: what the failures cost, without the one-time startup.
     first_train = next((a["train_start"] for a in attempts if a["train_start"] is not None), None)
@@ -297,6 +339,7 @@ def compute_goodput(job_dir: Path) -> dict[str, Any]:
         "lost_steps": sum(f["lost_steps"] for f in failures),
         "lost_s": round(sum(f["lost_s"] for f in failures), 3),
         "downtime_s": round(sum(f["downtime_s"] or 0.0 for f in failures), 3),
+        "defect": defect,
         "how": "productive = first step's start to the last step that survived, per attempt; wall = the "
                "launches' durations (job.json history) or first start to last heartbeat",
     }
@@ -335,6 +378,9 @@ def goodput_line(rec: dict[str, Any]) -> str:
     n = len(rec.get("failures", []))
     causes = ", ".join(f"{f['cause']}" + (f" (rank {','.join(map(str, f['ranks']))})" if f.get("ranks") else "")
                        for f in rec.get("failures", []))
+    defect = rec.get("defect")
     return (f"goodput {ratio} of {rec.get('wall_s', 0):.1f}s wall; {n} failure(s)"
             + (f": {causes}; {rec['lost_steps']} step(s) lost ({rec['lost_s']:.1f}s), "
-               f"{rec['downtime_s']:.1f}s down" if n else ""))
+               f"{rec['downtime_s']:.1f}s down" if n else "")
+            + (f"; a defect: the same failure struck attempts {', '.join(defect['attempts'])}"
+               if isinstance(defect, dict) and defect.get("attempts") else ""))

@@ -16,6 +16,9 @@ Kinds and their keys (rank defaults to every rank, step to any step):
   on a GPU real kernels (matrix products; a host sleep would hide in the launch queue's
   slack), on CPU a sleep.
 - `kill`: SIGKILL the rank at `step`.   `hang`: stop the rank forever at `step`.
+- `crash`: raise `InjectedCrash` (a RuntimeError) on the rank after optimizer step `step`: a defect
+  of the code, the same exception at the same line each time. With `every=N` it strikes again
+  after every restart that reaches the step (a repeated cause: see runtime/repeats.py).
 - `data_stall`: delay every batch by `ms` (with `every=N`: every N-th batch only), inside the
   wait for the batch (the `data` section, before the host-to-device copy).
 - `ckpt_stall`: delay each checkpoint by `ms`. `phase=block` (default): in the part of the save
@@ -53,11 +56,16 @@ _KEYS: dict[str, set[str]] = {
     "slow": {"rank", "factor"},
     "kill": {"rank", "step", "every"},
     "hang": {"rank", "step", "every"},
+    "crash": {"rank", "step", "every"},
     "data_stall": {"rank", "ms", "every"},
     "ckpt_stall": {"rank", "ms", "phase"},
     "ckpt_kill": {"rank", "step", "phase"},
     "nan": {"rank", "step", "every"},
 }
+
+
+class InjectedCrash(RuntimeError):
+    """The exception of the `crash` fault (a stand-in for a bug that raises at the same place every time)."""
 
 
 @dataclass(frozen=True)
@@ -187,7 +195,7 @@ class Injector:
         return min(limits) if limits else None
 
     def after_step(self, step: int, step_seconds: float) -> None:
-        """Slow bookkeeping, kill and hang faults, after optimizer step `step`."""
+        """Slow bookkeeping, kill, crash and hang faults, after optimizer step `step`."""
         if self._of("slow"):
             own = max(0.0, step_seconds - self._slept_s)
             self._slept_s = 0.0
@@ -199,6 +207,10 @@ class Injector:
             if self._due(f, step):
                 self._mark(f)
                 os.kill(os.getpid(), signal.SIGKILL)
+        for f in self._of("crash"):
+            if self._due(f, step):
+                self._mark(f)
+                raise InjectedCrash(f"injected crash after step {step} by {ENV}")
         for f in self._of("hang"):
             if self._due(f, step):
                 self._mark(f)

@@ -424,8 +424,8 @@ def launch_train(req: TrainRequest) -> TrainResult:
         if good is not None:
             # Each failure's cause (hang with its rank, OOM, the rank that died first) for the fleet.
             mine = [f for f in good["failures"] if f["attempt"].startswith(f"{record['attempts']}.")]
-            entry["failures"] = [{k: f.get(k) for k in ("attempt", "cause", "ranks", "lost_steps", "detail")}
-                                 for f in mine]
+            entry["failures"] = [{k: f[k] for k in ("attempt", "cause", "ranks", "lost_steps", "detail", "site",
+                                                    "repeat_of") if k in f} for f in mine]
             entry["goodput"] = good["goodput"]
             if code != 0 and not timed_out and mine and mine[-1]["resumed_from_step"] is None \
                     and mine[-1]["cause"] != "unknown" and (err_kind is None or _victim(err)):
@@ -434,6 +434,14 @@ def launch_train(req: TrainRequest) -> TrainResult:
 
                 err = f"attempt {mine[-1]['attempt']} failed: {failure_summary(mine[-1])}"
                 entry["error"] = err
+            defect = good.get("defect")
+            if defect and str(defect["attempts"][-1]).startswith(f"{record['attempts']}."):
+                # The same cause struck again after a restart: the launch failed of a defect (runtime/repeats.py).
+                from musubi.runtime.repeats import defect_line
+
+                entry["defect"] = defect_line(job_dir.name, defect)
+                if code != 0 and not timed_out:
+                    err = entry["error"] = entry["defect"]
             write_json(job_dir / "job.json", record)
     if interrupted:  # recorded above; the caller decides (musubi train exits 130, a drill stops)
         raise KeyboardInterrupt

@@ -28,17 +28,21 @@ log = logging.getLogger("musubi.worker")
 EXIT_CONFIG = 2
 
 
-def _write_error(job_dir: Path, rank: int, kind: str, message: str) -> None:
+def _write_error(job_dir: Path, rank: int, kind: str, message: str, exc: BaseException | None = None) -> None:
     logs = job_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     (logs / f"error-rank{rank}.txt").write_text(json.dumps({"kind": kind, "message": message}), encoding="utf-8")
     # Kept per attempt (error-rank* is cleared by the next attempt): goodput names each failure's cause.
+    from musubi.runtime.repeats import exception_site
     from musubi.runtime.watchdog import attempt_id
 
     exits = logs / "exits"
     exits.mkdir(exist_ok=True)
+    # Where it was raised: a failure that repeats at the same line is a defect (runtime/repeats.py).
+    where = exception_site(exc) if exc is not None else {}
     (exits / f"a{attempt_id()}-rank{rank}.json").write_text(
-        json.dumps({"rank": rank, "kind": kind, "message": message[:500], "time": time.time()}), encoding="utf-8")
+        json.dumps({"rank": rank, "kind": kind, "message": message[:500], "time": time.time(), **where}),
+        encoding="utf-8")
 
 
 def _restart_count() -> int:
@@ -63,24 +67,40 @@ def _start_watchdog(spec, world, job_dir: Path, launch: int, t_start: float):  #
 
 def _log_gap(job_dir: Path, restarts: int, resumed_step: int, t_start: float) -> None:
     """One line on the failed previous attempt: its cause, the step it reached, the steps to redo, the downtime."""
-    from musubi.runtime.goodput import _attempt_end, _cause, _read_jsonl, _torchrun_exits, failure_summary
+    from musubi.runtime.goodput import attempt_failure, failure_summary
     from musubi.runtime.watchdog import attempt_id
 
     now = attempt_id()
     prev = f"{now.split('.')[0]}.{restarts - 1}"
     try:
-        lines = _read_jsonl(job_dir / "progress" / f"a{prev}.jsonl")
-        steps = [int(r["step"]) for r in lines if "step" in r]
-        reached = max(steps) if steps else 0
-        end = _attempt_end(job_dir, prev, lines) if lines else t_start
-        start = float(lines[0]["t"]) if lines else t_start
-        cause = failure_summary(_cause(job_dir, prev, start, end, _torchrun_exits(job_dir)))
+        failed = attempt_failure(job_dir, prev)
     except (OSError, ValueError, KeyError) as e:  # bookkeeping never stops the restart
         log.warning("attempt %s after %s failed (its record is unreadable: %s)", now, prev, e)
         return
+    reached = failed["reached_step"]
     log.warning("attempt %s after %s failed (%s): it reached step %d, resumed from step %d: %d step(s) to redo, "
-                "%.1f s down", now, prev, cause, reached, resumed_step, max(0, reached - resumed_step),
-                max(0.0, time.time() - end))
+                "%.1f s down", now, prev, failure_summary(failed), reached, resumed_step,
+                max(0, reached - resumed_step), max(0.0, time.time() - failed["end"]))
+
+
+def _stop_on_repeat(job_dir: Path, world, launch: int, restarts: int) -> str | None:  # noqa: ANN001
+    """The defect line when the two attempts before this one failed the same way (agreed by every rank), else None.
+
+    Rank 0 reads the records; one all-reduce makes its verdict every rank's (runtime/repeats.py)."""
+    line = None
+    if world.is_main:
+        from musubi.runtime.goodput import repeated_failure
+        from musubi.runtime.repeats import defect_line
+
+        try:
+            defect = repeated_failure(job_dir, launch, restarts)
+        except (OSError, ValueError, KeyError) as e:  # unreadable records: restart as before
+            log.warning("could not compare the last two failures (%s): restarting", e)
+            defect = None
+        line = defect_line(job_dir.name, defect) if defect else None
+    if not world.all_reduce_max(int(line is not None)):
+        return None
+    return line or "the same failure struck again after a restart (rank 0 has the details): a defect"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -96,12 +116,15 @@ def main(argv: list[str] | None = None) -> int:
     restarts = _restart_count()
     err_file = job_dir / "logs" / f"error-rank{rank}.txt"
     if restarts and err_file.is_file():
-        # torchrun restarts after any failure; a configuration error will not go away.
+        # torchrun restarts after any failure; a configuration error or a defect will not go away.
+        from musubi.runtime.repeats import EXIT_DEFECT
+
         try:
-            if json.loads(err_file.read_text(encoding="utf-8")).get("kind") == "config":
-                return EXIT_CONFIG
+            kind = json.loads(err_file.read_text(encoding="utf-8")).get("kind")
         except ValueError:
-            pass
+            kind = None
+        if kind in ("config", "defect"):
+            return EXIT_CONFIG if kind == "config" else EXIT_DEFECT
     err_file.unlink(missing_ok=True)
     from musubi.runtime.pinning import pin_rank
 
@@ -128,6 +151,16 @@ def main(argv: list[str] | None = None) -> int:
         injector = Injector.from_env(rank, job_dir / "logs" / "inject")
         world = init_world(spec.train.timeout_s)
         console = setup_logging(world, job_dir / "logs")
+        if restarts >= 2:
+            defect = _stop_on_repeat(job_dir, world, int(record.get("attempts", 1)), restarts)
+            if defect is not None:
+                from musubi.runtime.repeats import EXIT_DEFECT
+
+                if world.is_main:
+                    log.error("%s", defect)
+                _write_error(job_dir, rank, "defect", defect)
+                shutdown_world()
+                return EXIT_DEFECT
         watchdog, heartbeat, progress = _start_watchdog(spec, world, job_dir, int(record.get("attempts", 1)), t_start)
         from musubi.preflight import check_unique_devices
 
@@ -251,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr, flush=True)
         return EXIT_CONFIG
     except Exception as e:
-        _write_error(job_dir, rank, type(e).__name__, f"{type(e).__name__}: {e}")
+        _write_error(job_dir, rank, type(e).__name__, f"{type(e).__name__}: {e}", e)
         traceback.print_exc()
         return 1
 

@@ -74,7 +74,7 @@ def test_a_failed_job_fails_the_run_unless_allowed(tmp_path: Path) -> None:
     _job(run, "b", status="failed", eval_metrics=False)
     _shipped(run, "a")
     cl = build_checklist(run)
-    assert not cl.ok and _items(cl)[(None, "failures")] == ("FAIL", "1 job(s) failed: b (allowed: 0)")
+    assert not cl.ok and _items(cl)[(None, "failures")] == ("FAIL", "1 job(s) failed: b (allowed: 0 by default; success.max_failures allows some)")
     assert build_checklist(run, SuccessSpec(max_failures=1)).ok is False  # b's own "finished" item still fails
     assert _items(build_checklist(run, SuccessSpec(max_failures=1)))[(None, "failures")][0] == "PASS"
 
@@ -118,11 +118,16 @@ def _history(tmp_path: Path, device: str, old: float, new: float) -> Path:
     return tmp_path / "run1"
 
 
-def test_a_throughput_drop_against_earlier_runs_fails_a_gpu_run(tmp_path: Path) -> None:
-    cl = build_checklist(_history(tmp_path, "cuda", 100.0, 85.0))
+def test_a_throughput_drop_against_earlier_runs_fails_a_gpu_run_when_the_user_wrote_the_limit(tmp_path: Path) -> None:
+    run = _history(tmp_path, "cuda", 100.0, 85.0)
+    cl = build_checklist(run)  # max_throughput_drop not written: the default 10 % only warns
     status, found = _items(cl)[("a", "throughput")]
-    assert status == "FAIL" and "-15.0% against the median of 1 earlier run(s)" in found and not cl.ok
+    assert status == "WARN" and "-15.0% against the median of 1 earlier run(s)" in found and cl.ok
+    assert "a default, not a criterion you wrote" in found
     assert cl.figures["a"]["throughput_change"] == pytest.approx(-0.15)
+    _fleet(run, {"a": "done"}, success={"max_throughput_drop": 0.1})
+    cl = build_checklist(run)
+    assert _items(cl)[("a", "throughput")][0] == "FAIL" and not cl.ok
 
 
 def test_the_same_drop_on_cpu_ranks_is_a_warning(tmp_path: Path) -> None:
@@ -137,24 +142,67 @@ def test_a_small_change_or_another_config_is_not_a_regression(tmp_path: Path) ->
     assert _items(build_checklist(run))[("a", "throughput")][0] == "SKIP"
 
 
-def test_gpu_utilisation_and_data_wait_from_telemetry(tmp_path: Path) -> None:
-    run = tmp_path / "r"
-    _fleet(run, {"a": "done"})
-    d = _job(run, "a")
-    # The telemetry's own formats: sampler records per rank, step records with host/gpu sections in ms.
-    for rank, util in ((0, 95), (1, 40)):
+def _telemetry(d: Path, utils=(95, 40), data_ms: float = 300.0) -> None:
+    """The telemetry's own formats: sampler records per rank, step records with host/gpu sections in ms."""
+    for rank, util in enumerate(utils):
         samples = [{"kind": "sample", "rank": rank, "gpu_index": rank, "util": util} for _ in range(20)]
         _w(d / "telemetry" / f"sampler-rank{rank}.jsonl", "\n".join(json.dumps(r) for r in samples))
     steps = [{"kind": "step", "step": i, "rank": 0, "wall_ms": 1000.0,
-              "host": {"data": 300.0, "forward": 300.0, "backward": 400.0}} for i in range(1, 11)]
-    for rank in (0, 1):
+              "host": {"data": data_ms, "forward": 300.0, "backward": 700.0 - data_ms}} for i in range(1, 11)]
+    for rank in range(len(utils)):
         _w(d / "telemetry" / f"rank{rank}.jsonl", "\n".join(json.dumps(r) for r in steps))
+
+
+def test_gpu_utilisation_and_data_wait_from_telemetry(tmp_path: Path) -> None:
+    run = tmp_path / "r"
+    _fleet(run, {"a": "done"})
+    _telemetry(_job(run, "a"))
     _shipped(run, "a")
+    # Defaults the user did not write: measured and shown, a warning with the figure, exit 0.
+    cl = build_checklist(run)
+    by = {(i.job, i.check): i for i in cl.items}
+    assert cl.ok, cl.items
+    assert by[("a", "gpu_util")].status == "WARN" and by[("a", "gpu_util")].criterion == "default"
+    assert by[("a", "gpu_util")].found.startswith("after warm-up: GPU 0 95%, GPU 1 40% (below 80%: a default")
+    assert by[("a", "data_wait")].status == "WARN"
+    assert by[("a", "data_wait")].found.startswith("30.0% of step time waiting for data (above 10%: a default")
+    # The same thresholds written in the fleet's success: block are criteria: FAIL.
+    _fleet(run, {"a": "done"}, success={"min_gpu_util": 0.8, "max_data_wait": 0.1})
     cl = build_checklist(run)
     items = _items(cl)
     assert items[("a", "gpu_util")] == ("FAIL", "after warm-up: GPU 0 95%, GPU 1 40% (below 80%)")
     assert items[("a", "data_wait")] == ("FAIL", "30.0% of step time waiting for data (above 10%)")
+    assert not cl.ok and {i.criterion for i in cl.items if i.check in ("gpu_util", "data_wait")} == {"yours"}
     assert build_checklist(run, SuccessSpec(min_gpu_util=0.3, max_data_wait=0.5)).ok
+    # A job's own success: (in the fleet file or its defaults:) beats the fleet's, for that job.
+    _job(run, "a", config={**CONFIG, "name": "a", "success": {"min_gpu_util": 0.3, "max_data_wait": 0.5}})
+    assert build_checklist(run).ok
+
+
+def test_criteria_written_in_a_fleet_file_survive_its_records(tmp_path: Path) -> None:
+    """The fleet's success:, its defaults: and a job's own success: are the user's, through run.json/job.json."""
+    from musubi.config.load import load_fleet
+    from musubi.fleet.run import _resolved
+    from musubi.store.rundir import run_record
+
+    body = {k: v for k, v in CONFIG.items() if k != "name"}
+    path = tmp_path / "fleet.yaml"
+    path.write_text(json.dumps({"name": "f", "success": {"min_gpu_util": 0.5, "min_score": 0.7},
+                                "defaults": {**body, "success": {"max_data_wait": 0.2}},
+                                "jobs": [{"name": "a"}, {"name": "b", "success": {"min_gpu_util": 0.1}}]}))
+    spec = load_fleet(path)
+    run = tmp_path / "r"
+    _fleet(run, {"a": "done", "b": "done"})
+    _w(run / "run.json", run_record(_resolved(spec), ["musubi", "run"]))
+    for job in spec.jobs:
+        _telemetry(_job(run, job.name, config=job.spec.resolved()), utils=(40, 40))
+    _shipped(run, "a")
+    by = {(i.job, i.check): i for i in build_checklist(run).items}
+    assert (by[("a", "gpu_util")].status, by[("a", "gpu_util")].criterion) == ("FAIL", "yours")  # the fleet's 0.5
+    assert (by[("b", "gpu_util")].status, by[("b", "gpu_util")].criterion) == ("PASS", "yours")  # its own 0.1
+    assert (by[("b", "data_wait")].status, by[("b", "data_wait")].criterion) == ("FAIL", "yours")  # defaults: 0.2
+    assert (by[("a", "throughput")].status, by[(None, "failures")].criterion) == ("SKIP", "default")
+    assert by[(None, "score")].status == "FAIL" and by[(None, "score")].criterion == "yours"
 
 
 def test_speedup_against_the_single_gpu_baseline(tmp_path: Path) -> None:
@@ -188,6 +236,12 @@ def test_checklist_command_exit_codes(tmp_path: Path) -> None:
     res = CliRunner().invoke(app, ["checklist", str(run), "--json"])
     assert res.exit_code == 0, res.output
     assert json.loads(res.output)["ok"] and (run / "checklist.json").is_file()
+    _telemetry(run / "a", utils=(30, 30))  # below the default min_gpu_util: a warning, exit 0
+    res = CliRunner().invoke(app, ["checklist", str(run)])
+    assert res.exit_code == 0 and "criterion" in res.output and "default" in res.output, res.output
+    _fleet(run, {"a": "done"}, success={"min_gpu_util": 0.8})  # the same threshold written down: exit 1
+    res = CliRunner().invoke(app, ["checklist", str(run), "--json"])
+    assert res.exit_code == 1 and not json.loads(res.output)["ok"], res.output
     _fleet(run, {"a": "failed"})
     assert CliRunner().invoke(app, ["checklist", str(run)]).exit_code == 1
     res = CliRunner().invoke(app, ["checklist", str(tmp_path / "nothing")])
