@@ -31,6 +31,12 @@ def _usage(message: str) -> None:
     raise typer.Exit(EXIT_USAGE)
 
 
+def existing_store(store: Path) -> Path | None:
+    """STORE/musubi.db when it exists: check and hash use the digest cache of a store, never create one."""
+    db = store / "musubi.db"
+    return db if db.is_file() else None
+
+
 def coco_source(src: str) -> tuple[Path, Path]:
     """(annotation file, image directory) of SRC: ANN.json, IMAGES_DIR::ANN.json or a folder holding one JSON."""
     from musubi.preflight.read.data import PAIR_SEPARATOR, find_image_dir
@@ -100,7 +106,8 @@ def check_command(
     as_json: bool = typer.Option(False, "--json", help="Print the findings as JSON (every offender listed)."),
     allow_warnings: bool = typer.Option(False, "--allow-warnings",
                                         help="Exit 0 when only WARN problems (boxes clipped or dropped) are found."),
-    store: Path = typer.Option(Path("runs"), "--store", help="Folder of musubi.db (caches image digests)."),
+    store: Path = typer.Option(Path("runs"), "--store", help="Folder of musubi.db (its image digest cache is used "
+                                                             "when it exists; none is created)."),
 ) -> None:
     """Check a data set: it parses, every image exists and decodes, boxes inside with area, ids, duplicates."""
     from musubi.preflight.checks.data import check_data
@@ -112,14 +119,14 @@ def check_command(
             _usage(f"PATH {path}: no such file or directory; give ANN.json, IMAGES_DIR::ANN.json, a folder or a file")
     readings = []
     for path in paths:
-        reading = read_data(path, examples=10**9, store=store / "musubi.db")
+        reading = read_data(path, examples=10**9, store=existing_store(store))
         if reading.kind in ("ambiguous", "yolo"):
             _usage(f"{reading.error}; {reading.fix}")
         if reading.fix and reading.fix.startswith("give --data "):  # the preflight's option; here it is PATH
             reading = dataclasses.replace(reading, fix="give PATH as " + reading.fix.removeprefix("give --data "))
         readings.append(reading)
     results = check_data(readings)
-    leaks = across_splits(readings, store / "musubi.db") if len(readings) > 1 else []
+    leaks = across_splits(readings, existing_store(store)) if len(readings) > 1 else []
     if leaks:
         results.append(warn("data.splits", f"{len(leaks)} images are byte-identical across splits "
                                            f"(first: {'; '.join(leaks[:3])})",
@@ -152,7 +159,8 @@ def hash_command(
     path: str = typer.Argument(..., help="Data set folder, a COCO ANN.json or IMAGES_DIR::ANN.json "
                                          "(the annotation file plus the images it lists), or a file."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
-    store: Path = typer.Option(Path("runs"), "--store", help="Folder of musubi.db (digest cache)."),
+    store: Path = typer.Option(Path("runs"), "--store", help="Folder of musubi.db (its digest cache is used when "
+                                                             "it exists; none is created)."),
     no_cache: bool = typer.Option(False, "--no-cache", help="Read every byte again (no digest cache)."),
     workers: int | None = typer.Option(None, "--workers", min=1, help="Hashing threads (default: 2 per core, <=16)."),
 ) -> None:
@@ -169,7 +177,7 @@ def hash_command(
         if not target.exists():
             raise ConfigError(f"PATH {target}: no such file or directory; give a data set folder, a COCO ANN.json "
                               "or IMAGES_DIR::ANN.json")
-        v = hash_dataset(target, None if no_cache else store / "musubi.db", workers, image_dir=image_dir)
+        v = hash_dataset(target, None if no_cache else existing_store(store), workers, image_dir=image_dir)
     except ConfigError as e:
         _usage(str(e))
     if as_json:
