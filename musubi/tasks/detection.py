@@ -317,7 +317,7 @@ class DetectionTask(Task):
         # uint8 through the loader: 4x fewer bytes pinned and copied; to_device makes floats on the device.
         frames = CocoDetection(split.path, split.annotations, image_size=data.image_size, category_ids=category_ids,
                                as_uint8=True, encoded=data.gpu_decode,
-                               max_image_pixels=data.max_image_pixels)
+                               max_image_pixels=data.max_image_pixels, classes=data.classes)
         params = self.slice_params
         if params is None or not tiles:
             return frames
