@@ -22,7 +22,7 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 CONSOLE_EXAMPLES = 20
 
 data_app = typer.Typer(no_args_is_help=True, add_completion=False,
-                       help="Data sets: check, version (hash), slice, convert, watch, generate.")
+                       help="Data sets: check, version (hash), split, slice, convert, watch, generate.")
 err = Console(stderr=True, soft_wrap=True)
 
 
@@ -98,6 +98,20 @@ def _print_reading(console: Console, reading: Any, title: bool) -> None:
                       f"{reading.counts['images']}", highlight=False, markup=False)
 
 
+def leaks_between(readings: list[Any], store: Path | None) -> Any:
+    """Tiles of one frame and near-identical images across the COCO splits that parsed (musubi.data.leakage)."""
+    from musubi.data.coco import read_annotation_json
+    from musubi.data.leakage import find_leaks, split_images
+
+    coco = [r for r in readings if r.kind == "coco" and r.error is None and r.image_dir]
+    stems = [Path(r.path).stem for r in coco]
+    images = []
+    for r, stem in zip(coco, stems, strict=True):
+        label = stem if stems.count(stem) == 1 else str(r.path)  # train/x.png, or the file when names repeat
+        images += split_images(label, read_annotation_json(Path(r.path)), Path(r.image_dir))
+    return find_leaks(images, store, identical=False)  # byte-identical ones: duplicate_across_splits
+
+
 @data_app.command("check")
 def check_command(
     paths: list[str] = typer.Argument(..., help="ANN.json, IMAGES_DIR::ANN.json (COCO), a data set folder or a "
@@ -131,6 +145,12 @@ def check_command(
         results.append(warn("data.splits", f"{len(leaks)} images are byte-identical across splits "
                                            f"(first: {'; '.join(leaks[:3])})",
                             "remove them from one split (they leak into the score)"))
+    frame_leaks = leaks_between(readings, existing_store(store)) if len(readings) > 1 else None
+    if frame_leaks is not None and (frame_leaks.same_frame or frame_leaks.near_identical):
+        results.append(warn("data.leakage", f"{len(frame_leaks.same_frame)} tiles share a source frame and "
+                                            f"{len(frame_leaks.near_identical)} images are near-identical across "
+                                            "splits (they leak into the score)",
+                            "split by source frame, sequence or site: musubi data split SRC --by frame|folder|FIELD"))
     bad = [r for r in results if r.status is Status.FAIL or (r.status is Status.WARN and not allow_warnings)]
     seconds = round(sum(r.seconds for r in readings), 3)
     if as_json:
@@ -138,7 +158,9 @@ def check_command(
             out: dict[str, Any] = {**_reading_json(readings[0]), "ok": not bad}
         else:
             out = {"ok": not bad, "datasets": [_reading_json(r) for r in readings],
-                   "duplicate_across_splits": leaks}
+                   "duplicate_across_splits": leaks,
+                   "same_frame_across_splits": frame_leaks.same_frame if frame_leaks else [],
+                   "near_identical_across_splits": frame_leaks.near_identical if frame_leaks else []}
         out["results"] = [r.to_dict() for r in results]
         print(json.dumps(out, indent=1, default=str))
     else:
@@ -146,10 +168,13 @@ def check_command(
         render(PreflightReport(results, seconds), console)
         for reading in readings:
             _print_reading(console, reading, len(readings) > 1)
-        if leaks:
-            console.print(f"duplicate_across_splits ({len(leaks)}):", highlight=False, markup=False)
-            for ex in leaks[:CONSOLE_EXAMPLES]:
-                console.print(f"  {ex}", highlight=False, markup=False)
+        for kind, found in (("duplicate_across_splits", leaks),
+                            ("same_frame_across_splits", frame_leaks.same_frame if frame_leaks else []),
+                            ("near_identical_across_splits", frame_leaks.near_identical if frame_leaks else [])):
+            if found:
+                console.print(f"{kind} ({len(found)}):", highlight=False, markup=False)
+                for ex in found[:CONSOLE_EXAMPLES]:
+                    console.print(f"  {ex}", highlight=False, markup=False)
     if bad:
         raise typer.Exit(EXIT_FAILED)
 
@@ -217,6 +242,44 @@ def slice_command(
     counts = sorted(report.tiles_per_image.values())
     print(f"{report.frames} frames -> {report.tiles} tiles ({min(counts)}-{max(counts)} per frame, "
           f"worst case {report.worst_case}); boxes {report.boxes_in} -> {report.boxes_out}; {report.annotations}")
+
+
+@data_app.command("split")
+def split_command(
+    src: str = typer.Argument(..., help="COCO source: ANN.json, IMAGES_DIR::ANN.json or a folder with one JSON."),
+    out: Path = typer.Option(..., "--out", help="New folder for <name>.json per split (COCO; images stay where "
+                                                "they are)."),
+    ratios: str = typer.Option("0.8,0.2", "--ratios", help="Share of images per split, e.g. 0.8,0.2 or 0.7,0.15,0.15."),
+    names: str | None = typer.Option(None, "--names", help="Split names (default train,val[,test])."),
+    by: str = typer.Option("frame", "--by", help="What stays on one side: frame (a `data slice` tile's source "
+                                                 "frame), folder (the file name's folder: a sequence or site), "
+                                                 "or an image field such as sequence, site or video_id."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the group shuffle (same seed, same split)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+) -> None:
+    """Split a COCO set by group (frame, folder, any image field); tiles of one frame and copies never straddle."""
+    from musubi.data.split import parse_ratios, split_coco
+
+    try:
+        shares = parse_ratios(ratios, names)
+        if not by or not by.replace("_", "").isalnum():
+            raise ConfigError(f"--by {by!r}: give frame, folder or an image field name such as sequence")
+        ann, images = coco_source(src)
+        if out.exists() and (not out.is_dir() or any(out.iterdir())):
+            raise ConfigError(f"--out {out} is not an empty folder; give a new folder (nothing is overwritten)")
+        report = split_coco(ann, images, out, shares, by, seed)
+    except ConfigError as e:
+        _usage(str(e))
+    if as_json:
+        print(json.dumps(vars(report)))
+        return
+    print(f"{report.groups} groups by {report.by} (seed {report.seed}; tiles of one frame kept together, "
+          f"{report.joined_by_content} more joined as copies or near-copies):")
+    for name, part in report.splits.items():
+        print(f"  {name}: {part['images']} images, {part['boxes']} boxes, {part['groups']} groups -> "
+              f"{images}::{part['annotations']}")
+        if part["classes_without_boxes"]:
+            print(f"    no boxes of: {', '.join(part['classes_without_boxes'])}")
 
 
 @data_app.command("convert")
