@@ -266,6 +266,11 @@ class CocoDetection(Dataset):
     def __len__(self) -> int:
         return len(self._image_ids)
 
+    def file_size(self, index: int) -> tuple[int, int]:
+        """(width, height) of image `index` as stored (the pixels its annotation boxes refer to), from its header."""
+        with Image.open(self.image_dir / self._file_names[index]) as im:
+            return im.size
+
     def _open(self, path: Path) -> Image.Image:
         guards.inside(self.image_dir, path)
         return guards.open_image(path, self.max_image_pixels)
