@@ -349,7 +349,11 @@ class JobSpec(StrictModel):
     model_args: dict[Annotated[str, Field(max_length=64)], ScalarArg] = Field(
         default_factory=dict, max_length=64, description="Keyword arguments for the model constructor."
     )
-    weights: PathStr | None = Field(None, description="Local weights file to start from (nothing is downloaded).")
+    weights: PathStr | None = Field(
+        None, description="Start weights: a local weights file (loaded strictly), or torchvision's pretrained "
+        "weights of the model by name (DEFAULT, an enum member such as COCO_V1 or IMAGENET1K_V2, or "
+        "ResNet50_Weights.IMAGENET1K_V2) read from $TORCH_HOME/hub/checkpoints and transferred (the head is "
+        "left fresh). Nothing is downloaded.")
     data: DataSpec = Field(description="Data source.")
     train: TrainSpec = Field(default_factory=TrainSpec, description="Optimisation.")
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec, description="Checkpointing.")
