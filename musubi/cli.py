@@ -238,7 +238,7 @@ def _register_optional_commands() -> None:
     app.add_typer(registry_app, name="registry", help="The model registry: list, register, promote, manifest.")
     app.command("check", help="Preflight: stack, GPUs, binding, NCCL bandwidth, disk, data, environment; "
                 "exit 1 on any FAIL.")(check_command)
-    app.add_typer(data_app, name="data", help="Data sets: check, hash (version), slice, convert, watch, synth.")
+    app.add_typer(data_app, name="data", help="Data sets: check, hash (version), split, slice, convert, watch, synth.")
     app.command("drill", help="Train a job under injected faults (kill, hang, ckpt_kill): success rate, exact "
                 "weights, recovery time, goodput.")(drill_command)
     app.command("goodput", help="A job's effective training time ratio and the work lost per failure.")(

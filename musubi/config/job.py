@@ -154,6 +154,12 @@ class DataSpec(StrictModel):
         "free memory), so each frame is decoded about once per run."
     )
     slice: SliceSpec | None = Field(None, description="Tile large frames inline (detection, COCO data).")
+    classes: dict[ShortStr, ShortStr | None] | None = Field(
+        None, max_length=10_000,
+        description="Detection, COCO data: class map applied as the annotations are read, source category "
+        "name -> new name (rename; several to one name: merge) or null (drop: its boxes become background). "
+        "Unlisted categories are kept; part of the dataset version. E.g. {Dead: tree, Alive: tree, Clutter: null}."
+    )
 
     @model_validator(mode="after")
     def _one_source(self) -> DataSpec:
@@ -170,6 +176,10 @@ class DataSpec(StrictModel):
         if self.slice is not None and not self.slice.inline_train and not self.slice.sliced_eval:
             raise ValueError("slice.inline_train: false slices only validation; set slice.sliced_eval: true "
                              "or remove data.slice")
+        if self.classes is not None and self.synthetic is not None:
+            raise ValueError("classes maps the categories of COCO files; synthetic data has none: remove data.classes")
+        if self.classes is not None and not self.classes:
+            raise ValueError("classes is empty; map at least one category or remove data.classes")
         if self.gpu_decode and self.slice is not None:
             raise ValueError("gpu_decode and slice do not combine yet; slice offline (`musubi data slice`) "
                              "and decode the tiles on the GPU")
@@ -339,7 +349,11 @@ class JobSpec(StrictModel):
     model_args: dict[Annotated[str, Field(max_length=64)], ScalarArg] = Field(
         default_factory=dict, max_length=64, description="Keyword arguments for the model constructor."
     )
-    weights: PathStr | None = Field(None, description="Local weights file to start from (nothing is downloaded).")
+    weights: PathStr | None = Field(
+        None, description="Start weights: a local weights file (loaded strictly), or torchvision's pretrained "
+        "weights of the model by name (DEFAULT, an enum member such as COCO_V1 or IMAGENET1K_V2, or "
+        "ResNet50_Weights.IMAGENET1K_V2) read from $TORCH_HOME/hub/checkpoints and transferred (the head is "
+        "left fresh). Nothing is downloaded.")
     data: DataSpec = Field(description="Data source.")
     train: TrainSpec = Field(default_factory=TrainSpec, description="Optimisation.")
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec, description="Checkpointing.")
@@ -353,6 +367,13 @@ class JobSpec(StrictModel):
     @classmethod
     def _name(cls, v: str) -> str:
         return check_safe_name(v)
+
+    @model_validator(mode="after")
+    def _classes_need_coco(self) -> JobSpec:
+        if self.data.classes is not None and self.task in ("classification", "lm"):
+            raise ValueError(f"data.classes maps COCO categories (detection); task {self.task} does not read "
+                             "them: remove data.classes")
+        return self
 
     @field_validator("task")
     @classmethod

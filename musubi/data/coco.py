@@ -25,6 +25,7 @@ from torchvision.transforms.functional import pil_to_tensor
 
 from musubi.config.errors import ConfigError
 from musubi.data import guards
+from musubi.data.classmap import ClassMap, apply_class_map
 
 log = logging.getLogger(__name__)
 
@@ -120,13 +121,15 @@ class CocoDetection(Dataset):
         as_uint8: bool = False,
         raw: dict[str, Any] | None = None,
         encoded: bool = False,
+        classes: ClassMap | None = None,
     ) -> None:
         """Read and validate the annotations; `category_ids` fixes the label map (pass the train split's to val).
 
         `as_uint8`: images come as uint8 (4x fewer bytes through pinned memory; the task converts on the
         device). `raw`: the annotation file already parsed (by the data check), so it is not read twice.
         `encoded`: images come as the file's JPEG bytes (uint8 [N]) for decoding on the GPU
-        (musubi.data.gpu_decode), boxes in file pixels.
+        (musubi.data.gpu_decode), boxes in file pixels. `classes`: a class map (data.classes) applied to
+        the categories and boxes as they are read (musubi.data.classmap).
         """
         self.image_dir = Path(image_dir)
         self.annotations = Path(annotations)
@@ -142,6 +145,9 @@ class CocoDetection(Dataset):
                 "fix data.*.path to the folder holding the images",
             )
         own_ids = _category_ids(data, self.annotations)
+        if classes:
+            data = apply_class_map(data, classes, self.annotations)
+            own_ids = _category_ids(data, self.annotations)
         #: Sorted COCO category ids; label = position + 1.
         self.category_ids: tuple[int, ...] = (
             tuple(category_ids) if category_ids is not None else tuple(own_ids)
@@ -259,6 +265,11 @@ class CocoDetection(Dataset):
 
     def __len__(self) -> int:
         return len(self._image_ids)
+
+    def file_size(self, index: int) -> tuple[int, int]:
+        """(width, height) of image `index` as stored (the pixels its annotation boxes refer to), from its header."""
+        with Image.open(self.image_dir / self._file_names[index]) as im:
+            return im.size
 
     def _open(self, path: Path) -> Image.Image:
         guards.inside(self.image_dir, path)

@@ -22,13 +22,19 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 CONSOLE_EXAMPLES = 20
 
 data_app = typer.Typer(no_args_is_help=True, add_completion=False,
-                       help="Data sets: check, version (hash), slice, convert, watch, generate.")
+                       help="Data sets: check, version (hash), split, slice, convert, watch, generate.")
 err = Console(stderr=True, soft_wrap=True)
 
 
 def _usage(message: str) -> None:
     err.print(f"error: {message}", highlight=False, markup=False)
     raise typer.Exit(EXIT_USAGE)
+
+
+def existing_store(store: Path) -> Path | None:
+    """STORE/musubi.db when it exists: check and hash use the digest cache of a store, never create one."""
+    db = store / "musubi.db"
+    return db if db.is_file() else None
 
 
 def coco_source(src: str) -> tuple[Path, Path]:
@@ -92,6 +98,20 @@ def _print_reading(console: Console, reading: Any, title: bool) -> None:
                       f"{reading.counts['images']}", highlight=False, markup=False)
 
 
+def leaks_between(readings: list[Any], store: Path | None) -> Any:
+    """Tiles of one frame and near-identical images across the COCO splits that parsed (musubi.data.leakage)."""
+    from musubi.data.coco import read_annotation_json
+    from musubi.data.leakage import find_leaks, split_images
+
+    coco = [r for r in readings if r.kind == "coco" and r.error is None and r.image_dir]
+    stems = [Path(r.path).stem for r in coco]
+    images = []
+    for r, stem in zip(coco, stems, strict=True):
+        label = stem if stems.count(stem) == 1 else str(r.path)  # train/x.png, or the file when names repeat
+        images += split_images(label, read_annotation_json(Path(r.path)), Path(r.image_dir))
+    return find_leaks(images, store, identical=False)  # byte-identical ones: duplicate_across_splits
+
+
 @data_app.command("check")
 def check_command(
     paths: list[str] = typer.Argument(..., help="ANN.json, IMAGES_DIR::ANN.json (COCO), a data set folder or a "
@@ -100,7 +120,8 @@ def check_command(
     as_json: bool = typer.Option(False, "--json", help="Print the findings as JSON (every offender listed)."),
     allow_warnings: bool = typer.Option(False, "--allow-warnings",
                                         help="Exit 0 when only WARN problems (boxes clipped or dropped) are found."),
-    store: Path = typer.Option(Path("runs"), "--store", help="Folder of musubi.db (caches image digests)."),
+    store: Path = typer.Option(Path("runs"), "--store", help="Folder of musubi.db (its image digest cache is used "
+                                                             "when it exists; none is created)."),
 ) -> None:
     """Check a data set: it parses, every image exists and decodes, boxes inside with area, ids, duplicates."""
     from musubi.preflight.checks.data import check_data
@@ -112,18 +133,24 @@ def check_command(
             _usage(f"PATH {path}: no such file or directory; give ANN.json, IMAGES_DIR::ANN.json, a folder or a file")
     readings = []
     for path in paths:
-        reading = read_data(path, examples=10**9, store=store / "musubi.db")
+        reading = read_data(path, examples=10**9, store=existing_store(store))
         if reading.kind in ("ambiguous", "yolo"):
             _usage(f"{reading.error}; {reading.fix}")
         if reading.fix and reading.fix.startswith("give --data "):  # the preflight's option; here it is PATH
             reading = dataclasses.replace(reading, fix="give PATH as " + reading.fix.removeprefix("give --data "))
         readings.append(reading)
     results = check_data(readings)
-    leaks = across_splits(readings, store / "musubi.db") if len(readings) > 1 else []
+    leaks = across_splits(readings, existing_store(store)) if len(readings) > 1 else []
     if leaks:
         results.append(warn("data.splits", f"{len(leaks)} images are byte-identical across splits "
                                            f"(first: {'; '.join(leaks[:3])})",
                             "remove them from one split (they leak into the score)"))
+    frame_leaks = leaks_between(readings, existing_store(store)) if len(readings) > 1 else None
+    if frame_leaks is not None and (frame_leaks.same_frame or frame_leaks.near_identical):
+        results.append(warn("data.leakage", f"{len(frame_leaks.same_frame)} tiles share a source frame and "
+                                            f"{len(frame_leaks.near_identical)} images are near-identical across "
+                                            "splits (they leak into the score)",
+                            "split by source frame, sequence or site: musubi data split SRC --by frame|folder|FIELD"))
     bad = [r for r in results if r.status is Status.FAIL or (r.status is Status.WARN and not allow_warnings)]
     seconds = round(sum(r.seconds for r in readings), 3)
     if as_json:
@@ -131,7 +158,9 @@ def check_command(
             out: dict[str, Any] = {**_reading_json(readings[0]), "ok": not bad}
         else:
             out = {"ok": not bad, "datasets": [_reading_json(r) for r in readings],
-                   "duplicate_across_splits": leaks}
+                   "duplicate_across_splits": leaks,
+                   "same_frame_across_splits": frame_leaks.same_frame if frame_leaks else [],
+                   "near_identical_across_splits": frame_leaks.near_identical if frame_leaks else []}
         out["results"] = [r.to_dict() for r in results]
         print(json.dumps(out, indent=1, default=str))
     else:
@@ -139,10 +168,13 @@ def check_command(
         render(PreflightReport(results, seconds), console)
         for reading in readings:
             _print_reading(console, reading, len(readings) > 1)
-        if leaks:
-            console.print(f"duplicate_across_splits ({len(leaks)}):", highlight=False, markup=False)
-            for ex in leaks[:CONSOLE_EXAMPLES]:
-                console.print(f"  {ex}", highlight=False, markup=False)
+        for kind, found in (("duplicate_across_splits", leaks),
+                            ("same_frame_across_splits", frame_leaks.same_frame if frame_leaks else []),
+                            ("near_identical_across_splits", frame_leaks.near_identical if frame_leaks else [])):
+            if found:
+                console.print(f"{kind} ({len(found)}):", highlight=False, markup=False)
+                for ex in found[:CONSOLE_EXAMPLES]:
+                    console.print(f"  {ex}", highlight=False, markup=False)
     if bad:
         raise typer.Exit(EXIT_FAILED)
 
@@ -152,7 +184,8 @@ def hash_command(
     path: str = typer.Argument(..., help="Data set folder, a COCO ANN.json or IMAGES_DIR::ANN.json "
                                          "(the annotation file plus the images it lists), or a file."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
-    store: Path = typer.Option(Path("runs"), "--store", help="Folder of musubi.db (digest cache)."),
+    store: Path = typer.Option(Path("runs"), "--store", help="Folder of musubi.db (its digest cache is used when "
+                                                             "it exists; none is created)."),
     no_cache: bool = typer.Option(False, "--no-cache", help="Read every byte again (no digest cache)."),
     workers: int | None = typer.Option(None, "--workers", min=1, help="Hashing threads (default: 2 per core, <=16)."),
 ) -> None:
@@ -169,7 +202,7 @@ def hash_command(
         if not target.exists():
             raise ConfigError(f"PATH {target}: no such file or directory; give a data set folder, a COCO ANN.json "
                               "or IMAGES_DIR::ANN.json")
-        v = hash_dataset(target, None if no_cache else store / "musubi.db", workers, image_dir=image_dir)
+        v = hash_dataset(target, None if no_cache else existing_store(store), workers, image_dir=image_dir)
     except ConfigError as e:
         _usage(str(e))
     if as_json:
@@ -209,6 +242,44 @@ def slice_command(
     counts = sorted(report.tiles_per_image.values())
     print(f"{report.frames} frames -> {report.tiles} tiles ({min(counts)}-{max(counts)} per frame, "
           f"worst case {report.worst_case}); boxes {report.boxes_in} -> {report.boxes_out}; {report.annotations}")
+
+
+@data_app.command("split")
+def split_command(
+    src: str = typer.Argument(..., help="COCO source: ANN.json, IMAGES_DIR::ANN.json or a folder with one JSON."),
+    out: Path = typer.Option(..., "--out", help="New folder for <name>.json per split (COCO; images stay where "
+                                                "they are)."),
+    ratios: str = typer.Option("0.8,0.2", "--ratios", help="Share of images per split, e.g. 0.8,0.2 or 0.7,0.15,0.15."),
+    names: str | None = typer.Option(None, "--names", help="Split names (default train,val[,test])."),
+    by: str = typer.Option("frame", "--by", help="What stays on one side: frame (a `data slice` tile's source "
+                                                 "frame), folder (the file name's folder: a sequence or site), "
+                                                 "or an image field such as sequence, site or video_id."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the group shuffle (same seed, same split)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+) -> None:
+    """Split a COCO set by group (frame, folder, any image field); tiles of one frame and copies never straddle."""
+    from musubi.data.split import parse_ratios, split_coco
+
+    try:
+        shares = parse_ratios(ratios, names)
+        if not by or not by.replace("_", "").isalnum():
+            raise ConfigError(f"--by {by!r}: give frame, folder or an image field name such as sequence")
+        ann, images = coco_source(src)
+        if out.exists() and (not out.is_dir() or any(out.iterdir())):
+            raise ConfigError(f"--out {out} is not an empty folder; give a new folder (nothing is overwritten)")
+        report = split_coco(ann, images, out, shares, by, seed)
+    except ConfigError as e:
+        _usage(str(e))
+    if as_json:
+        print(json.dumps(vars(report)))
+        return
+    print(f"{report.groups} groups by {report.by} (seed {report.seed}; tiles of one frame kept together, "
+          f"{report.joined_by_content} more joined as copies or near-copies):")
+    for name, part in report.splits.items():
+        print(f"  {name}: {part['images']} images, {part['boxes']} boxes, {part['groups']} groups -> "
+              f"{images}::{part['annotations']}")
+        if part["classes_without_boxes"]:
+            print(f"    no boxes of: {', '.join(part['classes_without_boxes'])}")
 
 
 @data_app.command("convert")

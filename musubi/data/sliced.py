@@ -1,4 +1,4 @@
-"""Sliced COCO data: inline (a Dataset of tiles) and offline (`musubi data slice` writes tile JPEGs + COCO).
+"""Sliced COCO data: inline (a Dataset of tiles) and offline (`musubi data slice` writes tile files + COCO).
 
 Inline, a frame is decoded once per visit and cut into its tiles; with the RAM
 cache on, every tile of that frame is stored in one shared-memory uint8 buffer
@@ -8,6 +8,8 @@ per run instead of once per tile per epoch.
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
 import logging
 import os
@@ -25,7 +27,7 @@ from torch.utils.data import Dataset
 
 from musubi.config.errors import ConfigError
 from musubi.data.coco import CocoDetection
-from musubi.data.slicing import SliceParams, TileRef, plan_tiles
+from musubi.data.slicing import SliceParams, TileRef, Window, plan_tiles
 
 log = logging.getLogger(__name__)
 
@@ -179,7 +181,15 @@ class SlicedCocoDetection(Dataset):
     def __getitem__(self, index: int) -> tuple[Tensor, dict[str, Tensor]]:
         ref = self.tiles[index]
         # A copy: the frame's array is read-only (PIL) and the cache's pages are shared with other workers.
-        image = torch.from_numpy(np.array(self._pixels(index))).permute(2, 0, 1).contiguous()
+        pixels = self._pixels(index)
+        t = self.params.tile
+        if pixels.shape[0] < t or pixels.shape[1] < t:
+            # A frame smaller than a tile (or its last row/column): padded right and below with zeros,
+            # as `musubi data slice` writes it, so every sample is a full tile.
+            padded = np.zeros((t, t, pixels.shape[2]), dtype=pixels.dtype)
+            padded[: pixels.shape[0], : pixels.shape[1]] = pixels
+            pixels = padded
+        image = torch.from_numpy(np.array(pixels)).permute(2, 0, 1).contiguous()
         if not self.as_uint8:
             image = image.to(torch.float32).div_(255.0)
         target = {
@@ -208,32 +218,58 @@ class SliceReport:
         return max(self.tiles_per_image.values(), default=0)
 
 
-def _write_frame_tiles(args: tuple[Path, Path, list[tuple[str, tuple[int, int, int, int]]], int]) -> str | None:
-    """Write one frame's tiles; the reason it failed (e.g. a truncated JPEG), or None."""
-    src, out_dir, tiles, quality = args
+#: PIL format -> (tile suffix, save options): each frame's tiles keep its format, mode and bit depth.
+#: JPEG stays JPEG (re-encoded at high quality: a crop of a JPEG cannot be written losslessly by PIL);
+#: MPO is the JPEG drones and phones write. Any other format is written as PNG (lossless).
+TILE_FORMATS: dict[str, tuple[str, dict[str, Any]]] = {
+    "JPEG": (".jpg", {"format": "JPEG", "quality": 95}),
+    "MPO": (".jpg", {"format": "JPEG", "quality": 95}),
+    "PNG": (".png", {"format": "PNG"}),
+    "TIFF": (".tif", {"format": "TIFF", "compression": "tiff_lzw"}),
+}
+LOSSLESS_FALLBACK = (".png", {"format": "PNG"})
+
+
+def tile_format(path: Path) -> tuple[str, dict[str, Any]]:
+    """(suffix, PIL save options) of the tiles of the frame at `path` (read from its header, not its name)."""
+    with Image.open(path) as im:
+        return TILE_FORMATS.get(str(im.format), LOSSLESS_FALLBACK)
+
+
+def _write_frame_tiles(args: tuple[Path, Path, list[tuple[str, Window]], int]) -> tuple[str | None, str]:
+    """Write one frame's tiles; (the reason it failed, e.g. a truncated JPEG, or None; the frame's sha256)."""
+    src, out_dir, tiles, tile = args
     try:
-        with Image.open(src) as im:
-            frame = im.convert("RGB")
-        for name, window in tiles:
-            frame.crop(window).save(out_dir / name, format="JPEG", quality=quality)
+        data = src.read_bytes()
+        with Image.open(io.BytesIO(data)) as im:
+            _, options = TILE_FORMATS.get(str(im.format), LOSSLESS_FALLBACK)
+            im.load()  # the frame's own mode: 16-bit PNG stays I;16, grey stays L, RGBA stays RGBA
+            frame = im if options["format"] != "JPEG" or im.mode in ("L", "RGB", "CMYK") else im.convert("RGB")
+            for name, (x0, y0, _, _) in tiles:
+                # PIL fills the part of a crop box outside the frame with zeros: a frame smaller than a tile
+                # (or its last row/column) gives a full tile padded right and below, as SAHI pads.
+                frame.crop((x0, y0, x0 + tile, y0 + tile)).save(out_dir / name, **options)
     except Exception as e:  # noqa: BLE001 - every frame's failure is collected and reported together
-        return f"{src.name} ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
-    return None
+        return f"{src.name} ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})", ""
+    return None, hashlib.sha256(data).hexdigest()
 
 
-def tile_name(file_name: str, image_id: int, x0: int, y0: int) -> str:
-    """`<frame id>_<stem>_<x0>_<y0>.jpg`: unique per frame (x.jpg and x.png, a/b.jpg and a__b.jpg differ)."""
+def tile_name(file_name: str, image_id: int, x0: int, y0: int, suffix: str = ".jpg") -> str:
+    """`<frame id>_<stem>_<x0>_<y0><suffix>`: unique per frame (x.jpg and x.png, a/b.jpg and a__b.jpg differ)."""
     stem = Path(file_name).with_suffix("").as_posix().replace("/", "__")
-    return f"{image_id}_{stem}_{x0}_{y0}.jpg"
+    return f"{image_id}_{stem}_{x0}_{y0}{suffix}"
 
 
-def slice_coco(annotations: Path, image_dir: Path, out: Path, params: SliceParams, quality: int = 95,
+def slice_coco(annotations: Path, image_dir: Path, out: Path, params: SliceParams,
                workers: int | None = None) -> SliceReport:
-    """Cut every frame into tiles: OUT/images/<id>_<stem>_<x0>_<y0>.jpg and OUT/annotations.json (COCO).
+    """Cut every frame into tiles: OUT/images/<id>_<stem>_<x0>_<y0>.<frame's format> and OUT/annotations.json.
 
-    Everything is written into a hidden sibling folder that becomes OUT only when every frame was
-    cut: a frame that does not decode leaves nothing behind (ConfigError listing every such frame),
-    so a rerun after fixing it is not refused.
+    Every tile is tile x tile pixels (padded with zeros right and below where the frame ends) in its
+    frame's format, mode and bit depth. Each tile's image entry records its source frame (`frame_id`,
+    `frame_file`, `frame_sha256`) and `window` (the frame pixels it holds), so `data check` and
+    `data split` keep the tiles of one frame together. Everything is written into a hidden sibling
+    folder that becomes OUT only when every frame was cut: a frame that does not decode leaves nothing
+    behind (ConfigError listing every such frame), so a rerun after fixing it is not refused.
     """
     frames = CocoDetection(image_dir, annotations)
     boxes, labels = frame_boxes(frames)
@@ -244,7 +280,8 @@ def slice_coco(annotations: Path, image_dir: Path, out: Path, params: SliceParam
         shutil.rmtree(out)
     (out / "images").mkdir(parents=True)
     try:
-        report = _slice_into(frames, tiles, per_image, Path(annotations), Path(image_dir), out, quality, workers)
+        report = _slice_into(frames, tiles, per_image, Path(annotations), Path(image_dir), out, params.tile,
+                             workers)
     except BaseException:
         shutil.rmtree(out, ignore_errors=True)
         raise
@@ -256,31 +293,45 @@ def slice_coco(annotations: Path, image_dir: Path, out: Path, params: SliceParam
 
 
 def _slice_into(frames: CocoDetection, tiles: list[TileRef], per_image: list[int], annotations: Path,
-                image_dir: Path, out: Path, quality: int, workers: int | None) -> SliceReport:
+                image_dir: Path, out: Path, tile: int, workers: int | None) -> SliceReport:
     raw = json.loads(Path(annotations).read_text(encoding="utf-8"))
     images: list[dict[str, Any]] = []
     anns: list[dict[str, Any]] = []
-    jobs: dict[int, list[tuple[str, tuple[int, int, int, int]]]] = {}
+    jobs: dict[int, list[tuple[str, Window]]] = {}
+    entries_of: dict[int, list[dict[str, Any]]] = {}
+    suffix_of: dict[int, str] = {}
     for ref in tiles:
         x0, y0, x1, y1 = ref.window
-        name = tile_name(frames._file_names[ref.image], frames._image_ids[ref.image], x0, y0)
+        if ref.image not in suffix_of:
+            try:
+                suffix_of[ref.image] = tile_format(image_dir / frames._file_names[ref.image])[0]
+            except Exception:  # noqa: BLE001 - the writer below names the frame that does not open
+                suffix_of[ref.image] = LOSSLESS_FALLBACK[0]
+        name = tile_name(frames._file_names[ref.image], frames._image_ids[ref.image], x0, y0, suffix_of[ref.image])
         image_id = len(images) + 1
-        images.append({"id": image_id, "file_name": name, "width": x1 - x0, "height": y1 - y0,
-                       "frame_id": frames._image_ids[ref.image], "window": [x0, y0, x1, y1]})
+        entry = {"id": image_id, "file_name": name, "width": tile, "height": tile,
+                 "frame_id": frames._image_ids[ref.image], "frame_file": frames._file_names[ref.image],
+                 "window": [x0, y0, x1, y1]}
+        images.append(entry)
+        entries_of.setdefault(ref.image, []).append(entry)
         for b, lab in zip(ref.boxes.tolist(), ref.labels.tolist(), strict=True):
             w, h = b[2] - b[0], b[3] - b[1]
             anns.append({"id": len(anns) + 1, "image_id": image_id,
                          "category_id": frames.category_ids[int(lab) - 1],
                          "bbox": [b[0], b[1], w, h], "area": w * h, "iscrowd": 0})
         jobs.setdefault(ref.image, []).append((name, ref.window))
-    args = [(image_dir / frames._file_names[i], out / "images", t, quality) for i, t in jobs.items()]
+    args = [(image_dir / frames._file_names[i], out / "images", t, tile) for i, t in jobs.items()]
     # PIL releases the GIL while decoding and encoding: threads are enough and share nothing.
     with ThreadPoolExecutor(max_workers=workers or min(16, os.cpu_count() or 1)) as pool:
-        failed = [f for f in pool.map(_write_frame_tiles, args) if f]
+        results = list(pool.map(_write_frame_tiles, args))
+    failed = [f for f, _ in results if f]
     if failed:
         raise ConfigError(f"{annotations}: {len(failed)} frames do not decode ({'; '.join(failed[:5])}"
                           f"{'; ...' if len(failed) > 5 else ''}); nothing written: run `musubi data check` "
                           "and fix or remove them")
+    for i, (_, sha) in zip(jobs, results, strict=True):
+        for entry in entries_of[i]:
+            entry["frame_sha256"] = sha
     ann_out = out / "annotations.json"
     ann_out.write_text(json.dumps({"images": images, "annotations": anns, "categories": raw["categories"]}),
                        encoding="utf-8")

@@ -2,7 +2,8 @@
 
 A frame of W x H is covered by a grid of `tile` x `tile` windows whose stride is
 tile * (1 - overlap); the last row and column are moved back to end exactly at
-the border, so every tile is full size (a frame smaller than a tile is one tile).
+the border, so every tile is full size (a frame smaller than a tile in a side is one tile there,
+padded with zeros right and below to the full tile by its readers and writers, as SAHI pads).
 A box is clipped to each tile it touches and kept when at least `min_visibility`
 of its area remains: a box fully inside a tile is kept there unchanged (its tile
 coordinates plus the tile origin give the original back exactly).

@@ -204,10 +204,24 @@ def evaluate_command(
     export: bool = typer.Option(False, "--export", help="Also export to ONNX and time ONNX Runtime."),
     runs: int | None = typer.Option(None, "--runs", help="Timed runs (default 100 on a GPU, 10 on the CPU)."),
     warmup: int | None = typer.Option(None, "--warmup", help="Untimed warm-up runs (default 10 GPU, 3 CPU)."),
+    predictions: Path | None = typer.Option(
+        None, "--predictions", help="Instead of FPS: write the model's predictions on the validation file as COCO "
+                                    "results JSON (image_id, category_id, bbox xywh, score) to this file."),
 ) -> None:
-    """Measure a job's FPS by the documented protocol and update its eval.json."""
+    """Measure a job's FPS by the documented protocol and update its eval.json (or write --predictions)."""
     from musubi.evaluate.job_eval import evaluate_job
 
+    if predictions is not None:
+        from musubi.evaluate.predictions import write_predictions
+
+        try:
+            done = write_predictions(job_dir, predictions, device)
+        except ConfigError as e:
+            _fail(str(e))
+            return
+        Console().print(Text(f"{done['detections']} detections on {done['images']} images -> {done['file']} "
+                             f"(COCO results; ground truth: {done['annotations']})"), highlight=False)
+        return
     try:
         record = evaluate_job(job_dir, device=device, export=export, fps_runs=runs, fps_warmup=warmup)
     except ConfigError as e:

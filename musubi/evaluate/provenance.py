@@ -41,6 +41,8 @@ def split_versions(data: dict[str, Any], store: Path | None = None) -> dict[str,
 def options_digest(data: dict[str, Any]) -> str:
     """Six hex digits of the options that change the samples drawn from the same files."""
     options = {k: data.get(k) for k in ("image_size", "seq_len", "slice")}
+    if data.get("classes"):  # only when set: versions of jobs without a class map stay what they were
+        options["classes"] = data["classes"]
     return hashlib.sha256(json.dumps(options, sort_keys=True, default=str).encode()).hexdigest()[:6]
 
 
@@ -58,7 +60,7 @@ def dataset_version(config: dict[str, Any], store: Path | None = None) -> str | 
 
     On-disk data: each split's content version as `musubi data hash` prints it (so the version a
     watcher acted on is found verbatim in the job's), joined by '+', then the options that change
-    the samples (image_size, seq_len, slice); None when the files are gone.
+    the samples (image_size, seq_len, slice, the class map); None when the files are gone.
     """
     data = config.get("data") or {}
     synthetic = data.get("synthetic")

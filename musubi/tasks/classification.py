@@ -21,7 +21,7 @@ from musubi.config.job import JobSpec
 from musubi.data import guards
 from musubi.data import synthetic_classification as synth
 from musubi.tasks.base import Metric, Reducer, Task
-from musubi.tasks.weights import check_weights, load_weights
+from musubi.tasks.pretrained import check_start_weights, load_start_weights
 
 #: Model names with this prefix are built by timm (when it is installed).
 TIMM_PREFIX = "timm/"
@@ -36,8 +36,8 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 #: model_args keys the task owns: classes come from the data, nothing is downloaded.
 _RESERVED_ARGS = {
     "num_classes": "it comes from the data",
-    "weights": "use the job's `weights:` file",
-    "pretrained": "use the job's `weights:` file",
+    "weights": "use the job's `weights:` (a file, or DEFAULT for torchvision's from the local cache)",
+    "pretrained": "use the job's `weights:` (a file, or DEFAULT for torchvision's from the local cache)",
 }
 
 
@@ -248,7 +248,7 @@ class ClassificationTask(Task):
                     raise ConfigError(f"data.val: {data.val.path} holds no images; add some or drop data.val")
         probe = self._meta_model()
         if self.spec.weights:
-            check_weights(self.spec.weights, probe)
+            check_start_weights(self.spec.weights, self.spec.model, probe)
 
     def _meta_model(self) -> nn.Module | None:
         """The model built on the meta device (catches bad model_args for free), or None if it can't be."""
@@ -265,7 +265,7 @@ class ClassificationTask(Task):
         """A fresh classifier on the CPU, optionally loaded from the job's local weights file."""
         model = create_model(self.spec.model, self.num_classes(), self.model_args())
         if self.spec.weights:
-            load_weights(model, self.spec.weights)
+            load_start_weights(model, self.spec.weights, self.spec.model)
         return model
 
     def train_dataset(self) -> Dataset:

@@ -1,7 +1,8 @@
 """Built-in detection task: torchvision detectors on synthetic or COCO data, scored by mAP50.
 
 Models start from scratch (weights=None, weights_backbone=None: nothing is
-downloaded) or from a local state dict. Batches are (list of images, list of
+downloaded), from a local state dict, or from torchvision's pretrained weights
+found in the local torch hub cache (musubi.tasks.pretrained). Batches are (list of images, list of
 targets): detectors take images of different sizes, so nothing is stacked.
 """
 
@@ -33,7 +34,7 @@ from musubi.data.synthetic_detection import (
     synthetic_detection_batch,
 )
 from musubi.tasks.base import Metric, Reducer, Task, move_to
-from musubi.tasks.weights import check_weights, load_weights
+from musubi.tasks.pretrained import check_start_weights, load_start_weights
 
 #: Model name -> (torchvision builder, model class whose keyword arguments the builder forwards).
 MODELS: dict[str, tuple[Callable[..., nn.Module], type[nn.Module]]] = {
@@ -282,7 +283,7 @@ class DetectionTask(Task):
         with torch.device("meta"):
             meta_model = self._construct()
         if spec.weights:
-            check_weights(spec.weights, meta_model)
+            check_start_weights(spec.weights, spec.model, meta_model)
 
     # -- model -------------------------------------------------------------
     def _construct(self) -> nn.Module:
@@ -302,7 +303,7 @@ class DetectionTask(Task):
             )
         model = self._construct()
         if self.spec.weights:
-            load_weights(model, self.spec.weights)
+            load_start_weights(model, self.spec.weights, self.spec.model)
         return model
 
     # -- data --------------------------------------------------------------
@@ -317,7 +318,7 @@ class DetectionTask(Task):
         # uint8 through the loader: 4x fewer bytes pinned and copied; to_device makes floats on the device.
         frames = CocoDetection(split.path, split.annotations, image_size=data.image_size, category_ids=category_ids,
                                as_uint8=True, encoded=data.gpu_decode,
-                               max_image_pixels=data.max_image_pixels)
+                               max_image_pixels=data.max_image_pixels, classes=data.classes)
         params = self.slice_params
         if params is None or not tiles:
             return frames

@@ -57,7 +57,11 @@ def test_cli_and_job_version(tmp_path: Path) -> None:
     ann = small_set(tmp_path / "set")
     res = CliRunner().invoke(app, ["data", "hash", str(tmp_path / "set"), "--store", str(tmp_path / "runs")])
     assert res.exit_code == 0 and res.output.startswith("data-") and "4 files" in res.output
-    assert (tmp_path / "runs" / "musubi.db").is_file()
+    # A command that does not need the store does not create one (before: runs/musubi.db appeared in the cwd).
+    assert not (tmp_path / "runs").exists()
+    hash_dataset(tmp_path / "set", tmp_path / "runs" / "musubi.db")  # a store made by training ...
+    cached = CliRunner().invoke(app, ["data", "hash", str(tmp_path / "set"), "--store", str(tmp_path / "runs")])
+    assert cached.output.split()[0] == res.output.split()[0] and "0 read" in cached.output  # ... is used
     gone = CliRunner().invoke(app, ["data", "hash", str(tmp_path / "nope")])
     assert gone.exit_code == 2 and "no such file or directory" in gone.output
     config = {"data": {"train": {"path": str(tmp_path / "set" / "images"), "annotations": str(ann)},
@@ -80,6 +84,7 @@ def test_one_version_for_folder_annotation_file_and_job(tmp_path: Path) -> None:
         assert res.exit_code == 0, res.output
         return json.loads(res.output)["version"]
 
+    hash_dataset(tmp_path / "set", tmp_path / "set" / "runs" / "musubi.db")  # training made a store in the set
     folder = cli(str(tmp_path / "set"))
     assert cli(str(ann)) == folder == cli(f"{tmp_path / 'set' / 'images'}::{ann}")
     assert (tmp_path / "set" / "runs" / "musubi.db").is_file()  # the store sits inside the set ...
