@@ -62,17 +62,37 @@ def train(
     rdzv_timeout: int = typer.Option(300, "--rdzv-timeout", help="Seconds to wait for every node to join."),
     iface: str | None = typer.Option(None, "--iface", help="Network interface of the rendezvous and gloo/NCCL "
                                      "sockets (default: the one that routes to the endpoint)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Validate the job and print the plan (ranks, batches, "
+                                 "LR and why, data, output); start and write nothing."),
+    oversubscribe: bool = typer.Option(False, "--oversubscribe", help="Allow more CPU ranks than cores (they "
+                                       "share cores and run slower)."),
+    allow_changes: list[str] = typer.Option([], "--allow-changes", help="With --resume: job fields that may "
+                                            "differ from the recorded job, e.g. train.lr,data (job.json records "
+                                            "the change)."),
 ) -> None:
     """Train one job on all GPUs of this machine (or N CPU ranks), or on several nodes, through torchrun."""
-    from musubi.runtime.launch import TrainRequest, launch_train
+    from musubi.runtime.launch import TrainRequest, dry_run as plan_train, launch_train
 
     if max_steps is not None and max_steps < 1:
         _fail(f"--max-steps {max_steps}: must be >= 1", 2)
+    if allow_changes and not resume:
+        _fail("--allow-changes goes with --resume (a new run records whatever job it is given)", 2)
+    say = None if probe_only else (lambda line: Console().print(escape(line), highlight=False))
     req = TrainRequest(job_path=job, nproc=nproc, out=out, resume=resume, max_steps=max_steps,
                        overrides=list(set_), device=device, argv=sys.argv, probe_only=probe_only, check=not no_check,
                        fleet_member=fleet_member, nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint,
-                       rdzv_id=rdzv_id, rdzv_timeout_s=rdzv_timeout, iface=iface)
+                       rdzv_id=rdzv_id, rdzv_timeout_s=rdzv_timeout, iface=iface, oversubscribe=oversubscribe,
+                       allow_changes=list(allow_changes), say=say)
+    if dry_run:
+        for line in _guarded(plan_train, req):
+            print(line)
+        print("dry run: nothing started, nothing written")
+        return
     result = _guarded(launch_train, req)
+    if result.already_finished:
+        Console().print(f"{escape(str(result.job_dir))}: already finished (job.json: status done); nothing to "
+                        "resume. To train again, use another --out", highlight=False)
+        return
     if result.code != 0:
         _fail(f"{result.error} (logs: {result.job_dir / 'logs'})", result.code)
     if probe_only or node_rank > 0:  # node 0 reports the run
