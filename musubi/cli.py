@@ -77,7 +77,7 @@ def train(
         _fail(f"--max-steps {max_steps}: must be >= 1", 2)
     if allow_changes and not resume:
         _fail("--allow-changes goes with --resume (a new run records whatever job it is given)", 2)
-    say = None if probe_only else (lambda line: Console().print(escape(line), highlight=False))
+    say = None if probe_only else (lambda line: Console(soft_wrap=True).print(escape(line), highlight=False))
     req = TrainRequest(job_path=job, nproc=nproc, out=out, resume=resume, max_steps=max_steps,
                        overrides=list(set_), device=device, argv=sys.argv, probe_only=probe_only, check=not no_check,
                        fleet_member=fleet_member, nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint,
@@ -90,7 +90,7 @@ def train(
         return
     result = _guarded(launch_train, req)
     if result.already_finished:
-        Console().print(f"{escape(str(result.job_dir))}: already finished (job.json: status done); nothing to "
+        Console(soft_wrap=True).print(f"{escape(str(result.job_dir))}: already finished (job.json: status done); nothing to "
                         "resume. To train again, use another --out", highlight=False)
         return
     if result.code != 0:

@@ -180,9 +180,9 @@ def _admit_resume(req: TrainRequest, spec) -> tuple[Path, Path, dict, list[dict]
             f"--resume: {job_dir} holds {old.get('task')}/{old.get('model')}, the job file asks for "
             f"{spec.task}/{spec.model}; use the same job or another --out"
         )
-    if req.node_rank > 0:  # node 0 owns the record (and may have rewritten it already)
-        return run_dir, job_dir, record, []
-    # A fleet member's changes were announced by `musubi run --resume` (its policy: they resume as changed).
+    # Every node runs this with the same arguments, so all agree (a node reading the record node 0 already
+    # rewrote sees no change and status running). A fleet member's changes were announced by
+    # `musubi run --resume`, whose policy is that they resume as changed.
     allowed = None if req.fleet_member else admission.parse_allowed(req.allow_changes)
     changes = admission.check_resume(record, spec.resolved(), allowed, job_json)
     if admission.finished(record) and not changes:
@@ -237,9 +237,6 @@ def prepare(req: TrainRequest) -> tuple[Path, Path, dict, int, str]:
     if rdzv is not None:
         # The preflight's environment check judges the variables for this many nodes.
         os.environ["MUSUBI_NNODES"] = str(rdzv.nnodes)
-    if req.check:
-        _say(req, "preflight: machine, disk and data checks...")
-    preflight = run_preflight(req, spec, nproc, kind) if req.check else None
     from musubi.runtime.checkpoint import latest_checkpoint  # torch: only once the config is known good
 
     if rdzv is not None and not rdzv.is_first:
@@ -247,6 +244,8 @@ def prepare(req: TrainRequest) -> tuple[Path, Path, dict, int, str]:
         # once every agent joined the rendezvous, so node 0 has written job.json by then.
         if req.resume and latest_checkpoint(job_dir / "checkpoints") is None:
             raise ConfigError(f"--resume: no committed checkpoint in {job_dir / 'checkpoints'}; run without --resume")
+        if req.check:
+            run_preflight(req, spec, nproc, kind)
         (job_dir / "logs").mkdir(parents=True, exist_ok=True)
         return run_dir, job_dir, {"config": spec.resolved(), "attempts": 0}, nproc, kind
     if req.resume:
@@ -260,6 +259,9 @@ def prepare(req: TrainRequest) -> tuple[Path, Path, dict, int, str]:
         if taken or (not req.fleet_member and (run_dir / "run.json").exists()):
             raise ConfigError(f"{run_dir} already holds a run; pass --resume to continue it or choose another --out")
         attempts = 1
+    if req.check:  # last: it takes seconds, and every refusal above is cheaper
+        _say(req, "preflight: machine, disk and data checks...")
+    preflight = run_preflight(req, spec, nproc, kind) if req.check else None
     job_dir.mkdir(parents=True, exist_ok=True)
     if preflight is not None:
         write_json(run_dir / "preflight.json", preflight.to_dict())
