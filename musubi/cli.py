@@ -226,7 +226,18 @@ def env(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> No
 
     print(f"musubi {musubi.__version__}")
     for k, v in rec.items():
-        if k == "gpus":
+        if k == "musubi":  # the first line says it
+            continue
+        if k == "packages":
+            print("packages:")
+            width = max((len(name) for name in v), default=0)
+            for name, version in v.items():
+                print(f"  {name:<{width}}  {version}")
+        elif k == "project":
+            print("project: " + (f"{v['root']} at {(v['commit'] or '')[:12]} ({v['branch']}"
+                                 f"{', ' + str(v['changed_files']) + ' changed file(s)' if v['dirty'] else ''})"
+                                 if v else "(the working directory is not in a git repository)"))
+        elif k == "gpus":
             if not v:
                 print("gpus: none visible (CPU ranks on gloo)")
             for g in v:
