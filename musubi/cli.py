@@ -71,7 +71,7 @@ def train(
                                             "the change)."),
 ) -> None:
     """Train one job on all GPUs of this machine (or N CPU ranks), or on several nodes, through torchrun."""
-    from musubi.runtime.launch import TrainRequest, dry_run as plan_train, launch_train
+    from musubi.runtime.launch import TrainRequest, dry_run_plan, launch_train
 
     if max_steps is not None and max_steps < 1:
         _fail(f"--max-steps {max_steps}: must be >= 1", 2)
@@ -84,14 +84,13 @@ def train(
                        rdzv_id=rdzv_id, rdzv_timeout_s=rdzv_timeout, iface=iface, oversubscribe=oversubscribe,
                        allow_changes=list(allow_changes), say=say)
     if dry_run:
-        for line in _guarded(plan_train, req):
+        for line in _guarded(dry_run_plan, req):
             print(line)
         print("dry run: nothing started, nothing written")
         return
     result = _guarded(launch_train, req)
     if result.already_finished:
-        Console(soft_wrap=True).print(f"{escape(str(result.job_dir))}: already finished (job.json: status done); nothing to "
-                        "resume. To train again, use another --out", highlight=False)
+        Console(soft_wrap=True).print(escape(result.error or ""), highlight=False)
         return
     if result.code != 0:
         _fail(f"{result.error} (logs: {result.job_dir / 'logs'})", result.code)

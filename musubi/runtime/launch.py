@@ -65,8 +65,8 @@ class RunFinished(Exception):
     """`--resume` of a run that already trained to its last step: nothing to launch."""
 
     def __init__(self, run_dir: Path, job_dir: Path) -> None:
-        super().__init__(f"{job_dir}: already finished (job.json status done); nothing to resume: "
-                         "start another --out to train again")
+        super().__init__(f"{job_dir}: already finished (job.json: status done); nothing to resume. To train "
+                         "again, use another --out")
         self.run_dir, self.job_dir = run_dir, job_dir
 
 
@@ -83,7 +83,7 @@ class TrainResult:
     job_dir: Path
     error: str | None = None
     timed_out: bool = False  # ended by TrainRequest.deadline_s
-    already_finished: bool = False  # --resume of a finished run: nothing was launched
+    already_finished: bool = False  # --resume of a finished run: nothing was launched (`error` says so)
 
 
 def _wait(proc: subprocess.Popen, deadline_s: float | None) -> tuple[int, bool]:
@@ -219,9 +219,12 @@ def admit(req: TrainRequest) -> Admitted:
     return Admitted(spec, nproc, kind, run_dir, job_dir, before, changes)
 
 
-def dry_run(req: TrainRequest) -> list[str]:
+def dry_run_plan(req: TrainRequest) -> list[str]:
     """`musubi train --dry-run`: validate the job as a launch would and return the plan; start and write nothing."""
-    a = admit(req)
+    try:
+        a = admit(req)
+    except RunFinished as done:
+        return [str(done)]
     lines = admission.plan_lines(a.spec, a.nproc, a.kind, a.run_dir, req.resume)
     lines += [f"resume: {c['key']} {c['before']!r} -> {c['after']!r} (--allow-changes)" for c in a.changes]
     if req.check:
@@ -424,7 +427,7 @@ def launch_train(req: TrainRequest) -> TrainResult:
     try:
         run_dir, job_dir, record, nproc, kind = prepare(req)
     except RunFinished as done:  # reported from job.json alone: no torchrun, no torch
-        return TrainResult(EXIT_OK, done.run_dir, done.job_dir, already_finished=True)
+        return TrainResult(EXIT_OK, done.run_dir, done.job_dir, error=str(done), already_finished=True)
     rdzv = req.rendezvous
     follower = rdzv is not None and not rdzv.is_first
     logs = job_dir / "logs"
