@@ -62,17 +62,36 @@ def train(
     rdzv_timeout: int = typer.Option(300, "--rdzv-timeout", help="Seconds to wait for every node to join."),
     iface: str | None = typer.Option(None, "--iface", help="Network interface of the rendezvous and gloo/NCCL "
                                      "sockets (default: the one that routes to the endpoint)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Validate the job and print the plan (ranks, batches, "
+                                 "LR and why, data, output); start and write nothing."),
+    oversubscribe: bool = typer.Option(False, "--oversubscribe", help="Allow more CPU ranks than cores (they "
+                                       "share cores and run slower)."),
+    allow_changes: list[str] = typer.Option([], "--allow-changes", help="With --resume: job fields that may "
+                                            "differ from the recorded job, e.g. train.lr,data (job.json records "
+                                            "the change)."),
 ) -> None:
     """Train one job on all GPUs of this machine (or N CPU ranks), or on several nodes, through torchrun."""
-    from musubi.runtime.launch import TrainRequest, launch_train
+    from musubi.runtime.launch import TrainRequest, dry_run_plan, launch_train
 
     if max_steps is not None and max_steps < 1:
         _fail(f"--max-steps {max_steps}: must be >= 1", 2)
+    if allow_changes and not resume:
+        _fail("--allow-changes goes with --resume (a new run records whatever job it is given)", 2)
+    say = None if probe_only else (lambda line: Console(soft_wrap=True).print(escape(line), highlight=False))
     req = TrainRequest(job_path=job, nproc=nproc, out=out, resume=resume, max_steps=max_steps,
                        overrides=list(set_), device=device, argv=sys.argv, probe_only=probe_only, check=not no_check,
                        fleet_member=fleet_member, nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint,
-                       rdzv_id=rdzv_id, rdzv_timeout_s=rdzv_timeout, iface=iface)
+                       rdzv_id=rdzv_id, rdzv_timeout_s=rdzv_timeout, iface=iface, oversubscribe=oversubscribe,
+                       allow_changes=list(allow_changes), say=say)
+    if dry_run:
+        for line in _guarded(dry_run_plan, req):
+            print(line)
+        print("dry run: nothing started, nothing written")
+        return
     result = _guarded(launch_train, req)
+    if result.already_finished:
+        Console(soft_wrap=True).print(escape(result.error or ""), highlight=False)
+        return
     if result.code != 0:
         _fail(f"{result.error} (logs: {result.job_dir / 'logs'})", result.code)
     if probe_only or node_rank > 0:  # node 0 reports the run
@@ -206,7 +225,18 @@ def env(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> No
 
     print(f"musubi {musubi.__version__}")
     for k, v in rec.items():
-        if k == "gpus":
+        if k == "musubi":  # the first line says it
+            continue
+        if k == "packages":
+            print("packages:")
+            width = max((len(name) for name in v), default=0)
+            for name, version in v.items():
+                print(f"  {name:<{width}}  {version}")
+        elif k == "project":
+            print("project: " + (f"{v['root']} at {(v['commit'] or '')[:12]} ({v['branch']}"
+                                 f"{', ' + str(v['changed_files']) + ' changed file(s)' if v['dirty'] else ''})"
+                                 if v else "(the working directory is not in a git repository)"))
+        elif k == "gpus":
             if not v:
                 print("gpus: none visible (CPU ranks on gloo)")
             for g in v:

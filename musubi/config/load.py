@@ -177,11 +177,26 @@ def format_validation_error(err: ValidationError, model: type[BaseModel], source
     return f"{source}: {msg}"
 
 
+def blame(err: ValidationError, model: type[BaseModel], overrides: list[str], path: str) -> str:
+    """Who wrote the bad field: the last `--set` whose key is the error's field (or holds it), else the file."""
+    loc = _field_path(model, tuple(err.errors()[0]["loc"]))
+    for text in reversed(overrides):
+        parts = tuple(parse_override(text)[0])
+        n = min(len(parts), len(loc))
+        if n and parts[:n] == tuple(str(x) for x in loc[:n]):
+            return f"--set {text}"
+    return path
+
+
 def load_job(path: str | Path, overrides: list[str] | None = None) -> JobSpec:
     """Read, override and validate a job file; raise ConfigError with one line on any problem."""
-    data = apply_overrides(read_yaml(path), list(overrides or []))
+    overrides = list(overrides or [])
+    data = apply_overrides(read_yaml(path), overrides)
     check_document(data, str(path))
-    return job_from_dict(data, source=str(path))
+    try:
+        return JobSpec.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(format_validation_error(err, JobSpec, blame(err, JobSpec, overrides, str(path)))) from None
 
 
 def job_from_dict(data: dict[str, Any], source: str = "job") -> JobSpec:

@@ -21,13 +21,18 @@ from musubi.config.errors import ConfigError
 registry_app = typer.Typer(add_completion=False, no_args_is_help=True,
                            help="Registered models: list, register, promote, demote, deployment manifest.")
 
-_DB_HELP = "Registry database (default runs/musubi.db)."
+_DB_HELP = "Registry database, an existing one (default runs/musubi.db: the one beside the default run directories)."
 
 
 def _fail(message: str, code: int = 2) -> None:
     err = Console(stderr=True, soft_wrap=True)
     err.print(Text("error: ", style="bold red") + Text(message), highlight=False)
     raise typer.Exit(code)
+
+
+def _say_registry(path: Path, note: str = "") -> None:
+    """The registry a command used, on stderr (stdout stays clean for --json)."""
+    Console(stderr=True, soft_wrap=True).print(Text(f"registry: {path}{note}"), highlight=False)
 
 
 def _fmt(value: Any, digits: int = 4) -> str:
@@ -148,11 +153,13 @@ def leaderboard_command(
 def _print_history(run_dir: Path, as_json: bool) -> None:
     import datetime as dt
 
-    from musubi.store.registry import leaderboard_history
+    from musubi.store.registry import leaderboard_history, resolve_db
 
     if not Path(run_dir).is_dir():
         _fail(f"{run_dir}: no such run directory")
     here = str(Path(run_dir).resolve())
+    if not as_json:
+        _say_registry(resolve_db(run_dir=run_dir))
     rows = [h for h in leaderboard_history(run_dir=run_dir) if h["run_dir"] == here]
     if as_json:
         _print_json(rows)
@@ -259,17 +266,20 @@ def registry_list(
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """List registered models and versions (promoted ones marked)."""
-    from musubi.store.registry import list_models
+    from musubi.store.registry import existing_db, list_models
 
     try:
-        entries = list_models(db=db, name=name)
+        path = existing_db(db)
+        if not as_json:  # --json: the output is the document alone (a test runner merges the streams)
+            _say_registry(path, "" if path.exists() else " (none yet: `musubi registry register RUN/JOB` creates it)")
+        entries = list_models(db=path, name=name)
     except ConfigError as e:
         _fail(str(e))
         return
     if as_json:
         _print_json(entries)
     elif not entries:
-        Console().print(Text("no registered models"))
+        Console().print(Text("no registered models" + (f" named {name!r}" if name else "")))
     else:
         Console().print(registry_table(entries))
 
@@ -281,13 +291,16 @@ def registry_register(
     db: Path | None = typer.Option(None, "--db", help="Registry database (default: musubi.db beside the run)."),
 ) -> None:
     """Register a job's exported model as the next version of its name."""
-    from musubi.store.registry import register
+    from musubi.store.registry import DEFAULT_DB, register, resolve_db
 
     try:
         entry = register(job_dir, name=name, db=db)
     except ConfigError as e:
         _fail(str(e))
         return
+    path = resolve_db(db, Path(job_dir).resolve().parent)
+    other = path.resolve() != DEFAULT_DB.resolve()
+    _say_registry(path, f" (the other registry commands read {DEFAULT_DB}: give them --db {path})" if other else "")
     Console().print(Text(f"registered {entry['name']} v{entry['version']} ({entry['files'][0]['sha256'][:12]})"))
 
 
@@ -300,10 +313,11 @@ def registry_promote(
                                          "(default: manifest.json beside the database)."),
 ) -> None:
     """Promote a model version for deployment and rewrite the deployment manifest."""
-    from musubi.store.registry import promote, resolve_db, write_manifest
+    from musubi.store.registry import existing_db, promote, write_manifest
 
     try:
-        path = resolve_db(db)
+        path = existing_db(db)
+        _say_registry(path)
         promote(name, version, db=path)
         out = manifest or path.parent / "manifest.json"
         data = write_manifest(out, db=path)
@@ -319,10 +333,11 @@ def registry_manifest(
     out: Path | None = typer.Option(None, "-o", "--out", help="Output (default: manifest.json beside the database)."),
 ) -> None:
     """Write the deployment manifest: promoted models, files with sha256, input spec, measured FPS."""
-    from musubi.store.registry import resolve_db, write_manifest
+    from musubi.store.registry import existing_db, write_manifest
 
     try:
-        path = resolve_db(db)
+        path = existing_db(db)
+        _say_registry(path)
         target = out or path.parent / "manifest.json"
         data = write_manifest(target, db=path)
     except ConfigError as e:
@@ -347,13 +362,14 @@ def registry_demote(
                                          "(default: manifest.json beside the database)."),
 ) -> None:
     """Take a model version out of deployment (also one whose run was deleted) and rewrite the manifest."""
-    from musubi.store.registry import demote, resolve_db, write_manifest
+    from musubi.store.registry import demote, existing_db, write_manifest
 
     name, _, ver = model.partition(":")
     try:
         if ver and not ver.isdigit():
             raise ConfigError(f"{model!r}: give NAME or NAME:VERSION (a version number), e.g. {name}:2")
-        path = resolve_db(db)
+        path = existing_db(db)
+        _say_registry(path)
         versions = demote(name, int(ver) if ver else None, db=path)
         out = manifest or path.parent / "manifest.json"
         data = write_manifest(out, db=path)
@@ -378,4 +394,5 @@ def registry_rebuild(
     except ConfigError as e:
         _fail(str(e))
         return
+    _say_registry(Path(db) if db is not None else Path(runs_root) / "musubi.db")
     Console().print(Text(f"restored {count} registry entr{'y' if count == 1 else 'ies'}"))

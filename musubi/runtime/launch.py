@@ -15,13 +15,15 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from musubi.config.errors import ConfigError
+from musubi.config.job import JobSpec
 from musubi.config.load import load_job
 from musubi.evaluate.provenance import dataset_env
-from musubi.runtime.checkpoint import latest_checkpoint
+from musubi.runtime import admission
 from musubi.runtime.multinode import DEFAULT_JOIN_TIMEOUT_S, Rendezvous, make_rendezvous, rendezvous_error
 from musubi.store.db import db_path
 from musubi.store.rundir import default_run_dir, env_record, read_json, run_record, write_json
@@ -54,6 +56,18 @@ class TrainRequest:
     iface: str | None = None
     rendezvous: Rendezvous | None = None  # set by prepare()
     deadline_s: float | None = None  # drills: end torchrun (and its workers) after this many seconds
+    oversubscribe: bool = False  # more CPU ranks than cores, on purpose
+    allow_changes: list[str] = field(default_factory=list)  # --resume: job fields that may differ (train.lr,data)
+    say: Callable[[str], None] | None = None  # one line per start-up phase (the console of `musubi train`)
+
+
+class RunFinished(Exception):
+    """`--resume` of a run that already trained to its last step: nothing to launch."""
+
+    def __init__(self, run_dir: Path, job_dir: Path) -> None:
+        super().__init__(f"{job_dir}: already finished (job.json: status done); nothing to resume. To train "
+                         "again, use another --out")
+        self.run_dir, self.job_dir = run_dir, job_dir
 
 
 class PreflightFailed(Exception):
@@ -69,6 +83,7 @@ class TrainResult:
     job_dir: Path
     error: str | None = None
     timed_out: bool = False  # ended by TrainRequest.deadline_s
+    already_finished: bool = False  # --resume of a finished run: nothing was launched (`error` says so)
 
 
 def _wait(proc: subprocess.Popen, deadline_s: float | None) -> tuple[int, bool]:
@@ -89,13 +104,14 @@ def visible_gpus() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def resolve_world(nproc: int | None, device: str | None) -> tuple[int, str]:
-    """(ranks, device kind): all GPUs by default, else 2 CPU ranks (or fewer cores)."""
+def resolve_world(nproc: int | None, device: str | None, oversubscribe: bool = False) -> tuple[int, str]:
+    """(ranks, device kind): all GPUs by default, else 2 CPU ranks (or fewer cores); never more CPU ranks
+    than cores unless `oversubscribe`."""
     if nproc is not None and nproc < 1:
         raise ConfigError(f"--nproc {nproc}: must be >= 1")
-    gpus = visible_gpus()
-    kind = device or ("cuda" if gpus else "cpu")
+    kind = device or ("cuda" if visible_gpus() else "cpu")  # --device cpu: no torch import (fast refusals)
     if kind == "cuda":
+        gpus = visible_gpus()
         if gpus == 0:
             raise ConfigError("--device cuda but no GPU is visible; check CUDA_VISIBLE_DEVICES or use --device cpu")
         n = nproc or gpus
@@ -107,7 +123,10 @@ def resolve_world(nproc: int | None, device: str | None) -> tuple[int, str]:
         return n, kind
     if kind != "cpu":
         raise ConfigError(f"--device {kind!r}: use cuda or cpu")
-    return nproc or max(1, min(2, os.cpu_count() or 1)), kind
+    cores = admission.usable_cores()
+    if nproc is not None:
+        admission.check_cpu_ranks(nproc, cores, oversubscribe)
+    return nproc or max(1, min(2, cores)), kind
 
 
 def _pick_run_dir(req: TrainRequest, name: str) -> Path:
@@ -123,15 +142,64 @@ def _pick_run_dir(req: TrainRequest, name: str) -> Path:
     return req.out
 
 
-def prepare(req: TrainRequest) -> tuple[Path, Path, dict, int, str]:
-    """Validate everything checkable before launch; lay out RUN/ and RUN/JOB/job.json."""
-    spec = load_job(req.job_path, req.overrides)
-    nproc, kind = resolve_world(req.nproc, req.device)
-    rdzv = req.rendezvous = make_rendezvous(req.nnodes, req.node_rank, req.rdzv_endpoint, req.out, spec.name,
-                                            req.rdzv_id, req.iface, req.rdzv_timeout_s)
-    if rdzv is not None:
-        # The preflight's environment check judges the variables for this many nodes.
-        os.environ["MUSUBI_NNODES"] = str(rdzv.nnodes)
+@dataclass
+class Admitted:
+    """A job that passed every check made before anything is written (what --dry-run prints)."""
+
+    spec: JobSpec
+    nproc: int
+    kind: str
+    run_dir: Path
+    job_dir: Path
+    before: dict  # the job.json a resume continues ({} for a new run)
+    changes: list[dict]  # --resume: the fields that differ from `before` (allowed by --allow-changes)
+
+
+def _say(req: TrainRequest, line: str) -> None:
+    if req.say is not None:
+        req.say(line)
+
+
+def _admit_resume(req: TrainRequest, spec) -> tuple[Path, Path, dict, list[dict]]:
+    """--resume, before torch is imported: the run exists, holds this model, and the job changed only where
+    --allow-changes says; RunFinished when it already trained to its last step."""
+    run_dir = _pick_run_dir(req, spec.name)
+    job_dir = run_dir / spec.name
+    if not job_dir.is_dir():
+        raise ConfigError(f"--resume: {job_dir} does not exist; nothing to resume (run without --resume)")
+    job_json = job_dir / "job.json"
+    try:
+        record = read_json(job_json) if job_json.is_file() else {}
+    except (OSError, ValueError):
+        raise ConfigError(f"--resume: {job_json} is not readable JSON; use another --out") from None
+    old = record.get("config") if isinstance(record, dict) else None
+    if not isinstance(old, dict):
+        return run_dir, job_dir, {}, []
+    if (old.get("task"), old.get("model")) != (spec.task, spec.model):
+        raise ConfigError(
+            f"--resume: {job_dir} holds {old.get('task')}/{old.get('model')}, the job file asks for "
+            f"{spec.task}/{spec.model}; use the same job or another --out"
+        )
+    # Every node runs this with the same arguments, so all agree (a node reading the record node 0 already
+    # rewrote sees no change and status running). A fleet member's changes were announced by
+    # `musubi run --resume`, whose policy is that they resume as changed.
+    allowed = None if req.fleet_member else admission.parse_allowed(req.allow_changes)
+    changes = admission.check_resume(record, spec.resolved(), allowed, job_json)
+    if admission.finished(record) and not changes:
+        raise RunFinished(run_dir, job_dir)
+    return run_dir, job_dir, record, changes
+
+
+def admit(req: TrainRequest) -> Admitted:
+    """Every check that needs no preflight and writes nothing: config, resume, world size, task, batch."""
+    spec = load_job(req.job_path, req.overrides)  # before torch: a config error is reported at once
+    before: dict = {}
+    changes: list[dict] = []
+    if req.resume:
+        run_dir, job_dir, before, changes = _admit_resume(req, spec)
+    nproc, kind = resolve_world(req.nproc, req.device, req.oversubscribe or req.fleet_member)
+    req.rendezvous = make_rendezvous(req.nnodes, req.node_rank, req.rdzv_endpoint, req.out, spec.name,
+                                     req.rdzv_id, req.iface, req.rdzv_timeout_s)
     if spec.train.pin_cpus and os.environ.get("MUSUBI_CPUS"):
         from musubi.runtime.pin_plan import check_cpus_value
 
@@ -145,36 +213,58 @@ def prepare(req: TrainRequest) -> tuple[Path, Path, dict, int, str]:
         from musubi.runtime.batching import plan_batch
 
         plan_batch(spec, nproc)  # the workers' own rule: refuse a non-dividing world size before launch
-    preflight = run_preflight(req, spec, nproc, kind) if req.check else None
-    run_dir = _pick_run_dir(req, spec.name)
-    job_dir = run_dir / spec.name
+    if not req.resume:
+        run_dir = _pick_run_dir(req, spec.name)
+        job_dir = run_dir / spec.name
+    return Admitted(spec, nproc, kind, run_dir, job_dir, before, changes)
+
+
+def dry_run_plan(req: TrainRequest) -> list[str]:
+    """`musubi train --dry-run`: validate the job as a launch would and return the plan; start and write nothing."""
+    try:
+        a = admit(req)
+    except RunFinished as done:
+        return [str(done)]
+    lines = admission.plan_lines(a.spec, a.nproc, a.kind, a.run_dir, req.resume)
+    lines += [f"resume: {c['key']} {c['before']!r} -> {c['after']!r} (--allow-changes)" for c in a.changes]
+    if req.check:
+        lines.append("preflight: runs at launch (`musubi check` runs it alone)")
+    return lines
+
+
+def prepare(req: TrainRequest) -> tuple[Path, Path, dict, int, str]:
+    """Validate everything checkable before launch; lay out RUN/ and RUN/JOB/job.json."""
+    a = admit(req)
+    spec, nproc, kind, run_dir, job_dir = a.spec, a.nproc, a.kind, a.run_dir, a.job_dir
+    rdzv = req.rendezvous
+    if rdzv is not None:
+        # The preflight's environment check judges the variables for this many nodes.
+        os.environ["MUSUBI_NNODES"] = str(rdzv.nnodes)
+    from musubi.runtime.checkpoint import latest_checkpoint  # torch: only once the config is known good
+
     if rdzv is not None and not rdzv.is_first:
         # Another node's agent: node 0 owns the records (shared storage, one writer); our workers start only
         # once every agent joined the rendezvous, so node 0 has written job.json by then.
         if req.resume and latest_checkpoint(job_dir / "checkpoints") is None:
             raise ConfigError(f"--resume: no committed checkpoint in {job_dir / 'checkpoints'}; run without --resume")
+        if req.check:
+            run_preflight(req, spec, nproc, kind)
         (job_dir / "logs").mkdir(parents=True, exist_ok=True)
         return run_dir, job_dir, {"config": spec.resolved(), "attempts": 0}, nproc, kind
     if req.resume:
-        if not job_dir.is_dir():
-            raise ConfigError(f"--resume: {job_dir} does not exist; nothing to resume (run without --resume)")
         if latest_checkpoint(job_dir / "checkpoints") is None:
             raise ConfigError(
                 f"--resume: no committed checkpoint in {job_dir / 'checkpoints'}; run without --resume"
             )
-        record = read_json(job_dir / "job.json") if (job_dir / "job.json").is_file() else {}
-        old = record.get("config")
-        if old and (old.get("task"), old.get("model")) != (spec.task, spec.model):
-            raise ConfigError(
-                f"--resume: {job_dir} holds {old.get('task')}/{old.get('model')}, the job file asks for "
-                f"{spec.task}/{spec.model}; use the same job or another --out"
-            )
-        attempts = int(record.get("attempts", 0)) + 1
+        attempts = int(a.before.get("attempts", 0)) + 1
     else:
         taken = job_dir.exists() and any(p.name != "logs" for p in job_dir.iterdir())
         if taken or (not req.fleet_member and (run_dir / "run.json").exists()):
             raise ConfigError(f"{run_dir} already holds a run; pass --resume to continue it or choose another --out")
         attempts = 1
+    if req.check:  # last: it takes seconds, and every refusal above is cheaper
+        _say(req, "preflight: machine, disk and data checks...")
+    preflight = run_preflight(req, spec, nproc, kind) if req.check else None
     job_dir.mkdir(parents=True, exist_ok=True)
     if preflight is not None:
         write_json(run_dir / "preflight.json", preflight.to_dict())
@@ -190,6 +280,10 @@ def prepare(req: TrainRequest) -> tuple[Path, Path, dict, int, str]:
     prev = job_dir / "job.json"
     if prev.is_file():
         record["history"] = read_json(prev).get("history", [])
+    # What a resume changed, and when: job.json's config is the newest, this says what it replaced.
+    changes = list(a.before.get("changes", [])) + [{"attempt": attempts, **c} for c in a.changes]
+    if changes:
+        record["changes"] = changes
     write_json(job_dir / "job.json", record)
     return run_dir, job_dir, record, nproc, kind
 
@@ -330,7 +424,10 @@ def _victim(err: str | None) -> bool:
 
 def launch_train(req: TrainRequest) -> TrainResult:
     """Run one job under torchrun to completion; never raises for worker failures."""
-    run_dir, job_dir, record, nproc, kind = prepare(req)
+    try:
+        run_dir, job_dir, record, nproc, kind = prepare(req)
+    except RunFinished as done:  # reported from job.json alone: no torchrun, no torch
+        return TrainResult(EXIT_OK, done.run_dir, done.job_dir, error=str(done), already_finished=True)
     rdzv = req.rendezvous
     follower = rdzv is not None and not rdzv.is_first
     logs = job_dir / "logs"
@@ -355,6 +452,9 @@ def launch_train(req: TrainRequest) -> TrainResult:
     argv = torchrun_argv(job_dir, nproc, req.resume, req.max_steps, restarts, req.probe_only, pins.torchrun_args,
                          rdzv)
     started = time.time()
+    where = f" on node {rdzv.node_rank} of {rdzv.nnodes}" if rdzv is not None else ""
+    _say(req, f"launching {nproc} {'GPU' if kind == 'cuda' else 'CPU'} rank{'s' if nproc > 1 else ''}{where} "
+         f"(torchrun); each imports torch and joins the process group...")
     old_term = _term_as_interrupt()  # SIGTERM (e.g. from `musubi run`) stops torchrun like Ctrl-C does
     proc = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, text=True, errors="replace",
                             stdout=subprocess.PIPE if req.probe_only else (subprocess.DEVNULL if req.quiet else None),

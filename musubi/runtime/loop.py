@@ -262,6 +262,8 @@ class Trainer:
             plan.global_batch, plan.per_rank, plan.world, plan.accumulation, plan.lr, t.lr_rule, t.lr,
             t.base_batch, self.precision, t.strategy, self.total_steps, self.steps_per_epoch,
         )
+        if self.step < stop:  # the first step also starts the loader workers: the next line is step log_every's
+            log.info("first step (loader workers start, warm-up)...")
         self.model.train()
         bar = ProgressBar(self.console, self.total_steps, self.step, self.spec.name)
         loss_sum = torch.zeros((), device=w.device, dtype=torch.float64)

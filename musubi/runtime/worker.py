@@ -175,6 +175,7 @@ def main(argv: list[str] | None = None) -> int:
             from musubi.runtime.watchdog import attempt_id
 
             reap_checkpoint_daemons(job_dir, skip_attempt=attempt_id())  # a killed rank's daemon outlives it
+        log.info("building the model, optimizer and data loaders (%s, %s)...", spec.task, spec.model)
         task = build_task(spec)
         task.validate()
         precision = resolve_precision(spec.train.precision, world.device)

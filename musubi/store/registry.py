@@ -68,12 +68,25 @@ def file_sha256(path: Path) -> str:
 
 
 def resolve_db(db: Path | None = None, run_dir: Path | None = None) -> Path:
-    """The database: `db`, else the one beside `run_dir`, else runs/musubi.db."""
+    """The database, by the one rule: `db`, else the one beside `run_dir`, else runs/musubi.db.
+
+    A registry is `musubi.db` in the folder that holds the run directories: a command that names a run
+    (register, the fleet's own registration) uses the one beside it; a command that names none uses
+    runs/musubi.db under the working directory unless `--db` names another.
+    """
     if db is not None:
         return Path(db)
     if run_dir is not None:
         return db_path(Path(run_dir))
     return DEFAULT_DB
+
+
+def existing_db(db: Path | None) -> Path:
+    """The registry of a command that reads one (list, promote, demote, manifest): a named `db` must exist."""
+    if db is not None and not Path(db).is_file():
+        raise ConfigError(f"--db {db}: no such registry database; give the musubi.db beside your run directories "
+                          f"(default {DEFAULT_DB}), or restore it with `musubi registry rebuild RUNS_ROOT --db {db}`")
+    return resolve_db(db)
 
 
 def _connect(path: Path) -> sqlite3.Connection:

@@ -78,12 +78,9 @@ def env_record() -> dict[str, Any]:
         "cpu_count": os.cpu_count(),
         "gpus": [],
     }
-    try:
-        import torchvision
-
-        rec["torchvision"] = torchvision.__version__
-    except ImportError:
-        pass
+    tv = torchvision_version()
+    if tv is not None:
+        rec["torchvision"] = tv
     if torch.cuda.is_available():
         try:
             rec["nccl"] = ".".join(str(v) for v in torch.cuda.nccl.version())
@@ -99,6 +96,30 @@ def env_record() -> dict[str, Any]:
     rec["project"] = project_git()
     rec["env"] = relevant_env()
     return rec
+
+
+def torchvision_version() -> str | None:
+    """torchvision's `__version__` (with its CUDA tag, e.g. 0.29.1+cu130), read from torchvision/version.py:
+    importing torchvision loads its model zoo, seconds on a small machine, to tell one string."""
+    import importlib.util
+    import re
+
+    spec = importlib.util.find_spec("torchvision")  # finds the package without running it
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    try:
+        text = (Path(next(iter(spec.submodule_search_locations))) / "version.py").read_text(encoding="utf-8")
+    except OSError:
+        text = ""
+    m = re.search(r"""^__version__\s*=\s*['"]([^'"]+)['"]""", text, re.M)
+    if m:
+        return m.group(1)
+    from importlib import metadata
+
+    try:
+        return metadata.version("torchvision")
+    except metadata.PackageNotFoundError:
+        return None
 
 
 #: Variables that change how distributed training behaves (recorded in env.json, shown by `musubi env`).

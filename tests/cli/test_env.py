@@ -18,3 +18,31 @@ def test_env_block_and_json(monkeypatch) -> None:
     assert "NCCL_DEBUG=WARN" in res.output and "UNRELATED_SECRET" not in res.output
     rec = json.loads(CliRunner().invoke(app, ["env", "--json"]).output)
     assert rec["env"]["NCCL_DEBUG"] == "WARN" and "UNRELATED_SECRET" not in rec["env"]
+
+
+def test_env_prints_the_version_once_and_packages_as_a_table() -> None:
+    import re
+
+    import musubi
+
+    out = CliRunner().invoke(app, ["env"]).output
+    assert len(re.findall(re.escape(musubi.__version__), out.split("packages:")[0])) == 1, out
+    assert "{" not in out, out  # no Python dict
+    rows = out.split("packages:\n")[1].splitlines()
+    assert rows[0].split() == ["musubi-train", musubi.__version__]
+    assert any(r.split()[0] == "torch" for r in rows if r.startswith("  "))
+
+
+def test_env_record_reads_torchvision_without_importing_it() -> None:
+    """Importing torchvision costs seconds (its model zoo); env.json's version string must not."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    probe = ("import sys; from musubi.store.rundir import torchvision_version as v; got = v();"
+             "print('imported:', 'torchvision' in sys.modules); import torchvision; print(got == torchvision.__version__)")
+    res = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300,
+                         env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert res.stdout.split() == ["imported:", "False", "True"], res.stdout + res.stderr

@@ -44,7 +44,7 @@ def test_bad_batch_and_unknown_key(tiny_job, tmp_path: Path) -> None:
 
 
 def test_world_size_must_divide_global_batch(tiny_job, tmp_path: Path) -> None:
-    code, out = run(str(tiny_job(train={"global_batch": 10})), "--nproc", "4", "--device", "cpu",
+    code, out = run(str(tiny_job(train={"global_batch": 10})), "--nproc", "4", "--oversubscribe", "--device", "cpu",
                     "--out", str(tmp_path / "r"))
     assert code == 2 and "divisible" in _one_line_error(out)
 

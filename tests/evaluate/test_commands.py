@@ -89,3 +89,21 @@ def test_registry_list_escapes_external_strings(tmp_path: Path) -> None:
     assert invoke("registry", "register", str(job))[0] == 0
     code, out = invoke("registry", "list", "--db", str(tmp_path / "runs" / "musubi.db"))
     assert code == 0 and HOSTILE in out
+
+
+def test_registry_commands_name_their_registry_and_refuse_a_missing_db(tmp_path: Path) -> None:
+    """One rule (beside the run for register, runs/musubi.db or --db otherwise), printed; a missing --db exits 2."""
+    job = tmp_path / "elsewhere" / "r1" / "ext"
+    tiny_onnx(job / "model.onnx")
+    (job / "eval.json").write_text(json.dumps({"metrics": {"acc": 0.5}, "primary_metric": "acc"}))
+    code, out = invoke("registry", "register", str(job))
+    db = tmp_path / "elsewhere" / "musubi.db"
+    assert code == 0 and f"registry: {db} (the other registry commands read runs/musubi.db: give them --db {db})" \
+        in " ".join(out.split()), out
+    code, out = invoke("registry", "list", "--db", str(db))
+    assert code == 0 and f"registry: {db}" in out and "ext" in out, out
+    for args in (["list"], ["manifest"], ["promote", "ext", "1"], ["demote", "ext"]):
+        code, out = invoke("registry", *args, "--db", str(tmp_path / "nope.db"))
+        assert code == 2 and f"--db {tmp_path / 'nope.db'}: no such registry database" in out, (args, out)
+        assert "no registered models" not in out
+    assert not (tmp_path / "nope.db").exists()

@@ -41,7 +41,9 @@ def test_partial_and_damaged_checkpoints_are_skipped(finished_run: Path, tiny_jo
     shard.write_bytes(shard.read_bytes()[:10])
     assert verify(no_marker) is None and verify(damaged) is None
     assert latest_checkpoint(root).step == 16
-    # resume takes step 16; the job is already finished, so it ends at once, exit 0
+    # resume takes step 16 (a run recorded as stopped there: a finished one is reported without a launch)
+    record = json.loads((finished_run / "job.json").read_text())
+    (finished_run / "job.json").write_text(json.dumps({**record, "status": "stopped"}))
     code, out = train(str(tiny_job()), "--nproc", "2", "--out", str(finished_run.parent), "--resume")
     assert code == 0, out
     assert "resumed from step-000000016" in (finished_run / "logs" / "rank0.log").read_text()
@@ -63,13 +65,15 @@ def test_existing_run_is_never_overwritten(finished_run: Path, tiny_job) -> None
 def test_checkpoint_of_another_model_is_refused(finished_run: Path, tiny_job) -> None:
     ckpts = sorted(p.name for p in (finished_run / "checkpoints").iterdir())
     code, out = train(str(tiny_job(model_args={"hidden": 48})), "--nproc", "2", "--out",
-                      str(finished_run.parent), "--resume")
+                      str(finished_run.parent), "--resume", "--allow-changes", "model_args")
     assert code == 2, out
     assert "another model" in out and "\n" not in out.strip().split("error: ", 1)[1].split(" (logs:")[0]
     assert sorted(p.name for p in (finished_run / "checkpoints").iterdir()) == ckpts
 
 
 def test_other_world_size_is_refused(finished_run: Path, tiny_job) -> None:
+    record = json.loads((finished_run / "job.json").read_text())  # stopped, not finished: the workers decide
+    (finished_run / "job.json").write_text(json.dumps({**record, "status": "stopped"}))
     code, out = train(str(tiny_job()), "--nproc", "1", "--out", str(finished_run.parent), "--resume")
     assert code == 2 and "--nproc 2" in out
 

@@ -92,7 +92,7 @@ def test_oom_on_one_rank_recovers_by_coordinated_restart(tiny_job, tmp_path: Pat
 def test_oom_on_one_of_four_ranks_in_backward(tiny_job, tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("MUSUBI_INJECT", "oom:rank=2,step=3,phase=backward")
     job = tiny_job(train={"min_batch": 2, "batch": 4}, checkpoint={"every_steps": 2})
-    code, out = train(str(job), "--nproc", "4", "--out", str(tmp_path / "r"))
+    code, out = train(str(job), "--nproc", "4", "--oversubscribe", "--out", str(tmp_path / "r"))
     assert code == 0, out
     batch = json.loads((tmp_path / "r" / "tiny" / "memory" / "batch.json").read_text())
     assert (batch["per_rank"], batch["accumulation"]) == (2, 2)
