@@ -243,3 +243,20 @@ def test_per_rank_step_time_tail_in_the_report(tmp_path: Path) -> None:
     res = CliRunner().invoke(app, ["report", str(tmp_path / "run")])
     assert res.exit_code == 0, res.output
     assert "step-time tail after warm-up, worst rank: CV" in res.output and "p99/p50" in res.output
+
+
+def test_short_cpu_run_names_no_straggler_and_says_why(tmp_path: Path) -> None:
+    """16 steps of 2 CPU ranks, one 6 % behind in backward (the noise of a shared 2-core host): not judged."""
+    a = analyze(load_job(write_job(tmp_path / "job", ranks=2, steps=16, slow_rank=1, factor=1.06)))
+    assert a["label"] == "healthy compute bound", a["text"]
+    assert not a["stragglers"]["stragglers"] and a["stragglers"]["judged"] is False
+    assert any("stragglers: 11 steady step(s)" in lim and "20 needed" in lim for lim in a["limitations"])
+    assert "stragglers not judged (too few steps)" in a["evidence"]
+
+
+def test_default_straggler_bar_depends_on_the_device(tmp_path: Path) -> None:
+    """The same 6 % lead over 60 steps: below the CPU bar (7 %, cores are shared), above the GPU bar (5 %)."""
+    cpu = analyze(load_job(write_job(tmp_path / "cpu", ranks=2, steps=60, slow_rank=1, factor=1.06)))
+    gpu = analyze(load_job(write_job(tmp_path / "gpu", ranks=2, steps=60, slow_rank=1, factor=1.06, gpu=True)))
+    assert cpu["label"] == "healthy compute bound" and cpu["stragglers"]["threshold"] == 0.07
+    assert gpu["text"] == "straggler (rank 1, section backward)" and gpu["stragglers"]["threshold"] == 0.05
