@@ -149,22 +149,21 @@ def checklist(
     as_json: bool = typer.Option(False, "--json", help="Print JSON (what RUN/checklist.json holds)."),
 ) -> None:
     """Check a run against its success criteria again (before / during / after); exit 1 if it missed them."""
-    from musubi.records.checklist import build_checklist, checklist_json, checklist_target, job_view, render, \
-        write_checklist
+    from musubi.records import checklist as C
 
     if not run_dir.is_dir():
         _fail(f"{run_dir}: no such run directory; give the --out of a `musubi run` or `musubi train`", 2)
-    run_dir, job = checklist_target(run_dir)
-    cl = build_checklist(run_dir)
+    run_dir, job = C.checklist_target(run_dir)
+    cl = C.build_checklist(run_dir)
     if not cl.items or not any(i.job for i in cl.items):
         _fail(f"{run_dir}: no job found (no fleet.json and no JOB/job.json); is this a run directory?", 2)
-    write_checklist(run_dir, cl)  # always the whole run's: RUN/checklist.json
+    C.write_checklist(run_dir, cl)  # always the whole run's: RUN/checklist.json
     if job is not None:
-        cl = job_view(cl, job)
+        cl = C.job_view(cl, job)
     if as_json:
-        print(checklist_json(cl))
+        print(C.checklist_json(cl))
     else:
-        render(cl, Console())
+        C.render(cl, Console())
     if not cl.ok:
         raise typer.Exit(1)
 
