@@ -236,7 +236,8 @@ def _register_optional_commands() -> None:
 
     app.command("leaderboard", help="The fleet's ranking: quality, FPS, composite score (table or --json).")(
         leaderboard_command)
-    app.command("export", help="Export a job's model to ONNX and check it against torch.")(export_command)
+    app.command("export", help="Export a job's model: ONNX (checked against torch) or plain .pt weights.")(
+        export_command)
     app.command("evaluate", help="Evaluate one finished job: metrics and FPS by the documented protocol.")(
         evaluate_command)
     app.add_typer(registry_app, name="registry", help="The model registry: list, register, promote, manifest.")
