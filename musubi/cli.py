@@ -257,6 +257,66 @@ def _register_optional_commands() -> None:
 _register_optional_commands()
 
 
+def _no_type(option):  # noqa: ANN001, ANN202 - typer's help option (or None)
+    if option is not None and option.metavar is None:
+        option.metavar = ""  # shown as `--help`, not `--help <bool>`
+    return option
+
+
+class _Command(typer.core.TyperCommand):
+    """A command whose --help shows no value type (it takes none)."""
+
+    def get_help_option(self, ctx):  # noqa: ANN001, ANN201 - click's signature
+        return _no_type(super().get_help_option(ctx))
+
+
+class _Group(typer.core.TyperGroup):
+    """A command group whose --help shows no value type."""
+
+    def get_help_option(self, ctx):  # noqa: ANN001, ANN201 - click's signature
+        return _no_type(super().get_help_option(ctx))
+
+
+def _flags_show_no_type(typer_app: typer.Typer) -> None:
+    """Help lists `--resume`, not `--resume <bool>`: an on/off flag takes no value, so it shows no type."""
+    import inspect
+
+    from typer.models import DefaultPlaceholder, OptionInfo
+
+    if isinstance(typer_app.info.cls, DefaultPlaceholder) or typer_app.info.cls in (None, typer.core.TyperGroup):
+        typer_app.info.cls = _Group
+    callbacks = [typer_app.registered_callback.callback] if typer_app.registered_callback else []
+    for cmd in typer_app.registered_commands:
+        if cmd.cls in (None, typer.core.TyperCommand):
+            cmd.cls = _Command
+        callbacks.append(cmd.callback)
+    for callback in callbacks:
+        for param in inspect.signature(callback).parameters.values():
+            info = param.default
+            if isinstance(info, OptionInfo) and isinstance(info.default, bool) and info.metavar is None:
+                info.metavar = ""
+    for group in typer_app.registered_groups:
+        if group.typer_instance is not None:
+            _flags_show_no_type(group.typer_instance)
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        import musubi
+
+        print(f"musubi {musubi.__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                       help="Print the version and exit.")) -> None:
+    """Musubi: train a fleet of PyTorch models across many GPUs as one system."""
+
+
+_flags_show_no_type(app)
+
+
 def main() -> None:  # pragma: no cover - console entry point
     """Entry point for `python -m musubi.cli`."""
     app()
