@@ -1,3 +1,20 @@
 """Musubi: train a fleet of PyTorch models across many GPUs as one coordinated system."""
 
+from __future__ import annotations
+
+from typing import Any
+
 __version__ = "0.1.0"
+
+#: The Python API (musubi/api.py), imported on first use: `import musubi` stays cheap (no torch).
+_API = ("train", "run", "RunResult", "JobOutcome")
+
+__all__ = ["__version__", *_API]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _API:
+        from musubi import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'musubi' has no attribute {name!r}")

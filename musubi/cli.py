@@ -163,22 +163,26 @@ def run(
 
 @app.command()
 def checklist(
-    run_dir: Path = typer.Argument(..., help="Run directory of `musubi run` or `musubi train`."),
+    run_dir: Path = typer.Argument(..., help="Run directory of `musubi run` or `musubi train` (or one job's "
+                                   "folder, RUN/JOB: its items only)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON (what RUN/checklist.json holds)."),
 ) -> None:
     """Check a run against its success criteria again (before / during / after); exit 1 if it missed them."""
-    from musubi.records.checklist import build_checklist, checklist_json, render, write_checklist
+    from musubi.records import checklist as C
 
     if not run_dir.is_dir():
         _fail(f"{run_dir}: no such run directory; give the --out of a `musubi run` or `musubi train`", 2)
-    cl = build_checklist(run_dir)
+    run_dir, job = C.checklist_target(run_dir)
+    cl = C.build_checklist(run_dir)
     if not cl.items or not any(i.job for i in cl.items):
         _fail(f"{run_dir}: no job found (no fleet.json and no JOB/job.json); is this a run directory?", 2)
-    write_checklist(run_dir, cl)
+    C.write_checklist(run_dir, cl)  # always the whole run's: RUN/checklist.json
+    if job is not None:
+        cl = C.job_view(cl, job)
     if as_json:
-        print(checklist_json(cl))
+        print(C.checklist_json(cl))
     else:
-        render(cl, Console())
+        C.render(cl, Console())
     if not cl.ok:
         raise typer.Exit(1)
 
@@ -262,7 +266,8 @@ def _register_optional_commands() -> None:
 
     app.command("leaderboard", help="The fleet's ranking: quality, FPS, composite score (table or --json).")(
         leaderboard_command)
-    app.command("export", help="Export a job's model to ONNX and check it against torch.")(export_command)
+    app.command("export", help="Export a job's model: ONNX (checked against torch) or plain .pt weights.")(
+        export_command)
     app.command("evaluate", help="Evaluate one finished job: metrics and FPS by the documented protocol.")(
         evaluate_command)
     app.add_typer(registry_app, name="registry", help="The model registry: list, register, promote, manifest.")
@@ -280,6 +285,66 @@ def _register_optional_commands() -> None:
 
 
 _register_optional_commands()
+
+
+def _no_type(option):  # noqa: ANN001, ANN202 - typer's help option (or None)
+    if option is not None and option.metavar is None:
+        option.metavar = ""  # shown as `--help`, not `--help <bool>`
+    return option
+
+
+class _Command(typer.core.TyperCommand):
+    """A command whose --help shows no value type (it takes none)."""
+
+    def get_help_option(self, ctx):  # noqa: ANN001, ANN201 - click's signature
+        return _no_type(super().get_help_option(ctx))
+
+
+class _Group(typer.core.TyperGroup):
+    """A command group whose --help shows no value type."""
+
+    def get_help_option(self, ctx):  # noqa: ANN001, ANN201 - click's signature
+        return _no_type(super().get_help_option(ctx))
+
+
+def _flags_show_no_type(typer_app: typer.Typer) -> None:
+    """Help lists `--resume`, not `--resume <bool>`: an on/off flag takes no value, so it shows no type."""
+    import inspect
+
+    from typer.models import DefaultPlaceholder, OptionInfo
+
+    if isinstance(typer_app.info.cls, DefaultPlaceholder) or typer_app.info.cls in (None, typer.core.TyperGroup):
+        typer_app.info.cls = _Group
+    callbacks = [typer_app.registered_callback.callback] if typer_app.registered_callback else []
+    for cmd in typer_app.registered_commands:
+        if cmd.cls in (None, typer.core.TyperCommand):
+            cmd.cls = _Command
+        callbacks.append(cmd.callback)
+    for callback in callbacks:
+        for param in inspect.signature(callback).parameters.values():
+            info = param.default
+            if isinstance(info, OptionInfo) and isinstance(info.default, bool) and info.metavar is None:
+                info.metavar = ""
+    for group in typer_app.registered_groups:
+        if group.typer_instance is not None:
+            _flags_show_no_type(group.typer_instance)
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        import musubi
+
+        print(f"musubi {musubi.__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                       help="Print the version and exit.")) -> None:
+    """Musubi: train a fleet of PyTorch models across many GPUs as one system."""
+
+
+_flags_show_no_type(app)
 
 
 def main() -> None:  # pragma: no cover - console entry point

@@ -212,7 +212,9 @@ class TrainSpec(StrictModel):
         64, ge=1, le=1_000_000_000, description="The global batch `lr` was tuned for; the LR rule scales from it."
     )
     lr_rule: Literal["linear", "sqrt", "none"] = Field(
-        "linear", description="How the LR follows the global batch: lr x (G/base)^1, ^0.5 or unchanged."
+        "linear", description="How the LR follows the global batch: lr x (G/base)^1, ^0.5 or unchanged. A job "
+        "that sets none of lr, base_batch, lr_rule trains at lr 0.01 unscaled (rule none): a default was tuned "
+        "at no batch.",
     )
     warmup_steps: int = Field(0, ge=0, le=MAX_COUNT, description="Linear LR warmup, in optimizer steps.")
     schedule: Literal["cosine", "constant"] = Field("cosine", description="LR after warmup.")
@@ -261,6 +263,14 @@ class TrainSpec(StrictModel):
         if isinstance(v, int) and not 1 <= v <= 1_000_000:
             raise ValueError("must be between 1 and 1000000, or auto")
         return v
+
+    @model_validator(mode="after")
+    def _default_lr_unscaled(self) -> TrainSpec:
+        # Scaling the default 0.01 "from 64" gave 0.00125 at a global batch of 8, and a loss that did not fall:
+        # an LR nobody tuned is used as it is. The resolved config (job.json) records the rule in force.
+        if not {"lr", "base_batch", "lr_rule"} & self.model_fields_set:
+            self.lr_rule = "none"
+        return self
 
     @model_validator(mode="after")
     def _auto_batch(self) -> TrainSpec:
@@ -318,9 +328,10 @@ class TelemetrySpec(StrictModel):
 
     enabled: bool = Field(True, description="Record spans, sample GPU/CPU and watch for stragglers.")
     sample_hz: float = Field(2.0, ge=0.1, le=10, description="NVML/psutil samples per second.")
-    straggler_threshold: float = Field(
-        0.05, gt=0, le=1,
-        description="Flag a rank whose pre-sync step time exceeds the fastest rank's by this fraction.",
+    straggler_threshold: float | None = Field(
+        None, gt=0, le=1,
+        description="Flag a rank whose pre-sync step time exceeds the fastest rank's by this fraction "
+        "(default 0.05 on GPUs, 0.07 on CPU ranks, which share the host's cores).",
     )
 
 

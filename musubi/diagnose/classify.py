@@ -11,7 +11,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from musubi.diagnose.straggler import WARMUP, detect
+from musubi.diagnose.straggler import WARMUP, WINDOW, default_threshold, detect
 from musubi.diagnose.timeline import JobTelemetry, sections_ms, wall_ms
 from musubi.telemetry.spans import SECTIONS
 
@@ -21,7 +21,6 @@ INPUT_SHARE = 0.15
 COMM_SHARE = 0.25
 CHECKPOINT_SHARE = 0.05
 HOST_BOUND_SM = 60.0  # % SM activity (or utilisation) under which an un-starved GPU is waiting for launches
-DEFAULT_THRESHOLD = 0.05
 
 
 def _median(xs: list[float]) -> float:
@@ -102,8 +101,8 @@ def analyze(tele: JobTelemetry, first: int | None = None, last: int | None = Non
             threshold: float | None = None) -> dict[str, Any]:
     """The job's figures and its label with evidence (steps [first, last] when given)."""
     if threshold is None:
-        threshold = float(((tele.job.get("config") or {}).get("telemetry") or {}).get("straggler_threshold")
-                          or DEFAULT_THRESHOLD)
+        configured = ((tele.job.get("config") or {}).get("telemetry") or {}).get("straggler_threshold")
+        threshold = default_threshold(configured, tele.on_gpu)
     aligned = tele.aligned(first, last)
     if not aligned:
         return {"job": tele.name, "steps": 0, "label": None,
@@ -132,6 +131,14 @@ def analyze(tele: JobTelemetry, first: int | None = None, last: int | None = Non
     comm = _median([min(share(r, "grad_comm") for r in recs.values()) for _, recs in steady])
     ckpt = _checkpoint(tele, steady)
     strag = detect(aligned, threshold)
+    # A median over a handful of steps is noise: with fewer steps than the live watch's window, no rank
+    # is named (a healthy 16-step CPU run measured 5 % of "excess" on either rank).
+    strag["judged"] = n_ranks < 2 or strag["steps"] >= WINDOW
+    if not strag["judged"]:
+        strag["stragglers"] = []
+    if not strag["judged"] and comm_measured:
+        limitations.append(f"stragglers: {strag['steps']} steady step(s) after warm-up, {WINDOW} "
+                           "needed for a median that noise does not decide")
     t_first = min(r["t"] for r in steady[0][1].values())
     t_last = max(r["t"] + wall_ms(r) / 1e3 for r in steady[-1][1].values())
     gpu = _gpu_figures(tele, t_first, t_last)
@@ -185,7 +192,8 @@ def analyze(tele: JobTelemetry, first: int | None = None, last: int | None = Non
         comm_ev = f"exposed gradient comm {_pct(comm)}" if comm_measured else "gradient comm not measured"
         ev = (f"no stall above its threshold: data {_pct(data)}, {comm_ev}, "
               f"checkpoint {_pct(ckpt['share'])} of step time; "
-              + ("no straggler" if comm_measured else "stragglers not analysable"))
+              + ("stragglers not analysable" if not comm_measured else
+                 "no straggler" if strag["judged"] else "stragglers not judged (too few steps)"))
         if busy:
             ev += f"; GPU busy {statistics.mean(busy):.0f} % (mean over GPUs)"
         top = {"label": "healthy compute bound", "share": 1.0 - data - comm, "text": "healthy compute bound",

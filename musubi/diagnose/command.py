@@ -1,4 +1,4 @@
-"""`musubi report RUN [-o report.html] [--json] [--steps A:B]`: diagnosis, HTML report, Chrome trace."""
+"""`musubi report RUN [--html report.html] [--json] [--steps A:B]`: diagnosis, HTML report, Chrome trace."""
 
 from __future__ import annotations
 
@@ -84,7 +84,10 @@ def build_report(run: Path, out: Path | None = None, window: str | None = None,
 
 def report_command(
     run: Path = typer.Argument(..., help="Run directory (or one job's folder)."),
-    out: Path | None = typer.Option(None, "-o", "--out", help="HTML file (default RUN/report.html)."),
+    html: Path | None = typer.Option(None, "--html", "-o", help="HTML file (default RUN/report.html); the trace "
+                                     "lands beside it."),
+    out: Path | None = typer.Option(None, "--out", hidden=True, help="Deprecated spelling of --html (elsewhere "
+                                    "--out names a run directory)."),
     as_json: bool = typer.Option(False, "--json", help="Print labels, evidence and figures as JSON (no HTML)."),
     steps: str | None = typer.Option(None, "--steps", help="Analyse optimizer steps FIRST:LAST only."),
     trace_steps: int = typer.Option(2000, "--trace-steps", min=0,
@@ -93,8 +96,14 @@ def report_command(
     """Name each job's bottleneck with its evidence; write report.html and a Chrome/Perfetto trace."""
     from rich.console import Console
 
+    if out is not None:
+        # `--out` is a run directory for train and run; here it was the HTML file. Kept working, said once.
+        Console(stderr=True, soft_wrap=True).print(
+            Text(f"warning: `musubi report --out FILE` is deprecated: use --html {out} (or -o); --out names a run "
+                 "directory in `musubi train` and `musubi run`", style="yellow"), highlight=False)
+        html = html or out
     try:
-        result = build_report(run, out, steps, write_html=not as_json, trace_steps=trace_steps)
+        result = build_report(run, html, steps, write_html=not as_json, trace_steps=trace_steps)
     except ConfigError as e:
         Console(stderr=True, soft_wrap=True).print(Text("error: ", style="bold red") + Text(str(e)), highlight=False)
         raise typer.Exit(2) from None

@@ -1,8 +1,9 @@
 """The report's plots, drawn with matplotlib and returned as inline SVG text.
 
 Text is drawn as paths (matplotlib's default `svg.fonttype`), and no plot carries
-a user-controlled string (job names, paths): only rank numbers, section names
-and units, so an SVG can be inlined in the page as is.
+a user-controlled string (job names, paths): only rank numbers, section names,
+units and metric names of plain letters and digits (others are numbered), so an
+SVG can be inlined in the page as is.
 """
 
 from __future__ import annotations
@@ -189,4 +190,45 @@ def memory(tele: JobTelemetry) -> str | None:
     ax.set_title("GPU memory used per GPU (dotted: capacity)" if gpu else "Resident memory per rank (no GPU)")
     ax.legend(fontsize=7, ncol=4, loc="lower right")
     ax.grid(alpha=0.3)
+    return _svg(fig)
+
+
+#: A metric name shown as is on a plot; any other is drawn as "metric N" (see the module docstring).
+_PLAIN_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.@-]{0,31}")
+_VAL_COLORS = ("#f58518", "#54a24b", "#e45756", "#b279a2", "#72b7b2", "#9d755d")  # never the train loss's blue
+
+
+@_plots
+def curves(records: list[dict[str, Any]]) -> str | None:
+    """Training loss per step (left) and every validation metric per step (right), from metrics.jsonl."""
+    train = [(r["step"], r["loss"]) for r in records if r.get("kind") == "train"
+             and isinstance(r.get("step"), int) and isinstance(r.get("loss"), (int, float))]
+    val = [r for r in records if r.get("kind") == "val" and isinstance(r.get("step"), int)]
+    names = [k for k in dict.fromkeys(k for r in val for k, v in r.items() if isinstance(v, (int, float))
+                                      and not isinstance(v, bool)) if k not in ("step", "time", "eval_s", "epoch")]
+    if not train and not names:
+        return None
+    plt = _plt()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3))
+    if train:
+        left.plot([k for k, _ in train], [v for _, v in train], lw=1.2, marker=".", color="#4c78a8",
+                  label="train loss (rank 0)")
+    for i, name in enumerate(names):
+        xs = [(r["step"], float(r[name])) for r in val if isinstance(r.get(name), (int, float))]
+        shown = name if _PLAIN_NAME.fullmatch(name) else f"metric {i + 1}"
+        # Losses beside the training loss; accuracies and mAPs (0..1) on their own axes.
+        ax = left if "loss" in name.lower() else right
+        ax.plot([k for k, _ in xs], [v for _, v in xs], lw=1.2, marker="o", ms=3, label=f"val {shown}",
+                color=_VAL_COLORS[i % len(_VAL_COLORS)])
+    left.set_title("Loss")
+    right.set_title("Validation metrics")
+    for ax in (left, right):
+        ax.set_xlabel("optimizer step")
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7, loc="best")
+    losses = [v for _, v in train] + [float(r[n]) for r in val for n in names if "loss" in n.lower()
+                                      and isinstance(r.get(n), (int, float))]
+    if losses and min(losses) > 0 and max(losses) / min(losses) > 50:
+        left.set_yscale("log")  # a first validation loss 100x the last would flatten the curve
     return _svg(fig)

@@ -16,6 +16,7 @@ from typing import Any
 
 from musubi.diagnose import figures
 from musubi.diagnose.timeline import JobTelemetry, read_jsonl
+from musubi.records.evidence import metric_records
 from musubi.telemetry.spans import SECTIONS
 
 CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
@@ -271,6 +272,8 @@ def render(run: Path, jobs: list[tuple[JobTelemetry, dict[str, Any]]], trace_nam
     for tele, a in jobs:
         parts.append(f'<h2 class="job">Job {esc(tele.name)}</h2>')
         parts.append("<h3>Diagnosis</h3>" + _diagnosis(a))
+        parts.append("<h3>Training curves</h3>" + _figure(figures.curves(metric_records(run / tele.name)),
+                                                          "Loss and validation metrics per step (metrics.jsonl)"))
         parts.append(_figure(figures.utilisation(tele), "Utilisation over time, per GPU (per rank on CPU runs)"))
         parts.append("<h3>Step-time breakdown per rank</h3>" + _figure(figures.breakdown(a), "Mean ms per step")
                      + (_breakdown_table(a) if a.get("breakdown") else ""))

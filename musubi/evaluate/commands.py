@@ -179,15 +179,19 @@ def _print_history(run_dir: Path, as_json: bool) -> None:
 # -- export and evaluate --------------------------------------------------------
 def export_command(
     job_dir: Path = typer.Argument(..., help="Job directory (RUN/JOB) with a committed checkpoint."),
-    format_: str = typer.Option("onnx", "--format", help="Export format (onnx)."),
+    format_: str = typer.Option("onnx", "--format", help="onnx (checked against torch with ONNX Runtime) or pt "
+                                "(plain state_dict: torch.load(weights_only=True) into the model weights.json names)."),
     opset: int = typer.Option(17, "--opset", help="ONNX opset."),
     exporter: str = typer.Option("auto", "--exporter", help="auto, torchscript (dynamo=False) or dynamo."),
 ) -> None:
     """Export a job's model to JOB/export/model.onnx, checked against torch with ONNX Runtime; exit 1 if they differ."""
     from musubi.evaluate.onnx_export import ParityError, export_job
 
-    if format_ != "onnx":
-        _fail(f"--format {format_!r}: only onnx is supported")
+    if format_ not in ("onnx", "pt"):
+        _fail(f"--format {format_!r}: use onnx or pt")
+    if format_ == "pt":
+        _export_pt(job_dir)
+        return
     try:
         record = export_job(job_dir, opset=opset, exporter=exporter)
     except ParityError as e:
@@ -203,6 +207,21 @@ def export_command(
     Console().print(Text(f"{job_dir / 'export' / record['file']}  opset {record['opset']} ({record['exporter']}), "
                          f"sha256 {record['sha256'][:16]}..., parity ok on {parity.get('inputs')} input(s): "
                          f"{figures}"), highlight=False)
+
+
+def _export_pt(job_dir: Path) -> None:
+    """`--format pt`: JOB/export/model.pt and the line that says how to load it."""
+    from musubi.evaluate.weights_export import export_weights
+
+    try:
+        record = export_weights(job_dir)
+    except ConfigError as e:
+        _fail(str(e))
+        return
+    build = record.get("build", f"the job's {record['model']} model")
+    Console().print(Text(f"{job_dir / 'export' / record['file']}  {record['tensors']} tensors, step {record['step']}, "
+                         f"sha256 {record['sha256'][:16]}...; load: model = {build}; {record['load']}"),
+                    highlight=False, soft_wrap=True)
 
 
 def evaluate_command(

@@ -24,6 +24,9 @@ from musubi.records import evidence as E
 
 CHECKLIST_FILE = "checklist.json"
 
+#: Goodput under this is a warning even without a failure: half the wall time made no progress.
+GOODPUT_WARN = 0.5
+
 #: Why speed criteria are reported but not judged on CPU ranks.
 CPU_NOTE = "CPU ranks share this machine's cores: reported, not judged"
 
@@ -130,6 +133,8 @@ def _restarts_item(job: str, job_dir: Path, ended_well: bool) -> Item | None:
     ratio = f"goodput {g:.1%}" if isinstance(g, (int, float)) else "goodput n/a"
     failures = [f for f in rec.get("failures") or [] if isinstance(f, dict)]
     if not failures:
+        if isinstance(g, (int, float)) and g < GOODPUT_WARN:
+            return Item("during", "restarts", "WARN", f"no failure, but {ratio}: {_goodput_split(rec)}", job)
         return Item("during", "restarts", "PASS", f"no failure; {ratio}", job)
     causes = "; ".join(failure_summary({k: v for k, v in f.items() if k != "detail"}) for f in failures)
     what = (f"{len(failures)} failure(s) ({causes}), {rec.get('lost_steps', 0)} step(s) lost, "
@@ -142,6 +147,17 @@ def _restarts_item(job: str, job_dir: Path, ended_well: bool) -> Item | None:
     if ended_well:
         return Item("during", "restarts", "WARN", f"recovered from {what}", job)
     return Item("during", "restarts", "FAIL", f"not recovered: {what}", job)
+
+
+def _goodput_split(rec: dict[str, Any]) -> str:
+    """Where the wall time of a job without failures went: start-up, training steps, the rest."""
+    wall, steps = float(rec.get("wall_s") or 0.0), float(rec.get("productive_s") or 0.0)
+    if not isinstance(rec.get("startup_s"), (int, float)):  # goodput.json of an older musubi
+        return f"{steps:.1f}s of {wall:.1f}s wall in training steps"
+    start = float(rec["startup_s"])
+    return (f"of {wall:.1f}s wall, {start:.1f}s start-up before the first step (imports, process group, data, "
+            f"model), {steps:.1f}s training steps, {max(0.0, wall - start - steps):.1f}s after them (validation, "
+            "checkpoint, exit); a run this short is mostly start-up")
 
 
 def _throughput_items(job: str, job_dir: Path, records: list[dict[str, Any]], success: SuccessSpec,
@@ -325,6 +341,19 @@ def _fleet_after(run_dir: Path, run: E.RunEvidence, success: SuccessSpec, cl: Ch
         cl.items.append(Item("criteria", "score", "PASS" if ok else "FAIL",
                              f"best score {best:.4f} {'>=' if ok else '<'} {success.min_score}" if best is not None
                              else f"no ranked job to compare with success.min_score {success.min_score}", None, YOURS))
+
+
+def checklist_target(path: Path) -> tuple[Path, str | None]:
+    """(run directory, job or None): a job's folder (RUN/JOB, as `musubi report` takes) is judged in its run."""
+    if (path / "job.json").is_file() and not (path / "run.json").is_file() and not (path / "fleet.json").is_file():
+        return path.parent, path.name
+    return path, None
+
+
+def job_view(cl: Checklist, job: str) -> Checklist:
+    """The items of one job, and the run's preflight (the run-wide criteria judge every job together)."""
+    return Checklist(cl.run_dir, [i for i in cl.items if i.job == job or (i.job is None and i.phase == "before")],
+                     {k: v for k, v in cl.figures.items() if k == job})
 
 
 def write_checklist(run_dir: Path, cl: Checklist) -> Path:

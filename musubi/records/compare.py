@@ -184,17 +184,21 @@ def render(report: dict[str, Any], console: Any) -> None:
         console.print(changes)
     else:
         console.print(Text("nothing changed in config, environment, data or placement"))
-    figs = Table(title="how the figures moved (B against A)")
-    for col in ("job", "samples/s A", "samples/s B", "change", "peak GiB A", "peak GiB B", "score A", "score B",
-                "metrics (B - A)"):
-        figs.add_column(col, overflow="fold")
+    # One small table per job, a figure per row: four columns stay legible at 80 columns and under a pipe
+    # (nine side by side wrapped each header letter by letter).
     for name, j in report["jobs"].items():
         a, b = j["a"], j["b"]
-        metrics = ", ".join(f"{k} {v:+.4f}" for k, v in list(j["metric_changes"].items())[:4]) or "-"
-        change = Text(pct(j["throughput_change"]), style="bold red" if j.get("regression") else "")
-        figs.add_row(Text(name), num(a["samples_per_s"]), num(b["samples_per_s"]), change,
-                     num(a["peak_memory_gib"], ".2f"), num(b["peak_memory_gib"], ".2f"), num(a["score"], ".4f"),
-                     num(b["score"], ".4f"), Text(metrics))
-    console.print(figs)
+        figs = Table(title=Text(f"job {name}: how the figures moved (B against A)"), title_justify="left")
+        for col, just in (("figure", "left"), ("A", "right"), ("B", "right"), ("B vs A", "right")):
+            figs.add_column(col, justify=just, overflow="fold")
+        figs.add_row("samples/s", num(a["samples_per_s"]), num(b["samples_per_s"]),
+                     Text(pct(j["throughput_change"]), style="bold red" if j.get("regression") else ""))
+        figs.add_row("peak GiB", num(a["peak_memory_gib"], ".2f"), num(b["peak_memory_gib"], ".2f"),
+                     pct(j["memory_change"]))
+        figs.add_row("score", num(a["score"], ".4f"), num(b["score"], ".4f"), num(j["score_change"], "+.4f"))
+        for k, delta in j["metric_changes"].items():
+            figs.add_row(Text(k), num(a["metrics"].get(k), ".4g"), num(b["metrics"].get(k), ".4g"),
+                         num(delta, "+.4f"))
+        console.print(figs)
     for line in report["regressions"]:
         console.print(Text(f"REGRESSION {line}", style="bold red"))

@@ -97,9 +97,14 @@ def read_run(run_dir: Path) -> RunEvidence:
     return ev
 
 
+def metric_records(job_dir: Path) -> list[dict[str, Any]]:
+    """Rank 0's scalar records (metrics.jsonl): kind 'train' (loss, lr, samples/s) and 'val', per step."""
+    return read_jsonl(job_dir / "metrics.jsonl")
+
+
 def train_records(job_dir: Path) -> list[dict[str, Any]]:
     """Rank 0's training log records (metrics.jsonl, kind 'train')."""
-    return [r for r in read_jsonl(job_dir / "metrics.jsonl") if r.get("kind") == "train"]
+    return [r for r in metric_records(job_dir) if r.get("kind") == "train"]
 
 
 def median_rate(records: list[dict[str, Any]], warmup_fraction: float = 0.0) -> float | None:

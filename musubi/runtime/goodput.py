@@ -334,6 +334,8 @@ def compute_goodput(job_dir: Path) -> dict[str, Any]:
         "training_goodput": round(min(1.0, productive / training_wall), 4) if training_wall > 0 else None,
         "productive_s": round(productive, 3),
         "wall_s": round(wall, 3),
+        # Each attempt's start-up before its first step: imports, process group, data, model, resume.
+        "startup_s": round(sum(a["train_start"] - a["start"] for a in attempts if a["train_start"] is not None), 3),
         "attempts": len(attempts),
         "failures": failures,
         "lost_steps": sum(f["lost_steps"] for f in failures),

@@ -26,7 +26,7 @@ from musubi.runtime.precision import autocast, make_scaler, resolve_precision
 from musubi.runtime.reporting import MetricsWriter, ProgressBar
 from musubi.runtime.rng import capture_rng, restore_rng, rng_template
 from musubi.runtime.saver import Checkpointer
-from musubi.runtime.schedule import lr_factor
+from musubi.runtime.schedule import lr_factor, lr_line
 from musubi.runtime.watchdog import Heartbeat
 from musubi.runtime.world import World
 from musubi.runtime.wrap import eval_module, gradient_sync, needs_lockstep_eval, unwrap, wrap_model
@@ -257,11 +257,12 @@ class Trainer:
         t, w, plan = self.spec.train, self.world, self.plan
         stop = min(self.total_steps, self.opts.stop_at_step or self.total_steps)
         log.info(
-            "global batch %d = %d per rank x %d ranks x %d accumulation; lr %.4g (%s rule from %.4g at %d); "
-            "precision %s; strategy %s; %d steps (%d per epoch)",
-            plan.global_batch, plan.per_rank, plan.world, plan.accumulation, plan.lr, t.lr_rule, t.lr,
-            t.base_batch, self.precision, t.strategy, self.total_steps, self.steps_per_epoch,
+            "global batch %d = %d per rank x %d ranks x %d accumulation; precision %s; strategy %s; %d steps "
+            "(%d per epoch)", plan.global_batch, plan.per_rank, plan.world, plan.accumulation, self.precision,
+            t.strategy, self.total_steps, self.steps_per_epoch,
         )
+        # A line of its own: the LR is rescaled with the global batch, and a surprising one must be seen.
+        log.info("%s", lr_line(plan.lr, t.lr, t.base_batch, plan.global_batch, t.lr_rule))
         if self.step < stop:  # the first step also starts the loader workers: the next line is step log_every's
             log.info("first step (loader workers start, warm-up)...")
         self.model.train()

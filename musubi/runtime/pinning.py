@@ -9,7 +9,6 @@ cores - loader workers (at least 1): the workers decode on the other cores.
 
 from __future__ import annotations
 
-import logging
 import os
 from dataclasses import dataclass
 
@@ -92,6 +91,10 @@ def unpinned_cores(world_size_on_node: int) -> int:
     return max(1, total // max(1, world_size_on_node))
 
 
+#: The words of `configure_threads`' line when the loader workers outnumber the rank's cores.
+OVERSUBSCRIBED = "oversubscribe them"
+
+
 def configure_threads(spec, pinned: Pinning | None) -> str:  # noqa: ANN001 - a JobSpec (no config import here)
     """Resolve `data.workers: auto` and set torch's intra-op threads from this rank's cores; a line for the log."""
     import torch
@@ -109,7 +112,7 @@ def configure_threads(spec, pinned: Pinning | None) -> str:  # noqa: ANN001 - a 
     line = f"{pinned.describe()}: {threads} intra-op thread(s), {said} loader worker(s)"
     if isinstance(spec.data.workers, int) and spec.data.workers >= cores:
         # Said, not silently clamped: the workers and the training loop now share too few cores.
-        line += (f"; warning: {spec.data.workers} loader workers on {cores} pinned core(s) oversubscribe them "
+        # The caller logs the line once, at warning level (OVERSUBSCRIBED in it): one line, not two.
+        line += (f"; warning: {spec.data.workers} loader workers on {cores} pinned core(s) {OVERSUBSCRIBED} "
                  f"(data.workers: auto gives {auto_workers(cores)})")
-        logging.getLogger("musubi.runtime").warning("%s", line)
     return line

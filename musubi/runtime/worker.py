@@ -165,10 +165,11 @@ def main(argv: list[str] | None = None) -> int:
         from musubi.preflight import check_unique_devices
 
         check_unique_devices(world)  # abort at start if two ranks share one GPU
-        from musubi.runtime.pinning import configure_threads
+        from musubi.runtime.pinning import OVERSUBSCRIBED, configure_threads
 
         workers_from = "auto (this rank's cores)" if spec.data.workers == "auto" else "config"
-        log.info("rank %d: %s", world.rank, configure_threads(spec, pinned))
+        threads = configure_threads(spec, pinned)
+        log.log(logging.WARNING if OVERSUBSCRIBED in threads else logging.INFO, "rank %d: %s", world.rank, threads)
         if restarts:
             log.warning("restart %d of this job (torchrun)", restarts)
             from musubi.runtime.saver import reap_checkpoint_daemons

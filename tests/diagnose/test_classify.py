@@ -243,3 +243,46 @@ def test_per_rank_step_time_tail_in_the_report(tmp_path: Path) -> None:
     res = CliRunner().invoke(app, ["report", str(tmp_path / "run")])
     assert res.exit_code == 0, res.output
     assert "step-time tail after warm-up, worst rank: CV" in res.output and "p99/p50" in res.output
+
+
+def test_short_cpu_run_names_no_straggler_and_says_why(tmp_path: Path) -> None:
+    """16 steps of 2 CPU ranks, one 6 % behind in backward (the noise of a shared 2-core host): not judged."""
+    a = analyze(load_job(write_job(tmp_path / "job", ranks=2, steps=16, slow_rank=1, factor=1.06)))
+    assert a["label"] == "healthy compute bound", a["text"]
+    assert not a["stragglers"]["stragglers"] and a["stragglers"]["judged"] is False
+    assert any("stragglers: 11 steady step(s)" in lim and "20 needed" in lim for lim in a["limitations"])
+    assert "stragglers not judged (too few steps)" in a["evidence"]
+
+
+def test_default_straggler_bar_depends_on_the_device(tmp_path: Path) -> None:
+    """The same 6 % lead over 60 steps: below the CPU bar (7 %, cores are shared), above the GPU bar (5 %)."""
+    cpu = analyze(load_job(write_job(tmp_path / "cpu", ranks=2, steps=60, slow_rank=1, factor=1.06)))
+    gpu = analyze(load_job(write_job(tmp_path / "gpu", ranks=2, steps=60, slow_rank=1, factor=1.06, gpu=True)))
+    assert cpu["label"] == "healthy compute bound" and cpu["stragglers"]["threshold"] == 0.07
+    assert gpu["text"] == "straggler (rank 1, section backward)" and gpu["stragglers"]["threshold"] == 0.05
+
+
+def test_report_draws_loss_and_metric_curves_from_metrics_jsonl(tmp_path: Path) -> None:
+    """A 'Training curves' figure per job (train loss, val loss, val metrics); a metric of odd name is numbered."""
+    pytest.importorskip("matplotlib")
+    job = write_job(tmp_path / "run" / "a")
+    recs = [{"kind": "train", "step": k, "loss": 2.0 / k} for k in range(1, 9)]
+    recs += [{"kind": "val", "step": k, "top1": k / 10, "val_loss": 1.0 / k, "<b>x</b>": 0.5, "eval_s": 0.1}
+             for k in (4, 8)]
+    (job / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    res = CliRunner().invoke(app, ["report", str(tmp_path / "run"), "--html", str(tmp_path / "r.html")])
+    assert res.exit_code == 0, res.output
+    html = (tmp_path / "r.html").read_text()
+    section = html[html.index("<h3>Training curves</h3>"):html.index("<h3>Step-time breakdown")]
+    assert "<svg" in section and "Loss and validation metrics per step" in section
+    assert "<b>x</b>" not in html  # a metric name is never written into the page
+
+
+def test_report_out_still_names_the_html_file_with_a_deprecation_line(tmp_path: Path) -> None:
+    """--html (or -o) is the page; the old --out keeps working and says it is deprecated."""
+    write_job(tmp_path / "run" / "a", steps=30)
+    res = CliRunner().invoke(app, ["report", str(tmp_path / "run"), "--out", str(tmp_path / "old.html")])
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "old.html").is_file() and "deprecated: use --html" in res.output
+    res = CliRunner().invoke(app, ["report", str(tmp_path / "run"), "-o", str(tmp_path / "new.html")])
+    assert res.exit_code == 0 and (tmp_path / "new.html").is_file() and "deprecated" not in res.output

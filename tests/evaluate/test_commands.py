@@ -57,7 +57,7 @@ def test_bad_input_exit_codes(tmp_path: Path) -> None:
     code, out = invoke("export", str(tmp_path / "nope"))
     assert code == 2 and "no job config" in out
     code, out = invoke("export", str(tmp_path), "--format", "tflite")
-    assert code == 2 and "only onnx" in out
+    assert code == 2 and "use onnx or pt" in out
 
 
 def test_export_evaluate_and_registry_commands(tmp_path: Path) -> None:

@@ -158,3 +158,31 @@ def test_failed_export_does_not_fail_the_evaluation(tmp_path: Path, monkeypatch:
     record = evaluate_job(job, device="cpu", export=True, fps_runs=2, fps_warmup=0)
     assert "forced mismatch" in record["export"]["error"]
     assert set(record["fps_all"]) == {"torch-cpu"} and record["fps"]["fps"] > 0
+
+
+def test_pt_export_loads_into_a_fresh_torchvision_model(cls_job: Path) -> None:
+    """`musubi export JOB --format pt`: weights_only-loadable tensors that make a fresh resnet18 answer the same."""
+    import torch
+    import torchvision
+    from typer.testing import CliRunner
+
+    from musubi.cli import app
+    from musubi.evaluate.model_io import load_job_model
+    from musubi.tasks.weights import load_weights
+
+    res = CliRunner().invoke(app, ["export", str(cls_job), "--format", "pt"])
+    assert res.exit_code == 0, res.output
+    path = cls_job / "export" / "model.pt"
+    record = json.loads((cls_job / "export" / "weights.json").read_text())
+    assert record["sha256"] == file_sha256(path) and record["step"] == 2 and record["num_classes"] == 4
+    assert record["build"] == "torchvision.models.get_model('resnet18', weights=None, num_classes=4)"
+    fresh = torchvision.models.get_model("resnet18", weights=None, num_classes=4)
+    fresh.load_state_dict(torch.load(path, weights_only=True), strict=True)
+    fresh.eval()
+    trained = load_job_model(cls_job).model
+    x = torch.randn(3, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(fresh(x), trained(x))
+    load_weights(torchvision.models.get_model("resnet18", weights=None, num_classes=4), path)  # a job's `weights:`
+    bad = CliRunner().invoke(app, ["export", str(cls_job), "--format", "safetensors"])
+    assert bad.exit_code == 2 and "use onnx or pt" in bad.output

@@ -268,3 +268,33 @@ def test_musubi_train_ends_with_its_checklist(tiny_job, tmp_path: Path) -> None:
     assert cl["ok"] and "run met its criteria" in out
     checks = {(i["job"], i["check"]): i["status"] for i in cl["items"]}
     assert checks[("tiny", "loss")] in ("PASS", "WARN") and checks[(None, "preflight")] == "WARN"
+
+
+def test_low_goodput_without_failure_is_a_warning_with_its_reason(tmp_path: Path) -> None:
+    """Goodput 44 % with no failure is not a PASS: the item says where the wall time went."""
+    run = tmp_path / "r"
+    _fleet(run, {"a": "done", "b": "done"})
+    _w(_job(run, "a") / "goodput.json", {"goodput": 0.44, "wall_s": 23.2, "productive_s": 10.2, "startup_s": 10.0,
+                                         "failures": []})
+    _w(_job(run, "b") / "goodput.json", {"goodput": 0.93, "wall_s": 300.0, "productive_s": 279.0, "failures": []})
+    items = _items(build_checklist(run))
+    status, found = items[("a", "restarts")]
+    assert status == "WARN", found
+    assert found.startswith("no failure, but goodput 44.0%") and "10.0s start-up before the first step" in found
+    assert "3.0s after them" in found
+    assert items[("b", "restarts")] == ("PASS", "no failure; goodput 93.0%")
+
+
+def test_checklist_takes_a_job_folder_like_report(tmp_path: Path) -> None:
+    """`musubi checklist RUN/JOB`: that job's items (and the preflight); RUN/checklist.json stays the run's."""
+    run = tmp_path / "r"
+    _fleet(run, {"a": "done", "b": "failed"})
+    _job(run, "a")
+    _job(run, "b", status="failed", eval_metrics=False)
+    _shipped(run, "a")
+    res = CliRunner().invoke(app, ["checklist", str(run / "a"), "--json"])
+    assert res.exit_code == 0, res.output
+    jobs = {i["job"] for i in json.loads(res.output)["items"]}
+    assert jobs == {None, "a"}
+    assert json.loads((run / "checklist.json").read_text())["ok"] is False  # the whole run, b included
+    assert CliRunner().invoke(app, ["checklist", str(run / "b")]).exit_code == 1

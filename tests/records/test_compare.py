@@ -68,3 +68,21 @@ def test_diff_of_lists_of_gpus_is_by_index() -> None:
     a = {"gpus": [{"index": 0, "uuid": "x"}, {"index": 1, "uuid": "y"}]}
     b = {"gpus": [{"index": 0, "uuid": "x"}, {"index": 1, "uuid": "z"}]}
     assert diff(a, b) == [{"key": "gpus.1.uuid", "a": "y", "b": "z"}]
+
+
+def test_compare_stays_legible_at_80_columns(tmp_path: Path) -> None:
+    """Piped or in an 80-column terminal: every header and figure whole, no line wider than 80."""
+    import io
+
+    from rich.console import Console
+
+    from musubi.records.compare import render
+
+    a = _run(tmp_path / "a", ENV, CONFIG, 100.0)
+    b = _run(tmp_path / "b", ENV, CONFIG, 89.0)
+    buf = io.StringIO()
+    render(compare_runs(a, b), Console(file=buf, width=80))
+    out = buf.getvalue()
+    assert all(len(line) <= 80 for line in out.splitlines())
+    for word in ("samples/s", "peak GiB", "B vs A", "100.0", "89.0", "-11.0%", "val_acc"):
+        assert word in out, out

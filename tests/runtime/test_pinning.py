@@ -55,18 +55,21 @@ def test_lone_job_in_its_own_cpuset_splits_over_its_own_gpus(monkeypatch: pytest
     assert own.env == {"MUSUBI_CPUS": "0-63"} and "this job's GPUs" in own.note
 
 
-def test_more_workers_than_pinned_cores_is_said() -> None:
+def test_more_workers_than_pinned_cores_is_said(caplog: pytest.LogCaptureFixture) -> None:
+    """Said once: the line comes back to the worker, which logs it (at warning level); nothing logged twice."""
     from types import SimpleNamespace
 
     import torch
 
-    from musubi.runtime.pinning import Pinning, configure_threads
+    from musubi.runtime.pinning import OVERSUBSCRIBED, Pinning, configure_threads
 
     before = torch.get_num_threads()
     try:
         spec = SimpleNamespace(data=SimpleNamespace(workers=8))
-        line = configure_threads(spec, Pinning((0, 1, 2, 3)))
-        assert "8 loader workers on 4 pinned core(s) oversubscribe them" in line and "auto gives 3" in line
+        with caplog.at_level("DEBUG"):
+            line = configure_threads(spec, Pinning((0, 1, 2, 3)))
+        assert not caplog.records
+        assert f"8 loader workers on 4 pinned core(s) {OVERSUBSCRIBED}" in line and "auto gives 3" in line
         assert "warning" not in configure_threads(SimpleNamespace(data=SimpleNamespace(workers=2)),
                                                   Pinning((0, 1, 2, 3)))
     finally:

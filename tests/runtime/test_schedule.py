@@ -9,7 +9,7 @@ import pytest
 from musubi.config.errors import ConfigError
 from musubi.config.load import job_from_dict
 from musubi.runtime.batching import plan_batch
-from musubi.runtime.schedule import lr_factor, scale_lr
+from musubi.runtime.schedule import lr_factor, lr_line, scale_lr
 from tests.conftest import TINY_JOB, _merge
 
 
@@ -37,3 +37,19 @@ def test_global_batch_plan() -> None:
     assert plan.lr == pytest.approx(0.2)
     with pytest.raises(ConfigError, match="not divisible"):
         plan_batch(spec, 3)
+
+
+def test_a_job_without_lr_trains_at_the_default_unscaled_and_says_so() -> None:
+    """No lr, base_batch or lr_rule: 0.01 at any global batch (was 0.00125 at 8: 'scaled from 64')."""
+    bare = {k: v for k, v in TINY_JOB["train"].items() if k not in ("lr", "base_batch")}
+    spec = job_from_dict({**TINY_JOB, "train": {**bare, "batch": 4}})
+    assert spec.train.lr_rule == "none" and spec.resolved()["train"]["lr_rule"] == "none"  # job.json says it
+    plan = plan_batch(spec, 2)
+    assert plan.global_batch == 8 and plan.lr == pytest.approx(0.01)
+    assert lr_line(plan.lr, spec.train.lr, spec.train.base_batch, 8, spec.train.lr_rule) == \
+        "lr 0.01 (lr_rule none: train.lr as given, not scaled with the global batch 8)"
+    # A job that gives its LR keeps the rule: scaled, and the line shows the arithmetic.
+    tuned = job_from_dict({**TINY_JOB, "train": {**bare, "batch": 4, "lr": 0.1, "base_batch": 16}})
+    assert tuned.train.lr_rule == "linear" and plan_batch(tuned, 2).lr == pytest.approx(0.05)
+    assert lr_line(0.05, 0.1, 16, 8, "linear") == "lr 0.05 (linear rule from 0.1 at 16) = 0.1 x 8/16 for global batch 8"
+    assert job_from_dict(spec.resolved()).train.lr_rule == "none"  # the workers read job.json: same rule
