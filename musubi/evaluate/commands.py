@@ -203,8 +203,11 @@ def export_command(
         return
     parity = record["parity"]
     figures = ", ".join(f"{k} {_fmt(parity[k], 3)}" for k in
-                        ("max_abs_diff", "argmax_agreement", "matched", "max_box_diff_px", "max_score_diff")
-                        if k in parity)
+                        ("max_abs_diff", "argmax_agreement", "matched", "nms_ties", "max_box_diff_px",
+                         "max_score_diff") if k in parity)
+    maps = parity.get("map")
+    if maps:
+        figures += f", sample mAP50 torch {_fmt(maps['torch']['map50'])} / onnx {_fmt(maps['onnx']['map50'])}"
     Console().print(Text(f"{job_dir / 'export' / record['file']}  opset {record['opset']} ({record['exporter']}), "
                          f"sha256 {record['sha256'][:16]}..., parity ok on {parity.get('inputs')} input(s): "
                          f"{figures}"), highlight=False)

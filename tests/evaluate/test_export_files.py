@@ -97,3 +97,39 @@ def test_classifier_from_image_files_exports_with_both_exporters(tmp_path: Path)
         record = export_job(job, exporter=exporter, parity_inputs=2)
         assert record["exporter"] == exporter and record["parity"]["ok"], record["parity"]
         assert record["inputs"][0]["dtype"] == "float32"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+def test_torchrun_detector_stopped_mid_epoch_is_validated_and_exports(tmp_path: Path) -> None:
+    """The issue's path: `musubi train` on 2 CPU ranks from JPEG files, ended by train.max_steps inside the
+    first epoch; eval.json has the metrics, the checklist says so, and `musubi export` succeeds."""
+    import yaml
+    from typer.testing import CliRunner
+
+    from musubi.cli import app
+    from tests.runtime.helpers import train
+
+    images, ann = coco_files(tmp_path / "data", "jpg")
+    split = {"path": str(images), "annotations": str(ann)}
+    job = {"name": "det", "task": "detection", "model": "fasterrcnn_mobilenet_v3_large_320_fpn",
+           "model_args": {"rpn_pre_nms_top_n_test": 100, "rpn_post_nms_top_n_test": 50,
+                          "rpn_batch_size_per_image": 32, "box_batch_size_per_image": 32,
+                          "min_size": 64, "max_size": 96},
+           "data": {"train": split, "val": split, "workers": 0},
+           # 4 frames / (2 ranks x 1) = 2 steps per epoch: max_steps 1 stops inside the first epoch
+           "train": {"batch": 1, "epochs": 1, "max_steps": 1, "lr": 0.001}}
+    path = tmp_path / "det.yaml"
+    path.write_text(yaml.safe_dump(job), encoding="utf-8")
+    code, out = train(str(path), "--nproc", "2", "--out", str(tmp_path / "run"), "--no-check")
+    assert code == 0, out
+    job_dir = tmp_path / "run" / "det"
+    evals = json.loads((job_dir / "eval.json").read_text())
+    assert evals["step"] == 1 and {"map50", "map"} <= set(evals["metrics"])
+    checklist = json.loads((tmp_path / "run" / "checklist.json").read_text())
+    assert [i["status"] for i in checklist["items"] if i["check"] == "eval"] == ["PASS"]
+    res = CliRunner().invoke(app, ["export", str(job_dir)])
+    assert res.exit_code == 0, res.output
+    said = " ".join(res.output.split())
+    assert "parity ok on 4 input(s)" in said and "sample mAP50 torch 0 / onnx 0" in said
+    assert (job_dir / "export" / "model.onnx").is_file()
