@@ -103,7 +103,8 @@ def export_plan(job: JobModel) -> ExportPlan:
                           "scores": {0: "detections"}, "labels": {0: "detections"}},
             compare="detections",
             to_input=_model_input(job, lambda batch: batch[0][0][None]),
-            to_targets=lambda batch: batch[1],
+            # targets through to_device too: a decode that resizes (gpu_decode) rescales their boxes alike
+            to_targets=lambda batch: job.task.to_device(batch, torch.device("cpu"))[1],
             exporters=["torchscript"],
             # torch.export stops at torchvision's data-dependent detection code (batched_nms branches on
             # the box count; seen with torch 2.11 and 2.14): fail in one line, not after a minute of tracing.

@@ -81,6 +81,7 @@ def assert_altered_graph_refused(job: Path, altered: Path) -> None:
     assert not verdict["ok"] and "score differently" in verdict["problem"], verdict
 
 
+@pytest.mark.slow
 def test_classifier_from_image_files_exports_with_both_exporters(tmp_path: Path) -> None:
     """An image folder with a JPEG class and a PNG class; torchscript and dynamo both export it."""
     rng = np.random.default_rng(0)
