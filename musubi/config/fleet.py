@@ -119,6 +119,9 @@ class LeaderboardSpec(StrictModel):
     quality_weight: float = Field(0.7, ge=0, le=1, description="Weight of the quality metric (mAP50, top-1).")
     fps_weight: float = Field(0.3, ge=0, le=1, description="Weight of normalised FPS.")
     fps_target: float | None = Field(None, gt=0, description="Normalise FPS by this target (default: fleet best).")
+    quality_floor: float = Field(0.5, ge=0, le=1, description="Rank a job only when its quality is above 0 and at "
+                                 "least this share of the best quality (same metric); the others are listed "
+                                 "unranked, so speed alone never wins.")
     export_top: int = Field(1, ge=0, le=100, description="Export (ONNX) and register the top-k jobs.")
     promote: bool = Field(True, description="Promote the exported top-k for deployment (each supersedes the "
                           "promoted version of its model name); false: register only, promote by hand.")

@@ -50,7 +50,9 @@ def _print_json(data: Any) -> None:
 # -- leaderboard ----------------------------------------------------------------
 def leaderboard_table(board: dict[str, Any]) -> Table:
     """A rich table of leaderboard rows (every cell plain Text: no markup from job names)."""
-    table = Table(title=Text(f"{board.get('formula', '')}; {board.get('fps_normalisation', '')}"),
+    floor = board.get("quality_floor") if isinstance(board.get("quality_floor"), dict) else {}
+    title = "; ".join(str(x) for x in (board.get("formula"), board.get("fps_normalisation"), floor.get("rule")) if x)
+    table = Table(title=Text(title),
                   title_justify="left")
     for col in ("rank", "job", "model", "metric", "quality", "fps", "runtime", "fps_norm", "score", "note"):
         # fold, never `…`: a narrow terminal wraps a score rather than cutting its digits
@@ -90,13 +92,16 @@ def _weights(text: str) -> tuple[float, float]:
     return q, f
 
 
-def fleet_rule(run_dir: Path) -> tuple[tuple[float, float], float | None] | None:
-    """The fleet's own leaderboard weights and FPS target (RUN/run.json), or None for a run without them."""
+def fleet_rule(run_dir: Path) -> tuple[tuple[float, float], float | None, float | None] | None:
+    """The fleet's own leaderboard weights, FPS target and quality floor (RUN/run.json; the floor None when
+    the run predates it), or None for a run without them."""
     from musubi.store.rundir import read_json
 
     try:
         lb = read_json(Path(run_dir) / "run.json")["config"]["leaderboard"]
-        return (float(lb["quality_weight"]), float(lb["fps_weight"])), lb.get("fps_target")
+        floor = lb.get("quality_floor")
+        return ((float(lb["quality_weight"]), float(lb["fps_weight"])), lb.get("fps_target"),
+                float(floor) if floor is not None else None)
     except (OSError, ValueError, KeyError, TypeError, RecursionError):
         return None
 
@@ -108,6 +113,9 @@ def leaderboard_command(
                                        "wf x fps_norm (default: the fleet's own, from RUN/run.json; else 0.7,0.3)."),
     fps_target: float | None = typer.Option(None, "--fps-target", help="Normalise FPS by this target "
                                             "(min(1, fps/target)) instead of the fleet's best."),
+    quality_floor: float | None = typer.Option(None, "--quality-floor", help="Rank only jobs whose quality is "
+                                               "above 0 and at least this share of the best (same metric); "
+                                               "default: the fleet's own, else 0.5."),
     write: bool = typer.Option(False, "--write", help="Write the ranking to RUN/leaderboard.json and the "
                                "store's history (without it the command only shows)."),
     history: bool = typer.Option(False, "--history", help="Show every ranking of this run the store kept "
@@ -122,7 +130,7 @@ def leaderboard_command(
         rank_jobs,
         read_leaderboard,
     )
-    from musubi.evaluate.score import ScoreRule
+    from musubi.evaluate.score import DEFAULT_QUALITY_FLOOR, ScoreRule
 
     if history:
         _print_history(run_dir, as_json)
@@ -131,15 +139,19 @@ def leaderboard_command(
         own = fleet_rule(run_dir)
         chosen = _weights(weights) if weights is not None else (own[0] if own else (0.7, 0.3))
         target = fps_target if fps_target is not None else (own[1] if own and weights is None else None)
+        floor = quality_floor if quality_floor is not None else (
+            own[2] if own and own[2] is not None else DEFAULT_QUALITY_FLOOR)
+        rule = ScoreRule(chosen[0], chosen[1], target, floor)  # checked before anything is written
         if write:
-            build_leaderboard(run_dir, weights=chosen, fps_target=target)
+            build_leaderboard(run_dir, weights=chosen, fps_target=target, quality_floor=floor)
             board = read_leaderboard(run_dir)
-        elif weights is None and fps_target is None and (Path(run_dir) / LEADERBOARD_FILE).is_file():
+        elif weights is None and fps_target is None and quality_floor is None and \
+                (Path(run_dir) / LEADERBOARD_FILE).is_file():
             board = read_leaderboard(run_dir)  # the board the fleet wrote: shown as it is
         else:
             if not Path(run_dir).is_dir():
                 raise ConfigError(f"{run_dir}: no such run directory")
-            rows, header = rank_jobs(collect_jobs(run_dir), ScoreRule(chosen[0], chosen[1], target))
+            rows, header = rank_jobs(collect_jobs(run_dir), rule)
             board = {**header, "rows": rows}
     except ConfigError as e:
         _fail(str(e))
@@ -202,8 +214,11 @@ def export_command(
         return
     parity = record["parity"]
     figures = ", ".join(f"{k} {_fmt(parity[k], 3)}" for k in
-                        ("max_abs_diff", "argmax_agreement", "matched", "max_box_diff_px", "max_score_diff")
-                        if k in parity)
+                        ("max_abs_diff", "argmax_agreement", "matched", "nms_ties", "max_box_diff_px",
+                         "max_score_diff") if k in parity)
+    maps = parity.get("map")
+    if maps:
+        figures += f", sample mAP50 torch {_fmt(maps['torch']['map50'])} / onnx {_fmt(maps['onnx']['map50'])}"
     Console().print(Text(f"{job_dir / 'export' / record['file']}  opset {record['opset']} ({record['exporter']}), "
                          f"sha256 {record['sha256'][:16]}..., parity ok on {parity.get('inputs')} input(s): "
                          f"{figures}"), highlight=False)

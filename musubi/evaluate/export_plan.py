@@ -62,6 +62,10 @@ class ExportPlan:
     exporters: list[str]
     #: dtype, layout, value range and normalisation of the input (the deployment manifest's input spec).
     input_info: dict[str, Any] = field(default_factory=dict)
+    #: Host batch -> its ground truth per image (detection: the parity check's mAP on the samples), or None.
+    to_targets: Callable[[Any], list[dict[str, Tensor]]] | None = None
+    #: Exporters known to fail on this model, with why and what to use instead (refused before any file).
+    unsupported: dict[str, str] = field(default_factory=dict)
 
     @property
     def dynamic_batch(self) -> bool:
@@ -77,6 +81,14 @@ def _batch_axes(names: list[str]) -> dict[str, dict[int, str]]:
     return {n: {0: "batch"} for n in names}
 
 
+def _model_input(job: JobModel, pick: Callable[[Any], Tensor]) -> Callable[[Any], Tensor]:
+    """Host batch -> the graph's input, through the task's own to_device (CPU): the conversion training and
+    the FPS benchmark apply, so the traced sample is what the model sees (image files load as uint8 and
+    become [0, 1] floats there; a detector refuses uint8)."""
+    cpu = torch.device("cpu")
+    return lambda batch: pick(job.task.to_device(batch, cpu))
+
+
 def export_plan(job: JobModel) -> ExportPlan:
     """The export plan for a job's task (ConfigError when its inputs are not one tensor)."""
     spec = job.spec
@@ -90,9 +102,15 @@ def export_plan(job: JobModel) -> ExportPlan:
             dynamic_axes={"images": {2: "height", 3: "width"}, "boxes": {0: "detections"},
                           "scores": {0: "detections"}, "labels": {0: "detections"}},
             compare="detections",
-            to_input=lambda batch: batch[0][0][None],
-            # The dynamo exporter fails on torchvision detectors (data-dependent control flow).
+            to_input=_model_input(job, lambda batch: batch[0][0][None]),
+            # targets through to_device too: a decode that resizes (gpu_decode) rescales their boxes alike
+            to_targets=lambda batch: job.task.to_device(batch, torch.device("cpu"))[1],
             exporters=["torchscript"],
+            # torch.export stops at torchvision's data-dependent detection code (batched_nms branches on
+            # the box count; seen with torch 2.11 and 2.14): fail in one line, not after a minute of tracing.
+            unsupported={"dynamo": f"torch.export cannot trace torchvision's {spec.model} (data-dependent "
+                                   "control flow in its box post-processing); use --exporter torchscript "
+                                   "(the default for detectors)"},
             input_info={
                 "layout": "NCHW, RGB", "dtype": "float32", "batch": 1,
                 "size": [size, size] if size else None,
@@ -114,7 +132,7 @@ def export_plan(job: JobModel) -> ExportPlan:
             output_names=["logits"],
             dynamic_axes=_batch_axes(["images", "logits"]),
             compare="tensor",
-            to_input=lambda batch: batch[0],
+            to_input=_model_input(job, lambda batch: batch[0]),
             exporters=["torchscript", "dynamo"],
             input_info={"layout": "NCHW, RGB", "dtype": "float32", "size": [size, size],
                         "range": "[0, 1] before normalisation" if on_disk else "unbounded",
@@ -128,7 +146,7 @@ def export_plan(job: JobModel) -> ExportPlan:
             output_names=["logits"],
             dynamic_axes=_batch_axes(["tokens", "logits"]),
             compare="tensor",
-            to_input=lambda batch: batch[0],
+            to_input=_model_input(job, lambda batch: batch[0]),
             exporters=["torchscript", "dynamo"],
             input_info={"layout": "[B, T] token ids", "dtype": "int64",
                         "seq_len": job.task.seq_len(),  # type: ignore[attr-defined]
@@ -144,7 +162,7 @@ def _user_task_plan(job: JobModel) -> ExportPlan:
     """User tasks: exported when the batch's first element is the model's only input tensor."""
     from musubi.evaluate.model_io import sample_batch
 
-    batch = sample_batch(job.task, 1)
+    batch = job.task.to_device(sample_batch(job.task, 1), torch.device("cpu"))
     first = batch[0] if isinstance(batch, (list, tuple)) and batch else None
     if not isinstance(first, Tensor):
         raise ConfigError(
@@ -164,7 +182,7 @@ def _user_task_plan(job: JobModel) -> ExportPlan:
         output_names=["output"],
         dynamic_axes=_batch_axes(["input", "output"]),
         compare="tensor",
-        to_input=lambda b: b[0],
+        to_input=_model_input(job, lambda b: b[0]),
         exporters=["torchscript", "dynamo"],
         input_info={"dtype": _dtype_name(first), "shape_per_sample": list(first.shape[1:]),
                     "normalisation": "as the task's data set produces it"},

@@ -1,7 +1,9 @@
 """The fleet's leaderboard: every job of a run directory, scored and ranked, written to RUN/leaderboard.json.
 
 Jobs that cannot be scored (failed, no metrics, no FPS while FPS has weight)
-are listed after the ranked ones with `rank: null` and a `reason`. Equal
+are listed after the ranked ones with `rank: null` and a `reason`; so are jobs
+below the quality floor (score.py), right after the ranked ones, with
+`below_floor: true`. Equal
 scores share a rank (1, 2, 2, 4), ties listed by quality then name. No torch.
 """
 
@@ -17,6 +19,7 @@ from typing import Any
 
 from musubi.config.errors import ConfigError
 from musubi.evaluate.score import (
+    DEFAULT_QUALITY_FLOOR,
     QUALITY_BY_TASK,
     ScoreRule,
     Unscorable,
@@ -122,6 +125,7 @@ def rank_jobs(jobs: list[JobResult], rule: ScoreRule) -> tuple[list[dict[str, An
             except Unscorable as e:
                 row["reason"] = str(e)
         rows.append(row)
+    below = _below_floor([r for r in rows if r["reason"] is None], rule)
     scorable = [r for r in rows if r["reason"] is None]
     with_fps = [r for r in scorable if r["fps"] is not None]
     base = fps_base(rule, [r["fps"] for r in with_fps])
@@ -136,7 +140,9 @@ def rank_jobs(jobs: list[JobResult], rule: ScoreRule) -> tuple[list[dict[str, An
         key = round(r["score"], _TIE_DECIMALS)
         r["rank"] = previous[1] if previous is not None and previous[0] == key else position
         previous = (key, r["rank"])
-    unscored = sorted((r for r in rows if r["reason"] is not None), key=lambda r: r["job"])
+    below.sort(key=lambda r: (-r["quality"], r["job"]))
+    unscored = sorted((r for r in rows if r["reason"] is not None and not r.get("below_floor")),
+                      key=lambda r: r["job"])
     runtimes = sorted({str(r.get("fps_runtime")) for r in scorable if r["fps"] is not None})
     header: dict[str, Any] = {
         "formula": rule.formula,
@@ -144,21 +150,43 @@ def rank_jobs(jobs: list[JobResult], rule: ScoreRule) -> tuple[list[dict[str, An
         "fps_target": rule.fps_target,
         "fps_base": base,
         "fps_normalisation": rule.normalisation(base, best),
+        "quality_floor": {"share": rule.quality_floor, "rule": rule.floor_rule},
         "quality_metrics": {**QUALITY_BY_TASK, "other": "the job's primary_metric (a fraction in [0, 1])"},
     }
     if rule.fps_weight > 0 and len(runtimes) > 1:
         header["warning"] = f"FPS measured with different runtimes ({', '.join(runtimes)}): the FPS term compares " \
                             "unlike figures"
-    return scorable + unscored, header
+    return scorable + below + unscored, header
+
+
+def _below_floor(rows: list[dict[str, Any]], rule: ScoreRule) -> list[dict[str, Any]]:
+    """Mark (reason, below_floor) and return the rows whose quality is 0 or under the floor of their metric:
+    listed, never ranked, so no speed makes up for a model that does not do the job."""
+    best: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        if r["metric"] not in best or r["quality"] > best[r["metric"]]["quality"]:
+            best[r["metric"]] = r
+    below = []
+    for r in rows:
+        top = best[r["metric"]]
+        floor = rule.floor(top["quality"])
+        if r["quality"] > 0 and r["quality"] >= floor:
+            continue
+        r["below_floor"] = True
+        r["reason"] = (f"{r['metric']} is 0: not ranked, whatever its speed" if r["quality"] <= 0 else
+                       f"below the quality floor: {r['metric']} {r['quality']:.4g} < {rule.quality_floor:g} x "
+                       f"{top['quality']:.4g} (best, {top['job']})")
+        below.append(r)
+    return below
 
 
 def build_leaderboard(run_dir: Path, weights: tuple[float, float] = (0.7, 0.3), fps_target: float | None = None,
-                      history: bool = True) -> list[dict[str, Any]]:
+                      history: bool = True, quality_floor: float = DEFAULT_QUALITY_FLOOR) -> list[dict[str, Any]]:
     """Rank a run's jobs, write RUN/leaderboard.json (and the store's history); return the rows."""
     run_dir = Path(run_dir)
     if len(weights) != 2:
         raise ConfigError(f"leaderboard: weights {weights!r}: give two numbers (quality, fps)")
-    rule = ScoreRule(float(weights[0]), float(weights[1]), fps_target)
+    rule = ScoreRule(float(weights[0]), float(weights[1]), fps_target, quality_floor)
     rows, header = rank_jobs(collect_jobs(run_dir), rule)
     header["created"] = dt.datetime.now(dt.timezone.utc).isoformat()
     write_json(run_dir / LEADERBOARD_FILE, {**header, "rows": rows})

@@ -23,7 +23,7 @@ from torch import nn
 from musubi.config.errors import ConfigError, one_line
 from musubi.evaluate.export_plan import DetectorForExport, ExportPlan, export_plan
 from musubi.evaluate.model_io import JobModel, load_job_model, sample_batch
-from musubi.evaluate.parity import compare_detections, compare_tensors, merge
+from musubi.evaluate.parity import compare_detections, compare_tensors, judge_detections, merge
 from musubi.store.registry import file_sha256
 from musubi.store.rundir import write_json
 
@@ -102,15 +102,21 @@ def _as_numpy(out: Any) -> list[np.ndarray]:
     return [t.detach().cpu().numpy() for t in items]
 
 
-def check_parity(plan: ExportPlan, path: Path, inputs: list[torch.Tensor]) -> dict[str, Any]:
-    """Run torch and ONNX Runtime (CPU) on the same inputs and compare (see parity.py for tolerances)."""
+def check_parity(plan: ExportPlan, path: Path, batches: list[Any]) -> dict[str, Any]:
+    """Run torch and ONNX Runtime (CPU) on the same host batches and compare (see parity.py for tolerances).
+
+    Detections are paired by IoU and score; with the batches' ground truth, the mAP of both sides'
+    predictions on these samples is reported and must agree.
+    """
     from musubi.evaluate.fps import onnx_session
 
     session, _ = onnx_session(path, torch.device("cpu"))
     floor = _score_threshold(plan.module)
     results = []
+    preds: dict[str, list[dict[str, torch.Tensor]]] = {"torch": [], "onnx": []}
     with torch.no_grad():
-        for x in inputs:
+        for batch in batches:
+            x = plan.to_input(batch)
             ref = _as_numpy(plan.module(x))
             try:
                 got = session.run(None, {plan.input_name: x.numpy()})
@@ -120,18 +126,44 @@ def check_parity(plan: ExportPlan, path: Path, inputs: list[torch.Tensor]) -> di
                                   f"{list(x.shape)} ({one_line(e)}); the export is not usable") from None
             if plan.compare == "detections":
                 results.append(compare_detections(tuple(ref), tuple(got), floor))
+                for side, out in (("torch", ref), ("onnx", got)):
+                    preds[side].append({k: torch.from_numpy(np.asarray(v)) for k, v in
+                                        zip(("boxes", "scores", "labels"), out, strict=True)})
             else:
                 results.append(compare_tensors(ref[0], got[0]))
-    out = merge(results)
+    if plan.compare == "detections":
+        targets = [t for batch in batches for t in plan.to_targets(batch)] if plan.to_targets else None
+        out = judge_detections(results, _sample_maps(preds, targets) if targets else None)
+    else:
+        out = merge(results)
     out["runtime"] = "onnxruntime-cpu vs torch-cpu"
     return out
 
 
-def _parity_inputs(job: JobModel, plan: ExportPlan, count: int) -> list[torch.Tensor]:
+def _sample_maps(preds: dict[str, list[dict[str, torch.Tensor]]],
+                 targets: list[dict[str, torch.Tensor]]) -> dict[str, dict[str, float]] | None:
+    """mAP50 and mAP50-95 of torch's and ONNX Runtime's predictions on the parity samples (the training
+    metric, one process), or None without the eval extra or ground truth."""
+    from musubi.tasks.detection import DetectionMetric, map_backend
+
+    try:
+        backend = map_backend()
+    except ConfigError:
+        return None
+    maps = {}
+    for side, side_preds in preds.items():
+        metric = DetectionMetric(torch.device("cpu"), backend)
+        metric.update(side_preds, (None, targets))
+        values = metric.compute(lambda t: t)  # one process: the sum over ranks is the tensor itself
+        maps[side] = {k: round(values[k], 6) for k in ("map50", "map")}
+    return None if maps["torch"]["map50"] == -1 else maps
+
+
+def _parity_batches(job: JobModel, plan: ExportPlan, count: int) -> list[Any]:
     """Real samples: one batch of `count` when the batch axis is symbolic (exercising it), else one by one."""
     if plan.dynamic_batch:
-        return [plan.to_input(sample_batch(job.task, count))]
-    return [plan.to_input(sample_batch(job.task, 1, start=i)) for i in range(count)]
+        return [sample_batch(job.task, count)]
+    return [sample_batch(job.task, 1, start=i) for i in range(count)]
 
 
 def _score_threshold(module: nn.Module) -> float:
@@ -152,7 +184,7 @@ def _lower_score_threshold(module: nn.Module) -> bool:
     return found
 
 
-def _all_scores_parity(plan: ExportPlan, inputs: list[torch.Tensor], opset: int, exporter: str,
+def _all_scores_parity(plan: ExportPlan, batches: list[Any], opset: int, exporter: str,
                        tmp: Path) -> dict[str, Any] | None:
     """Parity of a copy exported with score threshold 0: the whole graph is compared even when a
     barely trained detector scores every box below the shipped threshold (no detections to compare)."""
@@ -163,9 +195,9 @@ def _all_scores_parity(plan: ExportPlan, inputs: list[torch.Tensor], opset: int,
         return None
     probe = copy.copy(plan)
     probe.module = module
-    _export_once(probe, inputs[0], tmp, opset, exporter)
+    _export_once(probe, plan.to_input(batches[0]), tmp, opset, exporter)
     try:
-        return check_parity(probe, tmp, inputs)
+        return check_parity(probe, tmp, batches)
     finally:
         tmp.unlink(missing_ok=True)
 
@@ -185,28 +217,37 @@ def export_loaded(job: JobModel, opset: int = DEFAULT_OPSET, parity_inputs: int 
     """`export_job` for a model already loaded (the evaluation step reuses its JobModel)."""
     t0 = time.perf_counter()
     plan = export_plan(job)
+    if exporter in plan.unsupported:
+        raise ConfigError(f"export: --exporter {exporter}: {plan.unsupported[exporter]}")
     exporters = plan.exporters if exporter == "auto" else [exporter]
     # Trace with 2 samples where the batch axis is symbolic: a batch of 1 lets the tracer bake in size-1 dims.
     example = plan.to_input(sample_batch(job.task, 2 if plan.dynamic_batch else 1))
     out_dir = job.job_dir / EXPORT_DIR
+    created = not out_dir.exists()
     out_dir.mkdir(parents=True, exist_ok=True)
     tmp = out_dir / f".{ONNX_FILE}.{os.getpid()}.tmp"
     try:
         used = _export(plan, example, tmp, opset, exporters)
         inputs, outputs, real_opset = _graph_io(tmp)
-        samples = _parity_inputs(job, plan, max(1, parity_inputs))
+        samples = _parity_batches(job, plan, max(1, parity_inputs))
         parity = check_parity(plan, tmp, samples)
         if plan.compare == "detections" and parity.get("torch_detections", 0) == 0:
             extra = _all_scores_parity(plan, samples, opset, used, out_dir / f".probe.{os.getpid()}.tmp")
             if extra is not None:
                 parity["all_scores"] = extra
                 parity["ok"] = bool(parity["ok"] and extra["ok"])
+                if not extra["ok"]:
+                    parity["problem"] = f"with the score threshold at 0: {extra.get('problem', 'outputs differ')}"
                 parity["note"] = ("no detection passed the score threshold on the parity inputs: the graph was "
                                   "also compared with the threshold at 0 (all_scores)")
         final = out_dir / (ONNX_FILE if parity["ok"] else FAILED_FILE)
         os.replace(tmp, final)
-    finally:
+    except BaseException:
+        # An export that produced no graph leaves nothing behind: no temporary file, no empty export/.
         tmp.unlink(missing_ok=True)
+        if created and not any(out_dir.iterdir()):
+            out_dir.rmdir()
+        raise
     import onnx
     import onnxruntime
 

@@ -6,6 +6,11 @@ accuracy (val_acc) for language models, the job's primary_metric otherwise.
 FPS_norm is FPS / the best FPS among the ranked jobs (default), or
 min(1, FPS / target) when a target FPS is configured (meeting it earns full
 credit: a model faster than needed gains nothing more).
+
+The quality floor keeps speed from winning alone: a job is ranked only when its
+quality is above 0 and at least `quality_floor` x the best quality of the jobs
+measured by the same metric; the others are listed, unranked, with the reason,
+and their FPS does not set the FPS normalisation.
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ from musubi.config.errors import ConfigError
 #: The quality metric by built-in task (user tasks: their primary_metric).
 QUALITY_BY_TASK = {"detection": "map50", "classification": "top1", "lm": "val_acc"}
 DEFAULT_WEIGHTS = (0.7, 0.3)
+#: Share of the best quality (same metric) a job needs to be ranked: half as good as the best, and above 0.
+DEFAULT_QUALITY_FLOOR = 0.5
 #: Headline metrics, in the order they are picked when a job names no primary_metric.
 KNOWN_PRIMARY = ("map50", "top1", "val_acc")
 
@@ -34,6 +41,7 @@ class ScoreRule:
     quality_weight: float = DEFAULT_WEIGHTS[0]
     fps_weight: float = DEFAULT_WEIGHTS[1]
     fps_target: float | None = None
+    quality_floor: float = DEFAULT_QUALITY_FLOOR
 
     def __post_init__(self) -> None:
         for name, w in (("quality weight", self.quality_weight), ("fps weight", self.fps_weight)):
@@ -43,6 +51,18 @@ class ScoreRule:
             raise ConfigError("leaderboard: quality and fps weights are both 0; give at least one a weight > 0")
         if self.fps_target is not None and not (math.isfinite(self.fps_target) and self.fps_target > 0):
             raise ConfigError(f"leaderboard: fps target {self.fps_target!r}: must be a number > 0")
+        if not (isinstance(self.quality_floor, (int, float)) and 0 <= self.quality_floor <= 1):
+            raise ConfigError(f"leaderboard: quality floor {self.quality_floor!r}: must be a share in [0, 1] of the "
+                              f"best quality (default {DEFAULT_QUALITY_FLOOR})")
+
+    @property
+    def floor_rule(self) -> str:
+        """The quality floor in words."""
+        return f"ranked when quality > 0 and >= {self.quality_floor:g} x the best quality of the same metric"
+
+    def floor(self, best: float) -> float:
+        """The lowest quality that is ranked, given the best of its metric (always above 0)."""
+        return self.quality_floor * best
 
     @property
     def formula(self) -> str:
@@ -56,8 +76,8 @@ class ScoreRule:
         if self.fps_target is not None:
             return f"fps_norm = min(1, fps / {self.fps_target:g}) (configured target fps)"
         if base is None:
-            return "fps_norm = fps / best fps of the fleet (no job had fps)"
-        return f"fps_norm = fps / {base:.4g} (best fps of the fleet: {best_job})"
+            return "fps_norm = fps / best fps of the ranked jobs (no job was ranked)"
+        return f"fps_norm = fps / {base:.4g} (best fps of the ranked jobs: {best_job})"
 
 
 def quality_metric(task: str | None, record: dict[str, Any]) -> str:

@@ -109,8 +109,10 @@ def previous_best(runs_base: Path, fleet_name: str, current: Path) -> str | None
         try:
             rows = read_json(run / "leaderboard.json")
             rows = rows.get("rows", rows) if isinstance(rows, dict) else rows
-            if rows and isinstance(rows[0], dict):
-                return rows[0].get("job") or rows[0].get("name")
+            # Only a ranked job is a best model: a run that ranked nothing has none to put first.
+            top = [r for r in rows if isinstance(r, dict) and r.get("rank") == 1]
+            if top:
+                return top[0].get("job") or top[0].get("name")
         except (OSError, ValueError, RecursionError, TypeError, KeyError):
             continue  # an unreadable old leaderboard only costs the ordering hint
     return None

@@ -20,7 +20,8 @@ def ship(spec: FleetSpec, run_dir: Path, console: Console) -> list[dict]:
     from musubi.store.registry import promote, register, write_manifest
 
     lb = spec.leaderboard
-    rows = build_leaderboard(run_dir, weights=(lb.quality_weight, lb.fps_weight), fps_target=lb.fps_target)
+    rows = build_leaderboard(run_dir, weights=(lb.quality_weight, lb.fps_weight), fps_target=lb.fps_target,
+                             quality_floor=lb.quality_floor)
     ranked = [r for r in rows if r.get("rank") is not None]
     shipped = 0
     for row in ranked:  # the top-k that export cleanly: a parity failure passes to the next

@@ -264,11 +264,21 @@ def job_items(name: str, job_dir: Path, state: str, gpus: int, kind: str, succes
         if ev:
             items.append(Item("after", "eval", "PASS",
                               f"eval.json: {', '.join(f'{k} {v:.4g}' for k, v in list(ev.items())[:3])}", name))
-        elif in_fleet:  # a fleet ranks its models: every job owes its metrics
-            items.append(Item("after", "eval", "FAIL", "no eval.json (no metrics for this model)", name))
         else:
-            items.append(Item("after", "eval", "SKIP", "no eval.json (the job has no validation split)", name))
+            items.append(_no_metrics_item(name, job_dir, in_fleet))
     return items
+
+
+def _no_metrics_item(job: str, job_dir: Path, in_fleet: bool) -> Item:
+    """A job that ended well without metrics, described as its files are (eval.json there or not,
+    a validation split configured or not)."""
+    found = ("eval.json has no metrics" if (job_dir / "eval.json").is_file() else "no eval.json")
+    has_val = E.has_validation_split(job_dir)
+    why = {True: "although the job has a validation split", False: "the job has no validation split",
+           None: "the job reported none"}[has_val]
+    if in_fleet:  # a fleet ranks its models: every job owes its metrics
+        return Item("after", "eval", "FAIL", f"{found} ({why})", job)
+    return Item("after", "eval", "WARN" if has_val else "SKIP", f"{found} ({why})", job)
 
 
 def build_checklist(run_dir: Path, success: SuccessSpec | None = None) -> Checklist:

@@ -199,6 +199,20 @@ def eval_metrics(job_dir: Path) -> dict[str, float]:
     return {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
+def has_validation_split(job_dir: Path) -> bool | None:
+    """Whether job.json's config has a validation split (data.val, or synthetic val_size > 0); None when
+    job.json holds no task config (an external job)."""
+    rec = read_json_or_none(job_dir / "job.json")
+    config = rec.get("config") if isinstance(rec, dict) else None
+    data = config.get("data") if isinstance(config, dict) and "task" in config else None
+    if not isinstance(data, dict):
+        return None
+    synthetic = data.get("synthetic")
+    if isinstance(synthetic, dict):
+        return synthetic.get("val_size") != 0  # absent: the default, which validates
+    return data.get("val") is not None
+
+
 def primary_metric(job_dir: Path) -> str | None:
     """The headline metric eval.json names."""
     rec = read_json_or_none(job_dir / "eval.json")

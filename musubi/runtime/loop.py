@@ -373,6 +373,10 @@ class Trainer:
                 if not self.spec.checkpoint.every_steps or self.step >= stop or (evaluated and self._keeps_best()):
                     self.save()
             if stopped_early:
+                # Training ended inside an epoch (train.max_steps, --max-steps): the weights it leaves are
+                # validated like an epoch's end, so eval.json always has the final step's metrics.
+                if self.val and self.last_eval_step != self.step:
+                    self.run_eval(metrics)
                 self.save()
             self.phase = "finish"
             if self.checkpointer is not None:

@@ -58,7 +58,8 @@ def make_task_job(run_dir: Path, config: dict[str, Any], steps: int = 2, batch: 
     model.train()
     for step in range(steps):
         samples = [data[(step * batch + i) % len(data)] for i in range(batch)]
-        loss, _ = task.loss(model, task.collate(samples))
+        # to_device: the model's own input convention (image files load as uint8; detectors take [0, 1] floats)
+        loss, _ = task.loss(model, task.to_device(task.collate(samples), torch.device("cpu")))
         opt.zero_grad()
         loss.backward()
         opt.step()

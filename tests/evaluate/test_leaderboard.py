@@ -36,7 +36,8 @@ def test_default_score_hand_computed(tmp_path: Path) -> None:
     assert r["b"]["fps_norm"] == pytest.approx(0.5)
     board = json.loads((run / "leaderboard.json").read_text())
     assert board["formula"] == "score = 0.7 x quality + 0.3 x fps_norm"
-    assert board["fps_normalisation"] == "fps_norm = fps / 100 (best fps of the fleet: a)"
+    assert board["fps_normalisation"] == "fps_norm = fps / 100 (best fps of the ranked jobs: a)"
+    assert board["quality_floor"]["share"] == 0.5
     assert board["quality_metrics"]["lm"] == "val_acc"
     assert [x["job"] for x in board["rows"]] == ["b", "c", "a"]
 
@@ -46,10 +47,40 @@ def test_ties_share_a_rank(tmp_path: Path) -> None:
     task_job(run, "x", metrics={"map50": 0.5}, fps=100.0)  # .35 + .3 = .65
     task_job(run, "y", metrics={"map50": 0.5 / 0.7}, fps=50.0)  # .5 + .15 = .65 (float noise aside)
     task_job(run, "w", metrics={"map50": 0.5}, fps=100.0)  # the same as x exactly
-    task_job(run, "z", metrics={"map50": 0.1}, fps=10.0)
+    task_job(run, "z", metrics={"map50": 0.4}, fps=10.0)  # above the floor (0.5 x 0.714): ranked
     rows = build_leaderboard(run)
     # Ties: higher quality first, then by name; equal scores share the rank, the next rank skips.
     assert [(x["job"], x["rank"]) for x in rows] == [("y", 1), ("w", 1), ("x", 1), ("z", 4)]
+
+
+def test_speed_alone_never_wins(tmp_path: Path) -> None:
+    """A zero-quality model and one below the floor are listed, unranked, and do not set the FPS base."""
+    run = tmp_path / "run"
+    task_job(run, "zero", metrics={"map50": 0.0}, fps=1000.0)  # the issue's case: fastest, mAP50 0
+    task_job(run, "weak", metrics={"map50": 0.2}, fps=500.0)  # 0.2 < 0.5 x 0.6
+    task_job(run, "good", metrics={"map50": 0.6}, fps=20.0)
+    task_job(run, "ok", metrics={"map50": 0.3}, fps=40.0)  # exactly at the floor: ranked
+    task_job(run, "cls", task="classification", metrics={"top1": 0.05}, fps=900.0)  # its own metric's best
+    rows = build_leaderboard(run)
+    assert [(r["job"], r["rank"]) for r in rows] == [
+        ("good", 1), ("cls", 2), ("ok", 3), ("weak", None), ("zero", None)]
+    r = by_job(rows)
+    # FPS normalised among the ranked jobs only: cls's 900 is the base, not zero's 1000.
+    assert r["ok"]["fps_norm"] == pytest.approx(40 / 900) and r["cls"]["fps_norm"] == 1.0
+    assert r["zero"]["below_floor"] and r["zero"]["score"] is None and "map50 is 0" in r["zero"]["reason"]
+    assert r["weak"]["reason"] == "below the quality floor: map50 0.2 < 0.5 x 0.6 (best, good)"
+    # Whatever the weights and the floor, quality 0 is never ranked.
+    for weights, floor in (((0.0, 1.0), 0.0), ((0.1, 0.9), 0.0)):
+        rows = build_leaderboard(run, weights=weights, quality_floor=floor, history=False)
+        assert rows[0]["job"] != "zero" and by_job(rows)["zero"]["rank"] is None
+    only_zero = tmp_path / "zero-run"
+    task_job(only_zero, "zero", metrics={"map50": 0.0}, fps=1000.0)
+    rows = build_leaderboard(only_zero, history=False)
+    assert rows[0]["rank"] is None
+    board = json.loads((only_zero / "leaderboard.json").read_text())
+    assert board["fps_normalisation"] == "fps_norm = fps / best fps of the ranked jobs (no job was ranked)"
+    with pytest.raises(ConfigError, match="quality floor"):
+        ScoreRule(quality_floor=1.5)
 
 
 def test_fps_target_caps_at_one(tmp_path: Path) -> None:

@@ -168,6 +168,12 @@ def test_previous_best_is_found_by_the_fleet_name_in_run_json(tmp_path: Path) ->
     assert previous_best(runs, "f", runs / "demo2") == "a"
     assert previous_best(runs, "other-f", runs / "demo2") == "b"
     assert previous_best(runs, "f", runs / "demo1") is None
+    # A newer run that ranked nothing (every model below the quality floor) names no best model.
+    write_json(runs / "0104-f" / "run.json", {"config": {"name": "f"}, "started": "2026-01-04T00:00"})
+    write_json(runs / "0104-f" / "leaderboard.json", {"rows": [{"job": "zero", "rank": None}]})
+    assert previous_best(runs, "f", runs / "demo2") == "a"
+    write_json(runs / "0102-f" / "leaderboard.json", {"rows": [{"job": "b", "rank": None}]})
+    assert previous_best(runs, "other-f", runs / "demo2") is None
 
 
 def test_resume_names_jobs_changed_since_the_run_started(tmp_path: Path) -> None:

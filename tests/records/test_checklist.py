@@ -258,6 +258,28 @@ def test_job_names_are_printed_literally(tmp_path: Path) -> None:
     assert "[red]x" in res.output  # rich markup in a name is data, not style
 
 
+def test_eval_lines_state_what_the_files_hold(tmp_path: Path) -> None:
+    """Without metrics the eval line says whether eval.json exists and whether a validation split is set."""
+    files = {**CONFIG, "task": "detection", "data": {"train": {"path": "t"}, "val": {"path": "v"}}}
+    cases = {  # job -> (config, eval.json written, fleet status, train status)
+        "val-empty": (files, True, "FAIL", "WARN"),
+        "val-none": (files, False, "FAIL", "WARN"),
+        "no-val": ({**CONFIG, "data": {"synthetic": {"val_size": 0}}}, False, "FAIL", "SKIP"),
+    }
+    expected = {"val-empty": "eval.json has no metrics (although the job has a validation split)",
+                "val-none": "no eval.json (although the job has a validation split)",
+                "no-val": "no eval.json (the job has no validation split)"}
+    for fleet in (True, False):
+        for name, (config, written, in_fleet, alone) in cases.items():
+            run = tmp_path / f"{name}-{fleet}"
+            if fleet:
+                _fleet(run, {name: "done"})
+            d = _job(run, name, eval_metrics=False, config={**config, "name": name})
+            if written:
+                _w(d / "eval.json", {"metrics": {}, "primary_metric": "map50"})
+            assert _items(build_checklist(run))[(name, "eval")] == (in_fleet if fleet else alone, expected[name])
+
+
 @pytest.mark.timeout(300)
 def test_musubi_train_ends_with_its_checklist(tiny_job, tmp_path: Path) -> None:
     from tests.runtime.helpers import train

@@ -44,6 +44,9 @@ def test_stop_and_resume_is_bitwise_exact(tiny_job, tmp_path: Path) -> None:
     summary = json.loads((tmp_path / "cut" / "tiny" / "summary.json").read_text())
     assert summary["steps"] == 11 and not summary["finished"]
     assert json.loads((tmp_path / "cut" / "tiny" / "job.json").read_text())["status"] == "stopped"
+    # Stopped inside an epoch, still validated: eval.json holds the metrics of step 11's weights.
+    evals = json.loads((tmp_path / "cut" / "tiny" / "eval.json").read_text())
+    assert evals["step"] == 11 and evals["metrics"]["val_count"] == 30.0
     code, out = train(str(job), "--nproc", "2", "--out", str(tmp_path / "cut"), "--resume")
     assert code == 0, out
     a, b = final_state(tmp_path / "full" / "tiny"), final_state(tmp_path / "cut" / "tiny")
