@@ -151,8 +151,8 @@ def estimate(job: TaskJob | CommandJob, widths: tuple[int, ...], db: Path | None
         source = "declared"
     elif isinstance(job, TaskJob) and sample_count(job):
         one_gpu = (sample_count(job) or 0) / FALLBACK_SAMPLES_PER_S.get(kind, 500.0)
-    else:
-        one_gpu = FALLBACK_S.get(kind, 600.0) - startup
+    else:  # FALLBACK_S on its declared width
+        one_gpu = (FALLBACK_S.get(kind, 600.0) - startup) * (job.gpus if shrinks else 1) / slowdown(job.gpus, comm)
     seconds = tuple(round(seconds_on(w, one_gpu, startup, comm, shrinks), 3) for w in widths)
     return Estimate(job.name, widths, seconds, source, round(startup, 3), round(comm, 4))
 
