@@ -16,7 +16,9 @@ The duration model (musubi/fleet/durations.py) is checked on the way: every job 
 recorded in the store beside the fleet's run folder as history of that job on this machine (width 1 from
 (a), all GPUs from (b)), so with the default order a,b,fleet the fleet plans from measured durations and
 fitted scaling. After the fleet, each job's predicted and measured seconds (on the width the fleet gave
-it) and the predicted and measured makespan are printed; `--svg` draws both timelines.
+it) and the predicted and measured makespan are printed; `--svg` draws both timelines. (a) and (b) time
+`musubi train` alone, without the fleet's evaluation step: predictions from them run short by that step
+(CPU, tiny jobs: 3-4 s a job); the fleet's own history (a second fleet run) includes it.
 """
 
 from __future__ import annotations

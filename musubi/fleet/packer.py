@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
 from dataclasses import dataclass, field
+from typing import Any
 
 from musubi.fleet.placement import choose
 from musubi.topology.model import NodeTopology

@@ -343,7 +343,7 @@ def plan_fleet(req: FleetRequest, console: Console | None = None) -> list[str]:
     lines.append("predicted durations (start-up included; see README 'How long each job takes'):")
     for j in spec.jobs:
         e = est[j.name]
-        each = ", ".join(f"{w} {unit}{'s' if w > 1 else ''} {t:.0f} s" for w, t in zip(e.widths, e.seconds))
+        each = ", ".join(f"{w} {unit}{'s' if w > 1 else ''} {t:.0f} s" for w, t in zip(e.widths, e.seconds, strict=True))
         lines.append(f"  {j.name}: {each} ({e.source}; start-up {e.startup_s:.0f} s, comm {e.comm:g})")
     clock = [0.0]
     packer = Packer(list(devices), list(queue), topology=topo, planner=best_plan, clock=lambda: clock[0])

@@ -8,8 +8,15 @@ import pytest
 from pydantic import ValidationError
 
 from musubi.config.load import load_fleet
-from musubi.fleet.durations import (DEFAULT_STARTUP_S, FALLBACK_S, estimate, fit_comm, job_key, seconds_on,
-                                    slowdown)
+from musubi.fleet.durations import (
+    DEFAULT_STARTUP_S,
+    FALLBACK_S,
+    estimate,
+    fit_comm,
+    job_key,
+    seconds_on,
+    slowdown,
+)
 from musubi.store.db import store_baseline, store_job_run
 
 FLEET = """
