@@ -1,8 +1,8 @@
 """Fleet makespan: `musubi run` against (a) every job alone on one GPU in sequence and
 (b) the seed's way, every job in sequence on all GPUs (single-GPU-only jobs alone).
 
-    python bench/fleet.py [--fleet bench/fleet-bench.yaml] [--modes fleet,a,b] [--device cuda|cpu]
-                          [--cpu-slots N] [--json OUT.json]
+    python bench/fleet.py [--fleet bench/fleet-bench.yaml] [--modes a,b,fleet] [--device cuda|cpu]
+                          [--cpu-slots N] [--json OUT.json] [--svg OUT.svg] [--a-parallel]
 
 The same jobs (same data, epochs and per-rank batch) run in every mode; the
 fleet packs them onto the GPUs side by side. The fleet's makespan also holds
@@ -11,6 +11,14 @@ end, which (a) and (b) skip: the comparison is conservative for the fleet.
 Plumbing checked on CPU slots with tiny jobs (where start-up and evaluation
 dominate, so the ratio says nothing); the 4-GPU run is still to be made. Prints the makespans, the speedup
 of the fleet over (a) (target: at least 0.90 x the number of GPUs) and over (b).
+
+The duration model (musubi/fleet/durations.py) is checked on the way: every job (a) and (b) run is
+recorded in the store beside the fleet's run folder as history of that job on this machine (width 1 from
+(a), all GPUs from (b)), so with the default order a,b,fleet the fleet plans from measured durations and
+fitted scaling. After the fleet, each job's predicted and measured seconds (on the width the fleet gave
+it) and the predicted and measured makespan are printed; `--svg` draws both timelines. (a) and (b) time
+`musubi train` alone, without the fleet's evaluation step: predictions from them run short by that step
+(CPU, tiny jobs: 3-4 s a job); the fleet's own history (a second fleet run) includes it.
 """
 
 from __future__ import annotations
@@ -33,7 +41,11 @@ sys.path.insert(0, str(REPO))
 
 from musubi.config.fleet import CommandJob, TaskJob  # noqa: E402
 from musubi.config.load import load_fleet  # noqa: E402
+from musubi.fleet.durations import machine_of, record_run  # noqa: E402
 from musubi.fleet.jobs import resolve_command  # noqa: E402
+from musubi.fleet.moldable import Bar  # noqa: E402
+from musubi.fleet.timeline import svg_timeline, text_timeline  # noqa: E402
+from musubi.store.db import db_path  # noqa: E402
 
 
 def _run(argv: list[str], env: dict[str, str], cwd: Path) -> float:
@@ -54,8 +66,30 @@ def run_fleet(fleet: Path, out: Path, device: str, slots: int | None) -> float:
     return _run(argv, dict(os.environ), REPO)
 
 
+def remember(job, out: Path, device: str, n: int, started: float, ended: float) -> None:
+    """A job's measured run as history for the fleet's duration model (the store the fleet run will read)."""
+    from musubi.store.rundir import env_record
+
+    global MACHINE
+    if MACHINE is None:
+        MACHINE = machine_of(env_record())
+    job_dir = out / job.name / job.name if isinstance(job, TaskJob) else out / job.name
+    record_run(db_path(out.parent / "fleet"), job, MACHINE, device, n, started, ended, job_dir)
+
+
+MACHINE: list | None = None
+
+
 def run_job_alone(job, base: Path, out: Path, device: str, n: int, gpu: str | None) -> float:
-    """Seconds of one job run alone on `n` GPUs (`gpu`: the one GPU index for single-GPU runs)."""
+    """Seconds of one job run alone on `n` GPUs (`gpu`: the one GPU index for single-GPU runs); recorded as
+    history of the job for the fleet's duration model."""
+    started = time.time()
+    seconds = _run_alone(job, base, out, device, n, gpu)
+    remember(job, out, device, n, started, started + seconds)
+    return seconds
+
+
+def _run_alone(job, base: Path, out: Path, device: str, n: int, gpu: str | None) -> float:
     env = dict(os.environ)
     if gpu is not None and device == "cuda":
         env["CUDA_VISIBLE_DEVICES"] = gpu
@@ -117,14 +151,45 @@ def run_solo_parallel(fleet: Path, out: Path, device: str, slots: int, durations
     return sum(durations.values())
 
 
+def compare(run_dir: Path, devices: int, svg: Path | None) -> dict:
+    """Predicted (the fleet's first plan) against measured (fleet.json) per job and for the makespan."""
+    rec = json.loads((run_dir / "fleet.json").read_text())
+    plan, jobs = rec.get("plan") or {}, rec.get("jobs") or {}
+    t0 = min((s["started"] for s in jobs.values() if s.get("started")), default=0.0)
+    measured = [Bar(n, tuple(s.get("gpus") or range(s.get("width") or 1)), s["started"] - t0, s["ended"] - t0)
+                for n, s in jobs.items() if s.get("started") and s.get("ended")]
+    predicted = [Bar(b["job"], tuple(range(b["width"])), b["start"], b["end"]) for b in plan.get("bars", [])]
+    rows = {}
+    for n, s in jobs.items():
+        took = (s["ended"] - s["started"]) if s.get("started") and s.get("ended") else None
+        rows[n] = {"width": s.get("width"), "predicted_s": s.get("predicted_s"), "measured_s": round(took, 1)
+                   if took else None, "source": s.get("estimate"),
+                   "error": round(s["predicted_s"] / took - 1, 3) if took and s.get("predicted_s") else None}
+        print(f"  {n}: {s.get('width')} GPU(s), predicted {s.get('predicted_s') or 0:.0f} s "
+              f"({s.get('estimate')}), measured {took or 0:.0f} s", flush=True)
+    span = max((b.end for b in measured), default=0.0)
+    out = {"plan": plan.get("how"), "predicted_makespan_s": plan.get("makespan_s"),
+           "declared_makespan_s": plan.get("declared_s"), "measured_jobs_makespan_s": round(span, 1), "jobs": rows}
+    print(f"  makespan of the jobs: predicted {plan.get('makespan_s')} s ({plan.get('how')}; declared widths "
+          f"{plan.get('declared_s')} s), measured {span:.1f} s", flush=True)
+    for line in text_timeline(measured, list(range(devices))):
+        print("  " + line, flush=True)
+    if svg is not None:
+        svg.write_text(svg_timeline([("predicted (first plan)", predicted), ("measured", measured)],
+                                    list(range(devices))))
+    return out
+
+
 def main() -> None:
     """Run the selected modes and print the comparison."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--fleet", type=Path, default=REPO / "bench" / "fleet-bench.yaml")
-    ap.add_argument("--modes", default="fleet,a,b")
+    ap.add_argument("--modes", default="a,b,fleet",
+                    help="a and b first: their measured jobs are the fleet's duration history")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--cpu-slots", type=int, default=None)
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--svg", type=Path, default=None, help="draw the predicted and measured fleet timelines")
     ap.add_argument("--a-parallel", action="store_true",
                     help="measure (a) as jobs alone on separate GPUs at once; (a) = the sum of their times")
     args = ap.parse_args()
@@ -153,6 +218,8 @@ def main() -> None:
     report = {"devices": n, "device": args.device, "makespan_s": {k: round(v, 1) for k, v in result.items()},
               "job_s": {m: {k: round(v, 1) for k, v in d.items()} for m, d in jobs.items() if d},
               "a_measured": "in parallel, one job per GPU, summed" if args.a_parallel else "sequential"}
+    if "fleet" in result:
+        report["prediction"] = compare(tmp / "fleet", n, args.svg)
     if "fleet" in result and "a" in result:
         report["speedup_vs_a"] = round(result["a"] / result["fleet"], 2)
         report["target_vs_a"] = round(0.9 * n, 2)

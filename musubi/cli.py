@@ -135,13 +135,17 @@ def run(
     no_check: bool = typer.Option(False, "--no-check", help="Skip the preflight (recorded)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print where each job would run and why (placements, "
                                  "cores), on this machine or machine.topology; start and write nothing."),
+    gpus: int | None = typer.Option(None, "--gpus", min=1, max=1024, help="With --dry-run: plan for a machine of "
+                                    "this many GPUs instead of this one (declared or fallback durations)."),
 ) -> None:
     """Train a whole fleet: pack jobs onto the GPUs, retry failures, then rank, export and register."""
     from musubi.fleet.run import FleetRequest, plan_fleet, run_fleet
     from musubi.fleet.stop import FleetInterrupted
 
     req = FleetRequest(fleet_path=fleet, out=out, resume=resume, executor=executor, cpu_slots=cpu_slots,
-                       check=not no_check, device=device, dry_run=dry_run)
+                       check=not no_check, device=device, dry_run=dry_run, gpus=gpus)
+    if gpus is not None and not dry_run:
+        _fail("--gpus N plans a machine of N GPUs: it goes with --dry-run (a real run uses the visible GPUs)", 2)
     if dry_run:
         _guarded(plan_fleet, req, Console(width=None if sys.stdout.isatty() else 160))
         return

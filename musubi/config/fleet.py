@@ -44,6 +44,15 @@ class Placement(StrictModel):
     family: ShortStr | None = Field(None, description="Jobs of one family run back to back (warm caches).")
     retries: int = Field(1, ge=0, le=20, description="Retries after a failure (not after a config error).")
     memory_gib: float | None = Field(None, gt=0, le=1e6, description="Declared GPU memory need per GPU (GiB).")
+    max_gpus: int | None = Field(None, ge=1, le=1024, description="Moldable task job (local executor): the "
+                                 "packer chooses its GPU count between min_gpus and this, from the predicted "
+                                 "durations (per-rank batch kept: the global batch and LR follow the width). None: "
+                                 "always `gpus`.")
+    min_gpus: int = Field(1, ge=1, le=1024, description="Moldable task job: the fewest GPUs the packer may give it "
+                          "(e.g. an FSDP model that needs 2 to fit).")
+    expected_min: float | None = Field(None, gt=0, le=1e7, description="Expected minutes on `gpus` GPUs, start-up "
+                                       "included: the packer's estimate until an earlier run of this job on this "
+                                       "machine is recorded.")
     after: list[ShortStr] = Field(default_factory=list, max_length=MAX_JOBS, description="Jobs that must end well before this one "
                              "starts (Slurm: --dependency=afterok).")
     cpus_per_rank: int | None = Field(None, ge=1, le=1024, description="Slurm: CPU cores per rank (default: "
@@ -99,6 +108,8 @@ class CommandJob(Placement):
             raise ValueError("launch: single runs one process: gpus must be 1 (or use launch: torchrun)")
         if self.nodes > 1:
             raise ValueError("nodes: external commands run on one node; multi-node jobs are task jobs")
+        if self.max_gpus is not None:
+            raise ValueError("max_gpus: an external command runs on exactly `gpus` GPUs; only task jobs are moldable")
         return self
 
 
@@ -106,6 +117,22 @@ class TaskJob(Placement):
     """A Musubi training job and its placement."""
 
     spec: JobSpec
+
+    @model_validator(mode="after")
+    def _widths(self) -> TaskJob:
+        if self.max_gpus is not None and not self.min_gpus <= self.gpus <= self.max_gpus:
+            raise ValueError(f"gpus: {self.gpus} must lie between min_gpus ({self.min_gpus}) and max_gpus "
+                             f"({self.max_gpus}); widen the range or change gpus")
+        if self.max_gpus is not None and self.nodes > 1:
+            raise ValueError("max_gpus: multi-node jobs keep their width; drop max_gpus or nodes")
+        return self
+
+    @property
+    def widths(self) -> tuple[int, ...]:
+        """The GPU counts the packer may give this job (only `gpus` unless it is moldable)."""
+        if self.max_gpus is None:
+            return (self.gpus,)
+        return tuple(range(self.min_gpus, self.max_gpus + 1))
 
     @property
     def name(self) -> str:

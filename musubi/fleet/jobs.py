@@ -82,8 +82,9 @@ def task_launch(job: TaskJob, run_dir: Path, gpus: list[int], kind: str, resume:
     `cpus`: MUSUBI_CPUS for its ranks (the cores of its GPUs); `pin` False: the fleet turned pinning off.
     """
     spec_path = write_job_spec(job, run_dir, pin)
+    # --nproc: the GPUs the packer gave it (a moldable job's width may differ from its `gpus:`).
     argv = [sys.executable, "-m", "musubi.cli", "train", str(spec_path), "--out", str(run_dir), "--nproc",
-            str(job.gpus), "--device", kind, "--no-check", "--fleet-member"]
+            str(len(gpus) or job.gpus), "--device", kind, "--no-check", "--fleet-member"]
     if resume:
         argv.append("--resume")
     env = dict(os.environ, **gpu_env(gpus, kind, threads, cpus), PYTHONUNBUFFERED="1")

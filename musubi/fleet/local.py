@@ -30,11 +30,14 @@ from rich.text import Text
 from musubi.config.errors import ConfigError
 from musubi.config.fleet import CommandJob, FleetSpec, TaskJob
 from musubi.fleet import jobs as J
+from musubi.fleet.durations import Estimate, estimate, machine_of, record_run
 from musubi.fleet.machine import SHOW, cpus_value, device_cores, fleet_topology
+from musubi.fleet.moldable import best_plan
 from musubi.fleet.packer import Demand, Packer, unplaceable
 from musubi.fleet.stop import FleetInterrupted, signals_flagged
 from musubi.runtime.checkpoint import latest_checkpoint
 from musubi.runtime.proctree import stop_trees
+from musubi.store.db import db_path
 from musubi.store.rundir import read_json, write_json
 
 log = logging.getLogger("musubi.fleet")
@@ -60,6 +63,9 @@ class JobState:
     restarts: int = 0  # torchrun restarts inside the job's launches (failures it recovered from by itself)
     failures: list[dict[str, Any]] = field(default_factory=list)  # every failure of every launch (job.json)
     goodput: float | None = None  # the job's goodput (JOB/goodput.json) after its latest launch
+    width: int = 0  # GPUs of the latest attempt (a moldable job resumed from a checkpoint keeps it)
+    predicted_s: float | None = None  # the duration model's seconds for the latest attempt on its GPUs
+    estimate: str = ""  # where that prediction came from (history, probe, declared, fallback)
 
 
 @dataclass
@@ -118,6 +124,15 @@ def previous_best(runs_base: Path, fleet_name: str, current: Path) -> str | None
     return None
 
 
+def estimates(spec: FleetSpec, capacity: int, db: Path | None, machine: list[Any], kind: str) -> dict[str, Estimate]:
+    """Every job's predicted seconds on each width it may get on a machine of `capacity` devices."""
+    out = {}
+    for j in spec.jobs:
+        widths = tuple(w for w in (j.widths if isinstance(j, TaskJob) else (j.gpus,)) if w <= capacity) or (j.gpus,)
+        out[j.name] = estimate(j, widths, db, machine, kind)
+    return out
+
+
 class LocalFleet:
     """Runs a validated fleet to the end on this machine."""
 
@@ -131,16 +146,21 @@ class LocalFleet:
         for st in self.states.values():
             if st.state != "done":  # unfinished jobs queue again and resume from their checkpoints
                 st.state, st.gpus = "queued", []
-        first = previous_best(run_dir.parent, spec.name, run_dir)
-        queue = [Demand(j.name, j.gpus, j.priority, j.family, first=(j.name == first), after=tuple(j.after))
-                 for j in spec.jobs if self.states[j.name].state != "done"]
+        self.first = previous_best(run_dir.parent, spec.name, run_dir)
+        first = self.first
+        self.db = db_path(run_dir)
+        env = read_json(run_dir / "env.json") if (run_dir / "env.json").is_file() else None
+        self.machine = machine_of(env)
+        self.estimates = estimates(spec, len(devices), self.db, self.machine, kind)
+        queue = [self._demand(j) for j in spec.jobs if self.states[j.name].state != "done"]
         problems = unplaceable(queue, len(devices))
         if problems:
             raise ConfigError(problems[0])
         topology = fleet_topology(spec, base, run_dir, kind)
-        self.packer = Packer(list(devices), queue, topology=topology)
+        self.packer = Packer(list(devices), queue, topology=topology, planner=best_plan)
         self.packer.done = {n for n, st in self.states.items() if st.state == "done"}
         self.running: dict[str, _Running] = {}
+        self.predicted: dict[str, Any] | None = None  # the first plan: predicted makespan and timeline
         # CPU threads per rank: the machine's cores shared by every device's rank.
         self.threads = max(1, (os.cpu_count() or 1) // max(1, len(devices)))
         # Each device's own cores: a job's ranks are pinned to the cores of its GPUs (never another job's).
@@ -148,17 +168,37 @@ class LocalFleet:
         if first:
             log.info("previous best model %s runs first", first, extra=SHOW)
 
+    def _demand(self, job: TaskJob | CommandJob) -> Demand:
+        """What the job asks of the packer: a job with a checkpoint keeps the width it was trained on (its
+        sampler position and RNG states are per rank), a fresh moldable job may get any of its widths."""
+        est = self.estimates[job.name]
+        widths, seconds = est.widths, est.seconds
+        st = self.states[job.name]
+        if (isinstance(job, TaskJob) and st.width in widths
+                and latest_checkpoint(self.run_dir / job.name / "checkpoints") is not None):
+            widths, seconds = (st.width,), (est.at(st.width),)
+        gpus = job.gpus if job.gpus in widths else widths[0]
+        return Demand(job.name, gpus, job.priority, job.family, first=(job.name == self.first),
+                      after=tuple(job.after), widths=widths if len(widths) > 1 else (),
+                      seconds=seconds if len(widths) > 1 else (est.at(gpus),))
+
     # -- state ---------------------------------------------------------------
     def save_state(self) -> None:
         """Write fleet.json (atomically)."""
-        write_json(self.state_path, {"fleet": self.spec.name, "jobs": {n: vars(s) for n, s in self.states.items()}})
+        record: dict[str, Any] = {"fleet": self.spec.name, "jobs": {n: vars(s) for n, s in self.states.items()}}
+        if self.predicted is not None:
+            record["plan"] = self.predicted
+        write_json(self.state_path, record)
 
     # -- starting --------------------------------------------------------------
     def _start(self, job: TaskJob | CommandJob, gpus: list[int]) -> None:
         st = self.states[job.name]
         st.attempts += 1
-        st.state, st.gpus, st.started = "running", gpus, time.time()
+        st.state, st.gpus, st.started, st.width = "running", gpus, time.time(), len(gpus)
         st.placement = self.packer.reasons.get(job.name, "")
+        est = self.estimates[job.name]
+        st.predicted_s = est.at(len(gpus)) if len(gpus) in est.widths else None
+        st.estimate = est.source
         if self._evaluate_only(job, st):
             return
         cpus = cpus_value(self.cores, gpus) if self.cores is not None else None
@@ -170,7 +210,7 @@ class LocalFleet:
                 aside = self.run_dir / f"{job.name}.attempt{st.attempts - 1}"
                 job_dir.rename(aside)
             launch = J.task_launch(job, self.run_dir, gpus, self.kind, resume, self.threads, cpus,
-                                   pin=self.spec.machine.pin_cpus)
+                                   pin=self.spec.machine.pin_cpus)  # --nproc len(gpus): its width
         else:
             launch = J.command_launch(job, self.run_dir, gpus, self.kind, self.base, self.threads * job.gpus, cpus)
         launch.log.parent.mkdir(parents=True, exist_ok=True)
@@ -250,6 +290,8 @@ class LocalFleet:
                 while (self.packer.queue or self.running) and not signals:
                     for demand, gpus in self.packer.place():  # a signal now only notes itself: each
                         self._start(self.jobs[demand.name], gpus)  # job started is recorded, then stopped
+                    if self.predicted is None and self.packer.plan is not None:
+                        self._note_plan(self.packer.plan)
                     self.save_state()
                     time.sleep(0.5)
                     for name, run in list(self.running.items()):
@@ -305,6 +347,7 @@ class LocalFleet:
         if code == 0:
             st.state = "done"
             self.packer.done.add(name)
+            self._remember(name, st)
             self._say(f"done {name} ({st.ended - (st.started or st.ended):.0f}s){recovered}")
             return
         cause = self._failure_cause(name, run, code)
@@ -318,13 +361,35 @@ class LocalFleet:
         if retry:
             st.state = "queued"
             job = self.jobs[name]
-            self.packer.requeue(Demand(name, job.gpus, job.priority, job.family, after=tuple(job.after)))
+            self.packer.requeue(self._demand(job))
         else:
             st.state = "failed"
             for dep in self.packer.drop_dependents(name):
                 self.states[dep].state = "failed"
                 self.states[dep].causes.append(f"dependency {name!r} failed")
                 self._say(f"failed {dep}: it waits for {name}, which failed")
+
+    def _note_plan(self, plan: Any) -> None:
+        """The first plan in fleet.json ("plan": how, predicted and declared makespan, predicted bars, seconds
+        from the fleet's start) and on the console: bench/fleet.py compares it with what happened."""
+        self.predicted = {"how": plan.how, "makespan_s": round(plan.makespan, 1),
+                          "declared_s": round(plan.declared, 1), "started": time.time(),
+                          "bars": [{"job": b.name, "width": len(b.gpus), "start": round(b.start, 1),
+                                    "end": round(b.end, 1)} for b in plan.bars]}
+        changed = [f"{b.name} on {len(b.gpus)}" for b in plan.bars if len(b.gpus) != self.jobs[b.name].gpus]
+        log.info("plan: %s, predicted makespan %.0f s (declared widths and order: %.0f s)%s", plan.how,
+                 plan.makespan, plan.declared, f"; widths chosen: {', '.join(changed)}" if changed else "",
+                 extra=SHOW)
+
+    def _remember(self, name: str, st: JobState) -> None:
+        """A clean run (first attempt, no restart, no interruption) goes to the duration history."""
+        if st.attempts != 1 or st.restarts or st.interruptions or st.started is None or st.ended is None:
+            return
+        try:
+            record_run(self.db, self.jobs[name], self.machine, self.kind, st.width, st.started, st.ended,
+                       self.run_dir / name)
+        except Exception as e:  # noqa: BLE001 - an unwritable store only costs the next run's estimate
+            log.warning("duration history of %s not recorded: %s", name, e)
 
     def _say(self, text: str) -> None:
         if not self.console.is_terminal:

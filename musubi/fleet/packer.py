@@ -12,11 +12,20 @@ never starves a high-priority multi-GPU job; within one priority no GPU idles
 while work is queued. Jobs never share a GPU. Which free GPUs a job gets is
 decided by the node's topology (fleet/placement.py): the best-linked group,
 leaving the best groups to the multi-GPU jobs still queued.
+
+With predicted durations (every queued Demand has `seconds`), the order and the
+GPU count of each moldable job come from a plan (fleet/moldable.py): the queue
+is simulated by this same packer on a virtual clock for a few candidate orders
+and widths, and the one with the shortest predicted makespan is kept; the rules
+above (priority first, reservation, backfill) hold inside every candidate.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from musubi.fleet.placement import choose
 from musubi.topology.model import NodeTopology
@@ -32,6 +41,17 @@ class Demand:
     family: str | None = None
     first: bool = False  # the previous best model of this fleet
     after: tuple[str, ...] = ()  # jobs that must end well first
+    widths: tuple[int, ...] = ()  # GPU counts it may get (a moldable job); () = exactly `gpus`
+    seconds: tuple[float, ...] = ()  # predicted seconds on each of `allowed()`; () = unknown
+
+    def allowed(self) -> tuple[int, ...]:
+        """The GPU counts this job may run on."""
+        return self.widths or (self.gpus,)
+
+    def predicted(self, width: int) -> float | None:
+        """Predicted seconds on `width` GPUs (None: unknown or not an allowed width)."""
+        w = self.allowed()
+        return self.seconds[w.index(width)] if self.seconds and width in w else None
 
 
 @dataclass
@@ -44,30 +64,62 @@ class Packer:
     topology: NodeTopology | None = None
     reasons: dict[str, str] = field(default_factory=dict)  # job -> why it got its GPUs (latest placement)
     done: set[str] = field(default_factory=set)  # jobs that ended well (their dependents may start)
+    width: dict[str, int] = field(default_factory=dict)  # queued job -> GPUs it gets (default: its `gpus`)
+    keep_order: bool = False  # the queue is already in the order to keep (a simulation of a plan)
+    clock: Callable[[], float] = time.monotonic  # seconds; a virtual clock in dry runs and simulations
+    #: Makes a plan (fleet/moldable.best_plan) from (gpus, queue, busy, remaining seconds, done, previous plan);
+    #: None: no planning, the order of `order()` and every job on its `gpus`.
+    planner: Callable[..., Any] | None = None
+    plan: Any = None  # the latest plan while planning
+    ends: dict[str, float] = field(default_factory=dict)  # running job -> predicted end (clock seconds)
 
     def __post_init__(self) -> None:
         self.free = sorted(self.gpus)
-        self.queue = order(self.queue)
+        if not self.keep_order:
+            self.queue = order(self.queue)
+        self.stale = True  # the plan must be made again (a job ended, or was queued again)
+
+    def planning(self) -> bool:
+        """Whether the order and widths come from a plan: every queued job has predicted durations."""
+        return self.planner is not None and bool(self.queue) and all(d.seconds for d in self.queue)
+
+    def _replan(self) -> None:
+        assert self.planner is not None
+        now = self.clock()
+        remaining = {n: max(1.0, end - now) for n, end in self.ends.items() if n in self.busy}
+        for n in self.busy:  # a running job without a prediction: assume it ends soon
+            remaining.setdefault(n, 1.0)
+        plan = self.planner(self.gpus, self.queue, self.busy, remaining, self.done, self.plan)
+        rank = {n: i for i, n in enumerate(plan.order)}
+        self.queue.sort(key=lambda d: rank.get(d.name, len(rank)))
+        self.width = dict(plan.widths)
+        self.plan, self.stale = plan, False
 
     def place(self) -> list[tuple[Demand, list[int]]]:
         """Start every queued job that fits now, in queue order with backfill."""
+        if self.stale and self.planning():
+            self._replan()
         started: list[tuple[Demand, list[int]]] = []
         waiting: int | None = None  # the highest priority of a ready job that waits for more GPUs
         for job in list(self.queue):
+            k = self.width.get(job.name, job.gpus)
             ready = set(job.after) <= self.done
             if ready and waiting is not None and job.priority < waiting:
                 continue  # reserved: no lower-priority backfill while a higher-priority job waits for GPUs
-            if ready and job.gpus > len(self.free):
+            if ready and k > len(self.free):
                 waiting = job.priority if waiting is None else max(waiting, job.priority)
-            if job.gpus <= len(self.free) and ready:
-                behind = [(d.name, d.gpus) for d in self.queue if d is not job]
+            if k <= len(self.free) and ready:
+                behind = [(d.name, self.width.get(d.name, d.gpus)) for d in self.queue if d is not job]
                 held = [g for gs in self.busy.values() for g in gs]  # running jobs give these back later
-                pick = choose(self.topology, self.free, job.gpus, behind, later=held)
+                pick = choose(self.topology, self.free, k, behind, later=held)
                 chosen = list(pick.gpus)
                 self.free = [g for g in self.free if g not in chosen]
                 self.busy[job.name] = chosen
                 self.reasons[job.name] = pick.reason
                 self.queue.remove(job)
+                seconds = job.predicted(k)
+                if seconds is not None:
+                    self.ends[job.name] = self.clock() + seconds
                 started.append((job, chosen))
             if not self.free:
                 break
@@ -76,6 +128,8 @@ class Packer:
     def release(self, name: str) -> None:
         """A job ended: its GPUs are free again."""
         self.free = sorted(self.free + self.busy.pop(name, []))
+        self.ends.pop(name, None)
+        self.stale = True
 
     def drop_dependents(self, name: str) -> list[str]:
         """`name` failed for good: remove every queued job that waits on it (directly or not); their names."""
@@ -93,6 +147,7 @@ class Packer:
     def requeue(self, job: Demand) -> None:
         """A job will be retried: back in the queue at its place in the order."""
         self.queue = order([*self.queue, job])
+        self.stale = True
 
 
 def order(jobs: list[Demand]) -> list[Demand]:
@@ -107,5 +162,5 @@ def order(jobs: list[Demand]) -> list[Demand]:
 
 def unplaceable(jobs: list[Demand], capacity: int) -> list[str]:
     """One line per job that could never start on this machine."""
-    return [f"job {j.name!r} asks for {j.gpus} GPUs but this machine has {capacity}; lower its gpus:"
-            for j in jobs if j.gpus > capacity]
+    return [f"job {j.name!r} asks for {min(j.allowed())} GPUs but this machine has {capacity}; lower its gpus:"
+            for j in jobs if min(j.allowed()) > capacity]

@@ -44,6 +44,7 @@ class FleetRequest:
     check: bool = True
     device: str | None = None
     dry_run: bool = False  # print the placement plan; start and write nothing
+    gpus: int | None = None  # --dry-run on a machine of this many GPUs (not this one)
     #: What started the fleet (`musubi data watch`: {"data_dir", "version"}), recorded in env.json.
     trigger: dict[str, str] | None = None
 
@@ -291,11 +292,18 @@ def fleet_logging(run_dir: Path, console: Console) -> Iterator[None]:
 
 
 def plan_fleet(req: FleetRequest, console: Console | None = None) -> list[str]:
-    """`musubi run --dry-run`: the placements (and reasons) and core plan the local executor would give, on this
-    machine or the recorded `machine.topology`; nothing is started or written. Jobs are assumed to end in the
-    order they started (their lengths are not known), so later waves are an illustration. Returns the lines."""
+    """`musubi run --dry-run`: each job's predicted duration, the plan (order, GPU counts, placements and
+    reasons, core plan) the local executor would follow, the predicted makespan and a per-GPU timeline, on
+    this machine, the recorded `machine.topology`, or `--gpus N` GPUs; nothing is started or written. The
+    timeline drives the fleet's own packer on a virtual clock with the predicted durations. Returns the lines."""
+    import heapq
+
+    from musubi.fleet.durations import machine_of
+    from musubi.fleet.local import estimates
     from musubi.fleet.machine import cpus_value, device_cores
-    from musubi.fleet.packer import Demand, Packer, unplaceable
+    from musubi.fleet.moldable import Bar, best_plan, lower_bound, makespan, simulate
+    from musubi.fleet.packer import Demand, Packer, order, unplaceable
+    from musubi.fleet.timeline import busy_fraction, text_timeline
     from musubi.topology.read import read_node_topology
 
     console = console or Console()
@@ -306,37 +314,74 @@ def plan_fleet(req: FleetRequest, console: Console | None = None) -> list[str]:
     if wide or (req.executor or "local") != "local":
         raise ConfigError("--dry-run shows the local executor's placements on one machine; drop --executor slurm "
                           "and multi-node jobs")
-    devices, kind = machine(req)
+    if req.gpus is not None:
+        devices, kind = list(range(req.gpus)), "cuda"  # a machine of N GPUs: no history of it is known here
+        db, here = None, []
+    else:
+        devices, kind = machine(req)
+        db, here = db_path(req.out or default_run_dir(spec.name)), machine_of(env_record())
     topo = check_topology(spec, base, devices)
-    if topo is None and kind == "cuda":
+    if topo is None and kind == "cuda" and req.gpus is None:
         topo = read_node_topology()
-    queue = [Demand(j.name, j.gpus, j.priority, j.family, after=tuple(j.after)) for j in spec.jobs]
+    est = estimates(spec, len(devices), db, here, kind)
+    queue = []
+    for j in spec.jobs:
+        e = est[j.name]
+        gpus = j.gpus if j.gpus in e.widths else e.widths[0]
+        queue.append(Demand(j.name, gpus, j.priority, j.family, after=tuple(j.after),
+                            widths=e.widths if len(e.widths) > 1 else (), seconds=e.seconds if len(e.widths) > 1
+                            else (e.at(gpus),)))
     problems = refusals(spec, devices, kind) or unplaceable(queue, len(devices))
     if problems:
         raise ConfigError(problems[0])
     unit = "GPU" if kind == "cuda" else "CPU slot"
     lines = [f"fleet {spec.name}: {len(spec.jobs)} jobs on {len(devices)} {unit}s (dry run: nothing started)",
              f"topology: {topo.summary() if topo is not None else 'none: the lowest free ' + unit + 's'}"]
-    cores = device_cores(devices, topo) if spec.machine.pin_cpus else None
+    cores = device_cores(devices, topo) if spec.machine.pin_cpus and req.gpus is None else None
     if cores is not None:
         lines.append(f"cores per device: {cores.reason}" if cores else f"no CPU pinning: {cores.reason}")
-    packer = Packer(list(devices), queue, topology=topo)
-    running: list[str] = []
-    when = "at start"
+    lines.append("predicted durations (start-up included; see README 'How long each job takes'):")
+    for j in spec.jobs:
+        e = est[j.name]
+        each = ", ".join(f"{w} {unit}{'s' if w > 1 else ''} {t:.0f} s" for w, t in zip(e.widths, e.seconds, strict=True))
+        lines.append(f"  {j.name}: {each} ({e.source}; start-up {e.startup_s:.0f} s, comm {e.comm:g})")
+    clock = [0.0]
+    packer = Packer(list(devices), list(queue), topology=topo, planner=best_plan, clock=lambda: clock[0])
+    bars: list[Bar] = []
+    ends: list[tuple[float, str]] = []
+    first_plan = None
     while packer.queue:
         placed = packer.place()
+        if first_plan is None and packer.plan is not None:
+            first_plan = packer.plan
         for d, gpus in placed:
             pin = cpus_value(cores, gpus) if cores else None
-            lines.append(f"{when}: {d.name} on {unit} {','.join(map(str, gpus))}: {packer.reasons[d.name]}"
-                         + (f"; cores per rank {pin}" if pin else ""))
-            running.append(d.name)
-        if not running:
+            t = d.predicted(len(gpus)) or 0.0
+            lines.append(f"at {clock[0]:.0f} s: {d.name} on {unit} {','.join(map(str, gpus))} "
+                         f"(predicted {t:.0f} s): {packer.reasons[d.name]}" + (f"; cores per rank {pin}" if pin else ""))
+            bars.append(Bar(d.name, tuple(gpus), clock[0], clock[0] + t))
+            heapq.heappush(ends, (clock[0] + t, d.name))
+        if not ends:
             lines += [f"never starts: {d.name} (waits for {', '.join(d.after)})" for d in packer.queue]
             break
-        ended = running.pop(0)
-        packer.release(ended)
-        packer.done.add(ended)
-        when = f"after {ended} ends"
+        clock[0], name = heapq.heappop(ends)
+        finished = [name]
+        while ends and ends[0][0] <= clock[0]:  # jobs ending together free their GPUs together
+            finished.append(heapq.heappop(ends)[1])
+        for n in finished:
+            packer.release(n)
+            packer.done.add(n)
+    declared = makespan(simulate(devices, order(list(queue)), {d.name: d.gpus for d in queue}))
+    span = makespan(bars)
+    how = first_plan.how if first_plan is not None else "declared"
+    lines.append(f"predicted makespan {span:.0f} s ({how}; the declared widths and order: {declared:.0f} s; "
+                 f"no schedule beats {lower_bound(queue, len(devices)):.0f} s); {unit}s busy "
+                 f"{busy_fraction(bars, devices):.0%}")
+    widths = {b.name: len(b.gpus) for b in bars}
+    changed = [f"{d.name} {d.gpus}->{widths[d.name]}" for d in queue if d.name in widths and widths[d.name] != d.gpus]
+    if changed:
+        lines.append("widths chosen (moldable jobs): " + ", ".join(changed))
+    lines += text_timeline(bars, devices, unit)
     for ln in lines:
         console.print(ln, highlight=False, markup=False, soft_wrap=True)
     return lines

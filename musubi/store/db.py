@@ -1,4 +1,5 @@
-"""`musubi.db`: the SQLite index beside the run directories (batch-size and single-GPU baseline caches).
+"""`musubi.db`: the SQLite index beside the run directories (batch-size and single-GPU baseline caches, and
+the history of how long each fleet job took, which the fleet's duration model reads).
 
 It can always be rebuilt from the run directories (each probe is also written to
 `JOB/memory/probe.json`); a missing or unreadable database only costs a probe.
@@ -25,6 +26,15 @@ CREATE TABLE IF NOT EXISTS baseline_cache (
     detail TEXT NOT NULL,
     created REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS job_runs (
+    key TEXT NOT NULL,         -- JSON: the job's config (or command), the machine (host + GPU models), device kind
+    width INTEGER NOT NULL,    -- GPUs (or CPU ranks) the job ran on
+    seconds REAL NOT NULL,     -- start to end in the fleet: start-up, training and evaluation
+    startup_s REAL,            -- start to the first training log record (None: unknown, e.g. external commands)
+    detail TEXT NOT NULL,      -- JSON: run directory, samples/s
+    created REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS job_runs_key ON job_runs (key);
 """
 
 
@@ -82,3 +92,46 @@ def store_baseline(path: Path, key: str, samples_per_s: float, detail: dict[str,
     with _connect(path) as con:
         con.execute("INSERT OR REPLACE INTO baseline_cache VALUES (?, ?, ?, ?)",
                     (key, samples_per_s, json.dumps(detail), time.time()))
+
+
+def store_job_run(path: Path, key: str, width: int, seconds: float, startup_s: float | None,
+                  detail: dict[str, Any]) -> None:
+    """Remember how long one fleet job took on `width` GPUs (every successful run adds a row)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with _connect(path) as con:
+        con.execute("INSERT INTO job_runs VALUES (?, ?, ?, ?, ?, ?)",
+                    (key, width, seconds, startup_s, json.dumps(detail), time.time()))
+
+
+def job_runs(path: Path, key: str, newest: int = 10) -> list[dict[str, Any]]:
+    """The newest recorded runs of `key` (width, seconds, startup_s, detail), newest first; [] if none."""
+    if not path.exists():
+        return []
+    try:
+        with _connect(path) as con:
+            rows = con.execute("SELECT width, seconds, startup_s, detail FROM job_runs WHERE key = ? "
+                               "ORDER BY created DESC LIMIT ?", (key, newest)).fetchall()
+    except sqlite3.Error:
+        return []
+    return [{"width": int(w), "seconds": float(s), "startup_s": None if u is None else float(u),
+             "detail": json.loads(d)} for w, s, u, d in rows]
+
+
+def baselines_of(path: Path, config: dict[str, Any], machine: list[Any]) -> list[float]:
+    """Single-GPU samples/s of every cached baseline of this job config on this machine (any step count)."""
+    if not path.exists():
+        return []
+    try:
+        with _connect(path) as con:
+            rows = con.execute("SELECT key, samples_per_s FROM baseline_cache").fetchall()
+    except sqlite3.Error:
+        return []
+    out = []
+    for key, rate in rows:
+        try:
+            k = json.loads(key)
+        except ValueError:
+            continue
+        if isinstance(k, dict) and k.get("config") == config and k.get("machine") == machine:
+            out.append(float(rate))
+    return out

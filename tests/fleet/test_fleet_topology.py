@@ -94,6 +94,7 @@ def test_dry_run_prints_the_placement_plan_and_writes_nothing(tmp_path: Path) ->
                                    "--cpu-slots", "8", "--dry-run"])
     assert res.exit_code == 0, res.output
     assert "dry run: nothing started" in res.output and "from recorded:pcie8_two_switches.txt" in res.output
-    assert "at start: a on CPU slot 0,1: best-linked 2" in res.output
-    assert "at start: b on CPU slot 4,5,6,7" in res.output and "after a ends: c on CPU slot 0,1,2,3" in res.output
+    assert "at 0 s: a on CPU slot 0,1 (predicted 60 s): best-linked 2" in res.output
+    assert "at 0 s: b on CPU slot 4,5,6,7" in res.output and "at 60 s: c on CPU slot" in res.output
+    assert "predicted makespan 120 s" in res.output and "CPU slot 7 |" in res.output  # the per-slot timeline
     assert not out.exists()
