@@ -42,6 +42,14 @@ class Efficiency:
     step_scale_sharded: float | None = None
     #: Whether step_scale came from a measured step (set by calibration, not by hand).
     step_fitted: bool = False
+    #: Constants a calibration measured on the machine; they win over the catalog's per-GPU `achieved`.
+    measured: frozenset[str] = frozenset()
+
+    def fraction(self, name: str, achieved: dict[str, float]) -> float:
+        """`matmul` or `flash` for one GPU: measured here, else the catalog's figure, else the global default."""
+        if name in self.measured or name not in achieved:
+            return float(getattr(self, name))
+        return achieved[name]
 
     def scale_for(self, zero: int) -> float:
         """The step-time multiplier of a layout with this ZeRO stage."""
