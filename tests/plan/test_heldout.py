@@ -16,7 +16,15 @@ import pytest
 from musubi.plan import DEFAULT_EFFICIENCY, Layout, get_gpu, make_cluster, predict, preset
 from musubi.plan.fit import fit_constants
 from musubi.plan.spec import with_seq
-from musubi.plan.validate import FIT_CSV, HELDOUT_CSV, check_table, dominant_term, load_rows, summary, table_text
+from musubi.plan.validate import (
+    FIT_CSV,
+    HELDOUT_CSV,
+    check_table,
+    dominant_term,
+    load_rows,
+    summary,
+    table_text,
+)
 
 SHARED_FIT = Path(__file__).resolve().parents[3] / "shared" / "validation" / "published_runs.csv"
 HELDOUT_MEAN, REGIME_MEAN, FIT_MEAN = 0.10, 0.20, 0.05
