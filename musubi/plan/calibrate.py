@@ -74,7 +74,8 @@ def calibrate(data: dict[str, Any], base: Efficiency = DEFAULT_EFFICIENCY) -> tu
     precision = str(data.get("precision", "bf16"))
     eff, report = base, {"gpu": gpu.name}
     if "matmul_tflops" in data:
-        eff = replace(eff, matmul=_fraction("matmul_tflops", data["matmul_tflops"], gpu.peak(precision) / 1e12))
+        eff = replace(eff, matmul=_fraction("matmul_tflops", data["matmul_tflops"], gpu.peak(precision) / 1e12),
+                      measured=eff.measured | {"matmul"})
         report["matmul"] = eff.matmul
     if "hbm_gbps" in data:
         eff = replace(eff, hbm=_fraction("hbm_gbps", data["hbm_gbps"], gpu.hbm_gbps))

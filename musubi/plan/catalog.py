@@ -33,6 +33,9 @@ class GPU:
     nic_gbps: float
     aliases: tuple[str, ...] = ()
     sources: tuple[str, ...] = field(default=(), compare=False)
+    #: Achieved fractions of peak measured on this GPU by public micro-benchmarks (`matmul`: large
+    #: bf16 GEMM, `flash`: FlashAttention fwd+bwd); they replace Efficiency's global default for it.
+    achieved: dict[str, float] = field(default_factory=dict, compare=False)
 
     def peak(self, precision: str) -> float:
         """Dense tensor-core peak in FLOP/s for `precision` (bf16, fp16, fp8, tf32, fp32)."""
@@ -58,6 +61,7 @@ def _gpu_from(name: str, raw: dict[str, Any]) -> GPU:
         nic_gbps=float(raw["nic_gbps"]),
         aliases=tuple(str(a) for a in raw.get("aliases", ())),
         sources=tuple(str(s) for s in raw.get("sources", ())),
+        achieved={str(k): float(v) for k, v in (raw.get("achieved") or {}).items()},
     )
 
 

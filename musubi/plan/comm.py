@@ -6,6 +6,12 @@ bus-bandwidth model of NCCL's ring (tree has the same bandwidth term): an all-re
 bytes over n ranks moves 2 (n-1)/n S per rank, reduce-scatter and all-gather (n-1)/n S.
 A network group with k members per node aggregates k NICs (NCCL's hierarchical rings), up
 to the speed of the node's own links.
+
+Latency of a ring that crosses nodes grows with its length: NCCL's own tuning model
+(src/graph/tuning.cc, ring, Simple protocol) charges every all-gather / reduce-scatter
+(n - nodes) intra-node hops and (nodes - 1) network hops; at thousands of ranks that is
+milliseconds per collective, paid once per sharded unit per micro-batch (predict.py).
+All-reduce keeps the tree latency (NCCL switches to tree at scale).
 """
 
 from __future__ import annotations
@@ -17,6 +23,8 @@ from musubi.plan.cluster import Cluster
 from musubi.plan.efficiency import Efficiency
 
 TIERS = ("nvlink", "pcie", "network")
+#: NCCL's per-hop ring latencies (Simple protocol, tuning.cc), seconds: NVLink, PCIe, network.
+RING_HOP_S = {"nvlink": 3.4e-6, "pcie": 5.7e-6, "network": 14e-6}
 
 
 @dataclass(frozen=True)
@@ -29,6 +37,7 @@ class Link:
     a2a_bw: float  # bytes/s per rank for all-to-all (NICs do not aggregate)
     latency_s: float
     local: int  # members of the group inside one node/NVLink domain
+    ring_s: float = 0.0  # hop latency of one lap of a ring across nodes (0 inside a node)
 
 
 def _intra(cluster: Cluster, eff: Efficiency) -> tuple[str, float]:
@@ -61,7 +70,9 @@ def place_group(cluster: Cluster, eff: Efficiency, stride: int, size: int) -> Li
     inside = (local - 1) / (size - 1)
     a2a = 1.0 / (inside / intra_bw + (1 - inside) / nic)
     depth = 1 + math.log2(max(2, size // local))  # tree/ring steps across nodes
-    return Link("network", size, busbw, a2a, eff.latency_s["network"] * depth, local)
+    nodes = -(-size // local)
+    ring = (size - nodes) * RING_HOP_S[intra_tier] + (nodes - 1) * RING_HOP_S["network"]
+    return Link("network", size, busbw, a2a, eff.latency_s["network"] * depth, local, ring)
 
 
 def all_reduce_s(nbytes: float, link: Link) -> float:
@@ -72,10 +83,10 @@ def all_reduce_s(nbytes: float, link: Link) -> float:
 
 
 def reduce_scatter_s(nbytes: float, link: Link) -> float:
-    """Reduce-scatter of an `nbytes` buffer per rank (the same as all-gather into one)."""
+    """Reduce-scatter of an `nbytes` buffer per rank (the same as all-gather into one); ring only."""
     if link.size <= 1 or nbytes <= 0:
         return 0.0
-    return (link.size - 1) / link.size * nbytes / link.busbw + link.latency_s
+    return (link.size - 1) / link.size * nbytes / link.busbw + link.latency_s + link.ring_s
 
 
 all_gather_s = reduce_scatter_s

@@ -44,6 +44,25 @@ def _comm(p: Prediction) -> str:
     return ", ".join(parts) or "-"
 
 
+def _terms(p: Prediction) -> list[tuple[str, str]]:
+    """Where the step goes, term by term (exposed comm split per tier), largest first, with its share."""
+    terms = {k.removesuffix("_s"): v for k, v in p.breakdown_s.items() if k != "exposed_comm_s"}
+    terms.update({f"exposed comm ({tier})": s for tier, s in p.exposed_comm_s.items() if s > 0})
+    ranked = sorted(((k, v) for k, v in terms.items() if v > 0), key=lambda kv: -kv[1])
+    rows = [(f"  {k}" + ("  <- dominant" if i == 0 else ""), f"{v:.3g} s ({_pct(v / p.step_time_s)})")
+            for i, (k, v) in enumerate(ranked)]
+    return [("step time by term", "")] + rows
+
+
+def _print_validation(console: Console) -> None:
+    from musubi.plan.validate import FIT_CSV, HELDOUT_CSV, check_table, table_text
+
+    console.print(table_text("fit set (the constants were chosen on these rows): " + FIT_CSV.name,
+                             check_table(FIT_CSV)), highlight=False, markup=False)
+    console.print(table_text("held-out set (no fit reads it): " + HELDOUT_CSV.name, check_table(HELDOUT_CSV)),
+                  highlight=False, markup=False)
+
+
 def _print_one(console: Console, p: Prediction, cluster: Cluster) -> None:
     table = Table(title=Text(f"{p.model} on {p.n_gpus} x {p.gpu}: {p.layout}"), show_header=False,
                   title_justify="left")
@@ -65,6 +84,7 @@ def _print_one(console: Console, p: Prediction, cluster: Cluster) -> None:
         ("pipeline bubble", _pct(p.bubble_fraction)),
         ("straggler tax", _pct(p.straggler_tax)),
         ("comm exposed/busy s per tier", _comm(p)),
+        *_terms(p),
     ]
     for k, v in rows:
         table.add_row(k, v)
@@ -119,8 +139,13 @@ def plan_command(
     precision: str = typer.Option("bf16", "--precision", help="Compute precision of the peak (bf16, fp8, ...)."),
     topology: Path | None = typer.Option(None, "--topology", help="A measured node (`nvidia-smi topo -m` text or "
                                          "env.json): GPUs per node, NVLink domain and speed come from it."),
+    validate: bool = typer.Option(False, "--validate", help="Print the planner's errors on published runs: the fit "
+                                  "set and the held-out set, per regime; needs no other option."),
 ) -> None:
     """Predict memory, step time and MFU of parallel layouts; search and rank them without --layout."""
+    if validate:
+        _print_validation(Console(width=200))
+        return
     try:
         if gpu is None or gpus is None:
             raise PlanError("give --gpu TYPE and --gpus N (e.g. --gpu H100-SXM --gpus 64)")

@@ -66,8 +66,9 @@ class Device:
 def device(cluster: Cluster, eff: Efficiency, precision: str) -> Device:
     """The derated compute and memory rates of the cluster's GPU at `precision`."""
     peak = cluster.gpu.peak(precision)
-    return Device(flops=peak * eff.matmul, peak=peak, hbm=cluster.gpu.hbm_gbps * 1e9 * eff.hbm,
-                  gemm_memory=eff.gemm_memory, flash=eff.flash)
+    achieved = cluster.gpu.achieved
+    return Device(flops=peak * eff.fraction("matmul", achieved), peak=peak, hbm=cluster.gpu.hbm_gbps * 1e9 * eff.hbm,
+                  gemm_memory=eff.gemm_memory, flash=eff.fraction("flash", achieved))
 
 
 def gemm_s(dev: Device, m: float, k: float, n: float, batch: float = 1.0) -> float:

@@ -1,9 +1,12 @@
 """The one global set of achieved-efficiency constants the time model uses.
 
 Each constant is a fraction of a catalog peak (FLOP/s or GB/s), so one set serves every
-GPU. They were chosen once, physically plausible, and checked against all rows of
-`published_runs.csv` together (tests/plan/test_validation.py); they are never fitted per
-row or per model. `musubi plan --calibrate FILE` replaces them with what one machine measured.
+GPU (a catalog entry's `achieved` figures override matmul/flash for that GPU). `matmul` and
+`hbm` are the fit of musubi/plan/fit.py on the fit set (shared/validation/published_runs.csv,
+copied to data/validation/fit_runs.csv) and nothing else; the rest are physical priors. They
+are never fitted per row or per model, and never on the held-out runs
+(data/validation/heldout_runs.csv). `musubi plan --calibrate FILE` replaces them with what one
+machine measured.
 """
 
 from __future__ import annotations
@@ -15,14 +18,14 @@ from dataclasses import dataclass, field
 class Efficiency:
     """Achieved fractions of peak, latencies and noise used by the step-time model."""
 
-    #: Large bf16 GEMMs sustain this fraction of dense peak (cuBLAS on A100/H100: 0.7-0.8).
-    matmul: float = 0.8
+    #: Large bf16 GEMMs sustain this fraction of dense peak (cuBLAS on A100: 0.75-0.8); fitted (fit.py).
+    matmul: float = 0.775
     #: Additive roofline: a GEMM also pays this share of its operand traffic (M K + K N + M N
     #: elements) at HBM speed; it is what makes thin GEMMs (small hidden / TP) slower.
     gemm_memory: float = 0.5
     #: Memory-bound kernels (norms, residual adds, softmax, dropout) reach this fraction of HBM
-    #: bandwidth; it also absorbs traffic the byte counts leave out (casts, layout copies).
-    hbm: float = 0.6
+    #: bandwidth; it also absorbs traffic the byte counts leave out (casts, layout copies); fitted (fit.py).
+    hbm: float = 0.65
     #: Fused (flash) attention: fraction of dense peak on the FLOPs it executes (causal half square).
     flash: float = 0.5
     #: Bus bandwidth NCCL ring/tree collectives reach, as a fraction of the link's per-direction rate.
@@ -42,6 +45,14 @@ class Efficiency:
     step_scale_sharded: float | None = None
     #: Whether step_scale came from a measured step (set by calibration, not by hand).
     step_fitted: bool = False
+    #: Constants a calibration measured on the machine; they win over the catalog's per-GPU `achieved`.
+    measured: frozenset[str] = frozenset()
+
+    def fraction(self, name: str, achieved: dict[str, float]) -> float:
+        """`matmul` or `flash` for one GPU: measured here, else the catalog's figure, else the global default."""
+        if name in self.measured or name not in achieved:
+            return float(getattr(self, name))
+        return achieved[name]
 
     def scale_for(self, zero: int) -> float:
         """The step-time multiplier of a layout with this ZeRO stage."""

@@ -12,6 +12,7 @@ last backward; optimizer: Adam's update streaming 28 bytes per local parameter.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -115,16 +116,32 @@ def _micro_batch(lt: LayerTimes, layout: Layout) -> _MicroBatch:
     return _MicroBatch(fwd, bwd, tp_busy, tp_exp, ep_busy, ep_exp, cp_busy, cp_exp)
 
 
+def _sharded_s(collective: Callable[[float, Link], float], nbytes: float, link: Link, units: int) -> float:
+    """One pass of a sharded collective issued unit by unit (FSDP unit / ZeRO-3 layer): each pays the latency."""
+    return units * collective(nbytes / units, link) if nbytes > 0 else 0.0
+
+
 def _dp_comm(layout: Layout, dense_bytes: float, expert_bytes: float, weight_ratio: float, dp_link: Link,
-             edp_link: Link, m: int, fwd_mb: float, bwd_mb: float) -> tuple[float, float]:
-    """(busy, exposed) seconds of the data-parallel collectives of one step."""
+             edp_link: Link, m: int, fwd_mb: float, bwd_mb: float, units: int = 1) -> tuple[float, float]:
+    """(busy, exposed) seconds of the data-parallel collectives of one step.
+
+    ZeRO-3 / FSDP gathers the weights of each unit (a layer) before its forward and again before
+    its backward (and once more for a fully recomputed forward), and reduce-scatters its gradients,
+    every micro-batch. Prefetching hides a gather under the previous unit's compute, never the
+    first unit's of a pass: that one is always exposed.
+    """
     overlapped = "dp" in layout.overlap
     links = ((dense_bytes, dp_link), (expert_bytes, edp_link))
-    if layout.zero >= 3:  # FSDP: gather weights for forward and backward, scatter grads, every micro-batch
-        gather = sum(all_gather_s(b * weight_ratio, ln) for b, ln in links)
-        scatter = sum(reduce_scatter_s(b, ln) for b, ln in links)
-        busy = m * (2 * gather + scatter)
-        exposed = m * (_hidden(gather, fwd_mb, overlapped) + _hidden(gather + scatter, bwd_mb, overlapped))
+    if layout.zero >= 3:
+        gather = sum(_sharded_s(all_gather_s, b * weight_ratio, ln, units) for b, ln in links)
+        scatter = sum(_sharded_s(reduce_scatter_s, b, ln, units) for b, ln in links)
+        bwd_gathers = 2 if layout.recompute == "full" else 1
+        busy = m * ((1 + bwd_gathers) * gather + scatter)
+
+        def exposed_of(comm: float, under: float) -> float:
+            return max(comm / units, _hidden(comm, under, overlapped)) if overlapped else comm
+
+        exposed = m * (exposed_of(gather, fwd_mb) + exposed_of(bwd_gathers * gather + scatter, bwd_mb))
         return busy, exposed
     if layout.zero >= 1:  # distributed optimizer: reduce-scatter grads, all-gather updated weights
         scatter = sum(reduce_scatter_s(b, ln) for b, ln in links)
@@ -215,7 +232,7 @@ def _predict_transformer(spec: TransformerSpec, cluster: Cluster, layout: Layout
         params.append(stage_params(spec, layout, last_layers, False, True))
     dense_p, expert_p = max(params, key=sum)
     dp_busy, dp_exposed = _dp_comm(layout, dense_p * grad_bytes, expert_p * grad_bytes, weight_ratio, dp_link,
-                                   edp_link, m, slow_f, slow_b)
+                                   edp_link, m, slow_f, slow_b, units=max(1, round(layers_slow)) + 1)
     comm.add(dp_link, dp_busy, dp_exposed)
 
     shard = dp * cp if layout.zero >= 1 else 1

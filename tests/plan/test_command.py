@@ -110,3 +110,17 @@ def test_calibration_file_changes_the_prediction(tmp_path: Path) -> None:
     other.write_text(json.dumps({"gpu": "A100-80GB", "matmul_tflops": 250.0}))
     code, out = run(*base, "--calibrate", str(other))
     assert code == 2 and "measured on A100-80GB" in one_line_error(out)
+
+
+def test_validate_prints_fit_and_heldout_tables_per_regime() -> None:
+    code, out = run("--validate")
+    assert code == 0, out
+    assert "fit set" in out and "held-out set (no fit reads it)" in out
+    assert "all but known-off" in out and "ms-175b-12288" in out and "llama3-405b-16k" in out
+
+
+def test_one_layout_explains_its_terms() -> None:
+    code, out = run("--model", "llama3-70b", "--gpu", "H100", "--gpus", "256", "--global-batch", "256",
+                    "--layout", "tp=8,pp=1,zero=3,recompute=full")
+    assert code == 0, out
+    assert "step time by term" in out and "<- dominant" in out and "exposed comm (network)" in out
