@@ -27,7 +27,10 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def commit() -> str:
-    """The commit under test: git's, else MUSUBI_COMMIT (the lent machine gets a tree without .git)."""
+    """The commit under test: MUSUBI_COMMIT where set (the lent machine's copy of the tree carries a
+    stale .git), else git's."""
+    if os.environ.get("MUSUBI_COMMIT"):
+        return os.environ["MUSUBI_COMMIT"]
     try:
         sha = subprocess.run(["git", "rev-parse", "--short=7", "HEAD"], cwd=REPO, capture_output=True, text=True,
                              timeout=10).stdout.strip()
@@ -37,7 +40,7 @@ def commit() -> str:
             return sha + ("+dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         pass
-    return os.environ.get("MUSUBI_COMMIT", "unknown")
+    return "unknown"
 
 
 def card() -> tuple[str, str]:
@@ -67,7 +70,7 @@ def versions() -> str:
 
 
 def pytest_cmd(args: list[str], workers: int) -> list[str]:
-    cmd = [sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", *args]
+    cmd = [sys.executable, "-m", "pytest", "-v", "-rA", "--durations=0", "-p", "no:cacheprovider", *args]
     if workers > 1 and importlib.util.find_spec("xdist") is not None:
         cmd += ["-n", str(workers), "--dist", "loadfile"]
     return cmd
@@ -75,7 +78,7 @@ def pytest_cmd(args: list[str], workers: int) -> list[str]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--workers", type=int, default=2, help="pytest-xdist workers for the GPU tier")
+    ap.add_argument("--workers", type=int, default=3, help="pytest-xdist workers for the GPU tier (one a file)")
     ap.add_argument("--cpu-suite", action="store_true", help="also run the CPU suite here, at the same time")
     ap.add_argument("--cpu-workers", type=int, default=8)
     ap.add_argument("--budget-s", type=int, default=480, help="the tier's time limit (the issue's 8 minutes)")
@@ -100,23 +103,31 @@ def main() -> int:
     env["MUSUBI_GPU_FIGURES"] = str(figures)
     t0 = time.time()
     args = ["-m", "gpu", "tests/gpu"] + (["-k", a.k] if a.k else [])
-    try:
-        res = subprocess.run(pytest_cmd(args, a.workers), cwd=REPO, env=env, capture_output=True, text=True,
-                             timeout=a.budget_s + 60)
-        out, rc = res.stdout + res.stderr, res.returncode
-    except subprocess.TimeoutExpired as e:
-        out, rc = f"{e.stdout or ''}{e.stderr or ''}\nTIMEOUT after {a.budget_s + 60}s", 124
+    # Streamed to a file as it runs: a tier cut short by its budget still says which tests passed.
+    gpu_log = Path(tempfile.gettempdir()) / "musubi-gpu-tier.log"
+    with open(gpu_log, "w", encoding="utf-8") as log:
+        proc = subprocess.Popen(pytest_cmd(args, a.workers), cwd=REPO, env=env, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            rc = proc.wait(timeout=a.budget_s + 60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+            rc = 124
+    out = gpu_log.read_text(encoding="utf-8", errors="replace")
+    if rc == 124:
+        out += f"\nTIMEOUT after {a.budget_s + 60}s"
     wall = time.time() - t0
     body = [head, versions(), f"command: make gpu-test ({' '.join(pytest_cmd(args, a.workers)[1:])})",
             f"wall {wall:.0f} s (budget {a.budget_s} s){' OVER BUDGET' if wall > a.budget_s else ''}; pytest exit {rc}",
             "", "figures:"]
     body += figures.read_text().splitlines() if figures.is_file() else ["(none)"]
-    body += ["", "pytest:", *out.splitlines()[-150:]]
+    body += ["", "pytest:", *out.splitlines()[-400:]]
     path = results / f"gpu-tests-{date}-{tag}.txt"
     path.write_text("\n".join(body) + "\n", encoding="utf-8")
     print("\n".join(body[:6] + body[-25:]))
     print(f"written: {path}")
-    paths = [path]
+    paths = [path, gpu_log]
     if cpu is not None:
         proc, log, c0 = cpu
         try:
@@ -130,7 +141,7 @@ def main() -> int:
                                     f"{time.time() - c0:.0f} s, {a.cpu_workers} xdist workers", "",
                                     *text[-200:]]) + "\n", encoding="utf-8")
         print(f"CPU suite: exit {proc.returncode}; {text[-1] if text else ''}\nwritten: {cpath}")
-        paths.append(cpath)
+        paths += [cpath, Path(log.name)]
     if os.environ.get("OUT"):
         for p in paths:
             shutil.copy(p, Path(os.environ["OUT"]) / p.name)

@@ -124,3 +124,27 @@ def assert_same_tensors(a: dict[str, Any], b: dict[str, Any], what: str, atol: f
     bad = [k for k in a if not (torch.equal(a[k], b[k]) if atol == 0 else
                                 torch.allclose(a[k].float(), b[k].float(), rtol=0, atol=atol))]
     assert not bad, f"{what}: {len(bad)} of {len(a)} tensors differ, first {bad[:3]}"
+
+
+def figure(name: str, value: object) -> None:
+    """Record a figure for the tier's result file (bench/gpu_tier.py collects MUSUBI_GPU_FIGURES)."""
+    path = os.environ.get("MUSUBI_GPU_FIGURES")
+    if path:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(json.dumps({"figure": name, "value": value}) + "\n")
+
+
+def stop_resume_equals_uninterrupted(musubi: Musubi, tmp_path: Path, job: dict, nproc: int, stop: int) -> Path:
+    """Uninterrupted run, then stop at `stop` and --resume: every checkpoint tensor bitwise equal."""
+    from musubi.runtime.drill import final_tensors
+
+    path = write_job(tmp_path / f"{job['name']}.yaml", job)
+    base = ("train", str(path), "--nproc", str(nproc), "--no-check")
+    musubi(*base, "--out", str(tmp_path / "full"), gpus=nproc)
+    musubi(*base, "--out", str(tmp_path / "cut"), "--max-steps", str(stop), gpus=nproc)
+    musubi(*base, "--out", str(tmp_path / "cut"), "--resume", gpus=nproc)
+    full, cut = tmp_path / "full" / job["name"], tmp_path / "cut" / job["name"]
+    losses = train_losses(full)
+    assert losses[-1] < losses[0], f"{job['name']} did not learn: {losses}"
+    assert_same_tensors(final_tensors(cut), final_tensors(full), f"{job['name']} x{nproc}: stop at {stop}, resume")
+    return full

@@ -1,0 +1,51 @@
+"""The whole machine: DDP on 4 GPUs resumes bitwise, and the demo fleet on 4 GPUs ends with no failure,
+no restart and every model learning."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.gpu.conftest import REHEARSAL, figure, needs_gpus, stop_resume_equals_uninterrupted, train_losses
+
+pytestmark = [pytest.mark.gpu, pytest.mark.timeout(600)]
+
+RESNET = {
+    "name": "resnet", "task": "classification", "model": "resnet18",
+    "data": {"synthetic": {"train_size": 4096, "val_size": 64, "image_size": 64, "num_classes": 10,
+                           "on_device": not REHEARSAL}, "workers": 0},
+    "train": {"epochs": 1, "max_steps": 12, "batch": 32, "lr": 0.1, "base_batch": 128,
+              "precision": "fp32" if REHEARSAL else "bf16", "deterministic": True, "log_every": 2},
+    "checkpoint": {"every_steps": 3, "keep_last": 10},
+}
+
+
+@pytest.mark.parametrize("nproc", [pytest.param(4, marks=needs_gpus(4))])
+def test_ddp_resnet_stop_resume_is_bitwise(musubi, tmp_path: Path, nproc: int) -> None:
+    stop_resume_equals_uninterrupted(musubi, tmp_path, RESNET, nproc, stop=7)
+
+
+@pytest.mark.parametrize("nproc", [pytest.param(4, marks=needs_gpus(4))])
+def test_demo_fleet_has_no_failure_and_every_model_learns(musubi, tmp_path: Path, nproc: int) -> None:
+    out = tmp_path / "demo"
+    res = musubi("run", "examples/fleet-demo.yaml", "--out", str(out), gpus=nproc, timeout=540)
+    jobs = json.loads((out / "fleet.json").read_text())["jobs"]
+    for name, st in jobs.items():
+        assert st["state"] == "done", (name, st)
+        assert st.get("restarts", 0) == 0 and not st.get("failures"), (name, st)
+    checklist = json.loads((out / "checklist.json").read_text())
+    assert checklist["ok"], [i for i in checklist["items"] if i["status"] == "FAIL"]
+    maps = {}
+    for name in jobs:
+        jd = out / name
+        if (jd / "metrics.jsonl").is_file() and train_losses(jd):
+            losses = train_losses(jd)
+            k = max(1, len(losses) // 4)
+            assert sum(losses[-k:]) / k < sum(losses[:k]) / k, f"{name} did not learn: {losses}"
+        ev = json.loads((jd / "eval.json").read_text())
+        maps[name] = ev.get("metrics", {}).get("map50")
+        assert maps[name] is not None and maps[name] > 0.0, (name, ev.get("metrics"))
+    figure("demo_fleet_map50", maps)
+    figure("demo_fleet_tail", res.stdout.strip().splitlines()[-3:])
