@@ -50,6 +50,7 @@ from musubi.runtime.safe_dcp import (
     outside_link,
 )
 from musubi.runtime.world import World
+from musubi.runtime.wrap import agree_buffers
 
 log = logging.getLogger("musubi.checkpoint")
 
@@ -185,12 +186,18 @@ def prepare_dir(root: Path, step: int, world: World) -> Path:
 
 
 def save_state(model: nn.Module, optimizer: torch.optim.Optimizer, rank_state: dict[str, torch.Tensor],
-               rank: int) -> dict[str, Any]:
-    """The DCP state dict of one rank: model, optimizer (sharded under FSDP) and this rank's own state."""
+               world: World) -> dict[str, Any]:
+    """Collective: the DCP state dict of one rank: model, optimizer (sharded under FSDP) and this rank's own state.
+
+    DCP writes one copy of a tensor every rank holds, from a rank of its planner's choosing, and a
+    resume loads that copy on every rank; so the ranks first agree on rank 0's buffers, those the
+    next step uses (DDP broadcasts them at its next forward).
+    """
+    agree_buffers(model, world)
     return {
         "model": get_model_state_dict(model),
         "optim": get_optimizer_state_dict(model, optimizer),
-        _rank_key(rank): rank_state,
+        _rank_key(world.rank): rank_state,
     }
 
 
@@ -262,7 +269,7 @@ def save_checkpoint(
     same sequence without the background part, for tools and tests that write a checkpoint.
     """
     d = prepare_dir(root, step, world)
-    dcp.save(save_state(model, optimizer, rank_state, world.rank), checkpoint_id=str(d))
+    dcp.save(save_state(model, optimizer, rank_state, world), checkpoint_id=str(d))
     if world.is_main:  # dcp.save returned after rank 0 gathered every rank's write result
         commit(d, step, json.loads(json.dumps(trainer_state)), world.size, metric)
         retain(root, keep_last)

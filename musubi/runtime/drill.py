@@ -56,16 +56,10 @@ def parse_faults(text: str) -> list[str]:
     return names
 
 
-def final_tensors(job_dir: Path) -> dict[str, Any]:
-    """Model and optimizer tensors of the newest committed checkpoint, flattened by key."""
+def flatten_tensors(node: Any) -> dict[str, Any]:
+    """Every tensor of a nested state dict, keyed by its dotted path (`optim.state.x.exp_avg`)."""
     import torch
 
-    from musubi.runtime.checkpoint import latest_checkpoint, read_full_state
-
-    ck = latest_checkpoint(job_dir / "checkpoints", warn=False)
-    if ck is None:
-        return {}
-    full = read_full_state(ck.path)
     flat: dict[str, torch.Tensor] = {}
 
     def walk(prefix: str, node: Any) -> None:
@@ -78,8 +72,19 @@ def final_tensors(job_dir: Path) -> dict[str, Any]:
             for i, v in enumerate(node):
                 walk(f"{prefix}.{i}", v)
 
-    walk("", {"model": full["model"], "optim": full["optim"]})
+    walk("", node)
     return flat
+
+
+def final_tensors(job_dir: Path) -> dict[str, Any]:
+    """Model and optimizer tensors of the newest committed checkpoint, flattened by key."""
+    from musubi.runtime.checkpoint import latest_checkpoint, read_full_state
+
+    ck = latest_checkpoint(job_dir / "checkpoints", warn=False)
+    if ck is None:
+        return {}
+    full = read_full_state(ck.path)
+    return flatten_tensors({"model": full["model"], "optim": full["optim"]})
 
 
 def same_weights(a: dict[str, Any], b: dict[str, Any]) -> bool:

@@ -29,7 +29,14 @@ from musubi.runtime.saver import Checkpointer
 from musubi.runtime.schedule import lr_factor, lr_line
 from musubi.runtime.watchdog import Heartbeat
 from musubi.runtime.world import World
-from musubi.runtime.wrap import eval_module, gradient_sync, needs_lockstep_eval, unwrap, wrap_model
+from musubi.runtime.wrap import (
+    agree_buffers,
+    eval_module,
+    gradient_sync,
+    needs_lockstep_eval,
+    unwrap,
+    wrap_model,
+)
 from musubi.tasks.base import Task
 from musubi.telemetry.session import open_telemetry
 
@@ -226,6 +233,9 @@ class Trainer:
         """One validation pass over this rank's shard; global metrics on every rank."""
         if not self.val:
             return {}
+        # Every rank scores its shard with the same running statistics (rank 0's): each holds its own
+        # last batch's until DDP's next forward, and FSDP2 never broadcasts them.
+        agree_buffers(self.model, self.world)
         net = eval_module(self.model)
         net.eval()
         metric = self.task.make_metric(self.world.device)

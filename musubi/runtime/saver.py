@@ -173,7 +173,7 @@ class Checkpointer:
         t0 = time.perf_counter()
         self.wait()
         d = ckpt.prepare_dir(self.root, step, self.world)
-        state = ckpt.save_state(model, optimizer, rank_state, self.world.rank)
+        state = ckpt.save_state(model, optimizer, rank_state, self.world)
         self.injector.checkpoint_block(step)  # `ckpt_stall` (phase block): what the step waits for
         # Frozen now: the training thread moves on while the commit waits for the shards.
         trainer_state = json.loads(json.dumps(trainer_state))

@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
+import torch
+import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -54,6 +56,31 @@ def gradient_sync(model: nn.Module, enabled: bool) -> Iterator[None]:
 def eval_module(model: nn.Module) -> nn.Module:
     """What to call for evaluation: DDP's inner module (no buffer broadcast), FSDP itself."""
     return unwrap(model)
+
+
+def agree_buffers(model: nn.Module, world: World) -> None:
+    """Collective: every rank takes rank 0's buffers (BatchNorm running statistics and counters).
+
+    Between steps each rank holds the running statistics of its own last batch: DDP broadcasts
+    rank 0's only at the start of its next forward, and FSDP2 never does. A checkpoint stores one
+    copy of a replicated tensor (DCP's planner picks the rank), and evaluation calls the inner
+    module on every rank; both must use the buffers the next step would use, rank 0's. Under DDP
+    this changes nothing that training reads (its next forward broadcasts the same values).
+    """
+    if world.size == 1 or not dist.is_initialized():
+        return
+    groups: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
+    for b in unwrap(model).buffers():
+        if b.numel():
+            groups.setdefault((b.dtype, b.device), []).append(b)
+    with torch.no_grad():
+        for bufs in groups.values():  # one broadcast per dtype and device, not one per buffer
+            flat = torch.cat([b.reshape(-1) for b in bufs])
+            dist.broadcast(flat, src=0)
+            offset = 0
+            for b in bufs:
+                b.copy_(flat[offset:offset + b.numel()].view_as(b))
+                offset += b.numel()
 
 
 def needs_lockstep_eval(model: nn.Module) -> bool:

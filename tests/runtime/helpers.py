@@ -8,8 +8,8 @@ import torch
 from typer.testing import CliRunner
 
 from musubi.cli import app
-from musubi.runtime.checkpoint import latest_checkpoint
-from musubi.runtime.drill import final_tensors
+from musubi.runtime.checkpoint import Committed, committed_checkpoints, latest_checkpoint, read_full_state
+from musubi.runtime.drill import final_tensors, flatten_tensors
 
 
 def train(*args: str) -> tuple[int, str]:
@@ -22,3 +22,20 @@ def final_state(job_dir: Path) -> dict[str, torch.Tensor]:
     """Model and optimizer tensors of the newest committed checkpoint, flattened (the drill's reader)."""
     assert latest_checkpoint(job_dir / "checkpoints") is not None, f"no committed checkpoint in {job_dir}"
     return final_tensors(job_dir)
+
+
+def every_tensor(ckpt: Committed) -> dict[str, torch.Tensor]:
+    """Every tensor of a checkpoint, flattened: weights, buffers, optimizer state, each rank's RNG."""
+    return flatten_tensors(read_full_state(ckpt.path))
+
+
+def committed_steps(job_dir: Path) -> dict[int, Committed]:
+    """The committed checkpoints of a job, by step."""
+    return {c.step: c for c in committed_checkpoints(job_dir / "checkpoints", warn=False)}
+
+
+def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Same dtype, shape and bytes (NaN equals NaN: an RNG state keeps `no cached gauss` as NaN)."""
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    return torch.equal(a.reshape(-1).contiguous().view(torch.uint8), b.reshape(-1).contiguous().view(torch.uint8))

@@ -2,6 +2,8 @@
 
 A two-layer MLP on a fixed random regression-as-classification set: no batch
 norm and no dropout, so DDP over 2 ranks must equal 1 rank with twice the batch.
+`model_args: {batchnorm: true}` adds a BatchNorm1d (running statistics: buffers
+that each rank updates from its own batch), for the resume-exactness tests.
 """
 
 from __future__ import annotations
@@ -50,7 +52,8 @@ class TinyTask(Task):
 
     def build_model(self) -> nn.Module:
         hidden = int(self.spec.model_args.get("hidden", 32))
-        return nn.Sequential(nn.Linear(FEATURES, hidden), nn.Tanh(), nn.Linear(hidden, CLASSES))
+        norm = [nn.BatchNorm1d(hidden)] if self.spec.model_args.get("batchnorm") else []
+        return nn.Sequential(nn.Linear(FEATURES, hidden), *norm, nn.Tanh(), nn.Linear(hidden, CLASSES))
 
     def train_dataset(self) -> Dataset:
         syn = self.spec.data.synthetic
