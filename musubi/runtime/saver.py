@@ -38,6 +38,7 @@ from musubi.config.errors import ConfigError, one_line
 from musubi.config.job import CheckpointSpec
 from musubi.runtime import checkpoint as ckpt
 from musubi.runtime.inject import Injector
+from musubi.runtime.staging import HostStager, holds_dtensor
 from musubi.runtime.world import World, side_group
 
 log = logging.getLogger("musubi.checkpoint")
@@ -140,10 +141,24 @@ class Checkpointer:
         self.telemetry = telemetry
         # Thread mode: the save's collectives run beside DDP's, so they need a group of their own.
         self.group = side_group() if self.mode == "thread" else None
+        #: Keep host copies across saves (HostStager); False: DCP's stager, a fresh one per save.
+        self.reuse_buffers = True
+        self._host: HostStager | None = None
         self.inflight: _InFlight | None = None
         self._records: list[dict[str, Any]] = []
         self._daemon_recorded = False
         self._lock = threading.Lock()
+
+    @property
+    def host_buffer_bytes(self) -> int:
+        """Bytes of host buffers allocated for staging so far (constant after the first save)."""
+        return self._host.allocated_bytes if self._host is not None else 0
+
+    def _host_stager(self) -> HostStager:
+        """The Checkpointer's kept host buffers (see musubi/runtime/staging.py)."""
+        if self._host is None:
+            self._host = HostStager(pin=self.world.is_cuda, share=self.mode == "process")
+        return self._host
 
     def _make_stager(self) -> Any:
         """A stager for one save: host copies pinned on GPU, in shared memory for the checkpoint process.
@@ -191,9 +206,14 @@ class Checkpointer:
             log.info("checkpoint step %d committed in %.2fs: %s", step, elapsed, d)
             return
         extra: dict[str, Any] = {}
-        stager = self._make_stager() if _takes("async_stager") else None
-        if stager is not None:
-            extra["async_stager"] = stager
+        stager = None  # a per-save stager (sharded state), closed once that save resolved
+        if _takes("async_stager"):
+            if self.reuse_buffers and not holds_dtensor(state):
+                extra["async_stager"] = self._host_stager()
+            else:
+                stager = self._make_stager()
+                if stager is not None:
+                    extra["async_stager"] = stager
         if _takes("async_checkpointer_type"):  # absent before torch 2.7: thread only (resolve_mode saw to it)
             from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 
@@ -304,6 +324,9 @@ class Checkpointer:
     def close(self) -> None:
         """Wait for the last save, release the staging buffers, and end DCP's checkpoint process."""
         self.wait()
+        if self._host is not None:
+            self._host.close()
+            self._host = None
         if self.mode == "process":
             stop_checkpoint_process()
 

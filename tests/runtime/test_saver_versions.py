@@ -55,37 +55,47 @@ def test_emulation_reproduces_the_2_11_crash(stager_closes_after_staging: list[i
         stager.stage(state)
 
 
+@pytest.mark.parametrize("reuse", [True, False], ids=["kept-buffers", "dcp-stager-per-save"])
 @pytest.mark.parametrize("mode", MODES)
-def test_three_async_saves_and_a_resume(tmp_path: Path, mode: str, stager_closes_after_staging: list[int]) -> None:
+def test_three_async_saves_and_a_resume(tmp_path: Path, mode: str, reuse: bool,
+                                        stager_closes_after_staging: list[int]) -> None:
+    """Kept host buffers (replicated state) and DCP's own stager (sharded state) both survive 2.11."""
     if mode == "process":  # DCP's daemon takes its ranks from the default group, as under torchrun
         dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
     try:
-        _three_saves(tmp_path, mode, stager_closes_after_staging)
+        _three_saves(tmp_path, mode, reuse, stager_closes_after_staging)
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
 
 
-def _three_saves(tmp_path: Path, mode: str, stagings: list[int]) -> None:
+def _three_saves(tmp_path: Path, mode: str, reuse: bool, stagings: list[int]) -> None:
     torch.manual_seed(0)
     world = World(rank=0, local_rank=0, size=1, device=torch.device("cpu"), backend="gloo")
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.BatchNorm1d(8), torch.nn.Linear(8, 2))
     opt = torch.optim.AdamW(model.parameters(), lr=0.01)
     root = tmp_path / "checkpoints"
     saver = Checkpointer(root, CheckpointSpec(async_mode=mode, keep_last=5), world, Injector(None, 0, None), None)
+    saver.reuse_buffers = reuse
     saved: dict[int, dict[str, torch.Tensor]] = {}
+    sizes: list[int] = []
     for step in (2, 4, 6):
         for _ in range(2):  # training moves between saves (BatchNorm buffers too)
             model(torch.randn(16, 8)).square().mean().backward()
             opt.step()
             opt.zero_grad()
         saver.save(step, model, opt, {"step": step}, {"seed": torch.tensor([step])}, None)
+        if reuse and mode != "off":  # the buffers of the first save are the ones of the later saves
+            sizes.append(saver.host_buffer_bytes)
         saved[step] = {k: v.detach().clone() for k, v in model.state_dict().items()}
     saver.close()
+    assert len(set(sizes)) <= 1 and (not sizes or sizes[0] > 0), f"host buffers allocated again: {sizes}"
     records = saver.drain()
     assert [r["ok"] for r in records] == [True, True, True], records
-    if mode != "off":
+    if mode != "off" and not reuse:
         assert len(set(stagings)) == 3, "each asynchronous save stages through a stager of its own"
+    if mode != "off" and reuse:
+        assert not stagings, "replicated state is staged into the kept host buffers, not DCP's stager"
     for step, expected in saved.items():
         found = ckpt.step_dir(root, step)
         assert (found / ckpt.MARKER).is_file(), f"step {step} not committed"
