@@ -303,11 +303,12 @@ def load_checkpoint(
         "optim": get_optimizer_state_dict(model, optimizer),
         _rank_key(world.rank): rank_template,
     }
+    reader = SafeFileSystemReader(str(ckpt.path))
     try:
-        dcp.load(state, storage_reader=SafeFileSystemReader(str(ckpt.path)), planner=SafeLoadPlanner())
+        dcp.load(state, storage_reader=reader, planner=SafeLoadPlanner())
     except (Exception, CheckpointException) as e:  # DCP wraps per-rank failures in CheckpointException
         raise ConfigError(
-            f"{ckpt.path}: cannot be loaded ({describe_failure(e)}); move it aside to resume from an earlier one"
+            f"{ckpt.path}: cannot be loaded ({reader.refusal_or(e)}); move it aside to resume from an earlier one"
         ) from None
     set_model_state_dict(model, state["model"])
     set_optimizer_state_dict(model, optimizer, state["optim"])

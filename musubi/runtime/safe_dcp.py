@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 
 from musubi.config.errors import ConfigError
@@ -69,13 +70,31 @@ def safe_unpickle(data: bytes) -> Any:
 
 
 class SafeFileSystemReader(FileSystemReader):
-    """A FileSystemReader whose metadata is unpickled with an allow-list and whose shards stay in the directory."""
+    """A FileSystemReader whose metadata is unpickled with an allow-list and whose shards stay in the directory.
+
+    `refused` keeps the refusal's one line: torch 2.11's loader swallows the reader's exception and
+    reports only "metadata is None" (seen on the GPU machine, 2026-11-26), so callers name the
+    refusal from here (`refusal_or`).
+    """
+
+    refused: str | None = None
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
         """DCP's read_metadata, with the restricted unpickler and the shard names checked."""
+        try:
+            return self._read_metadata_safely(kwargs.get("rank"))
+        except ConfigError as e:
+            self.refused = str(e)
+            raise
+
+    def refusal_or(self, e: BaseException) -> str:
+        """Why the load failed: this reader's refusal if it refused, else DCP's own first error."""
+        return self.refused or describe_failure(e)
+
+    def _read_metadata_safely(self, rank: Any) -> Any:
         from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 
-        path = self._get_metadata_path(kwargs.get("rank"))
+        path = self._get_metadata_path(rank)
         with self.fs.create_stream(path, "rb") as f:
             raw = f.read()
         try:
@@ -141,8 +160,13 @@ def full_state(ckpt_dir: Path) -> dict[str, Any]:
         load_bytes = SafeLoadPlanner.load_bytes
 
     state: dict[str, Any] = {}
-    _load_state_dict(state, storage_reader=SafeFileSystemReader(str(ckpt_dir)), planner=_SafeFullLoadPlanner(),
-                     no_dist=True)
+    reader = SafeFileSystemReader(str(ckpt_dir))
+    try:
+        _load_state_dict(state, storage_reader=reader, planner=_SafeFullLoadPlanner(), no_dist=True)
+    except (Exception, CheckpointException):  # CheckpointException is a BaseException
+        if reader.refused:
+            raise ConfigError(reader.refused) from None
+        raise
     return state
 
 
