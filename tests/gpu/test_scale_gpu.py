@@ -46,6 +46,8 @@ def test_demo_fleet_has_no_failure_and_every_model_learns(musubi, tmp_path: Path
             assert sum(losses[-k:]) / k < sum(losses[:k]) / k, f"{name} did not learn: {losses}"
         ev = json.loads((jd / "eval.json").read_text())
         maps[name] = ev.get("metrics", {}).get("map50")
-        assert maps[name] is not None and maps[name] > 0.0, (name, ev.get("metrics"))
+        # visibly learning: generated objects a trained detector finds (0.0004 was a model that learned
+        # nothing: SSDlite and the external job on 2026-11-26 before the demo was fixed)
+        assert maps[name] is not None and maps[name] >= 0.1, (name, ev.get("metrics"))
     figure("demo_fleet_map50", maps)
     figure("demo_fleet_tail", res.stdout.strip().splitlines()[-3:])
