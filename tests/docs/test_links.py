@@ -93,3 +93,8 @@ def test_link_checker_catches_a_missing_file_and_a_missing_heading(tmp_path: Pat
         encoding="utf-8",
     )
     assert broken_links(page) == ["missing.md: no such file", "other.md#step-3: no such heading"]
+
+
+def test_readme_stays_a_door() -> None:
+    size = (REPO / "README.md").stat().st_size
+    assert size <= README_LIMIT_BYTES, f"README.md is {size} bytes (> {README_LIMIT_BYTES}): move the detail into docs/"
