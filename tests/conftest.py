@@ -71,7 +71,9 @@ def starts_torchrun(args: Any) -> bool:
     """True when a process started with `args` is torchrun, or a `musubi train/run/drill` that starts it."""
     argv = [args] if isinstance(args, (str, bytes, os.PathLike)) else list(args)
     tokens = [os.fsdecode(a) for a in argv]
-    if any(t == "torch.distributed.run" or Path(t).name == "torchrun" for t in tokens):
+    # musubi starts torchrun through its own rendezvous wrapper module (`python -m musubi....rendezvous`)
+    if any(t == "torch.distributed.run" or Path(t).name == "torchrun"
+           or (t.startswith("musubi.") and t.endswith(".rendezvous")) for t in tokens):
         return True
     for i, t in enumerate(tokens):
         if t == "musubi.cli" or Path(t).name == "musubi":
