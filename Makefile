@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 TORCH  ?= torch==2.14.1 torchvision==0.29.1
 STAMP  := $(VENV)/.musubi-installed
 
-.PHONY: demo test gpu-test lint clean chromium
+.PHONY: demo test test-quick test-distributed test-system gpu-test lint clean chromium
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -18,8 +18,20 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(VENV)/bin/musubi run examples/fleet-demo.yaml
 
+# Every tier (CI runs this). The tiers (docs/testing.md): unit in process, distributed (torchrun on
+# gloo CPU ranks), system (Slurm, a browser, the recovery drill); tests/conftest.py marks them.
 test: $(STAMP) chromium
 	$(VENV)/bin/python -m pytest -q
+
+# The edit-test loop: the unit tier alone, no torchrun.
+test-quick: $(STAMP)
+	$(VENV)/bin/python -m pytest -q -m "not slow"
+
+test-distributed: $(STAMP)
+	$(VENV)/bin/python -m pytest -q -m distributed
+
+test-system: $(STAMP) chromium
+	$(VENV)/bin/python -m pytest -q -m system
 
 # The GPU tier (tests/gpu) on this machine's GPUs: writes bench/results/gpu-tests-DATE-CARD.txt.
 # It uses the Python that has the GPU build of torch (GPU_PY; the lent machines have no internet, so

@@ -51,3 +51,87 @@ def _cpu_and_repo_cwd(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     monkeypatch.chdir(REPO)
     os.environ.pop("MUSUBI_INJECT", None)
+
+
+# --- Test tiers -------------------------------------------------------------------------------------
+# unit (in process) · distributed (starts torchrun on gloo CPU ranks) · system (Slurm, a browser, the
+# recovery drill). `distributed` and `system` tests are also `slow`, so `pytest -m "not slow"` is the
+# quick loop; CI runs every tier. A test need not be marked by hand: the spy below sees every process a
+# test starts, and a test that started torchrun is remembered (pytest's cache) and marked from then on.
+
+#: Tests of these fixtures or modules are the system tier: they need a daemon, a browser or many launches.
+SYSTEM_FIXTURES = frozenset({"slurm_cluster"})
+SYSTEM_MODULES = ("test_report_browser.py", "test_recovery_drill.py")
+#: `musubi` commands that start torchrun unless told --dry-run or --help.
+LAUNCHING_COMMANDS = frozenset({"train", "run", "drill"})
+TORCHRUN_CACHE_KEY = "musubi/torchrun-tests"
+
+
+def starts_torchrun(args: Any) -> bool:
+    """True when a process started with `args` is torchrun, or a `musubi train/run/drill` that starts it."""
+    argv = [args] if isinstance(args, (str, bytes, os.PathLike)) else list(args)
+    tokens = [os.fsdecode(a) for a in argv]
+    # musubi starts torchrun through its own rendezvous wrapper module (`python -m musubi....rendezvous`)
+    if any(t == "torch.distributed.run" or Path(t).name == "torchrun"
+           or (t.startswith("musubi.") and t.endswith(".rendezvous")) for t in tokens):
+        return True
+    for i, t in enumerate(tokens):
+        if t == "musubi.cli" or Path(t).name == "musubi":
+            command = next((c for c in tokens[i + 1:] if not c.startswith("-")), None)
+            return command in LAUNCHING_COMMANDS and not {"--dry-run", "--help"} & set(tokens)
+    return False
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Put each test in its tier: system by fixture or module, distributed when marked slow or seen starting torchrun."""
+    cache = getattr(config, "cache", None)  # absent under -p no:cacheprovider
+    seen = set(cache.get(TORCHRUN_CACHE_KEY, [])) if cache is not None else set()
+    for item in items:
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if fixtures & SYSTEM_FIXTURES or item.path.name in SYSTEM_MODULES:
+            item.add_marker(pytest.mark.system)
+        elif item.nodeid in seen or item.get_closest_marker("slow") is not None:
+            if item.get_closest_marker("gpu") is None:
+                item.add_marker(pytest.mark.distributed)
+        if (item.get_closest_marker("system") or item.get_closest_marker("distributed")) \
+                and item.get_closest_marker("slow") is None:
+            item.add_marker(pytest.mark.slow)
+
+
+UNMARKED_LAUNCHES = pytest.StashKey[list[str]]()
+
+
+@pytest.fixture(autouse=True)
+def _torchrun_spy(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch):
+    """Watch the processes this test starts; one that starts torchrun puts the test in the distributed tier."""
+    import subprocess
+
+    launched: list[str] = []
+    real_init = subprocess.Popen.__init__
+
+    def spying_init(self: subprocess.Popen, args: Any, *a: Any, **kw: Any) -> None:
+        if not launched and starts_torchrun(args):
+            launched.append(" ".join(os.fsdecode(x) for x in ([args] if isinstance(args, str) else args))[:200])
+        real_init(self, args, *a, **kw)
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", spying_init)
+    yield
+    if not launched:
+        return
+    config, node = request.config, request.node
+    cache = getattr(config, "cache", None)
+    if cache is not None:
+        seen = set(cache.get(TORCHRUN_CACHE_KEY, []))
+        if node.nodeid not in seen:
+            cache.set(TORCHRUN_CACHE_KEY, sorted(seen | {node.nodeid}))
+    if node.get_closest_marker("slow") is None:
+        config.stash.setdefault(UNMARKED_LAUNCHES, []).append(f"{node.nodeid}: {launched[0]}")
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    """Name the tests that started torchrun outside the slow tier (they are marked from the next run on)."""
+    unmarked = config.stash.get(UNMARKED_LAUNCHES, [])
+    if unmarked:
+        terminalreporter.section("tests that started torchrun without the slow marker (now remembered)")
+        for line in unmarked:
+            terminalreporter.write_line(line)

@@ -1,4 +1,4 @@
-"""Field-by-field documentation of the job YAML, generated from the pydantic models."""
+"""Field-by-field documentation of the job and fleet YAML, generated from the pydantic models."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
+from musubi.config.fleet import CommandJob, FleetSpec, Placement
 from musubi.config.job import JobSpec
 
 
@@ -52,10 +53,57 @@ def schema_rows(model: type[BaseModel] = JobSpec, prefix: str = "") -> list[tupl
     return rows
 
 
-def schema_markdown() -> str:
-    """The job schema as a markdown table (what the README's reference section holds)."""
+def table(rows: list[tuple[str, str, str, str]]) -> str:
+    """Rows of `schema_rows` as a markdown table."""
     lines = ["| key | type | default | meaning |", "|---|---|---|---|"]
-    for key, typ, default, desc in schema_rows():
+    for key, typ, default, desc in rows:
         cells = [f"`{key}`", typ, default, desc]
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     return "\n".join(lines)
+
+
+def schema_markdown() -> str:
+    """The job schema as a markdown table (what `musubi schema` prints)."""
+    return table(schema_rows())
+
+
+def reference_markdown() -> str:
+    """The whole configuration reference page (docs/reference/config.md): job, fleet, fleet jobs."""
+    placement = set(Placement.model_fields)
+    command_rows = [r for r in schema_rows(CommandJob) if r[0] not in placement]
+    return "\n".join([
+        "# Configuration reference",
+        "",
+        "<!-- Generated from the pydantic models by `python -m musubi.config.readme_sync`; "
+        "a test fails when it is stale. Edit the field descriptions in musubi/config, not this page. -->",
+        "",
+        "Every key of a job file (`musubi train JOB.yaml`) and a fleet file (`musubi run FLEET.yaml`), "
+        "with its type, default and meaning. `musubi schema` prints the job table. Unknown keys are refused "
+        "with a \"did you mean\"; see the [training guide](../guides/train.md) and the "
+        "[fleet guide](../guides/fleets.md) for how the pieces fit.",
+        "",
+        "## Job file reference",
+        "",
+        table(schema_rows()),
+        "",
+        "## Fleet file reference",
+        "",
+        "`defaults:` is merged under every task job; each entry of `jobs:` is a task job or an external command "
+        "(below).",
+        "",
+        table(schema_rows(FleetSpec)),
+        "",
+        "## Fleet job placement",
+        "",
+        "Keys every fleet job may carry beside its job: a task job is a whole job (the job file reference) "
+        "plus these.",
+        "",
+        table(schema_rows(Placement)),
+        "",
+        "## External command jobs",
+        "",
+        "A fleet job with `command:` runs another program; it takes the placement keys above plus these.",
+        "",
+        table(command_rows),
+        "",
+    ])

@@ -1,4 +1,4 @@
-"""The README's quickstart, run as written: train on an image folder, export .pt, load it into torchvision."""
+"""The quickstart guide (docs/guides/quickstart.md), run as written: train on an image folder, export .pt, load it into torchvision."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def quickstart_script() -> str:
-    """The bash block that follows `<!-- quickstart -->` in README.md."""
-    text = (REPO / "README.md").read_text(encoding="utf-8")
+    """The bash block that follows `<!-- quickstart -->` in the quickstart guide."""
+    text = (REPO / "docs" / "guides" / "quickstart.md").read_text(encoding="utf-8")
     m = re.search(r"<!-- quickstart -->\n```bash\n(.*?)\n```", text, re.S)
-    assert m, "README.md lost its quickstart block"
+    assert m, "docs/guides/quickstart.md lost its quickstart block"
     return m.group(1)
 
 

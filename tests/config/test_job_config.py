@@ -88,8 +88,24 @@ def test_config_package_does_not_import_torch() -> None:
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
 
 
-def test_readme_documents_every_field() -> None:
-    from musubi.config.schema_doc import schema_markdown
+def test_reference_page_is_current() -> None:
+    """docs/reference/config.md is exactly what the generator writes today, and holds `musubi schema`'s table."""
+    from musubi.config.readme_sync import REFERENCE
+    from musubi.config.schema_doc import reference_markdown, schema_markdown
 
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
-    assert schema_markdown() in readme, "README job reference is stale: run python -m musubi.config.readme_sync"
+    page = (REPO / REFERENCE).read_text(encoding="utf-8")
+    assert page == reference_markdown(), f"{REFERENCE} is stale: run python -m musubi.config.readme_sync"
+    assert schema_markdown() in page
+
+
+def test_reference_documents_every_job_and_fleet_field() -> None:
+    """Each field of the job, the fleet, its placement and its command jobs has a row with a meaning."""
+    from musubi.config.fleet import CommandJob, FleetSpec, Placement
+    from musubi.config.job import JobSpec
+    from musubi.config.schema_doc import reference_markdown, schema_rows
+
+    page = reference_markdown()
+    for model in (JobSpec, FleetSpec, Placement, CommandJob):
+        for key, _typ, _default, desc in schema_rows(model):
+            assert f"| `{key}` |" in page, f"{model.__name__}.{key} has no row"
+            assert desc, f"{model.__name__}.{key} has no description"
