@@ -5,11 +5,16 @@ $MUSUBI_JOB_DIR, and writes $MUSUBI_JOB_DIR/eval.json with its metrics (and may
 write model.onnx). This one trains a small Faster R-CNN on generated images with
 a plain PyTorch loop and reports mAP50 measured with torchmetrics.
 
-    python tiny_detector.py [--steps 30] [--image-size 256]
+    python tiny_detector.py [--steps 120] [--image-size 256]
+
+Its recipe is the built-in jobs' (AdamW, linear warmup, cosine decay, gradient
+clipping): a from-scratch detector on a constant LR and no warmup does not learn
+in a hundred steps (45 constant-LR steps ended at mAP50 0.00).
 """
 
 import argparse
 import json
+import math
 import os
 import statistics
 import time
@@ -24,8 +29,10 @@ from musubi.data.synthetic_detection import SyntheticDetection
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--steps", type=int, default=120)
     ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--lr", type=float, default=1.4e-3)
+    ap.add_argument("--warmup", type=int, default=4)
     ap.add_argument("--image-size", type=int, default=256)
     args = ap.parse_args()
     out = Path(os.environ.get("MUSUBI_JOB_DIR", "."))
@@ -38,7 +45,11 @@ def main() -> None:
         weights=None, weights_backbone=None, num_classes=3, min_size=s, max_size=s,
         rpn_pre_nms_top_n_train=300, rpn_post_nms_top_n_train=100, rpn_batch_size_per_image=64,
         box_batch_size_per_image=64).to(device)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=1e-4)
+    # Linear warmup, then cosine decay to 0 at the last step.
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: (k + 1) / args.warmup if k < args.warmup else
+                                              0.5 * (1 + math.cos(math.pi * (k - args.warmup) /
+                                                                  max(1, args.steps - args.warmup))))
     model.train()
     for step in range(args.steps):
         items = [train[step * args.batch + i] for i in range(args.batch)]
@@ -47,7 +58,9 @@ def main() -> None:
         loss = sum(model(images, targets).values())
         opt.zero_grad()
         loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 10.0)
         opt.step()
+        sched.step()
         if step % 10 == 0:
             print(f"step {step} loss {loss.item():.4f}", flush=True)
     model.eval()

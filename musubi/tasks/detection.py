@@ -66,6 +66,13 @@ _RESERVED_ARGS = frozenset(
     }
 )
 
+#: model_args Musubi applies itself after building the model (torchvision's builders do not take them).
+#: bn_momentum: momentum of every BatchNorm's running statistics. torchvision's SSDlite uses 0.03, tuned
+#: for its 600-epoch recipe; in a run of a few hundred steps those statistics lag the weights so far
+#: that evaluation (which uses them) scores mAP50 ~0 while the training loss falls. 0.1 (PyTorch's
+#: default) lets them follow.
+OWN_MODEL_ARGS = frozenset({"bn_momentum"})
+
 EVAL_EXTRA_MESSAGE = "detection mAP needs the eval extra: pip install 'musubi-train[eval]'"
 
 
@@ -75,7 +82,15 @@ def accepted_model_args(model: str) -> frozenset[str]:
     names: set[str] = set()
     for fn in (builder, cls.__init__, GeneralizedRCNNTransform.__init__):
         names.update(inspect.signature(fn).parameters)
-    return frozenset(names - _RESERVED_ARGS)
+    return frozenset((names - _RESERVED_ARGS) | OWN_MODEL_ARGS)
+
+
+def set_bn_momentum(model: nn.Module, momentum: float) -> None:
+    """Set the running-statistics momentum of every BatchNorm layer of `model` (frozen ones have none)."""
+    layers = [m for m in model.modules() if isinstance(m, (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d,
+                                                             nn.SyncBatchNorm))]
+    for layer in layers:
+        layer.momentum = momentum
 
 
 def map_backend() -> str:
@@ -244,9 +259,9 @@ class DetectionTask(Task):
         return train.num_classes
 
     def model_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments for the torchvision builder, model_args last (they win)."""
+        """Keyword arguments for the torchvision builder, model_args last (they win; Musubi's own excluded)."""
         kwargs: dict[str, Any] = {}
-        args = self.spec.model_args
+        args = {k: v for k, v in self.spec.model_args.items() if k not in OWN_MODEL_ARGS}
         if (
             self.spec.model in RESIZING_MODELS
             and self.image_size is not None
@@ -288,12 +303,20 @@ class DetectionTask(Task):
     # -- model -------------------------------------------------------------
     def _construct(self) -> nn.Module:
         builder, _ = MODELS[self.spec.model]
+        momentum = self.spec.model_args.get("bn_momentum")
+        if momentum is not None and (isinstance(momentum, bool) or not isinstance(momentum, (int, float))
+                                     or not 0 < momentum <= 1):
+            raise ConfigError(f"model_args.bn_momentum: must be a number in (0, 1], not {momentum!r}; "
+                              "0.1 is PyTorch's default")
         try:
-            return builder(
+            model = builder(
                 weights=None, weights_backbone=None, num_classes=self.num_classes + 1, **self.model_kwargs()
             )
         except (TypeError, ValueError) as e:
             raise ConfigError(f"model_args: {self.spec.model} rejected them ({e}); fix model_args") from None
+        if momentum is not None:
+            set_bn_momentum(model, float(momentum))
+        return model
 
     def build_model(self) -> nn.Module:
         """A fresh detector on the CPU (num_classes + 1 outputs), loaded from spec.weights if given."""

@@ -116,6 +116,20 @@ def test_model_args_checked_before_building() -> None:
     assert task.image_size == 128 and task.val_dataset() is not None
 
 
+def test_bn_momentum_sets_every_batchnorm_and_is_checked() -> None:
+    ssd = "ssdlite320_mobilenet_v3_large"
+    default = DetectionTask(_spec(ssd)).build_model()
+    assert {m.momentum for m in default.modules() if isinstance(m, torch.nn.BatchNorm2d)} == {0.03}
+    task = DetectionTask(_spec(ssd, model_args={"bn_momentum": 0.1}))
+    task.validate()
+    assert "bn_momentum" not in task.model_kwargs()  # Musubi's own: never handed to torchvision
+    norms = [m for m in task.build_model().modules() if isinstance(m, torch.nn.BatchNorm2d)]
+    assert len(norms) > 50 and {m.momentum for m in norms} == {0.1}
+    for bad in (0, 1.5, "fast", True):
+        with pytest.raises(ConfigError, match=r"model_args.bn_momentum: must be a number in \(0, 1\]"):
+            DetectionTask(_spec(ssd, model_args={"bn_momentum": bad})).validate()
+
+
 def test_weights_round_trip_and_mismatch(tmp_path: Path) -> None:
     torch.manual_seed(0)
     model = DetectionTask(_spec()).build_model()
