@@ -12,7 +12,7 @@ from torch import nn
 from musubi.config.errors import ConfigError
 from musubi.config.job import JobSpec
 from musubi.config.load import job_from_dict
-from musubi.runtime.checkpoint import latest_checkpoint, read_full_state
+from musubi.checkpoint.checkpoint import latest_checkpoint, read_full_state
 from musubi.store.rundir import read_json
 from musubi.tasks.base import Task
 from musubi.tasks.registry import build_task

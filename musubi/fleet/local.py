@@ -35,8 +35,8 @@ from musubi.fleet.machine import SHOW, cpus_value, device_cores, fleet_topology
 from musubi.fleet.moldable import best_plan
 from musubi.fleet.packer import Demand, Packer, unplaceable
 from musubi.fleet.stop import FleetInterrupted, signals_flagged
-from musubi.runtime.checkpoint import latest_checkpoint
-from musubi.runtime.proctree import stop_trees
+from musubi.checkpoint.checkpoint import latest_checkpoint
+from musubi.launch.proctree import stop_trees
 from musubi.store.db import db_path
 from musubi.store.rundir import read_json, write_json
 

@@ -51,7 +51,7 @@ class FleetRequest:
 
 def validate_fleet(spec: FleetSpec, base: Path) -> None:
     """Every job checked before anything starts: model names, data, commands."""
-    from musubi.runtime.tracking import check_tracking
+    from musubi.store.tracking import check_tracking
     from musubi.tasks.registry import build_task
 
     for job in spec.jobs:
@@ -68,7 +68,7 @@ def validate_fleet(spec: FleetSpec, base: Path) -> None:
 
 def machine(req: FleetRequest) -> tuple[list[int], str]:
     """(devices, kind): the visible GPUs, or CPU rank slots (default 2) when there is none."""
-    from musubi.runtime.launch import visible_gpus
+    from musubi.launch.launch import visible_gpus
 
     gpus = visible_gpus()
     kind = req.device or ("cuda" if gpus else "cpu")
@@ -390,7 +390,7 @@ def plan_fleet(req: FleetRequest, console: Console | None = None) -> list[str]:
 def _preflight(spec: FleetSpec, kind: str, run_dir: Path, console: Console) -> None:
     from musubi.preflight import data_targets, render, run_checks
     from musubi.preflight.result import PreflightReport
-    from musubi.runtime.launch import PreflightFailed
+    from musubi.launch.launch import PreflightFailed
 
     targets = [t for j in spec.jobs if isinstance(j, TaskJob) for t in data_targets(j.spec.data)]
     report = run_checks(None if kind == "cuda" else [], list(dict.fromkeys(targets)), run_dir.parent, None,

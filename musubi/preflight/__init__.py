@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from musubi.preflight.checks.disk import checkpoint_bytes_estimate
     from musubi.preflight.command import check_command
-    from musubi.preflight.devices import check_unique_devices
+    from musubi.worker.devices import check_unique_devices
     from musubi.preflight.diagnostics import diagnostic_env
     from musubi.preflight.read.data import data_targets
     from musubi.preflight.result import CheckResult, PreflightReport, Status, render
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 _EXPORTS = {
     "run_checks": "musubi.preflight.runner",
     "check_command": "musubi.preflight.command",
-    "check_unique_devices": "musubi.preflight.devices",
+    "check_unique_devices": "musubi.worker.devices",
     "diagnostic_env": "musubi.preflight.diagnostics",
     "checkpoint_bytes_estimate": "musubi.preflight.checks.disk",
     "data_targets": "musubi.preflight.read.data",

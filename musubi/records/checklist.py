@@ -127,7 +127,7 @@ def _restarts_item(job: str, job_dir: Path, ended_well: bool) -> Item | None:
     rec = E.read_json_or_none(job_dir / "goodput.json")
     if not isinstance(rec, dict):
         return None
-    from musubi.runtime.goodput import failure_summary
+    from musubi.recovery.goodput import failure_summary
 
     g = rec.get("goodput")
     ratio = f"goodput {g:.1%}" if isinstance(g, (int, float)) else "goodput n/a"

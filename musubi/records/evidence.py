@@ -266,6 +266,6 @@ def earlier_rates(job_dir: Path) -> list[float]:
 
 
 def precision_fallbacks(job_dir: Path) -> list[dict[str, Any]]:
-    """The numerical guard's fallbacks of a job (JOB/numerics/applied.json, see runtime/numerics.py)."""
+    """The numerical guard's fallbacks of a job (JOB/numerics/applied.json, see recovery/numerics.py)."""
     data = read_json_or_none(job_dir / "numerics" / "applied.json")
     return [r for r in data if isinstance(r, dict)] if isinstance(data, list) else []

@@ -13,8 +13,8 @@ from musubi.config.load import job_from_dict
 from musubi.plan.calibrate import load_calibration
 from musubi.plan.errors import PlanError
 from musubi.plan.from_run import calibration_from_run, measured_step_time
-from musubi.runtime.batching import BatchPlan
-from musubi.runtime.plan_record import plan_record
+from musubi.worker.batching import BatchPlan
+from musubi.worker.plan_record import plan_record
 from musubi.tasks.registry import build_task
 
 GPT_JOB = {"name": "lm", "task": "lm", "model": "gpt", "model_args": {"layers": 4, "hidden": 512, "heads": 8},

@@ -8,8 +8,8 @@ import torch
 from typer.testing import CliRunner
 
 from musubi.cli import app
-from musubi.runtime.checkpoint import latest_checkpoint
-from musubi.runtime.drill import final_tensors
+from musubi.checkpoint.checkpoint import latest_checkpoint
+from musubi.launch.drill import final_tensors
 
 
 def train(*args: str) -> tuple[int, str]:

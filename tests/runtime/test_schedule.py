@@ -8,8 +8,8 @@ import pytest
 
 from musubi.config.errors import ConfigError
 from musubi.config.load import job_from_dict
-from musubi.runtime.batching import plan_batch
-from musubi.runtime.schedule import lr_factor, lr_line, scale_lr
+from musubi.worker.batching import plan_batch
+from musubi.worker.schedule import lr_factor, lr_line, scale_lr
 from tests.conftest import TINY_JOB, _merge
 
 
