@@ -19,9 +19,9 @@ from typing import Any
 
 import yaml
 
+from musubi.checkpoint.checkpoint import best_checkpoint, latest_checkpoint
 from musubi.config.errors import ConfigError
 from musubi.records.evidence import read_json_or_none
-from musubi.checkpoint.checkpoint import best_checkpoint, latest_checkpoint
 
 
 @dataclass(frozen=True)
@@ -142,8 +142,8 @@ def train(job: str | Path | Mapping[str, Any], *, nproc: int | None = None, out:
 
     Keyword overrides are the CLI's `--set`: `train={"lr": 0.1}` or `**{"train.lr": 0.1}`.
     """
-    from musubi.records.checklist import build_checklist, write_checklist
     from musubi.launch.launch import TrainRequest, launch_train
+    from musubi.records.checklist import build_checklist, write_checklist
 
     if max_steps is not None and max_steps < 1:
         raise ConfigError(f"max_steps={max_steps}: must be >= 1")

@@ -41,7 +41,6 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from musubi.config.errors import ConfigError
 from musubi.checkpoint.safe_dcp import (
     SafeFileSystemReader,
     SafeLoadPlanner,
@@ -49,6 +48,7 @@ from musubi.checkpoint.safe_dcp import (
     full_state,
     outside_link,
 )
+from musubi.config.errors import ConfigError
 from musubi.worker.world import World
 
 log = logging.getLogger("musubi.checkpoint")

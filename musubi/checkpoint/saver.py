@@ -34,9 +34,9 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemWriter
 
+from musubi.checkpoint import checkpoint as ckpt
 from musubi.config.errors import ConfigError, one_line
 from musubi.config.job import CheckpointSpec
-from musubi.checkpoint import checkpoint as ckpt
 from musubi.recovery.inject import Injector
 from musubi.worker.world import World, side_group
 
@@ -267,7 +267,7 @@ class Checkpointer:
         try:
             import psutil
 
-            from musubi.recovery.watchdog import attempt_id
+            from musubi.worker.world import attempt_id
 
             me = psutil.Process()
             while True:

@@ -264,9 +264,9 @@ def _register_optional_commands() -> None:
     from musubi.data.command import data_app
     from musubi.diagnose.command import report_command
     from musubi.evaluate.commands import evaluate_command, export_command, leaderboard_command, registry_app
+    from musubi.launch.commands import drill_command, goodput_command
     from musubi.plan.command import plan_command
     from musubi.preflight.command import check_command
-    from musubi.launch.commands import drill_command, goodput_command
 
     app.command("leaderboard", help="The fleet's ranking: quality, FPS, composite score (table or --json).")(
         leaderboard_command)

@@ -9,10 +9,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from musubi.checkpoint.checkpoint import latest_checkpoint, read_full_state
 from musubi.config.errors import ConfigError
 from musubi.config.job import JobSpec
 from musubi.config.load import job_from_dict
-from musubi.checkpoint.checkpoint import latest_checkpoint, read_full_state
 from musubi.store.rundir import read_json
 from musubi.tasks.base import Task
 from musubi.tasks.registry import build_task

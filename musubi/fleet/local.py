@@ -27,6 +27,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from musubi.checkpoint.checkpoint import latest_checkpoint
 from musubi.config.errors import ConfigError
 from musubi.config.fleet import CommandJob, FleetSpec, TaskJob
 from musubi.fleet import jobs as J
@@ -35,7 +36,6 @@ from musubi.fleet.machine import SHOW, cpus_value, device_cores, fleet_topology
 from musubi.fleet.moldable import best_plan
 from musubi.fleet.packer import Demand, Packer, unplaceable
 from musubi.fleet.stop import FleetInterrupted, signals_flagged
-from musubi.checkpoint.checkpoint import latest_checkpoint
 from musubi.launch.proctree import stop_trees
 from musubi.store.db import db_path
 from musubi.store.rundir import read_json, write_json

@@ -388,9 +388,9 @@ def plan_fleet(req: FleetRequest, console: Console | None = None) -> list[str]:
 
 
 def _preflight(spec: FleetSpec, kind: str, run_dir: Path, console: Console) -> None:
+    from musubi.launch.launch import PreflightFailed
     from musubi.preflight import data_targets, render, run_checks
     from musubi.preflight.result import PreflightReport
-    from musubi.launch.launch import PreflightFailed
 
     targets = [t for j in spec.jobs if isinstance(j, TaskJob) for t in data_targets(j.spec.data)]
     report = run_checks(None if kind == "cuda" else [], list(dict.fromkeys(targets)), run_dir.parent, None,

@@ -12,9 +12,9 @@ import os
 from pathlib import Path
 from typing import Any
 
+from musubi.config.batch_plan import scale_lr
 from musubi.config.errors import ConfigError
 from musubi.config.job import JobSpec
-from musubi.worker.schedule import scale_lr
 
 #: Changes listed in an error line before "(+N more)".
 _SHOWN_CHANGES = 3

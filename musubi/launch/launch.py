@@ -210,7 +210,7 @@ def admit(req: TrainRequest) -> Admitted:
     build_task(spec).validate()
     check_tracking(spec.tracking)
     if spec.train.global_batch is not None:
-        from musubi.worker.batching import plan_batch
+        from musubi.config.batch_plan import plan_batch
 
         plan_batch(spec, nproc)  # the workers' own rule: refuse a non-dividing world size before launch
     if not req.resume:

@@ -24,9 +24,9 @@ from typing import Any
 
 import torch
 
+from musubi.config.batch_plan import scale_lr
 from musubi.config.errors import ConfigError
 from musubi.config.job import JobSpec
-from musubi.worker.schedule import scale_lr
 
 log = logging.getLogger("musubi.memory")
 

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from musubi.config.job import WatchdogSpec
+from musubi.worker.world import attempt_id
 
 log = logging.getLogger("musubi.watchdog")
 
@@ -56,11 +57,6 @@ COLLECTIVES = {
     "setup": "setup (process group, batch agreement, resume)",
     "finish": "end of training",
 }
-
-
-def attempt_id() -> str:
-    """This attempt: launch number (job.json attempts) and torchrun restart, e.g. '1.2'."""
-    return f"{os.environ.get('MUSUBI_LAUNCH', '1')}.{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
 
 
 class Heartbeat:

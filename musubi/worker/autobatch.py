@@ -24,11 +24,11 @@ from torch.utils.data import Dataset
 
 from musubi.config.errors import ConfigError
 from musubi.recovery.inject import Injector, injected_oom
-from musubi.worker.feed.loaders import channels_last
 from musubi.recovery.memory import GIB, is_oom
+from musubi.tasks.base import Task
+from musubi.worker.feed.loaders import channels_last
 from musubi.worker.precision import autocast, make_scaler
 from musubi.worker.world import World
-from musubi.tasks.base import Task
 
 log = logging.getLogger("musubi.autobatch")
 

@@ -10,61 +10,21 @@ from __future__ import annotations
 import json
 import logging
 import platform
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from musubi.config.batch_plan import BatchPlan, plan_batch, plan_for
 from musubi.config.errors import ConfigError
 from musubi.config.job import JobSpec
 from musubi.recovery import memory
 from musubi.recovery.inject import Injector
-from musubi.worker.schedule import scale_lr
-from musubi.worker.world import World
 from musubi.store import db
 from musubi.store.rundir import write_json
+from musubi.worker.world import World
 
 log = logging.getLogger("musubi.batching")
-
-
-@dataclass
-class BatchPlan:
-    """How the global batch is made, and the LR that follows it."""
-
-    per_rank: int
-    accumulation: int
-    world: int
-    lr: float
-    source: str = "config"  # config | probe | cache | oom-recovery | earlier attempt
-
-    @property
-    def global_batch(self) -> int:
-        """Samples per optimizer step over all ranks."""
-        return self.per_rank * self.world * self.accumulation
-
-
-def plan_for(spec: JobSpec, per_rank: int, accumulation: int, world_size: int, source: str) -> BatchPlan:
-    """A plan whose LR is the job's LR rule applied to this global batch."""
-    g = per_rank * world_size * accumulation
-    return BatchPlan(per_rank, accumulation, world_size, scale_lr(spec.train.lr, g, spec.train.base_batch,
-                                                                  spec.train.lr_rule), source)
-
-
-def plan_batch(spec: JobSpec, world_size: int) -> BatchPlan:
-    """Per-rank batch from `batch` or `global_batch` (a number; `auto` is decided by `decide_batch`)."""
-    t = spec.train
-    if t.global_batch is not None:
-        denom = world_size * t.accumulation
-        if t.global_batch % denom:
-            raise ConfigError(
-                f"train.global_batch={t.global_batch} is not divisible by world x accumulation = "
-                f"{world_size} x {t.accumulation}; pick a multiple of {denom} or change --nproc"
-            )
-        return plan_for(spec, t.global_batch // denom, t.accumulation, world_size, "config")
-    if not isinstance(t.batch, int):
-        raise ConfigError("train.batch is auto: the batch is decided by the probe (decide_batch)")
-    return plan_for(spec, t.batch, t.accumulation, world_size, "config")
 
 
 def probe_cache_key(spec: JobSpec, world: World, precision: str) -> dict[str, Any]:

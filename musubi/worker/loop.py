@@ -14,24 +14,24 @@ import numpy as np
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from musubi.checkpoint import checkpoint as ckpt
+from musubi.checkpoint.saver import Checkpointer
+from musubi.config.batch_plan import BatchPlan, lr_line, plan_batch
 from musubi.config.errors import ConfigError
 from musubi.config.job import JobSpec
-from musubi.checkpoint import checkpoint as ckpt
-from musubi.worker.batching import BatchPlan, plan_batch
 from musubi.recovery.inject import Injector, injected_oom
-from musubi.worker.feed.loaders import TrainFeed, ValFeed
 from musubi.recovery.memory import memory_figures
+from musubi.recovery.watchdog import Heartbeat
+from musubi.tasks.base import Task
+from musubi.worker.feed.loaders import TrainFeed, ValFeed
 from musubi.worker.ordered_reduce import needs_ordered_reduce, ordered_allreduce_hook
 from musubi.worker.precision import autocast, make_scaler, resolve_precision
 from musubi.worker.reporting import MetricsWriter, ProgressBar
 from musubi.worker.rng import capture_rng, restore_rng, rng_template
-from musubi.checkpoint.saver import Checkpointer
-from musubi.worker.schedule import lr_factor, lr_line
-from musubi.recovery.watchdog import Heartbeat
+from musubi.worker.schedule import lr_factor
+from musubi.worker.telemetry_session import open_telemetry
 from musubi.worker.world import World
 from musubi.worker.wrap import eval_module, gradient_sync, needs_lockstep_eval, unwrap, wrap_model
-from musubi.tasks.base import Task
-from musubi.worker.telemetry_session import open_telemetry
 
 log = logging.getLogger("musubi.loop")
 

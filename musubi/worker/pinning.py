@@ -13,10 +13,10 @@ import os
 from dataclasses import dataclass
 
 from musubi.topology.model import format_cpulist, parse_cpulist
+from musubi.worker.feed.loader_plan import MAX_AUTO_WORKERS, auto_workers  # noqa: F401 - re-exported
 
 CPUS_ENV = "MUSUBI_CPUS"
 #: `data.workers: auto` never starts more loader processes than this per rank.
-MAX_AUTO_WORKERS = 16
 
 
 @dataclass(frozen=True)
@@ -70,11 +70,6 @@ def pin_rank(local_rank: int, env: dict[str, str] | None = None) -> Pinning | No
         return None
     pin_all_threads(usable)
     return Pinning(usable)
-
-
-def auto_workers(cores: int) -> int:
-    """Loader workers for `data.workers: auto`: every core but one (the training loop's), at most 16."""
-    return max(0, min(MAX_AUTO_WORKERS, cores - 1))
 
 
 def intra_op_threads(cores: int, workers: int) -> int:

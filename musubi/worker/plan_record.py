@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from musubi.config.batch_plan import BatchPlan
 from musubi.config.job import JobSpec
 from musubi.plan.catalog import gpu_for_device
 from musubi.plan.cluster import make_cluster
@@ -22,10 +23,9 @@ from musubi.plan.errors import PlanError
 from musubi.plan.layout import parse_layout
 from musubi.plan.memory import estimate_memory
 from musubi.plan.predict import predict
-from musubi.worker.batching import BatchPlan
-from musubi.worker.world import World
 from musubi.store.rundir import write_json
 from musubi.tasks.base import Task
+from musubi.worker.world import World
 
 log = logging.getLogger("musubi")
 

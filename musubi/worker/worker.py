@@ -34,7 +34,7 @@ def _write_error(job_dir: Path, rank: int, kind: str, message: str, exc: BaseExc
     (logs / f"error-rank{rank}.txt").write_text(json.dumps({"kind": kind, "message": message}), encoding="utf-8")
     # Kept per attempt (error-rank* is cleared by the next attempt): goodput names each failure's cause.
     from musubi.recovery.repeats import exception_site
-    from musubi.recovery.watchdog import attempt_id
+    from musubi.worker.world import attempt_id
 
     exits = logs / "exits"
     exits.mkdir(exist_ok=True)
@@ -52,7 +52,8 @@ def _restart_count() -> int:
 def _start_watchdog(spec, world, job_dir: Path, launch: int, t_start: float):  # noqa: ANN001, ANN202
     """This rank's heartbeat and watchdog thread (hang detection), and rank 0's goodput progress log."""
     from musubi.recovery.goodput import ProgressLog
-    from musubi.recovery.watchdog import Heartbeat, Watchdog, attempt_id
+    from musubi.recovery.watchdog import Heartbeat, Watchdog
+    from musubi.worker.world import attempt_id
 
     os.environ["MUSUBI_LAUNCH"] = str(launch)
     progress = ProgressLog(job_dir, attempt_id(), t_start) if world.is_main else None
@@ -68,7 +69,7 @@ def _start_watchdog(spec, world, job_dir: Path, launch: int, t_start: float):  #
 def _log_gap(job_dir: Path, restarts: int, resumed_step: int, t_start: float) -> None:
     """One line on the failed previous attempt: its cause, the step it reached, the steps to redo, the downtime."""
     from musubi.recovery.goodput import attempt_failure, failure_summary
-    from musubi.recovery.watchdog import attempt_id
+    from musubi.worker.world import attempt_id
 
     now = attempt_id()
     prev = f"{now.split('.')[0]}.{restarts - 1}"
@@ -137,14 +138,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         import torch  # noqa: F401  (imported after argument parsing: fast --help)
 
-        from musubi.worker.batching import decide_batch
         from musubi.recovery.inject import Injector
-        from musubi.worker.loop import RunOptions, Trainer, build_optimizer
         from musubi.recovery.memory import EXIT_OOM, is_oom, record_oom
+        from musubi.tasks.registry import build_task
+        from musubi.worker.batching import decide_batch
+        from musubi.worker.loop import RunOptions, Trainer, build_optimizer
         from musubi.worker.precision import resolve_precision
         from musubi.worker.reporting import MetricsWriter, setup_logging
         from musubi.worker.world import init_world, shutdown_world
-        from musubi.tasks.registry import build_task
 
         record = json.loads((job_dir / "job.json").read_text(encoding="utf-8"))
         spec = job_from_dict(record["config"], source=str(job_dir / "job.json"))
@@ -162,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
                 shutdown_world()
                 return EXIT_DEFECT
         watchdog, heartbeat, progress = _start_watchdog(spec, world, job_dir, int(record.get("attempts", 1)), t_start)
-        from musubi.preflight import check_unique_devices
+        from musubi.worker.devices import check_unique_devices
 
         check_unique_devices(world)  # abort at start if two ranks share one GPU
         from musubi.worker.pinning import OVERSUBSCRIBED, configure_threads
@@ -173,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
         if restarts:
             log.warning("restart %d of this job (torchrun)", restarts)
             from musubi.checkpoint.saver import reap_checkpoint_daemons
-            from musubi.recovery.watchdog import attempt_id
+            from musubi.worker.world import attempt_id
 
             reap_checkpoint_daemons(job_dir, skip_attempt=attempt_id())  # a killed rank's daemon outlives it
         log.info("building the model, optimizer and data loaders (%s, %s)...", spec.task, spec.model)

@@ -149,3 +149,8 @@ def shutdown_world() -> None:
         finally:
             _SIDE_GROUP = None
             dist.destroy_process_group()
+
+
+def attempt_id() -> str:
+    """This attempt: launch number (job.json attempts) and torchrun restart, e.g. '1.2'."""
+    return f"{os.environ.get('MUSUBI_LAUNCH', '1')}.{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"

@@ -13,9 +13,9 @@ from musubi.config.job import JobSpec
 from musubi.data.coco import CocoDetection
 from musubi.data.gpu_decode import decode_batch
 from musubi.data.sliced import SlicedCocoDetection
+from musubi.tasks.detection import DetectionTask
 from musubi.worker.feed import loader_plan
 from musubi.worker.feed.loader_plan import plan_loader
-from musubi.tasks.detection import DetectionTask
 
 from .sets import small_set
 

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from musubi.checkpoint.saver import Checkpointer
 from musubi.config.errors import ConfigError
 from musubi.config.job import CheckpointSpec
 from musubi.config.load import apply_overrides
 from musubi.recovery.inject import Injector, parse
-from musubi.checkpoint.saver import Checkpointer
 from musubi.worker.world import World
 
 pytestmark = pytest.mark.timeout(120)

@@ -7,8 +7,8 @@ from pathlib import Path
 import torch
 from typer.testing import CliRunner
 
-from musubi.cli import app
 from musubi.checkpoint.checkpoint import latest_checkpoint
+from musubi.cli import app
 from musubi.launch.drill import final_tensors
 
 

@@ -15,8 +15,8 @@ from musubi.config.fleet import CommandJob
 from musubi.fleet.jobs import command_launch, pin_process
 from musubi.launch import pin_plan
 from musubi.launch.pin_plan import apply_to_env, plan_pinning
-from musubi.worker.pinning import auto_workers, intra_op_threads, rank_cpus
 from musubi.topology.cores import Cpu
+from musubi.worker.pinning import auto_workers, intra_op_threads, rank_cpus
 
 from ..topology.recorded import PCIE8, recorded
 

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from musubi.cli import app
 from musubi.checkpoint.checkpoint import MARKER
+from musubi.cli import app
 
 REPEAT = int(os.environ.get("MUSUBI_DRILL_REPEAT", "1"))
 

@@ -11,12 +11,12 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from musubi.checkpoint import checkpoint as ckpt
+from musubi.checkpoint.saver import Checkpointer, process_mode_available
 from musubi.config.errors import ConfigError
 from musubi.config.job import CheckpointSpec, WatchdogSpec
-from musubi.checkpoint import checkpoint as ckpt
 from musubi.recovery.goodput import compute_goodput
 from musubi.recovery.inject import Injector, parse
-from musubi.checkpoint.saver import Checkpointer, process_mode_available
 from musubi.recovery.watchdog import EXIT_HANG, Heartbeat, Watchdog, describe_hang
 from musubi.worker.world import World
 

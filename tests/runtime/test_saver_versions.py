@@ -14,10 +14,10 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from musubi.config.job import CheckpointSpec
 from musubi.checkpoint import checkpoint as ckpt
-from musubi.recovery.inject import Injector
 from musubi.checkpoint.saver import Checkpointer, process_mode_available
+from musubi.config.job import CheckpointSpec
+from musubi.recovery.inject import Injector
 from musubi.worker.world import World
 
 staging = pytest.importorskip("torch.distributed.checkpoint.staging")

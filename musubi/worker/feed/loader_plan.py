@@ -6,8 +6,16 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from musubi.worker.pinning import MAX_AUTO_WORKERS  # noqa: F401 - one limit for `auto`, re-exported
-from musubi.worker.pinning import auto_workers as workers_for_cores
+#: The most loader workers `data.workers: auto` starts per rank.
+MAX_AUTO_WORKERS = 16
+
+
+def auto_workers(cores: int) -> int:
+    """Loader workers for `data.workers: auto`: every core but one (the training loop's), at most 16."""
+    return max(0, min(MAX_AUTO_WORKERS, cores - 1))
+
+
+workers_for_cores = auto_workers
 
 
 @dataclass(frozen=True)

@@ -10,10 +10,10 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from musubi.config.errors import ConfigError
+from musubi.tasks.base import Task
 from musubi.worker.feed.loader_plan import plan_loader
 from musubi.worker.feed.sampler import ResumableDistributedSampler, ShardedEvalSampler
 from musubi.worker.world import World
-from musubi.tasks.base import Task
 
 #: Distinct on-device batches cycled by `synthetic.on_device` (enough to avoid a constant input).
 DEVICE_POOL = 4
