@@ -417,9 +417,9 @@ def _term_as_interrupt():  # noqa: ANN202 - the previous handler, or None off th
 
 def _victim(err: str | None) -> bool:
     """Whether an error is a rank's report that it lost a peer (not the failure's cause)."""
-    from musubi.recovery.goodput import _VICTIM_RE
+    from musubi.recovery.goodput import is_victim_error
 
-    return bool(err and _VICTIM_RE.search(err))
+    return is_victim_error(err)
 
 
 def launch_train(req: TrainRequest) -> TrainResult:

@@ -144,6 +144,11 @@ _VICTIM_RE = re.compile(r"[Cc]onnection (closed|reset) by peer|[Bb]roken pipe|co
                         r"NCCL Error 6|remote process exited|Socket Timeout")
 
 
+def is_victim_error(err: str | None) -> bool:
+    """Whether an error is a rank's report that it lost a peer (a victim of the failure, not its cause)."""
+    return bool(err and _VICTIM_RE.search(err))
+
+
 def _exit_records(job_dir: Path, attempt: str) -> dict[int, dict[str, Any]]:
     out = {}
     for p in (job_dir / "logs" / "exits").glob(f"a{attempt}-rank*.json"):

@@ -19,6 +19,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rich.console import Console
+from rich.text import Text
+
 from musubi.config.errors import ConfigError
 from musubi.config.job import check_safe_name
 from musubi.store.db import db_path
@@ -415,3 +418,10 @@ def _insert_from_marker(job_dir: Path, name: str, version: int, created: float, 
                     (version, created, int(promoted), name, entry["version"]))
     _write_marker(job_dir, name, version, created, promoted)
     return 1
+
+
+def warn_skipped(data: dict[str, Any], console: Console | None = None) -> None:
+    """One line per promoted model a manifest left out (its files are gone or changed)."""
+    console = console or Console(stderr=True, soft_wrap=True)
+    for line in data.get("skipped") or []:
+        console.print(Text("warning: ", style="yellow") + Text(line), highlight=False, soft_wrap=True)
