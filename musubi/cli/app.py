@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from musubi.config.errors import ConfigError
+from musubi.config.run_files import RUN_FILES
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Musubi: train a fleet of PyTorch models across many GPUs as one system.")
@@ -116,7 +117,7 @@ def _print_goodput(job_dir: Path) -> None:
     """After a run that restarted: the goodput line (what the failures cost)."""
     from musubi.recovery.goodput import goodput_line
 
-    path = job_dir / "goodput.json"
+    path = job_dir / RUN_FILES.goodput
     if path.is_file():
         rec = json.loads(path.read_text(encoding="utf-8"))
         if rec.get("failures"):

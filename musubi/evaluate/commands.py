@@ -17,6 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from musubi.config.errors import ConfigError
+from musubi.config.run_files import RUN_FILES
 from musubi.store.registry import warn_skipped
 
 registry_app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -99,7 +100,7 @@ def fleet_rule(run_dir: Path) -> tuple[tuple[float, float], float | None, float 
     from musubi.store.rundir import read_json
 
     try:
-        lb = read_json(Path(run_dir) / "run.json")["config"]["leaderboard"]
+        lb = read_json(Path(run_dir) / RUN_FILES.run)["config"]["leaderboard"]
         floor = lb.get("quality_floor")
         return ((float(lb["quality_weight"]), float(lb["fps_weight"])), lb.get("fps_target"),
                 float(floor) if floor is not None else None)

@@ -14,6 +14,7 @@ import yaml
 
 from musubi.config.errors import ConfigError
 from musubi.config.fleet import CommandJob, TaskJob
+from musubi.config.run_files import RUN_FILES
 from musubi.topology.model import parse_cpulist
 
 #: Variables an external job inherits from Musubi's own environment (the rest is explicit):
@@ -150,7 +151,7 @@ def failure_cause(job_dir: Path, code: int) -> str:
     """Why a job failed, in a word and a detail: oom, config, defect, nccl, signal N, exit N."""
     record = {}
     try:
-        record = json.loads((job_dir / "job.json").read_text(encoding="utf-8"))
+        record = json.loads((job_dir / RUN_FILES.job).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         pass
     err = ""
@@ -186,7 +187,7 @@ def absorb_job_record(st: Any, job_dir: Path, failed: bool) -> str:
     the done/failed line ("" if none).
     """
     try:
-        history = json.loads((job_dir / "job.json").read_text(encoding="utf-8")).get("history") or []
+        history = json.loads((job_dir / RUN_FILES.job).read_text(encoding="utf-8")).get("history") or []
     except (OSError, ValueError):
         return ""
     entry = history[-1] if history and isinstance(history[-1], dict) else None

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from musubi.config.errors import ConfigError
+from musubi.config.run_files import RUN_FILES
 
 FAULTS = ("kill", "hang", "ckpt_kill")
 #: Slack allowed between a hang's timeout and its detection (the issue's bar).
@@ -141,10 +142,10 @@ def _resumed_steps(job_dir: Path) -> list[int]:
 
 def _check(kind: str, drawn: dict, job_dir: Path, code: int, ref: dict[str, Any], err: str | None = None,
            deadline_s: float | None = None) -> dict[str, Any]:
-    good = json.loads((job_dir / "goodput.json").read_text(encoding="utf-8")) \
-        if (job_dir / "goodput.json").is_file() else {}
-    summary = json.loads((job_dir / "summary.json").read_text(encoding="utf-8")) \
-        if (job_dir / "summary.json").is_file() else {}
+    good = json.loads((job_dir / RUN_FILES.goodput).read_text(encoding="utf-8")) \
+        if (job_dir / RUN_FILES.goodput).is_file() else {}
+    summary = json.loads((job_dir / RUN_FILES.summary).read_text(encoding="utf-8")) \
+        if (job_dir / RUN_FILES.summary).is_file() else {}
     fired = any((job_dir / "logs" / "inject").glob("fired-*")) if (job_dir / "logs" / "inject").is_dir() else False
     row: dict[str, Any] = {"fault": kind, **drawn, "exit_code": code, "finished": bool(summary.get("finished")),
                            "fired": fired, "failures": len(good.get("failures", [])),
@@ -221,8 +222,8 @@ def run_drill(req: DrillRequest, progress: Any = None) -> dict[str, Any]:
     if code != 0:
         raise ConfigError(f"the reference run failed ({err}); fix the job before drilling it")
     ref = final_tensors(ref_dir)
-    total = int(json.loads((ref_dir / "summary.json").read_text(encoding="utf-8"))["total_steps"])
-    ckpt_steps = sorted({int(r["step"]) for r in _read_jsonl(ref_dir / "metrics.jsonl")
+    total = int(json.loads((ref_dir / RUN_FILES.summary).read_text(encoding="utf-8"))["total_steps"])
+    ckpt_steps = sorted({int(r["step"]) for r in _read_jsonl(ref_dir / RUN_FILES.metrics)
                          if r.get("kind") == "checkpoint" and r["step"] < total}) or [total]
     rng = random.Random(req.seed)
     rows = []

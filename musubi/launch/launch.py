@@ -22,6 +22,7 @@ from pathlib import Path
 from musubi.config.errors import ConfigError
 from musubi.config.job import JobSpec
 from musubi.config.load import load_job
+from musubi.config.run_files import RUN_FILES
 from musubi.evaluate.provenance import dataset_env
 from musubi.launch import admission
 from musubi.launch.multinode import DEFAULT_JOIN_TIMEOUT_S, Rendezvous, make_rendezvous, rendezvous_error
@@ -167,7 +168,7 @@ def _admit_resume(req: TrainRequest, spec) -> tuple[Path, Path, dict, list[dict]
     job_dir = run_dir / spec.name
     if not job_dir.is_dir():
         raise ConfigError(f"--resume: {job_dir} does not exist; nothing to resume (run without --resume)")
-    job_json = job_dir / "job.json"
+    job_json = job_dir / RUN_FILES.job
     try:
         record = read_json(job_json) if job_json.is_file() else {}
     except (OSError, ValueError):
@@ -259,7 +260,7 @@ def prepare(req: TrainRequest) -> tuple[Path, Path, dict, int, str]:
         attempts = int(a.before.get("attempts", 0)) + 1
     else:
         taken = job_dir.exists() and any(p.name != "logs" for p in job_dir.iterdir())
-        if taken or (not req.fleet_member and (run_dir / "run.json").exists()):
+        if taken or (not req.fleet_member and (run_dir / RUN_FILES.run).exists()):
             raise ConfigError(f"{run_dir} already holds a run; pass --resume to continue it or choose another --out")
         attempts = 1
     if req.check:  # last: it takes seconds, and every refusal above is cheaper
@@ -267,24 +268,24 @@ def prepare(req: TrainRequest) -> tuple[Path, Path, dict, int, str]:
     preflight = run_preflight(req, spec, nproc, kind) if req.check else None
     job_dir.mkdir(parents=True, exist_ok=True)
     if preflight is not None:
-        write_json(run_dir / "preflight.json", preflight.to_dict())
+        write_json(run_dir / RUN_FILES.preflight, preflight.to_dict())
     config = spec.resolved()
     if not req.fleet_member:
-        if not req.resume or not (run_dir / "run.json").exists():
-            write_json(run_dir / "run.json", run_record({"jobs": [config]}, req.argv))
-        write_json(run_dir / "env.json", {**env_record(), **dataset_env([config], db_path(run_dir))})
+        if not req.resume or not (run_dir / RUN_FILES.run).exists():
+            write_json(run_dir / RUN_FILES.run, run_record({"jobs": [config]}, req.argv))
+        write_json(run_dir / RUN_FILES.env, {**env_record(), **dataset_env([config], db_path(run_dir))})
     record = {"config": config, "status": "running", "attempts": attempts, "nproc": nproc, "device": kind,
               "resume": req.resume, "nnodes": rdzv.nnodes if rdzv else 1,
               "preflight": "skipped (--no-check)" if preflight is None else
               ("passed with warnings" if preflight.warnings else "passed")}
-    prev = job_dir / "job.json"
+    prev = job_dir / RUN_FILES.job
     if prev.is_file():
         record["history"] = read_json(prev).get("history", [])
     # What a resume changed, and when: job.json's config is the newest, this says what it replaced.
     changes = list(a.before.get("changes", [])) + [{"attempt": attempts, **c} for c in a.changes]
     if changes:
         record["changes"] = changes
-    write_json(job_dir / "job.json", record)
+    write_json(job_dir / RUN_FILES.job, record)
     return run_dir, job_dir, record, nproc, kind
 
 
@@ -442,7 +443,7 @@ def launch_train(req: TrainRequest) -> TrainResult:
     # A lone single-node job reads the topology the env.json it just wrote holds (one reading of the machine).
     from musubi.topology.read import env_topology
 
-    topo = env_topology(run_dir / "env.json") if kind == "cuda" and rdzv is None and not req.fleet_member else None
+    topo = env_topology(run_dir / RUN_FILES.env) if kind == "cuda" and rdzv is None and not req.fleet_member else None
     pins = plan_pinning(bool(record["config"]["train"].get("pin_cpus", True)), kind, nproc, env, topo)
     env = apply_to_env(pins, env)
     node = f"-node{rdzv.node_rank}" if rdzv is not None else ""
@@ -496,7 +497,7 @@ def launch_train(req: TrainRequest) -> TrainResult:
         if interrupted:
             raise KeyboardInterrupt
         return TrainResult(result_code, run_dir, job_dir, err, timed_out)
-    summary_path = job_dir / "summary.json"
+    summary_path = job_dir / RUN_FILES.summary
     if code == 0 and summary_path.is_file():
         summary = read_json(summary_path)
         if not summary.get("finished"):
@@ -516,7 +517,7 @@ def launch_train(req: TrainRequest) -> TrainResult:
         entry["oom_recoveries"] = [read_json(p) for p in oom_records]
     history.append(entry)
     record.update(status=status, history=history)
-    write_json(job_dir / "job.json", record)
+    write_json(job_dir / RUN_FILES.job, record)
     if not req.probe_only:
         from musubi.recovery.goodput import write_goodput
 
@@ -542,7 +543,7 @@ def launch_train(req: TrainRequest) -> TrainResult:
                 entry["defect"] = defect_line(job_dir.name, defect)
                 if code != 0 and not timed_out:
                     err = entry["error"] = entry["defect"]
-            write_json(job_dir / "job.json", record)
+            write_json(job_dir / RUN_FILES.job, record)
     if interrupted:  # recorded above; the caller decides (musubi train exits 130, a drill stops)
         raise KeyboardInterrupt
     if probe_out:

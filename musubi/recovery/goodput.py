@@ -38,6 +38,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from musubi.config.run_files import RUN_FILES
 from musubi.recovery.repeats import error_signature, mark_repeats, signal_signature
 
 #: A rank whose heartbeat went silent this much before the others' is named as the one that died.
@@ -355,7 +356,7 @@ def compute_goodput(job_dir: Path) -> dict[str, Any]:
 def _wall_seconds(job_dir: Path, attempts: list[dict[str, Any]]) -> float:
     """Sum of the launches' durations from job.json history; else first start to last heartbeat per launch."""
     try:
-        history = json.loads((job_dir / "job.json").read_text(encoding="utf-8")).get("history", [])
+        history = json.loads((job_dir / RUN_FILES.job).read_text(encoding="utf-8")).get("history", [])
     except (OSError, ValueError):
         history = []
     spans = [float(h["ended"]) - float(h["started"]) for h in history if "started" in h and "ended" in h]
@@ -374,7 +375,7 @@ def write_goodput(job_dir: Path) -> dict[str, Any] | None:
     rec = compute_goodput(job_dir)
     tmp = job_dir / "goodput.json.tmp"
     tmp.write_text(json.dumps(rec, indent=1), encoding="utf-8")
-    tmp.replace(job_dir / "goodput.json")
+    tmp.replace(job_dir / RUN_FILES.goodput)
     return rec
 
 

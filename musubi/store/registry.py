@@ -24,6 +24,7 @@ from rich.text import Text
 
 from musubi.config.errors import ConfigError
 from musubi.config.job import check_safe_name
+from musubi.config.run_files import RUN_FILES
 from musubi.store.db import db_path
 from musubi.store.rundir import read_json, write_json
 
@@ -177,8 +178,8 @@ def register(job_dir: Path, name: str | None = None, db: Path | None = None) -> 
     run_dir = job_dir.parent
     path = resolve_db(db, run_dir)
     model_file, export = _model_file(job_dir)
-    evaluation = _read_optional_json(job_dir / "eval.json")
-    job_record = _read_optional_json(job_dir / "job.json")
+    evaluation = _read_optional_json(job_dir / RUN_FILES.eval)
+    job_record = _read_optional_json(job_dir / RUN_FILES.job)
     config = job_record.get("config") if isinstance(job_record.get("config"), dict) else {}
     name = name or str(config.get("name") or job_dir.name)
     try:  # a registered name ends up in deployment manifests and file names downstream
@@ -191,7 +192,7 @@ def register(job_dir: Path, name: str | None = None, db: Path | None = None) -> 
         record = job_dir / "export" / "export.json"
         files.append({"role": "export-record", "path": str(record), "sha256": file_sha256(record),
                       "bytes": record.stat().st_size})
-    env = _read_optional_json(run_dir / "env.json")
+    env = _read_optional_json(run_dir / RUN_FILES.env)
     # The version recorded when the run started is what it trained on; hash now only for older runs.
     dataset = (env.get("datasets") or {}).get(str(config.get("name") or job_dir.name))
     if dataset is None and config:

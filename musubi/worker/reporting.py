@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.logging import RichHandler
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+from musubi.config.run_files import RUN_FILES
 from musubi.worker.world import World
 
 LOG_FORMAT = "%(asctime)s rank{rank} %(levelname)s %(name)s: %(message)s"
@@ -53,7 +54,7 @@ class MetricsWriter:
 
     def __init__(self, job_dir: Path, resume_step: int | None, tracking: Any = None, job_name: str = "job",
                  config: dict[str, Any] | None = None) -> None:
-        self.path = job_dir / "metrics.jsonl"
+        self.path = job_dir / RUN_FILES.metrics
         if resume_step is not None and self.path.exists():
             # Entries past the checkpoint belong to a timeline that the resume discards.
             kept = [ln for ln in self.path.read_text(encoding="utf-8").splitlines()

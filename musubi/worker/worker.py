@@ -22,6 +22,7 @@ from typing import Any
 
 from musubi.config.errors import ConfigError
 from musubi.config.load import job_from_dict
+from musubi.config.run_files import RUN_FILES
 
 log = logging.getLogger("musubi.worker")
 
@@ -147,8 +148,8 @@ def main(argv: list[str] | None = None) -> int:
         from musubi.worker.reporting import MetricsWriter, setup_logging
         from musubi.worker.world import init_world, shutdown_world
 
-        record = json.loads((job_dir / "job.json").read_text(encoding="utf-8"))
-        spec = job_from_dict(record["config"], source=str(job_dir / "job.json"))
+        record = json.loads((job_dir / RUN_FILES.job).read_text(encoding="utf-8"))
+        spec = job_from_dict(record["config"], source=str(job_dir / RUN_FILES.job))
         injector = Injector.from_env(rank, job_dir / "logs" / "inject")
         world = init_world(spec.train.timeout_s)
         console = setup_logging(world, job_dir / "logs")
@@ -263,9 +264,9 @@ def main(argv: list[str] | None = None) -> int:
                     workers_from = "measured (samples/s: " + ", ".join(
                         f"{k} workers {r:.0f}" for k, r in measured.items()) + ")"
                 summary["loader"] = {**loader.record(), "workers_from": workers_from}
-            (job_dir / "summary.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
+            (job_dir / RUN_FILES.summary).write_text(json.dumps(summary, indent=1), encoding="utf-8")
             if summary["val"]:
-                (job_dir / "eval.json").write_text(
+                (job_dir / RUN_FILES.eval).write_text(
                     json.dumps({"metrics": summary["val"], "step": summary["steps"],
                                 "primary_metric": task.primary_metric,
                                 "how": "validation split, each sample counted once over all ranks"
