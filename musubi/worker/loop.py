@@ -282,43 +282,16 @@ class Trainer:
                     if self.micro >= usable:
                         break  # leftover micro-batches that do not fill an optimizer step
                     sync = (self.micro + 1) % plan.accumulation == 0
-                    self.phase = "forward"
-                    if self.injector:
-                        self._inject_before_forward(batch)
-                    self.tele.section("forward")
-                    with gradient_sync(self.model, sync):
-                        with autocast(self.precision, w.device):
-                            loss, _parts = self.task.loss(self.model, batch)
-                        if self.injector and self.injector.poison_loss(self.step + 1):
-                            loss = loss * float("nan")  # MUSUBI_INJECT nan: the numerical guard's drill
-                        self.phase = "backward"
-                        self.tele.section("backward")
-                        hook = self._inject_backward() if self.injector else None
-                        try:
-                            self.scaler.scale(loss / plan.accumulation).backward()
-                        finally:
-                            if hook is not None:
-                                hook.remove()
+                    loss = self.forward_backward(batch, sync)
                     loss_sum += loss.detach().double()
                     loss_n += 1
                     samples_log += self.task.batch_size_of(batch) * w.size
                     self.micro += 1
                     if not sync:
                         continue
-                    self.phase = "optimizer"
-                    self.tele.section("optimizer")
-                    if self.injector and self.injector.oom_phase(self.step + 1, "optimizer"):
-                        raise injected_oom(f"optimizer, step {self.step + 1}")
-                    if t.grad_clip:
-                        self.scaler.unscale_(self.optimizer)
-                        torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.grad_clip)
-                    self.scaler.step(self.optimizer)
-                    self.scaler.update()
-                    self.optimizer.zero_grad(set_to_none=True)
-                    self.scheduler.step()
-                    self.step += 1
-                    self.tele.step_done(self.step)
-                    self.hb.stepped(self.step)
+                    self.optimizer_step()
+                    for hook in self.step_end_hooks:
+                        hook(self.step)
                     self.phase = "between steps"
                     if self.step == self.fit_start_step + 1 and self.step % t.log_every and self.step < stop:
                         # The first step warmed the kernels (cudnn autotuning, allocator, loader workers):
@@ -398,6 +371,48 @@ class Trainer:
             "steps_per_s": round((self.step - step_start) / max(elapsed, 1e-9), 4),
             "val": self.last_eval,
         }
+
+    # -- the step: forward/backward of one micro-batch, then the optimizer ---------
+    def forward_backward(self, batch: Any, sync: bool) -> torch.Tensor:
+        """Loss of one micro-batch and its scaled gradients (all-reduced only when `sync`)."""
+        self.phase = "forward"
+        if self.injector:
+            self._inject_before_forward(batch)
+        self.tele.section("forward")
+        with gradient_sync(self.model, sync):
+            with autocast(self.precision, self.world.device):
+                loss, _parts = self.task.loss(self.model, batch)
+            if self.injector and self.injector.poison_loss(self.step + 1):
+                loss = loss * float("nan")  # MUSUBI_INJECT nan: the numerical guard's drill
+            self.phase = "backward"
+            self.tele.section("backward")
+            hook = self._inject_backward() if self.injector else None
+            try:
+                self.scaler.scale(loss / self.plan.accumulation).backward()
+            finally:
+                if hook is not None:
+                    hook.remove()
+        return loss
+
+    def optimizer_step(self) -> None:
+        """Clip, step, zero the gradients, advance the LR schedule: one optimizer step is done."""
+        self.phase = "optimizer"
+        self.tele.section("optimizer")
+        if self.injector and self.injector.oom_phase(self.step + 1, "optimizer"):
+            raise injected_oom(f"optimizer, step {self.step + 1}")
+        if self.spec.train.grad_clip:
+            self.scaler.unscale_(self.optimizer)
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.spec.train.grad_clip)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        self.step += 1
+
+    @property
+    def step_end_hooks(self) -> list[Any]:
+        """Called with the new step after each optimizer step: telemetry closes the step, the heartbeat moves."""
+        return [self.tele.step_done, self.hb.stepped]
 
     # -- fault injection and memory figures ------------------------------------
     def _inject_before_forward(self, batch: Any) -> None:
