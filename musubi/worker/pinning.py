@@ -13,7 +13,8 @@ import os
 from dataclasses import dataclass
 
 from musubi.topology.model import format_cpulist, parse_cpulist
-from musubi.worker.feed.loader_plan import MAX_AUTO_WORKERS, auto_workers  # noqa: F401 - re-exported
+from musubi.worker.feed.loader_plan import MAX_AUTO_WORKERS  # noqa: F401 - re-exported
+from musubi.worker.feed.loader_plan import workers_for_cores as auto_workers
 
 CPUS_ENV = "MUSUBI_CPUS"
 #: `data.workers: auto` never starts more loader processes than this per rank.

@@ -10,12 +10,9 @@ from typing import Any
 MAX_AUTO_WORKERS = 16
 
 
-def auto_workers(cores: int) -> int:
+def workers_for_cores(cores: int) -> int:
     """Loader workers for `data.workers: auto`: every core but one (the training loop's), at most 16."""
     return max(0, min(MAX_AUTO_WORKERS, cores - 1))
-
-
-workers_for_cores = auto_workers
 
 
 @dataclass(frozen=True)
@@ -55,7 +52,7 @@ def cores_of_rank(local_ranks: int) -> int:
 
 
 def auto_workers(local_ranks: int) -> int:
-    """Workers per rank: its cores minus one for the training process itself, at least 1 (pinning.auto_workers)."""
+    """Workers per rank: its cores minus one for the training process itself, at least 1."""
     return max(1, workers_for_cores(cores_of_rank(local_ranks)))
 
 
