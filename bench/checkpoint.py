@@ -55,12 +55,12 @@ def worker(args: argparse.Namespace) -> None:
     """One rank: steady steps, a synchronous save, then async saves with steps running beside them."""
     import torch
 
+    from musubi.checkpoint.saver import Checkpointer
     from musubi.config.load import job_from_dict
-    from musubi.runtime.inject import Injector
-    from musubi.runtime.saver import Checkpointer
-    from musubi.runtime.world import init_world, shutdown_world
-    from musubi.runtime.wrap import wrap_model
+    from musubi.recovery.inject import Injector
     from musubi.tasks.registry import build_task
+    from musubi.worker.world import init_world, shutdown_world
+    from musubi.worker.wrap import wrap_model
 
     spec = job_from_dict(json.loads(Path(args.job_json).read_text()))
     world = init_world(600)

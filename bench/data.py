@@ -45,7 +45,7 @@ from musubi.data.gpu_decode import decode_batch  # noqa: E402
 from musubi.data.sliced import slice_coco  # noqa: E402
 from musubi.data.slicing import SliceParams  # noqa: E402
 from musubi.data.synthetic_files import SyntheticFiles, write_synthetic_coco  # noqa: E402
-from musubi.runtime.loader_plan import plan_loader  # noqa: E402
+from musubi.worker.feed.loader_plan import plan_loader  # noqa: E402
 
 #: In the order they run (feeder by feeder, each on both sets): should --budget-s cut the run short, the
 #: slowest baseline is what goes.

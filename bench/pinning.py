@@ -10,9 +10,9 @@ A B B A (drift cancels):
 
 - unpinned: what Musubi did before pinning: no affinity, OMP_NUM_THREADS =
   cores / ranks, every rank and worker free to run on any core;
-- pinned: Musubi's plan (runtime/pin_plan.py: the cores of each GPU's NUMA
+- pinned: Musubi's plan (launch/pin_plan.py: the cores of each GPU's NUMA
   node split between the GPUs, MUSUBI_CPUS, torchrun --numa-binding=node where
-  torch and numactl allow), applied by each rank (runtime/pinning.py) before
+  torch and numactl allow), applied by each rank (worker/pinning.py) before
   torch starts its threads; intra-op threads = cores - workers.
 
 Each rank times every step (data wait + H2D + forward/backward/optimizer, a
@@ -118,7 +118,7 @@ def _collate(batch):
 
 def rank_main(args: argparse.Namespace) -> None:
     """One DDP rank: pin (pinned arm), train, time each step, gather every rank's times on rank 0."""
-    from musubi.runtime.pinning import intra_op_threads, pin_rank
+    from musubi.worker.pinning import intra_op_threads, pin_rank
 
     local = int(os.environ.get("LOCAL_RANK", "0"))
     pinned = pin_rank(local) if args.arm == "pinned" else None  # first thing, as the Musubi worker does
@@ -220,7 +220,7 @@ def summarise(res: dict) -> dict:
 
 def run_arm(arm: str, args: argparse.Namespace, data: Path) -> dict:
     """One torchrun of the benchmark in one arm; its summary."""
-    from musubi.runtime.pin_plan import CPUS_ENV, apply_to_env, plan_pinning
+    from musubi.launch.pin_plan import CPUS_ENV, apply_to_env, plan_pinning
 
     env = dict(os.environ, PYTHONPATH=str(REPO))
     env.pop(CPUS_ENV, None)
@@ -282,8 +282,8 @@ def main() -> None:
     write_jpegs(data, n_img, *size)
     gen_s = time.perf_counter() - t0
     if args.workers is None:
-        from musubi.runtime.pin_plan import plan_pinning
-        from musubi.runtime.pinning import auto_workers, rank_cpus
+        from musubi.launch.pin_plan import plan_pinning
+        from musubi.worker.pinning import auto_workers, rank_cpus
 
         plan = plan_pinning(True, "cpu" if args.cpu else "cuda", args.gpus, dict(os.environ))
         cores = min((len(rank_cpus(r, plan.env.get("MUSUBI_CPUS")) or ()) for r in range(args.gpus)), default=0)

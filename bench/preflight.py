@@ -72,7 +72,7 @@ def shared_gpu_drill(tmp: Path) -> dict:
     for node in range(2):
         argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1",
                 f"--node-rank={node}", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
-                "--max-restarts=0", "-m", "musubi.runtime.worker", str(job_dir)]
+                "--max-restarts=0", "-m", "musubi.worker.worker", str(job_dir)]
         procs.append(subprocess.Popen(argv, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                       text=True))
     outs = []

@@ -19,9 +19,10 @@ from typing import Any
 
 import yaml
 
+from musubi.checkpoint.checkpoint import best_checkpoint, latest_checkpoint
 from musubi.config.errors import ConfigError
+from musubi.config.run_files import RUN_FILES
 from musubi.records.evidence import read_json_or_none
-from musubi.runtime.checkpoint import best_checkpoint, latest_checkpoint
 
 
 @dataclass(frozen=True)
@@ -39,7 +40,7 @@ class JobOutcome:
     @property
     def history(self) -> list[dict[str, Any]]:
         """Rank 0's scalar records (metrics.jsonl): kind train (loss, lr, samples/s) and val, per step."""
-        path = self.job_dir / "metrics.jsonl"
+        path = self.job_dir / RUN_FILES.metrics
         if not path.is_file():
             return []
         out = []
@@ -105,8 +106,8 @@ def _flatten(overrides: Mapping[str, Any], prefix: str = "") -> list[str]:
 
 def job_outcome(job_dir: Path, status: str | None = None, error: str | None = None) -> JobOutcome:
     """What RUN/JOB holds: status (job.json unless given), eval metrics, last and best checkpoints."""
-    record = read_json_or_none(job_dir / "job.json") or {}
-    ev = read_json_or_none(job_dir / "eval.json") or {}
+    record = read_json_or_none(job_dir / RUN_FILES.job) or {}
+    ev = read_json_or_none(job_dir / RUN_FILES.eval) or {}
     metrics = dict(ev.get("metrics") or {}) if isinstance(ev, dict) else {}
     if isinstance(ev, dict) and isinstance(ev.get("fps"), dict) and "fps" in ev["fps"]:
         metrics["fps"] = ev["fps"]["fps"]
@@ -142,8 +143,8 @@ def train(job: str | Path | Mapping[str, Any], *, nproc: int | None = None, out:
 
     Keyword overrides are the CLI's `--set`: `train={"lr": 0.1}` or `**{"train.lr": 0.1}`.
     """
+    from musubi.launch.launch import TrainRequest, launch_train
     from musubi.records.checklist import build_checklist, write_checklist
-    from musubi.runtime.launch import TrainRequest, launch_train
 
     if max_steps is not None and max_steps < 1:
         raise ConfigError(f"max_steps={max_steps}: must be >= 1")
@@ -176,7 +177,7 @@ def run(fleet: str | Path, *, out: str | Path | None = None, resume: bool = Fals
     for name, s in states.items():
         err = "; ".join(s.causes) or None if s.state != "done" else None
         jobs[name] = job_outcome(run_dir / name, status=s.state, error=err)
-    board = read_json_or_none(run_dir / "leaderboard.json") or {}
+    board = read_json_or_none(run_dir / RUN_FILES.leaderboard) or {}
     ranked = [r.get("job") for r in sorted(board.get("rows") or [], key=lambda r: r.get("rank") or 1e9)
               if r.get("rank") is not None and r.get("job") in jobs]
     cl = build_checklist(run_dir)

@@ -349,7 +349,7 @@ def watch_command(
     from musubi.config.load import load_fleet
     from musubi.data.watch import StartFailed, WatchState, watch
     from musubi.fleet.run import FleetRequest, run_fleet
-    from musubi.runtime.launch import PreflightFailed
+    from musubi.launch.launch import PreflightFailed
     from musubi.store.rundir import default_run_dir
 
     try:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from musubi.config.run_files import RUN_FILES
 from musubi.diagnose.classify import analyze
 from musubi.diagnose.timeline import load_job
 
@@ -78,7 +79,7 @@ def train_once(job: Path, out: Path, nproc: int, device: str, steps: int, inject
     wall = time.perf_counter() - t0
     if res.returncode != 0:
         raise RuntimeError(f"musubi train failed ({res.returncode}): {res.stdout[-1500:]}\n{res.stderr[-2500:]}")
-    jobs = [p for p in out.iterdir() if (p / "job.json").is_file()]
+    jobs = [p for p in out.iterdir() if (p / RUN_FILES.job).is_file()]
     return jobs[0], wall
 
 

@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from musubi.config.run_files import RUN_FILES
 from musubi.diagnose import figures
 from musubi.diagnose.timeline import JobTelemetry, read_jsonl
 from musubi.records.evidence import metric_records
@@ -127,7 +128,7 @@ def _hardware_table(a: dict[str, Any]) -> str:
 
 def _leaderboard(run: Path) -> str:
     try:
-        data = json.loads((run / "leaderboard.json").read_text(encoding="utf-8"))
+        data = json.loads((run / RUN_FILES.leaderboard).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return ""
     rows = data.get("rows") if isinstance(data, dict) else None
@@ -142,7 +143,7 @@ def _leaderboard(run: Path) -> str:
 
 def _preflight(run: Path) -> str:
     try:
-        data = json.loads((run / "preflight.json").read_text(encoding="utf-8"))
+        data = json.loads((run / RUN_FILES.preflight).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return ""
     results = data.get("results") if isinstance(data, dict) else None
@@ -162,7 +163,7 @@ def _preflight(run: Path) -> str:
 def _checklist(run: Path) -> str:
     """The run's checklist (RUN/checklist.json, written at the end of `musubi run`/`train`)."""
     try:
-        data = json.loads((run / "checklist.json").read_text(encoding="utf-8"))
+        data = json.loads((run / RUN_FILES.checklist).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return ""
     items = data.get("items") if isinstance(data, dict) else None
@@ -212,11 +213,11 @@ def _planner(job_dir: Path) -> str:
 def _reliability(job_dir: Path) -> str:
     """Goodput, each failure's cause and cost (JOB/goodput.json) and the checkpoints' blocked/durable times."""
     try:
-        good = json.loads((job_dir / "goodput.json").read_text(encoding="utf-8"))
+        good = json.loads((job_dir / RUN_FILES.goodput).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         good = None
-    saves = [r for r in read_jsonl(job_dir / "metrics.jsonl") if r.get("kind") == "checkpoint"] \
-        if (job_dir / "metrics.jsonl").is_file() else []
+    saves = [r for r in read_jsonl(job_dir / RUN_FILES.metrics) if r.get("kind") == "checkpoint"] \
+        if (job_dir / RUN_FILES.metrics).is_file() else []
     if not isinstance(good, dict) and not saves:
         return ""
     parts = ["<h3>Reliability: goodput, restarts, checkpoints</h3>"]

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from musubi.config.run_files import RUN_FILES
+
 #: Sections that are a rank's own work (no collective inside): what straggler scores compare.
 LOCAL_WORK = ("data", "h2d", "forward", "backward", "optimizer")
 
@@ -107,7 +109,7 @@ def load_job(job_dir: Path) -> JobTelemetry:
     """Read JOB/telemetry/ (and job.json); steps deduplicated to the latest attempt's records."""
     tele = JobTelemetry(name=job_dir.name, path=job_dir)
     try:
-        tele.job = json.loads((job_dir / "job.json").read_text(encoding="utf-8"))
+        tele.job = json.loads((job_dir / RUN_FILES.job).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         tele.job = {}
     d = job_dir / "telemetry"

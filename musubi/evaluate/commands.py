@@ -17,6 +17,8 @@ from rich.table import Table
 from rich.text import Text
 
 from musubi.config.errors import ConfigError
+from musubi.config.run_files import RUN_FILES
+from musubi.store.registry import warn_skipped
 
 registry_app = typer.Typer(add_completion=False, no_args_is_help=True,
                            help="Registered models: list, register, promote, demote, deployment manifest.")
@@ -98,7 +100,7 @@ def fleet_rule(run_dir: Path) -> tuple[tuple[float, float], float | None, float 
     from musubi.store.rundir import read_json
 
     try:
-        lb = read_json(Path(run_dir) / "run.json")["config"]["leaderboard"]
+        lb = read_json(Path(run_dir) / RUN_FILES.run)["config"]["leaderboard"]
         floor = lb.get("quality_floor")
         return ((float(lb["quality_weight"]), float(lb["fps_weight"])), lb.get("fps_target"),
                 float(floor) if floor is not None else None)
@@ -377,15 +379,8 @@ def registry_manifest(
     except ConfigError as e:
         _fail(str(e))
         return
-    _warn_skipped(data)
+    warn_skipped(data)
     Console().print(Text(f"{target}: {len(data['models'])} promoted model(s)"))
-
-
-def _warn_skipped(data: dict[str, Any], console: Console | None = None) -> None:
-    """One line per promoted model a manifest left out (its files are gone or changed)."""
-    console = console or Console(stderr=True, soft_wrap=True)
-    for line in data.get("skipped") or []:
-        console.print(Text("warning: ", style="yellow") + Text(line), highlight=False, soft_wrap=True)
 
 
 @registry_app.command("demote")
@@ -410,7 +405,7 @@ def registry_demote(
     except ConfigError as e:
         _fail(str(e))
         return
-    _warn_skipped(data)
+    warn_skipped(data)
     Console().print(Text(f"demoted {name} v{', v'.join(map(str, versions))}; {out} lists "
                          f"{len(data['models'])} model(s)"))
 

@@ -14,9 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from musubi.config.errors import ConfigError
+from musubi.config.run_files import RUN_FILES
 from musubi.store.rundir import read_json, write_json
 
-EVAL_FILE = "eval.json"
+EVAL_FILE = RUN_FILES.eval
 
 
 def _read_eval(path: Path) -> dict[str, Any]:
@@ -114,6 +115,6 @@ def evaluate_job(job_dir: Path, device: str | None = None, export: bool = False,
         raise ConfigError(f"{job_dir}: no such job directory")
     if is_task_job(job_dir):
         return evaluate_task_job(job_dir, device, export, fps_runs, fps_warmup)
-    if not (job_dir / EVAL_FILE).is_file() and not (job_dir / "job.json").is_file():
+    if not (job_dir / EVAL_FILE).is_file() and not (job_dir / RUN_FILES.job).is_file():
         raise ConfigError(f"{job_dir}: neither job.json nor eval.json; not a job directory")
     return evaluate_external_job(job_dir, device, fps_runs, fps_warmup)

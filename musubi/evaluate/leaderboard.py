@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from musubi.config.errors import ConfigError
+from musubi.config.run_files import RUN_FILES
 from musubi.evaluate.score import (
     DEFAULT_QUALITY_FLOOR,
     QUALITY_BY_TASK,
@@ -34,7 +35,7 @@ from musubi.store.rundir import read_json, write_json
 
 log = logging.getLogger("musubi.evaluate")
 
-LEADERBOARD_FILE = "leaderboard.json"
+LEADERBOARD_FILE = RUN_FILES.leaderboard
 #: Scores equal to this many decimals are a tie (0.7 x 0.5 + 0.3 x 1.0 must tie 0.65 exactly).
 _TIE_DECIMALS = 9
 #: Folders a failed attempt is moved to by the fleet (not jobs of their own).
@@ -65,7 +66,7 @@ def _read(path: Path) -> tuple[Any, str | None]:
 
 def _fleet_states(run_dir: Path) -> dict[str, dict[str, Any]] | None:
     """Job states from RUN/fleet.json (written by `musubi run`), or None for a `musubi train` run."""
-    data, _ = _read(run_dir / "fleet.json")
+    data, _ = _read(run_dir / RUN_FILES.fleet)
     jobs = data.get("jobs") if isinstance(data, dict) else None
     return jobs if isinstance(jobs, dict) else None
 
@@ -80,17 +81,17 @@ def collect_jobs(run_dir: Path) -> list[JobResult]:
         names = sorted(states)
     else:
         names = sorted(p.name for p in run_dir.iterdir() if p.is_dir() and not _ATTEMPT_RE.search(p.name)
-                       and ((p / "job.json").is_file() or (p / "eval.json").is_file()))
+                       and ((p / RUN_FILES.job).is_file() or (p / RUN_FILES.eval).is_file()))
     return [_job_result(run_dir / name, (states or {}).get(name)) for name in names]
 
 
 def _job_result(job_dir: Path, state: dict[str, Any] | None) -> JobResult:
-    job_record, job_problem = _read(job_dir / "job.json")
+    job_record, job_problem = _read(job_dir / RUN_FILES.job)
     job_record = job_record if isinstance(job_record, dict) else {}
     config = job_record.get("config") if isinstance(job_record.get("config"), dict) else {}
     kind = "task" if "task" in config else "external"
     status = str((state or {}).get("state") or job_record.get("status") or "unknown")
-    record, eval_problem = _read(job_dir / "eval.json")
+    record, eval_problem = _read(job_dir / RUN_FILES.eval)
     result = JobResult(job_dir.name, kind, status, config.get("task"), config.get("model"),
                        record if isinstance(record, dict) else {})
     if status == "failed":

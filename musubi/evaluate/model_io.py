@@ -9,10 +9,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from musubi.checkpoint.checkpoint import latest_checkpoint, read_full_state
 from musubi.config.errors import ConfigError
 from musubi.config.job import JobSpec
 from musubi.config.load import job_from_dict
-from musubi.runtime.checkpoint import latest_checkpoint, read_full_state
+from musubi.config.run_files import RUN_FILES
 from musubi.store.rundir import read_json
 from musubi.tasks.base import Task
 from musubi.tasks.registry import build_task
@@ -38,7 +39,7 @@ def is_task_job(job_dir: Path) -> bool:
 
 
 def _job_record(job_dir: Path) -> dict[str, Any]:
-    path = job_dir / "job.json"
+    path = job_dir / RUN_FILES.job
     if not path.is_file():
         return {}
     try:
@@ -50,7 +51,7 @@ def _job_record(job_dir: Path) -> dict[str, Any]:
 
 def read_job_spec(job_dir: Path) -> JobSpec:
     """The resolved JobSpec recorded in JOB/job.json (ConfigError if absent or invalid)."""
-    path = job_dir / "job.json"
+    path = job_dir / RUN_FILES.job
     config = _job_record(job_dir).get("config")
     if not isinstance(config, dict):
         raise ConfigError(f"{path}: no job config (key 'config'); is {job_dir} a Musubi task job directory?")

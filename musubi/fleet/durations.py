@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from musubi.config.fleet import CommandJob, TaskJob
+from musubi.config.run_files import RUN_FILES
 from musubi.diagnose.timeline import read_jsonl
 from musubi.records.evidence import machine_key
 from musubi.store.db import baselines_of, cache_key, job_runs, store_job_run
@@ -160,7 +161,7 @@ def estimate(job: TaskJob | CommandJob, widths: tuple[int, ...], db: Path | None
 def record_run(db: Path, job: TaskJob | CommandJob, machine: list[Any], kind: str, width: int, started: float,
                ended: float, job_dir: Path) -> None:
     """Add a clean run (first attempt, no restart) of a job to the history; start-up from its first log record."""
-    first = next((r for r in read_jsonl(job_dir / "metrics.jsonl") if r.get("kind") == "train"
+    first = next((r for r in read_jsonl(job_dir / RUN_FILES.metrics) if r.get("kind") == "train"
                   and isinstance(r.get("time"), (int, float))), None)
     startup = None
     if first is not None and started <= first["time"] <= ended:

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from musubi.config.errors import ConfigError
+from musubi.config.run_files import RUN_FILES
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -18,7 +19,7 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m musubi.fleet.eval_step JOB_DIR", file=sys.stderr)
         return 2
     job_dir = Path(args[0])
-    if job_dir.is_dir() and not (job_dir / "job.json").is_file() and not (job_dir / "eval.json").is_file():
+    if job_dir.is_dir() and not (job_dir / RUN_FILES.job).is_file() and not (job_dir / RUN_FILES.eval).is_file():
         from musubi.fleet.jobs import NO_EVAL_JSON
 
         print(f"error: external job {NO_EVAL_JSON} ({job_dir}): the program exited 0 without writing it; "

@@ -14,6 +14,7 @@ import yaml
 
 from musubi.config.errors import ConfigError
 from musubi.config.fleet import CommandJob, TaskJob
+from musubi.config.run_files import RUN_FILES
 from musubi.topology.model import parse_cpulist
 
 #: Variables an external job inherits from Musubi's own environment (the rest is explicit):
@@ -55,7 +56,7 @@ def gpu_env(gpus: list[int], kind: str, threads: int | None = None, cpus: str | 
     """The devices a job may see (its GPUs only; none for CPU ranks), its CPU threads per rank and cores."""
     env = {"CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in gpus) if kind == "cuda" else ""}
     if cpus:
-        # One core set per local rank, in the order of the job's GPUs (see runtime/pinning.py).
+        # One core set per local rank, in the order of the job's GPUs (see worker/pinning.py).
         env["MUSUBI_CPUS"] = cpus
         threads = min(len(parse_cpulist(part)) for part in cpus.split(";"))
     if threads is not None and "OMP_NUM_THREADS" not in os.environ:
@@ -150,7 +151,7 @@ def failure_cause(job_dir: Path, code: int) -> str:
     """Why a job failed, in a word and a detail: oom, config, defect, nccl, signal N, exit N."""
     record = {}
     try:
-        record = json.loads((job_dir / "job.json").read_text(encoding="utf-8"))
+        record = json.loads((job_dir / RUN_FILES.job).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         pass
     err = ""
@@ -159,12 +160,12 @@ def failure_cause(job_dir: Path, code: int) -> str:
     if code < 0:
         return f"signal {-code}"
     defect = record["history"][-1].get("defect") if record.get("history") else None
-    if code != 2 and defect:  # the same cause after a restart: not retried (runtime/repeats.py)
+    if code != 2 and defect:  # the same cause after a restart: not retried (recovery/repeats.py)
         return f"defect: {str(defect)[:400]}"
     failures = record["history"][-1].get("failures") if record.get("history") else None
     if code != 2 and failures:
         # The failure that ended the launch, as goodput named it (the rank killed or hung).
-        from musubi.runtime.goodput import failure_summary
+        from musubi.recovery.goodput import failure_summary
 
         last = failures[-1]
         return f"{'oom' if last.get('cause') == 'oom' else f'exit {code}'}: {failure_summary(last)[:200]}"
@@ -181,19 +182,19 @@ def absorb_job_record(st: Any, job_dir: Path, failed: bool) -> str:
     """Copy the latest launch's restarts, failures and goodput (JOB/job.json history) into the fleet's JobState.
 
     Failures torchrun recovered from inside the job become causes too ("recovered: ..."); the one that
-    ended a failed launch is left to `failure_cause`. Failures that repeated (a defect: runtime/repeats.py)
+    ended a failed launch is left to `failure_cause`. Failures that repeated (a defect: recovery/repeats.py)
     are never "recovered": a launch that finished anyway gets a "defect: ..." cause. Returns a suffix for
     the done/failed line ("" if none).
     """
     try:
-        history = json.loads((job_dir / "job.json").read_text(encoding="utf-8")).get("history") or []
+        history = json.loads((job_dir / RUN_FILES.job).read_text(encoding="utf-8")).get("history") or []
     except (OSError, ValueError):
         return ""
     entry = history[-1] if history and isinstance(history[-1], dict) else None
     # Only this launch's entry (a launch that died before `musubi train` recorded it leaves an older one).
     if entry is None or (st.started is not None and float(entry.get("started", 0)) < st.started - 5):
         return ""
-    from musubi.runtime.goodput import failure_summary
+    from musubi.recovery.goodput import failure_summary
 
     failures = [f for f in entry.get("failures") or [] if isinstance(f, dict)]
     repeated = {f.get("repeat_of") for f in failures} | {f.get("attempt") for f in failures if f.get("repeat_of")}

@@ -27,16 +27,17 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from musubi.checkpoint.checkpoint import latest_checkpoint
 from musubi.config.errors import ConfigError
 from musubi.config.fleet import CommandJob, FleetSpec, TaskJob
+from musubi.config.run_files import RUN_FILES
 from musubi.fleet import jobs as J
 from musubi.fleet.durations import Estimate, estimate, machine_of, record_run
 from musubi.fleet.machine import SHOW, cpus_value, device_cores, fleet_topology
 from musubi.fleet.moldable import best_plan
 from musubi.fleet.packer import Demand, Packer, unplaceable
 from musubi.fleet.stop import FleetInterrupted, signals_flagged
-from musubi.runtime.checkpoint import latest_checkpoint
-from musubi.runtime.proctree import stop_trees
+from musubi.launch.proctree import stop_trees
 from musubi.store.db import db_path
 from musubi.store.rundir import read_json, write_json
 
@@ -104,16 +105,16 @@ def previous_best(runs_base: Path, fleet_name: str, current: Path) -> str | None
     for run in candidates:
         try:
             if run.resolve() == current.resolve() or run.resolve() in earlier or \
-                    not (run / "leaderboard.json").is_file():
+                    not (run / RUN_FILES.leaderboard).is_file():
                 continue
-            record = read_json(run / "run.json")
+            record = read_json(run / RUN_FILES.run)
             if record["config"]["name"] == fleet_name:
                 earlier[run.resolve()] = str(record.get("started") or "")
         except (OSError, ValueError, RecursionError, TypeError, KeyError):
             continue
     for run in sorted(earlier, key=lambda r: (earlier[r], r.name), reverse=True):
         try:
-            rows = read_json(run / "leaderboard.json")
+            rows = read_json(run / RUN_FILES.leaderboard)
             rows = rows.get("rows", rows) if isinstance(rows, dict) else rows
             # Only a ranked job is a best model: a run that ranked nothing has none to put first.
             top = [r for r in rows if isinstance(r, dict) and r.get("rank") == 1]
@@ -141,7 +142,7 @@ class LocalFleet:
         self.spec, self.run_dir, self.base, self.kind = spec, run_dir, base, kind
         self.console = console or Console()
         self.jobs = {j.name: j for j in spec.jobs}
-        self.state_path = run_dir / "fleet.json"
+        self.state_path = run_dir / RUN_FILES.fleet
         self.states = fleet_states(spec, self.state_path if resume else None)
         for st in self.states.values():
             if st.state != "done":  # unfinished jobs queue again and resume from their checkpoints
@@ -149,7 +150,7 @@ class LocalFleet:
         self.first = previous_best(run_dir.parent, spec.name, run_dir)
         first = self.first
         self.db = db_path(run_dir)
-        env = read_json(run_dir / "env.json") if (run_dir / "env.json").is_file() else None
+        env = read_json(run_dir / RUN_FILES.env) if (run_dir / RUN_FILES.env).is_file() else None
         self.machine = machine_of(env)
         self.estimates = estimates(spec, len(devices), self.db, self.machine, kind)
         queue = [self._demand(j) for j in spec.jobs if self.states[j.name].state != "done"]
@@ -405,7 +406,7 @@ class LocalFleet:
             t.add_column(col)
         for name, st in self.states.items():
             step = epoch = rate = eta = "-"
-            metrics = self.run_dir / name / "metrics.jsonl"
+            metrics = self.run_dir / name / RUN_FILES.metrics
             if st.kind == "task" and metrics.is_file():
                 rec = _last_train_record(metrics)
                 if rec:

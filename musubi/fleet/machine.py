@@ -7,6 +7,7 @@ from pathlib import Path
 
 from musubi.config.errors import ConfigError
 from musubi.config.fleet import FleetSpec
+from musubi.config.run_files import RUN_FILES
 from musubi.topology.cores import CorePlan, partition_cores, read_cpus
 from musubi.topology.model import NodeTopology, format_cpulist
 from musubi.topology.read import env_topology, load_topology, numa_nodes, read_node_topology
@@ -25,7 +26,7 @@ def fleet_topology(spec: FleetSpec, base: Path, run_dir: Path, kind: str) -> Nod
         return recorded_topology(spec, base)
     if kind != "cuda":
         return None
-    return env_topology(run_dir / "env.json") or read_node_topology()
+    return env_topology(run_dir / RUN_FILES.env) or read_node_topology()
 
 
 def recorded_topology(spec: FleetSpec, base: Path) -> NodeTopology:

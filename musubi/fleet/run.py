@@ -21,6 +21,7 @@ from rich.console import Console
 from musubi.config.errors import ConfigError
 from musubi.config.fleet import FleetSpec, TaskJob
 from musubi.config.load import load_fleet
+from musubi.config.run_files import RUN_FILES
 from musubi.evaluate.provenance import dataset_env
 from musubi.fleet.jobs import check_command
 from musubi.fleet.local import JobState, LocalFleet
@@ -51,7 +52,7 @@ class FleetRequest:
 
 def validate_fleet(spec: FleetSpec, base: Path) -> None:
     """Every job checked before anything starts: model names, data, commands."""
-    from musubi.runtime.tracking import check_tracking
+    from musubi.store.tracking import check_tracking
     from musubi.tasks.registry import build_task
 
     for job in spec.jobs:
@@ -68,7 +69,7 @@ def validate_fleet(spec: FleetSpec, base: Path) -> None:
 
 def machine(req: FleetRequest) -> tuple[list[int], str]:
     """(devices, kind): the visible GPUs, or CPU rank slots (default 2) when there is none."""
-    from musubi.runtime.launch import visible_gpus
+    from musubi.launch.launch import visible_gpus
 
     gpus = visible_gpus()
     kind = req.device or ("cuda" if gpus else "cpu")
@@ -117,7 +118,7 @@ def run_fleet(req: FleetRequest, console: Console | None = None) -> tuple[Path, 
     if problems:  # before the preflight and before any file is written
         raise ConfigError(problems[0])
     if req.resume:
-        if req.out is None or not (req.out / "fleet.json").is_file():
+        if req.out is None or not (req.out / RUN_FILES.fleet).is_file():
             raise ConfigError("--resume: give --out RUN_DIR of an earlier `musubi run` (it holds fleet.json)")
         run_dir = req.out
         check_unlocked(run_dir)  # a live `musubi run` on this folder: refuse before the preflight
@@ -151,8 +152,8 @@ def changed_jobs(resolved: dict, run_dir: Path) -> list[str]:
     from musubi.store.redact import redact_tree
 
     try:
-        recorded = read_json(run_dir / "run.json")["config"]["jobs"]
-        states = read_json(run_dir / "fleet.json").get("jobs", {})
+        recorded = read_json(run_dir / RUN_FILES.run)["config"]["jobs"]
+        states = read_json(run_dir / RUN_FILES.fleet).get("jobs", {})
         before = {(j["spec"]["name"] if "spec" in j else j["name"]): j for j in recorded}
     except (OSError, ValueError, KeyError, TypeError, RecursionError):
         return []
@@ -210,12 +211,12 @@ def _run_locked(req: FleetRequest, spec: FleetSpec, base: Path, executor: str, d
     run_dir.mkdir(parents=True, exist_ok=True)
     resolved = _resolved(spec)
     if not req.resume:
-        write_json(run_dir / "run.json", run_record(resolved, sys.argv))
+        write_json(run_dir / RUN_FILES.run, run_record(resolved, sys.argv))
     env = {**env_record(), **dataset_env([j.spec.resolved() for j in spec.jobs if isinstance(j, TaskJob)],
                                          db_path(run_dir))}
     if req.trigger:
         env["trigger"] = req.trigger
-    write_json(run_dir / "env.json", env)
+    write_json(run_dir / RUN_FILES.env, env)
     if executor == "slurm":
         from musubi.fleet.slurm import SlurmFleet
 
@@ -231,7 +232,7 @@ def _run_locked(req: FleetRequest, spec: FleetSpec, base: Path, executor: str, d
         if spec.success.baseline_steps:
             from musubi.fleet.baseline import measure_baselines
 
-            measure_baselines(spec, run_dir, devices, kind, read_json(run_dir / "env.json"), console)
+            measure_baselines(spec, run_dir, devices, kind, read_json(run_dir / RUN_FILES.env), console)
         fleet = LocalFleet(spec, run_dir, base, devices, kind, req.resume, console)
         topo = fleet.packer.topology
         if topo is None:
@@ -388,9 +389,9 @@ def plan_fleet(req: FleetRequest, console: Console | None = None) -> list[str]:
 
 
 def _preflight(spec: FleetSpec, kind: str, run_dir: Path, console: Console) -> None:
+    from musubi.launch.launch import PreflightFailed
     from musubi.preflight import data_targets, render, run_checks
     from musubi.preflight.result import PreflightReport
-    from musubi.runtime.launch import PreflightFailed
 
     targets = [t for j in spec.jobs if isinstance(j, TaskJob) for t in data_targets(j.spec.data)]
     report = run_checks(None if kind == "cuda" else [], list(dict.fromkeys(targets)), run_dir.parent, None,
@@ -401,7 +402,7 @@ def _preflight(spec: FleetSpec, kind: str, run_dir: Path, console: Console) -> N
         lines = "; ".join(f"{r.check}: {r.found} -> {r.fix}" for r in report.failed)
         raise PreflightFailed(f"preflight failed ({lines}); fix it or pass --no-check")
     run_dir.mkdir(parents=True, exist_ok=True)
-    write_json(run_dir / "preflight.json", report.to_dict())
+    write_json(run_dir / RUN_FILES.preflight, report.to_dict())
 
 
 def _finish(spec: FleetSpec, run_dir: Path, console: Console) -> None:

@@ -56,7 +56,7 @@ def ship(spec: FleetSpec, run_dir: Path, console: Console) -> list[dict]:
     except ConfigError as e:
         console.print(f"manifest: {one_line(e)}", highlight=False, markup=False)
         return rows
-    from musubi.evaluate.commands import _warn_skipped
+    from musubi.store.registry import warn_skipped
 
-    _warn_skipped(data, console)
+    warn_skipped(data, console)
     return rows

@@ -28,6 +28,7 @@ from rich.console import Console
 
 from musubi.config.errors import ConfigError
 from musubi.config.fleet import CommandJob, FleetSpec, TaskJob
+from musubi.config.run_files import RUN_FILES
 from musubi.fleet import jobs as J
 from musubi.fleet.local import JobState, fleet_states
 from musubi.store.rundir import write_json
@@ -164,7 +165,7 @@ class SlurmFleet:
         self.spec, self.run_dir, self.base, self.kind = spec, run_dir, base, kind
         self.console = console or Console()
         self.jobs = {j.name: j for j in spec.jobs}
-        self.state_path = run_dir / "fleet.json"
+        self.state_path = run_dir / RUN_FILES.fleet
         self.nice = nice_values(spec)
         self.states = fleet_states(spec, self.state_path if resume else None)
         for st in self.states.values():
@@ -309,7 +310,7 @@ class SlurmFleet:
 def recorded_executor(run_dir: Path) -> str | None:
     """The executor an earlier `musubi run` used for this run directory (None when unknown)."""
     try:
-        return json.loads((run_dir / "fleet.json").read_text(encoding="utf-8")).get("executor", "local")
+        return json.loads((run_dir / RUN_FILES.fleet).read_text(encoding="utf-8")).get("executor", "local")
     except (OSError, ValueError):
         return None
 

@@ -44,8 +44,8 @@ def _cpu_env(info: dict) -> None:
 
 
 def _train(run_dir: Path, name: str, info: dict, node_rank: int, nnodes: int, jid: str) -> int:
-    from musubi.runtime.checkpoint import latest_checkpoint
-    from musubi.runtime.launch import TrainRequest, launch_train
+    from musubi.checkpoint.checkpoint import latest_checkpoint
+    from musubi.launch.launch import TrainRequest, launch_train
 
     job_dir = run_dir / name
     resume = latest_checkpoint(job_dir / "checkpoints") is not None

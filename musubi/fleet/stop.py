@@ -2,7 +2,7 @@
 
 `musubi run` starts every job in a session of its own (`start_new_session=True`), so the job's whole
 process group (`musubi train`, torchrun, the external program and its children) can be signalled at
-once; runtime/proctree.stop_trees ends each tree, torchrun's workers (in sessions of their own) included.
+once; launch/proctree.stop_trees ends each tree, torchrun's workers (in sessions of their own) included.
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from musubi.config.run_files import RUN_FILES
 from musubi.plan.errors import PlanError
 
 PLAN_FILE = "plan.json"
@@ -39,7 +40,7 @@ def _job_dir(path: Path) -> Path:
 
 def measured_step_time(job_dir: Path, global_batch: int) -> tuple[float, int]:
     """(median seconds per optimizer step, log records used) from metrics.jsonl's training records."""
-    path = job_dir / "metrics.jsonl"
+    path = job_dir / RUN_FILES.metrics
     if not path.is_file():
         raise PlanError(f"{job_dir}: no metrics.jsonl (the run logged no training step)")
     rates = []
@@ -59,7 +60,7 @@ def measured_step_time(job_dir: Path, global_batch: int) -> tuple[float, int]:
 
 def _busbw(run_dir: Path, job_dir: Path) -> dict[str, float]:
     """{'nvlink' or 'pcie': GB/s} from the preflight's NCCL all-reduce, when there is one."""
-    for path in (job_dir / "preflight.json", run_dir / "preflight.json"):
+    for path in (job_dir / RUN_FILES.preflight, run_dir / RUN_FILES.preflight):
         if not path.is_file():
             continue
         try:

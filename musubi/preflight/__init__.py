@@ -6,7 +6,6 @@ readings to one-line results. Entry points:
 
 - `run_checks(...)` -> PreflightReport (launcher side, before any worker starts)
 - `check_command` -> the `musubi check` command (typer)
-- `check_unique_devices(world)` -> per-rank, at start: no two ranks on one GPU
 - `diagnostic_env(job_dir)` -> hang-diagnostic variables for the workers
 """
 
@@ -17,7 +16,6 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from musubi.preflight.checks.disk import checkpoint_bytes_estimate
     from musubi.preflight.command import check_command
-    from musubi.preflight.devices import check_unique_devices
     from musubi.preflight.diagnostics import diagnostic_env
     from musubi.preflight.read.data import data_targets
     from musubi.preflight.result import CheckResult, PreflightReport, Status, render
@@ -27,7 +25,6 @@ if TYPE_CHECKING:
 _EXPORTS = {
     "run_checks": "musubi.preflight.runner",
     "check_command": "musubi.preflight.command",
-    "check_unique_devices": "musubi.preflight.devices",
     "diagnostic_env": "musubi.preflight.diagnostics",
     "checkpoint_bytes_estimate": "musubi.preflight.checks.disk",
     "data_targets": "musubi.preflight.read.data",
@@ -37,7 +34,7 @@ _EXPORTS = {
     "render": "musubi.preflight.result",
 }
 __all__ = [
-    "CheckResult", "PreflightReport", "Status", "check_command", "check_unique_devices", "checkpoint_bytes_estimate",
+    "CheckResult", "PreflightReport", "Status", "check_command", "checkpoint_bytes_estimate",
     "data_targets", "diagnostic_env", "render", "run_checks",
 ]
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import typer
 
 from musubi.config.errors import ConfigError
+from musubi.config.run_files import RUN_FILES
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -57,7 +58,7 @@ def check_command(
     report = run_checks(wanted, list(data), out, ckpt_bytes, comm=not no_comm, keep_checkpoints=keep)
     if out is not None:
         try:
-            write_json(out / "preflight.json", report.to_dict())
+            write_json(out / RUN_FILES.preflight, report.to_dict())
         except OSError as e:  # an unwritable --out is already a FAIL line of the report
             Console(stderr=True, soft_wrap=True).print(f"error: cannot write {out / 'preflight.json'}: {e}",
                                                        highlight=False, markup=False)

@@ -19,10 +19,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from musubi.config.run_files import RUN_FILES
 from musubi.config.success import YOURS, SuccessSpec
 from musubi.records import evidence as E
 
-CHECKLIST_FILE = "checklist.json"
+CHECKLIST_FILE = RUN_FILES.checklist
 
 #: Goodput under this is a warning even without a failure: half the wall time made no progress.
 GOODPUT_WARN = 0.5
@@ -124,10 +125,10 @@ def _ranks_item(job: str, job_dir: Path, nproc: int, ended_well: bool) -> Item:
 
 def _restarts_item(job: str, job_dir: Path, ended_well: bool) -> Item | None:
     """Failures the job met (recovered by torchrun restarts or not) and its goodput (JOB/goodput.json)."""
-    rec = E.read_json_or_none(job_dir / "goodput.json")
+    rec = E.read_json_or_none(job_dir / RUN_FILES.goodput)
     if not isinstance(rec, dict):
         return None
-    from musubi.runtime.goodput import failure_summary
+    from musubi.recovery.goodput import failure_summary
 
     g = rec.get("goodput")
     ratio = f"goodput {g:.1%}" if isinstance(g, (int, float)) else "goodput n/a"
@@ -272,7 +273,7 @@ def job_items(name: str, job_dir: Path, state: str, gpus: int, kind: str, succes
 def _no_metrics_item(job: str, job_dir: Path, in_fleet: bool) -> Item:
     """A job that ended well without metrics, described as its files are (eval.json there or not,
     a validation split configured or not)."""
-    found = ("eval.json has no metrics" if (job_dir / "eval.json").is_file() else "no eval.json")
+    found = ("eval.json has no metrics" if (job_dir / RUN_FILES.eval).is_file() else "no eval.json")
     has_val = E.has_validation_split(job_dir)
     why = {True: "although the job has a validation split", False: "the job has no validation split",
            None: "the job reported none"}[has_val]
@@ -355,7 +356,7 @@ def _fleet_after(run_dir: Path, run: E.RunEvidence, success: SuccessSpec, cl: Ch
 
 def checklist_target(path: Path) -> tuple[Path, str | None]:
     """(run directory, job or None): a job's folder (RUN/JOB, as `musubi report` takes) is judged in its run."""
-    if (path / "job.json").is_file() and not (path / "run.json").is_file() and not (path / "fleet.json").is_file():
+    if (path / RUN_FILES.job).is_file() and not (path / RUN_FILES.run).is_file() and not (path / RUN_FILES.fleet).is_file():
         return path.parent, path.name
     return path, None
 

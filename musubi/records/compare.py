@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from musubi.config.run_files import RUN_FILES
 from musubi.records import evidence as E
 
 #: Throughput drop (B against A) flagged as a regression.
@@ -80,7 +81,7 @@ def job_figures(run_dir: Path, name: str, state: dict[str, Any] | None, board: d
     records = E.train_records(job_dir)
     peaks = [r["mem_peak_allocated_gib"] for r in records if isinstance(r.get("mem_peak_allocated_gib"), (int, float))]
     util = E.gpu_utilisation(job_dir)
-    job = E.read_json_or_none(job_dir / "job.json") or {}
+    job = E.read_json_or_none(job_dir / RUN_FILES.job) or {}
     config = job.get("config") if isinstance(job.get("config"), dict) else None
     try:
         dataset = dataset_version(config) if config and "task" in config else None
@@ -96,10 +97,10 @@ def job_figures(run_dir: Path, name: str, state: dict[str, Any] | None, board: d
 
 def _jobs(run_dir: Path) -> dict[str, dict[str, Any]]:
     """{job: fleet state or {}} of a run, plus each job's config."""
-    fleet = E.read_json_or_none(run_dir / "fleet.json")
+    fleet = E.read_json_or_none(run_dir / RUN_FILES.fleet)
     if isinstance(fleet, dict):
         return {n: s for n, s in (fleet.get("jobs") or {}).items() if isinstance(s, dict)}
-    return {p.name: {} for p in sorted(run_dir.iterdir()) if p.is_dir() and (p / "job.json").is_file()}
+    return {p.name: {} for p in sorted(run_dir.iterdir()) if p.is_dir() and (p / RUN_FILES.job).is_file()}
 
 
 def _change(a: float | None, b: float | None) -> float | None:
@@ -114,8 +115,8 @@ def compare_runs(run_a: Path, run_b: Path, regression: float = REGRESSION) -> di
         if not run.is_dir() or not _jobs(run):
             raise ConfigError(f"{run}: not a run directory (no fleet.json and no JOB/job.json); give the --out of "
                               "a `musubi run` or `musubi train`")
-    env_a, env_b = (E.read_json_or_none(r / "env.json") or {} for r in (run_a, run_b))
-    cfg_a, cfg_b = ((E.read_json_or_none(r / "run.json") or {}).get("config") or {} for r in (run_a, run_b))
+    env_a, env_b = (E.read_json_or_none(r / RUN_FILES.env) or {} for r in (run_a, run_b))
+    cfg_a, cfg_b = ((E.read_json_or_none(r / RUN_FILES.run) or {}).get("config") or {} for r in (run_a, run_b))
     jobs_a, jobs_b = _jobs(run_a), _jobs(run_b)
     board_a = {r.get("job"): r for r in E.leaderboard_rows(run_a)}
     board_b = {r.get("job"): r for r in E.leaderboard_rows(run_b)}
@@ -128,8 +129,8 @@ def compare_runs(run_a: Path, run_b: Path, regression: float = REGRESSION) -> di
         "jobs": {}, "regressions": [],
     }
     for name in sorted(set(jobs_a) & set(jobs_b)):
-        ja = E.read_json_or_none(run_a / name / "job.json") or {}
-        jb = E.read_json_or_none(run_b / name / "job.json") or {}
+        ja = E.read_json_or_none(run_a / name / RUN_FILES.job) or {}
+        jb = E.read_json_or_none(run_b / name / RUN_FILES.job) or {}
         fa = job_figures(run_a, name, jobs_a[name], board_a.get(name, {}))
         fb = job_figures(run_b, name, jobs_b[name], board_b.get(name, {}))
         entry: dict[str, Any] = {

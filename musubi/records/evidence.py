@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from musubi.config.run_files import RUN_FILES
 from musubi.config.success import SuccessSpec
 
 # One reader of JSON-lines records (torn lines skipped) and of the telemetry's step records.
@@ -66,16 +67,16 @@ def _success_of(raw: Any) -> SuccessSpec:
 
 def read_run(run_dir: Path) -> RunEvidence:
     """The jobs of a `musubi run` (fleet.json) or `musubi train` (one job directory) run."""
-    fleet = read_json_or_none(run_dir / "fleet.json")
-    run = read_json_or_none(run_dir / "run.json") or {}
+    fleet = read_json_or_none(run_dir / RUN_FILES.fleet)
+    run = read_json_or_none(run_dir / RUN_FILES.run) or {}
     config = run.get("config") if isinstance(run.get("config"), dict) else {}
-    ev = RunEvidence(run_dir, fleet=isinstance(fleet, dict), preflight=read_json_or_none(run_dir / "preflight.json"),
+    ev = RunEvidence(run_dir, fleet=isinstance(fleet, dict), preflight=read_json_or_none(run_dir / RUN_FILES.preflight),
                      config=config)
     if isinstance(fleet, dict):
         ev.success = _success_of(config.get("success"))
         ev.export_top = int((config.get("leaderboard") or {}).get("export_top", 1))
         for name, st in sorted((fleet.get("jobs") or {}).items()):
-            job = read_json_or_none(run_dir / name / "job.json") or {}
+            job = read_json_or_none(run_dir / name / RUN_FILES.job) or {}
             own = job.get("config") if isinstance(job.get("config"), dict) else {}
             ev.jobs.append(JobEvidence(name, run_dir / name, "task" if st.get("kind") == "task" else "command",
                                        str(st.get("state", "unknown")), max(1, len(st.get("gpus") or [])
@@ -84,8 +85,8 @@ def read_run(run_dir: Path) -> RunEvidence:
         # A fleet checks once for all its jobs (they start with --no-check); the fleet's own flag counts.
         ev.preflight_skipped = "--no-check" in (run.get("argv") or [])
         return ev
-    for job_dir in sorted(p for p in run_dir.iterdir() if p.is_dir() and (p / "job.json").is_file()):
-        job = read_json_or_none(job_dir / "job.json") or {}
+    for job_dir in sorted(p for p in run_dir.iterdir() if p.is_dir() and (p / RUN_FILES.job).is_file()):
+        job = read_json_or_none(job_dir / RUN_FILES.job) or {}
         own = job.get("config") if isinstance(job.get("config"), dict) else {}
         ev.jobs.append(JobEvidence(job_dir.name, job_dir, "task", str(job.get("status", "unknown")),
                                    int(job.get("nproc") or 1), str(job.get("device") or "cuda"),
@@ -99,7 +100,7 @@ def read_run(run_dir: Path) -> RunEvidence:
 
 def metric_records(job_dir: Path) -> list[dict[str, Any]]:
     """Rank 0's scalar records (metrics.jsonl): kind 'train' (loss, lr, samples/s) and 'val', per step."""
-    return read_jsonl(job_dir / "metrics.jsonl")
+    return read_jsonl(job_dir / RUN_FILES.metrics)
 
 
 def train_records(job_dir: Path) -> list[dict[str, Any]]:
@@ -192,7 +193,7 @@ def baseline(job_dir: Path) -> dict[str, Any] | None:
 
 def eval_metrics(job_dir: Path) -> dict[str, float]:
     """eval.json's metrics (numbers only)."""
-    rec = read_json_or_none(job_dir / "eval.json")
+    rec = read_json_or_none(job_dir / RUN_FILES.eval)
     metrics = rec.get("metrics") if isinstance(rec, dict) else None
     if not isinstance(metrics, dict):
         return {}
@@ -202,7 +203,7 @@ def eval_metrics(job_dir: Path) -> dict[str, float]:
 def has_validation_split(job_dir: Path) -> bool | None:
     """Whether job.json's config has a validation split (data.val, or synthetic val_size > 0); None when
     job.json holds no task config (an external job)."""
-    rec = read_json_or_none(job_dir / "job.json")
+    rec = read_json_or_none(job_dir / RUN_FILES.job)
     config = rec.get("config") if isinstance(rec, dict) else None
     data = config.get("data") if isinstance(config, dict) and "task" in config else None
     if not isinstance(data, dict):
@@ -215,13 +216,13 @@ def has_validation_split(job_dir: Path) -> bool | None:
 
 def primary_metric(job_dir: Path) -> str | None:
     """The headline metric eval.json names."""
-    rec = read_json_or_none(job_dir / "eval.json")
+    rec = read_json_or_none(job_dir / RUN_FILES.eval)
     return rec.get("primary_metric") if isinstance(rec, dict) else None
 
 
 def leaderboard_rows(run_dir: Path) -> list[dict[str, Any]]:
     """RUN/leaderboard.json's rows ([] when absent)."""
-    rec = read_json_or_none(run_dir / "leaderboard.json")
+    rec = read_json_or_none(run_dir / RUN_FILES.leaderboard)
     rows = rec.get("rows", rec) if isinstance(rec, dict) else rec
     return [r for r in rows if isinstance(r, dict)] if isinstance(rows, list) else []
 
@@ -238,8 +239,8 @@ def earlier_rates(job_dir: Path) -> list[float]:
     run (the run directory's parent) on the same machine; newest first, at most 10."""
     run_dir = job_dir.parent
     parent = run_dir.parent
-    me = read_json_or_none(job_dir / "job.json") or {}
-    key = machine_key(read_json_or_none(run_dir / "env.json"))
+    me = read_json_or_none(job_dir / RUN_FILES.job) or {}
+    key = machine_key(read_json_or_none(run_dir / RUN_FILES.env))
     mine = (me.get("nproc"), me.get("device"), json.dumps(me.get("config"), sort_keys=True))
     out: list[float] = []
     try:
@@ -249,13 +250,13 @@ def earlier_rates(job_dir: Path) -> list[float]:
         return out
     for run in runs:
         other = run / job_dir.name
-        if not (other / "metrics.jsonl").is_file() or run.stat().st_mtime > run_dir.stat().st_mtime + 1:
+        if not (other / RUN_FILES.metrics).is_file() or run.stat().st_mtime > run_dir.stat().st_mtime + 1:
             continue
-        rec = read_json_or_none(other / "job.json") or {}
+        rec = read_json_or_none(other / RUN_FILES.job) or {}
         theirs = (rec.get("nproc"), rec.get("device"), json.dumps(rec.get("config"), sort_keys=True))
         if theirs != mine or rec.get("status") not in ("done", "stopped"):
             continue
-        if machine_key(read_json_or_none(run / "env.json")) != key:
+        if machine_key(read_json_or_none(run / RUN_FILES.env)) != key:
             continue
         rate = median_rate(train_records(other))
         if rate is not None:
@@ -266,6 +267,6 @@ def earlier_rates(job_dir: Path) -> list[float]:
 
 
 def precision_fallbacks(job_dir: Path) -> list[dict[str, Any]]:
-    """The numerical guard's fallbacks of a job (JOB/numerics/applied.json, see runtime/numerics.py)."""
+    """The numerical guard's fallbacks of a job (JOB/numerics/applied.json, see recovery/numerics.py)."""
     data = read_json_or_none(job_dir / "numerics" / "applied.json")
     return [r for r in data if isinstance(r, dict)] if isinstance(data, list) else []

@@ -19,8 +19,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rich.console import Console
+from rich.text import Text
+
 from musubi.config.errors import ConfigError
 from musubi.config.job import check_safe_name
+from musubi.config.run_files import RUN_FILES
 from musubi.store.db import db_path
 from musubi.store.rundir import read_json, write_json
 
@@ -174,8 +178,8 @@ def register(job_dir: Path, name: str | None = None, db: Path | None = None) -> 
     run_dir = job_dir.parent
     path = resolve_db(db, run_dir)
     model_file, export = _model_file(job_dir)
-    evaluation = _read_optional_json(job_dir / "eval.json")
-    job_record = _read_optional_json(job_dir / "job.json")
+    evaluation = _read_optional_json(job_dir / RUN_FILES.eval)
+    job_record = _read_optional_json(job_dir / RUN_FILES.job)
     config = job_record.get("config") if isinstance(job_record.get("config"), dict) else {}
     name = name or str(config.get("name") or job_dir.name)
     try:  # a registered name ends up in deployment manifests and file names downstream
@@ -188,7 +192,7 @@ def register(job_dir: Path, name: str | None = None, db: Path | None = None) -> 
         record = job_dir / "export" / "export.json"
         files.append({"role": "export-record", "path": str(record), "sha256": file_sha256(record),
                       "bytes": record.stat().st_size})
-    env = _read_optional_json(run_dir / "env.json")
+    env = _read_optional_json(run_dir / RUN_FILES.env)
     # The version recorded when the run started is what it trained on; hash now only for older runs.
     dataset = (env.get("datasets") or {}).get(str(config.get("name") or job_dir.name))
     if dataset is None and config:
@@ -415,3 +419,10 @@ def _insert_from_marker(job_dir: Path, name: str, version: int, created: float, 
                     (version, created, int(promoted), name, entry["version"]))
     _write_marker(job_dir, name, version, created, promoted)
     return 1
+
+
+def warn_skipped(data: dict[str, Any], console: Console | None = None) -> None:
+    """One line per promoted model a manifest left out (its files are gone or changed)."""
+    console = console or Console(stderr=True, soft_wrap=True)
+    for line in data.get("skipped") or []:
+        console.print(Text("warning: ", style="yellow") + Text(line), highlight=False, soft_wrap=True)

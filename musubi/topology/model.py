@@ -13,6 +13,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from musubi.config.run_files import RUN_FILES
+
 #: Rough usable GB/s per direction of each PCIe path, for a PCIe gen4 x16 card (31.5 GB/s raw):
 #: only the order and the ratios matter to the packer (a host bridge or the socket link costs bandwidth).
 PCIE_PATH_GBPS: dict[str, float] = {"PIX": 24.0, "PXB": 22.0, "PHB": 15.0, "NODE": 13.0, "SYS": 10.0}
@@ -180,7 +182,7 @@ class NodeTopology:
     def from_dict(cls, data: dict[str, Any]) -> NodeTopology:
         """Inverse of to_dict (also reads the older env.json form: a bare {'gpu0-gpu1': 'NV18'} mapping)."""
         if "links" not in data:  # env.json before the topology model: only pair -> link
-            data = {"source": "env.json", "links": data}
+            data = {"source": RUN_FILES.env, "links": data}
 
         def pair(key: str) -> tuple[int, int]:
             parts = str(key).split("-")
@@ -192,7 +194,7 @@ class NodeTopology:
         return cls(
             links={pair(k): v for k, v in data.get("links", {}).items()},
             p2p={pair(k): v for k, v in data.get("p2p", {}).items()},
-            source=str(data.get("source", "env.json")),
+            source=str(data.get("source", RUN_FILES.env)),
             gpus=tuple(GpuPlace(int(g["index"]), parse_cpulist(str(g.get("cpus") or "")), g.get("numa"),
                                 str(g.get("bus_id") or "")) for g in data.get("gpus", [])),
             nics=tuple(NicPlace(str(n["name"]), {int(k.removeprefix("gpu")): v for k, v in n.get("links", {}).items()})

@@ -13,9 +13,9 @@ from musubi.config.job import JobSpec
 from musubi.data.coco import CocoDetection
 from musubi.data.gpu_decode import decode_batch
 from musubi.data.sliced import SlicedCocoDetection
-from musubi.runtime import loader_plan
-from musubi.runtime.loader_plan import plan_loader
 from musubi.tasks.detection import DetectionTask
+from musubi.worker.feed import loader_plan
+from musubi.worker.feed.loader_plan import plan_loader
 
 from .sets import small_set
 
@@ -108,7 +108,7 @@ def test_measure_picks_the_fewest_workers_that_feed_best() -> None:
 
     from torch.utils.data import Dataset
 
-    from musubi.runtime.loader_probe import candidates, measure_workers
+    from musubi.worker.feed.loader_probe import candidates, measure_workers
 
     class Slow(Dataset):
         def __len__(self) -> int:

@@ -117,7 +117,7 @@ def test_synth_never_overwrites_an_existing_set(tmp_path: Path) -> None:
 
 def test_without_the_cache_tiles_are_drawn_frame_by_frame_and_each_frame_decoded_once(tmp_path: Path) -> None:
     # Before: with the cache off every tile decoded its whole frame (48 decodes of a 4000x3000 frame).
-    from musubi.runtime.sampler import ResumableDistributedSampler
+    from musubi.worker.feed.sampler import ResumableDistributedSampler
 
     ann = small_set(tmp_path, images=4, width=200, height=120)
     frames = CocoDetection(tmp_path / "images", ann, as_uint8=True)

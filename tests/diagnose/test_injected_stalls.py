@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from musubi.checkpoint.saver import Checkpointer
 from musubi.config.errors import ConfigError
 from musubi.config.job import CheckpointSpec
 from musubi.config.load import apply_overrides
-from musubi.runtime.inject import Injector, parse
-from musubi.runtime.saver import Checkpointer
-from musubi.runtime.world import World
+from musubi.recovery.inject import Injector, parse
+from musubi.worker.world import World
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -136,7 +136,7 @@ def figure(name: str, value: object) -> None:
 
 def stop_resume_equals_uninterrupted(musubi: Musubi, tmp_path: Path, job: dict, nproc: int, stop: int) -> Path:
     """Uninterrupted run, then stop at `stop` and --resume: every checkpoint tensor bitwise equal."""
-    from musubi.runtime.drill import final_tensors
+    from musubi.launch.drill import final_tensors
 
     path = write_job(tmp_path / f"{job['name']}.yaml", job)
     base = ("train", str(path), "--nproc", str(nproc), "--no-check")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from musubi.runtime.drill import final_tensors
+from musubi.launch.drill import final_tensors
 from tests.gpu.conftest import REHEARSAL, assert_same_tensors, needs_gpus, read_jsonl, train_losses, write_job
 
 pytestmark = [*needs_gpus(2), pytest.mark.timeout(600)]

@@ -244,7 +244,7 @@ def committed_checkpoint(root: Path, extra: dict | None = None) -> Path:
     """A DCP checkpoint with a valid COMMITTED marker, as Musubi lays it out (step 1)."""
     import torch.distributed.checkpoint as dcp
 
-    from musubi.runtime.checkpoint import MARKER, _listing
+    from musubi.checkpoint.checkpoint import MARKER, _listing
 
     d = root / "checkpoints" / "step-000000001"
     d.mkdir(parents=True)
@@ -259,13 +259,13 @@ def committed_checkpoint(root: Path, extra: dict | None = None) -> Path:
 
 def recommit(d: Path) -> None:
     """Rewrite the marker to match the files (what an attacker who edits a checkpoint would do)."""
-    from musubi.runtime.checkpoint import MARKER, _listing
+    from musubi.checkpoint.checkpoint import MARKER, _listing
 
     (d / MARKER).write_text(json.dumps({"step": 1, "world_size": 1, "files": _listing(d)}), encoding="utf-8")
 
 
 def _ckpt_metadata_payload(g: Guard) -> object:
-    from musubi.runtime.checkpoint import read_full_state
+    from musubi.checkpoint.checkpoint import read_full_state
 
     d = committed_checkpoint(g.scratch)
     (d / ".metadata").write_bytes(pickle.dumps(Payload(g.pwned)))
@@ -274,15 +274,15 @@ def _ckpt_metadata_payload(g: Guard) -> object:
 
 
 def _ckpt_bytes_payload(g: Guard) -> object:
-    from musubi.runtime.checkpoint import read_full_state
+    from musubi.checkpoint.checkpoint import read_full_state
 
     d = committed_checkpoint(g.scratch, {"extra": Payload(g.pwned)})
     return read_full_state(d)
 
 
 def _ckpt_shard_escape(g: Guard) -> object:
-    from musubi.runtime.checkpoint import read_full_state
-    from musubi.runtime.safe_dcp import safe_unpickle
+    from musubi.checkpoint.checkpoint import read_full_state
+    from musubi.checkpoint.safe_dcp import safe_unpickle
 
     d = committed_checkpoint(g.scratch)
     meta = safe_unpickle((d / ".metadata").read_bytes())
@@ -294,7 +294,7 @@ def _ckpt_shard_escape(g: Guard) -> object:
 
 
 def _ckpt_symlinked_step(g: Guard) -> object:
-    from musubi.runtime.checkpoint import latest_checkpoint, read_full_state
+    from musubi.checkpoint.checkpoint import latest_checkpoint, read_full_state
 
     real = committed_checkpoint(g.outside / "elsewhere")
     link_root = g.scratch / "job" / "checkpoints"
@@ -306,7 +306,7 @@ def _ckpt_symlinked_step(g: Guard) -> object:
 
 
 def _ckpt_symlinked_shard(g: Guard) -> object:
-    from musubi.runtime.checkpoint import read_full_state
+    from musubi.checkpoint.checkpoint import read_full_state
 
     d = committed_checkpoint(g.scratch)
     shard = next(d.glob("*.distcp"))
@@ -481,7 +481,7 @@ def one_rank_world(monkeypatch: pytest.MonkeyPatch):
     """A real one-rank gloo group in this process (what a resume runs inside)."""
     import socket
 
-    from musubi.runtime.world import init_world, shutdown_world
+    from musubi.worker.world import init_world, shutdown_world
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -496,7 +496,7 @@ def one_rank_world(monkeypatch: pytest.MonkeyPatch):
 
 @pytest.mark.timeout(60)
 def test_resume_refuses_another_models_checkpoint_before_touching_the_model(guard: Guard, one_rank_world) -> None:
-    from musubi.runtime import checkpoint as ck
+    from musubi.checkpoint import checkpoint as ck
 
     def make(width: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
         torch.manual_seed(width)

@@ -9,13 +9,13 @@ import pytest
 from typer.testing import CliRunner
 
 from musubi.cli import app
+from musubi.config.batch_plan import BatchPlan
 from musubi.config.load import job_from_dict
 from musubi.plan.calibrate import load_calibration
 from musubi.plan.errors import PlanError
 from musubi.plan.from_run import calibration_from_run, measured_step_time
-from musubi.runtime.batching import BatchPlan
-from musubi.runtime.plan_record import plan_record
 from musubi.tasks.registry import build_task
+from musubi.worker.plan_record import plan_record
 
 GPT_JOB = {"name": "lm", "task": "lm", "model": "gpt", "model_args": {"layers": 4, "hidden": 512, "heads": 8},
            "data": {"synthetic": {"train_size": 512, "seq_len": 256, "vocab": 8000}},

@@ -11,11 +11,11 @@ import time
 from pathlib import Path
 
 from musubi.preflight.checks.comm import check_comm
-from musubi.preflight.devices import DeviceIdentity, shared_device_error
 from musubi.preflight.diagnostics import diagnostic_env
 from musubi.preflight.read.comm import CommProbe, probe_launcher
 from musubi.preflight.readings import TopologyReading
 from musubi.preflight.result import Status
+from musubi.worker.devices import DeviceIdentity, shared_device_error
 
 REPO = Path(__file__).resolve().parents[2]
 

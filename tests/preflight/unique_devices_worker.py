@@ -7,8 +7,8 @@ import sys
 from pathlib import Path
 
 from musubi.config.errors import ConfigError
-from musubi.preflight.devices import DeviceIdentity, check_unique_devices
-from musubi.runtime.world import init_world, shutdown_world
+from musubi.worker.devices import DeviceIdentity, check_unique_devices
+from musubi.worker.world import init_world, shutdown_world
 
 
 def main() -> None:

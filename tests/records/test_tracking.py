@@ -9,7 +9,7 @@ import pytest
 
 from musubi.config.errors import ConfigError
 from musubi.config.job import TrackingSpec
-from musubi.runtime.tracking import check_tracking
+from musubi.store.tracking import check_tracking
 
 
 @pytest.mark.timeout(300)

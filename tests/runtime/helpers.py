@@ -7,9 +7,9 @@ from pathlib import Path
 import torch
 from typer.testing import CliRunner
 
+from musubi.checkpoint.checkpoint import Committed, committed_checkpoints, latest_checkpoint, read_full_state
 from musubi.cli import app
-from musubi.runtime.checkpoint import Committed, committed_checkpoints, latest_checkpoint, read_full_state
-from musubi.runtime.drill import final_tensors, flatten_tensors
+from musubi.launch.drill import final_tensors, flatten_tensors
 
 
 def train(*args: str) -> tuple[int, str]:

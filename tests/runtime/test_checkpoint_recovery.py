@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from musubi.runtime.checkpoint import MARKER, committed_checkpoints, latest_checkpoint, verify
+from musubi.checkpoint.checkpoint import MARKER, committed_checkpoints, latest_checkpoint, verify
 from tests.runtime.helpers import train
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
@@ -81,9 +81,9 @@ def test_other_world_size_is_refused(finished_run: Path, tiny_job) -> None:
 def test_keep_best_ranks_evaluated_weights_and_readers_verify_checksums(tiny_job, tmp_path: Path, caplog) -> None:
     """keep_best keeps a checkpoint whose metric was measured on its own weights (saves at eval steps);
     evaluate/export's loader skips a checkpoint that fails its checksum for the previous good one."""
+    from musubi.checkpoint.checkpoint import read_full_state
     from musubi.config.errors import ConfigError
     from musubi.evaluate.model_io import load_job_model
-    from musubi.runtime.checkpoint import read_full_state
 
     job = tiny_job(checkpoint={"every_steps": 3, "keep_last": 2, "keep_best": 1})
     code, out = train(str(job), "--nproc", "2", "--out", str(tmp_path / "run"))

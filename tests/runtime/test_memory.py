@@ -10,11 +10,11 @@ import torch
 from typer.testing import CliRunner
 
 from musubi.cli import app
+from musubi.config.batch_plan import plan_for
 from musubi.config.errors import ConfigError
 from musubi.config.load import job_from_dict
-from musubi.runtime.batching import plan_for
-from musubi.runtime.inject import parse
-from musubi.runtime.memory import shrink_after_oom
+from musubi.recovery.inject import parse
+from musubi.recovery.memory import shrink_after_oom
 from tests.conftest import TINY_JOB, _merge
 from tests.runtime.helpers import final_state, train
 

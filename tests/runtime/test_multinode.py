@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from musubi.config.errors import ConfigError
-from musubi.runtime.launch import torchrun_argv
-from musubi.runtime.multinode import make_rendezvous, parse_endpoint
+from musubi.launch.launch import torchrun_argv
+from musubi.launch.multinode import make_rendezvous, parse_endpoint
 from tests.conftest import REPO
 from tests.runtime.helpers import final_state, train
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from musubi.runtime.numerics import safer_precision
+from musubi.recovery.numerics import safer_precision
 from tests.runtime.helpers import train
 
 pytestmark = pytest.mark.timeout(400)

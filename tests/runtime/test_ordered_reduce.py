@@ -35,7 +35,7 @@ def _free_port() -> int:
 def _grads(bucket_cap_mb: float, ordered: bool) -> list[torch.Tensor]:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from musubi.runtime.ordered_reduce import ordered_allreduce_hook
+    from musubi.worker.ordered_reduce import ordered_allreduce_hook
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(*[torch.nn.Linear(512, 512) for _ in range(4)])

@@ -13,10 +13,10 @@ import pytest
 from musubi.config.errors import ConfigError
 from musubi.config.fleet import CommandJob
 from musubi.fleet.jobs import command_launch, pin_process
-from musubi.runtime import pin_plan
-from musubi.runtime.pin_plan import apply_to_env, plan_pinning
-from musubi.runtime.pinning import auto_workers, intra_op_threads, rank_cpus
+from musubi.launch import pin_plan
+from musubi.launch.pin_plan import apply_to_env, plan_pinning
 from musubi.topology.cores import Cpu
+from musubi.worker.pinning import auto_workers, intra_op_threads, rank_cpus
 
 from ..topology.recorded import PCIE8, recorded
 
@@ -61,7 +61,7 @@ def test_more_workers_than_pinned_cores_is_said(caplog: pytest.LogCaptureFixture
 
     import torch
 
-    from musubi.runtime.pinning import OVERSUBSCRIBED, Pinning, configure_threads
+    from musubi.worker.pinning import OVERSUBSCRIBED, Pinning, configure_threads
 
     before = torch.get_num_threads()
     try:
@@ -111,7 +111,7 @@ def test_external_command_is_pinned_to_all_cores_of_its_gpus(tmp_path: Path) -> 
 RANK = """
 import os, sys, threading, time
 early = threading.Thread(target=time.sleep, args=(2,)); early.start()   # a thread that exists before pinning
-from musubi.runtime.pinning import pin_rank
+from musubi.worker.pinning import pin_rank
 p = pin_rank(1)
 pid = os.fork()
 if pid == 0:                                                          # like a data-loader worker

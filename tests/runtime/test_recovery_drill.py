@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from musubi.checkpoint.checkpoint import MARKER
 from musubi.cli import app
-from musubi.runtime.checkpoint import MARKER
 
 REPEAT = int(os.environ.get("MUSUBI_DRILL_REPEAT", "1"))
 
@@ -49,7 +49,7 @@ def test_drill_kill_writer_kill_and_hang(tiny_job, tmp_path: Path) -> None:
 def test_drill_with_dcp_checkpoint_process(tiny_job, tmp_path: Path) -> None:
     """The same guarantees when saves go through DCP's checkpoint process (`async_mode: process`,
     the GPU default): a rank killed, and the writer killed in the daemon while it writes a shard."""
-    from musubi.runtime.saver import process_mode_available
+    from musubi.checkpoint.saver import process_mode_available
 
     if not process_mode_available():
         pytest.skip("DCP's checkpoint process needs torch >= 2.7")
@@ -136,7 +136,7 @@ def test_restarts_run_out_name_the_killed_rank(tiny_job, tmp_path: Path, monkeyp
 @pytest.mark.timeout(120)
 def test_drill_deadline_ends_a_run_that_never_recovers(tiny_job, tmp_path: Path, monkeypatch) -> None:
     """A hang nobody detects (watchdog off): the drill's per-run deadline ends torchrun and every worker."""
-    from musubi.runtime.launch import TrainRequest, launch_train
+    from musubi.launch.launch import TrainRequest, launch_train
 
     job = tiny_job(watchdog={"enabled": False})
     monkeypatch.setenv("MUSUBI_INJECT", "hang:rank=1,step=3")

@@ -11,14 +11,14 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from musubi.checkpoint import checkpoint as ckpt
+from musubi.checkpoint.saver import Checkpointer, process_mode_available
 from musubi.config.errors import ConfigError
 from musubi.config.job import CheckpointSpec, WatchdogSpec
-from musubi.runtime import checkpoint as ckpt
-from musubi.runtime.goodput import compute_goodput
-from musubi.runtime.inject import Injector, parse
-from musubi.runtime.saver import Checkpointer, process_mode_available
-from musubi.runtime.watchdog import EXIT_HANG, Heartbeat, Watchdog, describe_hang
-from musubi.runtime.world import World
+from musubi.recovery.goodput import compute_goodput
+from musubi.recovery.inject import Injector, parse
+from musubi.recovery.watchdog import EXIT_HANG, Heartbeat, Watchdog, describe_hang
+from musubi.worker.world import World
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -213,7 +213,7 @@ def test_step_times_exclude_eval_and_checkpoint_and_eval_gets_its_own_timeout(tm
 
 def test_flight_recorder_names_the_collective_that_never_completed(tmp_path: Path) -> None:
     """gloo's recorder: finished entries are `retired`, the pending one is not (the shape torch 2.x dumps)."""
-    from musubi.runtime.watchdog import pending_collectives
+    from musubi.recovery.watchdog import pending_collectives
 
     def entry(name: str, seq: int, pg: int, retired: bool) -> dict:
         return {"profiling_name": name, "collective_seq_id": seq, "pg_id": pg, "input_sizes": [[676]],

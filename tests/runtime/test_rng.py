@@ -7,7 +7,7 @@ import random
 import numpy as np
 import torch
 
-from musubi.runtime.rng import capture_rng, restore_rng
+from musubi.worker.rng import capture_rng, restore_rng
 
 
 def test_rng_round_trip() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from musubi.runtime.sampler import ResumableDistributedSampler, ShardedEvalSampler
+from musubi.worker.feed.sampler import ResumableDistributedSampler, ShardedEvalSampler
 
 
 @pytest.mark.parametrize("n,world", [(100, 2), (103, 4), (7, 3)])

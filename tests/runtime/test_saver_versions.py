@@ -14,11 +14,11 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from musubi.checkpoint import checkpoint as ckpt
+from musubi.checkpoint.saver import Checkpointer, process_mode_available
 from musubi.config.job import CheckpointSpec
-from musubi.runtime import checkpoint as ckpt
-from musubi.runtime.inject import Injector
-from musubi.runtime.saver import Checkpointer, process_mode_available
-from musubi.runtime.world import World
+from musubi.recovery.inject import Injector
+from musubi.worker.world import World
 
 staging = pytest.importorskip("torch.distributed.checkpoint.staging")
 

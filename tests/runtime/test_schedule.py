@@ -6,10 +6,10 @@ import math
 
 import pytest
 
+from musubi.config.batch_plan import lr_line, plan_batch, scale_lr
 from musubi.config.errors import ConfigError
 from musubi.config.load import job_from_dict
-from musubi.runtime.batching import plan_batch
-from musubi.runtime.schedule import lr_factor, lr_line, scale_lr
+from musubi.worker.schedule import lr_factor
 from tests.conftest import TINY_JOB, _merge
 
 

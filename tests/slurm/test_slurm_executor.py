@@ -15,10 +15,10 @@ import torch
 import yaml
 from typer.testing import CliRunner
 
+from musubi.checkpoint.checkpoint import latest_checkpoint
 from musubi.cli import app
 from musubi.config.load import load_fleet
 from musubi.fleet.slurm import batch_script, nice_values, sbatch_options
-from musubi.runtime.checkpoint import latest_checkpoint
 from tests.conftest import REPO
 from tests.runtime.helpers import final_state
 

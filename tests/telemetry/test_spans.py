@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from musubi.config.errors import ConfigError
-from musubi.runtime.inject import parse
+from musubi.recovery.inject import parse
 from musubi.telemetry.sampler import Sampler, throttle_names
 from musubi.telemetry.spans import SpanRecorder
 
@@ -165,7 +165,7 @@ def test_sampler_counts_only_the_loaders_workers_as_workers(tmp_path: Path) -> N
     import subprocess
     import sys
 
-    from musubi.runtime.loaders import TrainFeed
+    from musubi.worker.feed.loaders import TrainFeed
 
     busy = "import time\nt = time.time()\nwhile time.time() - t < 30: pass"
     worker = subprocess.Popen([sys.executable, "-c", busy])

@@ -1,0 +1,395 @@
+"""Writing checkpoints: synchronous, or asynchronous with DCP `async_save` (the step waits only for staging).
+
+Asynchronous save, one step at a time:
+
+1. wait for the previous save of this rank (at most one in flight; a wait here is blocked time);
+2. rank 0 clears a leftover directory of this step; every rank waits for it (a barrier);
+3. `dcp.async_save` copies the state to host memory (the only part the step waits for) and hands
+   the write to a background thread (its own gloo group, `world.side_group()`) or a background
+   process (DCP's checkpoint daemon with its own process group);
+4. rank 0 commits in a thread of its own once its future resolves.
+
+Why rank 0's resolved future is enough to commit, with no extra collective: DCP's save ends with a
+gather of every rank's write results to the coordinator (rank 0), which writes `.metadata` only
+then; FileSystemWriter fsyncs every shard before reporting it. A rank whose write failed makes the
+coordinator's future fail. So rank 0's future resolves successfully only once every rank's shards
+are durable, and the marker written after it never names a partial checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import FileSystemWriter
+
+from musubi.checkpoint import checkpoint as ckpt
+from musubi.checkpoint.staging import HostStager, holds_dtensor
+from musubi.config.errors import ConfigError, one_line
+from musubi.config.job import CheckpointSpec
+from musubi.recovery.inject import Injector
+from musubi.worker.world import World, side_group
+
+log = logging.getLogger("musubi.checkpoint")
+
+
+def process_mode_available() -> bool:
+    """True when the installed torch offers DCP's process-based async checkpointer."""
+    try:
+        from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
+    except ImportError:
+        return False
+    return hasattr(AsyncCheckpointerType, "PROCESS")
+
+
+def resolve_mode(asked: str, cuda: bool = True) -> str:
+    """off | thread | process, from the job's `checkpoint.async_mode`.
+
+    auto: process on GPU ranks where torch offers it (the write and its serialisation leave the
+    training process: no GIL contention with the step); thread on CPU ranks, which have no
+    device-to-host copy to hide and whose cores are the training's own: a second interpreter
+    per rank costs more than it saves there.
+    """
+    if asked == "off":
+        return "off"
+    if asked == "process" and not process_mode_available():
+        raise ConfigError(f"checkpoint.async_mode: process needs torch >= 2.7 (installed {torch.__version__}); "
+                          "use thread or auto")
+    if asked == "auto":
+        return "process" if cuda and process_mode_available() else "thread"
+    return asked
+
+
+def _takes(arg: str) -> bool:
+    """Whether the installed torch's dcp.async_save accepts `arg` (it grew arguments across 2.x)."""
+    import inspect
+
+    return arg in inspect.signature(dcp.async_save).parameters
+
+
+class _KillingWriter(FileSystemWriter):
+    """Fault injection (`ckpt_kill:phase=write`): the rank dies while its shards are being written.
+
+    The shards are written, then the first one is cut in half and the rank is SIGKILLed:
+    what a rank killed in the middle of a file leaves behind. In process mode this runs in
+    DCP's checkpoint process, so the training rank (`kill_pid`) is killed first.
+    """
+
+    def __init__(self, path: str, kill_pid: int) -> None:
+        super().__init__(path)
+        self.kill_pid = kill_pid
+
+    def write_data(self, plan: Any, planner: Any) -> Future:
+        fut = super().write_data(plan, planner)
+        results = fut.wait() if hasattr(fut, "wait") else fut.result()
+        for r in results:
+            shard = Path(self.path) / r.storage_data.relative_path
+            if shard.is_file():
+                os.truncate(shard, shard.stat().st_size // 2)
+                break
+        os.kill(self.kill_pid, signal.SIGKILL)
+        os.kill(os.getpid(), signal.SIGKILL)
+        return fut  # not reached
+
+
+@dataclass
+class _InFlight:
+    step: int
+    path: Path
+    future: Future
+    t0: float  # perf_counter at the start of save()
+    blocked_s: float
+    committer: threading.Thread | None = None
+    done: dict[str, Any] = field(default_factory=dict)
+    stager: Any = None  # this save's own stager, closed once the save resolved (see _make_stager)
+
+    def release(self) -> None:
+        """Free this save's staging buffers; only once its future has resolved."""
+        stager, self.stager = self.stager, None
+        _close_stager(stager)
+
+
+def _close_stager(stager: Any) -> None:
+    """Close a DCP stager; closing twice is harmless (torch 2.11 already closed it after staging)."""
+    if stager is None:
+        return
+    try:
+        stager.close()
+    except Exception as e:  # noqa: BLE001 - releasing host buffers must never fail a save
+        log.info("checkpoint staging buffers not released cleanly: %s", one_line(e, 120))
+
+
+class Checkpointer:
+    """One rank's checkpoint writer: at most one save in flight; rank 0 commits and applies retention."""
+
+    def __init__(self, root: Path, spec: CheckpointSpec, world: World, injector: Injector,
+                 default_metric: str | None, telemetry: Path | None = None) -> None:
+        self.root, self.spec, self.world, self.injector = root, spec, world, injector
+        self.mode = resolve_mode(spec.async_mode, world.is_cuda)
+        self.best_metric = spec.best_metric or default_metric
+        self.telemetry = telemetry
+        # Thread mode: the save's collectives run beside DDP's, so they need a group of their own.
+        self.group = side_group() if self.mode == "thread" else None
+        #: Keep host copies across saves (HostStager); False: DCP's stager, a fresh one per save.
+        self.reuse_buffers = True
+        self._host: HostStager | None = None
+        self.inflight: _InFlight | None = None
+        self._records: list[dict[str, Any]] = []
+        self._daemon_recorded = False
+        self._lock = threading.Lock()
+
+    @property
+    def host_buffer_bytes(self) -> int:
+        """Bytes of host buffers allocated for staging so far (constant after the first save)."""
+        return self._host.allocated_bytes if self._host is not None else 0
+
+    def _host_stager(self) -> HostStager:
+        """The Checkpointer's kept host buffers (see musubi/checkpoint/staging.py)."""
+        if self._host is None:
+            self._host = HostStager(pin=self.world.is_cuda, share=self.mode == "process")
+        return self._host
+
+    def _make_stager(self) -> Any:
+        """A stager for one save: host copies pinned on GPU, in shared memory for the checkpoint process.
+
+        One per save, never reused. torch 2.11's `DefaultStager._stage` ends every staging with
+        `StateDictStager.close()`, which empties the deepcopy dispatch table, so a second save
+        through the same stager fails with `KeyError: <class 'type'>` (seen on the GPU machine,
+        2026-11-26); torch 2.14 leaves a caller-owned stager open. A fresh stager behaves the same
+        on both. It is closed once its save is durable (`_InFlight.release`): until then the
+        checkpoint process or the writer thread may still read the staged copies.
+        """
+        try:
+            from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+            cuda = self.world.is_cuda
+            return DefaultStager(StagingOptions(use_pinned_memory=cuda, use_shared_memory=self.mode == "process",
+                                                use_async_staging=False, use_non_blocking_copy=cuda))
+        except (ImportError, TypeError, AssertionError) as e:  # older torch: async_save stages by itself
+            log.info("checkpoint staging: torch's default (%s)", one_line(e, 120))
+            return None
+
+    # -- saving ------------------------------------------------------------------
+    def save(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+             trainer_state: dict[str, Any], rank_state: dict[str, torch.Tensor],
+             metric: dict[str, float] | None = None) -> None:
+        """Collective: start (async) or do (sync) the checkpoint of `step`."""
+        t0 = time.perf_counter()
+        self.wait()
+        d = ckpt.prepare_dir(self.root, step, self.world)
+        state = ckpt.save_state(model, optimizer, rank_state, self.world)
+        self.injector.checkpoint_block(step)  # `ckpt_stall` (phase block): what the step waits for
+        # Frozen now: the training thread moves on while the commit waits for the shards.
+        trainer_state = json.loads(json.dumps(trainer_state))
+        metric = dict(metric or {})
+        writer = _KillingWriter(str(d), os.getpid()) if self.injector.kill_while_writing(step) else None
+        if self.mode == "off":
+            dcp.save(state, checkpoint_id=str(d), storage_writer=writer)
+            self.injector.checkpoint_write(step)
+            # dcp.save returned on every rank after rank 0 gathered every rank's write result.
+            if self.world.is_main:
+                self._commit(d, step, trainer_state, metric)
+            self.world.barrier()
+            elapsed = time.perf_counter() - t0
+            self._record({"step": step, "mode": "sync", "blocked_s": elapsed, "durable_s": elapsed, "ok": True})
+            log.info("checkpoint step %d committed in %.2fs: %s", step, elapsed, d)
+            return
+        extra: dict[str, Any] = {}
+        stager = None  # a per-save stager (sharded state), closed once that save resolved
+        if _takes("async_stager"):
+            if self.reuse_buffers and not holds_dtensor(state):
+                extra["async_stager"] = self._host_stager()
+            else:
+                stager = self._make_stager()
+                if stager is not None:
+                    extra["async_stager"] = stager
+        if _takes("async_checkpointer_type"):  # absent before torch 2.7: thread only (resolve_mode saw to it)
+            from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
+
+            extra["async_checkpointer_type"] = (AsyncCheckpointerType.PROCESS if self.mode == "process"
+                                                else AsyncCheckpointerType.THREAD)
+        try:
+            ret = dcp.async_save(state, checkpoint_id=str(d), storage_writer=writer, process_group=self.group,
+                                 **extra)
+        except BaseException:
+            _close_stager(stager)
+            raise
+        fut = getattr(ret, "upload_completion", ret)  # torch >= 2.9 may return an AsyncSaveResponse
+        if self.mode == "process" and not self._daemon_recorded:
+            self._daemon_recorded = True
+            threading.Thread(target=self._record_daemon, args=(fut,), name="musubi-ckpt-daemon", daemon=True).start()
+        blocked = time.perf_counter() - t0
+        self.inflight = _InFlight(step, d, fut, t0, blocked, stager=stager)
+        if self.world.is_main:
+            th = threading.Thread(target=self._commit_when_durable, args=(self.inflight, trainer_state, metric),
+                                  name="musubi-ckpt-commit", daemon=True)
+            self.inflight.committer = th
+            th.start()
+        self._telemetry({"step": step, "kind": "checkpoint", "mode": self.mode, "blocked_s": round(blocked, 4)})
+
+    def _commit(self, d: Path, step: int, trainer_state: dict[str, Any], metric: dict[str, float]) -> None:
+        ckpt.commit(d, step, trainer_state, self.world.size, metric)
+        s = self.spec
+        for gone in ckpt.retain(self.root, s.keep_last, s.keep_best, self.best_metric, s.best_mode):
+            log.info("retention: deleted %s", gone.name)
+
+    def _commit_when_durable(self, job: _InFlight, trainer_state: dict[str, Any], metric: dict[str, float]) -> None:
+        """Rank 0's commit thread: wait for the shards of every rank, then write the marker."""
+        try:
+            job.future.result()
+        except Exception as e:  # noqa: BLE001 - a failed save must not kill training: the previous one stays
+            log.warning("checkpoint %s failed (%s): not committed; the previous committed one stays", job.path,
+                        one_line(e, 200))
+            job.done = {"ok": False, "error": one_line(e, 200)}
+            self._record({"step": job.step, "mode": self.mode, "blocked_s": job.blocked_s, "ok": False})
+            return
+        self.injector.checkpoint_write(job.step)
+        self._commit(job.path, job.step, trainer_state, metric)
+        durable = time.perf_counter() - job.t0
+        job.done = {"ok": True}
+        self._record({"step": job.step, "mode": self.mode, "blocked_s": job.blocked_s, "durable_s": durable,
+                      "ok": True})
+        log.info("checkpoint step %d committed: blocked the step %.3fs, durable after %.2fs: %s", job.step,
+                 job.blocked_s, durable, job.path)
+
+    def wait(self) -> float:
+        """Wait for the save in flight (and rank 0's commit); return the seconds waited."""
+        job = self.inflight
+        if job is None:
+            return 0.0
+        t0 = time.perf_counter()
+        try:
+            job.future.result()
+        except Exception as e:  # noqa: BLE001 - reported by rank 0's commit thread; others note it
+            if not self.world.is_main:
+                log.warning("checkpoint %s failed on this rank: %s", job.path, one_line(e, 200))
+        if job.committer is not None:
+            job.committer.join()
+        job.release()
+        self.inflight = None
+        return time.perf_counter() - t0
+
+    def _record_daemon(self, fut: Future, poll_s: float = 0.05) -> None:
+        """Note DCP's checkpoint process (pid, start time) as soon as it is spawned: if this rank is
+        SIGKILLed the daemon survives it, and the next attempt or the launcher ends it
+        (`reap_checkpoint_daemons`). It is found as this rank's child running multiprocessing's spawn."""
+        try:
+            import psutil
+
+            from musubi.worker.world import attempt_id
+
+            me = psutil.Process()
+            while True:
+                found = [c for c in me.children() if "spawn_main" in " ".join(c.cmdline())]
+                if found or fut.done():
+                    break
+                time.sleep(poll_s)
+            d = self.root.parent / "heartbeat"
+            d.mkdir(parents=True, exist_ok=True)
+            for c in found:
+                rec = {"pid": c.pid, "created": c.create_time(), "host": socket.gethostname(),
+                       "attempt": attempt_id(), "rank": self.world.rank}
+                (d / f"ckpt-daemon-a{rec['attempt']}-rank{self.world.rank}-{c.pid}.json").write_text(json.dumps(rec))
+        except Exception as e:  # noqa: BLE001 - bookkeeping only
+            log.info("checkpoint process not recorded: %s", one_line(e, 120))
+
+    # -- figures -----------------------------------------------------------------
+    def _record(self, rec: dict[str, Any]) -> None:
+        rec = {k: round(v, 4) if isinstance(v, float) else v for k, v in rec.items()}
+        with self._lock:
+            self._records.append(rec)
+
+    def _telemetry(self, rec: dict[str, Any]) -> None:
+        if self.telemetry is not None:
+            with open(self.telemetry, "a", encoding="utf-8") as f:
+                f.write(json.dumps({"time": round(time.time(), 3), **rec}) + "\n")
+
+    def drain(self) -> list[dict[str, Any]]:
+        """Finished saves since the last call (time blocked, time to durable), for metrics.jsonl."""
+        with self._lock:
+            out, self._records = self._records, []
+        return out
+
+    def close(self) -> None:
+        """Wait for the last save, release the staging buffers, and end DCP's checkpoint process."""
+        self.wait()
+        if self._host is not None:
+            self._host.close()
+            self._host = None
+        if self.mode == "process":
+            stop_checkpoint_process()
+
+
+def _daemon_handle() -> Any:
+    try:
+        from torch.distributed.checkpoint import _async_process_executor as executor
+    except ImportError:
+        return None
+    return getattr(executor, "_CHECKPOINT_PROCESS", None)
+
+
+def reap_checkpoint_daemons(job_dir: Path, skip_attempt: str | None = None) -> list[int]:
+    """End recorded DCP checkpoint processes of this host that outlived their rank; return their pids."""
+    import psutil
+
+    killed = []
+    host = socket.gethostname()
+    for p in sorted((job_dir / "heartbeat").glob("ckpt-daemon-*.json")):
+        try:
+            rec = json.loads(p.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if rec.get("host") != host or rec.get("attempt") == skip_attempt:
+            continue
+        try:
+            proc = psutil.Process(int(rec["pid"]))
+            if abs(proc.create_time() - float(rec["created"])) < 1.0:  # the same process, not a reused pid
+                proc.kill()
+                killed.append(proc.pid)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, KeyError, ValueError):
+            pass
+        p.unlink(missing_ok=True)
+    if killed:
+        log.warning("ended %d checkpoint process(es) left by dead ranks: %s", len(killed), killed)
+    return killed
+
+
+def stop_checkpoint_process(grace_s: float = 3.0) -> None:
+    """End DCP's checkpoint daemon of this rank, if one runs.
+
+    Workers leave with os._exit (see worker.py), so the daemon's own clean-up never runs and
+    it outlives the rank, holding the launcher's stdout/stderr pipes open (seen here: a
+    `musubi train` whose output is captured never ends). torch has no public call for this;
+    the daemon's handle is module state of torch's process executor.
+    """
+    try:
+        from torch.distributed.checkpoint import _async_process_executor as executor
+    except ImportError:
+        return
+    daemon = getattr(executor, "_CHECKPOINT_PROCESS", None)
+    if daemon is None:
+        return
+    executor._CHECKPOINT_PROCESS = None
+    proc = getattr(daemon, "_save_process", None)
+    if proc is None:
+        return
+    try:
+        if proc.is_alive():
+            daemon._send(executor._CheckpointSaveProcessControlOpts.TERMINATE)
+            proc.join(timeout=grace_s)
+    except (OSError, AttributeError, ValueError):
+        pass
+    if proc.is_alive():  # stuck in its process group's teardown: its peers are gone
+        proc.kill()
+        proc.join(timeout=grace_s)

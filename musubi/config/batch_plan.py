@@ -1,0 +1,72 @@
+"""The global batch and the LR that follows it: pure arithmetic both the launcher and the ranks use.
+
+No torch here: the launcher plans (dry run, admission, OOM back-off) with the same numbers the
+ranks train with, and `musubi/worker/batching.py` adds the probe and the collectives.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from musubi.config.errors import ConfigError
+from musubi.config.job import JobSpec
+
+
+def scale_lr(base_lr: float, global_batch: int, base_batch: int, rule: str) -> float:
+    """The LR for `global_batch` samples, from one tuned at `base_batch` (linear, sqrt or none)."""
+    ratio = global_batch / base_batch
+    if rule == "linear":
+        return base_lr * ratio
+    if rule == "sqrt":
+        return base_lr * math.sqrt(ratio)
+    return base_lr
+
+
+def lr_line(lr: float, base_lr: float, base_batch: int, global_batch: int, rule: str) -> str:
+    """The LR in force, the rule and the figures it came from, for the log's first lines."""
+    if rule == "none":
+        return f"lr {lr:.4g} (lr_rule none: train.lr as given, not scaled with the global batch {global_batch})"
+    factor = f"{global_batch}/{base_batch}" if rule == "linear" else f"sqrt({global_batch}/{base_batch})"
+    return (f"lr {lr:.4g} ({rule} rule from {base_lr:.4g} at {base_batch}) = {base_lr:.4g} x {factor} for global "
+            f"batch {global_batch}")
+
+
+
+@dataclass
+class BatchPlan:
+    """How the global batch is made, and the LR that follows it."""
+
+    per_rank: int
+    accumulation: int
+    world: int
+    lr: float
+    source: str = "config"  # config | probe | cache | oom-recovery | earlier attempt
+
+    @property
+    def global_batch(self) -> int:
+        """Samples per optimizer step over all ranks."""
+        return self.per_rank * self.world * self.accumulation
+
+
+def plan_for(spec: JobSpec, per_rank: int, accumulation: int, world_size: int, source: str) -> BatchPlan:
+    """A plan whose LR is the job's LR rule applied to this global batch."""
+    g = per_rank * world_size * accumulation
+    return BatchPlan(per_rank, accumulation, world_size, scale_lr(spec.train.lr, g, spec.train.base_batch,
+                                                                  spec.train.lr_rule), source)
+
+
+def plan_batch(spec: JobSpec, world_size: int) -> BatchPlan:
+    """Per-rank batch from `batch` or `global_batch` (a number; `auto` is decided by `decide_batch`)."""
+    t = spec.train
+    if t.global_batch is not None:
+        denom = world_size * t.accumulation
+        if t.global_batch % denom:
+            raise ConfigError(
+                f"train.global_batch={t.global_batch} is not divisible by world x accumulation = "
+                f"{world_size} x {t.accumulation}; pick a multiple of {denom} or change --nproc"
+            )
+        return plan_for(spec, t.global_batch // denom, t.accumulation, world_size, "config")
+    if not isinstance(t.batch, int):
+        raise ConfigError("train.batch is auto: the batch is decided by the probe (decide_batch)")
+    return plan_for(spec, t.batch, t.accumulation, world_size, "config")

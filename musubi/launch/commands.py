@@ -1,0 +1,99 @@
+"""Recovery commands: `musubi drill` (a job under injected faults) and `musubi goodput` (a job's figures)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from musubi.config.errors import ConfigError
+
+err_console = Console(stderr=True, soft_wrap=True)
+
+
+def _fail(message: str, code: int) -> None:
+    err_console.print(f"[bold red]error:[/] {message}", highlight=False, markup=True)
+    raise typer.Exit(code)
+
+
+def drill_command(
+    job: Path = typer.Argument(..., help="Job YAML to drill."),
+    faults: str = typer.Option("kill,hang,ckpt_kill", "--faults", help="Comma list of kill, hang, ckpt_kill."),
+    repeat: int = typer.Option(3, "--repeat", help="Runs per fault, each with a random rank and step."),
+    nproc: int | None = typer.Option(None, "--nproc", help="Ranks: default all visible GPUs, else 2 CPU ranks."),
+    out: Path | None = typer.Option(None, "--out", help="Drill directory (default runs/<time>-drill-<name>)."),
+    device: str | None = typer.Option(None, "--device", help="cuda or cpu (default: cuda if a GPU is visible)."),
+    set_: list[str] = typer.Option([], "--set", help="Override a job field (repeatable)."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the fault draws (the same seed draws the same faults)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the figures as JSON."),
+) -> None:
+    """Train a job under injected faults; print success rate, exactness, recovery time and goodput."""
+    from musubi.launch.drill import DrillRequest, parse_faults, run_drill
+
+    console = Console(width=None if sys.stdout.isatty() else 160)
+    try:
+        req = DrillRequest(job_path=job, faults=parse_faults(faults), repeat=repeat, nproc=nproc, out=out,
+                           device=device, overrides=list(set_), seed=seed)
+        result = run_drill(req, progress=None if as_json else (lambda m: console.print(m, highlight=False)))
+    except ConfigError as e:
+        _fail(str(e), 2)
+    except KeyboardInterrupt:  # the running drill's torchrun was stopped; its runs so far stay in --out
+        _fail(f"drill interrupted: the running job was stopped; finished runs are in {out}", 130)
+    if as_json:
+        print(json.dumps(result["summary"], indent=1))
+    else:
+        t = Table(title=f"drill of {job.name}: {result['nproc']} ranks, {result['total_steps']} steps")
+        for col in ("fault", "runs", "success", "weights equal", "recovery s (median/max)", "goodput",
+                    "goodput from 1st step", "lost steps", "check"):
+            t.add_column(col)
+        for kind, f in result["summary"].items():
+            check = ""
+            if kind == "ckpt_kill":
+                check = f"partial loads {f['partial_loads']}"
+            elif kind == "hang":
+                check = (f"named {f['named']}/{f['runs']}, detected <= {f['detected_after_s_max']}s "
+                         f"(timeout {f['timeout_s']}s)")
+            t.add_row(kind, str(f["runs"]), f"{f['success_rate']:.0%}", f"{f['weights_equal']}/{f['runs']}",
+                      f"{f['recovery_s_median']}/{f['recovery_s_max']}", _pct(f["goodput_mean"]),
+                      _pct(f["training_goodput_mean"]), str(f["lost_steps_mean"]), check)
+        console.print(t)
+        console.print(f"details: {Path(result['out']) / 'drill.json'}", highlight=False)
+    if any(f["success_rate"] < 1 for f in result["summary"].values()):
+        raise typer.Exit(1)
+
+
+def _pct(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:.1%}"
+
+
+def goodput_command(
+    job_dir: Path = typer.Argument(..., help="A job directory (RUN/JOB) or a one-job run directory."),
+    as_json: bool = typer.Option(False, "--json", help="Print goodput.json."),
+) -> None:
+    """Effective training time ratio and the work lost per failure, from the job's restart history."""
+    from musubi.recovery.goodput import goodput_line, write_goodput
+
+    if not (job_dir / "progress").is_dir():
+        subs = [p for p in job_dir.iterdir() if (p / "progress").is_dir()] if job_dir.is_dir() else []
+        if len(subs) != 1:
+            _fail(f"{job_dir}: no job directory with progress records; give RUN/JOB", 2)
+        job_dir = subs[0]
+    rec = write_goodput(job_dir)
+    assert rec is not None
+    if as_json:
+        print(json.dumps(rec, indent=1))
+        return
+    print(goodput_line(rec))
+    for f in rec["failures"]:
+        if f["resumed_from_step"] is None:  # the failure that ended the job: no attempt came after it
+            print(f"  attempt {f['attempt']}: {f['detail']}; step {f['failed_at_step']}, then the job ended "
+                  f"(restarts ran out or the error will not go away): {f['lost_steps']} step(s) since the last "
+                  f"committed checkpoint, {f['lost_s']:.1f}s of work")
+            continue
+        down = f"{f['downtime_s']:.1f}s" if f["downtime_s"] is not None else "n/a (next launch)"
+        print(f"  attempt {f['attempt']}: {f['detail']}; step {f['failed_at_step']} -> resumed from "
+              f"{f['resumed_from_step']}: {f['lost_steps']} step(s), {f['lost_s']:.1f}s of work lost, {down} down")

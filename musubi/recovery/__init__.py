@@ -1,0 +1,1 @@
+"""Surviving faults: OOM and numerical guards, the watchdog, fault injection, goodput and repeated failures."""

@@ -1,0 +1,122 @@
+"""Numerical guard: a non-finite loss rolls the job back to its last good checkpoint in a safer precision.
+
+Detection is where the loop already synchronises: at each log interval the ranks all-reduce the
+loss, so every rank sees the same non-finite mean at the same step and stops together (no rank
+is left waiting in a collective). Each rank writes `JOB/numerics/nonfinite-rank{r}.json` and
+exits with EXIT_NUMERICS; torchrun restarts the job (as after an OOM), and at start:
+
+- the precision steps down: fp16 -> bf16 (where the GPU has it) -> fp32, bf16 -> fp32;
+- checkpoints taken after the last log interval whose loss was finite are moved to
+  `checkpoints/quarantine/` (they may hold NaN weights), so the job resumes from the newest
+  checkpoint before the fault (or from the start).
+
+In fp32 there is nothing safer: the job fails with a one-line cause (lower the learning rate).
+Every fallback is kept in `JOB/numerics/applied.json` and reported by the checklist.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("musubi")
+
+#: Exit code of a rank that stopped on a non-finite loss (torchrun restarts the job).
+EXIT_NUMERICS = 76
+#: The next safer precision.
+SAFER = {"fp16": "bf16", "bf16": "fp32"}
+
+
+def numerics_dir(job_dir: Path) -> Path:
+    return job_dir / "numerics"
+
+
+def record_nonfinite(job_dir: Path, rank: int, step: int, last_good_step: int, precision: str, detail: str) -> Path:
+    """This rank's record of the fault (written atomically: torchrun may stop the rank right after)."""
+    d = numerics_dir(job_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    path = d / f"nonfinite-rank{rank}.json"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"rank": rank, "step": step, "last_good_step": last_good_step,
+                               "precision": precision, "detail": detail[:500], "time": time.time()}),
+                   encoding="utf-8")
+    os.replace(tmp, path)
+    return path
+
+
+def pending_fault(job_dir: Path) -> dict[str, Any] | None:
+    """The fault the previous attempt stopped on, not yet applied (the earliest good step of any rank)."""
+    d = numerics_dir(job_dir)
+    recs = []
+    for p in sorted(d.glob("nonfinite-rank*.json")) if d.is_dir() else []:
+        try:
+            recs.append(json.loads(p.read_text(encoding="utf-8")))
+        except ValueError:
+            continue
+    if not recs:
+        return None
+    return min(recs, key=lambda r: r["last_good_step"])
+
+
+def safer_precision(precision: str, bf16_ok: bool) -> str | None:
+    """The next precision to try, or None when there is none."""
+    nxt = SAFER.get(precision)
+    if nxt == "bf16" and not bf16_ok:
+        nxt = "fp32"
+    return nxt
+
+
+def current_precision(job_dir: Path, configured: str, bf16_ok: bool, is_main: bool) -> str:
+    """The precision to run in at (re)start: one step safer than the fault's if a fault is pending
+    (rank 0 then moves the checkpoints after its last good step aside and logs it), else the last
+    fallback applied in this job, else the configured one. Every rank gets the same answer."""
+    fault = pending_fault(job_dir)
+    applied = applied_fallbacks(job_dir)
+    if fault is None:
+        return applied[-1]["to"] if applied else configured
+    nxt = safer_precision(fault["precision"], bf16_ok) or "fp32"
+    if is_main:
+        moved = quarantine_after(job_dir / "checkpoints", int(fault["last_good_step"]))
+        applied.append({"step": fault["step"], "last_good_step": fault["last_good_step"], "from": fault["precision"],
+                        "to": nxt, "quarantined": moved, "detail": fault.get("detail")})
+        (numerics_dir(job_dir) / "applied.json").write_text(json.dumps(applied, indent=1), encoding="utf-8")
+        log.warning("non-finite loss at step %d in %s: rolled back to the last good checkpoint (step <= %d) and "
+                    "continuing in %s%s", fault["step"], fault["precision"], fault["last_good_step"], nxt,
+                    f"; quarantined {', '.join(moved)}" if moved else "")
+    return nxt
+
+
+def clear_pending(job_dir: Path) -> None:
+    """After every rank read the fault (a barrier later): the records are applied."""
+    d = numerics_dir(job_dir)
+    for p in d.glob("nonfinite-rank*.json") if d.is_dir() else []:
+        p.unlink(missing_ok=True)
+
+
+def quarantine_after(ckpt_root: Path, last_good_step: int) -> list[str]:
+    """Move checkpoints of steps after `last_good_step` to ckpt_root/quarantine/ (kept, never loaded)."""
+    from musubi.checkpoint.checkpoint import committed_checkpoints
+
+    moved = []
+    for c in committed_checkpoints(ckpt_root):
+        if c.step > last_good_step:
+            dest = ckpt_root / "quarantine" / c.path.name
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.move(str(c.path), str(dest))
+            moved.append(c.path.name)
+    return moved
+
+
+def applied_fallbacks(job_dir: Path) -> list[dict[str, Any]]:
+    """Every precision fallback of this job (for the checklist)."""
+    path = numerics_dir(job_dir) / "applied.json"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []
+    return data if isinstance(data, list) else []

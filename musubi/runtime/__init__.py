@@ -1,1 +1,0 @@
-"""What runs inside each rank: init, device binding, wrapping, loop, AMP, checkpoints."""

@@ -1,0 +1,1 @@
+"""What feeds a rank: loaders, the resumable sampler, loader worker plans and probes."""

@@ -1,0 +1,132 @@
+"""Feeding a rank: data loaders over a partition, or a pool of batches made on the device."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from musubi.config.errors import ConfigError
+from musubi.tasks.base import Task
+from musubi.worker.feed.loader_plan import plan_loader
+from musubi.worker.feed.sampler import ResumableDistributedSampler, ShardedEvalSampler
+from musubi.worker.world import World
+
+#: Distinct on-device batches cycled by `synthetic.on_device` (enough to avoid a constant input).
+DEVICE_POOL = 4
+
+
+def channels_last(batch: Any) -> Any:
+    """Images (4-D tensors) of a batch in channels-last layout, the rest untouched."""
+    if isinstance(batch, torch.Tensor):
+        return batch.contiguous(memory_format=torch.channels_last) if batch.dim() == 4 else batch
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(channels_last(b) for b in batch)
+    return batch
+
+
+class TrainFeed:
+    """This rank's training micro-batches, epoch by epoch, resumable at any micro-batch."""
+
+    def __init__(self, task: Task, world: World, batch: int, seed: int, workers: int | str, pin: bool,
+                 nhwc: bool = False) -> None:
+        self.task, self.world, self.batch, self.nhwc = task, world, batch, nhwc
+        # Telemetry marks the host-to-device copy through this (the recorder's `section`; no-op by default).
+        self.section: Callable[[str], None] = lambda name: None
+        # Called in the wait for each batch, before its copy (fault injection: `data_stall`).
+        self.before_batch: Callable[[], None] = lambda: None
+        self._batches: Any = None  # the loader's iterator of the current epoch (its worker processes)
+        spec = task.spec
+        syn = spec.data.synthetic
+        self.on_device = bool(syn and syn.on_device)
+        if self.on_device:
+            assert syn is not None
+            gen = torch.Generator(device=world.device)
+            self.pool = []
+            for k in range(DEVICE_POOL):
+                gen.manual_seed(syn.seed * 1_000_003 + world.rank * 101 + k)
+                b = task.device_batch(batch, world.device, gen)
+                self.pool.append(channels_last(b) if nhwc else b)
+            self.micro_per_epoch = syn.train_size // (batch * world.size)
+            self.dataset_size = syn.train_size
+        else:
+            ds: Dataset = task.train_dataset()
+            self.dataset_size = len(ds)  # type: ignore[arg-type]
+            self.sampler = ResumableDistributedSampler(ds, world.size, world.rank, seed)
+            #: samples/s per worker count tried (`data.workers: measure`), else None.
+            self.measured: dict[int, float] | None = None
+            if workers == "measure":
+                from musubi.worker.feed.loader_plan import auto_workers
+                from musubi.worker.feed.loader_probe import measure_workers
+
+                workers, self.measured = measure_workers(ds, task.collate, batch, auto_workers(
+                    int(os.environ.get("LOCAL_WORLD_SIZE", "1"))), spec.data.prefetch, pin and world.is_cuda,
+                    seed=seed)
+                task.spec.data.workers = workers  # validation and restarts of this process reuse the count
+            # A private generator: DataLoader would otherwise draw worker seeds from the
+            # global RNG at every iter(), which a resumed run would draw at another time.
+            self.generator = torch.Generator()
+            # Workers (auto: this rank's cores), pinning, prefetch and persistence from data.* (loader_plan).
+            self.plan = plan_loader(workers, pin, spec.data.prefetch, spec.data.persistent_workers, world.is_cuda)
+            self.loader = DataLoader(ds, batch_size=batch, sampler=self.sampler, collate_fn=task.collate,
+                                     drop_last=True, generator=self.generator, **self.plan.kwargs())
+            self.micro_per_epoch = len(self.sampler) // batch
+            self.seed = seed
+        if self.micro_per_epoch < 1:
+            raise ConfigError(
+                f"train set of {self.dataset_size} samples gives no full batch at {batch} per rank x "
+                f"{world.size} ranks; lower train.batch or --nproc, or add data"
+            )
+
+    def epoch(self, epoch: int, start_micro: int) -> Iterator[Any]:
+        """Device batches of `epoch`, from micro-batch `start_micro` to the end of the epoch."""
+        if self.on_device:
+            for i in range(start_micro, self.micro_per_epoch):
+                self.before_batch()
+                yield self.pool[(epoch * self.micro_per_epoch + i) % DEVICE_POOL]
+            return
+        self.sampler.set_position(epoch, start_micro * self.batch)
+        self.generator.manual_seed(self.seed * 7919 + epoch)
+        self._batches = iter(self.loader)
+        for host_batch in self._batches:
+            self.before_batch()
+            self.section("h2d")
+            b = self.task.to_device(host_batch, self.world.device)
+            yield channels_last(b) if self.nhwc else b
+
+
+    def worker_pids(self) -> list[int]:
+        """The process ids of the training loader's workers now (none: no workers, or no epoch started)."""
+        return [w.pid for w in getattr(self._batches, "_workers", None) or [] if w.pid]
+
+
+class ValFeed:
+    """This rank's share of the validation set, without padding (no sample counted twice)."""
+
+    def __init__(self, task: Task, world: World, batch: int, workers: int | str, pin: bool) -> None:
+        self.task, self.world = task, world
+        ds = task.val_dataset()
+        self.loader: DataLoader | None = None
+        self.size = 0
+        if ds is None or len(ds) == 0:  # type: ignore[arg-type]
+            return
+        self.size = len(ds)  # type: ignore[arg-type]
+        sampler = ShardedEvalSampler(self.size, world.size, world.rank)
+        plan = plan_loader(workers, pin, task.spec.data.prefetch, False, world.is_cuda)
+        self.loader = DataLoader(ds, batch_size=batch, sampler=sampler, collate_fn=task.collate, drop_last=False,
+                                 **plan.kwargs())
+
+    def __bool__(self) -> bool:
+        return self.loader is not None
+
+    def __len__(self) -> int:
+        return 0 if self.loader is None else len(self.loader)
+
+    def batches(self) -> Iterator[Any]:
+        """Device batches of this rank's shard."""
+        assert self.loader is not None
+        for host_batch in self.loader:
+            yield self.task.to_device(host_batch, self.world.device)

@@ -1,0 +1,495 @@
+"""The training loop of one rank: batches in, optimizer steps, logs, evaluation, checkpoints."""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from musubi.checkpoint import checkpoint as ckpt
+from musubi.checkpoint.checkpoint import agree_buffers
+from musubi.checkpoint.saver import Checkpointer
+from musubi.config.batch_plan import BatchPlan, lr_line, plan_batch
+from musubi.config.errors import ConfigError
+from musubi.config.job import JobSpec
+from musubi.recovery.inject import Injector, injected_oom
+from musubi.recovery.memory import memory_figures
+from musubi.recovery.watchdog import Heartbeat
+from musubi.tasks.base import Task
+from musubi.worker.feed.loaders import TrainFeed, ValFeed
+from musubi.worker.ordered_reduce import needs_ordered_reduce, ordered_allreduce_hook
+from musubi.worker.precision import autocast, make_scaler, resolve_precision
+from musubi.worker.reporting import MetricsWriter, ProgressBar
+from musubi.worker.rng import capture_rng, restore_rng, rng_template
+from musubi.worker.schedule import lr_factor
+from musubi.worker.telemetry_session import open_telemetry
+from musubi.worker.world import World
+from musubi.worker.wrap import (
+    eval_module,
+    gradient_sync,
+    needs_lockstep_eval,
+    unwrap,
+    wrap_model,
+)
+
+log = logging.getLogger("musubi.loop")
+
+
+@dataclass
+class RunOptions:
+    """Launcher-side choices that are not part of the job: resume, a stop point."""
+
+    resume: bool = False
+    stop_at_step: int | None = None
+
+
+def seed_everything(seed: int) -> None:
+    """Seed python, numpy and torch (all devices) alike."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def configure_determinism(deterministic: bool, world: World) -> None:
+    """Deterministic kernels (exact resume) or the fastest ones (cudnn autotuning)."""
+    torch.backends.cudnn.benchmark = not deterministic
+    torch.backends.cudnn.deterministic = deterministic
+    if deterministic:
+        # warn_only: some CUDA kernels (e.g. detection's roi_align backward) have no
+        # deterministic version; torch warns for them instead of failing the run.
+        torch.use_deterministic_algorithms(True, warn_only=True)
+
+
+def build_optimizer(model: torch.nn.Module, spec: JobSpec, lr: float) -> torch.optim.Optimizer:
+    """SGD or AdamW over the (possibly sharded) parameters."""
+    t = spec.train
+    params = [p for p in model.parameters() if p.requires_grad]
+    if t.optimizer == "adamw":
+        return torch.optim.AdamW(params, lr=lr, betas=(t.momentum, 0.999), weight_decay=t.weight_decay)
+    return torch.optim.SGD(params, lr=lr, momentum=t.momentum, weight_decay=t.weight_decay)
+
+
+class Trainer:
+    """One rank's training of one job."""
+
+    def __init__(self, spec: JobSpec, task: Task, world: World, job_dir: Path, opts: RunOptions,
+                 console: Any = None, plan: BatchPlan | None = None, injector: Injector | None = None,
+                 heartbeat: Heartbeat | None = None) -> None:
+        self.spec, self.task, self.world, self.job_dir, self.opts = spec, task, world, job_dir, opts
+        self.hb = heartbeat or Heartbeat()  # read by the watchdog thread (hang detection, goodput)
+        self.console = console
+        t = spec.train
+        self.precision = resolve_precision(t.precision, world.device)
+        self.plan = plan or plan_batch(spec, world.size)
+        self.injector = injector or Injector(None, world.rank, None)
+        self.phase = "setup"
+        configure_determinism(t.deterministic, world)
+        seed_everything(t.seed)  # same init on every rank (DDP also broadcasts rank 0's weights)
+
+        model = task.build_model()
+        self.signature = ckpt.model_signature(model)
+        if t.channels_last:
+            model = model.to(memory_format=torch.channels_last)
+        model.to(world.device)
+        self.model = wrap_model(model, t.strategy, world)
+        self.optimizer = build_optimizer(self.model, spec, self.plan.lr)
+
+        self.feed = TrainFeed(task, world, self.plan.per_rank, t.seed, spec.data.workers, spec.data.pin_memory,
+                              nhwc=t.channels_last)
+        if self.injector:  # `data_stall` sleeps in the wait for the batch: the `data` section
+            self.feed.before_batch = self.injector.data_delay
+        self.val = ValFeed(task, world, self.plan.per_rank, spec.data.workers, spec.data.pin_memory)
+        self.steps_per_epoch = self.feed.micro_per_epoch // self.plan.accumulation
+        if self.steps_per_epoch < 1:
+            raise ConfigError(
+                f"{self.feed.micro_per_epoch} micro-batches per epoch < train.accumulation={t.accumulation}; "
+                "lower accumulation or batch, or add data"
+            )
+        total = self.steps_per_epoch * t.epochs
+        self.total_steps = min(total, t.max_steps) if t.max_steps else total
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lr_factor(t.warmup_steps, self.total_steps, t.schedule)
+        )
+        self.scaler = make_scaler(self.precision, world.device)
+        self.ckpt_root = job_dir / "checkpoints"
+        ordered = ordered_allreduce_hook if needs_ordered_reduce(t.deterministic, world.size, t.strategy) else None
+        self.tele = open_telemetry(spec, world, job_dir, self.model, self.feed, reduce=ordered)
+        if ordered is not None and not self.tele.enabled and isinstance(self.model, DDP):
+            self.model.register_comm_hook(None, ordered)  # telemetry off: no timing hook wraps it
+        self.telemetry = job_dir / "telemetry" / f"rank{world.rank}.jsonl"
+        self.telemetry.parent.mkdir(parents=True, exist_ok=True)
+        self.checkpointer = Checkpointer(self.ckpt_root, spec.checkpoint, world, self.injector,
+                                         task.primary_metric, self.telemetry) if spec.checkpoint.enabled else None
+        # Training-time randomness (dropout, augmentation on device) differs per rank.
+        torch.manual_seed(t.seed * 1000 + world.rank + 1)
+        self.step = 0
+        self.fit_start_step = 0
+        self.last_finite_step = 0  # the last log interval whose all-reduced loss was finite (numerics.py)
+        self.epoch = 0
+        self.micro = 0  # micro-batches of the current epoch already consumed
+        self.last_eval: dict[str, float] = {}
+        self.last_eval_step = -1  # the step whose weights `last_eval` measured
+
+    @property
+    def phase(self) -> str:
+        """Where this rank is (forward, backward, ...): the watchdog's progress signal."""
+        return self.hb.phase
+
+    @phase.setter
+    def phase(self, value: str) -> None:
+        self.hb.beat(value)
+
+    # -- state ---------------------------------------------------------------
+    def trainer_state(self) -> dict[str, Any]:
+        """Everything global (same on all ranks) needed to continue exactly."""
+        return {
+            "step": self.step,
+            "epoch": self.epoch,
+            # Data position in samples of this rank (not micro-batches): stays valid when an OOM
+            # recovery changes the micro-batch size.
+            "samples": self.micro * self.plan.per_rank,
+            "scheduler": self.scheduler.state_dict(),
+            "scaler": self.scaler.state_dict(),
+            "signature": self.signature,
+            "task": self.spec.task,
+            "model": self.spec.model,
+            "global_batch": self.plan.global_batch,
+            "last_eval": self.last_eval,
+            "last_eval_step": self.last_eval_step,
+        }
+
+    def save(self) -> None:
+        """Collective checkpoint of the current state (asynchronous unless checkpoint.async_mode is off)."""
+        if self.checkpointer is None:
+            return
+        self.phase = "checkpoint"
+        self.tele.section("checkpoint")
+        # keep_best ranks a checkpoint by the evaluation of its own weights, never an earlier step's.
+        metric = self.last_eval if self.last_eval_step == self.step else {}
+        self.checkpointer.save(self.step, self.model, self.optimizer, self.trainer_state(),
+                               capture_rng(self.world.device), metric=metric)
+
+    def flush_checkpoint_records(self, metrics: MetricsWriter | None) -> None:
+        """Finished saves (time the step was blocked, time to durable) into metrics.jsonl (rank 0)."""
+        if self.checkpointer is None:
+            return
+        for rec in self.checkpointer.drain():
+            if metrics is not None:
+                step = rec.pop("step")
+                metrics.write(step, rec, kind="checkpoint")
+
+    def resume(self, automatic: bool = False) -> bool:
+        """Load the newest good committed checkpoint (every rank reads the one rank 0 verified).
+
+        `automatic` (a torchrun restart, not the user's --resume): with no intact checkpoint, train
+        from step 0 and return False instead of failing.
+        """
+        # Rank 0 checks sizes and checksums, newest first, skipping damaged ones with a warning;
+        # the others take its choice and check that they see the same intact directory.
+        mine = ckpt.latest_checkpoint(self.ckpt_root, checksums=True) if self.world.is_main else None
+        step = self.world.all_reduce_max(mine.step if mine is not None else -1)
+        if step < 0:
+            if automatic:
+                log.warning("no intact committed checkpoint in %s: restarting from step 0", self.ckpt_root)
+                return False
+            raise ConfigError(f"--resume: no intact committed checkpoint in {self.ckpt_root}; run without --resume")
+        found = mine if mine is not None else ckpt.verify(ckpt.step_dir(self.ckpt_root, step))
+        if self.world.all_reduce_min(1 if found is not None else 0) == 0 or found is None:
+            raise ConfigError(f"{ckpt.step_dir(self.ckpt_root, step)}: not intact on every rank; check that "
+                              "all ranks see the same checkpoint directory (a shared filesystem)")
+        state, rank_state = ckpt.load_checkpoint(found, self.model, self.optimizer, rng_template(self.world.device),
+                                                 self.world, self.signature)
+        if state.get("global_batch") != self.plan.global_batch:
+            log.warning("global batch changed since the checkpoint (%s -> %s): the resume is not exact",
+                        state.get("global_batch"), self.plan.global_batch)
+        self.step, self.epoch = state["step"], state["epoch"]
+        samples = int(state["samples"])
+        if samples % self.plan.per_rank:
+            raise ConfigError(f"{found.path}: data position {samples} is not a whole number of batches of "
+                              f"{self.plan.per_rank}; resume with the batch it was written with")
+        self.micro = samples // self.plan.per_rank
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.scaler.load_state_dict(state["scaler"])
+        self.last_eval = state.get("last_eval", {})
+        self.last_eval_step = int(state.get("last_eval_step", -1))
+        restore_rng(rank_state, self.world.device)
+        self.hb.resumed_step = self.step
+        self.hb.step = self.step
+        log.info("resumed from %s: step %d, epoch %d, micro-batch %d", found.path.name, self.step, self.epoch,
+                 self.micro)
+        return True
+
+    # -- evaluation ----------------------------------------------------------
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        """One validation pass over this rank's shard; global metrics on every rank."""
+        if not self.val:
+            return {}
+        # Every rank scores its shard with the same running statistics (rank 0's): each holds its own
+        # last batch's until DDP's next forward, and FSDP2 never broadcasts them.
+        agree_buffers(self.model, self.world)
+        net = eval_module(self.model)
+        net.eval()
+        metric = self.task.make_metric(self.world.device)
+        n_local = len(self.val)
+        # FSDP's forward is a collective: ranks with fewer batches repeat their last
+        # one (results discarded) so every rank runs the same number of forwards.
+        n_forward = self.world.all_reduce_max(n_local) if needs_lockstep_eval(self.model) else n_local
+        last = None
+        it = self.val.batches()
+        t0 = time.perf_counter()
+        for i in range(n_forward):
+            real = i < n_local
+            batch = next(it) if real else last
+            if batch is None:  # this rank has no validation sample at all: nothing to pad with
+                break
+            with autocast(self.precision, self.world.device):
+                out = self.task.predict(net, batch)
+            if real:
+                metric.update(out, batch)
+                last = batch
+        values = metric.compute(self.world.all_reduce_sum)
+        net.train()
+        values["eval_s"] = round(time.perf_counter() - t0, 3)
+        return values
+
+    # -- the loop --------------------------------------------------------------
+    def fit(self, metrics: MetricsWriter | None) -> dict[str, Any]:
+        """Train to the end (or the stop point); return a summary."""
+        t, w, plan = self.spec.train, self.world, self.plan
+        stop = min(self.total_steps, self.opts.stop_at_step or self.total_steps)
+        log.info(
+            "global batch %d = %d per rank x %d ranks x %d accumulation; precision %s; strategy %s; %d steps "
+            "(%d per epoch)", plan.global_batch, plan.per_rank, plan.world, plan.accumulation, self.precision,
+            t.strategy, self.total_steps, self.steps_per_epoch,
+        )
+        # A line of its own: the LR is rescaled with the global batch, and a surprising one must be seen.
+        log.info("%s", lr_line(plan.lr, t.lr, t.base_batch, plan.global_batch, t.lr_rule))
+        if self.step < stop:  # the first step also starts the loader workers: the next line is step log_every's
+            log.info("first step (loader workers start, warm-up)...")
+        self.model.train()
+        bar = ProgressBar(self.console, self.total_steps, self.step, self.spec.name)
+        loss_sum = torch.zeros((), device=w.device, dtype=torch.float64)
+        loss_n = 0
+        t_log, samples_log = time.perf_counter(), 0
+        t_start, step_start = time.perf_counter(), self.step
+        self.fit_start_step = self.step
+        self.last_finite_step = self.step  # a resumed checkpoint's state was good
+        t_step = t_start
+        stopped_early = False
+        try:
+            while self.epoch < t.epochs and self.step < stop:
+                usable = self.steps_per_epoch * plan.accumulation
+                for batch in self.tele.timed(self.feed.epoch(self.epoch, self.micro)):
+                    if self.micro >= usable:
+                        break  # leftover micro-batches that do not fill an optimizer step
+                    sync = (self.micro + 1) % plan.accumulation == 0
+                    loss = self.forward_backward(batch, sync)
+                    loss_sum += loss.detach().double()
+                    loss_n += 1
+                    samples_log += self.task.batch_size_of(batch) * w.size
+                    self.micro += 1
+                    if not sync:
+                        continue
+                    self.optimizer_step()
+                    for hook in self.step_end_hooks:
+                        hook(self.step)
+                    self.phase = "between steps"
+                    if self.step == self.fit_start_step + 1 and self.step % t.log_every and self.step < stop:
+                        # The first step warmed the kernels (cudnn autotuning, allocator, loader workers):
+                        # samples/s is timed from its end, not from the cold start (one sync per fit).
+                        if w.is_cuda:
+                            torch.cuda.synchronize(w.device)
+                        t_log, samples_log = time.perf_counter(), 0
+                    if self.injector:
+                        now_s = time.perf_counter()
+                        self.injector.after_step(self.step, now_s - t_step)
+                        t_step = time.perf_counter()
+                    if self.step % t.log_every == 0 or self.step == stop:
+                        # One host sync per log interval, not per step.
+                        self.phase = "log"
+                        w.all_reduce_sum(loss_sum)
+                        mean_loss = loss_sum.item() / (loss_n * w.size)
+                        if not math.isfinite(mean_loss):
+                            raise FloatingPointError(f"loss is {mean_loss} at step {self.step}")
+                        self.last_finite_step = self.step
+                        now = time.perf_counter()
+                        rate = samples_log / max(now - t_log, 1e-9)
+                        mem = self._memory_record()
+                        if metrics is not None:
+                            metrics.write(self.step, {"loss": round(mean_loss, 6),
+                                                      "lr": self.scheduler.get_last_lr()[0],
+                                                      "samples_per_s": round(rate, 2), "epoch": self.epoch,
+                                                      "total_steps": self.total_steps,
+                                                      **mem})
+                        bar.update(self.step, rate, mean_loss)
+                        if self.console is not None and not self.console.is_terminal:
+                            log.info("step %d/%d loss %.4f %.1f samples/s", self.step, self.total_steps,
+                                     mean_loss, rate)
+                        loss_sum.zero_()
+                        loss_n, samples_log, t_log = 0, 0, now
+                        self.flush_checkpoint_records(metrics)
+                    else:
+                        bar.update(self.step)
+                    every = self.spec.checkpoint.every_steps
+                    if self.step >= stop:
+                        break
+                    if every and self.step % every == 0 and not (self.micro >= usable and self._best_save_due()):
+                        self.save()  # (a step that ends an evaluated epoch is saved after its evaluation)
+                if self.step >= stop and self.micro < usable:
+                    stopped_early = True
+                    break
+                # The epoch is complete.
+                self.epoch += 1
+                self.micro = 0
+                evaluated = self._eval_due(self.epoch, stop)
+                if evaluated:
+                    self.run_eval(metrics)
+                if not self.spec.checkpoint.every_steps or self.step >= stop or (evaluated and self._keeps_best()):
+                    self.save()
+            if stopped_early:
+                # Training ended inside an epoch (train.max_steps, --max-steps): the weights it leaves are
+                # validated like an epoch's end, so eval.json always has the final step's metrics.
+                if self.val and self.last_eval_step != self.step:
+                    self.run_eval(metrics)
+                self.save()
+            self.phase = "finish"
+            if self.checkpointer is not None:
+                self.checkpointer.wait()  # the last checkpoint is durable and committed before the summary
+            self.flush_checkpoint_records(metrics)
+        finally:
+            bar.close()
+        elapsed = time.perf_counter() - t_start
+        return {
+            "steps": self.step,
+            "total_steps": self.total_steps,
+            "finished": self.step >= self.total_steps,
+            "epoch": self.epoch,
+            "global_batch": plan.global_batch,
+            "lr": plan.lr,
+            "precision": self.precision,
+            "world_size": w.size,
+            "train_s": round(elapsed, 3),
+            "steps_per_s": round((self.step - step_start) / max(elapsed, 1e-9), 4),
+            "val": self.last_eval,
+        }
+
+    # -- the step: forward/backward of one micro-batch, then the optimizer ---------
+    def forward_backward(self, batch: Any, sync: bool) -> torch.Tensor:
+        """Loss of one micro-batch and its scaled gradients (all-reduced only when `sync`)."""
+        self.phase = "forward"
+        if self.injector:
+            self._inject_before_forward(batch)
+        self.tele.section("forward")
+        with gradient_sync(self.model, sync):
+            with autocast(self.precision, self.world.device):
+                loss, _parts = self.task.loss(self.model, batch)
+            if self.injector and self.injector.poison_loss(self.step + 1):
+                loss = loss * float("nan")  # MUSUBI_INJECT nan: the numerical guard's drill
+            self.phase = "backward"
+            self.tele.section("backward")
+            hook = self._inject_backward() if self.injector else None
+            try:
+                self.scaler.scale(loss / self.plan.accumulation).backward()
+            finally:
+                if hook is not None:
+                    hook.remove()
+        return loss
+
+    def optimizer_step(self) -> None:
+        """Clip, step, zero the gradients, advance the LR schedule: one optimizer step is done."""
+        self.phase = "optimizer"
+        self.tele.section("optimizer")
+        if self.injector and self.injector.oom_phase(self.step + 1, "optimizer"):
+            raise injected_oom(f"optimizer, step {self.step + 1}")
+        if self.spec.train.grad_clip:
+            self.scaler.unscale_(self.optimizer)
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.spec.train.grad_clip)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        self.step += 1
+
+    @property
+    def step_end_hooks(self) -> list[Any]:
+        """Called with the new step after each optimizer step: telemetry closes the step, the heartbeat moves."""
+        return [self.tele.step_done, self.hb.stepped]
+
+    # -- fault injection and memory figures ------------------------------------
+    def _inject_before_forward(self, batch: Any) -> None:
+        """OOMs due in forward (also the simulated memory limit); data stalls are the feed's (before_batch)."""
+        limit = self.injector.batch_limit()
+        if limit is not None and self.task.batch_size_of(batch) > limit:
+            raise injected_oom(f"batch {self.task.batch_size_of(batch)} > simulated limit {limit}")
+        if self.injector.oom_phase(self.step + 1, "forward"):
+            raise injected_oom(f"forward, step {self.step + 1}")
+
+    def _inject_backward(self) -> Any:
+        """A hook that raises OOM from inside autograd, once the later layers' grads went to DDP."""
+        self.injector.slow_compute(self.world.device)  # `slow`: before the gradient sync
+        if not self.injector.oom_phase(self.step + 1, "backward"):
+            return None
+        first = next(p for p in unwrap(self.model).parameters() if p.requires_grad)
+        step = self.step + 1
+
+        def boom(grad: torch.Tensor) -> torch.Tensor:
+            raise injected_oom(f"backward, step {step}")
+
+        return first.register_hook(boom)
+
+    def _memory_record(self) -> dict[str, Any]:
+        """This rank's memory figures since the last record (to its telemetry file); rank 0's are returned."""
+        mem = memory_figures(self.world.device)
+        if not mem:
+            return {}
+        self.tele.record({"step": self.step, "kind": "memory", "time": round(time.time(), 3), **mem})
+        torch.cuda.reset_peak_memory_stats(self.world.device)
+        return mem
+
+    def _eval_due(self, epochs_done: int, stop: int) -> bool:
+        """Whether validation runs once `epochs_done` epochs are complete."""
+        t = self.spec.train
+        return epochs_done % t.eval_every == 0 or epochs_done == t.epochs or self.step >= stop
+
+    def _keeps_best(self) -> bool:
+        return self.checkpointer is not None and self.spec.checkpoint.keep_best > 0 and bool(self.val)
+
+    def _best_save_due(self) -> bool:
+        """The step that ends this epoch is evaluated, and keep_best wants its checkpoint to carry the metric."""
+        stop = min(self.total_steps, self.opts.stop_at_step or self.total_steps)
+        return self._keeps_best() and self._eval_due(self.epoch + 1, stop)
+
+    def run_eval(self, metrics: MetricsWriter | None) -> None:
+        """Validate, log on rank 0, and remember the result for the checkpoint."""
+        self.tele.section("eval")
+        self.phase = "eval"
+        values = self.evaluate()
+        if not values:
+            return
+        best = self.checkpointer.best_metric if self._keeps_best() else None
+        if best is not None and best not in values:
+            raise ConfigError(f"checkpoint.best_metric {best!r} is not a validation metric of this task (it reports "
+                              f"{', '.join(sorted(k for k in values if k != 'eval_s'))}); fix it or set keep_best: 0")
+        self.last_eval = values
+        self.last_eval_step = self.step
+        if metrics is not None:
+            metrics.write(self.step, values, kind="val")
+        log.info("validation at step %d: %s", self.step,
+                 ", ".join(f"{k} {v:.4g}" for k, v in values.items()))
+
+    def close(self) -> None:
+        """Drop the wrapper before the process group goes (gloo can hang at exit otherwise)."""
+        self.tele.close()
+        if self.checkpointer is not None:
+            self.checkpointer.close()
+        del self.optimizer, self.scheduler
+        self.model = unwrap(self.model)

@@ -1,0 +1,161 @@
+"""The package order is enforced: an import (top-level or inside a function) may only point down.
+
+`LAYERS` lists the units of musubi lowest first; a unit is a package or, where one module of a
+package is what lower layers share, that module (the longest matching prefix decides). A module
+may import its own unit and any unit below it, never one above. `KNOWN_BREACHES` lists the imports
+that still point up, each with the reason; the test fails when one is added and when one is gone
+(so the list only shrinks). Parsed with `ast`, so an import hidden in a function counts too.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1] / "musubi"
+
+#: Lowest first. Launch and worker are two processes: neither imports the other (launch names the
+#: worker module as a string); what both need lives below them (config.batch_plan, checkpoint, recovery).
+LAYERS: list[tuple[str, ...]] = [
+    ("musubi.config",),  # pydantic models and pure arithmetic (batch plan, LR rule): no torch
+    ("musubi.topology",),
+    ("musubi.plan",),
+    ("musubi.store",),
+    ("musubi.data",),
+    ("musubi.tasks",),
+    # What every process-side module shares: the torchrun contract (a rank's World and attempt, the torchrun
+    # entry) and the one fault-injection switch (MUSUBI_INJECT), read by the loop, the loaders and the writer.
+    ("musubi.worker.world", "musubi.launch.rendezvous", "musubi.recovery.inject"),
+    ("musubi.telemetry",),
+    ("musubi.preflight",),
+    ("musubi.checkpoint",),
+    ("musubi.recovery",),
+    ("musubi.evaluate",),
+    ("musubi.diagnose",),
+    ("musubi.records",),
+    ("musubi.worker.feed",),
+    ("musubi.worker", "musubi.launch"),  # peers that must not import each other
+    ("musubi.fleet",),
+    ("musubi.api",),
+    ("musubi", "musubi.cli"),  # musubi/__init__.py: the version and a lazy facade over musubi.api
+]
+
+#: Two processes: a module of one side never imports the other side's packages (subpackages included),
+#: only what both share from the layer of the torchrun contract.
+SIDES = ("musubi.launch", "musubi.worker")
+SHARED = LAYERS[6]
+
+#: (importing module, imported module) pairs that still break the order, and why they are left.
+KNOWN_BREACHES: dict[tuple[str, str], str] = {
+    ("musubi.store.rundir", "musubi"): "run.json records musubi.__version__, kept in the package's __init__",
+    ("musubi.store.registry", "musubi.evaluate.provenance"): "the registry hashes a data set when a row lacks it",
+    ("musubi.topology.read", "musubi.preflight.read.nvml"): "the topology reader falls back to NVML's readings",
+    ("musubi.data.version", "musubi.preflight.read.data"): "image-folder layout is read by the data reader",
+    ("musubi.data.yolo", "musubi.preflight.read.data"): "YOLO conversion scans entries with the data reader",
+    ("musubi.data.command", "musubi.preflight.read.data"): "`musubi data` is a command: it belongs above",
+    ("musubi.data.command", "musubi.preflight.checks.data"): "`musubi data` is a command: it belongs above",
+    ("musubi.data.command", "musubi.preflight.result"): "`musubi data` is a command: it belongs above",
+    ("musubi.data.command", "musubi.fleet.run"): "`musubi data` is a command: it belongs above",
+    ("musubi.data.command", "musubi.launch.launch"): "`musubi data` is a command: it belongs above",
+    ("musubi.telemetry.watch", "musubi.diagnose.straggler"): "the live straggler watch uses the report's detector",
+    ("musubi.diagnose.page", "musubi.records.evidence"): "the report page quotes run evidence",
+    ("musubi.diagnose.planner_view", "musubi.records.evidence"): "the planner view reads measured rates",
+}
+
+
+def _unit_of(module: str) -> str:
+    best = ""
+    for layer in LAYERS:
+        for unit in layer:
+            if (module == unit or module.startswith(unit + ".")) and len(unit) > len(best):
+                best = unit
+    return best
+
+
+def _rank(unit: str) -> int:
+    return next(i for i, layer in enumerate(LAYERS) if unit in layer)
+
+
+def module_name(path: Path, root: Path) -> str:
+    """`musubi.x.y` for ROOT/x/y.py (a package's `__init__` is the package)."""
+    parts = list(path.relative_to(root.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imports_of(source: str, module: str, is_package: bool) -> list[tuple[str, int]]:
+    """Every musubi module `source` imports, anywhere in it (relative imports resolved), with its line."""
+    found: list[tuple[str, int]] = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found += [(a.name, node.lineno) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = module.split(".")[: None if is_package else -1]
+                base = base[: len(base) - (node.level - 1)]
+                target = ".".join([*base, *([node.module] if node.module else [])])
+            else:
+                target = node.module or ""
+            # `from musubi.pkg import mod` imports musubi.pkg.mod where mod is a module
+            found += [(f"{target}.{a.name}" if _is_module(f"{target}.{a.name}") else target, node.lineno)
+                      for a in node.names]
+    return sorted(((m, line) for m, line in found if m == "musubi" or m.startswith("musubi.")), key=lambda x: x[1])
+
+
+def _is_module(name: str) -> bool:
+    p = ROOT.parent.joinpath(*name.split("."))
+    return p.with_suffix(".py").is_file() or (p / "__init__.py").is_file()
+
+
+def breaches(module: str, imported: list[tuple[str, int]]) -> list[str]:
+    """The imports of `module` that point to a higher layer or to a peer kept apart."""
+    src = _unit_of(module)
+    out = []
+    for target, line in imported:
+        dst = _unit_of(target)
+        if not dst or dst == src:
+            continue
+        up = _rank(dst) > _rank(src)
+        sides = [side for side in SIDES if src.startswith(side)], [side for side in SIDES if dst.startswith(side)]
+        apart = all(sides) and sides[0] != sides[1] and dst not in SHARED
+        if up or apart:
+            out.append(f"{module}:{line} imports {target} ({src} may not import {dst})")
+    return out
+
+
+def _all_breaches() -> dict[tuple[str, str], str]:
+    found = {}
+    for path in sorted(ROOT.rglob("*.py")):
+        module = module_name(path, ROOT)
+        for line in breaches(module, imports_of(path.read_text(encoding="utf-8"), module,
+                                                path.name == "__init__.py")):
+            target = line.split(" imports ")[1].split(" ")[0]
+            found[(module, target)] = line
+    return found
+
+
+def test_every_module_has_a_layer() -> None:
+    missing = [module_name(p, ROOT) for p in ROOT.rglob("*.py") if not _unit_of(module_name(p, ROOT))]
+    assert not missing, f"add these to LAYERS: {missing}"
+
+
+def test_no_import_points_up() -> None:
+    found = _all_breaches()
+    new = [line for key, line in found.items() if key not in KNOWN_BREACHES]
+    assert not new, "imports against the layer order:\n" + "\n".join(new)
+    gone = [k for k in KNOWN_BREACHES if k not in found]
+    assert not gone, f"fixed, remove from KNOWN_BREACHES: {gone}"
+
+
+def test_a_forbidden_import_is_caught() -> None:
+    """The checker itself: an upward import, top-level or inside a function, relative or absolute."""
+    snippet = ("from musubi.config.job import JobSpec\n"
+               "def f():\n    from musubi.worker.loop import Trainer\n"
+               "from ..worker.feed import loaders\n")
+    found = breaches("musubi.launch.launch", imports_of(snippet, "musubi.launch.launch", False))
+    assert len(found) == 2 and "musubi.worker.loop" in found[0] and "musubi.worker.feed.loaders" in found[1], found
+    assert breaches("musubi.config.job", imports_of("import musubi.store.db\n", "musubi.config.job", False))
+    assert not breaches("musubi.launch.launch", imports_of("from ..worker import world\n", "musubi.launch.launch", False))
+    assert not breaches("musubi.worker.loop", imports_of("from musubi.checkpoint import saver\n",
+                                                          "musubi.worker.loop", False))
