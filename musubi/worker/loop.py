@@ -230,9 +230,23 @@ class Trainer:
     # -- evaluation ----------------------------------------------------------
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
-        """One validation pass over this rank's shard; global metrics on every rank."""
+        """One validation pass over this rank's shard; global metrics on every rank.
+
+        Training's random streams are put back afterwards: a loader iterator draws its workers'
+        seed from the global torch RNG, so an evaluation (e.g. the one at a `--max-steps` stop)
+        would otherwise shift every later random draw, and a run validated at other steps would
+        no longer be the same run (the resume matrix caught it: a stop-and-resume run's RNG
+        state differed from the uninterrupted run's from the stop on).
+        """
         if not self.val:
             return {}
+        rng = capture_rng(self.world.device)
+        try:
+            return self._evaluate()
+        finally:
+            restore_rng(rng, self.world.device)
+
+    def _evaluate(self) -> dict[str, float]:
         # Every rank scores its shard with the same running statistics (rank 0's): each holds its own
         # last batch's until DDP's next forward, and FSDP2 never broadcasts them.
         agree_buffers(self.model, self.world)

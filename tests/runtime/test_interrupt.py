@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_interrupted_train_stops_its_ranks_and_says_so(tiny_job, tmp_path: Path, sig: int) -> None:
-    job = tiny_job(train={"epochs": 200})  # far longer than the test waits
+    job = tiny_job(train={"epochs": 5000})  # far longer than the test waits (200 epochs once ended in 7 s)
     out = tmp_path / "run"
     env = dict(os.environ, MUSUBI_DEVICE="cpu", CUDA_VISIBLE_DEVICES="")
     proc = subprocess.Popen([sys.executable, "-m", "musubi.cli", "train", str(job), "--nproc", "2", "--device", "cpu",
