@@ -50,8 +50,6 @@ KNOWN_BREACHES: dict[tuple[str, str], str] = {
     ("musubi.store.rundir", "musubi"): "run.json records musubi.__version__, kept in the package's __init__",
     ("musubi.store.registry", "musubi.evaluate.provenance"): "the registry hashes a data set when a row lacks it",
     ("musubi.topology.read", "musubi.preflight.read.nvml"): "the topology reader falls back to NVML's readings",
-    ("musubi.data.version", "musubi.preflight.read.data"): "image-folder layout is read by the data reader",
-    ("musubi.data.yolo", "musubi.preflight.read.data"): "YOLO conversion scans entries with the data reader",
     ("musubi.telemetry.watch", "musubi.diagnose.straggler"): "the live straggler watch uses the report's detector",
     ("musubi.diagnose.page", "musubi.records.evidence"): "the report page quotes run evidence",
     ("musubi.diagnose.planner_view", "musubi.records.evidence"): "the planner view reads measured rates",
