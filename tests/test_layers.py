@@ -47,7 +47,6 @@ SHARED = LAYERS[6]
 
 #: (importing module, imported module) pairs that still break the order, and why they are left.
 KNOWN_BREACHES: dict[tuple[str, str], str] = {
-    ("musubi.store.rundir", "musubi"): "run.json records musubi.__version__, kept in the package's __init__",
     ("musubi.store.registry", "musubi.evaluate.provenance"): "the registry hashes a data set when a row lacks it",
     ("musubi.topology.read", "musubi.preflight.read.nvml"): "the topology reader falls back to NVML's readings",
     ("musubi.telemetry.watch", "musubi.diagnose.straggler"): "the live straggler watch uses the report's detector",

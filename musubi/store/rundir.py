@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import musubi
+from musubi.config.version import VERSION
 
 
 def write_json(path: Path, data: Any) -> None:
@@ -60,7 +60,7 @@ def run_record(config: dict[str, Any], argv: list[str]) -> dict[str, Any]:
         "user": getpass.getuser(),
         "host": socket.gethostname(),
         "started": dt.datetime.now(dt.timezone.utc).isoformat(),
-        "musubi_version": musubi.__version__,
+        "musubi_version": VERSION,
         "git": git_version(),
     }
 
@@ -90,7 +90,7 @@ def env_record() -> dict[str, Any]:
         rec["topology"] = topology()
     from musubi.store.provenance import cudnn_version, package_versions, project_git
 
-    rec["musubi"] = musubi.__version__
+    rec["musubi"] = VERSION
     rec["cudnn"] = cudnn_version()
     rec["packages"] = package_versions()
     rec["project"] = project_git()
