@@ -48,7 +48,6 @@ SHARED = next(layer for layer in LAYERS if "musubi.worker.world" in layer)
 
 #: (importing module, imported module) pairs that still break the order, and why they are left.
 KNOWN_BREACHES: dict[tuple[str, str], str] = {
-    ("musubi.telemetry.watch", "musubi.diagnose.straggler"): "the live straggler watch uses the report's detector",
     ("musubi.diagnose.page", "musubi.records.evidence"): "the report page quotes run evidence",
     ("musubi.diagnose.planner_view", "musubi.records.evidence"): "the planner view reads measured rates",
 }

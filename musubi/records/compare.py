@@ -63,7 +63,7 @@ class JobFigures:
 
 def _breakdown(job_dir: Path) -> dict[str, float]:
     """Mean seconds per step of each recorded section on rank 0 (telemetry step spans), if any."""
-    from musubi.diagnose.timeline import sections_ms
+    from musubi.telemetry.step_record import sections_ms
 
     sums: dict[str, list[float]] = {}
     for rec in E.read_jsonl(job_dir / "telemetry" / "rank0.jsonl"):
