@@ -8,26 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from musubi.config.run_files import RUN_FILES
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """JSON lines of a file; a torn last line (a rank killed mid-write) is skipped."""
-    out = []
-    try:
-        text = path.read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return out
-    for line in text.splitlines():
-        line = line.strip()
-        if not line:
-            continue
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(rec, dict):
-            out.append(rec)
-    return out
+from musubi.store.rundir import read_jsonl
 
 
 @dataclass

@@ -29,6 +29,26 @@ def read_json(path: Path) -> Any:
     return json.loads(path.read_text(encoding="utf-8"))
 
 
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """JSON lines of a file; a torn last line (a rank killed mid-write) is skipped."""
+    out = []
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return out
+    for line in text.splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(rec, dict):
+            out.append(rec)
+    return out
+
+
 def default_run_dir(name: str, base: Path = Path("runs")) -> Path:
     """`runs/<timestamp>-<name>`, unique to the second (a counter if it exists)."""
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
