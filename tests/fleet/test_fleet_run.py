@@ -76,7 +76,9 @@ def test_fleet_runs_retries_and_ranks(tmp_path: Path, monkeypatch) -> None:
     checklist = {(i["job"], i["check"]): i for i in json.loads((out / "checklist.json").read_text())["items"]}
     assert checklist[("r18-a", "restarts")]["status"] == "WARN" and "rank 1" in checklist[("r18-a", "restarts")][
         "found"], checklist[("r18-a", "restarts")]
-    assert checklist[("r18-b", "restarts")]["status"] == "PASS"
+    b = checklist[("r18-b", "restarts")]
+    # no failure; a run this short may still WARN on its goodput (start-up dominates), never FAIL
+    assert b["status"] == "PASS" or (b["status"] == "WARN" and b["found"].startswith("no failure, but goodput")), b
     assert (out / "r18-a" / "eval.json").is_file() and (out / "r18-a" / "summary.json").is_file()
     assert json.loads((out / "r18-a" / "summary.json").read_text())["world_size"] == 2
     board = json.loads((out / "leaderboard.json").read_text())
