@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__version__ = "0.1.0"
+from musubi.config.version import VERSION as __version__
 
 #: The Python API (musubi/api.py), imported on first use: `import musubi` stays cheap (no torch).
 _API = ("train", "run", "RunResult", "JobOutcome")

@@ -262,7 +262,7 @@ def env(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> No
 
 def _register_optional_commands() -> None:
     """Commands owned by their packages (thin wrappers live there; logic never here)."""
-    from musubi.data.command import data_app
+    from musubi.cli.data import data_app
     from musubi.diagnose.command import report_command
     from musubi.evaluate.commands import evaluate_command, export_command, leaderboard_command, registry_app
     from musubi.launch.commands import drill_command, goodput_command

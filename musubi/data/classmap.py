@@ -6,7 +6,7 @@ or null (dropped: its boxes are removed and become background; the images stay).
 Unlisted categories are kept. A resulting category keeps the smallest id of the
 categories merged into it, so unmapped and renamed categories keep their ids and
 predictions can be written in the file's own ids. The map is part of the job's
-dataset version (musubi.evaluate.provenance), so a changed map is a new version.
+dataset version (musubi.data.job_version), so a changed map is a new version.
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from musubi.config.errors import ConfigError
+from musubi.data.layout import find_image_dir, folder_layout
 from musubi.store.hashcache import Key, lookup_digests, store_digests
 
 #: Prefix of a content version (the registry also holds `synthetic-<sha>` for generated data).
@@ -113,7 +114,6 @@ def coco_files(ann: Path, image_dir: Path | None = None, name: str = "annotation
     so the same bytes give the same version wherever the files sit and whatever they are called.
     """
     from musubi.data.coco import check_relative_name, read_annotation_json
-    from musubi.preflight.read.data import find_image_dir
 
     raw = read_annotation_json(ann)
     names = [check_relative_name(img.get("file_name"), ann, img.get("id")) for img in raw["images"]
@@ -137,8 +137,6 @@ def dataset_files(target: Path, image_dir: Path | None = None) -> list[tuple[str
     each JSON by its relative name plus the images they list. Any other folder (image classes, YOLO):
     its data files (data_files). Any other file: itself.
     """
-    from musubi.preflight.read.data import folder_layout
-
     target = Path(target)
     if target.is_dir():
         layout, jsons = folder_layout(target, several=True)

@@ -23,6 +23,7 @@ from PIL import Image
 
 from musubi.config.errors import ConfigError
 from musubi.data.coco import check_relative_name, read_annotation_json
+from musubi.data.coco_scan import BLOCKING, scan_entries, scan_references
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp")
 
@@ -43,8 +44,6 @@ IDS_FILE = "coco_image_ids.json"
 
 def _checked(annotations: Path) -> dict[str, Any]:
     """The COCO file, refused in one line when an entry is malformed or refers to nothing (as `data check`)."""
-    from musubi.preflight.read.data import BLOCKING, scan_entries, scan_references
-
     raw = read_annotation_json(annotations)
     malformed, kept = scan_entries(raw, annotations)
     found = {**malformed, **{k: v for k, v in scan_references(kept).items() if k in BLOCKING}}

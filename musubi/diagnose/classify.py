@@ -11,9 +11,10 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from musubi.diagnose.straggler import WARMUP, WINDOW, default_threshold, detect
-from musubi.diagnose.timeline import JobTelemetry, sections_ms, wall_ms
+from musubi.diagnose.timeline import JobTelemetry
 from musubi.telemetry.spans import SECTIONS
+from musubi.telemetry.step_record import sections_ms, wall_ms
+from musubi.telemetry.straggler import WARMUP, WINDOW, default_threshold, detect
 
 #: Thresholds (fractions of step time) at which a cause is named. Chosen with the scenario suite
 #: (`musubi.diagnose.drills`): healthy CPU and GPU runs stay well below each one.

@@ -15,8 +15,9 @@ from collections.abc import Callable
 from typing import Any
 
 from musubi.config.errors import ConfigError
-from musubi.diagnose.timeline import JobTelemetry, local_work_ms, sections_ms, wall_ms
+from musubi.diagnose.timeline import JobTelemetry
 from musubi.telemetry.spans import SECTIONS
+from musubi.telemetry.step_record import local_work_ms, sections_ms, wall_ms
 
 COLORS = {"data": "#e45756", "h2d": "#ff9da6", "forward": "#4c78a8", "backward": "#72b7b2",
           "grad_comm": "#f58518", "optimizer": "#54a24b", "log": "#bab0ac", "checkpoint": "#b279a2",

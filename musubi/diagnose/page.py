@@ -16,8 +16,9 @@ from typing import Any
 
 from musubi.config.run_files import RUN_FILES
 from musubi.diagnose import figures
-from musubi.diagnose.timeline import JobTelemetry, read_jsonl
+from musubi.diagnose.timeline import JobTelemetry
 from musubi.records.evidence import metric_records
+from musubi.store.rundir import read_jsonl
 from musubi.telemetry.spans import SECTIONS
 
 CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"

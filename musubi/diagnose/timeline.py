@@ -8,45 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from musubi.config.run_files import RUN_FILES
-
-#: Sections that are a rank's own work (no collective inside): what straggler scores compare.
-LOCAL_WORK = ("data", "h2d", "forward", "backward", "optimizer")
-
-
-def sections_ms(rec: dict[str, Any]) -> dict[str, float]:
-    """A step's section times: device time where CUDA events were resolved, host time otherwise."""
-    return rec.get("gpu") or rec.get("host") or {}
-
-
-def wall_ms(rec: dict[str, Any]) -> float:
-    """A step's wall time on the clock its sections use."""
-    return float(rec.get("gpu_wall_ms") or rec.get("wall_ms") or 0.0)
-
-
-def local_work_ms(rec: dict[str, Any]) -> float:
-    """Time a rank spent on its own work in a step (no waiting for peers)."""
-    s = sections_ms(rec)
-    return sum(s.get(k, 0.0) for k in LOCAL_WORK)
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """JSON lines of a file; a torn last line (a rank killed mid-write) is skipped."""
-    out = []
-    try:
-        text = path.read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return out
-    for line in text.splitlines():
-        line = line.strip()
-        if not line:
-            continue
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(rec, dict):
-            out.append(rec)
-    return out
+from musubi.store.rundir import read_jsonl
 
 
 @dataclass

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from musubi.diagnose.timeline import JobTelemetry, wall_ms
+from musubi.diagnose.timeline import JobTelemetry
+from musubi.telemetry.step_record import wall_ms
 
 MAX_STEPS = 2000  # steps per job in the trace (0: all)
 FIRST_STEPS = 50  # the start of the run is kept (warm-up, compilation)

@@ -37,9 +37,9 @@ from typing import Any
 
 from musubi.config.fleet import CommandJob, TaskJob
 from musubi.config.run_files import RUN_FILES
-from musubi.diagnose.timeline import read_jsonl
 from musubi.records.evidence import machine_key
 from musubi.store.db import baselines_of, cache_key, job_runs, store_job_run
+from musubi.store.rundir import read_jsonl
 
 #: Start-up of one job, seconds: ~25 s measured per job on H200 (issue 19: import, torchrun, rendezvous, NCCL
 #: init, model build, cudnn autotuning); on CPU ranks the imports and the gloo group dominate.

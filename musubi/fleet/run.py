@@ -22,7 +22,7 @@ from musubi.config.errors import ConfigError
 from musubi.config.fleet import FleetSpec, TaskJob
 from musubi.config.load import load_fleet
 from musubi.config.run_files import RUN_FILES
-from musubi.evaluate.provenance import dataset_env
+from musubi.data.job_version import dataset_env
 from musubi.fleet.jobs import check_command
 from musubi.fleet.local import JobState, LocalFleet
 from musubi.fleet.machine import SHOW, check_topology

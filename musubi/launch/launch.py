@@ -23,7 +23,7 @@ from musubi.config.errors import ConfigError
 from musubi.config.job import JobSpec
 from musubi.config.load import load_job
 from musubi.config.run_files import RUN_FILES
-from musubi.evaluate.provenance import dataset_env
+from musubi.data.job_version import dataset_env
 from musubi.launch import admission
 from musubi.launch.multinode import DEFAULT_JOIN_TIMEOUT_S, Rendezvous, make_rendezvous, rendezvous_error
 from musubi.store.db import db_path

@@ -2,7 +2,8 @@
 
 Checks never read the machine themselves: everything they judge arrives here,
 so a test can hand them any machine (a Blackwell card on an old build, a GPU
-half full of someone else's tensors) by building these dataclasses.
+half full of someone else's tensors) by building these dataclasses. The GPU readings (GpuReading,
+NvmlReading) live with their reader in musubi.topology.nvml, which the topology reader shares.
 """
 
 from __future__ import annotations
@@ -28,49 +29,6 @@ class StackReading:
     gloo_available: bool
     driver_version: str | None  # from NVML, e.g. '570.124.06'
     driver_cuda_version: str | None  # newest CUDA the driver supports natively, e.g. '12.8'
-
-
-@dataclass(frozen=True)
-class ProcessReading:
-    """A compute process holding memory on a GPU."""
-
-    pid: int
-    used_bytes: int | None  # None where NVML cannot attribute memory (containers)
-    name: str = ""
-
-
-@dataclass(frozen=True)
-class GpuReading:
-    """One physical GPU as NVML reports it (index = nvidia-smi's number)."""
-
-    index: int
-    name: str
-    uuid: str
-    memory_total: int  # bytes
-    memory_used: int  # bytes, by anyone
-    capability: tuple[int, int]  # (major, minor): (9, 0) is sm_90
-    pci_bus_id: str = ""
-    processes: tuple[ProcessReading, ...] = ()
-    ecc_uncorrected: int | None = None  # volatile (since driver load) uncorrected errors; None: not reported
-    remap_pending: bool | None = None  # a row remap / page retirement waits for a GPU reset
-    remap_failed: bool | None = None  # a row remap failed: the memory is bad
-    clock_events: tuple[str, ...] = ()  # active throttle reasons, e.g. ('HwThermalSlowdown',)
-    mig_enabled: bool | None = None
-    pcie_gen_max: int | None = None
-    pcie_width_max: int | None = None
-    xids: tuple[int, ...] | None = None  # Xid codes in the kernel log since boot; None: log not readable
-    error: str | None = None  # NVML could not read this GPU at all (e.g. 'GPU is lost')
-
-
-@dataclass(frozen=True)
-class NvmlReading:
-    """All GPUs of the machine, or why NVML could not be read."""
-
-    available: bool
-    gpus: tuple[GpuReading, ...] = ()
-    error: str | None = None  # e.g. 'NVML Shared Library Not Found'
-    driver_version: str | None = None  # e.g. '570.124.06'
-    driver_cuda_version: str | None = None  # newest CUDA the driver supports natively, e.g. '12.8'
 
 
 #: How each pair of GPUs is connected, in `nvidia-smi topo -m` words (NV18, PIX, PXB, PHB, NODE, SYS), with

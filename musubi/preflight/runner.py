@@ -16,10 +16,10 @@ from musubi.preflight.checks.stack import check_stack
 from musubi.preflight.read.comm import CommProbe
 from musubi.preflight.read.data import read_data
 from musubi.preflight.read.machine import read_disk, read_env, read_stack
-from musubi.preflight.read.nvml import read_nvml
 from musubi.preflight.read.topology import read_topo_smi
 from musubi.preflight.readings import CommReading
 from musubi.preflight.result import CheckResult, PreflightReport, warn
+from musubi.topology.nvml import read_nvml
 from musubi.topology.read import with_sysfs_places
 
 #: Default run-directory parent (as `musubi train` uses when --out is not given).

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from musubi.config.run_files import RUN_FILES
+from musubi.data.job_version import dataset_version
 from musubi.records import evidence as E
 
 #: Throughput drop (B against A) flagged as a regression.
@@ -62,7 +63,7 @@ class JobFigures:
 
 def _breakdown(job_dir: Path) -> dict[str, float]:
     """Mean seconds per step of each recorded section on rank 0 (telemetry step spans), if any."""
-    from musubi.diagnose.timeline import sections_ms
+    from musubi.telemetry.step_record import sections_ms
 
     sums: dict[str, list[float]] = {}
     for rec in E.read_jsonl(job_dir / "telemetry" / "rank0.jsonl"):
@@ -75,8 +76,6 @@ def _breakdown(job_dir: Path) -> dict[str, float]:
 
 
 def job_figures(run_dir: Path, name: str, state: dict[str, Any] | None, board: dict[str, Any]) -> JobFigures:
-    from musubi.evaluate.provenance import dataset_version
-
     job_dir = run_dir / name
     records = E.train_records(job_dir)
     peaks = [r["mem_peak_allocated_gib"] for r in records if isinstance(r.get("mem_peak_allocated_gib"), (int, float))]

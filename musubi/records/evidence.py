@@ -17,7 +17,8 @@ from musubi.config.run_files import RUN_FILES
 from musubi.config.success import SuccessSpec
 
 # One reader of JSON-lines records (torn lines skipped) and of the telemetry's step records.
-from musubi.diagnose.timeline import read_jsonl, sections_ms, wall_ms
+from musubi.store.rundir import read_jsonl
+from musubi.telemetry.step_record import sections_ms, wall_ms
 
 #: Log records skipped at the start of a job when judging throughput (cudnn autotuning, warm-up).
 WARMUP_RECORDS = 1

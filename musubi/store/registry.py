@@ -25,6 +25,7 @@ from rich.text import Text
 from musubi.config.errors import ConfigError
 from musubi.config.job import check_safe_name
 from musubi.config.run_files import RUN_FILES
+from musubi.data.job_version import dataset_version
 from musubi.store.db import db_path
 from musubi.store.rundir import read_json, write_json
 
@@ -196,8 +197,6 @@ def register(job_dir: Path, name: str | None = None, db: Path | None = None) -> 
     # The version recorded when the run started is what it trained on; hash now only for older runs.
     dataset = (env.get("datasets") or {}).get(str(config.get("name") or job_dir.name))
     if dataset is None and config:
-        from musubi.evaluate.provenance import dataset_version
-
         dataset = dataset_version(config, store=path)
     elif dataset is None:
         dataset = evaluation.get("dataset_hash")

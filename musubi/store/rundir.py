@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import musubi
+from musubi.config.version import VERSION
 
 
 def write_json(path: Path, data: Any) -> None:
@@ -27,6 +27,26 @@ def write_json(path: Path, data: Any) -> None:
 def read_json(path: Path) -> Any:
     """Read a JSON file."""
     return json.loads(path.read_text(encoding="utf-8"))
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """JSON lines of a file; a torn last line (a rank killed mid-write) is skipped."""
+    out = []
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return out
+    for line in text.splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(rec, dict):
+            out.append(rec)
+    return out
 
 
 def default_run_dir(name: str, base: Path = Path("runs")) -> Path:
@@ -60,7 +80,7 @@ def run_record(config: dict[str, Any], argv: list[str]) -> dict[str, Any]:
         "user": getpass.getuser(),
         "host": socket.gethostname(),
         "started": dt.datetime.now(dt.timezone.utc).isoformat(),
-        "musubi_version": musubi.__version__,
+        "musubi_version": VERSION,
         "git": git_version(),
     }
 
@@ -90,7 +110,7 @@ def env_record() -> dict[str, Any]:
         rec["topology"] = topology()
     from musubi.store.provenance import cudnn_version, package_versions, project_git
 
-    rec["musubi"] = musubi.__version__
+    rec["musubi"] = VERSION
     rec["cudnn"] = cudnn_version()
     rec["packages"] = package_versions()
     rec["project"] = project_git()

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from musubi.diagnose.straggler import StragglerDetector
+from musubi.telemetry.straggler import StragglerDetector
 
 log = logging.getLogger("musubi.telemetry")
 POLL_S = 1.0

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from musubi.config.errors import ConfigError
 from musubi.topology.model import GpuPlace, NodeTopology, parse_cpulist
+from musubi.topology.nvml import NvmlReading, read_nvml
 from musubi.topology.smi import parse_topo_matrix, read_topo_text
 
 SYSFS_PCI = Path("/sys/bus/pci/devices")
@@ -35,8 +36,6 @@ def _sysfs_place(index: int, bus_id: str) -> GpuPlace:
 
 def read_node_topology() -> NodeTopology:
     """This machine's topology: `nvidia-smi topo -m` (links, NICs, affinity), else NVML links + sysfs NUMA."""
-    from musubi.preflight.read.nvml import read_nvml
-
     nvml, topo = read_nvml(with_xids=False)
     text = read_topo_text() if nvml.gpus else None
     smi = parse_topo_matrix(text) if text else NodeTopology()
@@ -48,7 +47,7 @@ def read_node_topology() -> NodeTopology:
     return with_sysfs_places(nvml, topo)
 
 
-def with_sysfs_places(nvml, topo: NodeTopology) -> NodeTopology:  # noqa: ANN001 - an NvmlReading
+def with_sysfs_places(nvml: NvmlReading, topo: NodeTopology) -> NodeTopology:
     """NVML's link reading with each GPU's NUMA node and local CPUs from sysfs (when it has no GPU places)."""
     if topo.gpus:
         return topo

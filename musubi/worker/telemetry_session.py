@@ -40,7 +40,7 @@ def open_telemetry(spec: JobSpec, world: World, job_dir: Path, model: torch.nn.M
     rec.companions.append(Sampler(d / f"sampler-rank{world.rank}.jsonl", world.rank, cfg.sample_hz, nvml,
                                   worker_pids=getattr(feed, "worker_pids", None)))
     if world.is_main and world.size > 1:
-        from musubi.diagnose.straggler import default_threshold
+        from musubi.telemetry.straggler import default_threshold
         from musubi.telemetry.watch import StragglerWatch
 
         rec.companions.append(StragglerWatch(d, world.size, default_threshold(cfg.straggler_threshold,

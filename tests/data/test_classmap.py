@@ -10,7 +10,7 @@ import pytest
 from musubi.config.errors import ConfigError
 from musubi.config.load import job_from_dict
 from musubi.data.coco import CocoDetection
-from musubi.evaluate.provenance import dataset_version
+from musubi.data.job_version import dataset_version
 from musubi.tasks.detection import DetectionTask
 
 from .sets import edit, small_set

@@ -10,8 +10,8 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from musubi.cli import app
+from musubi.data.job_version import dataset_detail, dataset_env, dataset_version
 from musubi.data.version import hash_dataset
-from musubi.evaluate.provenance import dataset_detail, dataset_env, dataset_version
 
 from .sets import small_set
 

@@ -129,8 +129,8 @@ def test_cli_once_starts_a_real_fleet_then_waits_for_new_data(tmp_path: Path) ->
 def test_watch_warns_when_no_job_reads_the_folder(tmp_path: Path) -> None:
     import yaml
 
+    from musubi.cli.data import reads_from
     from musubi.config.load import load_fleet
-    from musubi.data.command import reads_from
 
     small_set(tmp_path / "export")
     fleet = tmp_path / "fleet.yaml"

@@ -10,8 +10,8 @@ from typer.testing import CliRunner
 
 from musubi.cli import app
 from musubi.diagnose.classify import analyze
-from musubi.diagnose.straggler import StragglerDetector
 from musubi.diagnose.timeline import load_job
+from musubi.telemetry.straggler import StragglerDetector
 from tests.diagnose.records import write_job
 
 
@@ -230,7 +230,7 @@ def test_trace_of_a_long_run_is_capped_keeping_the_slow_steps(tmp_path: Path) ->
 
 def test_per_rank_step_time_tail_in_the_report(tmp_path: Path) -> None:
     """Each rank's step-time CV and p99/p50 after warm-up: in the report's JSON and on its console line."""
-    from musubi.diagnose.straggler import tail
+    from musubi.telemetry.straggler import tail
 
     assert tail([10.0] * 50) == (0.0, 1.0)
     cv, ratio = tail([10.0] * 98 + [30.0, 30.0])

@@ -435,7 +435,7 @@ def test_run_json_redacts_argv_and_command_env(guard: Guard) -> None:
 
 def test_preflight_readings_redact_credentials(guard: Guard) -> None:
     from musubi.preflight.read.machine import read_env
-    from musubi.preflight.readings import NvmlReading
+    from musubi.topology.nvml import NvmlReading
 
     reading = read_env(1, NvmlReading(available=False), {"NCCL_NET_TOKEN": "secret1", "CUDA_VISIBLE_DEVICES": "0"})
     assert reading.variables == {"CUDA_VISIBLE_DEVICES": "0", "NCCL_NET_TOKEN": "REDACTED"}

@@ -5,7 +5,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from musubi.preflight.readings import GpuReading, NvmlReading, StackReading
+from musubi.preflight.readings import StackReading
+from musubi.topology.nvml import GpuReading, NvmlReading
 
 GiB = 2**30
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from musubi.preflight.checks.gpus import check_gpus
-from musubi.preflight.readings import ProcessReading
 from musubi.preflight.result import Status
+from musubi.topology.nvml import ProcessReading
 
 from .crafted import A100, NO_NVML, GiB, gpu, nvml, only
 

@@ -9,8 +9,8 @@ from typing import Any
 import pynvml
 import pytest
 
-from musubi.preflight.read.kernel_log import bus_key, parse_xids
-from musubi.preflight.read.nvml import read_nvml
+from musubi.topology.kernel_log import bus_key, parse_xids
+from musubi.topology.nvml import read_nvml
 
 GiB = 2**30
 

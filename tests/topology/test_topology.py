@@ -84,13 +84,12 @@ def test_planner_reads_the_same_model() -> None:
 
 
 def test_live_reading_merges_nvidia_smi_with_nvml_and_falls_back_to_sysfs(monkeypatch, tmp_path: Path) -> None:
-    from musubi.preflight.read import nvml as nvml_reader
-    from musubi.preflight.readings import NvmlReading
     from musubi.topology import read as reader
+    from musubi.topology.nvml import NvmlReading
 
     gpus = tuple(gpu(i) for i in range(4))
     nvml_topo = NodeTopology(links={(0, 1): "NV18"}, p2p={(0, 1): "OK"}, source="nvml")
-    monkeypatch.setattr(nvml_reader, "read_nvml", lambda with_xids=True: (NvmlReading(True, gpus), nvml_topo))
+    monkeypatch.setattr(reader, "read_nvml", lambda with_xids=True: (NvmlReading(True, gpus), nvml_topo))
     monkeypatch.setattr(reader, "read_topo_text", lambda: (FIXTURES / NVLINK4).read_text())
     t = reader.read_node_topology()
     assert t.source == "nvidia-smi" and t.numa_of(3) == 1 and t.p2p_status(1, 0) == "OK"

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from musubi.preflight.readings import GpuReading
 from musubi.preflight.result import CheckResult, fail, passed, warn
 from musubi.preflight.units import indices
+from musubi.topology.nvml import GpuReading
 
 CVD = "CUDA_VISIBLE_DEVICES"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from musubi.preflight.readings import CommReading, GpuReading, TopologyReading
+from musubi.preflight.readings import CommReading, TopologyReading
 from musubi.preflight.reference import (
     BUSBW_EFFICIENCY,
     BUSBW_WARN_RATIO,
@@ -15,6 +15,7 @@ from musubi.preflight.reference import (
 )
 from musubi.preflight.result import CheckResult, fail, passed, warn
 from musubi.preflight.units import indices, ms, size
+from musubi.topology.nvml import GpuReading
 
 _TRUE = {"1", "true", "yes", "on"}
 #: Variables that override NCCL's own choice of algorithm, protocol or channels.

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections import Counter
 
-from musubi.preflight.readings import GpuReading, NvmlReading
 from musubi.preflight.reference import HARDWARE_XIDS, SLOWDOWN_REASONS, expected_memory_gb, gpu_spec
 from musubi.preflight.result import CheckResult, fail, passed, warn
 from musubi.preflight.units import gib, indices
+from musubi.topology.nvml import GpuReading, NvmlReading
 
 #: Memory in use on an idle GPU that is still normal (driver reservations): bytes, or this share of the total.
 IDLE_USED_BYTES = 1 << 30

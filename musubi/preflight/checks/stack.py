@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 
-from musubi.preflight.readings import GpuReading, StackReading
+from musubi.preflight.readings import StackReading
 from musubi.preflight.reference import (
     ARCH_LAST_CUDA_MAJOR,
     MAJOR_FLOOR_DRIVER,
@@ -17,6 +17,7 @@ from musubi.preflight.reference import (
 )
 from musubi.preflight.result import CheckResult, Status, fail, passed, warn
 from musubi.preflight.units import indices
+from musubi.topology.nvml import GpuReading
 
 _ARCH = re.compile(r"^(sm|compute)_(\d+)(\d)([af]?)$")
 CUDA_WHEELS = "https://download.pytorch.org/whl/"

@@ -11,25 +11,20 @@ import dataclasses
 import math
 import os
 import time
-from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from musubi.config.errors import ConfigError
+from musubi.config.errors import ConfigError, split_error
+from musubi.data.coco_scan import BLOCKING, is_int, json_key, scan_entries, scan_references
+from musubi.data.layout import PAIR_SEPARATOR, find_image_dir, folder_layout
+from musubi.data.version import digests
 from musubi.preflight.readings import DataIssue, DataReading
 
 #: Offending files named per problem kind.
 MAX_EXAMPLES = 3
 #: A box may overhang its image by this much (pixels) before it counts as outside (rounding in exports).
 BOX_TOLERANCE_PX = 1.0
-PAIR_SEPARATOR = "::"
-
-
-def split_error(message: str) -> tuple[str, str]:
-    """Split a ConfigError line 'path: problem; fix' into (problem, fix)."""
-    head, sep, tail = message.rpartition("; ")
-    return (head, tail) if sep else (message, "fix the dataset")
 
 
 #: EXIF tag of the orientation a viewer applies (1: as stored).
@@ -96,74 +91,6 @@ def _issues(found: dict[str, list[str]], keep: int = MAX_EXAMPLES) -> tuple[Data
     return tuple(_issue(kind, ex, keep=keep) for kind, ex in found.items() if ex)
 
 
-def find_image_dir(ann: Path, file_names: Iterable[str]) -> tuple[Path | None, list[Path]]:
-    """The image directory of a COCO file: the candidate holding most of its first images, and all tried."""
-    stem = ann.stem.removeprefix("instances_")
-    root = ann.parent.parent if ann.parent.name == "annotations" else ann.parent
-    candidates = [ann.parent / "images", root / stem, root / "images" / stem, root / "images", ann.parent]
-    tried = list(dict.fromkeys(c for c in candidates))
-    sample = [n for _, n in zip(range(20), file_names, strict=False)]  # the first 20
-    if not sample:  # no images listed: any existing candidate will do
-        return next((c for c in tried if c.is_dir()), None), tried
-    best, best_hits = None, 0
-    for c in tried:
-        if c.is_dir():
-            hits = sum((c / n).is_file() for n in sample)
-            if hits > best_hits:
-                best, best_hits = c, hits
-    return best, tried
-
-
-#: Files that mark a folder as a YOLO data set.
-YOLO_MARKERS = ("data.yaml", "dataset.yaml")
-
-
-def annotation_jsons(root: Path) -> list[Path]:
-    """COCO annotation candidates of a folder: ROOT/*.json and ROOT/annotations/*.json (hidden files skipped)."""
-    found = sorted(root.glob("*.json")) + sorted(root.glob("annotations/*.json"))
-    # coco_image_ids.json: the image-id sidecar `data convert --to yolo` writes next to data.yaml.
-    return [p for p in found if not p.name.startswith(".") and p.name != "coco_image_ids.json" and _looks_coco(p)]
-
-
-#: JSON files larger than this are taken as COCO without looking (a data folder's big JSON is its annotations).
-SNIFF_BYTES = 1 << 20
-
-
-def _looks_coco(path: Path) -> bool:
-    """Whether a JSON file may be COCO annotations: it names "images", "annotations" or "categories" (a
-    class-folder set's `classes.json` does not make the folder COCO; a COCO file missing a list does, and
-    the check names what is missing)."""
-    try:
-        if path.stat().st_size > SNIFF_BYTES:
-            return True
-        text = path.read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return True  # unreadable: let the reader name the problem
-    return any(f'"{k}"' in text for k in ("images", "annotations", "categories"))
-
-
-def folder_layout(root: Path, several: bool = False) -> tuple[str, list[Path]]:
-    """What a data set folder is: ("coco", [ANN.json, ...]), ("yolo", [data.yaml]) or ("folder", []).
-
-    One rule for check, slice, convert, hash and watch. A folder holding both a COCO JSON and a YOLO
-    layout, or (unless `several`) more than one JSON, is ambiguous: ConfigError naming the fix.
-    """
-    jsons = annotation_jsons(root)
-    yamls = [root / n for n in YOLO_MARKERS if (root / n).is_file()]
-    if jsons and (yamls or (root / "labels").is_dir()):
-        raise ConfigError(f"{root}: holds both COCO JSON ({jsons[0].name}) and a YOLO layout (data.yaml/labels); "
-                          f"give ANN.json or IMAGES_DIR{PAIR_SEPARATOR}ANN.json")
-    if len(jsons) > 1 and not several:
-        names = ", ".join(str(p.relative_to(root)) for p in jsons[:4])
-        raise ConfigError(f"{root}: holds {len(jsons)} annotation JSON files ({names}); "
-                          f"give one of them as ANN.json or IMAGES_DIR{PAIR_SEPARATOR}ANN.json")
-    if jsons:
-        return "coco", jsons
-    if yamls:
-        return "yolo", yamls[:1]
-    return "folder", []
-
-
 def data_targets(data: Any) -> list[str]:
     """`--data` targets of a job's on-disk splits (a config DataSpec), train first; [] for synthetic data."""
     out = []
@@ -214,92 +141,6 @@ def read_data(target: str, examples: int = MAX_EXAMPLES, store: Path | None = No
     return dataclasses.replace(reading, seconds=round(time.perf_counter() - t0, 3))
 
 
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _key(v: Any) -> Any:
-    """A hashable stand-in for a JSON value (a malformed id may be a list or an object)."""
-    return v if isinstance(v, (int, float, str, bool, type(None))) else repr(v)
-
-
-def _duplicates(values: list[Any]) -> list[Any]:
-    seen: set[Any] = set()
-    return [v for v in values if v in seen or seen.add(v)]  # type: ignore[func-returns-value]
-
-
-def scan_references(raw: dict[str, Any], index_of: dict[int, int] | None = None) -> dict[str, list[str]]:
-    """Problems of ids and references a loader would refuse or silently double: one list of offenders per kind.
-
-    `index_of`: id(annotation) -> its index in the file, when `raw` is a filtered copy (scan_entries).
-    """
-    images = [img for img in raw["images"] if isinstance(img, dict)]
-    anns = [a for a in raw["annotations"] if isinstance(a, dict)]
-    image_ids = {_key(img.get("id")) for img in images}
-    category_ids = {_key(c.get("id")) for c in raw["categories"] if isinstance(c, dict)}
-
-    def at(n: int, a: Any) -> int:
-        return index_of.get(id(a), n) if index_of else n
-
-    return {
-        "duplicate_image_id": [f"image id {i}" for i in _duplicates([_key(img.get("id")) for img in images])],
-        "duplicate_annotation_id": [f"annotation id {i}" for i in _duplicates([_key(a.get("id")) for a in anns])
-                                    if i is not None],
-        "duplicate_file_name": [str(n) for n in _duplicates([_key(img.get("file_name")) for img in images])],
-        "unknown_image": [f"annotations[{at(n, a)}] image_id {a.get('image_id')!r}"
-                          for n, a in enumerate(raw["annotations"])
-                          if isinstance(a, dict) and _key(a.get("image_id")) not in image_ids],
-        "unknown_category": [f"annotations[{at(n, a)}] category_id {a.get('category_id')!r}"
-                             for n, a in enumerate(raw["annotations"])
-                             if isinstance(a, dict) and _key(a.get("category_id")) not in category_ids],
-    }
-
-
-def scan_entries(raw: dict[str, Any], ann: Path) -> tuple[dict[str, list[str]], dict[str, Any]]:
-    """Malformed entries the loader would refuse, one list per kind, and the file without them.
-
-    Every offender is listed (the loader stops at the first); the remaining entries go on to the
-    loader's own rules, the image decode and the box checks, so one bad entry hides nothing else.
-    """
-    from musubi.data.coco import check_relative_name
-
-    found: dict[str, list[str]] = {"bad_category_entry": [], "duplicate_category_id": [], "bad_image_entry": [],
-                                   "bad_file_name": [], "bad_annotation_entry": [], "bad_bbox": []}
-    cats: list[Any] = []
-    seen_cat: set[Any] = set()
-    for n, c in enumerate(raw["categories"]):
-        if not isinstance(c, dict) or not _is_int(c.get("id")):
-            found["bad_category_entry"].append(f"categories[{n}] has no integer 'id'")
-        elif c["id"] in seen_cat:
-            found["duplicate_category_id"].append(f"categories[{n}] id {c['id']}")
-        else:
-            seen_cat.add(c["id"])
-            cats.append(c)
-    images: list[Any] = []
-    for n, img in enumerate(raw["images"]):
-        if not isinstance(img, dict) or not _is_int(img.get("id")):
-            found["bad_image_entry"].append(f"images[{n}] has no integer 'id'")
-            continue
-        try:
-            check_relative_name(img.get("file_name"), ann, img["id"])
-        except ConfigError as e:
-            found["bad_file_name"].append(f"images[{n}]: {split_error(str(e))[0].split(': ', 1)[-1]}")
-            continue
-        images.append(img)
-    anns: list[Any] = []
-    for n, a in enumerate(raw["annotations"]):
-        if not isinstance(a, dict):
-            found["bad_annotation_entry"].append(f"annotations[{n}] is not an object")
-            continue
-        bbox = a.get("bbox")
-        if not isinstance(bbox, list) or len(bbox) != 4 or not all(
-                isinstance(v, (int, float)) and not isinstance(v, bool) for v in bbox):
-            found["bad_bbox"].append(f"annotations[{n}] bbox {bbox!r} is not [x, y, w, h] numbers")
-            continue
-        anns.append(a)
-    return found, {**raw, "categories": cats, "images": images, "annotations": anns}
-
-
 def _size_counts(sizes: dict[str, int]) -> list[int]:
     """How many files have each file's size (in the dict's order)."""
     from collections import Counter
@@ -308,16 +149,11 @@ def _size_counts(sizes: dict[str, int]) -> list[int]:
     return [count[v] for v in sizes.values()]
 
 
-#: Reference problems that make musubi.data.coco refuse the file (reported per offender instead).
-BLOCKING = ("duplicate_image_id", "unknown_image", "unknown_category")
-
 
 def read_coco(target: str, ann: Path, image_dir: Path | None, examples: int = MAX_EXAMPLES,
               store: Path | None = None) -> DataReading:
     """A COCO set: ids and references, the structural check of musubi.data.coco, then every image and box."""
     from musubi.data.coco import CocoDetection, check_relative_name, read_annotation_json
-    from musubi.data.version import digests
-
     base = {"target": target, "kind": "coco", "path": str(ann)}
     try:
         raw = read_annotation_json(ann)
@@ -339,11 +175,11 @@ def read_coco(target: str, ann: Path, image_dir: Path | None, examples: int = MA
     try:
         if any(found[k] for k in BLOCKING):
             # Listed one by one already; the loader's own rules still run on the remaining entries.
-            by_id = {_key(i.get("id")): i for i in raw["images"] if isinstance(i, dict)}
-            cats = {_key(c.get("id")) for c in raw["categories"] if isinstance(c, dict)}
+            by_id = {json_key(i.get("id")): i for i in raw["images"] if isinstance(i, dict)}
+            cats = {json_key(c.get("id")) for c in raw["categories"] if isinstance(c, dict)}
             raw_ok = {**raw, "images": list(by_id.values()),
                       "annotations": [a for a in raw["annotations"] if not isinstance(a, dict) or
-                                      (_key(a.get("image_id")) in by_id and _key(a.get("category_id")) in cats)]}
+                                      (json_key(a.get("image_id")) in by_id and json_key(a.get("category_id")) in cats)]}
         else:
             raw_ok = raw
         # The exact code a training rank runs: if this passes, the loader's construction will too
@@ -366,7 +202,7 @@ def read_coco(target: str, ann: Path, image_dir: Path | None, examples: int = MA
     readable: list[tuple[str, Path]] = []
     for img, name, path, ok in zip(images, files, paths, exists, strict=True):
         # Non-integer or missing sizes mean "unknown" to musubi.data.coco too.
-        declared = tuple(v if _is_int(v) else 0 for v in (img.get("width"), img.get("height")))
+        declared = tuple(v if is_int(v) else 0 for v in (img.get("width"), img.get("height")))
         if not ok:
             if declared[0] and declared[1]:
                 size_of[img["id"]] = declared
@@ -410,7 +246,7 @@ def read_coco(target: str, ann: Path, image_dir: Path | None, examples: int = MA
     first_box: dict[tuple[Any, ...], int] = {}
     for a in raw["annotations"]:
         n = index_of[id(a)]
-        if _key(a.get("image_id")) not in file_of or _key(a.get("category_id")) not in known:
+        if json_key(a.get("image_id")) not in file_of or json_key(a.get("category_id")) not in known:
             continue  # listed as unknown_image / unknown_category
         x, y, w, h = (float(v) for v in a["bbox"])
         where = f"{file_of[a['image_id']]} (annotations[{n}] bbox [{x:g}, {y:g}, {w:g}, {h:g}])"
@@ -461,8 +297,6 @@ def _split_images(reading: DataReading) -> list[Path]:
 
 def across_splits(readings: list[DataReading], store: Path | None = None) -> list[str]:
     """Images whose bytes appear in two splits ('val/x.jpg = train/y.jpg'): only same-size files are hashed."""
-    from musubi.data.version import digests
-
     files = [(r.path, p) for r in readings for p in _split_images(r)]
     sizes: dict[int, set[str]] = {}
     for split, p in files:

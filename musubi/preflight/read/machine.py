@@ -9,7 +9,8 @@ import warnings
 from collections.abc import Mapping
 from pathlib import Path
 
-from musubi.preflight.readings import DiskReading, EnvReading, NvmlReading, StackReading
+from musubi.preflight.readings import DiskReading, EnvReading, StackReading
+from musubi.topology.nvml import NvmlReading
 
 #: Variables the environment check looks at (prefixes and exact names).
 ENV_PREFIXES = ("NCCL_", "TORCH_NCCL_", "TORCH_DISTRIBUTED_", "CUDA_", "OMP_", "PYTORCH_", "TORCH_CPP_LOG")

@@ -1,12 +1,61 @@
-"""GPU readings from NVML (no CUDA context is created): models, memory, processes, health, topology."""
+"""GPU readings from NVML (no CUDA context is created): models, memory, processes, health, topology.
+
+Read by the preflight (which judges them) and by the topology reader (which falls back to NVML's links
+when `nvidia-smi topo -m` is not there).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
-from musubi.preflight.read.kernel_log import bus_key, read_xids
-from musubi.preflight.readings import GpuReading, NvmlReading, ProcessReading, TopologyReading
+from musubi.topology.kernel_log import bus_key, read_xids
+from musubi.topology.model import NodeTopology
+
+
+@dataclass(frozen=True)
+class ProcessReading:
+    """A compute process holding memory on a GPU."""
+
+    pid: int
+    used_bytes: int | None  # None where NVML cannot attribute memory (containers)
+    name: str = ""
+
+
+@dataclass(frozen=True)
+class GpuReading:
+    """One physical GPU as NVML reports it (index = nvidia-smi's number)."""
+
+    index: int
+    name: str
+    uuid: str
+    memory_total: int  # bytes
+    memory_used: int  # bytes, by anyone
+    capability: tuple[int, int]  # (major, minor): (9, 0) is sm_90
+    pci_bus_id: str = ""
+    processes: tuple[ProcessReading, ...] = ()
+    ecc_uncorrected: int | None = None  # volatile (since driver load) uncorrected errors; None: not reported
+    remap_pending: bool | None = None  # a row remap / page retirement waits for a GPU reset
+    remap_failed: bool | None = None  # a row remap failed: the memory is bad
+    clock_events: tuple[str, ...] = ()  # active throttle reasons, e.g. ('HwThermalSlowdown',)
+    mig_enabled: bool | None = None
+    pcie_gen_max: int | None = None
+    pcie_width_max: int | None = None
+    xids: tuple[int, ...] | None = None  # Xid codes in the kernel log since boot; None: log not readable
+    error: str | None = None  # NVML could not read this GPU at all (e.g. 'GPU is lost')
+
+
+@dataclass(frozen=True)
+class NvmlReading:
+    """All GPUs of the machine, or why NVML could not be read."""
+
+    available: bool
+    gpus: tuple[GpuReading, ...] = ()
+    error: str | None = None  # e.g. 'NVML Shared Library Not Found'
+    driver_version: str | None = None  # e.g. '570.124.06'
+    driver_cuda_version: str | None = None  # newest CUDA the driver supports natively, e.g. '12.8'
+
 
 # pynvml's NVML_P2P_CAPS_INDEX_READ is a one-element tuple (a stray comma), so the indices are spelled here.
 _P2P_READ, _P2P_NVLINK = 0, 2
@@ -23,16 +72,16 @@ def _text(value: Any) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
-def read_nvml(with_xids: bool = True) -> tuple[NvmlReading, TopologyReading]:
+def read_nvml(with_xids: bool = True) -> tuple[NvmlReading, NodeTopology]:
     """Every GPU of the machine and how they are linked; an unavailable NVML is a reading, not an error."""
     try:
         import pynvml
     except ImportError:
-        return NvmlReading(False, error="nvidia-ml-py is not installed"), TopologyReading()
+        return NvmlReading(False, error="nvidia-ml-py is not installed"), NodeTopology()
     try:
         pynvml.nvmlInit()
     except pynvml.NVMLError as e:
-        return NvmlReading(False, error=_text(e)), TopologyReading()
+        return NvmlReading(False, error=_text(e)), NodeTopology()
 
     def get(fn: Callable[..., Any], *args: Any) -> Any:
         # Many queries are unsupported on some boards (ECC on GeForce, remapping before Ampere): None.
@@ -63,7 +112,7 @@ def read_nvml(with_xids: bool = True) -> tuple[NvmlReading, TopologyReading]:
         )
         return reading, topo
     except pynvml.NVMLError as e:
-        return NvmlReading(False, error=_text(e)), TopologyReading()
+        return NvmlReading(False, error=_text(e)), NodeTopology()
     finally:
         try:
             pynvml.nvmlShutdown()
@@ -123,10 +172,10 @@ def _nvlinks(pynvml: Any, get: Callable[..., Any], h: Any) -> list[str]:
 
 
 def _read_topology(pynvml: Any, get: Callable[..., Any], handles: list[Any], buses: list[str],
-                   index: list[int]) -> TopologyReading:
+                   index: list[int]) -> NodeTopology:
     """Pairwise links (NV# from NVLink state, else the PCIe common ancestor) and P2P read status."""
     if len(handles) < 2:
-        return TopologyReading(source="nvml")
+        return NodeTopology(source="nvml")
     gpu_keys = [bus_key(b) for b in buses]
     remotes = [_nvlinks(pynvml, get, h) for h in handles]
     links: dict[tuple[int, int], str] = {}
@@ -148,4 +197,4 @@ def _read_topology(pynvml: Any, get: Callable[..., Any], handles: list[Any], bus
             status = get(pynvml.nvmlDeviceGetP2PStatus, handles[i], handles[j], _P2P_READ)
             if status is not None:
                 p2p[pair] = _P2P_STATUS.get(int(status), "unknown")
-    return TopologyReading(links=links, p2p=p2p, source="nvml")
+    return NodeTopology(links=links, p2p=p2p, source="nvml")

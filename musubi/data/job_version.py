@@ -7,6 +7,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+from musubi.config.errors import ConfigError
+from musubi.data.version import hash_dataset
+
 #: Synthetic-spec keys that change where samples are generated, not which samples.
 _NOT_CONTENT = {"on_device"}
 
@@ -17,9 +20,6 @@ def split_versions(data: dict[str, Any], store: Path | None = None) -> dict[str,
     Each is exactly what `musubi data hash` prints for that split (IMAGES_DIR + ANN.json hashes as
     the annotation file and the images it lists; a folder or a file as itself): one definition.
     """
-    from musubi.config.errors import ConfigError
-    from musubi.data.version import hash_dataset
-
     out: dict[str, str] = {}
     for split in ("train", "val"):
         spec = data.get(split)

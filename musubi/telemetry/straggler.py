@@ -25,7 +25,7 @@ from collections import deque
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from musubi.diagnose.timeline import LOCAL_WORK, local_work_ms, sections_ms, wall_ms
+from musubi.telemetry.step_record import LOCAL_WORK, local_work_ms, sections_ms, wall_ms
 
 WINDOW = 20  # steps in the sliding window of the live watch; fewer steady steps are not judged
 WARMUP = 5  # first steps skipped (allocator, autotuning, bucket rebuild)

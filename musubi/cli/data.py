@@ -39,14 +39,14 @@ def existing_store(store: Path) -> Path | None:
 
 def coco_source(src: str) -> tuple[Path, Path]:
     """(annotation file, image directory) of SRC: ANN.json, IMAGES_DIR::ANN.json or a folder holding one JSON."""
-    from musubi.preflight.read.data import PAIR_SEPARATOR, find_image_dir
+    from musubi.data.layout import PAIR_SEPARATOR, find_image_dir
 
     if PAIR_SEPARATOR in src:
         a, b = (Path(p) for p in src.split(PAIR_SEPARATOR, 1))
         return (b, a) if b.suffix.lower() == ".json" else (a, b)
     path = Path(src)
     if path.is_dir():
-        from musubi.preflight.read.data import folder_layout
+        from musubi.data.layout import folder_layout
 
         layout, found = folder_layout(path)
         if layout == "yolo":
@@ -124,8 +124,9 @@ def check_command(
                                                              "when it exists; none is created)."),
 ) -> None:
     """Check a data set: it parses, every image exists and decodes, boxes inside with area, ids, duplicates."""
+    from musubi.data.layout import PAIR_SEPARATOR
     from musubi.preflight.checks.data import check_data
-    from musubi.preflight.read.data import PAIR_SEPARATOR, across_splits, read_data
+    from musubi.preflight.read.data import across_splits, read_data
     from musubi.preflight.result import PreflightReport, Status, render, warn
 
     for path in paths:
@@ -190,8 +191,8 @@ def hash_command(
     workers: int | None = typer.Option(None, "--workers", min=1, help="Hashing threads (default: 2 per core, <=16)."),
 ) -> None:
     """The content version of a data set: sha256 over every file's name and bytes."""
+    from musubi.data.layout import PAIR_SEPARATOR
     from musubi.data.version import hash_dataset
-    from musubi.preflight.read.data import PAIR_SEPARATOR
 
     try:
         image_dir = None
