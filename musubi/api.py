@@ -23,6 +23,7 @@ from musubi.checkpoint.checkpoint import best_checkpoint, latest_checkpoint
 from musubi.config.errors import ConfigError
 from musubi.config.run_files import RUN_FILES
 from musubi.records.evidence import read_json_or_none
+from musubi.store.rundir import read_jsonl
 
 
 @dataclass(frozen=True)
@@ -40,16 +41,7 @@ class JobOutcome:
     @property
     def history(self) -> list[dict[str, Any]]:
         """Rank 0's scalar records (metrics.jsonl): kind train (loss, lr, samples/s) and val, per step."""
-        path = self.job_dir / RUN_FILES.metrics
-        if not path.is_file():
-            return []
-        out = []
-        for line in path.read_text(encoding="utf-8").splitlines():
-            try:
-                out.append(json.loads(line))
-            except ValueError:
-                continue  # a line cut by a kill
-        return out
+        return read_jsonl(self.job_dir / RUN_FILES.metrics)  # a torn last line (a kill) is skipped
 
 
 @dataclass(frozen=True)

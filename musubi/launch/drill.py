@@ -28,6 +28,7 @@ from typing import Any
 
 from musubi.config.errors import ConfigError
 from musubi.config.run_files import RUN_FILES
+from musubi.store.rundir import read_jsonl
 
 FAULTS = ("kill", "hang", "ckpt_kill")
 #: Slack allowed between a hang's timeout and its detection (the issue's bar).
@@ -93,12 +94,6 @@ def same_weights(a: dict[str, Any], b: dict[str, Any]) -> bool:
     import torch
 
     return bool(a) and set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in a)
-
-
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    if not path.is_file():
-        return []
-    return [json.loads(ln) for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()]
 
 
 def _train(req: DrillRequest, out: Path, inject: str | None, deadline_s: float | None = None
@@ -228,7 +223,7 @@ def run_drill(req: DrillRequest, progress: Any = None) -> dict[str, Any]:
         raise ConfigError(f"the reference run failed ({err}); fix the job before drilling it")
     ref = final_tensors(ref_dir)
     total = int(json.loads((ref_dir / RUN_FILES.summary).read_text(encoding="utf-8"))["total_steps"])
-    ckpt_steps = sorted({int(r["step"]) for r in _read_jsonl(ref_dir / RUN_FILES.metrics)
+    ckpt_steps = sorted({int(r["step"]) for r in read_jsonl(ref_dir / RUN_FILES.metrics)
                          if r.get("kind") == "checkpoint" and r["step"] < total}) or [total]
     rng = random.Random(req.seed)
     rows = []

@@ -40,6 +40,7 @@ from typing import Any
 
 from musubi.config.run_files import RUN_FILES
 from musubi.recovery.repeats import error_signature, mark_repeats, signal_signature
+from musubi.store.rundir import read_jsonl
 
 #: A rank whose heartbeat went silent this much before the others' is named as the one that died.
 SILENT_MARGIN_S = 0.3
@@ -73,16 +74,6 @@ class ProgressLog:
         """Training of this attempt finished normally at `step`."""
         self._write({"event": "end", "t": round(time.time(), 3), "step": step})
         os.close(self._fd)
-
-
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    out = []
-    for ln in path.read_text(encoding="utf-8").splitlines():
-        try:
-            out.append(json.loads(ln))
-        except ValueError:
-            continue  # a line cut by a kill
-    return out
 
 
 def _attempt_key(name: str) -> tuple[int, int]:
@@ -239,7 +230,7 @@ def failure_summary(f: dict[str, Any]) -> str:
 def attempt_failure(job_dir: Path, attempt: str) -> dict[str, Any]:
     """How one ended attempt failed, from its records: the step it reached, its end time and its cause."""
     path = job_dir / "progress" / f"a{attempt}.jsonl"
-    lines = _read_jsonl(path) if path.is_file() else []
+    lines = read_jsonl(path) if path.is_file() else []
     steps = [int(r["step"]) for r in lines if "step" in r and r.get("event") != "start"]
     end = _attempt_end(job_dir, attempt, lines) if lines else time.time()
     start = float(lines[0]["t"]) if lines else end
@@ -280,7 +271,7 @@ def compute_goodput(job_dir: Path) -> dict[str, Any]:
     files = sorted(d.glob("a*.jsonl"), key=lambda p: _attempt_key(p.stem)) if d.is_dir() else []
     attempts = []
     for p in files:
-        lines = _read_jsonl(p)
+        lines = read_jsonl(p)
         if not lines:
             continue
         aid = p.stem.removeprefix("a")
