@@ -10,21 +10,9 @@ import sys
 from pathlib import Path
 
 import yaml
-from typer.testing import CliRunner
 
-from musubi.cli import app
+from tests.cli.helpers import one_line_error, run
 from tests.conftest import REPO
-
-
-def run(*args: str) -> tuple[int, str]:
-    res = CliRunner().invoke(app, ["train", *args])
-    return res.exit_code, res.output
-
-
-def _one_line_error(out: str) -> str:
-    lines = [ln for ln in out.strip().splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error:"), out
-    return lines[0]
 
 
 def _recorded_run(job: Path, run_dir: Path, status: str, **config_changes: dict) -> Path:
@@ -44,7 +32,7 @@ def _recorded_run(job: Path, run_dir: Path, status: str, **config_changes: dict)
 def test_more_cpu_ranks_than_cores_is_refused_with_the_number_that_fits(tiny_job, tmp_path: Path) -> None:
     cores = len(os.sched_getaffinity(0))
     code, out = run(str(tiny_job()), "--nproc", str(cores + 62), "--device", "cpu", "--out", str(tmp_path / "r"))
-    line = _one_line_error(out)
+    line = one_line_error(out)
     assert code == 2 and f"--nproc {cores} or fewer" in line and "--oversubscribe" in line
     assert not (tmp_path / "r").exists()
     # the explicit flag lets it through to the next check (here: the plan, nothing launched)
@@ -68,7 +56,7 @@ def test_dry_run_prints_the_plan_and_writes_nothing(tiny_job, tmp_path: Path) ->
     assert not (tmp_path / "r").exists()
     # a bad job is refused the same way a launch refuses it
     code, out = run(str(tiny_job(model="resnet5O", task="classification")), "--device", "cpu", "--dry-run")
-    assert code == 2 and "resnet5" in _one_line_error(out)
+    assert code == 2 and "resnet5" in one_line_error(out)
 
 
 def test_resume_refuses_a_changed_job_unless_allowed(tiny_job, tmp_path: Path) -> None:
@@ -76,20 +64,20 @@ def test_resume_refuses_a_changed_job_unless_allowed(tiny_job, tmp_path: Path) -
     job_dir = _recorded_run(job, tmp_path / "r", "stopped", train={"lr": 0.5})
     before = (job_dir / "job.json").read_bytes()
     code, out = run(str(job), "--nproc", "2", "--device", "cpu", "--out", str(tmp_path / "r"), "--resume")
-    line = _one_line_error(out)
+    line = one_line_error(out)
     assert code == 2 and "train.lr 0.5 -> 0.1" in line and "--allow-changes train.lr" in line
     assert (job_dir / "job.json").read_bytes() == before
     # listed: the change passes this check (the next one wants a committed checkpoint, which this run lacks)
     code, out = run(str(job), "--nproc", "2", "--device", "cpu", "--out", str(tmp_path / "r"), "--resume",
                     "--allow-changes", "train.lr")
-    assert code == 2 and "no committed checkpoint" in _one_line_error(out)
+    assert code == 2 and "no committed checkpoint" in one_line_error(out)
     # a section covers its fields; an unknown field is refused by name
     code, out = run(str(job), "--device", "cpu", "--out", str(tmp_path / "r"), "--resume", "--allow-changes",
                     "train", "--dry-run")
     assert code == 0 and "resume: train.lr 0.5 -> 0.1 (--allow-changes)" in out, out
     code, out = run(str(job), "--device", "cpu", "--out", str(tmp_path / "r"), "--resume", "--allow-changes",
                     "train.lrr")
-    assert code == 2 and "'lrr' is not a job field" in _one_line_error(out)
+    assert code == 2 and "'lrr' is not a job field" in one_line_error(out)
 
 
 def test_resume_of_a_finished_run_is_reported_without_launching(tiny_job, tmp_path: Path) -> None:
@@ -127,9 +115,9 @@ def test_config_errors_come_before_torch(tiny_job, tmp_path: Path) -> None:
 
 def test_set_errors_name_the_flag_not_the_file(tiny_job) -> None:
     code, out = run(str(tiny_job()), "--set", "train.epocs=3")
-    line = _one_line_error(out)
+    line = one_line_error(out)
     assert code == 2 and line.startswith("error: --set train.epocs=3: unknown key train.epocs; did you mean 'epochs'")
     # a bad key written in the file still names the file
     job = tiny_job(train={"epocs": 3})
     code, out = run(str(job), "--set", "train.lr=0.2")
-    assert code == 2 and _one_line_error(out).startswith(f"error: {job}: unknown key train.epocs")
+    assert code == 2 and one_line_error(out).startswith(f"error: {job}: unknown key train.epocs")
