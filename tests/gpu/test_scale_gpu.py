@@ -1,5 +1,5 @@
-"""The whole machine: DDP on 4 GPUs resumes bitwise, and the demo fleet on 4 GPUs ends with no failure,
-no restart and every model learning."""
+"""The whole machine: DDP on 2 and 4 GPUs resumes bitwise, and the demo fleet on the machine's GPUs (4, or 2
+where only 2 are lent) ends with no failure, no restart and every model learning."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.gpu.conftest import REHEARSAL, figure, needs_gpus, stop_resume_equals_uninterrupted, train_losses
+from tests.gpu.conftest import GPUS, REHEARSAL, figure, needs_gpus, stop_resume_equals_uninterrupted, train_losses
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(600)]
 
@@ -22,12 +22,16 @@ RESNET = {
 }
 
 
-@pytest.mark.parametrize("nproc", [pytest.param(4, marks=needs_gpus(4))])
+@pytest.mark.parametrize("nproc", [pytest.param(2, marks=needs_gpus(2)), pytest.param(4, marks=needs_gpus(4))])
 def test_ddp_resnet_stop_resume_is_bitwise(musubi, tmp_path: Path, nproc: int) -> None:
     stop_resume_equals_uninterrupted(musubi, tmp_path, RESNET, nproc, stop=7)
 
 
-@pytest.mark.parametrize("nproc", [pytest.param(4, marks=needs_gpus(4))])
+# The whole machine, up to 4 GPUs: one demo run a tier (a second on a 4-GPU machine would add minutes).
+DEMO_GPUS = 4 if GPUS >= 4 else 2
+
+
+@pytest.mark.parametrize("nproc", [pytest.param(DEMO_GPUS, marks=needs_gpus(2))])
 def test_demo_fleet_has_no_failure_and_every_model_learns(musubi, tmp_path: Path, nproc: int) -> None:
     out = tmp_path / "demo"
     res = musubi("run", "examples/fleet-demo.yaml", "--out", str(out), gpus=nproc, timeout=540)
@@ -41,9 +45,15 @@ def test_demo_fleet_has_no_failure_and_every_model_learns(musubi, tmp_path: Path
     for name in jobs:
         jd = out / name
         if (jd / "metrics.jsonl").is_file() and train_losses(jd):
+            # Loss falling: the last quarter's mean below the untrained model's first logged loss. Not
+            # below the first quarter's mean: a two-stage detector's total loss dips while its RPN
+            # proposes nothing (the ROI head sees only easy background) and climbs back as proposals
+            # find objects (box regression on positives); on 2026-11-26 frcnn-320-ddp logged
+            # 1.70 1.78 1.12 ... 1.46 on 4x H100 and 1.77 2.62 1.47 1.06 ... 1.46 on CPU ranks while its
+            # validation mAP50 rose 0.15 -> 0.41. The mAP50 floor below is the learning proof.
             losses = train_losses(jd)
             k = max(1, len(losses) // 4)
-            assert sum(losses[-k:]) / k < sum(losses[:k]) / k, f"{name} did not learn: {losses}"
+            assert sum(losses[-k:]) / k < losses[0], f"{name} did not learn: {losses}"
         ev = json.loads((jd / "eval.json").read_text())
         maps[name] = ev.get("metrics", {}).get("map50")
         # visibly learning: generated objects a trained detector finds (0.0004 was a model that learned
