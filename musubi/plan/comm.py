@@ -5,7 +5,10 @@ node, but past the NVLink domain), `network` (across nodes: InfiniBand/RoCE). Ti
 bus-bandwidth model of NCCL's ring (tree has the same bandwidth term): an all-reduce of S
 bytes over n ranks moves 2 (n-1)/n S per rank, reduce-scatter and all-gather (n-1)/n S.
 A network group with k members per node aggregates k NICs (NCCL's hierarchical rings), up
-to the speed of the node's own links.
+to the speed of the node's own links, for the bucketed gradient all-reduce and ZeRO-1/2
+collectives. Weight-sharded (ZeRO-3 / FSDP) gathers and reduce-scatters are priced at each
+GPU's own NIC instead (`Link.one_nic`), as Calculon prices every inter-node collective
+(its A100 system: 25 GB/s per processor): see `one_nic` for why.
 
 Latency of a ring that crosses nodes grows with its length: NCCL's own tuning model
 (src/graph/tuning.cc, ring, Simple protocol) charges every all-gather / reduce-scatter
@@ -17,7 +20,7 @@ All-reduce keeps the tree latency (NCCL switches to tree at scale).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from musubi.plan.cluster import Cluster
 from musubi.plan.efficiency import Efficiency
@@ -38,6 +41,22 @@ class Link:
     latency_s: float
     local: int  # members of the group inside one node/NVLink domain
     ring_s: float = 0.0  # hop latency of one lap of a ring across nodes (0 inside a node)
+    nic_bw: float = math.inf  # bytes/s of one GPU's own NIC (network tier only), no aggregation
+
+    def one_nic(self) -> Link:
+        """This link with its bus bandwidth capped at one GPU's NIC: the rate sharded weight traffic gets.
+
+        NCCL's ring can spread a node's traffic over all its NICs, and the fit set's bucketed
+        gradient all-reduces (gpt-1.7b..7.5b: 32 ranks, 8 per node) need that (at one NIC they
+        come out 4-6 % slow). Per-unit ZeRO-3/FSDP gathers and scatters are a different pattern
+        (thousands of collectives a step on the whole world, on a side stream, against compute);
+        Calculon charges every inter-node collective one processor's NIC, and the only published
+        sharded runs across nodes moved ~21-23 GB/s per A100 (one 200 Gb/s HDR NIC). No constant
+        here is fitted: the rate is the catalog's nic_gbps x the `network` prior.
+        """
+        if self.tier != "network" or self.busbw <= self.nic_bw:
+            return self
+        return replace(self, busbw=self.nic_bw)
 
 
 def _intra(cluster: Cluster, eff: Efficiency) -> tuple[str, float]:
@@ -72,7 +91,7 @@ def place_group(cluster: Cluster, eff: Efficiency, stride: int, size: int) -> Li
     depth = 1 + math.log2(max(2, size // local))  # tree/ring steps across nodes
     nodes = -(-size // local)
     ring = (size - nodes) * RING_HOP_S[intra_tier] + (nodes - 1) * RING_HOP_S["network"]
-    return Link("network", size, busbw, a2a, eff.latency_s["network"] * depth, local, ring)
+    return Link("network", size, busbw, a2a, eff.latency_s["network"] * depth, local, ring, nic)
 
 
 def all_reduce_s(nbytes: float, link: Link) -> float:

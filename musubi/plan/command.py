@@ -54,6 +54,24 @@ def _terms(p: Prediction) -> list[tuple[str, str]]:
     return [("step time by term", "")] + rows
 
 
+def _num(x: float) -> str:
+    return f"{x:,.0f}" if x >= 100 else f"{x:.3g}"
+
+
+def _why(p: Prediction, micro: int) -> list[tuple[str, str]]:
+    """The numbers behind the terms: GEMM efficiency at this micro-batch, data-parallel traffic against its window."""
+    rows = [("why", "")]
+    if p.seq > 1:
+        rows.append((f"  GEMMs at micro-batch {micro} ({micro * p.seq:,} tokens)", f"{_pct(p.gemm_fraction_of_peak)} "
+                     "of peak"))
+    dpc = p.data_parallel
+    if dpc is not None and dpc.bytes_per_gpu > 0:
+        rows.append((f"  data-parallel traffic ({dpc.tier})",
+                     f"{_num(dpc.bytes_per_gpu / 1e9)} GB per GPU at {dpc.gbps:.3g} GB/s = {dpc.busy_s:.3g} s"))
+        rows.append(("  compute it can hide under", f"{dpc.window_s:.3g} s (exposed {dpc.exposed_s:.3g} s)"))
+    return rows if len(rows) > 1 else []
+
+
 def _print_validation(console: Console) -> None:
     from musubi.plan.validate import FIT_CSV, HELDOUT_CSV, check_table, table_text
 
@@ -63,7 +81,7 @@ def _print_validation(console: Console) -> None:
                   highlight=False, markup=False)
 
 
-def _print_one(console: Console, p: Prediction, cluster: Cluster) -> None:
+def _print_one(console: Console, p: Prediction, cluster: Cluster, micro: int) -> None:
     table = Table(title=Text(f"{p.model} on {p.n_gpus} x {p.gpu}: {p.layout}"), show_header=False,
                   title_justify="left")
     table.add_column("what")
@@ -85,6 +103,7 @@ def _print_one(console: Console, p: Prediction, cluster: Cluster) -> None:
         ("straggler tax", _pct(p.straggler_tax)),
         ("comm exposed/busy s per tier", _comm(p)),
         *_terms(p),
+        *_why(p, micro),
     ]
     for k, v in rows:
         table.add_row(k, v)
@@ -169,7 +188,8 @@ def plan_command(
         if report is not None and report["gpu"] != cluster.gpu.name:
             raise PlanError(f"--calibrate file was measured on {report['gpu']}, but --gpu is {cluster.gpu.name}")
         if layout is not None:
-            one = predict(model_spec, cluster, parse_layout(layout), batch, eff, precision)
+            one_layout = parse_layout(layout)
+            one = predict(model_spec, cluster, one_layout, batch, eff, precision)
         else:
             found = search(model_spec, cluster, batch, eff, precision, top=top)
     except PlanError as e:
@@ -182,7 +202,7 @@ def plan_command(
         if as_json:
             print(json.dumps({**one.as_dict(), "calibration": report}, indent=1))
         else:
-            _print_one(console, one, cluster)
+            _print_one(console, one, cluster, one_layout.micro)
         return
     if as_json:
         print(json.dumps({"model": model_spec.name, "gpu": cluster.gpu.name, "gpus": cluster.n_gpus,

@@ -44,6 +44,7 @@ class LayerTimes:
     bwd: float = 0.0  # backward compute
     attn_core: float = 0.0  # forward of the attention core alone (what selective recompute reruns)
     gemm_fwd: float = 0.0  # forward GEMM time (what TP communication can hide under)
+    gemm_flops_fwd: float = 0.0  # the FLOPs of those GEMMs (gemm_flops_fwd / gemm_fwd: their achieved rate)
     tp_fwd: float = 0.0  # TP collectives, forward pass
     tp_bwd: float = 0.0
     ep_fwd: float = 0.0  # expert all-to-all, forward pass
@@ -69,6 +70,11 @@ def device(cluster: Cluster, eff: Efficiency, precision: str) -> Device:
     achieved = cluster.gpu.achieved
     return Device(flops=peak * eff.fraction("matmul", achieved), peak=peak, hbm=cluster.gpu.hbm_gbps * 1e9 * eff.hbm,
                   gemm_memory=eff.gemm_memory, flash=eff.fraction("flash", achieved))
+
+
+def gemm_flops(m: float, k: float, n: float, batch: float = 1.0) -> float:
+    """FLOPs of one (batched) GEMM [m x k] @ [k x n]."""
+    return batch * 2 * m * k * n
 
 
 def gemm_s(dev: Device, m: float, k: float, n: float, batch: float = 1.0) -> float:
@@ -104,6 +110,8 @@ def layer_times(spec: TransformerSpec, layout: Layout, dev: Device, groups: Grou
     up = (spec.mlp_matrices - 1)  # GELU: 1 up matrix, SwiGLU: gate + up
     if not moe:
         gemm += gemm_s(dev, tokens, h, up * f / t) + gemm_s(dev, tokens, f / t, h)
+        out.gemm_flops_fwd = (gemm_flops(tokens, h, h / t + kv_cols) + gemm_flops(tokens, h / t, h)
+                              + gemm_flops(tokens, h, up * f / t) + gemm_flops(tokens, f / t, h))
         act_width = f / t
     else:
         fm, local = spec.moe_ffn, spec.experts // layout.ep

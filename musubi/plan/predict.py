@@ -32,6 +32,18 @@ from musubi.plan.straggler import straggler_tax
 OPTIMIZER_BYTES_PER_PARAM = 28
 
 
+@dataclass(frozen=True)
+class DataParallelComm:
+    """The data-parallel (and ZeRO) collectives of one step: what they cost and what could hide them."""
+
+    busy_s: float  # time the collectives take on their link
+    exposed_s: float  # the part no compute hides
+    bytes_per_gpu: float  # bytes each GPU sends per step
+    gbps: float  # bus bandwidth they get per GPU, GB/s (0: no traffic)
+    window_s: float  # compute they may overlap with (0: issued after it, or overlap off)
+    tier: str  # the slowest tier they cross ("" without data parallelism)
+
+
 @dataclass
 class Prediction:
     """What one layout is predicted to do; times in seconds, memory in GiB, rates per GPU."""
@@ -57,6 +69,10 @@ class Prediction:
     exposed_comm_s: dict[str, float] = field(default_factory=dict)  # not hidden under compute
     breakdown_s: dict[str, float] = field(default_factory=dict)  # where the step's time goes
     memory_gib: dict[str, float] = field(default_factory=dict)  # memory by component
+    #: Why, in numbers: the dense layer's GEMMs at this micro-batch as a fraction of dense peak
+    #: (small micro-batches run further from peak), and the data-parallel traffic of a step.
+    gemm_fraction_of_peak: float = 0.0
+    data_parallel: DataParallelComm | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """Plain JSON-ready dictionary."""
@@ -121,39 +137,58 @@ def _sharded_s(collective: Callable[[float, Link], float], nbytes: float, link: 
     return units * collective(nbytes / units, link) if nbytes > 0 else 0.0
 
 
+def _ring_bytes(nbytes: float, link: Link) -> float:
+    """Bytes one rank sends in a ring all-gather / reduce-scatter of an `nbytes` buffer."""
+    return (link.size - 1) / link.size * nbytes if link.size > 1 else 0.0
+
+
 def _dp_comm(layout: Layout, dense_bytes: float, expert_bytes: float, weight_ratio: float, dp_link: Link,
-             edp_link: Link, m: int, fwd_mb: float, bwd_mb: float, units: int = 1) -> tuple[float, float]:
-    """(busy, exposed) seconds of the data-parallel collectives of one step.
+             edp_link: Link, m: int, fwd_mb: float, bwd_mb: float, units: int = 1) -> DataParallelComm:
+    """The data-parallel collectives of one step.
 
     ZeRO-3 / FSDP gathers the weights of each unit (a layer) before its forward and again before
     its backward (and once more for a fully recomputed forward), and reduce-scatters its gradients,
-    every micro-batch. Prefetching hides a gather under the previous unit's compute, never the
-    first unit's of a pass: that one is always exposed.
+    every micro-batch: per step that is per-parameter traffic times the micro-batch count, which
+    a smaller micro-batch does not shrink. Across nodes it runs at one GPU's NIC (`Link.one_nic`).
+    Prefetching hides a gather under the previous unit's compute, never the first unit's of a
+    pass; when a pass has less compute than traffic, the rest is exposed.
     """
     overlapped = "dp" in layout.overlap
+    if layout.zero >= 3:
+        dp_link, edp_link = dp_link.one_nic(), edp_link.one_nic()
     links = ((dense_bytes, dp_link), (expert_bytes, edp_link))
     if layout.zero >= 3:
         gather = sum(_sharded_s(all_gather_s, b * weight_ratio, ln, units) for b, ln in links)
         scatter = sum(_sharded_s(reduce_scatter_s, b, ln, units) for b, ln in links)
         bwd_gathers = 2 if layout.recompute == "full" else 1
         busy = m * ((1 + bwd_gathers) * gather + scatter)
+        sent = m * sum(_ring_bytes(b * (1 + bwd_gathers) * weight_ratio + b, ln) for b, ln in links)
 
         def exposed_of(comm: float, under: float) -> float:
             return max(comm / units, _hidden(comm, under, overlapped)) if overlapped else comm
 
         exposed = m * (exposed_of(gather, fwd_mb) + exposed_of(bwd_gathers * gather + scatter, bwd_mb))
-        return busy, exposed
-    if layout.zero >= 1:  # distributed optimizer: reduce-scatter grads, all-gather updated weights
+        window = m * (fwd_mb + bwd_mb)
+    elif layout.zero >= 1:  # distributed optimizer: reduce-scatter grads, all-gather updated weights
         scatter = sum(reduce_scatter_s(b, ln) for b, ln in links)
         gather = sum(all_gather_s(b * weight_ratio, ln) for b, ln in links)
-        return scatter + gather, _hidden(scatter, bwd_mb, overlapped) + _hidden(gather, fwd_mb, overlapped)
-    reduce = sum(all_reduce_s(b, ln) for b, ln in links)
-    return reduce, _hidden(reduce, bwd_mb, overlapped)
+        busy, exposed = scatter + gather, _hidden(scatter, bwd_mb, overlapped) + _hidden(gather, fwd_mb, overlapped)
+        sent = sum(_ring_bytes(b * (1 + weight_ratio), ln) for b, ln in links)
+        window = bwd_mb + fwd_mb
+    else:
+        busy = sum(all_reduce_s(b, ln) for b, ln in links)
+        exposed = _hidden(busy, bwd_mb, overlapped)
+        sent = sum(2 * _ring_bytes(b, ln) for b, ln in links)
+        window = bwd_mb
+    used = [ln for b, ln in links if b > 0 and ln.size > 1]
+    slowest = min(used, key=lambda ln: ln.busbw) if used else None
+    return DataParallelComm(busy, exposed, sent, slowest.busbw / 1e9 if slowest else 0.0,
+                            window if overlapped else 0.0, slowest.tier if slowest else "")
 
 
 def _finish(spec: ModelSpec, cluster: Cluster, layout: Layout, global_batch: int, seq: int, step_raw: float,
             eff: Efficiency, precision: str, mem: MemoryBreakdown, bubble: float, m: int, comm: _Comm,
-            breakdown: dict[str, float]) -> Prediction:
+            breakdown: dict[str, float], dpc: DataParallelComm, gemm_fraction: float) -> Prediction:
     n = cluster.n_gpus
     tax = straggler_tax(eff.straggler_cv, n)
     scale = eff.scale_for(layout.zero)
@@ -171,7 +206,8 @@ def _finish(spec: ModelSpec, cluster: Cluster, layout: Layout, global_batch: int
         mfu=model / (n * step * peak), hfu=hardware / (n * step * peak),
         memory_gib_per_gpu=mem.total, fits=mem.total <= cluster.gpu.memory_gib, bubble_fraction=bubble,
         straggler_tax=tax, micro_batches=m, comm_s=comm.busy, exposed_comm_s=comm.exposed,
-        breakdown_s=breakdown, memory_gib=mem.as_dict(),
+        breakdown_s=breakdown, memory_gib=mem.as_dict(), gemm_fraction_of_peak=gemm_fraction,
+        data_parallel=dpc,
     )
 
 
@@ -186,7 +222,8 @@ def _predict_transformer(spec: TransformerSpec, cluster: Cluster, layout: Layout
     pp_link = place_group(cluster, eff, tp * cp * dp, pp)
     m = micro_batches(layout, global_batch)
 
-    dense = _micro_batch(layer_times(spec, layout, dev, groups, moe=False), layout)
+    dense_times = layer_times(spec, layout, dev, groups, moe=False)
+    dense = _micro_batch(dense_times, layout)
     moe = _micro_batch(layer_times(spec, layout, dev, groups, moe=True), layout) if spec.is_moe else dense
     frac_moe = spec.moe_layers / spec.layers
     logit_f, logit_b = logits_times(spec, layout, dev)
@@ -231,9 +268,10 @@ def _predict_transformer(spec: TransformerSpec, cluster: Cluster, layout: Layout
     if pp > 1:
         params.append(stage_params(spec, layout, last_layers, False, True))
     dense_p, expert_p = max(params, key=sum)
-    dp_busy, dp_exposed = _dp_comm(layout, dense_p * grad_bytes, expert_p * grad_bytes, weight_ratio, dp_link,
-                                   edp_link, m, slow_f, slow_b, units=max(1, round(layers_slow)) + 1)
-    comm.add(dp_link, dp_busy, dp_exposed)
+    dpc = _dp_comm(layout, dense_p * grad_bytes, expert_p * grad_bytes, weight_ratio, dp_link, edp_link, m,
+                   slow_f, slow_b, units=max(1, round(layers_slow)) + 1)
+    dp_exposed = dpc.exposed_s
+    comm.add(dp_link, dpc.busy_s, dp_exposed)
 
     shard = dp * cp if layout.zero >= 1 else 1
     owned = dense_p / shard + expert_p / max(1, shard // layout.ep if layout.zero >= 1 else 1)
@@ -248,8 +286,9 @@ def _predict_transformer(spec: TransformerSpec, cluster: Cluster, layout: Layout
         "optimizer_s": optimizer,
     }
     mem = estimate_memory(spec, layout, global_batch, memory_precision)
+    gemm_fraction = dense_times.gemm_flops_fwd / (dense_times.gemm_fwd * dev.peak)
     return _finish(spec, cluster, layout, global_batch, spec.seq, step_raw, eff, precision, mem, bubble, m,
-                   comm, breakdown)
+                   comm, breakdown, dpc, gemm_fraction)
 
 
 def _predict_generic(spec: GenericSpec, cluster: Cluster, layout: Layout, global_batch: int,
@@ -262,9 +301,9 @@ def _predict_generic(spec: GenericSpec, cluster: Cluster, layout: Layout, global
     dp_link = place_group(cluster, eff, 1, dp)
     prec = PRECISIONS[memory_precision]
     comm = _Comm()
-    dp_busy, dp_exposed = _dp_comm(layout, spec.params * prec.grads, 0.0, prec.weights / prec.grads, dp_link,
-                                   dp_link, m, fwd, bwd)
-    comm.add(dp_link, dp_busy, dp_exposed)
+    dpc = _dp_comm(layout, spec.params * prec.grads, 0.0, prec.weights / prec.grads, dp_link, dp_link, m, fwd, bwd)
+    dp_exposed = dpc.exposed_s
+    comm.add(dp_link, dpc.busy_s, dp_exposed)
     owned = spec.params / (dp if layout.zero >= 1 else 1)
     optimizer = OPTIMIZER_BYTES_PER_PARAM * owned / (cluster.gpu.hbm_gbps * 1e9 * eff.hbm)
     step_raw = m * (fwd + bwd) + dp_exposed + optimizer
@@ -272,7 +311,7 @@ def _predict_generic(spec: GenericSpec, cluster: Cluster, layout: Layout, global
                  "optimizer_s": optimizer}
     mem = estimate_memory(spec, layout, global_batch, memory_precision)
     return _finish(spec, cluster, layout, global_batch, 1, step_raw, eff, precision, mem, 0.0, m, comm,
-                   breakdown)
+                   breakdown, dpc, spec.efficiency)
 
 
 def predict(spec: ModelSpec, cluster: Cluster, layout: Layout, global_batch: int,

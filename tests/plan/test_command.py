@@ -116,7 +116,7 @@ def test_validate_prints_fit_and_heldout_tables_per_regime() -> None:
     code, out = run("--validate")
     assert code == 0, out
     assert "fit set" in out and "held-out set (no fit reads it)" in out
-    assert "all but known-off" in out and "ms-175b-12288" in out and "llama3-405b-16k" in out
+    assert "fsdp" in out and "ms-175b-12288" in out and "llama3-405b-16k" in out
 
 
 def test_one_layout_explains_its_terms() -> None:
@@ -124,3 +124,17 @@ def test_one_layout_explains_its_terms() -> None:
                     "--layout", "tp=8,pp=1,zero=3,recompute=full")
     assert code == 0, out
     assert "step time by term" in out and "<- dominant" in out and "exposed comm (network)" in out
+
+
+def test_one_layout_says_why_gemm_efficiency_and_dp_traffic_against_its_window() -> None:
+    """The sharded-DP regime in the user's words: small-micro-batch GEMMs, traffic per GPU, what could hide it."""
+    code, out = run("--model", "gpt3-175b", "--gpu", "A100-80GB", "--gpus", "1536", "--global-batch", "1536",
+                    "--layout", "tp=1,pp=1,zero=3,recompute=full,micro=1")
+    assert code == 0, out
+    assert "GEMMs at micro-batch 1 (2,048 tokens)" in out and "% of peak" in out
+    assert "data-parallel traffic (network)" in out and "at 20 GB/s" in out  # one HDR NIC x 0.8
+    assert "compute it can hide under" in out
+    code, js = run("--model", "gpt3-175b", "--gpu", "A100-80GB", "--gpus", "1536", "--global-batch", "1536",
+                   "--layout", "tp=1,pp=1,zero=3,recompute=full,micro=1", "--json")
+    dp = json.loads(js)["data_parallel"]
+    assert dp["tier"] == "network" and dp["exposed_s"] > dp["window_s"] > 0

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from musubi.plan import DEFAULT_EFFICIENCY, Layout, get_gpu, make_cluster, predict, preset
+from musubi.plan.comm import place_group
 from musubi.plan.fit import fit_constants
 from musubi.plan.spec import with_seq
 from musubi.plan.validate import (
@@ -78,7 +79,7 @@ def test_heldout_error_within_bound(capsys: pytest.CaptureFixture[str]) -> None:
     with capsys.disabled():
         print("\n" + report)
     stats = summary(checks)
-    assert stats["all but known-off"][1] <= HELDOUT_MEAN, report
+    assert stats.get("all but known-off", stats["all"])[1] <= HELDOUT_MEAN, report
     for regime in {c.regime for c in checks}:
         errs = [abs(c.error) for c in checks if c.regime == regime and not c.known_off]
         if errs:
@@ -98,6 +99,40 @@ def test_fsdp_at_fixed_global_batch_loses_per_gpu_throughput_as_gpus_grow() -> N
         exposed.append(p.exposed_comm_s["network"] / p.step_time_s)
     assert rates == sorted(rates, reverse=True) and rates[-1] < 0.9 * rates[0], rates
     assert exposed == sorted(exposed) and exposed[-1] > 0.05, exposed
+
+
+def test_sharded_traffic_crosses_nodes_at_one_nic_and_the_all_reduce_at_the_nodes() -> None:
+    """ZeRO-3 gathers across nodes get one GPU's NIC; the bucketed all-reduce gets the node's NICs (fit set)."""
+    cluster = make_cluster(get_gpu("A100-80GB"), 64)
+    dp = place_group(cluster, DEFAULT_EFFICIENCY, 1, 64)
+    nic = get_gpu("A100-80GB").nic_gbps * 1e9 * DEFAULT_EFFICIENCY.network
+    assert dp.tier == "network" and dp.busbw == 8 * nic
+    assert dp.one_nic().busbw == nic
+    inside = place_group(cluster, DEFAULT_EFFICIENCY, 1, 8)
+    assert inside.one_nic() == inside  # NVLink traffic is not capped
+
+
+def test_zero3_at_fixed_batch_stops_speeding_up_when_traffic_outgrows_compute() -> None:
+    """GPT-3 175B ZeRO-3, batch 1536: per-parameter traffic per step is the same at any GPU count, so once it
+    exceeds the compute it could hide under, the step stops shrinking and the exposed share grows."""
+    spec = with_seq(preset("gpt3-175b"), 2048)
+    steps, shares = [], []
+    for n, micro in ((384, 4), (768, 2), (1536, 1)):
+        p = predict(spec, make_cluster(get_gpu("A100-80GB"), n),
+                    Layout(tp=1, pp=1, zero=3, recompute="full", micro=micro, attention="unfused"), 1536)
+        assert p.data_parallel is not None
+        steps.append(p.step_time_s)
+        shares.append(p.data_parallel.exposed_s / p.step_time_s)
+    assert steps[2] > 0.8 * steps[1], steps  # doubling GPUs buys (almost) nothing
+    assert shares == sorted(shares) and shares[-1] > 0.5, shares
+
+
+def test_gemm_efficiency_falls_with_the_micro_batch() -> None:
+    """Fewer tokens per GEMM: the weight traffic stays, the FLOPs shrink, the fraction of peak falls."""
+    spec = with_seq(preset("gpt-1.7b"), 512)
+    fractions = [predict(spec, make_cluster(get_gpu("A100-80GB"), 8), Layout(tp=8, pp=1, micro=b), 64)
+                 .gemm_fraction_of_peak for b in (8, 2, 1)]
+    assert fractions == sorted(fractions, reverse=True) and fractions[-1] < 0.9 * fractions[0], fractions
 
 
 def test_3d_mfu_declines_from_3k_to_12k_gpus_at_fixed_batch() -> None:
@@ -121,5 +156,5 @@ def test_breakdown_names_the_dominant_term() -> None:
 
 def test_table_text_counts_regimes() -> None:
     text = table_text("held-out", check_table(HELDOUT_CSV))
-    for regime in ("fsdp", "3d", "3d-scale", "16k", "all but known-off"):
+    for regime in ("fsdp", "3d", "3d-scale", "16k", "all "):
         assert regime in text
