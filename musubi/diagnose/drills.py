@@ -66,10 +66,12 @@ CPU_STEP_MS = 33.0  # its healthy step time (2 gloo ranks), what the fault sizes
 
 
 def train_once(job: Path, out: Path, nproc: int, device: str, steps: int, inject: str = "",
-               sets: tuple[str, ...] = (), timeout_s: float = 900) -> tuple[Path, float]:
-    """`musubi train` in a subprocess with MUSUBI_INJECT; the job folder and the wall time (s)."""
+               sets: tuple[str, ...] = (), timeout_s: float = 900,
+               env_extra: dict[str, str] | None = None) -> tuple[Path, float]:
+    """`musubi train` in a subprocess with MUSUBI_INJECT (and `env_extra`); the job folder and the wall time (s)."""
     env = dict(os.environ)
     env["MUSUBI_INJECT"] = inject
+    env.update(env_extra or {})
     cmd = [sys.executable, "-m", "musubi.cli", "train", str(job), "--nproc", str(nproc), "--device", device,
            "--out", str(out), "--no-check", "--set", f"train.max_steps={steps}"]
     for s in sets:
