@@ -121,15 +121,10 @@ def hog_gpu(device: str, duty: float, n: int) -> None:
             time.sleep((time.perf_counter() - t0) * (1.0 - duty) / duty)
 
 
-def hog_cpu(cpus: str) -> None:
-    """Spin on `cpus` (a cpulist) until killed."""
-    from musubi.topology.model import parse_cpulist
-
-    os.sched_setaffinity(0, parse_cpulist(cpus))
-    print("ready", flush=True)
-    x = 0
-    while True:
-        x += 1
+#: A spinning process on the cores given as argv[1] ('8,9,10'); plain Python, so 32 of them start in
+#: milliseconds and take no memory to speak of (this file's imports would load torch into each).
+CPU_SPIN = ("import os, sys; os.sched_setaffinity(0, {int(c) for c in sys.argv[1].split(',')}); "
+            "print('ready', flush=True)\nwhile True: pass")
 
 
 def start_hogs(cause: str, device: str, cpus: list[str], hog_gpu_index: str, light_duty: float,
@@ -150,7 +145,8 @@ def start_hogs(cause: str, device: str, cpus: list[str], hog_gpu_index: str, lig
                                           preexec_fn=lambda: os.sched_setaffinity(0, _cpus(cpus[CULPRIT]))))
     elif cause == "cpu_hog":
         for _ in range(CPU_HOG_PER_CORE * len(_cpus(cpus[CULPRIT]))):
-            procs.append(subprocess.Popen([*me, "--hog-cpu", cpus[CULPRIT]], stdout=subprocess.PIPE, text=True))
+            procs.append(subprocess.Popen([sys.executable, "-c", CPU_SPIN, ",".join(map(str, _cpus(cpus[CULPRIT])))],
+                                          stdout=subprocess.PIPE, text=True))
     for p in procs:
         line = p.stdout.readline() if p.stdout else ""
         if "ready" not in line:
@@ -483,14 +479,10 @@ def main() -> None:
     ap.add_argument("--keep-report", type=Path, default=None, help="write report.html of gpu_hog/cpu_hog run 0 here")
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--hog-gpu", nargs=3, metavar=("DEVICE", "DUTY", "N"), help=argparse.SUPPRESS)
-    ap.add_argument("--hog-cpu", metavar="CPULIST", help=argparse.SUPPRESS)
     args = ap.parse_args()
     args.deadline = time.monotonic() + args.deadline_s
     if args.hog_gpu:
         hog_gpu(args.hog_gpu[0], float(args.hog_gpu[1]), int(args.hog_gpu[2]))
-        return
-    if args.hog_cpu:
-        hog_cpu(args.hog_cpu)
         return
     if args.ref is not None and not (args.ref / "plain_ddp.py").is_file():
         raise SystemExit(f"--ref {args.ref}: no plain_ddp.py there; copy ../shared/reference/ to it")
