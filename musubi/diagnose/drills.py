@@ -9,9 +9,11 @@ bench/telemetry.py (10 runs per scenario, as the issue asks).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -77,10 +79,23 @@ def train_once(job: Path, out: Path, nproc: int, device: str, steps: int, inject
     for s in sets:
         cmd += ["--set", s]
     t0 = time.perf_counter()
-    res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout_s)
+    # Its own session, so a run past its time is stopped whole: SIGTERM to the group reaches torchrun,
+    # which stops its ranks (killing only the CLI would leave torchrun restarting them, orphaned).
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                         start_new_session=True)
+    try:
+        stdout, stderr = p.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        for sig, grace in ((signal.SIGTERM, 15), (signal.SIGKILL, 5)):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, sig)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.communicate(timeout=grace)
+                break
+        raise
     wall = time.perf_counter() - t0
-    if res.returncode != 0:
-        raise RuntimeError(f"musubi train failed ({res.returncode}): {res.stdout[-1500:]}\n{res.stderr[-2500:]}")
+    if p.returncode != 0:
+        raise RuntimeError(f"musubi train failed ({p.returncode}): {stdout[-1500:]}\n{stderr[-2500:]}")
     jobs = [p for p in out.iterdir() if (p / RUN_FILES.job).is_file()]
     return jobs[0], wall
 
