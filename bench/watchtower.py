@@ -69,7 +69,10 @@ CULPRIT = 1  # the rank every injected cause hits
 STEPS = 60  # per scenario run: the live watch can flag from step WARMUP + WINDOW + PERSIST - 1 = 29
 EARLIEST_FLAG = WARMUP + WINDOW + PERSIST - 1
 LOADER_HEADROOM = 2.5  # healthy loader capacity / what the GPU eats (cpu_data jobs)
-CPU_HOG_PER_CORE = 4  # spinning processes per core of the culprit rank
+#: Spinning processes per core of the culprit rank: 2 leave its loader workers a third of their cores
+#: (the loader, sized for 2.5x, falls below what the GPU eats) and its launching thread enough not to
+#: become the bottleneck first (4 made the CPU rehearsal's rank 1 too slow to finish at all).
+CPU_HOG_PER_CORE = 2
 OVH_WARMUP, OVH_STOP = 20, 100  # overhead: musubi's timed window (log records at both ends)
 PLAIN_STEPS = 80  # plain_ddp.py times 80 steps after its own 15 warm-up steps
 
