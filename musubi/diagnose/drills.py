@@ -9,9 +9,11 @@ bench/telemetry.py (10 runs per scenario, as the issue asks).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -66,19 +68,34 @@ CPU_STEP_MS = 33.0  # its healthy step time (2 gloo ranks), what the fault sizes
 
 
 def train_once(job: Path, out: Path, nproc: int, device: str, steps: int, inject: str = "",
-               sets: tuple[str, ...] = (), timeout_s: float = 900) -> tuple[Path, float]:
-    """`musubi train` in a subprocess with MUSUBI_INJECT; the job folder and the wall time (s)."""
+               sets: tuple[str, ...] = (), timeout_s: float = 900,
+               env_extra: dict[str, str] | None = None) -> tuple[Path, float]:
+    """`musubi train` in a subprocess with MUSUBI_INJECT (and `env_extra`); the job folder and the wall time (s)."""
     env = dict(os.environ)
     env["MUSUBI_INJECT"] = inject
+    env.update(env_extra or {})
     cmd = [sys.executable, "-m", "musubi.cli", "train", str(job), "--nproc", str(nproc), "--device", device,
            "--out", str(out), "--no-check", "--set", f"train.max_steps={steps}"]
     for s in sets:
         cmd += ["--set", s]
     t0 = time.perf_counter()
-    res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout_s)
+    # Its own session, so a run past its time is stopped whole: SIGTERM to the group reaches torchrun,
+    # which stops its ranks (killing only the CLI would leave torchrun restarting them, orphaned).
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                         start_new_session=True)
+    try:
+        stdout, stderr = p.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        for sig, grace in ((signal.SIGTERM, 15), (signal.SIGKILL, 5)):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, sig)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.communicate(timeout=grace)
+                break
+        raise
     wall = time.perf_counter() - t0
-    if res.returncode != 0:
-        raise RuntimeError(f"musubi train failed ({res.returncode}): {res.stdout[-1500:]}\n{res.stderr[-2500:]}")
+    if p.returncode != 0:
+        raise RuntimeError(f"musubi train failed ({p.returncode}): {stdout[-1500:]}\n{stderr[-2500:]}")
     jobs = [p for p in out.iterdir() if (p / RUN_FILES.job).is_file()]
     return jobs[0], wall
 

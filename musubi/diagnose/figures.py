@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import io
+import math
 import re
 from collections.abc import Callable
 from typing import Any
@@ -18,6 +19,7 @@ from musubi.config.errors import ConfigError
 from musubi.diagnose.timeline import JobTelemetry
 from musubi.telemetry.spans import SECTIONS
 from musubi.telemetry.step_record import local_work_ms, sections_ms, wall_ms
+from musubi.telemetry.straggler import WARMUP
 
 COLORS = {"data": "#e45756", "h2d": "#ff9da6", "forward": "#4c78a8", "backward": "#72b7b2",
           "grad_comm": "#f58518", "optimizer": "#54a24b", "log": "#bab0ac", "checkpoint": "#b279a2",
@@ -144,6 +146,8 @@ def heartbeat(tele: JobTelemetry) -> str | None:
         if xs:
             ax.scatter([x for x, _ in xs], [w for _, w in xs], s=14, color=color, zorder=3,
                        label=f"{name} > 25 % of the step")
+    if steps[0] <= WARMUP < steps[-1]:  # log scale keeps both in view; the band says which steps are warm-up
+        ax.axvspan(steps[0] - 0.5, WARMUP + 0.5, color="grey", alpha=0.15, lw=0, label=f"warm-up (steps <= {WARMUP})")
     ax.set_yscale("log")
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("ms")
@@ -153,21 +157,63 @@ def heartbeat(tele: JobTelemetry) -> str | None:
     return _svg(fig)
 
 
-@_plots
-def local_work(tele: JobTelemetry) -> str | None:
-    """Each rank's own work before the gradient sync, per step (where a straggler shows)."""
+def steady_top(values: list[float]) -> float | None:
+    """Upper y limit for steady steps: 1.5x their 99th percentile, so one stray step cannot flatten the rest."""
+    if not values:
+        return None
+    xs = sorted(values)
+    return 1.5 * xs[math.ceil(0.99 * len(xs)) - 1] or None  # nearest-rank percentile
+
+
+def draw_local_work(tele: JobTelemetry) -> Any:
+    """The figure of `local_work`: warm-up steps (<= WARMUP: allocator, cudnn autotuning, bucket rebuild) on
+    a narrow panel of their own scale, the steady steps beside them on theirs; None with fewer than 2 ranks."""
     if len(tele.steps) < 2:
         return None
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(9, 2.8))
-    for rank, recs in sorted(tele.steps.items()):
-        ax.plot([r["step"] for r in recs], [local_work_ms(r) for r in recs], lw=1, label=f"rank {rank}")
+    series = {rank: [(r["step"], local_work_ms(r)) for r in recs] for rank, recs in sorted(tele.steps.items())}
+    warm = any(k <= WARMUP for pts in series.values() for k, _ in pts)
+    steady = any(k > WARMUP for pts in series.values() for k, _ in pts)
+    if warm and steady:
+        fig, (wax, ax) = plt.subplots(1, 2, figsize=(9, 2.8), gridspec_kw={"width_ratios": [1, 6]})
+    else:
+        fig, ax = plt.subplots(figsize=(9, 2.8))
+        wax = None
+    for rank, pts in series.items():
+        if wax is not None:
+            w = [(k, v) for k, v in pts if k <= WARMUP]
+            wax.plot([k for k, _ in w], [v for _, v in w], lw=1, marker=".", label=f"rank {rank}")
+            pts = [(k, v) for k, v in pts if k > WARMUP]
+        ax.plot([k for k, _ in pts], [v for _, v in pts], lw=1, label=f"rank {rank}")
+    shown = [v for pts in series.values() for k, v in pts if k > WARMUP or wax is None]
+    top = steady_top(shown)
+    if top:
+        ax.set_ylim(0, top)
+        over = sum(v > top for v in shown)
+        if over:  # said, not hidden: the rare steady step past the scale
+            ax.text(0.01, 0.97, f"{over} point(s) above {top:.0f} ms not shown", transform=ax.transAxes,
+                    fontsize=7, va="top", color="grey")
+    if wax is not None:
+        wax.set_title("warm-up", fontsize=8)
+        wax.set_ylabel("ms")
+        wax.set_xlabel("step")
+        wax.grid(alpha=0.3)
+        ax.set_title(f"Work before the gradient sync, per rank (steps after {WARMUP}; own scale)")
+    else:
+        ax.set_ylabel("ms")
+        ax.set_title("Work before the gradient sync, per rank")
     ax.set_xlabel("optimizer step")
-    ax.set_ylabel("ms")
-    ax.set_title("Work before the gradient sync, per rank")
     ax.legend(fontsize=7, ncol=4, loc="upper right")
     ax.grid(alpha=0.3)
-    return _svg(fig)
+    return fig
+
+
+@_plots
+def local_work(tele: JobTelemetry) -> str | None:
+    """Each rank's own work before the gradient sync, per step (where a straggler shows), steady steps on
+    their own scale (the first step's seconds of autotuning would otherwise hide every later one)."""
+    fig = draw_local_work(tele)
+    return None if fig is None else _svg(fig)
 
 
 @_plots

@@ -40,6 +40,7 @@ from musubi.fleet.stop import FleetInterrupted, signals_flagged
 from musubi.launch.proctree import stop_trees
 from musubi.store.db import db_path
 from musubi.store.rundir import read_json, write_json
+from musubi.telemetry.watch import current_stragglers, describe
 
 log = logging.getLogger("musubi.fleet")
 
@@ -399,13 +400,13 @@ class LocalFleet:
 
     # -- the live table ---------------------------------------------------------
     def table(self) -> Table:
-        """Job, state, GPUs, epoch/step, samples/s, ETA."""
+        """Job, state, GPUs, epoch/step, samples/s, ETA, and the ranks flagged as stragglers now."""
         t = Table(title=Text(f"fleet {self.spec.name}"), expand=False)
         for col in ("job", "state", "GPUs" if self.kind == "cuda" else "CPU slots", "attempt", "restarts", "step",
-                    "epoch", "samples/s", "ETA"):
+                    "epoch", "samples/s", "ETA", "straggler"):
             t.add_column(col)
         for name, st in self.states.items():
-            step = epoch = rate = eta = "-"
+            step = epoch = rate = eta = straggler = "-"
             metrics = self.run_dir / name / RUN_FILES.metrics
             if st.kind == "task" and metrics.is_file():
                 rec = _last_train_record(metrics)
@@ -418,10 +419,12 @@ class LocalFleet:
                     if summary_total and st.started and rec["step"] and st.state == "running":
                         left = (time.time() - st.started) / rec["step"] * (summary_total - rec["step"])
                         eta = f"{left:.0f}s"
+            if st.kind == "task" and st.state == "running":  # rank 0's live flags (telemetry/stragglers.jsonl)
+                straggler = describe(current_stragglers(self.run_dir / name / "telemetry"))
             held = ",".join(map(str, st.gpus)) if st.state in ("running", "evaluating") else "-"
             # Text cells: a name is never read as rich markup.
             t.add_row(*(Text(c) for c in (name, st.state, held, str(st.attempts), str(st.restarts), step, epoch,
-                                          rate, eta)))
+                                          rate, eta, straggler)))
         return t
 
 

@@ -145,6 +145,8 @@ class StragglerDetector:
         self.flagged_windows: dict[int, int] = {}  # per rank: windows in which it was over the bar
         self.clean: dict[int, int] = {}  # per rank: windows in a row under the bar
         self.cleared_now: list[int] = []  # flagged ranks back under the bar for PERSIST windows (last update)
+        self.latest: dict[int, RankScore] = {}  # per rank: its scores over the last window scored
+        self.scored_at: int | None = None  # the last step of that window
 
     def update(self, step: int, recs: dict[int, dict[str, Any]]) -> list[RankScore]:
         """Feed one aligned step; the scores of ranks that became flagged at this step."""
@@ -159,7 +161,9 @@ class StragglerDetector:
         new = []
         self.cleared_now = []
         self.windows += 1
+        self.scored_at = step
         for s in score(views, self.threshold, self.baseline):
+            self.latest[s.rank] = s
             self.streak[s.rank] = self.streak.get(s.rank, 0) + 1 if s.flagged else 0
             self.clean[s.rank] = 0 if s.flagged else self.clean.get(s.rank, 0) + 1
             self.flagged_windows[s.rank] = self.flagged_windows.get(s.rank, 0) + int(s.flagged)

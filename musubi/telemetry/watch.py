@@ -3,7 +3,10 @@
 No collective and nothing in the step: the writers flush every half second, this
 thread reads the new lines once a second, feeds each step that every rank has
 recorded to the streaming detector, and on a new flag logs one line naming the
-rank and the section, and appends it to `telemetry/stragglers.jsonl`.
+rank and the section, and appends it to `telemetry/stragglers.jsonl`. While a
+rank stays flagged, a `straggler now` line (and a `status` record) says again,
+at most every LINE_EVERY_S, how much slower it is now and in which section; the
+fleet's live table shows the same from the file (`current_stragglers`).
 
 A rank's records arrive in step order, so once every rank has recorded a later
 step, a step still missing a rank's record will never be complete (the writer
@@ -21,11 +24,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-from musubi.telemetry.straggler import StragglerDetector
+from musubi.store.rundir import read_jsonl
+from musubi.telemetry.straggler import RankScore, StragglerDetector
 
 log = logging.getLogger("musubi.telemetry")
 POLL_S = 1.0
 MAX_PENDING = 512  # steps held while waiting for a rank's record
+#: The live flags of a job (in its telemetry folder): rank 0's watch writes them, the report and the fleet read.
+FLAGS_FILE = "stragglers.jsonl"
+#: At most one `straggler now` line per this many seconds while a rank stays flagged: a console that
+#: says it once a step would bury the progress bar, one that says it only once hides that it goes on.
+LINE_EVERY_S = 10.0
 
 
 class StragglerWatch:
@@ -40,6 +49,7 @@ class StragglerWatch:
         self._next = 1  # the next step to hand to the detector
         self._seen = [0] * world  # per rank: the last step read
         self.skipped = 0  # steps passed over with a rank's record missing
+        self._last_line = float("-inf")  # time.monotonic() of the last flag or `straggler now` line
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="musubi-straggler-watch", daemon=True)
         self._thread.start()
@@ -93,23 +103,40 @@ class StragglerWatch:
             self._next += 1
             if self._pending and self._next not in self._pending and self._next < min(self._pending):
                 self._next = min(self._pending)
+        self._status()
 
-    def _flag(self, s: Any) -> None:
+    def _status(self) -> None:
+        """The `straggler now` line of the ranks flagged now, when LINE_EVERY_S passed since the last line."""
+        d = self.detector
+        if not d.active or time.monotonic() - self._last_line < LINE_EVERY_S or d.scored_at is None:
+            return
+        self._last_line = time.monotonic()
+        now = [d.latest[r] for r in sorted(d.active) if r in d.latest]
+        log.warning("straggler now (steps %d-%d): %s", d.scored_at - d.window + 1, d.scored_at,
+                    "; ".join(f"rank {s.rank} is {100 * s.excess:.1f}% of a step slower than the fastest rank in "
+                              f"{s.section} (flagged at step {d.first_flag[s.rank].flagged_at})" for s in now))
+        self._append([{"kind": "status", "t": round(time.time(), 3), "step": d.scored_at, "rank": s.rank,
+                       "section": s.section, "excess": s.excess, "last_share": s.last_share,
+                       "flagged_at": d.first_flag[s.rank].flagged_at} for s in now])
+
+    def _append(self, recs: list[dict[str, Any]]) -> None:
+        with open(self.folder / FLAGS_FILE, "a", encoding="utf-8") as f:
+            f.writelines(json.dumps(r) + "\n" for r in recs)
+
+    def _flag(self, s: RankScore) -> None:
         share = "" if s.last_share is None else f"; it arrived last at {s.last_share:.0%} of gradient all-reduces"
         if s.history is not None:
             share += f"; its work before the sync is {s.history:.2f}x its own first window"
         log.warning("straggler: rank %d is %.1f%% of a step slower than the fastest rank in %s, before the "
                     "gradient sync (steps %d-%d)%s", s.rank, 100 * s.excess, s.section,
                     s.flagged_at - self.detector.window + 1, s.flagged_at, share)
-        with open(self.folder / "stragglers.jsonl", "a", encoding="utf-8") as f:
-            f.write(json.dumps({"kind": "straggler", "t": round(time.time(), 3), "step": s.flagged_at,
-                                **s.to_dict()}) + "\n")
+        self._last_line = time.monotonic()  # the next `straggler now` line comes LINE_EVERY_S after this one
+        self._append([{"kind": "straggler", "t": round(time.time(), 3), "step": s.flagged_at, **s.to_dict()}])
 
     def _clear(self, rank: int, step: int) -> None:
         log.warning("straggler cleared: rank %d is back within %.0f%% of a step of the fastest rank (steps %d-%d)",
                     rank, 100 * self.detector.threshold, step - self.detector.window + 1, step)
-        with open(self.folder / "stragglers.jsonl", "a", encoding="utf-8") as f:
-            f.write(json.dumps({"kind": "cleared", "t": round(time.time(), 3), "step": step, "rank": rank}) + "\n")
+        self._append([{"kind": "cleared", "t": round(time.time(), 3), "step": step, "rank": rank}])
 
     def _run(self) -> None:
         while not self._stop.wait(POLL_S):
@@ -127,3 +154,25 @@ class StragglerWatch:
             self.poll()
         except Exception as e:
             log.warning("straggler watch: last poll failed: %s", e)
+
+
+def current_stragglers(folder: Path) -> list[dict[str, Any]]:
+    """The ranks flagged now in `folder`'s FLAGS_FILE: each one's latest flag or status record, by rank."""
+    now: dict[int, dict[str, Any]] = {}
+    for rec in read_jsonl(folder / FLAGS_FILE):
+        rank = rec.get("rank")
+        if not isinstance(rank, int):
+            continue
+        if rec.get("kind") in ("straggler", "status"):
+            now[rank] = rec
+        elif rec.get("kind") == "cleared":
+            now.pop(rank, None)
+    return [now[r] for r in sorted(now)]
+
+
+def describe(flags: list[dict[str, Any]]) -> str:
+    """'rank 1 backward +12.3%' per flagged rank, comma-separated ('-' when none): a table cell."""
+    if not flags:
+        return "-"
+    return ", ".join(f"rank {f['rank']} {f.get('section', '?')} +{100 * float(f.get('excess') or 0):.1f}%"
+                     for f in flags)

@@ -38,5 +38,7 @@ def test_scenarios_get_the_right_label(tmp_path: Path) -> None:
         run = tmp_path / "suite" / "slow_1.1-0"
         log = (run / "drill" / "logs" / "rank0.log").read_text(encoding="utf-8")
         assert "straggler: rank 1" in log and "backward" in log  # the live flag names rank and section
+        other = (run / "drill" / "logs" / "rank1.log").read_text(encoding="utf-8")
+        assert "straggler: rank" not in other and "straggler now" not in other  # the watch is rank 0's alone
         page = Path(build_report(run)["html"]).read_text(encoding="utf-8")
         assert 'data-label="straggler"' in page and page.count("<svg") >= 5

@@ -121,6 +121,34 @@ def test_live_table_reads_progress_from_metrics(tmp_path: Path) -> None:
     assert "3/10" in row and "12.5" in row and "running" in row and "7s" in row
 
 
+def test_live_table_names_the_straggler_of_a_running_job(tmp_path: Path) -> None:
+    import io
+    import json
+
+    from rich.console import Console
+
+    from musubi.fleet.local import LocalFleet
+
+    spec = load_fleet(write(tmp_path, tiny_fleet()))
+    fleet = LocalFleet(spec, tmp_path / "run", tmp_path, [0, 1], "cpu", False, Console(file=io.StringIO()))
+    tdir = tmp_path / "run" / "a" / "telemetry"
+    tdir.mkdir(parents=True)
+    flags = [{"kind": "straggler", "rank": 1, "step": 29, "section": "data", "excess": 0.09},
+             {"kind": "status", "rank": 1, "step": 50, "section": "data", "excess": 0.214}]
+    (tdir / "stragglers.jsonl").write_text("".join(json.dumps(f) + "\n" for f in flags), encoding="utf-8")
+    fleet.states["a"].state = "running"
+
+    def row() -> str:
+        out = io.StringIO()
+        Console(file=out, width=220).print(fleet.table())
+        return next(ln for ln in out.getvalue().splitlines() if " a " in ln)
+
+    assert "rank 1 data +21.4%" in row()
+    with open(tdir / "stragglers.jsonl", "a", encoding="utf-8") as f:
+        f.write(json.dumps({"kind": "cleared", "rank": 1, "step": 80}) + "\n")
+    assert "rank 1" not in row()
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("jobs,extra,needle", [
     ([{"name": "a", "command": ["true"]}, {"name": "big", "command": ["true"], "launch": "torchrun", "gpus": 3}],

@@ -73,3 +73,38 @@ def test_a_flag_is_cleared_once_the_rank_is_back_under_the_bar(tmp_path: Path, m
     assert any("straggler cleared: rank 1" in r.getMessage() for r in caplog.records)
     (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("straggler: rank 1")]
     assert "in backward" in line and "x its own first window" in line  # the own-history score, live too
+
+
+@pytest.mark.parametrize("every_s", [0.0, 3600.0])
+def test_straggler_now_line_repeats_while_flagged_at_most_every_line_every_s(tmp_path: Path, monkeypatch, caplog,
+                                                                           every_s: float) -> None:
+    import logging
+
+    monkeypatch.setattr(watch, "LINE_EVERY_S", every_s)
+    src = write_job(tmp_path / "src", ranks=2, steps=120, slow_rank=1, factor=1.2)
+    with caplog.at_level(logging.WARNING, logger="musubi.telemetry"):
+        _, flags = _feed(src, tmp_path / "live", set(), 10, monkeypatch)
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("straggler now")]
+    status = [f for f in flags if f["kind"] == "status"]
+    assert [f["kind"] for f in flags][0] == "straggler"
+    if every_s:  # one flag line, then nothing until the interval has passed
+        assert not lines and not status
+        return
+    # Every poll after the flag's (one a chunk of 10 steps) says it again, with the window's figures.
+    assert len(lines) >= 6 and len(status) == len(lines)
+    assert all("rank 1 is" in ln and "slower than the fastest rank in backward" in ln for ln in lines)
+    assert {f["rank"] for f in status} == {1} and all(f["excess"] >= 0.05 for f in status)
+    assert status[-1]["step"] == 120 and status[-1]["flagged_at"] == flags[0]["step"]
+
+
+def test_current_stragglers_are_the_flagged_ranks_latest_figures(tmp_path: Path) -> None:
+    recs = [{"kind": "straggler", "rank": 1, "step": 29, "section": "backward", "excess": 0.10},
+            {"kind": "straggler", "rank": 0, "step": 40, "section": "data", "excess": 0.08},
+            {"kind": "status", "rank": 1, "step": 60, "section": "backward", "excess": 0.123},
+            {"kind": "cleared", "rank": 0, "step": 70}]
+    (tmp_path / watch.FLAGS_FILE).write_text("".join(json.dumps(r) + "\n" for r in recs) + '{"kind": "sta',
+                                             encoding="utf-8")  # a torn last line, as while rank 0 writes
+    now = watch.current_stragglers(tmp_path)
+    assert [(f["rank"], f["step"]) for f in now] == [(1, 60)]
+    assert watch.describe(now) == "rank 1 backward +12.3%"
+    assert watch.describe(watch.current_stragglers(tmp_path / "none")) == "-"
