@@ -33,6 +33,8 @@ from typing import Any
 import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemWriter
+from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 
 from musubi.checkpoint import checkpoint as ckpt
 from musubi.checkpoint.staging import HostStager, holds_dtensor
@@ -44,38 +46,16 @@ from musubi.worker.world import World, side_group
 log = logging.getLogger("musubi.checkpoint")
 
 
-def process_mode_available() -> bool:
-    """True when the installed torch offers DCP's process-based async checkpointer."""
-    try:
-        from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
-    except ImportError:
-        return False
-    return hasattr(AsyncCheckpointerType, "PROCESS")
-
-
 def resolve_mode(asked: str, cuda: bool = True) -> str:
     """off | thread | process, from the job's `checkpoint.async_mode`.
 
-    auto: process on GPU ranks where torch offers it (the write and its serialisation leave the
-    training process: no GIL contention with the step); thread on CPU ranks, which have no
-    device-to-host copy to hide and whose cores are the training's own: a second interpreter
-    per rank costs more than it saves there.
+    auto: process on GPU ranks (the write and its serialisation leave the training process: no GIL
+    contention with the step); thread on CPU ranks, which have no device-to-host copy to hide and
+    whose cores are the training's own: a second interpreter per rank costs more than it saves there.
     """
-    if asked == "off":
-        return "off"
-    if asked == "process" and not process_mode_available():
-        raise ConfigError(f"checkpoint.async_mode: process needs torch >= 2.7 (installed {torch.__version__}); "
-                          "use thread or auto")
     if asked == "auto":
-        return "process" if cuda and process_mode_available() else "thread"
+        return "process" if cuda else "thread"
     return asked
-
-
-def _takes(arg: str) -> bool:
-    """Whether the installed torch's dcp.async_save accepts `arg` (it grew arguments across 2.x)."""
-    import inspect
-
-    return arg in inspect.signature(dcp.async_save).parameters
 
 
 class _KillingWriter(FileSystemWriter):
@@ -131,13 +111,16 @@ def _close_stager(stager: Any) -> None:
 
 
 class Checkpointer:
-    """One rank's checkpoint writer: at most one save in flight; rank 0 commits and applies retention."""
+    """One rank's checkpoint writer: when to save (the trainer's step events ask), at most one save in
+    flight; rank 0 commits and applies retention."""
 
     def __init__(self, root: Path, spec: CheckpointSpec, world: World, injector: Injector,
-                 default_metric: str | None, telemetry: Path | None = None) -> None:
+                 default_metric: str | None, telemetry: Path | None = None, validated: bool = False) -> None:
         self.root, self.spec, self.world, self.injector = root, spec, world, injector
         self.mode = resolve_mode(spec.async_mode, world.is_cuda)
         self.best_metric = spec.best_metric or default_metric
+        #: keep_best ranks checkpoints by validation: only a job with a validation set has one to rank by.
+        self.keeps_best = spec.keep_best > 0 and validated
         self.telemetry = telemetry
         # Thread mode: the save's collectives run beside DDP's, so they need a group of their own.
         self.group = side_group() if self.mode == "thread" else None
@@ -170,15 +153,34 @@ class Checkpointer:
         on both. It is closed once its save is durable (`_InFlight.release`): until then the
         checkpoint process or the writer thread may still read the staged copies.
         """
-        try:
-            from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+        cuda = self.world.is_cuda
+        return DefaultStager(StagingOptions(use_pinned_memory=cuda, use_shared_memory=self.mode == "process",
+                                            use_async_staging=False, use_non_blocking_copy=cuda))
 
-            cuda = self.world.is_cuda
-            return DefaultStager(StagingOptions(use_pinned_memory=cuda, use_shared_memory=self.mode == "process",
-                                                use_async_staging=False, use_non_blocking_copy=cuda))
-        except (ImportError, TypeError, AssertionError) as e:  # older torch: async_save stages by itself
-            log.info("checkpoint staging: torch's default (%s)", one_line(e, 120))
-            return None
+    # -- cadence -----------------------------------------------------------------
+    def due_after_step(self, step: int, last: bool, validated_next: bool) -> bool:
+        """Whether optimizer step `step` is saved at its end: every `checkpoint.every_steps` steps.
+
+        Not the last step (it is saved where training ends, after its validation), and under keep_best
+        not a step whose weights are validated next (saved after that, carrying its metric).
+        """
+        every = self.spec.every_steps
+        return bool(every) and not last and step % every == 0 and not (validated_next and self.keeps_best)
+
+    def due_at_epoch_end(self, validated: bool, last: bool) -> bool:
+        """Whether the end of an epoch (or of training inside one) is saved.
+
+        Always without `every_steps` and at the last step; under keep_best whenever the weights were
+        just validated, so each ranked checkpoint carries its own metric.
+        """
+        return not self.spec.every_steps or last or (validated and self.keeps_best)
+
+    def check_metric(self, values: dict[str, float]) -> None:
+        """ConfigError when keep_best ranks by a metric the validation does not report."""
+        if self.keeps_best and self.best_metric is not None and self.best_metric not in values:
+            reported = ", ".join(sorted(k for k in values if k != "eval_s"))
+            raise ConfigError(f"checkpoint.best_metric {self.best_metric!r} is not a validation metric of this task "
+                              f"(it reports {reported}); fix it or set keep_best: 0")
 
     # -- saving ------------------------------------------------------------------
     def save(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
@@ -205,27 +207,20 @@ class Checkpointer:
             self._record({"step": step, "mode": "sync", "blocked_s": elapsed, "durable_s": elapsed, "ok": True})
             log.info("checkpoint step %d committed in %.2fs: %s", step, elapsed, d)
             return
-        extra: dict[str, Any] = {}
         stager = None  # a per-save stager (sharded state), closed once that save resolved
-        if _takes("async_stager"):
-            if self.reuse_buffers and not holds_dtensor(state):
-                extra["async_stager"] = self._host_stager()
-            else:
-                stager = self._make_stager()
-                if stager is not None:
-                    extra["async_stager"] = stager
-        if _takes("async_checkpointer_type"):  # absent before torch 2.7: thread only (resolve_mode saw to it)
-            from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
-
-            extra["async_checkpointer_type"] = (AsyncCheckpointerType.PROCESS if self.mode == "process"
-                                                else AsyncCheckpointerType.THREAD)
+        if self.reuse_buffers and not holds_dtensor(state):
+            async_stager = self._host_stager()
+        else:
+            async_stager = stager = self._make_stager()
+        kind = AsyncCheckpointerType.PROCESS if self.mode == "process" else AsyncCheckpointerType.THREAD
         try:
             ret = dcp.async_save(state, checkpoint_id=str(d), storage_writer=writer, process_group=self.group,
-                                 **extra)
+                                 async_checkpointer_type=kind, async_stager=async_stager)
         except BaseException:
             _close_stager(stager)
             raise
-        fut = getattr(ret, "upload_completion", ret)  # torch >= 2.9 may return an AsyncSaveResponse
+        # A stager that stages in the background gets an AsyncSaveResponse; ours stage before returning (a Future).
+        fut = getattr(ret, "upload_completion", ret)
         if self.mode == "process" and not self._daemon_recorded:
             self._daemon_recorded = True
             threading.Thread(target=self._record_daemon, args=(fut,), name="musubi-ckpt-daemon", daemon=True).start()

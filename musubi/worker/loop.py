@@ -6,6 +6,7 @@ import logging
 import math
 import random
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,11 +17,12 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from musubi.checkpoint import checkpoint as ckpt
 from musubi.checkpoint.checkpoint import agree_buffers
+from musubi.checkpoint.resume import resume_latest
 from musubi.checkpoint.saver import Checkpointer
 from musubi.config.batch_plan import BatchPlan, lr_line, plan_batch
 from musubi.config.errors import ConfigError
 from musubi.config.job import JobSpec
-from musubi.recovery.inject import Injector, injected_oom
+from musubi.recovery.inject import Injector
 from musubi.recovery.memory import memory_figures
 from musubi.recovery.watchdog import Heartbeat
 from musubi.tasks.base import Task
@@ -30,6 +32,21 @@ from musubi.worker.precision import autocast, make_scaler, resolve_precision
 from musubi.worker.reporting import MetricsWriter, ProgressBar
 from musubi.worker.rng import capture_rng, restore_rng, rng_template
 from musubi.worker.schedule import lr_factor
+from musubi.worker.step_events import (
+    AFTER_BACKWARD,
+    BEFORE_BACKWARD,
+    BEFORE_FORWARD,
+    BEFORE_OPTIMIZER,
+    EPOCH_END,
+    FIT_START,
+    LOSS,
+    PHASE,
+    STEP_END,
+    InjectionHooks,
+    StepEvents,
+    attach_heartbeat,
+    attach_telemetry,
+)
 from musubi.worker.telemetry_session import open_telemetry
 from musubi.worker.world import World
 from musubi.worker.wrap import (
@@ -77,6 +94,26 @@ def build_optimizer(model: torch.nn.Module, spec: JobSpec, lr: float) -> torch.o
     return torch.optim.SGD(params, lr=lr, momentum=t.momentum, weight_decay=t.weight_decay)
 
 
+class LogWindow:
+    """Loss and throughput since the last log line: summed on the device, read once per log interval."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.loss_sum = torch.zeros((), device=device, dtype=torch.float64)
+        self.micro = 0  # micro-batch losses in loss_sum
+        self.samples = 0  # samples of all ranks since t0
+        self.t0 = time.perf_counter()
+
+    def add(self, loss: torch.Tensor, samples: int) -> None:
+        """One micro-batch's loss (no host sync) and its samples over all ranks."""
+        self.loss_sum += loss.detach().double()
+        self.micro += 1
+        self.samples += samples
+
+    def restart(self, now: float) -> None:
+        """Throughput counts from `now` (perf_counter seconds)."""
+        self.t0, self.samples = now, 0
+
+
 class Trainer:
     """One rank's training of one job."""
 
@@ -90,7 +127,6 @@ class Trainer:
         self.precision = resolve_precision(t.precision, world.device)
         self.plan = plan or plan_batch(spec, world.size)
         self.injector = injector or Injector(None, world.rank, None)
-        self.phase = "setup"
         configure_determinism(t.deterministic, world)
         seed_everything(t.seed)  # same init on every rank (DDP also broadcasts rank 0's weights)
 
@@ -113,8 +149,12 @@ class Trainer:
                 f"{self.feed.micro_per_epoch} micro-batches per epoch < train.accumulation={t.accumulation}; "
                 "lower accumulation or batch, or add data"
             )
+        #: Micro-batches of an epoch that fill whole optimizer steps (the rest are left over).
+        self.usable_micro = self.steps_per_epoch * self.plan.accumulation
         total = self.steps_per_epoch * t.epochs
         self.total_steps = min(total, t.max_steps) if t.max_steps else total
+        #: Where this process stops: the end of training, or an earlier stop point (--max-steps).
+        self.stop_step = min(self.total_steps, opts.stop_at_step or self.total_steps)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lr_factor(t.warmup_steps, self.total_steps, t.schedule)
         )
@@ -126,8 +166,15 @@ class Trainer:
             self.model.register_comm_hook(None, ordered)  # telemetry off: no timing hook wraps it
         self.telemetry = job_dir / "telemetry" / f"rank{world.rank}.jsonl"
         self.telemetry.parent.mkdir(parents=True, exist_ok=True)
-        self.checkpointer = Checkpointer(self.ckpt_root, spec.checkpoint, world, self.injector,
-                                         task.primary_metric, self.telemetry) if spec.checkpoint.enabled else None
+        self.checkpointer = Checkpointer(self.ckpt_root, spec.checkpoint, world, self.injector, task.primary_metric,
+                                         self.telemetry, validated=bool(self.val)) if spec.checkpoint.enabled else None
+        # The step's listeners (step_events.py); fit adds its own (the log line, checkpoint cadence) after these.
+        self.events = StepEvents()
+        attach_telemetry(self.events, self.tele)
+        attach_heartbeat(self.events, self.hb)
+        if self.injector:
+            InjectionHooks(self.injector, unwrap(self.model), world.device, task.batch_size_of).attach(self.events)
+        self.phase = "setup"
         # Training-time randomness (dropout, augmentation on device) differs per rank.
         torch.manual_seed(t.seed * 1000 + world.rank + 1)
         self.step = 0
@@ -137,6 +184,7 @@ class Trainer:
         self.micro = 0  # micro-batches of the current epoch already consumed
         self.last_eval: dict[str, float] = {}
         self.last_eval_step = -1  # the step whose weights `last_eval` measured
+        self.window = LogWindow(world.device)  # what the next log line averages
 
     @property
     def phase(self) -> str:
@@ -145,7 +193,7 @@ class Trainer:
 
     @phase.setter
     def phase(self, value: str) -> None:
-        self.hb.beat(value)
+        self.events.fire(PHASE, value)
 
     # -- state ---------------------------------------------------------------
     def trainer_state(self) -> dict[str, Any]:
@@ -171,7 +219,6 @@ class Trainer:
         if self.checkpointer is None:
             return
         self.phase = "checkpoint"
-        self.tele.section("checkpoint")
         # keep_best ranks a checkpoint by the evaluation of its own weights, never an earlier step's.
         metric = self.last_eval if self.last_eval_step == self.step else {}
         self.checkpointer.save(self.step, self.model, self.optimizer, self.trainer_state(),
@@ -187,43 +234,22 @@ class Trainer:
                 metrics.write(step, rec, kind="checkpoint")
 
     def resume(self, automatic: bool = False) -> bool:
-        """Load the newest good committed checkpoint (every rank reads the one rank 0 verified).
+        """Continue from the newest good committed checkpoint (checkpoint/resume.py finds, verifies and loads it).
 
         `automatic` (a torchrun restart, not the user's --resume): with no intact checkpoint, train
         from step 0 and return False instead of failing.
         """
-        # Rank 0 checks sizes and checksums, newest first, skipping damaged ones with a warning;
-        # the others take its choice and check that they see the same intact directory.
-        mine = ckpt.latest_checkpoint(self.ckpt_root, checksums=True) if self.world.is_main else None
-        step = self.world.all_reduce_max(mine.step if mine is not None else -1)
-        if step < 0:
-            if automatic:
-                log.warning("no intact committed checkpoint in %s: restarting from step 0", self.ckpt_root)
-                return False
-            raise ConfigError(f"--resume: no intact committed checkpoint in {self.ckpt_root}; run without --resume")
-        found = mine if mine is not None else ckpt.verify(ckpt.step_dir(self.ckpt_root, step))
-        if self.world.all_reduce_min(1 if found is not None else 0) == 0 or found is None:
-            raise ConfigError(f"{ckpt.step_dir(self.ckpt_root, step)}: not intact on every rank; check that "
-                              "all ranks see the same checkpoint directory (a shared filesystem)")
-        state, rank_state = ckpt.load_checkpoint(found, self.model, self.optimizer, rng_template(self.world.device),
-                                                 self.world, self.signature)
-        if state.get("global_batch") != self.plan.global_batch:
-            log.warning("global batch changed since the checkpoint (%s -> %s): the resume is not exact",
-                        state.get("global_batch"), self.plan.global_batch)
-        self.step, self.epoch = state["step"], state["epoch"]
-        samples = int(state["samples"])
-        if samples % self.plan.per_rank:
-            raise ConfigError(f"{found.path}: data position {samples} is not a whole number of batches of "
-                              f"{self.plan.per_rank}; resume with the batch it was written with")
-        self.micro = samples // self.plan.per_rank
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.scaler.load_state_dict(state["scaler"])
-        self.last_eval = state.get("last_eval", {})
-        self.last_eval_step = int(state.get("last_eval_step", -1))
-        restore_rng(rank_state, self.world.device)
+        got = resume_latest(self.ckpt_root, self.model, self.optimizer, self.world, self.signature,
+                            rng_template(self.world.device), self.scheduler, self.scaler, self.plan.per_rank,
+                            self.plan.global_batch, automatic)
+        if got is None:
+            return False
+        self.step, self.epoch, self.micro = got.step, got.epoch, got.micro
+        self.last_eval, self.last_eval_step = got.last_eval, got.last_eval_step
+        restore_rng(got.rank_state, self.world.device)
         self.hb.resumed_step = self.step
         self.hb.step = self.step
-        log.info("resumed from %s: step %d, epoch %d, micro-batch %d", found.path.name, self.step, self.epoch,
+        log.info("resumed from %s: step %d, epoch %d, micro-batch %d", got.path.name, self.step, self.epoch,
                  self.micro)
         return True
 
@@ -277,104 +303,25 @@ class Trainer:
 
     # -- the loop --------------------------------------------------------------
     def fit(self, metrics: MetricsWriter | None) -> dict[str, Any]:
-        """Train to the end (or the stop point); return a summary."""
-        t, w, plan = self.spec.train, self.world, self.plan
-        stop = min(self.total_steps, self.opts.stop_at_step or self.total_steps)
-        log.info(
-            "global batch %d = %d per rank x %d ranks x %d accumulation; precision %s; strategy %s; %d steps "
-            "(%d per epoch)", plan.global_batch, plan.per_rank, plan.world, plan.accumulation, self.precision,
-            t.strategy, self.total_steps, self.steps_per_epoch,
-        )
-        # A line of its own: the LR is rescaled with the global batch, and a surprising one must be seen.
-        log.info("%s", lr_line(plan.lr, t.lr, t.base_batch, plan.global_batch, t.lr_rule))
-        if self.step < stop:  # the first step also starts the loader workers: the next line is step log_every's
-            log.info("first step (loader workers start, warm-up)...")
+        """Train to the end (or the stop point); return a summary. Once per Trainer."""
+        self._announce()
         self.model.train()
         bar = ProgressBar(self.console, self.total_steps, self.step, self.spec.name)
-        loss_sum = torch.zeros((), device=w.device, dtype=torch.float64)
-        loss_n = 0
-        t_log, samples_log = time.perf_counter(), 0
         t_start, step_start = time.perf_counter(), self.step
+        self.window.restart(t_start)
         self.fit_start_step = self.step
         self.last_finite_step = self.step  # a resumed checkpoint's state was good
-        t_step = t_start
-        stopped_early = False
+        # After the injection, heartbeat and telemetry hooks: a step is logged, then saved if due.
+        self.events.on(STEP_END, lambda step: self.log_step(step, metrics, bar))
+        self.events.on(STEP_END, self.save_after_step)
+        self.events.on(EPOCH_END, self.save_at_epoch_end)
+        self.events.fire(FIT_START, self.step)
         try:
-            while self.epoch < t.epochs and self.step < stop:
-                usable = self.steps_per_epoch * plan.accumulation
-                for batch in self.tele.timed(self.feed.epoch(self.epoch, self.micro)):
-                    if self.micro >= usable:
-                        break  # leftover micro-batches that do not fill an optimizer step
-                    sync = (self.micro + 1) % plan.accumulation == 0
-                    loss = self.forward_backward(batch, sync)
-                    loss_sum += loss.detach().double()
-                    loss_n += 1
-                    samples_log += self.task.batch_size_of(batch) * w.size
-                    self.micro += 1
-                    if not sync:
-                        continue
-                    self.optimizer_step()
-                    for hook in self.step_end_hooks:
-                        hook(self.step)
-                    self.phase = "between steps"
-                    if self.step == self.fit_start_step + 1 and self.step % t.log_every and self.step < stop:
-                        # The first step warmed the kernels (cudnn autotuning, allocator, loader workers):
-                        # samples/s is timed from its end, not from the cold start (one sync per fit).
-                        if w.is_cuda:
-                            torch.cuda.synchronize(w.device)
-                        t_log, samples_log = time.perf_counter(), 0
-                    if self.injector:
-                        now_s = time.perf_counter()
-                        self.injector.after_step(self.step, now_s - t_step)
-                        t_step = time.perf_counter()
-                    if self.step % t.log_every == 0 or self.step == stop:
-                        # One host sync per log interval, not per step.
-                        self.phase = "log"
-                        w.all_reduce_sum(loss_sum)
-                        mean_loss = loss_sum.item() / (loss_n * w.size)
-                        if not math.isfinite(mean_loss):
-                            raise FloatingPointError(f"loss is {mean_loss} at step {self.step}")
-                        self.last_finite_step = self.step
-                        now = time.perf_counter()
-                        rate = samples_log / max(now - t_log, 1e-9)
-                        mem = self._memory_record()
-                        if metrics is not None:
-                            metrics.write(self.step, {"loss": round(mean_loss, 6),
-                                                      "lr": self.scheduler.get_last_lr()[0],
-                                                      "samples_per_s": round(rate, 2), "epoch": self.epoch,
-                                                      "total_steps": self.total_steps,
-                                                      **mem})
-                        bar.update(self.step, rate, mean_loss)
-                        if self.console is not None and not self.console.is_terminal:
-                            log.info("step %d/%d loss %.4f %.1f samples/s", self.step, self.total_steps,
-                                     mean_loss, rate)
-                        loss_sum.zero_()
-                        loss_n, samples_log, t_log = 0, 0, now
-                        self.flush_checkpoint_records(metrics)
-                    else:
-                        bar.update(self.step)
-                    every = self.spec.checkpoint.every_steps
-                    if self.step >= stop:
-                        break
-                    if every and self.step % every == 0 and not (self.micro >= usable and self._best_save_due()):
-                        self.save()  # (a step that ends an evaluated epoch is saved after its evaluation)
-                if self.step >= stop and self.micro < usable:
-                    stopped_early = True
-                    break
-                # The epoch is complete.
-                self.epoch += 1
-                self.micro = 0
-                evaluated = self._eval_due(self.epoch, stop)
-                if evaluated:
-                    self.run_eval(metrics)
-                if not self.spec.checkpoint.every_steps or self.step >= stop or (evaluated and self._keeps_best()):
-                    self.save()
-            if stopped_early:
-                # Training ended inside an epoch (train.max_steps, --max-steps): the weights it leaves are
-                # validated like an epoch's end, so eval.json always has the final step's metrics.
-                if self.val and self.last_eval_step != self.step:
-                    self.run_eval(metrics)
-                self.save()
+            while self.epoch < self.spec.train.epochs and self.step < self.stop_step:
+                batches = self.tele.timed(self.feed.epoch(self.epoch, self.micro))
+                while self.step < self.stop_step and self.train_step(batches):
+                    pass
+                self.end_epoch(metrics)
             self.phase = "finish"
             if self.checkpointer is not None:
                 self.checkpointer.wait()  # the last checkpoint is durable and committed before the summary
@@ -387,43 +334,78 @@ class Trainer:
             "total_steps": self.total_steps,
             "finished": self.step >= self.total_steps,
             "epoch": self.epoch,
-            "global_batch": plan.global_batch,
-            "lr": plan.lr,
+            "global_batch": self.plan.global_batch,
+            "lr": self.plan.lr,
             "precision": self.precision,
-            "world_size": w.size,
+            "world_size": self.world.size,
             "train_s": round(elapsed, 3),
             "steps_per_s": round((self.step - step_start) / max(elapsed, 1e-9), 4),
             "val": self.last_eval,
         }
 
+    def _announce(self) -> None:
+        t, plan = self.spec.train, self.plan
+        log.info(
+            "global batch %d = %d per rank x %d ranks x %d accumulation; precision %s; strategy %s; %d steps "
+            "(%d per epoch)", plan.global_batch, plan.per_rank, plan.world, plan.accumulation, self.precision,
+            t.strategy, self.total_steps, self.steps_per_epoch,
+        )
+        # A line of its own: the LR is rescaled with the global batch, and a surprising one must be seen.
+        log.info("%s", lr_line(plan.lr, t.lr, t.base_batch, plan.global_batch, t.lr_rule))
+        if self.step < self.stop_step:  # the first step also starts the loader workers: the next line is step log_every's
+            log.info("first step (loader workers start, warm-up)...")
+
+    def train_step(self, batches: Iterator[Any]) -> bool:
+        """One optimizer step over the next micro-batches of `batches`; False: the epoch holds no further step."""
+        for batch in batches:
+            if self.micro >= self.usable_micro:
+                return False  # leftover micro-batches that do not fill an optimizer step
+            sync = (self.micro + 1) % self.plan.accumulation == 0
+            loss = self.forward_backward(batch, sync)
+            self.window.add(loss, self.task.batch_size_of(batch) * self.world.size)
+            self.micro += 1
+            if sync:
+                self.optimizer_step()
+                self.events.fire(STEP_END, self.step)
+                return True
+        return False
+
+    def end_epoch(self, metrics: MetricsWriter | None) -> None:
+        """Validate where an epoch ended (or training stopped inside one), then fire epoch_end."""
+        if self.step >= self.stop_step and self.micro < self.usable_micro:
+            # Training ended inside an epoch (train.max_steps, --max-steps): the weights it leaves are validated
+            # like an epoch's end, so eval.json always has the final step's metrics.
+            due = bool(self.val) and self.last_eval_step != self.step
+        else:
+            self.epoch += 1
+            self.micro = 0
+            due = self._eval_due(self.epoch)
+        if due:
+            self.run_eval(metrics)
+        self.events.fire(EPOCH_END, self.epoch)
+
     # -- the step: forward/backward of one micro-batch, then the optimizer ---------
     def forward_backward(self, batch: Any, sync: bool) -> torch.Tensor:
         """Loss of one micro-batch and its scaled gradients (all-reduced only when `sync`)."""
+        step = self.step + 1  # the optimizer step this micro-batch belongs to
         self.phase = "forward"
-        if self.injector:
-            self._inject_before_forward(batch)
-        self.tele.section("forward")
+        self.events.fire(BEFORE_FORWARD, step, batch)
         with gradient_sync(self.model, sync):
             with autocast(self.precision, self.world.device):
                 loss, _parts = self.task.loss(self.model, batch)
-            if self.injector and self.injector.poison_loss(self.step + 1):
-                loss = loss * float("nan")  # MUSUBI_INJECT nan: the numerical guard's drill
+            loss = self.events.pipe(LOSS, loss, step)
             self.phase = "backward"
-            self.tele.section("backward")
-            hook = self._inject_backward() if self.injector else None
+            self.events.fire(BEFORE_BACKWARD, step)
             try:
                 self.scaler.scale(loss / self.plan.accumulation).backward()
             finally:
-                if hook is not None:
-                    hook.remove()
+                self.events.fire(AFTER_BACKWARD, step)
         return loss
 
     def optimizer_step(self) -> None:
         """Clip, step, zero the gradients, advance the LR schedule: one optimizer step is done."""
         self.phase = "optimizer"
-        self.tele.section("optimizer")
-        if self.injector and self.injector.oom_phase(self.step + 1, "optimizer"):
-            raise injected_oom(f"optimizer, step {self.step + 1}")
+        self.events.fire(BEFORE_OPTIMIZER, self.step + 1)
         if self.spec.train.grad_clip:
             self.scaler.unscale_(self.optimizer)
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.spec.train.grad_clip)
@@ -433,33 +415,57 @@ class Trainer:
         self.scheduler.step()
         self.step += 1
 
-    @property
-    def step_end_hooks(self) -> list[Any]:
-        """Called with the new step after each optimizer step: telemetry closes the step, the heartbeat moves."""
-        return [self.tele.step_done, self.hb.stepped]
+    # -- the trainer's own step_end / epoch_end listeners ------------------------
+    def log_step(self, step: int, metrics: MetricsWriter | None, bar: ProgressBar) -> None:
+        """The log line of a log step (loss all-reduced: one host sync per log interval); else the bar moves."""
+        t, w, win = self.spec.train, self.world, self.window
+        due = step % t.log_every == 0 or step == self.stop_step
+        if step == self.fit_start_step + 1 and not due:
+            # The first step warmed the kernels (cudnn autotuning, allocator, loader workers):
+            # samples/s is timed from its end, not from the cold start (one sync per fit).
+            if w.is_cuda:
+                torch.cuda.synchronize(w.device)
+            win.restart(time.perf_counter())
+        if not due:
+            bar.update(step)
+            return
+        self.phase = "log"
+        w.all_reduce_sum(win.loss_sum)
+        mean_loss = win.loss_sum.item() / (win.micro * w.size)
+        if not math.isfinite(mean_loss):
+            raise FloatingPointError(f"loss is {mean_loss} at step {step}")
+        self.last_finite_step = step
+        now = time.perf_counter()
+        rate = win.samples / max(now - win.t0, 1e-9)
+        mem = self._memory_record()
+        if metrics is not None:
+            metrics.write(step, {"loss": round(mean_loss, 6), "lr": self.scheduler.get_last_lr()[0],
+                                 "samples_per_s": round(rate, 2), "epoch": self.epoch,
+                                 "total_steps": self.total_steps, **mem})
+        bar.update(step, rate, mean_loss)
+        if self.console is not None and not self.console.is_terminal:
+            log.info("step %d/%d loss %.4f %.1f samples/s", step, self.total_steps, mean_loss, rate)
+        win.loss_sum.zero_()
+        win.micro = 0
+        win.restart(now)
+        self.flush_checkpoint_records(metrics)
 
-    # -- fault injection and memory figures ------------------------------------
-    def _inject_before_forward(self, batch: Any) -> None:
-        """OOMs due in forward (also the simulated memory limit); data stalls are the feed's (before_batch)."""
-        limit = self.injector.batch_limit()
-        if limit is not None and self.task.batch_size_of(batch) > limit:
-            raise injected_oom(f"batch {self.task.batch_size_of(batch)} > simulated limit {limit}")
-        if self.injector.oom_phase(self.step + 1, "forward"):
-            raise injected_oom(f"forward, step {self.step + 1}")
+    def save_after_step(self, step: int) -> None:
+        """Save when the checkpointer's cadence says so (a step that ends a validated epoch may wait for it)."""
+        if self.checkpointer is None:
+            return
+        validated_next = self.micro >= self.usable_micro and self._eval_due(self.epoch + 1)
+        if self.checkpointer.due_after_step(step, step >= self.stop_step, validated_next):
+            self.save()
 
-    def _inject_backward(self) -> Any:
-        """A hook that raises OOM from inside autograd, once the later layers' grads went to DDP."""
-        self.injector.slow_compute(self.world.device)  # `slow`: before the gradient sync
-        if not self.injector.oom_phase(self.step + 1, "backward"):
-            return None
-        first = next(p for p in unwrap(self.model).parameters() if p.requires_grad)
-        step = self.step + 1
+    def save_at_epoch_end(self, epoch: int) -> None:
+        """Save at an epoch's end (or where training stopped) when the checkpointer's cadence says so."""
+        if self.checkpointer is None:
+            return
+        if self.checkpointer.due_at_epoch_end(self.last_eval_step == self.step, self.step >= self.stop_step):
+            self.save()
 
-        def boom(grad: torch.Tensor) -> torch.Tensor:
-            raise injected_oom(f"backward, step {step}")
-
-        return first.register_hook(boom)
-
+    # -- memory figures and the evaluation schedule --------------------------------
     def _memory_record(self) -> dict[str, Any]:
         """This rank's memory figures since the last record (to its telemetry file); rank 0's are returned."""
         mem = memory_figures(self.world.device)
@@ -469,30 +475,19 @@ class Trainer:
         torch.cuda.reset_peak_memory_stats(self.world.device)
         return mem
 
-    def _eval_due(self, epochs_done: int, stop: int) -> bool:
+    def _eval_due(self, epochs_done: int) -> bool:
         """Whether validation runs once `epochs_done` epochs are complete."""
         t = self.spec.train
-        return epochs_done % t.eval_every == 0 or epochs_done == t.epochs or self.step >= stop
-
-    def _keeps_best(self) -> bool:
-        return self.checkpointer is not None and self.spec.checkpoint.keep_best > 0 and bool(self.val)
-
-    def _best_save_due(self) -> bool:
-        """The step that ends this epoch is evaluated, and keep_best wants its checkpoint to carry the metric."""
-        stop = min(self.total_steps, self.opts.stop_at_step or self.total_steps)
-        return self._keeps_best() and self._eval_due(self.epoch + 1, stop)
+        return epochs_done % t.eval_every == 0 or epochs_done == t.epochs or self.step >= self.stop_step
 
     def run_eval(self, metrics: MetricsWriter | None) -> None:
         """Validate, log on rank 0, and remember the result for the checkpoint."""
-        self.tele.section("eval")
         self.phase = "eval"
         values = self.evaluate()
         if not values:
             return
-        best = self.checkpointer.best_metric if self._keeps_best() else None
-        if best is not None and best not in values:
-            raise ConfigError(f"checkpoint.best_metric {best!r} is not a validation metric of this task (it reports "
-                              f"{', '.join(sorted(k for k in values if k != 'eval_s'))}); fix it or set keep_best: 0")
+        if self.checkpointer is not None:
+            self.checkpointer.check_metric(values)
         self.last_eval = values
         self.last_eval_step = self.step
         if metrics is not None:

@@ -49,10 +49,6 @@ def test_drill_kill_writer_kill_and_hang(tiny_job, tmp_path: Path) -> None:
 def test_drill_with_dcp_checkpoint_process(tiny_job, tmp_path: Path) -> None:
     """The same guarantees when saves go through DCP's checkpoint process (`async_mode: process`,
     the GPU default): a rank killed, and the writer killed in the daemon while it writes a shard."""
-    from musubi.checkpoint.saver import process_mode_available
-
-    if not process_mode_available():
-        pytest.skip("DCP's checkpoint process needs torch >= 2.7")
     job = tiny_job(checkpoint={"every_steps": 3, "async_mode": "process"}, watchdog={"floor_s": 5})
     # Seed 5 draws phase=write for the writer kill: the daemon dies inside a shard.
     res = CliRunner().invoke(app, ["drill", str(job), "--faults", "kill,ckpt_kill", "--repeat", "1", "--nproc", "2", "--device", "cpu",

@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 from musubi.checkpoint import checkpoint as ckpt
-from musubi.checkpoint.saver import Checkpointer, process_mode_available
+from musubi.checkpoint.saver import Checkpointer
 from musubi.config.errors import ConfigError
 from musubi.config.job import CheckpointSpec, WatchdogSpec
 from musubi.recovery.goodput import compute_goodput
@@ -65,9 +65,8 @@ def test_retention_keeps_last_and_best(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("mode", [
     "thread", "off",
-    # DCP's checkpoint daemon: a spawned process with a process group of its own (torch >= 2.7).
-    pytest.param("process", marks=[pytest.mark.timeout(180),
-                                   pytest.mark.skipif(not process_mode_available(), reason="torch < 2.7")]),
+    # DCP's checkpoint daemon: a spawned process with a process group of its own.
+    pytest.param("process", marks=pytest.mark.timeout(180)),
 ])
 def test_save_commits_when_durable_and_records_timings(tmp_path: Path, mode: str) -> None:
     if mode == "process":  # DCP's daemon takes its ranks from the default group, as under torchrun

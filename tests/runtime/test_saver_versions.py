@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from musubi.checkpoint import checkpoint as ckpt
-from musubi.checkpoint.saver import Checkpointer, process_mode_available
+from musubi.checkpoint.saver import Checkpointer
 from musubi.config.job import CheckpointSpec
 from musubi.recovery.inject import Injector
 from musubi.worker.world import World
@@ -24,8 +24,7 @@ staging = pytest.importorskip("torch.distributed.checkpoint.staging")
 
 MODES = [
     "thread", "off",
-    pytest.param("process", marks=[pytest.mark.timeout(240),
-                                   pytest.mark.skipif(not process_mode_available(), reason="torch < 2.7")]),
+    pytest.param("process", marks=pytest.mark.timeout(240)),
 ]
 
 
