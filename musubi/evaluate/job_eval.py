@@ -74,10 +74,20 @@ def evaluate_task_job(job_dir: Path, device: str | None, export: bool, fps_runs:
 
 def evaluate_external_job(job_dir: Path, device: str | None, fps_runs: int | None,
                           fps_warmup: int | None) -> dict[str, Any]:
-    """Validate an external job's eval.json; measure FPS on its model.onnx if it reported none."""
+    """Validate an external job's eval.json (first written from its framework's files when it declared
+    metrics_from); measure FPS on its model.onnx if it reported none."""
     from musubi.evaluate.external import read_external_eval
 
     path = job_dir / EVAL_FILE
+    declared = job_dir / RUN_FILES.metrics_from
+    if declared.is_file():
+        from musubi.evaluate.adapters import adapt_metrics
+
+        try:
+            spec = read_json(declared)
+        except (OSError, ValueError):
+            raise ConfigError(f"{declared}: not readable JSON; run the fleet again (it writes this file)") from None
+        write_json(path, adapt_metrics(job_dir, spec["format"], spec.get("path"), spec.get("metrics")))
     record = read_external_eval(path)
     record["kind"] = "external"
     model = job_dir / "model.onnx"
@@ -115,6 +125,6 @@ def evaluate_job(job_dir: Path, device: str | None = None, export: bool = False,
         raise ConfigError(f"{job_dir}: no such job directory")
     if is_task_job(job_dir):
         return evaluate_task_job(job_dir, device, export, fps_runs, fps_warmup)
-    if not (job_dir / EVAL_FILE).is_file() and not (job_dir / RUN_FILES.job).is_file():
+    if not any((job_dir / f).is_file() for f in (EVAL_FILE, RUN_FILES.job, RUN_FILES.metrics_from)):
         raise ConfigError(f"{job_dir}: neither job.json nor eval.json; not a job directory")
     return evaluate_external_job(job_dir, device, fps_runs, fps_warmup)

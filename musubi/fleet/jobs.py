@@ -144,6 +144,12 @@ def command_launch(job: CommandJob, run_dir: Path, gpus: list[int], kind: str, b
             env[k] = v
     env["MUSUBI_JOB_DIR"] = str(job_dir.resolve())
     env["PYTHONUNBUFFERED"] = "1"
+    adapter = job_dir / RUN_FILES.metrics_from
+    if job.metrics_from is not None:
+        # The evaluation step reads it (fleet/eval_step.py), as does `musubi evaluate` run by hand later.
+        adapter.write_text(job.metrics_from.model_dump_json(), encoding="utf-8")
+    else:
+        adapter.unlink(missing_ok=True)
     return Launch(resolve_command(job, base), env, job_dir, job_dir / "logs" / "stdout.log", union_cpus(cpus))
 
 

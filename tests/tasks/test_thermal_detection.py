@@ -84,7 +84,6 @@ def test_one_channel_detector_learns_on_two_ranks(tmp_path: Path) -> None:
     losses = [r["loss"] for r in map(json.loads, (job_dir / "metrics.jsonl").read_text().splitlines())
               if r.get("kind") == "train"]
     assert len(losses) == 8
-    print("losses", losses)
     assert sum(losses[-3:]) / 3 < 0.8 * sum(losses[:3]) / 3, losses
     normalize = json.loads((job_dir / "job.json").read_text())["config"]["data"]["normalize"]
     assert normalize["mean"] > 29_000 and normalize["std"] > 100 and "uint16" in normalize["source"]
