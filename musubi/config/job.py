@@ -210,7 +210,7 @@ class DataSpec(StrictModel):
             if self.slice is not None and self.slice.inline_train:
                 raise ValueError("channels 1 with inline slicing: cut the tiles offline (`musubi data slice` keeps "
                                  "16-bit pixels) and set slice.inline_train: false")
-        elif self.normalize is not None or "one_channel" in self.model_fields_set:
+        elif self.normalize is not None or self.one_channel != "stem":  # resolved configs carry the default
             raise ValueError("normalize and one_channel apply to single-channel frames; set channels: 1 or remove them")
         if self.gpu_decode and self.slice is not None:
             raise ValueError("gpu_decode and slice do not combine yet; slice offline (`musubi data slice`) "
@@ -255,8 +255,10 @@ class TrainSpec(StrictModel):
     grad_clip: float | None = Field(None, gt=0, le=1e6, description="Clip the global gradient norm to this value.")
     precision: Literal["auto", "bf16", "fp16", "fp32"] = Field(
         "auto",
-        description="Autocast dtype: bf16, fp16 (with a gradient scaler) or fp32. `auto`: bf16 on GPU, "
-        "fp32 on CPU ranks.",
+        description="Autocast dtype: bf16, fp16 (with a gradient scaler) or fp32. `auto`: bf16 on GPU (fp16 "
+        "where the GPU has no bf16), fp32 on CPU ranks. Any of them follows evidence: a non-finite loss restarts "
+        "the job from its last good checkpoint one precision safer (fp16 -> bf16 -> fp32); the precision it "
+        "ended in is recorded (eval.json, fleet.json, leaderboard, manifest).",
     )
     strategy: Literal["ddp", "fsdp"] = Field(
         "ddp", description="ddp: replicate; fsdp: shard parameters, grads and optimizer state (FSDP2)."

@@ -15,6 +15,7 @@ from typing import Any
 
 from musubi.config.errors import ConfigError
 from musubi.config.run_files import RUN_FILES
+from musubi.recovery.numerics import trained_precision
 from musubi.store.rundir import read_json, write_json
 
 EVAL_FILE = RUN_FILES.eval
@@ -51,6 +52,9 @@ def evaluate_task_job(job_dir: Path, device: str | None, export: bool, fps_runs:
     record.setdefault("metrics", {})
     record.setdefault("primary_metric", job.task.primary_metric)
     record["kind"] = "task"
+    precision = trained_precision(job_dir)
+    if precision is not None:
+        record["precision"] = precision  # what it trained in, after any fallback (leaderboard, registry, manifest)
     fps_all: dict[str, Any] = {}
     exported = None
     if export:

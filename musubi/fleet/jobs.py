@@ -15,6 +15,7 @@ import yaml
 from musubi.config.errors import ConfigError
 from musubi.config.fleet import CommandJob, TaskJob
 from musubi.config.run_files import RUN_FILES
+from musubi.recovery.numerics import trained_precision
 from musubi.topology.model import parse_cpulist
 
 #: Variables an external job inherits from Musubi's own environment (the rest is explicit):
@@ -196,6 +197,9 @@ def absorb_job_record(st: Any, job_dir: Path, failed: bool) -> str:
         history = json.loads((job_dir / RUN_FILES.job).read_text(encoding="utf-8")).get("history") or []
     except (OSError, ValueError):
         return ""
+    precision = trained_precision(job_dir)
+    if precision is not None:
+        st.precision = precision["final"]
     entry = history[-1] if history and isinstance(history[-1], dict) else None
     # Only this launch's entry (a launch that died before `musubi train` recorded it leaves an older one).
     if entry is None or (st.started is not None and float(entry.get("started", 0)) < st.started - 5):
