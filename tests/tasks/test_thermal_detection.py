@@ -56,8 +56,12 @@ def test_stem_on_grey_equals_rgb_model_on_replicated_grey(build: Any) -> None:
         name = adapt_stem(model)
         one_out = model(grey)
     assert name in ("conv1", "body.0.0")
-    flat = (lambda o: torch.cat([v.flatten() for v in o.values()]) if isinstance(o, dict) else o)
-    torch.testing.assert_close(flat(one_out), flat(rgb_out), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(_flat(one_out), _flat(rgb_out), rtol=1e-4, atol=1e-5)
+
+
+def _flat(out: Any) -> torch.Tensor:
+    """A classifier's logits, or a backbone's feature maps (an OrderedDict) as one vector."""
+    return torch.cat([v.flatten() for v in out.values()]) if isinstance(out, dict) else out
 
 
 @pytest.mark.slow
