@@ -72,7 +72,7 @@ def coco_source(src: str) -> tuple[Path, Path]:
 def _reading_json(reading: Any) -> dict[str, Any]:
     return {"path": reading.path, "kind": reading.kind, "image_dir": reading.image_dir, "error": reading.error,
             "fix": reading.fix or None, "counts": reading.counts, "per_class": reading.per_class,
-            "seconds": reading.seconds,
+            "seconds": reading.seconds, "pixels": reading.pixels,
             "issues": [{"kind": i.kind, "count": i.count, "files": list(i.examples)} for i in reading.issues]}
 
 
@@ -93,6 +93,11 @@ def _print_reading(console: Console, reading: Any, title: bool) -> None:
         if unused:
             console.print(f"categories without boxes ({len(unused)}): {', '.join(unused)}", highlight=False,
                           markup=False)
+    if reading.pixels:
+        from musubi.data.pixels import PixelStats
+
+        console.print(f"pixels (single-channel, data.channels: 1): {PixelStats(**reading.pixels).line()}",
+                      highlight=False, markup=False)
     if reading.counts.get("images_without_boxes"):
         console.print(f"images without boxes: {reading.counts['images_without_boxes']} of "
                       f"{reading.counts['images']}", highlight=False, markup=False)
@@ -204,12 +209,36 @@ def hash_command(
             raise ConfigError(f"PATH {target}: no such file or directory; give a data set folder, a COCO ANN.json "
                               "or IMAGES_DIR::ANN.json")
         v = hash_dataset(target, None if no_cache else existing_store(store), workers, image_dir=image_dir)
+        pixels = single_channel_stats(path, None if no_cache else existing_store(store)) \
+            if target.suffix.lower() == ".json" or target.is_dir() else None
     except ConfigError as e:
         _usage(str(e))
     if as_json:
-        print(json.dumps(v.as_dict()))
+        print(json.dumps({**v.as_dict(), **({"pixels": pixels.as_dict()} if pixels else {})}))
     else:
         print(f"{v.version}  {v.files} files, {v.bytes / 2**20:.1f} MiB, {v.hashed} read ({v.seconds:.2f} s)")
+        if pixels:
+            print(f"pixels (single-channel, data.channels: 1): {pixels.line()}")
+
+
+def single_channel_stats(src: str, store: Path | None) -> Any:
+    """PixelStats of a COCO split of single-channel frames (recorded in `store` by version), else None."""
+    from PIL import Image
+
+    from musubi.data.coco import read_annotation_json
+    from musubi.data.pixels import SINGLE_CHANNEL_MODES, split_pixel_stats
+
+    try:
+        ann, images = coco_source(src)
+    except ConfigError:
+        return None  # not a COCO split (a folder of classes, a text file): no frames to describe
+    first = next((i.get("file_name") for i in read_annotation_json(ann)["images"] if isinstance(i, dict)), None)
+    if not isinstance(first, str) or not (images / first).is_file():
+        return None
+    with Image.open(images / first) as im:
+        if im.mode not in SINGLE_CHANNEL_MODES:
+            return None
+    return split_pixel_stats(ann, images, store)[1]
 
 
 @data_app.command("slice")
@@ -392,15 +421,20 @@ def synth_command(
     max_object: int = typer.Option(48, "--max-object", help="Largest object side (px)."),
     classes: int = typer.Option(3, "--classes", min=1, help="Object classes."),
     seed: int = typer.Option(0, "--seed", help="Same seed, same bytes."),
+    thermal: bool = typer.Option(False, "--thermal", help="Thermal infrared: single-channel radiometric frames "
+                                                          "(centikelvin) with warm objects, for data.channels: 1."),
+    bits: int = typer.Option(16, "--bits", help="--thermal: 16 or 8 bits per pixel."),
+    image_format: str = typer.Option("png", "--format", help="--thermal: png or tiff."),
 ) -> None:
-    """Write a synthetic detection set as real JPEG files: small objects on big frames."""
+    """Write a synthetic detection set as real files (JPEG; --thermal: 16-bit PNG/TIFF): small objects on big frames."""
     from musubi.data.synthetic_files import SyntheticFiles, write_synthetic_coco
 
     try:
         w, _, h = size.lower().partition("x")
         if not (w.isdigit() and h.isdigit()):
             raise ConfigError(f"--size {size!r}: give WIDTHxHEIGHT like 4000x3000")
-        params = SyntheticFiles(images, int(w), int(h), classes, objects, min_object, max_object, seed)
+        params = SyntheticFiles(images, int(w), int(h), classes, objects, min_object, max_object, seed,
+                                thermal=thermal, bits=bits, image_format=image_format.lower())
         if out.exists() and (not out.is_dir() or any(out.iterdir())):
             raise ConfigError(f"OUT {out} is not an empty folder; give a new folder (nothing is overwritten)")
         ann = write_synthetic_coco(out, params)

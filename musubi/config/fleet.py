@@ -83,8 +83,29 @@ class SlurmSpec(StrictModel):
     poll_s: float = Field(10.0, gt=0, le=600, description="Seconds between squeue polls.")
 
 
+class MetricsFrom(StrictModel):
+    """Read an external job's own framework files into eval.json, so the program needs no edit."""
+
+    format: Literal["ultralytics", "lightning", "hf-trainer"] = Field(
+        description="ultralytics (results.csv, weights/best.pt), lightning (CSVLogger metrics.csv) or hf-trainer "
+        "(trainer_state.json).")
+    path: PathStr | None = Field(None, description="File or folder the framework writes to, relative to "
+                                 "$MUSUBI_JOB_DIR (the program's working directory); default: the newest such "
+                                 "file anywhere under it.")
+    metrics: dict[Annotated[str, Field(min_length=1, max_length=64)], ShortStr] | None = Field(
+        None, max_length=64, description="Musubi name -> the framework's metric name, e.g. {map50: val_map50}; the "
+        "first is the primary metric. Default: ultralytics gives map50/map/precision/recall, the others their own "
+        "names.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _bare_format(cls, v: Any) -> Any:
+        """`metrics_from: ultralytics` is short for `{format: ultralytics}`."""
+        return {"format": v} if isinstance(v, str) else v
+
+
 class CommandJob(Placement):
-    """An external program with the fleet's contract (writes $MUSUBI_JOB_DIR/eval.json)."""
+    """An external program with the fleet's contract (writes $MUSUBI_JOB_DIR/eval.json, or declares metrics_from)."""
 
     name: str = Field(max_length=64, description="Job name; becomes the job's directory name.")
     command: list[Annotated[str, Field(max_length=MAX_PATH_CHARS), AfterValidator(check_arg)]] = Field(
@@ -96,6 +117,9 @@ class CommandJob(Placement):
     launch: Literal["single", "torchrun"] = Field(
         "single", description="single: one process; torchrun: `python -m torch.distributed.run` over its GPUs."
     )
+    metrics_from: MetricsFrom | None = Field(
+        None, description="Read the metrics from the files the program's framework writes (ultralytics, lightning, "
+        "hf-trainer) instead of an eval.json it would have to write.")
 
     @field_validator("name")
     @classmethod

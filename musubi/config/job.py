@@ -123,6 +123,16 @@ class SliceSpec(StrictModel):
     )
 
 
+class PixelNorm(StrictModel):
+    """How single-channel pixels are standardised: (x - mean) / std, in the units the frames store."""
+
+    mean: float = Field(description="Subtracted from every pixel (raw units: counts, centikelvin, ...).")
+    std: float = Field(gt=0, description="Divides every pixel after the mean is subtracted.")
+    source: str | None = Field(None, max_length=MAX_TEXT_CHARS,
+                               description="Where the values came from (filled by the launcher: the split's "
+                               "content version and its statistics).")
+
+
 class DataSpec(StrictModel):
     """Where samples come from: `synthetic:` or `train:` (+ optional `val:`) on disk."""
 
@@ -154,6 +164,16 @@ class DataSpec(StrictModel):
         "free memory), so each frame is decoded about once per run."
     )
     slice: SliceSpec | None = Field(None, description="Tile large frames inline (detection, COCO data).")
+    channels: Literal[1, 3] = Field(
+        3, description="Channels of the frames: 3 (RGB, 8-bit) or 1 (single-channel: thermal infrared, greyscale; "
+        "8- and 16-bit PNG/TIFF and float TIFF read without loss). Detection, COCO data.")
+    one_channel: Literal["stem", "replicate"] = Field(
+        "stem", description="channels 1: stem (the model's first convolution takes one channel; RGB start weights "
+        "are summed over their channels) or replicate (the channel is copied three times; the model stays RGB).")
+    normalize: PixelNorm | None = Field(
+        None, description="channels 1: pixels become (x - mean) / std. Unset: filled at launch from the train "
+        "split's statistics, computed once per dataset version and kept in musubi.db (`musubi data hash` prints "
+        "them), so job.json records the values used.")
     classes: dict[ShortStr, ShortStr | None] | None = Field(
         None, max_length=10_000,
         description="Detection, COCO data: class map applied as the annotations are read, source category "
@@ -180,6 +200,18 @@ class DataSpec(StrictModel):
             raise ValueError("classes maps the categories of COCO files; synthetic data has none: remove data.classes")
         if self.classes is not None and not self.classes:
             raise ValueError("classes is empty; map at least one category or remove data.classes")
+        if self.channels == 1:
+            if self.synthetic is not None:
+                raise ValueError("channels 1 reads single-channel files; synthetic data is RGB: write a thermal set "
+                                 "with `musubi data synth OUT --thermal` and train on it")
+            if self.gpu_decode:
+                raise ValueError("gpu_decode decodes JPEG (RGB); single-channel frames (channels 1) are PNG/TIFF: "
+                                 "set gpu_decode: false")
+            if self.slice is not None and self.slice.inline_train:
+                raise ValueError("channels 1 with inline slicing: cut the tiles offline (`musubi data slice` keeps "
+                                 "16-bit pixels) and set slice.inline_train: false")
+        elif self.normalize is not None or self.one_channel != "stem":  # resolved configs carry the default
+            raise ValueError("normalize and one_channel apply to single-channel frames; set channels: 1 or remove them")
         if self.gpu_decode and self.slice is not None:
             raise ValueError("gpu_decode and slice do not combine yet; slice offline (`musubi data slice`) "
                              "and decode the tiles on the GPU")
@@ -223,8 +255,10 @@ class TrainSpec(StrictModel):
     grad_clip: float | None = Field(None, gt=0, le=1e6, description="Clip the global gradient norm to this value.")
     precision: Literal["auto", "bf16", "fp16", "fp32"] = Field(
         "auto",
-        description="Autocast dtype: bf16, fp16 (with a gradient scaler) or fp32. `auto`: bf16 on GPU, "
-        "fp32 on CPU ranks.",
+        description="Autocast dtype: bf16, fp16 (with a gradient scaler) or fp32. `auto`: bf16 on GPU (fp16 "
+        "where the GPU has no bf16), fp32 on CPU ranks. Any of them follows evidence: a non-finite loss restarts "
+        "the job from its last good checkpoint one precision safer (fp16 -> bf16 -> fp32); the precision it "
+        "ended in is recorded (eval.json, fleet.json, leaderboard, manifest).",
     )
     strategy: Literal["ddp", "fsdp"] = Field(
         "ddp", description="ddp: replicate; fsdp: shard parameters, grads and optimizer state (FSDP2)."
@@ -384,6 +418,13 @@ class JobSpec(StrictModel):
         if self.data.classes is not None and self.task in ("classification", "lm"):
             raise ValueError(f"data.classes maps COCO categories (detection); task {self.task} does not read "
                              "them: remove data.classes")
+        return self
+
+    @model_validator(mode="after")
+    def _channels_need_detection(self) -> JobSpec:
+        if self.data.channels == 1 and self.task != "detection":
+            raise ValueError(f"data.channels 1 feeds single-channel frames to detection models; task {self.task} "
+                             "reads RGB: set task: detection or data.channels: 3")
         return self
 
     @field_validator("task")

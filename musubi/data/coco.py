@@ -18,6 +18,7 @@ from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from PIL import Image
 from torch import Tensor
 from torch.utils.data import Dataset
@@ -26,6 +27,7 @@ from torchvision.transforms.functional import pil_to_tensor
 from musubi.config.errors import ConfigError
 from musubi.data import guards
 from musubi.data.classmap import ClassMap, apply_class_map
+from musubi.data.pixels import read_single_channel
 
 log = logging.getLogger(__name__)
 
@@ -122,6 +124,7 @@ class CocoDetection(Dataset):
         raw: dict[str, Any] | None = None,
         encoded: bool = False,
         classes: ClassMap | None = None,
+        channels: int = 3,
     ) -> None:
         """Read and validate the annotations; `category_ids` fixes the label map (pass the train split's to val).
 
@@ -129,7 +132,9 @@ class CocoDetection(Dataset):
         device). `raw`: the annotation file already parsed (by the data check), so it is not read twice.
         `encoded`: images come as the file's JPEG bytes (uint8 [N]) for decoding on the GPU
         (musubi.data.gpu_decode), boxes in file pixels. `classes`: a class map (data.classes) applied to
-        the categories and boxes as they are read (musubi.data.classmap).
+        the categories and boxes as they are read (musubi.data.classmap). `channels` 1: frames are read
+        single-channel without loss (musubi.data.pixels) as float32 [1, H, W] in their stored units
+        (`as_uint8` does not apply: a 16-bit value does not fit in a byte).
         """
         self.image_dir = Path(image_dir)
         self.annotations = Path(annotations)
@@ -137,6 +142,7 @@ class CocoDetection(Dataset):
         self.max_image_pixels = max_image_pixels
         self.as_uint8 = as_uint8
         self.encoded = encoded
+        self.channels = channels
         data = raw if raw is not None else read_annotation_json(self.annotations)
         if not self.image_dir.is_dir():
             raise _fail(
@@ -287,6 +293,10 @@ class CocoDetection(Dataset):
             # A copy: read_file maps the file, and a loader worker cannot pass a file-mapped storage to the
             # main process (torch takes it for shared memory and dups a closed fd: EBADF, seen on 4x H200).
             return read_file(str(path)).clone(), {"boxes": boxes, "labels": labels, "image_id": image_id}
+        if self.channels == 1:
+            image = self._single_channel(path, boxes)
+            keep = (boxes[:, 2] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 1])
+            return image, {"boxes": boxes[keep], "labels": labels[keep], "image_id": image_id}
         im = self._open(path)
         if self.image_size is not None:
             scale = self.image_size / max(im.width, im.height)
@@ -307,3 +317,20 @@ class CocoDetection(Dataset):
             "image_id": image_id,
         }
         return image, target
+
+    def _single_channel(self, path: Path, boxes: Tensor) -> Tensor:
+        """float32 [1, H, W] in stored units (resized to image_size when set); `boxes` scaled and clipped in place."""
+        guards.inside(self.image_dir, path)
+        image = torch.from_numpy(read_single_channel(path, self.max_image_pixels).astype("float32"))[None]
+        h, w = image.shape[1:]
+        if self.image_size is not None:
+            scale = self.image_size / max(w, h)
+            new_w, new_h = max(1, round(w * scale)), max(1, round(h * scale))
+            boxes *= torch.tensor([new_w / w, new_h / h] * 2, dtype=torch.float32)
+            # Bilinear with antialias, as PIL's resize of the RGB path; values stay in stored units.
+            image = F.interpolate(image[None], size=(new_h, new_w), mode="bilinear", align_corners=False,
+                                  antialias=True)[0]
+            h, w = new_h, new_w
+        boxes[:, 0::2] = boxes[:, 0::2].clamp(0, w)
+        boxes[:, 1::2] = boxes[:, 1::2].clamp(0, h)
+        return image

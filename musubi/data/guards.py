@@ -43,8 +43,9 @@ def inside(root: str | os.PathLike[str], path: str | os.PathLike[str]) -> Path:
     return real
 
 
-def open_image(path: str | os.PathLike[str], max_pixels: int | None = None) -> Image.Image:
-    """An RGB image, refused (ConfigError) when over `max_pixels` by its header, or unreadable."""
+def open_image(path: str | os.PathLike[str], max_pixels: int | None = None, keep_mode: bool = False) -> Image.Image:
+    """An RGB image (`keep_mode`: in its stored mode, e.g. 16-bit I;16), refused (ConfigError) when over
+    `max_pixels` by its header, or unreadable."""
     # No maximum given: PIL's own (process-wide) limit, or its default when it was switched off.
     limit = max_pixels or Image.MAX_IMAGE_PIXELS or DEFAULT_MAX_IMAGE_PIXELS
     fix = f"tile or downscale the image, or raise data.max_image_pixels (now {limit})"
@@ -60,7 +61,7 @@ def open_image(path: str | os.PathLike[str], max_pixels: int | None = None) -> I
                 if im.width * im.height > limit:
                     raise ConfigError(f"{path}: image is {im.width}x{im.height} pixels, over the {limit} "
                                       f"pixel limit; {fix}")
-                return im.convert("RGB")
+                return im.copy() if keep_mode else im.convert("RGB")
     except ConfigError:
         raise
     except Image.DecompressionBombError:

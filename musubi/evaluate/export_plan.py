@@ -94,6 +94,20 @@ def export_plan(job: JobModel) -> ExportPlan:
     spec = job.spec
     if spec.task == "detection":
         size = job.task.image_size  # type: ignore[attr-defined]
+        info = {
+            "layout": "NCHW, RGB", "dtype": "float32", "batch": 1,
+            "size": [size, size] if size else None,
+            "range": "[0, 1] (pixel / 255)",
+            "normalisation": f"inside the model: (x - mean) / std, mean={IMAGENET_MEAN}, std={IMAGENET_STD}, "
+                             "then resized to the model's min_size..max_size",
+            "outputs": "boxes [N,4] xyxy in input pixels, scores [N], labels [N] (1..classes; 0 is background)",
+        }
+        if spec.data.channels == 1:
+            mean, std = job.task.normalization  # type: ignore[attr-defined]
+            info.update(layout="NCHW, 1 channel" if spec.data.one_channel == "stem" else "NCHW, the one channel x3",
+                        range="stored units (counts, centikelvin) standardised before the model",
+                        normalisation=f"before the model: (x - {mean:.6g}) / {std:.6g} (data.normalize), then "
+                                      "resized to the model's min_size..max_size")
         return ExportPlan(
             module=DetectorForExport(job.model).eval(),
             input_name="images",
@@ -111,14 +125,7 @@ def export_plan(job: JobModel) -> ExportPlan:
             unsupported={"dynamo": f"torch.export cannot trace torchvision's {spec.model} (data-dependent "
                                    "control flow in its box post-processing); use --exporter torchscript "
                                    "(the default for detectors)"},
-            input_info={
-                "layout": "NCHW, RGB", "dtype": "float32", "batch": 1,
-                "size": [size, size] if size else None,
-                "range": "[0, 1] (pixel / 255)",
-                "normalisation": f"inside the model: (x - mean) / std, mean={IMAGENET_MEAN}, std={IMAGENET_STD}, "
-                                 "then resized to the model's min_size..max_size",
-                "outputs": "boxes [N,4] xyxy in input pixels, scores [N], labels [N] (1..classes; 0 is background)",
-            },
+            input_info=info,
         )
     if spec.task == "classification":
         size = job.task.image_size()  # type: ignore[attr-defined]

@@ -15,6 +15,7 @@ from typing import Any
 
 from musubi.config.errors import ConfigError
 from musubi.config.run_files import RUN_FILES
+from musubi.recovery.numerics import trained_precision
 from musubi.store.rundir import read_json, write_json
 
 EVAL_FILE = RUN_FILES.eval
@@ -51,6 +52,9 @@ def evaluate_task_job(job_dir: Path, device: str | None, export: bool, fps_runs:
     record.setdefault("metrics", {})
     record.setdefault("primary_metric", job.task.primary_metric)
     record["kind"] = "task"
+    precision = trained_precision(job_dir)
+    if precision is not None:
+        record["precision"] = precision  # what it trained in, after any fallback (leaderboard, registry, manifest)
     fps_all: dict[str, Any] = {}
     exported = None
     if export:
@@ -74,10 +78,20 @@ def evaluate_task_job(job_dir: Path, device: str | None, export: bool, fps_runs:
 
 def evaluate_external_job(job_dir: Path, device: str | None, fps_runs: int | None,
                           fps_warmup: int | None) -> dict[str, Any]:
-    """Validate an external job's eval.json; measure FPS on its model.onnx if it reported none."""
+    """Validate an external job's eval.json (first written from its framework's files when it declared
+    metrics_from); measure FPS on its model.onnx if it reported none."""
     from musubi.evaluate.external import read_external_eval
 
     path = job_dir / EVAL_FILE
+    declared = job_dir / RUN_FILES.metrics_from
+    if declared.is_file():
+        from musubi.evaluate.adapters import adapt_metrics
+
+        try:
+            spec = read_json(declared)
+        except (OSError, ValueError):
+            raise ConfigError(f"{declared}: not readable JSON; run the fleet again (it writes this file)") from None
+        write_json(path, adapt_metrics(job_dir, spec["format"], spec.get("path"), spec.get("metrics")))
     record = read_external_eval(path)
     record["kind"] = "external"
     model = job_dir / "model.onnx"
@@ -115,6 +129,6 @@ def evaluate_job(job_dir: Path, device: str | None = None, export: bool = False,
         raise ConfigError(f"{job_dir}: no such job directory")
     if is_task_job(job_dir):
         return evaluate_task_job(job_dir, device, export, fps_runs, fps_warmup)
-    if not (job_dir / EVAL_FILE).is_file() and not (job_dir / RUN_FILES.job).is_file():
+    if not any((job_dir / f).is_file() for f in (EVAL_FILE, RUN_FILES.job, RUN_FILES.metrics_from)):
         raise ConfigError(f"{job_dir}: neither job.json nor eval.json; not a job directory")
     return evaluate_external_job(job_dir, device, fps_runs, fps_warmup)

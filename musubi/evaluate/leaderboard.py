@@ -117,6 +117,8 @@ def rank_jobs(jobs: list[JobResult], rule: ScoreRule) -> tuple[list[dict[str, An
         if isinstance(fps, dict):
             row["fps_runtime"], row["fps_device"] = fps.get("runtime"), fps.get("device_name") or fps.get("device")
         row["metrics"] = j.record.get("metrics") if isinstance(j.record.get("metrics"), dict) else {}
+        trained = j.record.get("precision")
+        row["precision"] = trained.get("final") if isinstance(trained, dict) else None
         if j.problem is None:
             try:
                 row["metric"] = quality_metric(j.task, j.record)

@@ -19,7 +19,8 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m musubi.fleet.eval_step JOB_DIR", file=sys.stderr)
         return 2
     job_dir = Path(args[0])
-    if job_dir.is_dir() and not (job_dir / RUN_FILES.job).is_file() and not (job_dir / RUN_FILES.eval).is_file():
+    if job_dir.is_dir() and not any((job_dir / f).is_file() for f in (RUN_FILES.job, RUN_FILES.eval,
+                                                                         RUN_FILES.metrics_from)):
         from musubi.fleet.jobs import NO_EVAL_JSON
 
         print(f"error: external job {NO_EVAL_JSON} ({job_dir}): the program exited 0 without writing it; "

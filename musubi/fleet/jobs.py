@@ -15,6 +15,7 @@ import yaml
 from musubi.config.errors import ConfigError
 from musubi.config.fleet import CommandJob, TaskJob
 from musubi.config.run_files import RUN_FILES
+from musubi.recovery.numerics import trained_precision
 from musubi.topology.model import parse_cpulist
 
 #: Variables an external job inherits from Musubi's own environment (the rest is explicit):
@@ -144,6 +145,12 @@ def command_launch(job: CommandJob, run_dir: Path, gpus: list[int], kind: str, b
             env[k] = v
     env["MUSUBI_JOB_DIR"] = str(job_dir.resolve())
     env["PYTHONUNBUFFERED"] = "1"
+    adapter = job_dir / RUN_FILES.metrics_from
+    if job.metrics_from is not None:
+        # The evaluation step reads it (fleet/eval_step.py), as does `musubi evaluate` run by hand later.
+        adapter.write_text(job.metrics_from.model_dump_json(), encoding="utf-8")
+    else:
+        adapter.unlink(missing_ok=True)
     return Launch(resolve_command(job, base), env, job_dir, job_dir / "logs" / "stdout.log", union_cpus(cpus))
 
 
@@ -190,6 +197,9 @@ def absorb_job_record(st: Any, job_dir: Path, failed: bool) -> str:
         history = json.loads((job_dir / RUN_FILES.job).read_text(encoding="utf-8")).get("history") or []
     except (OSError, ValueError):
         return ""
+    precision = trained_precision(job_dir)
+    if precision is not None:
+        st.precision = precision["final"]
     entry = history[-1] if history and isinstance(history[-1], dict) else None
     # Only this launch's entry (a launch that died before `musubi train` recorded it leaves an older one).
     if entry is None or (st.started is not None and float(entry.get("started", 0)) < st.started - 5):

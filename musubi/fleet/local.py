@@ -68,6 +68,7 @@ class JobState:
     width: int = 0  # GPUs of the latest attempt (a moldable job resumed from a checkpoint keeps it)
     predicted_s: float | None = None  # the duration model's seconds for the latest attempt on its GPUs
     estimate: str = ""  # where that prediction came from (history, probe, declared, fallback)
+    precision: str = ""  # task jobs: the precision training ended in (after any numerical fallback)
 
 
 @dataclass

@@ -24,6 +24,7 @@ from musubi.config.job import JobSpec
 from musubi.config.load import load_job
 from musubi.config.run_files import RUN_FILES
 from musubi.data.job_version import dataset_env
+from musubi.data.pixels import fill_normalization
 from musubi.launch import admission
 from musubi.launch.multinode import DEFAULT_JOIN_TIMEOUT_S, Rendezvous, make_rendezvous, rendezvous_error
 from musubi.store.db import db_path
@@ -194,6 +195,9 @@ def _admit_resume(req: TrainRequest, spec) -> tuple[Path, Path, dict, list[dict]
 def admit(req: TrainRequest) -> Admitted:
     """Every check that needs no preflight and writes nothing: config, resume, world size, task, batch."""
     spec = load_job(req.job_path, req.overrides)  # before torch: a config error is reported at once
+    # Single-channel frames: their statistics enter the resolved config first, so a resume compares like with like.
+    store = (req.out.resolve().parent if req.out is not None else Path("runs").resolve()) / "musubi.db"
+    fill_normalization(spec.data, store)
     before: dict = {}
     changes: list[dict] = []
     if req.resume:

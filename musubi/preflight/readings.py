@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from musubi.topology.model import NodeTopology
 
@@ -102,3 +103,4 @@ class DataReading:
     categories: tuple[str, ...] = ()  # COCO category names or folder classes
     seconds: float = 0.0
     per_class: dict[str, int] = field(default_factory=dict)  # COCO: boxes per category name (crowd excluded)
+    pixels: dict[str, Any] | None = None  # COCO of single-channel frames: musubi.data.pixels.PixelStats as a dict

@@ -11,7 +11,8 @@ exits with EXIT_NUMERICS; torchrun restarts the job (as after an OOM), and at st
   checkpoint before the fault (or from the start).
 
 In fp32 there is nothing safer: the job fails with a one-line cause (lower the learning rate).
-Every fallback is kept in `JOB/numerics/applied.json` and reported by the checklist.
+Every fallback is kept in `JOB/numerics/applied.json` and reported by the checklist; `trained_precision`
+sums it up for the evaluation step (eval.json), the fleet (fleet.json), the leaderboard and the manifest.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ import shutil
 import time
 from pathlib import Path
 from typing import Any
+
+from musubi.config.run_files import RUN_FILES
 
 log = logging.getLogger("musubi")
 
@@ -120,3 +123,25 @@ def applied_fallbacks(job_dir: Path) -> list[dict[str, Any]]:
     except (OSError, ValueError):
         return []
     return data if isinstance(data, list) else []
+
+
+def trained_precision(job_dir: Path) -> dict[str, Any] | None:
+    """{"requested", "final", "fallbacks": [{"step", "from", "to"}]} of a task job, or None before it trained.
+
+    `final` is the precision the last attempt trained in (summary.json), so `precision: auto` records what
+    the evidence left it at: bf16 on GPU, or fp32 after a non-finite loss.
+    """
+    try:
+        summary = json.loads((job_dir / RUN_FILES.summary).read_text(encoding="utf-8"))
+        final = summary.get("precision") if isinstance(summary, dict) else None
+    except (OSError, ValueError):
+        final = None
+    if not isinstance(final, str):
+        return None
+    try:
+        config = json.loads((job_dir / RUN_FILES.job).read_text(encoding="utf-8")).get("config") or {}
+        requested = (config.get("train") or {}).get("precision")
+    except (OSError, ValueError, AttributeError):
+        requested = None
+    fallbacks = [{k: f.get(k) for k in ("step", "from", "to")} for f in applied_fallbacks(job_dir)]
+    return {"requested": requested, "final": final, "fallbacks": fallbacks}

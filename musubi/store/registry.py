@@ -201,7 +201,9 @@ def register(job_dir: Path, name: str | None = None, db: Path | None = None) -> 
     elif dataset is None:
         dataset = evaluation.get("dataset_hash")
     input_spec = _input_spec(model_file, export, evaluation)
-    input_spec.update(task=config.get("task") or "external", model=config.get("model"))
+    trained = evaluation.get("precision") if isinstance(evaluation.get("precision"), dict) else {}
+    input_spec.update(task=config.get("task") or "external", model=config.get("model"),
+                      precision=trained.get("final"))
     with _connect(path) as con:
         con.execute("BEGIN IMMEDIATE")  # version numbers: one writer at a time
         cur = con.execute("SELECT * FROM registry WHERE name = ? AND job_dir = ?", (name, str(job_dir)))
@@ -312,6 +314,7 @@ def manifest(db: Path | None = None, run_dir: Path | None = None, base: Path | N
             "fps": e["fps"],
             "metrics": e["metrics"],
             "primary_metric": e["primary_metric"],
+            "trained_precision": e["input"].get("precision"),
             "dataset_hash": e["dataset_hash"],
             "trained_on": {"host": env.get("host"), "gpus": [g.get("name") for g in env.get("gpus", [])],
                            "torch": env.get("torch"), "cuda": env.get("cuda")},

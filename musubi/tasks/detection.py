@@ -11,6 +11,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 from importlib.util import find_spec
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -35,6 +36,7 @@ from musubi.data.synthetic_detection import (
 )
 from musubi.tasks.base import Metric, Reducer, Task, move_to
 from musubi.tasks.pretrained import check_start_weights, load_start_weights
+from musubi.tasks.stem import adapt_stem
 
 #: Model name -> (torchvision builder, model class whose keyword arguments the builder forwards).
 MODELS: dict[str, tuple[Callable[..., nn.Module], type[nn.Module]]] = {
@@ -230,6 +232,7 @@ class DetectionTask(Task):
         self._train: Dataset | None = None
         self._val: Dataset | None = None
         self._val_built = False
+        self._norm: tuple[float, float] | None = None
 
     # -- shape of the problem ----------------------------------------------
     @property
@@ -258,9 +261,30 @@ class DetectionTask(Task):
         assert isinstance(train, (CocoDetection, SlicedCocoDetection))
         return train.num_classes
 
+    @property
+    def normalization(self) -> tuple[float, float]:
+        """(mean, std) of single-channel pixels: data.normalize, else the train split's statistics (computed here)."""
+        norm = self.spec.data.normalize
+        if norm is not None:
+            return norm.mean, norm.std
+        if self._norm is None:
+            from musubi.data.pixels import split_pixel_stats
+
+            train = self.spec.data.train
+            assert train is not None and train.annotations is not None  # DataSpec: channels 1 reads COCO files
+            _, stats = split_pixel_stats(Path(train.annotations), Path(train.path),
+                                         max_pixels=self.spec.data.max_image_pixels)
+            self._norm = (stats.mean, stats.std or 1.0)
+        return self._norm
+
     def model_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for the torchvision builder, model_args last (they win; Musubi's own excluded)."""
         kwargs: dict[str, Any] = {}
+        if self.spec.data.channels == 1:
+            # Pixels arrive standardised by the data set's statistics (to_device): the detector's own
+            # ImageNet normalisation must be the identity, over 1 channel (stem) or 3 (replicate).
+            width = 1 if self.spec.data.one_channel == "stem" else 3
+            kwargs.update(image_mean=[0.0] * width, image_std=[1.0] * width)
         args = {k: v for k, v in self.spec.model_args.items() if k not in OWN_MODEL_ARGS}
         if (
             self.spec.model in RESIZING_MODELS
@@ -299,6 +323,8 @@ class DetectionTask(Task):
             meta_model = self._construct()
         if spec.weights:
             check_start_weights(spec.weights, spec.model, meta_model)
+        if spec.data.channels == 1 and spec.data.one_channel == "stem":
+            adapt_stem(meta_model)  # a model without an RGB convolution is refused now, not in a worker
 
     # -- model -------------------------------------------------------------
     def _construct(self) -> nn.Module:
@@ -327,6 +353,8 @@ class DetectionTask(Task):
         model = self._construct()
         if self.spec.weights:
             load_start_weights(model, self.spec.weights, self.spec.model)
+        if self.spec.data.channels == 1 and self.spec.data.one_channel == "stem":
+            adapt_stem(model)  # after the start weights: their RGB kernels are summed into the one channel
         return model
 
     # -- data --------------------------------------------------------------
@@ -341,7 +369,7 @@ class DetectionTask(Task):
         # uint8 through the loader: 4x fewer bytes pinned and copied; to_device makes floats on the device.
         frames = CocoDetection(split.path, split.annotations, image_size=data.image_size, category_ids=category_ids,
                                as_uint8=True, encoded=data.gpu_decode,
-                               max_image_pixels=data.max_image_pixels, classes=data.classes)
+                               max_image_pixels=data.max_image_pixels, classes=data.classes, channels=data.channels)
         params = self.slice_params
         if params is None or not tiles:
             return frames
@@ -394,6 +422,13 @@ class DetectionTask(Task):
 
             return decode_batch(images, targets, torch.device(device), self.spec.data.image_size)
         images = [im.to(device, non_blocking=True) for im in images]
+        if self.spec.data.channels == 1:
+            # [1, H, W] in stored units (counts, centikelvin) -> standardised by the data set's statistics.
+            mean, std = self.normalization
+            images = [im.float().sub_(mean).div_(std) for im in images]
+            if self.spec.data.one_channel == "replicate":
+                images = [im.expand(3, -1, -1) for im in images]
+            return images, move_to(targets, device)
         images = [im.float().div_(255.0) if im.dtype == torch.uint8 else im for im in images]
         return images, move_to(targets, device)
 

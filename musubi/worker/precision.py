@@ -11,9 +11,12 @@ _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
 def resolve_precision(requested: str, device: torch.device) -> str:
-    """`auto` -> bf16 on GPU, fp32 on CPU ranks (CPU autocast is slow and rarely wanted)."""
+    """`auto` -> bf16 on GPU (fp16 on a GPU without bf16: V100, T4), fp32 on CPU ranks (CPU autocast is slow
+    and rarely wanted). Where a loss goes non-finite, the numerical guard steps it down (recovery/numerics.py)."""
     if requested == "auto":
-        return "bf16" if device.type == "cuda" else "fp32"
+        if device.type != "cuda":
+            return "fp32"
+        return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
     return requested
 
 

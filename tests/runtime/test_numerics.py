@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from musubi.recovery.numerics import safer_precision
+from musubi.recovery.numerics import safer_precision, trained_precision
 from tests.runtime.helpers import train
 
 pytestmark = pytest.mark.timeout(400)
@@ -37,6 +37,9 @@ def test_injected_nan_rolls_back_and_finishes_in_fp32(tiny_job, tmp_path: Path, 
     assert not list((job_dir / "numerics").glob("nonfinite-rank*.json"))  # applied, then cleared
     summary = json.loads((job_dir / "summary.json").read_text())
     assert summary["precision"] == "fp32" and summary["steps"] == summary["total_steps"]
+    # What eval.json, fleet.json, the leaderboard and the manifest record: asked bf16, ended in fp32.
+    assert trained_precision(job_dir) == {"requested": "bf16", "final": "fp32",
+                                          "fallbacks": [{"step": 8, "from": "bf16", "to": "fp32"}]}
     # both ranks stopped on the same step with the same cause
     errors = [json.loads((job_dir / "logs" / f"error-rank{r}.txt").read_text()) for r in (0, 1)] \
         if (job_dir / "logs" / "error-rank1.txt").exists() else None

@@ -13,6 +13,8 @@ ISSUES: dict[str, tuple[Status, str, str]] = {
     "missing": (Status.FAIL, "images listed in the annotations are missing",
                 "fix the image directory or the annotation file"),
     "undecodable": (Status.FAIL, "images do not decode", "replace or remove them (and their annotations)"),
+    "mixed_channels": (Status.FAIL, "images are multi-channel in a set of single-channel frames",
+                       "export every frame single-channel (8/16-bit greyscale PNG/TIFF) or drop those"),
     "empty_class": (Status.FAIL, "class folders hold no images",
                     "add images or remove the folders (ImageFolder refuses empty classes)"),
     "duplicate_image_id": (Status.FAIL, "image ids are used twice", "give each image a unique id"),

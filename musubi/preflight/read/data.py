@@ -270,13 +270,32 @@ def read_coco(target: str, ann: Path, image_dir: Path | None, examples: int = MA
             continue
         if outside:
             found["box_outside"].append(f"{where} in {size[0]}x{size[1]}")
+    pixels = _single_channel_stats(readable, found)
     # Unused categories are common (a val subset) and only reported: a count here, named by `data check`.
     counts = {"images": len(original["images"]), "annotations": len(original["annotations"]), "boxes": ds.stats.boxes,
               "categories": ds.num_classes, "crowd": crowd,
               "unused_categories": sum(v == 0 for v in per_class.values()),
               "images_without_boxes": sum(img["id"] not in boxed for img in images)}
     return DataReading(**base, counts=counts, issues=_issues(found, examples), per_class=per_class,
-                       categories=tuple(ds.category_names[c] for c in ds.category_ids))
+                       categories=tuple(ds.category_names[c] for c in ds.category_ids), pixels=pixels)
+
+
+def _single_channel_stats(readable: list[tuple[str, Path]], found: dict[str, list[str]]) -> dict[str, Any] | None:
+    """Pixel statistics of a set of single-channel frames (thermal, greyscale), as training reads them with
+    data.channels 1; None for RGB sets. A multi-channel image among single-channel ones is a finding."""
+    from PIL import Image
+
+    from musubi.data.pixels import SINGLE_CHANNEL_MODES, pixel_stats
+
+    modes = {}
+    for name, path in readable:
+        with Image.open(path) as im:
+            modes[name] = im.mode
+    single = [(n, p) for n, p in readable if modes[n] in SINGLE_CHANNEL_MODES]
+    if not single or len(single) < len(readable) / 2:
+        return None  # an RGB set (a few grey frames in it are read as RGB by training)
+    found["mixed_channels"] = [f"{n} (mode {modes[n]})" for n, _ in readable if modes[n] not in SINGLE_CHANNEL_MODES]
+    return pixel_stats([p for _, p in single]).as_dict()
 
 
 def _split_images(reading: DataReading) -> list[Path]:

@@ -1,0 +1,93 @@
+"""Thermal detection: the job options, the 1-channel stem, and a 2-rank run whose loss falls."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torchvision
+import yaml
+
+from musubi.config.errors import ConfigError
+from musubi.config.load import job_from_dict
+from musubi.data.synthetic_files import SyntheticFiles, write_synthetic_coco
+from musubi.tasks.stem import adapt_stem
+from tests.runtime.helpers import train
+
+DETECTOR = "fasterrcnn_mobilenet_v3_large_320_fpn"
+
+
+def _job(data: dict[str, Any], task: str = "detection") -> dict[str, Any]:
+    return {"name": "t", "task": task, "model": DETECTOR, "data": data}
+
+
+FILES = {"train": {"path": "x/images", "annotations": "x/a.json"}}
+
+
+@pytest.mark.parametrize(("data", "task", "says"), [
+    ({**FILES, "channels": 2}, "detection", "data.channels: Input should be 1 or 3 (got 2)"),
+    ({**FILES, "channels": 1, "one_channel": "copy"}, "detection", "data.one_channel: Input should be 'stem' or "
+                                                                   "'replicate'"),
+    ({"synthetic": {}, "channels": 1}, "detection", "synthetic data is RGB: write a thermal set"),
+    ({**FILES, "normalize": {"mean": 1.0, "std": 2.0}}, "detection", "set channels: 1 or remove them"),
+    ({**FILES, "channels": 1, "normalize": {"mean": 1.0, "std": 0}}, "detection", "data.normalize.std: Input should "
+                                                                                   "be greater than 0"),
+    ({**FILES, "channels": 1, "slice": {"tile": 64}}, "detection", "set slice.inline_train: false"),
+    ({**FILES, "channels": 1}, "classification", "task classification reads RGB"),
+])
+def test_bad_channel_options_are_one_line_errors(data: dict, task: str, says: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        job_from_dict(_job(data, task), source="job.yaml")
+    assert says in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("build", [lambda: torchvision.models.resnet18(num_classes=4),
+                                   lambda: torchvision.models.detection.fasterrcnn_mobilenet_v3_large_320_fpn(
+                                       weights=None, weights_backbone=None, num_classes=3).backbone])
+def test_stem_on_grey_equals_rgb_model_on_replicated_grey(build: Any) -> None:
+    torch.manual_seed(0)
+    model = build().eval()
+    grey = torch.rand(2, 1, 64, 64)
+    with torch.no_grad():
+        rgb_out = model(grey.expand(-1, 3, -1, -1))
+        name = adapt_stem(model)
+        one_out = model(grey)
+    assert name in ("conv1", "body.0.0")
+    torch.testing.assert_close(_flat(one_out), _flat(rgb_out), rtol=1e-4, atol=1e-5)
+
+
+def _flat(out: Any) -> torch.Tensor:
+    """A classifier's logits, or a backbone's feature maps (an OrderedDict) as one vector."""
+    return torch.cat([v.flatten() for v in out.values()]) if isinstance(out, dict) else out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_one_channel_detector_learns_on_two_ranks(tmp_path: Path) -> None:
+    """16-bit thermal frames, 1-channel stem, 2 gloo ranks: the loss falls; job.json records the statistics."""
+    ann = write_synthetic_coco(tmp_path / "set", SyntheticFiles(
+        images=8, width=96, height=96, num_classes=2, objects=3, min_object=20, max_object=40, thermal=True),
+        workers=1)
+    job = {
+        "name": "thermal", "task": "detection", "model": DETECTOR,
+        "model_args": {"min_size": 96, "max_size": 96},
+        "data": {"train": {"path": str(ann.parent / "images"), "annotations": str(ann)}, "channels": 1,
+                 "workers": 0},
+        "train": {"epochs": 4, "batch": 2, "lr": 0.02, "lr_rule": "none", "schedule": "constant", "log_every": 1,
+                  "seed": 1},
+        "checkpoint": {"enabled": False}, "telemetry": {"enabled": False},
+    }
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(job), encoding="utf-8")
+    code, out = train(str(path), "--nproc", "2", "--out", str(tmp_path / "run"), "--no-check")
+    assert code == 0, out[-3000:]
+    job_dir = tmp_path / "run" / "thermal"
+    losses = [r["loss"] for r in map(json.loads, (job_dir / "metrics.jsonl").read_text().splitlines())
+              if r.get("kind") == "train"]
+    assert len(losses) == 8
+    assert sum(losses[-3:]) / 3 < 0.8 * sum(losses[:3]) / 3, losses
+    normalize = json.loads((job_dir / "job.json").read_text())["config"]["data"]["normalize"]
+    assert normalize["mean"] > 29_000 and normalize["std"] > 100 and "uint16" in normalize["source"]
