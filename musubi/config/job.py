@@ -415,6 +415,9 @@ class JobSpec(StrictModel):
         if self.data.classes is not None and self.task in ("classification", "lm"):
             raise ValueError(f"data.classes maps COCO categories (detection); task {self.task} does not read "
                              "them: remove data.classes")
+        if self.data.augment is not None and self.task != "detection":
+            raise ValueError(f"data.augment is for detection (boxes follow the pixels); task {self.task} does "
+                             "not use it: remove data.augment")
         return self
 
     @field_validator("task")

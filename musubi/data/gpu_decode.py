@@ -80,7 +80,7 @@ def decode_on_host(data: Tensor) -> Tensor:
             arr = np.repeat(arr.astype(np.uint8)[..., None], 3, axis=2)
         else:
             arr = np.asarray(im.convert("RGB"))
-    return torch.from_numpy(np.ascontiguousarray(arr)).permute(2, 0, 1).contiguous()
+    return torch.from_numpy(np.array(arr)).permute(2, 0, 1).contiguous()  # a writable copy (PIL's is read-only)
 
 
 @dataclass
