@@ -163,13 +163,16 @@ def targets_to(targets: list[dict[str, Tensor]], device: torch.device) -> list[d
     if not targets:
         return []
     out: list[dict[str, Tensor]] = [{} for _ in targets]
+    pin = device.type == "cuda"  # a copy from pageable memory would make the host wait for it
     for key in targets[0]:
         parts = [t[key] for t in targets]
         if all(p.dim() >= 1 for p in parts):
             sizes = [p.shape[0] for p in parts]
-            moved = torch.cat(parts).to(device, non_blocking=True).split(sizes)
+            joined = torch.cat(parts)
+            moved = (joined.pin_memory() if pin else joined).to(device, non_blocking=True).split(sizes)
         else:  # scalars (image_id)
-            moved = torch.stack(parts).to(device, non_blocking=True).unbind(0)
+            joined = torch.stack(parts)
+            moved = (joined.pin_memory() if pin else joined).to(device, non_blocking=True).unbind(0)
         for t, m in zip(out, moved, strict=True):
             t[key] = m
     return out
