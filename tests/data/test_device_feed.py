@@ -45,7 +45,7 @@ def test_what_nvjpeg_cannot_read_is_decoded_on_the_host_and_counted(caplog: pyte
     rgb = Image.fromarray(np.arange(24 * 16 * 3, dtype=np.uint8).reshape(16, 24, 3))
     jpeg, png = _encode(rgb, "JPEG", quality=95), _encode(rgb, "PNG")
     cmyk = _encode(rgb.convert("CMYK"), "JPEG", quality=95)
-    deep = _encode(Image.fromarray((np.arange(16 * 24, dtype=np.uint16).reshape(16, 24) * 170)), "PNG")
+    deep = _encode(Image.fromarray(np.arange(16 * 24, dtype=np.uint16).reshape(16, 24) * 170), "PNG")
     assert [host_only_reason(x) for x in (jpeg, png, cmyk, deep)] == [None, "PNG", "CMYK JPEG", "PNG"]
     stats = DecodeStats()
     with caplog.at_level(logging.WARNING):
