@@ -3,17 +3,20 @@
     python bench/data.py [--gpus 4] [--steps 20] [--warmup 5] [--work DIR] [--json OUT.json]
     python bench/data.py --cpu            # tiny CPU mode (gloo, 2 ranks): proves the plumbing only
 
-Two data sets are written first, on the local disk of this machine, with every core
+Data sets are written first, on the local disk of this machine, with every core
 (musubi.data.synthetic_files: small objects on big frames, real JPEG files):
   frames1080  1920x1080 frames, fed whole (the model resizes to 800..1333 on the GPU);
-  tiles640    4000x3000 frames cut offline into 640x640 tiles (musubi.data.sliced.slice_coco).
+  tiles640    4000x3000 frames cut offline into 640x640 tiles (musubi.data.sliced.slice_coco);
+  inline640   (with --sets) the same 4000x3000 frames cut inline by the feeder (data.slice).
 Each set is trained (batch 16 per GPU, bf16, SGD) under these feeders, in one process group:
   device      reference: 4 batches of the same decoded samples kept on the GPU and cycled;
-  default-w0  DataLoader(num_workers=0), float images, no pinning (torch defaults);
+  musubi      the default feeder, as `musubi train` builds it (worker.feed.TrainFeed, data.gpu_decode:
+              auto, data.workers: auto): on CUDA, workers read file bytes, nvJPEG decodes the batch on
+              the GPU (inline tiles cut there from each frame decoded once), the next batch is prepared
+              on a side stream by a background thread;
+  musubi-workers  the same feeder with data.gpu_decode: false (workers decode, uint8 to the GPU);
   default-w4  DataLoader(num_workers=4), float images, no pinning (torch defaults);
-  musubi      musubi's loader plan (workers from cores per GPU, pinned, prefetch, persistent),
-              uint8 through the loader, float made on the GPU;
-  musubi-nvjpeg  workers read JPEG bytes only, decode_jpeg(device="cuda") decodes the batch.
+  default-w0  DataLoader(num_workers=0), float images, no pinning (torch defaults).
 Figures per feeder: images/s over all GPUs, ratio to the device reference (target >= 0.95),
 and data wait = host time blocked until the loader hands over the next batch, as % of step
 time (an upper bound of GPU starvation: the GPU may still be busy with queued work meanwhile;
@@ -40,21 +43,24 @@ import torch.multiprocessing as mp
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from musubi.config.job import JobSpec  # noqa: E402
 from musubi.data.coco import CocoDetection  # noqa: E402
-from musubi.data.gpu_decode import decode_batch  # noqa: E402
 from musubi.data.sliced import slice_coco  # noqa: E402
 from musubi.data.slicing import SliceParams  # noqa: E402
 from musubi.data.synthetic_files import SyntheticFiles, write_synthetic_coco  # noqa: E402
-from musubi.worker.feed.loader_plan import plan_loader  # noqa: E402
+from musubi.tasks.detection import DetectionTask  # noqa: E402
+from musubi.worker.feed.loaders import TrainFeed  # noqa: E402
+from musubi.worker.world import World  # noqa: E402
 
-#: In the order they run (feeder by feeder, each on both sets): should --budget-s cut the run short, the
-#: slowest baseline is what goes.
-FEEDERS = ("device", "musubi", "musubi-nvjpeg", "default-w4", "default-w0")
+#: The table's order. They run in --feeders' order (feeder by feeder, each on every set); should --budget-s
+#: cut the run short, the last ones go (the default order keeps torch's loader before musubi-workers).
+FEEDERS = ("device", "musubi", "musubi-workers", "default-w4", "default-w0")
+SETS = ("frames1080", "tiles640", "inline640")
 CLASSES = 4
 
 
-def make_sets(work: Path, cpu: bool, frames: int, big_frames: int) -> dict[str, dict[str, Any]]:
-    """Write the two JPEG sets (and slice the big frames); returns name -> {path, annotations, seconds, ...}."""
+def make_sets(work: Path, cpu: bool, frames: int, big_frames: int, names: list[str]) -> dict[str, dict[str, Any]]:
+    """Write the JPEG sets (and slice the big frames); returns name -> {path, annotations, seconds, ...}."""
     out: dict[str, dict[str, Any]] = {}
     t0 = time.perf_counter()
     if cpu:
@@ -75,7 +81,32 @@ def make_sets(work: Path, cpu: bool, frames: int, big_frames: int) -> dict[str, 
                        "frames": big_frames, "size": f"{big.width}x{big.height} -> {tile}x{tile} tiles",
                        "tiles": report.tiles, "worst_case_tiles": report.worst_case,
                        "write_s": round(time.perf_counter() - t0, 1)}
-    return out
+    out["inline640"] = {"path": str(big_ann.parent / "images"), "annotations": str(big_ann), "frames": big_frames,
+                        "size": f"{big.width}x{big.height} -> {tile}x{tile} tiles cut inline", "tile": tile,
+                        "tiles": report.tiles, "write_s": 0.0}
+    return {k: v for k, v in out.items() if k in names}
+
+
+def feeder_task(info: dict[str, Any], feeder: str, batch: int, device: torch.device) -> DetectionTask:
+    """The detection task `musubi train` would build for this set (defaults but workers: auto)."""
+    data: dict[str, Any] = {"train": {"path": info["path"], "annotations": info["annotations"]}, "workers": "auto",
+                            "gpu_decode": False if feeder == "musubi-workers" else "auto"}
+    if "tile" in info:
+        data["slice"] = {"tile": info["tile"], "overlap": 0.2, "min_visibility": 0.5, "empty_ratio": 0.1,
+                         "sliced_eval": False}
+    spec = JobSpec(name="bench", task="detection", model="fcos_resnet50_fpn", data=data,
+                   train={"batch": batch, "seed": 1})
+    task = DetectionTask(spec)
+    task.use_device(device)
+    return task
+
+
+def musubi_batches(feed: TrainFeed) -> Any:
+    """The feed's device batches, epoch after epoch."""
+    epoch = 0
+    while True:
+        yield from feed.epoch(epoch, 0)
+        epoch += 1
 
 
 def collate(samples: list[Any]) -> tuple[list[torch.Tensor], list[dict[str, torch.Tensor]]]:
@@ -85,8 +116,6 @@ def collate(samples: list[Any]) -> tuple[list[torch.Tensor], list[dict[str, torc
 
 def _to_device(batch: Any, device: torch.device, feeder: str) -> tuple[list[torch.Tensor], list[dict]]:
     images, targets = batch
-    if feeder == "musubi-nvjpeg":
-        return decode_batch(images, targets, device, None)
     blocking = feeder.startswith("default")
     images = [im.to(device, non_blocking=not blocking) for im in images]
     images = [im.float().div_(255.0) if im.dtype == torch.uint8 else im for im in images]
@@ -99,18 +128,14 @@ def _on_device(batch: Any, device: torch.device, feeder: str) -> Any:
     return batch
 
 
-def _loader(ds_info: dict[str, Any], feeder: str, batch: int, rank: int, world: int, is_cuda: bool,
-            epoch_seed: int) -> Any:
+def _loader(ds_info: dict[str, Any], feeder: str, batch: int, rank: int, world: int, epoch_seed: int) -> Any:
+    """torch's default DataLoader (float images, no pinning) over the set's files."""
     from torch.utils.data import DataLoader, DistributedSampler
 
-    ds = CocoDetection(ds_info["path"], ds_info["annotations"], as_uint8=feeder.startswith("musubi"),
-                       encoded=feeder == "musubi-nvjpeg", check_files=False)
+    ds = CocoDetection(ds_info["path"], ds_info["annotations"], check_files=False)
     sampler = DistributedSampler(ds, world, rank, shuffle=True, seed=epoch_seed, drop_last=True)
-    if feeder.startswith("default"):
-        return DataLoader(ds, batch_size=batch, sampler=sampler, collate_fn=collate, drop_last=True,
-                          num_workers=0 if feeder == "default-w0" else 4)
-    plan = plan_loader("auto", True, 4, True, is_cuda, local_ranks=world)
-    return DataLoader(ds, batch_size=batch, sampler=sampler, collate_fn=collate, drop_last=True, **plan.kwargs())
+    return DataLoader(ds, batch_size=batch, sampler=sampler, collate_fn=collate, drop_last=True,
+                      num_workers=0 if feeder == "default-w0" else 4)
 
 
 def _batches(loader: Any) -> Any:
@@ -134,6 +159,11 @@ def run_rank(rank: int, world: int, args: argparse.Namespace, sets: dict[str, di
         device = torch.device("cpu")
         torch.set_num_threads(1)
     dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world)
+    # Loader workers forked, as under torchrun (a spawned rank would otherwise spawn them and pickle the data
+    # set, whose shared tile cache cannot cross a pickle).
+    mp.set_start_method("fork", force=True)
+    os.environ["LOCAL_WORLD_SIZE"] = str(world)  # data.workers: auto shares the cores among the ranks, as torchrun
+    me = World(rank=rank, local_rank=rank, size=world, device=device, backend="nccl" if cuda else "gloo")
     torch.manual_seed(0)
     size = {"min_size": 64, "max_size": 96} if args.cpu else {"min_size": 800, "max_size": 1333}
     model = fcos_resnet50_fpn(weights=None, weights_backbone=None, num_classes=CLASSES + 1, **size).to(device)
@@ -165,16 +195,27 @@ def run_rank(rank: int, world: int, args: argparse.Namespace, sets: dict[str, di
                 if rank == 0:
                     print(f"  {set_name} {feeder}: skipped (--budget-s {args.budget_s:.0f} s spent)", flush=True)
                 continue
-            loader = None
+            loader: Any = None
+            if feeder.startswith("default") and "tile" in info:
+                if rank == 0:
+                    print(f"  {set_name} {feeder}: skipped (torch's loader has no inline slicing)", flush=True)
+                continue
             if feeder == "device":
-                src = _loader(info, "musubi", args.batch, rank, world, cuda, 0)
-                it = _batches(src)
-                pool = [_to_device(next(it), device, "musubi") for _ in range(4)]
+                src = TrainFeed(feeder_task(info, "musubi", args.batch, device), me, args.batch, 0, "auto", True)
+                it = musubi_batches(src)
+                pool = [next(it) for _ in range(4)]
+                it.close()
                 del it, src
                 feed = (pool[i % 4] for i in range(10**9))
                 to_device = _on_device
+            elif feeder.startswith("musubi"):
+                loader = TrainFeed(feeder_task(info, feeder, args.batch, device), me, args.batch, 1, "auto", True)
+                if rank == 0:
+                    print(f"  {set_name} {feeder}: {loader.plan.record()}", flush=True)
+                feed = musubi_batches(loader)
+                to_device = _on_device
             else:
-                loader = _loader(info, feeder, args.batch, rank, world, cuda, 1)
+                loader = _loader(info, feeder, args.batch, rank, world, 1)
                 feed = _batches(loader)
                 to_device = _to_device
             for _ in range(args.warmup):
@@ -199,13 +240,16 @@ def run_rank(rank: int, world: int, args: argparse.Namespace, sets: dict[str, di
             elapsed, wait = stats.tolist()
             rows.append({"set": set_name, "feeder": feeder, "steps": args.steps, "step_ms": 1000 * elapsed / args.steps,
                          "images_per_s": args.steps * args.batch * world / elapsed,
-                         "data_wait_pct": 100 * wait / elapsed})
+                         "data_wait_pct": 100 * wait / elapsed,
+                         "path": loader.plan.record() if isinstance(loader, TrainFeed) else None})
             if rank == 0:  # as it goes: a run cut short still shows what it measured
                 r = rows[-1]
                 print(f"  {set_name} {feeder}: {r['step_ms']:.1f} ms/step, {r['images_per_s']:.1f} img/s, "
                       f"data wait {r['data_wait_pct']:.2f} %", flush=True)
                 Path(result).write_text(json.dumps(rows))
             # Shut this feeder's workers down before the next one is timed (they would steal its cores).
+            if hasattr(feed, "close"):
+                feed.close()
             del feed, loader
             gc.collect()
     dist.barrier()
@@ -232,7 +276,9 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=None, help="Images per GPU (default 16; CPU 2).")
     ap.add_argument("--frames", type=int, default=None, help="1920x1080 frames written (default 2048; CPU 16).")
     ap.add_argument("--big-frames", type=int, default=None, help="4000x3000 frames written (default 64; CPU 1).")
-    ap.add_argument("--feeders", default=",".join(FEEDERS), help="Comma-separated subset of " + ",".join(FEEDERS))
+    ap.add_argument("--feeders", default="device,musubi,default-w4,musubi-workers",
+                    help="Comma-separated subset of " + ",".join(FEEDERS))
+    ap.add_argument("--sets", default="frames1080,tiles640", help="Comma-separated subset of " + ",".join(SETS))
     ap.add_argument("--budget-s", type=float, default=None,
                     help="Start no new feeder after this many seconds of training (default 180 on GPUs, "
                     "none on CPU): keeps the GPU run short.")
@@ -243,8 +289,9 @@ def main() -> None:
     unknown = set(args.feeders) - set(FEEDERS)
     if unknown:
         ap.error(f"unknown feeders {sorted(unknown)}; known: {', '.join(FEEDERS)}")
-    if args.cpu:
-        args.feeders = [f for f in args.feeders if f != "musubi-nvjpeg"]  # nvJPEG needs a GPU
+    args.sets = [x for x in args.sets.split(",") if x]
+    if set(args.sets) - set(SETS):
+        ap.error(f"unknown sets {sorted(set(args.sets) - set(SETS))}; known: {', '.join(SETS)}")
     # GPU: 2048 frames and ~2500 tiles give 32+ steps an epoch, so warmup + timed steps stay in one epoch.
     d = (2, 1, 2, 16, 1) if args.cpu else (20, 5, 16, 2048, 64)
     args.steps, args.warmup, args.batch = args.steps or d[0], args.warmup or d[1], args.batch or d[2]
@@ -256,7 +303,7 @@ def main() -> None:
         ap.error("no GPU visible; use --cpu for the plumbing check")
     t_start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="musubi-bench-data-", dir=args.work) as tmp:
-        sets = make_sets(Path(tmp), args.cpu, args.frames, args.big_frames)
+        sets = make_sets(Path(tmp), args.cpu, args.frames, args.big_frames, args.sets)
         for name, info in sets.items():
             print(f"{name}: {info['size']}, {info.get('tiles', info['frames'])} samples, written in "
                   f"{info['write_s']} s", flush=True)

@@ -133,6 +133,30 @@ class PixelNorm(StrictModel):
                                "content version and its statistics).")
 
 
+class AugmentSpec(StrictModel):
+    """Detection training augmentations on the device batch (each off at 0 / null)."""
+
+    hflip: float = Field(0.5, ge=0.0, le=1.0, description="Probability of a horizontal flip.")
+    scale: tuple[float, float] | None = Field(
+        None, description="Scale jitter: each image (and its boxes) resized by a factor drawn uniformly from "
+        "[low, high], e.g. [0.75, 1.25]."
+    )
+    mosaic: float = Field(
+        0.0, ge=0.0, le=1.0, description="Probability that a sample becomes a mosaic of itself and the next three "
+        "of its batch, one per quadrant around a random centre, at its own size."
+    )
+    brightness: float = Field(0.0, ge=0.0, lt=1.0, description="Colour jitter: brightness x a factor in [1-b, 1+b].")
+    contrast: float = Field(0.0, ge=0.0, lt=1.0, description="Colour jitter: contrast x a factor in [1-c, 1+c].")
+    saturation: float = Field(0.0, ge=0.0, lt=1.0, description="Colour jitter: saturation x a factor in [1-s, 1+s].")
+
+    @field_validator("scale")
+    @classmethod
+    def _scale_range(cls, v: tuple[float, float] | None) -> tuple[float, float] | None:
+        if v is not None and not 0.1 <= v[0] <= v[1] <= 10.0:
+            raise ValueError(f"scale must be [low, high] with 0.1 <= low <= high <= 10, not {list(v)}")
+        return v
+
+
 class DataSpec(StrictModel):
     """Where samples come from: `synthetic:` or `train:` (+ optional `val:`) on disk."""
 
@@ -155,9 +179,16 @@ class DataSpec(StrictModel):
     pin_memory: bool = Field(True, description="Pin host batches for faster copies to the GPU.")
     prefetch: int = Field(4, ge=1, le=64, description="Batches each loader worker prepares ahead.")
     persistent_workers: bool = Field(True, description="Keep loader workers (and their caches) between epochs.")
-    gpu_decode: bool = Field(
-        False, description="Detection, COCO JPEG files: decode on the GPU (torchvision.io.decode_jpeg on the "
-        "rank's device); workers only read the file bytes."
+    gpu_decode: bool | Literal["auto"] = Field(
+        "auto", description="Detection, COCO files: workers only read the file bytes and the rank's device "
+        "decodes the batch (nvJPEG: torchvision.io.decode_jpeg on a list); what nvJPEG cannot read (PNG, 16-bit, "
+        "CMYK JPEG) is decoded on the host, image by image, counted in a warning. auto: on when the rank trains "
+        "on CUDA and most files are JPEG; false: workers decode (PIL)."
+    )
+    augment: AugmentSpec | None = Field(
+        None, description="Detection training augmentations, applied to the batch on the rank's device "
+        "(box-correct; seeded per sample from train.seed, the epoch and the sample, so a resumed run sees the "
+        "same batches)."
     )
     cache: Literal["off", "auto", "on"] = Field(
         "auto", description="With slice: keep decoded tiles in shared RAM (auto: when they fit in half of the "
@@ -204,17 +235,20 @@ class DataSpec(StrictModel):
             if self.synthetic is not None:
                 raise ValueError("channels 1 reads single-channel files; synthetic data is RGB: write a thermal set "
                                  "with `musubi data synth OUT --thermal` and train on it")
-            if self.gpu_decode:
+            if self.gpu_decode is True:
                 raise ValueError("gpu_decode decodes JPEG (RGB); single-channel frames (channels 1) are PNG/TIFF: "
                                  "set gpu_decode: false")
+            if self.augment is not None:
+                raise ValueError("data.augment works on RGB batches (its colour jitter too); single-channel frames "
+                                 "(channels 1) are not augmented yet: remove data.augment")
             if self.slice is not None and self.slice.inline_train:
                 raise ValueError("channels 1 with inline slicing: cut the tiles offline (`musubi data slice` keeps "
                                  "16-bit pixels) and set slice.inline_train: false")
         elif self.normalize is not None or self.one_channel != "stem":  # resolved configs carry the default
             raise ValueError("normalize and one_channel apply to single-channel frames; set channels: 1 or remove them")
-        if self.gpu_decode and self.slice is not None:
-            raise ValueError("gpu_decode and slice do not combine yet; slice offline (`musubi data slice`) "
-                             "and decode the tiles on the GPU")
+        if self.augment is not None and self.synthetic is not None and self.synthetic.on_device:
+            raise ValueError("augment needs a data loader; synthetic.on_device cycles fixed batches: set "
+                             "synthetic.on_device: false or remove data.augment")
         return self
 
 
@@ -418,6 +452,9 @@ class JobSpec(StrictModel):
         if self.data.classes is not None and self.task in ("classification", "lm"):
             raise ValueError(f"data.classes maps COCO categories (detection); task {self.task} does not read "
                              "them: remove data.classes")
+        if self.data.augment is not None and self.task != "detection":
+            raise ValueError(f"data.augment is for detection (boxes follow the pixels); task {self.task} does "
+                             "not use it: remove data.augment")
         return self
 
     @model_validator(mode="after")

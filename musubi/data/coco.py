@@ -130,11 +130,11 @@ class CocoDetection(Dataset):
 
         `as_uint8`: images come as uint8 (4x fewer bytes through pinned memory; the task converts on the
         device). `raw`: the annotation file already parsed (by the data check), so it is not read twice.
-        `encoded`: images come as the file's JPEG bytes (uint8 [N]) for decoding on the GPU
-        (musubi.data.gpu_decode), boxes in file pixels. `classes`: a class map (data.classes) applied to
-        the categories and boxes as they are read (musubi.data.classmap). `channels` 1: frames are read
-        single-channel without loss (musubi.data.pixels) as float32 [1, H, W] in their stored units
-        (`as_uint8` does not apply: a 16-bit value does not fit in a byte).
+        `encoded`: images come as the file's bytes (uint8 [N]) for decoding on the device
+        (musubi.data.gpu_decode: nvJPEG, other formats on the host), boxes in file pixels. `classes`: a class
+        map (data.classes) applied to the categories and boxes as they are read (musubi.data.classmap).
+        `channels` 1: frames are read single-channel without loss (musubi.data.pixels) as float32 [1, H, W]
+        in their stored units (`as_uint8` does not apply: a 16-bit value does not fit in a byte).
         """
         self.image_dir = Path(image_dir)
         self.annotations = Path(annotations)
@@ -163,11 +163,6 @@ class CocoDetection(Dataset):
         label_of = {cid: n + 1 for n, cid in enumerate(self.category_ids)}
         self._load_images(data["images"])
         self._load_boxes(data["annotations"], label_of)
-        if encoded:
-            not_jpeg = [n for n in self._file_names if Path(n).suffix.lower() not in (".jpg", ".jpeg")]
-            if not_jpeg:
-                raise _fail(self.annotations, f"{len(not_jpeg)} images are not JPEG files (first: {not_jpeg[0]!r})",
-                            "set data.gpu_decode: false or convert them to JPEG")
         if check_files:
             self._check_files()
         if self.stats.crowd_skipped or self.stats.degenerate_dropped:
@@ -277,6 +272,19 @@ class CocoDetection(Dataset):
         with Image.open(self.image_dir / self._file_names[index]) as im:
             return im.size
 
+    def jpeg_share(self) -> float:
+        """Share of the images whose file name says JPEG (what `data.gpu_decode: auto` decides on)."""
+        names = self._file_names
+        return sum(Path(n).suffix.lower() in (".jpg", ".jpeg") for n in names) / max(1, len(names))
+
+    def read_bytes(self, index: int) -> Tensor:
+        """The file bytes of image `index` (uint8 [N]), for decoding on the device."""
+        path = self.image_dir / self._file_names[index]
+        guards.inside(self.image_dir, path)
+        # Read, not mapped (torchvision's read_file maps the file): a loader worker cannot pass a file-mapped
+        # storage to the main process (torch takes it for shared memory and dups a closed fd: EBADF, on 4x H200).
+        return torch.frombuffer(bytearray(path.read_bytes()), dtype=torch.uint8)
+
     def _open(self, path: Path) -> Image.Image:
         guards.inside(self.image_dir, path)
         return guards.open_image(path, self.max_image_pixels)
@@ -288,11 +296,7 @@ class CocoDetection(Dataset):
         labels = self._labels[lo:hi].clone()
         image_id = torch.tensor(self._image_ids[index], dtype=torch.int64)
         if self.encoded:
-            from torchvision.io import read_file
-
-            # A copy: read_file maps the file, and a loader worker cannot pass a file-mapped storage to the
-            # main process (torch takes it for shared memory and dups a closed fd: EBADF, seen on 4x H200).
-            return read_file(str(path)).clone(), {"boxes": boxes, "labels": labels, "image_id": image_id}
+            return self.read_bytes(index), {"boxes": boxes, "labels": labels, "image_id": image_id}
         if self.channels == 1:
             image = self._single_channel(path, boxes)
             keep = (boxes[:, 2] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 1])

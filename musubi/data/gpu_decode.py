@@ -1,42 +1,194 @@
-"""JPEG decoding on the GPU: loader workers only read file bytes, the rank's device decodes (nvJPEG).
+"""Image decoding on the rank's device: loader workers only read file bytes, the device decodes the batch.
 
 `torchvision.io.decode_jpeg(list, device="cuda")` decodes a whole batch in one
-call; resizing and box scaling then happen on the device too, so a 4K frame
-never crosses PCIe as decoded pixels.
+call (nvJPEG, the GPU's hardware JPEG engines where it has them); resizing and
+box scaling then happen on the device too, so a 4K frame never crosses PCIe as
+decoded pixels. What nvJPEG cannot read (PNG, TIFF, 12/16-bit, CMYK JPEG) is
+found from its header and decoded on the host, image by image, and counted
+(`DecodeStats`): one odd file never stops a run. On a CPU rank the same code
+decodes on the host (the tests run it there).
 """
 
 from __future__ import annotations
 
+import io
+import logging
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
 import torch
 import torch.nn.functional as F
+from PIL import Image
 from torch import Tensor
+
+log = logging.getLogger(__name__)
+
+#: Start-of-frame markers nvJPEG decodes: baseline, extended and progressive Huffman.
+NVJPEG_SOF = frozenset({0xC0, 0xC1, 0xC2})
+#: Every other start-of-frame marker (lossless, hierarchical, arithmetic coding).
+OTHER_SOF = frozenset({0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF})
+
+
+def host_only_reason(data: Tensor) -> str | None:
+    """Why these file bytes must be decoded on the host ("PNG", "CMYK JPEG", "12-bit JPEG", ...), or None (nvJPEG)."""
+    buf = memoryview(data.numpy())
+    n = len(buf)
+    if n < 4 or buf[0] != 0xFF or buf[1] != 0xD8:
+        head = bytes(buf[:12])
+        if head.startswith(b"\x89PNG"):
+            return "PNG"
+        if head[:4] in (b"II*\x00", b"MM\x00*"):
+            return "TIFF"
+        if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
+            return "WebP"
+        return "not JPEG"
+    i = 2
+    while i + 4 <= n:  # walk the marker segments to the frame header (usually within the first few KiB)
+        if buf[i] != 0xFF:
+            return "damaged JPEG header"
+        marker = buf[i + 1]
+        if marker == 0xFF:  # fill byte
+            i += 1
+            continue
+        if marker == 0x01 or 0xD0 <= marker <= 0xD8:  # markers without a length
+            i += 2
+            continue
+        if marker in NVJPEG_SOF or marker in OTHER_SOF:
+            if i + 10 > n:
+                return "damaged JPEG header"
+            precision, components = buf[i + 4], buf[i + 9]
+            if precision != 8:
+                return f"{precision}-bit JPEG"
+            if components == 4:
+                return "CMYK JPEG"
+            if components not in (1, 3):
+                return f"{components}-channel JPEG"
+            return None if marker in NVJPEG_SOF else "lossless/arithmetic JPEG"
+        if marker == 0xDA:  # scan data before any frame header
+            return "damaged JPEG header"
+        i += 2 + ((buf[i + 2] << 8) | buf[i + 3])
+    return "damaged JPEG header"
+
+
+def decode_on_host(data: Tensor) -> Tensor:
+    """uint8 [3, H, W] of any image PIL reads (16-bit scaled to 8, CMYK and grey converted to RGB)."""
+    with Image.open(io.BytesIO(data.numpy().tobytes())) as im:
+        if im.mode in ("I;16", "I;16B", "I;16L", "I"):
+            # PIL's convert("RGB") clips 16-bit values at 255; scale them to 8 bits instead.
+            arr = np.asarray(im, dtype=np.uint32) >> (8 if im.mode.startswith("I;16") else 24)
+            arr = np.repeat(arr.astype(np.uint8)[..., None], 3, axis=2)
+        else:
+            arr = np.asarray(im.convert("RGB"))
+    return torch.from_numpy(np.array(arr)).permute(2, 0, 1).contiguous()  # a writable copy (PIL's is read-only)
+
+
+@dataclass
+class DecodeStats:
+    """Images decoded on the device and on the host (with why), and when to warn again."""
+
+    device: int = 0
+    host: Counter = field(default_factory=Counter)
+    _next_warning: int = 1
+
+    def count_host(self, reason: str, name: str) -> None:
+        """Count one host decode; warn at the 1st, 10th, 100th, ... (a counted warning, not one line per image)."""
+        self.host[reason] += 1
+        total = sum(self.host.values())
+        if total >= self._next_warning:
+            self._next_warning *= 10
+            log.warning("%d image(s) decoded on the host, not by nvJPEG (%s; latest: %s): they cost host time "
+                        "in the training process; convert them to 8-bit RGB JPEG for the fast path", total,
+                        ", ".join(f"{k}: {v}" for k, v in self.host.most_common()), name)
+
+    def record(self) -> dict[str, object]:
+        """summary.json's view: counts per place and the reasons for host decodes."""
+        return {"device": self.device, "host": sum(self.host.values()), "host_reasons": dict(self.host)}
+
+
+def decode_images(encoded: list[Tensor], device: torch.device, stats: DecodeStats | None = None) -> list[Tensor]:
+    """File bytes (uint8 [N] on the host) per image -> uint8 [3, H, W] on `device`, nvJPEG where it can."""
+    from torchvision.io import ImageReadMode, decode_jpeg
+
+    stats = stats if stats is not None else DecodeStats()
+    out: list[Tensor | None] = [None] * len(encoded)
+    reasons = [host_only_reason(data) for data in encoded]
+    fast = [i for i, r in enumerate(reasons) if r is None]
+    if fast:
+        try:  # one batched call: nvJPEG on CUDA, libjpeg-turbo on a CPU rank
+            for i, img in zip(fast, decode_jpeg([encoded[i] for i in fast], mode=ImageReadMode.RGB, device=device),
+                              strict=True):
+                out[i] = img
+        except RuntimeError as e:  # a file the header check passed but nvJPEG refused: find it alone
+            first_line = str(e).splitlines()[0] if str(e) else type(e).__name__
+            for i in fast:
+                try:
+                    out[i] = decode_jpeg(encoded[i], mode=ImageReadMode.RGB, device=device)
+                except RuntimeError:
+                    reasons[i] = f"nvJPEG refused it ({first_line[:80]})"
+    for i, reason in enumerate(reasons):
+        if out[i] is None:
+            stats.count_host(reason or "nvJPEG refused it", f"image {i} of the batch")
+            out[i] = decode_on_host(encoded[i]).to(device, non_blocking=True)
+        else:
+            stats.device += 1
+    return [img for img in out if img is not None]
+
+
+def fit_side(images: list[Tensor], boxes: list[Tensor], side: int) -> tuple[list[Tensor], list[Tensor]]:
+    """Float images resized so the longer side is `side` (per-axis box scale from the realised size)."""
+    out_images, out_boxes = [], []
+    for img, b in zip(images, boxes, strict=True):
+        _, h, w = img.shape
+        scale = side / max(w, h)
+        nw, nh = max(1, round(w * scale)), max(1, round(h * scale))
+        if (nw, nh) != (w, h):
+            img = F.interpolate(img[None], size=(nh, nw), mode="bilinear", align_corners=False, antialias=True)[0]
+            b = b * torch.tensor([nw / w, nh / h, nw / w, nh / h], device=b.device, dtype=b.dtype)
+        out_images.append(img)
+        out_boxes.append(b)
+    return out_images, out_boxes
+
+
+def clip_boxes(boxes: Tensor, labels: Tensor, w: int, h: int) -> tuple[Tensor, Tensor]:
+    """Boxes [N, 4] xyxy clipped to a w x h image; the ones that vanish are dropped with their labels."""
+    limit = torch.tensor([w, h, w, h], device=boxes.device, dtype=boxes.dtype)
+    boxes = torch.minimum(boxes.clamp(min=0), limit)
+    keep = (boxes[:, 2] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 1])
+    return boxes[keep], labels[keep]
+
+
+def targets_to(targets: list[dict[str, Tensor]], device: torch.device) -> list[dict[str, Tensor]]:
+    """Targets to `device` in one copy per key (not one per image): a batch's boxes cross PCIe together."""
+    if not targets:
+        return []
+    out: list[dict[str, Tensor]] = [{} for _ in targets]
+    pin = device.type == "cuda"  # a copy from pageable memory would make the host wait for it
+    for key in targets[0]:
+        parts = [t[key] for t in targets]
+        if all(p.dim() >= 1 for p in parts):
+            sizes = [p.shape[0] for p in parts]
+            joined = torch.cat(parts)
+            moved = (joined.pin_memory() if pin else joined).to(device, non_blocking=True).split(sizes)
+        else:  # scalars (image_id)
+            joined = torch.stack(parts)
+            moved = (joined.pin_memory() if pin else joined).to(device, non_blocking=True).unbind(0)
+        for t, m in zip(out, moved, strict=True):
+            t[key] = m
+    return out
 
 
 def decode_batch(encoded: list[Tensor], targets: list[dict[str, Tensor]], device: torch.device,
-                 image_size: int | None) -> tuple[list[Tensor], list[dict[str, Tensor]]]:
-    """Encoded JPEG bytes (uint8 [N]) per image -> float [3, H, W] in [0, 1] on `device`, boxes scaled/clipped."""
-    from torchvision.io import ImageReadMode, decode_jpeg
-
-    # nvJPEG reads host tensors and writes to the device; on a CPU rank this decodes on the host.
-    decoded = decode_jpeg(list(encoded), mode=ImageReadMode.RGB, device=device)
-    images: list[Tensor] = []
-    out_targets: list[dict[str, Tensor]] = []
-    for img, target in zip(decoded, targets, strict=True):
-        img = img.to(device)
-        t = {k: v.to(device, non_blocking=True) for k, v in target.items()}
-        _, h, w = img.shape
-        x = img.unsqueeze(0).float().div_(255.0)
-        boxes = t["boxes"]
-        if image_size is not None:
-            scale = image_size / max(w, h)
-            nw, nh = max(1, round(w * scale)), max(1, round(h * scale))
-            x = F.interpolate(x, size=(nh, nw), mode="bilinear", align_corners=False, antialias=True)
-            boxes = boxes * torch.tensor([nw / w, nh / h, nw / w, nh / h], device=device)
-            w, h = nw, nh
-        boxes = torch.stack([boxes[:, 0].clamp(0, w), boxes[:, 1].clamp(0, h),
-                             boxes[:, 2].clamp(0, w), boxes[:, 3].clamp(0, h)], 1)
-        keep = (boxes[:, 2] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 1])
-        t["boxes"], t["labels"] = boxes[keep], t["labels"][keep]
-        images.append(x[0].clamp_(0.0, 1.0))
-        out_targets.append(t)
-    return images, out_targets
+                 image_size: int | None, stats: DecodeStats | None = None
+                 ) -> tuple[list[Tensor], list[dict[str, Tensor]]]:
+    """File bytes per image -> float [3, H, W] in [0, 1] on `device`, resized to `image_size`, boxes scaled/clipped."""
+    decoded = decode_images(list(encoded), device, stats)
+    moved = targets_to(targets, device)
+    images = [img.float().div_(255.0) for img in decoded]
+    boxes = [t["boxes"] for t in moved]
+    if image_size is not None:
+        images, boxes = fit_side(images, boxes, image_size)
+    for img, t, b in zip(images, moved, boxes, strict=True):
+        t["boxes"], t["labels"] = clip_boxes(b, t["labels"], img.shape[2], img.shape[1])
+        img.clamp_(0.0, 1.0)  # antialiased bilinear overshoots a little at edges
+    return images, moved

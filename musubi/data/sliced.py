@@ -3,7 +3,10 @@
 Inline, a frame is decoded once per visit and cut into its tiles; with the RAM
 cache on, every tile of that frame is stored in one shared-memory uint8 buffer
 created before the loader forks its workers, so each frame is decoded about once
-per run instead of once per tile per epoch.
+per run instead of once per tile per epoch. With frames as file bytes (device
+decode), a sample is a `FrameTile` (its frame's bytes and its window); the batch
+carries each frame once (`EncodedTiles`) and the device decodes it once and cuts
+its tiles (musubi.data.gpu_tiles).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import shutil
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -98,6 +101,38 @@ def shared_buffer(nbytes: int) -> Tensor:
     return buf
 
 
+@dataclass(frozen=True)
+class FrameTile:
+    """A tile still inside its encoded frame: the frame's file bytes (uint8 [N]) and the window to cut."""
+
+    source: str  # the annotation file: frame indices of two data sets never mix in a device cache
+    frame: int
+    data: Tensor
+    window: Window
+
+
+class EncodedTiles(NamedTuple):
+    """A batch of tiles as encoded frames, each frame once: tile i is `windows[i]` of `frames[frame_of[i]]`."""
+
+    source: str
+    frames: list[Tensor]  # file bytes per distinct frame (pinned by the loader)
+    frame_ids: list[int]  # the data set's frame index of each
+    frame_of: list[int]
+    windows: list[Window]
+
+
+def group_tiles(tiles: list[FrameTile]) -> EncodedTiles:
+    """FrameTiles of a batch -> EncodedTiles (each frame's bytes once, in order of first use)."""
+    position: dict[int, int] = {}
+    frames: list[Tensor] = []
+    for t in tiles:
+        if t.frame not in position:
+            position[t.frame] = len(frames)
+            frames.append(t.data)
+    return EncodedTiles(tiles[0].source if tiles else "", frames, list(position), [position[t.frame] for t in tiles],
+                        [t.window for t in tiles])
+
+
 class SlicedCocoDetection(Dataset):
     """Tiles of a COCO set; index -> (tile [3, T, T] float in [0, 1] or uint8, target in tile pixels)."""
 
@@ -108,6 +143,10 @@ class SlicedCocoDetection(Dataset):
             raise ConfigError("data.slice cuts frames at their own resolution; unset data.image_size "
                               "(the model input is the tile)")
         self.frames, self.params, self.as_uint8 = frames, params, as_uint8
+        #: Frames as file bytes: samples are FrameTiles, cut on the device after one decode per frame.
+        self.encoded = frames.encoded
+        if self.encoded:
+            cache = False  # the device decodes each frame once per visit; no decoded pixels in host RAM
         boxes, labels = frame_boxes(frames)
         self.tiles: list[TileRef]
         self.tiles, self.tiles_per_image = plan_tiles(frame_sizes(frames), boxes, labels, params)
@@ -128,7 +167,7 @@ class SlicedCocoDetection(Dataset):
         counts = [n for n in self.tiles_per_image if n]
         log.info("%s: %d frames -> %d tiles (%d..%d per frame), tile cache %s", frames.annotations, len(frames),
                  len(self.tiles), min(counts, default=0), max(counts, default=0), "on" if cache else "off")
-        if not cache and counts:
+        if not cache and counts and not self.encoded:
             log.warning("%s: tile cache off (%s): tiles are drawn frame by frame (frames shuffled, tiles shuffled "
                         "within each frame) so a worker decodes a frame about once per batch, not once per tile "
                         "(up to %dx more decoding); set data.cache: on, or free RAM / enlarge /dev/shm for auto",
@@ -136,6 +175,8 @@ class SlicedCocoDetection(Dataset):
                         max(counts))
         #: The frame a worker decoded last (cache off): the next tiles of a batch come from it.
         self._last: tuple[int, np.ndarray] | None = None
+        #: The frame a worker read last (encoded): its next tiles share the same bytes tensor.
+        self._last_bytes: tuple[int, Tensor] | None = None
         if cache:
             t = params.tile
             self.cache = shared_buffer(len(self.tiles) * t * t * 3).view(len(self.tiles), t, t, 3)
@@ -178,8 +219,16 @@ class SlicedCocoDetection(Dataset):
                 self.cached[n] = 1
         return frame[y0:y1, x0:x1]
 
-    def __getitem__(self, index: int) -> tuple[Tensor, dict[str, Tensor]]:
+    def _frame_bytes(self, frame: int) -> Tensor:
+        if self._last_bytes is None or self._last_bytes[0] != frame:
+            self._last_bytes = (frame, self.frames.read_bytes(frame))
+        return self._last_bytes[1]
+
+    def __getitem__(self, index: int) -> tuple[Any, dict[str, Tensor]]:
         ref = self.tiles[index]
+        if self.encoded:
+            image: Any = FrameTile(str(self.frames.annotations), ref.image, self._frame_bytes(ref.image), ref.window)
+            return image, self._target(index)
         # A copy: the frame's array is read-only (PIL) and the cache's pages are shared with other workers.
         pixels = self._pixels(index)
         t = self.params.tile
@@ -192,13 +241,16 @@ class SlicedCocoDetection(Dataset):
         image = torch.from_numpy(np.array(pixels)).permute(2, 0, 1).contiguous()
         if not self.as_uint8:
             image = image.to(torch.float32).div_(255.0)
-        target = {
+        return image, self._target(index)
+
+    def _target(self, index: int) -> dict[str, Tensor]:
+        ref = self.tiles[index]
+        return {
             "boxes": torch.from_numpy(ref.boxes).to(torch.float32),
             "labels": torch.from_numpy(ref.labels),
             # Tiles are the samples: a unique id per tile keeps the metric's de-duplication right.
             "image_id": torch.tensor(index, dtype=torch.int64),
         }
-        return image, target
 
 
 @dataclass

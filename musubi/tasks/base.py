@@ -77,6 +77,22 @@ class Task(abc.ABC):
         """Move a host batch to the device (non-blocking where memory is pinned)."""
         return move_to(batch, device)
 
+    def use_device(self, device: torch.device) -> None:
+        """The rank's device, told before the data sets are built: a task may choose device-side paths from it."""
+        return None  # tasks that decode or augment on the device override
+
+    def train_batch(self, batch: Any, device: torch.device, epoch: int) -> Any:
+        """A host training batch made ready on the device for `epoch` (augmented where the task augments)."""
+        return self.to_device(batch, device)
+
+    def feed_path(self) -> dict[str, str]:
+        """Where the feed's work happens: {"decode", "resize", "augment"} (shown at start, in summary.json)."""
+        return {"decode": "loader workers", "resize": "loader workers", "augment": "none"}
+
+    def feed_counts(self) -> dict[str, Any]:
+        """Counters of the feed so far (e.g. images decoded on the host instead of the device), for summary.json."""
+        return {}
+
     def batch_size_of(self, batch: Any) -> int:
         """Samples in a batch (for throughput figures)."""
         first = batch[0] if isinstance(batch, (list, tuple)) else batch

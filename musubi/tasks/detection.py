@@ -26,8 +26,11 @@ from torchvision.models.detection.transform import GeneralizedRCNNTransform
 
 from musubi.config.errors import ConfigError
 from musubi.config.job import DataSplit, JobSpec
+from musubi.data.augment import Augment, keep_inside
 from musubi.data.coco import CocoDetection
-from musubi.data.sliced import SlicedCocoDetection
+from musubi.data.gpu_decode import DecodeStats, decode_batch, targets_to
+from musubi.data.gpu_tiles import TileCutter
+from musubi.data.sliced import EncodedTiles, FrameTile, SlicedCocoDetection, group_tiles
 from musubi.data.slicing import SliceParams, sliced_predict
 from musubi.data.synthetic_detection import (
     SyntheticDetection,
@@ -67,6 +70,10 @@ _RESERVED_ARGS = frozenset(
         "norm_layer",
     }
 )
+
+#: `data.gpu_decode: auto` decodes on the device when at least this share of the files are JPEG (the rest
+#: fall back to the host, image by image).
+AUTO_DECODE_JPEG_SHARE = 0.5
 
 #: model_args Musubi applies itself after building the model (torchvision's builders do not take them).
 #: bn_momentum: momentum of every BatchNorm's running statistics. torchvision's SSDlite uses 0.03, tuned
@@ -233,6 +240,16 @@ class DetectionTask(Task):
         self._val: Dataset | None = None
         self._val_built = False
         self._norm: tuple[float, float] | None = None
+        #: The rank's device (use_device); None: not told (launcher-side checks), files decode in workers.
+        self.device: torch.device | None = None
+        #: Whether COCO files cross the loader as bytes and are decoded on the device (set with the train set).
+        self.device_decode = False
+        self.decode_stats = DecodeStats()
+        sl = spec.data.slice
+        self.cutter = TileCutter(sl.tile, self.decode_stats) if sl is not None else None
+        aug = spec.data.augment
+        self.augment = Augment(hflip=aug.hflip, scale=aug.scale, mosaic=aug.mosaic, brightness=aug.brightness,
+                               contrast=aug.contrast, saturation=aug.saturation) if aug is not None else None
 
     # -- shape of the problem ----------------------------------------------
     @property
@@ -368,14 +385,61 @@ class DetectionTask(Task):
             )
         # uint8 through the loader: 4x fewer bytes pinned and copied; to_device makes floats on the device.
         frames = CocoDetection(split.path, split.annotations, image_size=data.image_size, category_ids=category_ids,
-                               as_uint8=True, encoded=data.gpu_decode,
-                               max_image_pixels=data.max_image_pixels, classes=data.classes, channels=data.channels)
+                               as_uint8=True, max_image_pixels=data.max_image_pixels, classes=data.classes,
+                               channels=data.channels)
+        if name == "train":
+            self.device_decode = self._decide_decode(frames)
+        frames.encoded = self.device_decode  # file bytes through the loader, decoded on the device
         params = self.slice_params
         if params is None or not tiles:
             return frames
         cache = {"on": True, "off": False}.get(data.cache, "auto")
         sliced = SlicedCocoDetection(frames, params, as_uint8=True, cache=cache)
         return sliced
+
+    def _decide_decode(self, frames: CocoDetection) -> bool:
+        """data.gpu_decode resolved: true/false as given; auto: a CUDA rank and mostly JPEG files."""
+        choice = self.spec.data.gpu_decode
+        if self.spec.data.channels == 1:  # single-channel PNG/TIFF, read without loss on the host
+            return False
+        if choice != "auto":
+            return bool(choice)
+        on_cuda = self.device is not None and self.device.type == "cuda"
+        return on_cuda and frames.jpeg_share() >= AUTO_DECODE_JPEG_SHARE
+
+    def use_device(self, device: torch.device) -> None:
+        """Remember the rank's device (before the data sets are built): `gpu_decode: auto` decides on it."""
+        if self._train is not None and torch.device(device) != self.device:
+            raise RuntimeError("use_device must come before the data sets are built")
+        self.device = torch.device(device)
+
+    def feed_path(self) -> dict[str, str]:
+        """Which decoder, where resize and augmentations run (the feed shows it at start)."""
+        data = self.spec.data
+        if data.synthetic is not None:
+            return {"decode": "none (synthetic)", "resize": "loader workers", "augment": self._augment_where()}
+        self.train_dataset()
+        on = str(self.device) if self.device is not None else "the rank's device"
+        nv = "nvJPEG" if self.device is not None and self.device.type == "cuda" else "libjpeg-turbo"
+        if self.device_decode:
+            decode = f"batched on {on} ({nv}; other formats on the host, counted); workers read bytes"
+            if data.slice is not None and data.slice.inline_train:
+                decode += "; tiles cut on the device from each frame decoded once"
+        else:
+            decode = "loader workers (PIL)" + ("; tiles cut in the workers" if data.slice is not None else "")
+        resize = "none (as stored)" if data.image_size is None else (
+            f"{on}, batch" if self.device_decode else "loader workers (PIL)")
+        return {"decode": decode, "resize": resize, "augment": self._augment_where()}
+
+    def _augment_where(self) -> str:
+        if self.augment is None or not self.augment.active():
+            return "none"
+        on = str(self.device) if self.device is not None else "the rank's device"
+        return f"{', '.join(self.augment.active())} on {on}, batch (seeded per sample)"
+
+    def feed_counts(self) -> dict[str, Any]:
+        """Images decoded on the device and on the host (and why), when the device decodes."""
+        return {"decoded": self.decode_stats.record()} if self.device_decode else {}
 
     def train_dataset(self) -> Dataset:
         """Synthetic train split or the COCO data.train split (built once, then cached)."""
@@ -406,21 +470,30 @@ class DetectionTask(Task):
             self._val_built = True
         return self._val
 
-    def collate(self, samples: list[Any]) -> tuple[list[Tensor], list[dict[str, Tensor]]]:
-        """Samples -> (images, targets) lists; not stacked, detectors take images of any size."""
-        return [s[0] for s in samples], [s[1] for s in samples]
+    def collate(self, samples: list[Any]) -> tuple[Any, list[dict[str, Tensor]]]:
+        """Samples -> (images, targets) lists; not stacked, detectors take images of any size.
+
+        Tiles still in their encoded frames become one EncodedTiles (each frame's bytes once per batch).
+        """
+        images = [s[0] for s in samples]
+        if images and isinstance(images[0], FrameTile):
+            return group_tiles(images), [s[1] for s in samples]
+        return images, [s[1] for s in samples]
 
     def batch_size_of(self, batch: Any) -> int:
         """Images in the batch."""
-        return len(batch[0])
+        return len(batch[1])
 
     def to_device(self, batch: Any, device: torch.device) -> Any:
-        """Images to the device as float [3, H, W] in [0, 1] (uint8 converted there, JPEG bytes decoded there)."""
+        """Images to the device as float [3, H, W] in [0, 1] (uint8 converted there, file bytes decoded there)."""
         images, targets = batch
-        if self.spec.data.gpu_decode and images and images[0].dim() == 1:
-            from musubi.data.gpu_decode import decode_batch
-
-            return decode_batch(images, targets, torch.device(device), self.spec.data.image_size)
+        device = torch.device(device)
+        if isinstance(images, EncodedTiles):
+            assert self.cutter is not None
+            tiles = self.cutter.cut(images, device)
+            return [t.float().div_(255.0) for t in tiles], targets_to(targets, device)
+        if images and images[0].dim() == 1:  # file bytes (device decode)
+            return decode_batch(images, targets, device, self.spec.data.image_size, self.decode_stats)
         images = [im.to(device, non_blocking=True) for im in images]
         if self.spec.data.channels == 1:
             # [1, H, W] in stored units (counts, centikelvin) -> standardised by the data set's statistics.
@@ -430,7 +503,17 @@ class DetectionTask(Task):
                 images = [im.expand(3, -1, -1) for im in images]
             return images, move_to(targets, device)
         images = [im.float().div_(255.0) if im.dtype == torch.uint8 else im for im in images]
-        return images, move_to(targets, device)
+        return images, targets_to(targets, device) if targets and isinstance(targets[0], dict) else move_to(
+            targets, device)
+
+    def train_batch(self, batch: Any, device: torch.device, epoch: int) -> Any:
+        """to_device, then data.augment on the device batch, seeded per sample by (train.seed, epoch, image_id)."""
+        if self.augment is None:
+            return self.to_device(batch, device)
+        keys = [int(t["image_id"]) for t in batch[1]]  # read on the host: no device sync
+        images, targets = self.to_device(batch, device)
+        images, targets = self.augment(images, targets, keys, self.spec.train.seed, epoch)
+        return images, [keep_inside(img, t) for img, t in zip(images, targets, strict=True)]
 
     def device_batch(self, batch_size: int, device: torch.device, generator: torch.Generator) -> Any:
         """A synthetic (images, targets) batch drawn on `device` with `generator`."""

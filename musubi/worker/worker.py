@@ -180,6 +180,7 @@ def main(argv: list[str] | None = None) -> int:
             reap_checkpoint_daemons(job_dir, skip_attempt=attempt_id())  # a killed rank's daemon outlives it
         log.info("building the model, optimizer and data loaders (%s, %s)...", spec.task, spec.model)
         task = build_task(spec)
+        task.use_device(world.device)  # before the data sets: `data.gpu_decode: auto` decides on it
         task.validate()
         precision = resolve_precision(spec.train.precision, world.device)
         if restarts:
@@ -263,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
                 if measured:
                     workers_from = "measured (samples/s: " + ", ".join(
                         f"{k} workers {r:.0f}" for k, r in measured.items()) + ")"
-                summary["loader"] = {**loader.record(), "workers_from": workers_from}
+                summary["loader"] = {**loader.record(), "workers_from": workers_from, **task.feed_counts()}
             (job_dir / RUN_FILES.summary).write_text(json.dumps(summary, indent=1), encoding="utf-8")
             if summary["val"]:
                 (job_dir / RUN_FILES.eval).write_text(

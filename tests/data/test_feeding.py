@@ -74,8 +74,9 @@ def test_config_refuses_contradictions(tmp_path: Path) -> None:
     ann = small_set(tmp_path, images=1)
     with pytest.raises(ValidationError, match="unset image_size"):
         _job(tmp_path, ann, slice={"tile": 32}, image_size=64)
-    with pytest.raises(ValidationError, match="gpu_decode and slice"):
-        _job(tmp_path, ann, slice={"tile": 32}, gpu_decode=True)
+    with pytest.raises(ValidationError, match="augment needs a data loader"):
+        JobSpec(name="det", task="detection", model="fasterrcnn_mobilenet_v3_large_320_fpn",
+                data={"synthetic": {"on_device": True}, "augment": {"hflip": 0.5}})
     with pytest.raises(ValidationError, match="0..64 or auto"):
         _job(tmp_path, ann, workers=65)
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 #: The most loader workers `data.workers: auto` starts per rank.
@@ -25,12 +25,15 @@ class LoaderPlan:
     persistent: bool
     #: How `workers` was chosen: "config" or "auto (N cores for this rank)".
     source: str = "config"
+    #: Where the feed's work runs (the training feed fills it): decode, resize, augment, ahead.
+    path: dict[str, str] = field(default_factory=dict)
 
     def record(self) -> dict[str, Any]:
-        """summary.json's `loader`: the values the rank's DataLoader got and where `workers` came from."""
-        return {"workers": self.workers, "workers_from": self.source, "pin_memory": self.pin_memory,
-                "prefetch": self.prefetch if self.workers > 0 else None,
-                "persistent_workers": self.persistent and self.workers > 0}
+        """summary.json's `loader`: the values the rank's DataLoader got, where `workers` came from, the path."""
+        out: dict[str, Any] = {"workers": self.workers, "workers_from": self.source, "pin_memory": self.pin_memory,
+                               "prefetch": self.prefetch if self.workers > 0 else None,
+                               "persistent_workers": self.persistent and self.workers > 0}
+        return {**out, **self.path}
 
     def kwargs(self) -> dict[str, Any]:
         """Keyword arguments for torch.utils.data.DataLoader."""

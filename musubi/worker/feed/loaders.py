@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import os
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -12,8 +14,11 @@ from torch.utils.data import DataLoader, Dataset
 from musubi.config.errors import ConfigError
 from musubi.tasks.base import Task
 from musubi.worker.feed.loader_plan import plan_loader
+from musubi.worker.feed.prefetch import DevicePrefetcher
 from musubi.worker.feed.sampler import ResumableDistributedSampler, ShardedEvalSampler
 from musubi.worker.world import World
+
+log = logging.getLogger(__name__)
 
 #: Distinct on-device batches cycled by `synthetic.on_device` (enough to avoid a constant input).
 DEVICE_POOL = 4
@@ -71,10 +76,19 @@ class TrainFeed:
             self.generator = torch.Generator()
             # Workers (auto: this rank's cores), pinning, prefetch and persistence from data.* (loader_plan).
             self.plan = plan_loader(workers, pin, spec.data.prefetch, spec.data.persistent_workers, world.is_cuda)
+            self.prefetcher = DevicePrefetcher(self._prepare, world.device)
+            self.plan = dataclasses.replace(self.plan, path={**task.feed_path(),
+                                                             "ahead": self.prefetcher.describe()})
+            if world.is_main:
+                p = self.plan
+                log.info("feeder: decode %s; resize %s; augment %s; %d loader worker(s) (%s), %spinned, prefetch "
+                         "%d a worker; device batches %s", p.path["decode"], p.path["resize"], p.path["augment"],
+                         p.workers, p.source, "" if p.pin_memory else "not ", p.prefetch, p.path["ahead"])
             self.loader = DataLoader(ds, batch_size=batch, sampler=self.sampler, collate_fn=task.collate,
                                      drop_last=True, generator=self.generator, **self.plan.kwargs())
             self.micro_per_epoch = len(self.sampler) // batch
             self.seed = seed
+            self._epoch = 0  # the epoch being fed (train_batch seeds augmentations with it)
         if self.micro_per_epoch < 1:
             raise ConfigError(
                 f"train set of {self.dataset_size} samples gives no full batch at {batch} per rank x "
@@ -91,12 +105,16 @@ class TrainFeed:
         self.sampler.set_position(epoch, start_micro * self.batch)
         self.generator.manual_seed(self.seed * 7919 + epoch)
         self._batches = iter(self.loader)
-        for host_batch in self._batches:
+        self._epoch = epoch
+        for b in self.prefetcher.batches(self._batches):
             self.before_batch()
-            self.section("h2d")
-            b = self.task.to_device(host_batch, self.world.device)
-            yield channels_last(b) if self.nhwc else b
+            self.section("h2d")  # on a CUDA rank: the training stream's wait for the batch prepared ahead
+            yield b
 
+    def _prepare(self, host_batch: Any) -> Any:
+        """One host batch made ready on the device (decode, resize, augment: the task's train_batch)."""
+        b = self.task.train_batch(host_batch, self.world.device, self._epoch)
+        return channels_last(b) if self.nhwc else b
 
     def worker_pids(self) -> list[int]:
         """The process ids of the training loader's workers now (none: no workers, or no epoch started)."""

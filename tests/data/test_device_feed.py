@@ -1,0 +1,159 @@
+"""The device feed on CPU tensors: decode with host fallback, tiles from frames decoded once, prefetch, resume."""
+
+from __future__ import annotations
+
+import io
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from musubi.config.job import JobSpec
+from musubi.data.gpu_decode import DecodeStats, decode_images, host_only_reason
+from musubi.data.sliced import SlicedCocoDetection
+from musubi.tasks.detection import DetectionTask
+from musubi.worker.feed.loaders import TrainFeed
+from musubi.worker.feed.prefetch import DevicePrefetcher
+from musubi.worker.world import World
+
+from .sets import small_set
+
+CPU = torch.device("cpu")
+WORLD = World(rank=0, local_rank=0, size=1, device=CPU, backend="gloo")
+
+
+def _encode(img: Image.Image, fmt: str, **kw: Any) -> torch.Tensor:
+    buf = io.BytesIO()
+    img.save(buf, format=fmt, **kw)
+    return torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8)
+
+
+def _task(root: Path, ann: Path, **data: Any) -> DetectionTask:
+    split = {"path": str(root / "images"), "annotations": str(ann)}
+    spec = JobSpec(name="det", task="detection", model="fasterrcnn_mobilenet_v3_large_320_fpn",
+                   data={"train": split, "workers": 0, **data}, train={"batch": 2, "seed": 3})
+    task = DetectionTask(spec)
+    task.use_device(CPU)
+    return task
+
+
+def test_what_nvjpeg_cannot_read_is_decoded_on_the_host_and_counted(caplog: pytest.LogCaptureFixture) -> None:
+    rgb = Image.fromarray(np.arange(24 * 16 * 3, dtype=np.uint8).reshape(16, 24, 3))
+    jpeg, png = _encode(rgb, "JPEG", quality=95), _encode(rgb, "PNG")
+    cmyk = _encode(rgb.convert("CMYK"), "JPEG", quality=95)
+    deep = _encode(Image.fromarray(np.arange(16 * 24, dtype=np.uint16).reshape(16, 24) * 170), "PNG")
+    assert [host_only_reason(x) for x in (jpeg, png, cmyk, deep)] == [None, "PNG", "CMYK JPEG", "PNG"]
+    stats = DecodeStats()
+    with caplog.at_level(logging.WARNING):
+        out = decode_images([jpeg, png, cmyk, deep], CPU, stats)
+    assert [tuple(o.shape) for o in out] == [(3, 16, 24)] * 4 and all(o.dtype == torch.uint8 for o in out)
+    assert torch.equal(out[1], torch.from_numpy(np.asarray(rgb)).permute(2, 0, 1))  # PNG: lossless
+    assert (out[0].float() - out[1].float()).abs().mean() < 4 and (out[2].float() - out[1].float()).abs().mean() < 8
+    assert int(out[3].max()) == (16 * 24 - 1) * 170 >> 8  # 16-bit scaled to 8, not clipped at 255
+    assert stats.record() == {"device": 1, "host": 3, "host_reasons": {"PNG": 2, "CMYK JPEG": 1}}
+    assert "1 image(s) decoded on the host" in caplog.text  # warned once (at 1, 10, 100 ...), not per image
+
+
+def test_a_mixed_set_trains_through_the_device_path(tmp_path: Path) -> None:
+    ann = small_set(tmp_path, images=4, width=64, height=48)
+    Image.open(tmp_path / "images" / "frame_00001.jpg").save(tmp_path / "images" / "frame_00001.png")
+    import json
+
+    data = json.loads(ann.read_text())
+    data["images"][1]["file_name"] = "frame_00001.png"
+    ann.write_text(json.dumps(data))
+    task = _task(tmp_path, ann, gpu_decode=True, image_size=32)
+    ds = task.train_dataset()
+    assert task.device_decode and ds[0][0].dim() == 1  # workers hand over file bytes
+    images, targets = task.to_device(task.collate([ds[i] for i in range(4)]), CPU)
+    assert [tuple(i.shape) for i in images] == [(3, 24, 32)] * 4
+    assert task.feed_counts()["decoded"]["host_reasons"] == {"PNG": 1}
+    # auto: a CPU rank keeps decoding in the workers; a CUDA rank with mostly JPEG files decodes on it.
+    assert not _task(tmp_path, ann).device_decode
+    auto = _task(tmp_path, ann)
+    auto.device = torch.device("cuda", 0)  # the decision only (no GPU here): 3 of 4 files are JPEG
+    auto.train_dataset()
+    assert auto.device_decode and "batched on cuda:0 (nvJPEG" in auto.feed_path()["decode"]
+
+
+def test_tiles_are_cut_from_frames_decoded_once_per_visit(tmp_path: Path) -> None:
+    ann = small_set(tmp_path, images=3, width=100, height=70, objects=5)
+    host = _task(tmp_path, ann, gpu_decode=False, slice={"tile": 32, "overlap": 0.2, "empty_ratio": 1.0},
+                 cache="off")
+    dev = _task(tmp_path, ann, gpu_decode=True, slice={"tile": 32, "overlap": 0.2, "empty_ratio": 1.0})
+    hds, dds = host.train_dataset(), dev.train_dataset()
+    assert isinstance(dds, SlicedCocoDetection) and dds.encoded and dds.frame_groups and len(hds) == len(dds)
+    order = [i for group in dds.frame_groups for i in group]  # the sampler's frame-by-frame order
+    tiles_per_frame = [len(g) for g in dds.frame_groups]
+    got = []
+    for k in range(0, len(order), 4):
+        idx = order[k:k + 4]
+        images, targets = dev.to_device(dev.collate([dds[i] for i in idx]), CPU)
+        ref_images, ref_targets = host.to_device(host.collate([hds[i] for i in idx]), CPU)
+        for a, b, ta, tb in zip(images, ref_images, targets, ref_targets, strict=True):
+            assert a.shape == b.shape == (3, 32, 32) and torch.allclose(a, b)  # same decoder, same pixels
+            assert torch.equal(ta["boxes"], tb["boxes"]) and torch.equal(ta["labels"], tb["labels"])
+        got += idx
+    assert got == order and dev.cutter is not None
+    assert dev.cutter.decoded == 3 < sum(tiles_per_frame)  # each frame once, not once per tile
+
+
+def test_the_threaded_prefetcher_keeps_order_and_carries_errors() -> None:
+    pre = DevicePrefetcher(lambda b: b * 10, CPU, threaded=True)
+    assert list(pre.batches(iter(range(7)))) == [0, 10, 20, 30, 40, 50, 60]
+
+    def broken(b: int) -> int:
+        if b == 3:
+            raise ValueError("bad batch 3")
+        return b
+
+    it = DevicePrefetcher(broken, CPU, threaded=True).batches(iter(range(7)))
+    assert [next(it), next(it), next(it)] == [0, 1, 2]
+    with pytest.raises(ValueError, match="bad batch 3"):
+        next(it)
+    early = DevicePrefetcher(lambda b: b, CPU, threaded=True).batches(iter(range(1000)))
+    assert next(early) == 0
+    early.close()  # a run that stops mid-epoch: the thread ends, nothing hangs
+
+
+def _stream(feed: TrainFeed, epoch: int, start: int) -> list[tuple[torch.Tensor, ...]]:
+    return [(*images, *(t["boxes"] for t in targets)) for images, targets in feed.epoch(epoch, start)]
+
+
+@pytest.mark.parametrize("threaded", [False, True])
+def test_the_augmented_stream_resumes_exactly(tmp_path: Path, threaded: bool) -> None:
+    ann = small_set(tmp_path, images=8, width=64, height=48, objects=3)
+    aug = {"hflip": 0.5, "scale": [0.6, 1.4], "mosaic": 0.5, "brightness": 0.2, "contrast": 0.2, "saturation": 0.2}
+
+    def feed() -> TrainFeed:
+        f = TrainFeed(_task(tmp_path, ann, gpu_decode=True, augment=aug), WORLD, batch=2, seed=3, workers=0,
+                      pin=False)
+        f.prefetcher.threaded = threaded
+        return f
+
+    first = feed()
+    whole = [_stream(first, e, 0) for e in (0, 1)]
+    assert first.plan.record()["augment"].startswith("mosaic, scale, hflip, colour on cpu")
+    assert "batched on cpu" in first.plan.record()["decode"]
+    # A new process resumes at micro-batch 2 of epoch 1: the same batches, bit for bit.
+    tail = _stream(feed(), 1, 2)
+    assert len(tail) == len(whole[1]) - 2
+    for a, b in zip(tail, whole[1][2:], strict=True):
+        assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+    # Epochs differ (the epoch is in every sample's seed), and augmenting changed something.
+    assert any(not torch.equal(a[0], b[0]) for a, b in zip(whole[0], whole[1], strict=True))
+    plain = TrainFeed(_task(tmp_path, ann, gpu_decode=True), WORLD, batch=2, seed=3, workers=0, pin=False)
+    assert any(a[0].shape != b[0].shape or not torch.equal(a[0], b[0])
+               for a, b in zip(_stream(plain, 0, 0), whole[0], strict=True))
+
+
+def test_augment_is_refused_outside_detection() -> None:
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="data.augment is for detection"):
+        JobSpec(name="c", task="classification", model="resnet18",
+                data={"synthetic": {}, "augment": {"hflip": 0.5}})
