@@ -41,10 +41,11 @@ sys.path.insert(0, str(REPO))
 
 from musubi.config.fleet import CommandJob, TaskJob  # noqa: E402
 from musubi.config.load import load_fleet  # noqa: E402
+from musubi.diagnose.fleet_view import svg_timeline  # noqa: E402
 from musubi.fleet.durations import machine_of, record_run  # noqa: E402
 from musubi.fleet.jobs import resolve_command  # noqa: E402
 from musubi.fleet.moldable import Bar  # noqa: E402
-from musubi.fleet.timeline import svg_timeline, text_timeline  # noqa: E402
+from musubi.fleet.timeline import text_timeline  # noqa: E402
 from musubi.store.db import db_path  # noqa: E402
 
 

@@ -24,6 +24,7 @@ class RunFiles:
     summary: str = "summary.json"  # the trainer's end-of-run summary
     eval: str = "eval.json"  # validation metrics, FPS and how it was measured
     goodput: str = "goodput.json"  # productive vs lost time over the attempts
+    startup: str = "startup.jsonl"  # start-up marks of every process of the job (store/startup.py)
 
 
 #: The one instance every module names files through: `job_dir / RUN_FILES.job`.

@@ -23,6 +23,7 @@ from musubi.config.job import JobSpec
 from musubi.recovery.inject import Injector, injected_oom
 from musubi.recovery.memory import memory_figures
 from musubi.recovery.watchdog import Heartbeat
+from musubi.store.startup import mark
 from musubi.tasks.base import Task
 from musubi.worker.feed.loaders import TrainFeed, ValFeed
 from musubi.worker.ordered_reduce import needs_ordered_reduce, ordered_allreduce_hook
@@ -317,12 +318,16 @@ class Trainer:
                     for hook in self.step_end_hooks:
                         hook(self.step)
                     self.phase = "between steps"
-                    if self.step == self.fit_start_step + 1 and self.step % t.log_every and self.step < stop:
+                    if self.step == self.fit_start_step + 1:
                         # The first step warmed the kernels (cudnn autotuning, allocator, loader workers):
-                        # samples/s is timed from its end, not from the cold start (one sync per fit).
+                        # samples/s is timed from its end, not from the cold start (one sync per fit), and
+                        # its end is a start-up mark.
                         if w.is_cuda:
                             torch.cuda.synchronize(w.device)
-                        t_log, samples_log = time.perf_counter(), 0
+                        if w.is_main:
+                            mark(self.job_dir, "first_step")
+                        if self.step % t.log_every and self.step < stop:
+                            t_log, samples_log = time.perf_counter(), 0
                     if self.injector:
                         now_s = time.perf_counter()
                         self.injector.after_step(self.step, now_s - t_step)
