@@ -26,15 +26,16 @@ def attempts_of(record: dict[str, Any]) -> list[Attempt]:
     for job, st in (record.get("jobs") or {}).items():
         hist = st.get("history") or ([{"gpus": st.get("gpus") or list(range(st.get("width") or 1)),
                                        "started": st.get("started"), "ended": st.get("ended"),
-                                       "outcome": st.get("state")}] if st.get("started") else [])
-        raw += [(job, h) for h in hist if h.get("started") and h.get("ended")]
+                                       "outcome": st.get("state")}] if st.get("started") is not None else [])
+        raw += [(job, h) for h in hist if isinstance(h.get("started"), (int, float))
+                and isinstance(h.get("ended"), (int, float))]
     if not raw:
         return []
     t0 = min(h["started"] for _, h in raw)
     out, seen = [], {}
     for job, h in sorted(raw, key=lambda jh: jh[1]["started"]):
         n = seen[job] = seen.get(job, -1) + 1
-        released = h.get("released") or h["ended"]
+        released = h["released"] if isinstance(h.get("released"), (int, float)) else h["ended"]
         out.append(Attempt(job if n == 0 else f"{job}#{n}", job, tuple(h.get("gpus") or (0,)), h["started"] - t0,
                            released - t0, h["ended"] - t0, str(h.get("outcome") or "")))
     return out
