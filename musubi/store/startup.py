@@ -91,9 +91,10 @@ def components(marks: Mapping[str, float]) -> dict[str, float]:
         if to in marks:
             out[name] = round(max(0.0, marks[to] - last), 3)
             last = max(last, marks[to])
-    out["to first step"] = round(last - marks["spawned"], 3)
-    # What the GPUs spent on it: from the gate (the previous job's evaluation over) when there is one.
-    out["start-up on the GPUs"] = round(last - max(marks["spawned"], marks.get("gate", marks["spawned"])), 3)
+    if out:  # an external command passes none of these marks: its start-up is its own
+        out["to first step"] = round(last - marks["spawned"], 3)
+        # What the GPUs spent on it: from the gate (the previous job's evaluation over) when there is one.
+        out["start-up on the GPUs"] = round(last - max(marks["spawned"], marks.get("gate", marks["spawned"])), 3)
     if "trained" in marks and "train_exit" in marks:
         out["teardown"] = round(max(0.0, marks["train_exit"] - marks["trained"]), 3)
     if "train_exit" in marks and "eval_ready" in marks:  # a pre-started step was ready before: 0

@@ -61,7 +61,7 @@ def test_replay_command_line(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("topology", [None, PCIE8, PAIRS8, NVSWITCH8])
 def test_seed_fleet_on_8_gpus_on_paper(tmp_path: Path, topology: str | None) -> None:
-    fleet = REPO / "examples" / "seed-fleet.yaml"
+    fleet = REPO / "examples" / "fleet-seed.yaml"
     if topology is not None:  # the recorded 8-GPU machines
         data = yaml.safe_load(fleet.read_text())
         data["machine"] = {"topology": str(FIXTURES / topology)}
