@@ -18,13 +18,14 @@ from tests.topology.recorded import FIXTURES, NVSWITCH8, PAIRS8, PCIE8
 
 DATA = Path(__file__).parent / "data"
 REPO = Path(__file__).resolve().parents[2]
-#: A real `musubi run` of recorded-cpu-fleet.yaml on 2 CPU slots (machine.overlap on: a retry-free run of
-#: 5 jobs, one of them on both slots, one an external program), its fleet.json as written.
+#: Real `musubi run`s of recorded-cpu-fleet.yaml on 2 CPU slots (5 jobs, one of them on both slots, one an
+#: external program), their fleet.json as written: machine.overlap false, and true (the -overlap file).
 RECORDED = DATA / "recorded-cpu-fleet.json"
 
 
-def test_replay_reproduces_the_recorded_cpu_fleet() -> None:
-    record = json.loads(RECORDED.read_text())
+@pytest.mark.parametrize("name", ["recorded-cpu-fleet.json", "recorded-cpu-fleet-overlap.json"])
+def test_replay_reproduces_the_recorded_cpu_fleet(name: str) -> None:
+    record = json.loads((DATA / name).read_text())
     r = replay(record, load_fleet(DATA / "recorded-cpu-fleet.yaml"))
     assert len(r.recorded) == 5 and r.devices == [0, 1]
     assert abs(r.error) <= 0.05, (r.simulated_s, r.recorded_s)
