@@ -41,11 +41,15 @@ sys.path.insert(0, str(REPO))
 
 from musubi.config.fleet import CommandJob, TaskJob  # noqa: E402
 from musubi.config.load import load_fleet  # noqa: E402
+from musubi.diagnose.fleet_view import svg_timeline  # noqa: E402
 from musubi.fleet.durations import machine_of, record_run  # noqa: E402
 from musubi.fleet.jobs import resolve_command  # noqa: E402
 from musubi.fleet.moldable import Bar  # noqa: E402
-from musubi.fleet.timeline import svg_timeline, text_timeline  # noqa: E402
+from musubi.fleet.replay import replay  # noqa: E402
+from musubi.fleet.timeline import text_timeline  # noqa: E402
+from musubi.records.attempts import attempts_of  # noqa: E402
 from musubi.store.db import db_path  # noqa: E402
+from musubi.store.startup import summary_line  # noqa: E402
 
 
 def _run(argv: list[str], env: dict[str, str], cwd: Path) -> float:
@@ -57,13 +61,24 @@ def _run(argv: list[str], env: dict[str, str], cwd: Path) -> float:
     return time.perf_counter() - t0
 
 
-def run_fleet(fleet: Path, out: Path, device: str, slots: int | None) -> float:
-    """The fleet's makespan (training, evaluation and shipping included)."""
-    argv = [sys.executable, "-m", "musubi.cli", "run", str(fleet), "--out", str(out), "--device", device,
+def run_fleet(fleet: Path, out: Path, device: str, slots: int | None, overlap: bool = True) -> float:
+    """The fleet's makespan (training, evaluation and shipping included); `overlap` False: machine.overlap off
+    (a copy of the fleet file beside it, removed after)."""
+    copy = None
+    if not overlap:
+        data = yaml.safe_load(fleet.read_text())
+        data.setdefault("machine", {})["overlap"] = False
+        copy = fleet.with_name(f".{fleet.stem}.no-overlap.yaml")
+        copy.write_text(yaml.safe_dump(data, sort_keys=False))
+    argv = [sys.executable, "-m", "musubi.cli", "run", str(copy or fleet), "--out", str(out), "--device", device,
             "--no-check"]
     if slots:
         argv += ["--cpu-slots", str(slots)]
-    return _run(argv, dict(os.environ), REPO)
+    try:
+        return _run(argv, dict(os.environ), REPO)
+    finally:
+        if copy is not None:
+            copy.unlink(missing_ok=True)
 
 
 def remember(job, out: Path, device: str, n: int, started: float, ended: float) -> None:
@@ -155,9 +170,10 @@ def compare(run_dir: Path, devices: int, svg: Path | None) -> dict:
     """Predicted (the fleet's first plan) against measured (fleet.json) per job and for the makespan."""
     rec = json.loads((run_dir / "fleet.json").read_text())
     plan, jobs = rec.get("plan") or {}, rec.get("jobs") or {}
-    t0 = min((s["started"] for s in jobs.values() if s.get("started")), default=0.0)
-    measured = [Bar(n, tuple(s.get("gpus") or range(s.get("width") or 1)), s["started"] - t0, s["ended"] - t0)
-                for n, s in jobs.items() if s.get("started") and s.get("ended")]
+    attempts = attempts_of(rec)
+    # One bar per attempt, to the release of its GPUs (its evaluation after that is the pale tail).
+    measured = [Bar(a.name, a.gpus, a.start, a.released) for a in attempts]
+    tails = {a.name: a.end for a in attempts}
     predicted = [Bar(b["job"], tuple(range(b["width"])), b["start"], b["end"]) for b in plan.get("bars", [])]
     rows = {}
     for n, s in jobs.items():
@@ -167,16 +183,27 @@ def compare(run_dir: Path, devices: int, svg: Path | None) -> dict:
                    "error": round(s["predicted_s"] / took - 1, 3) if took and s.get("predicted_s") else None}
         print(f"  {n}: {s.get('width')} GPU(s), predicted {s.get('predicted_s') or 0:.0f} s "
               f"({s.get('estimate')}), measured {took or 0:.0f} s", flush=True)
-    span = max((b.end for b in measured), default=0.0)
+    span = max((a.end for a in attempts), default=0.0)
+    startup = {n: s.get("startup") or {} for n, s in jobs.items()}
+    for n, comp in startup.items():
+        print(f"  start-up of {n}: {summary_line(comp)}", flush=True)
+    firsts = [c["to first step"] for c in startup.values() if "to first step" in c]
+    on_gpu = [c["start-up on the GPUs"] for c in startup.values() if "start-up on the GPUs" in c]
+    sim = replay(rec)
     out = {"plan": plan.get("how"), "predicted_makespan_s": plan.get("makespan_s"),
-           "declared_makespan_s": plan.get("declared_s"), "measured_jobs_makespan_s": round(span, 1), "jobs": rows}
+           "declared_makespan_s": plan.get("declared_s"), "measured_jobs_makespan_s": round(span, 1), "jobs": rows,
+           "startup": startup, "replayed_makespan_s": round(sim.simulated_s, 1),
+           "mean_to_first_step_s": round(sum(firsts) / len(firsts), 2) if firsts else None,
+           "mean_startup_on_gpus_s": round(sum(on_gpu) / len(on_gpu), 2) if on_gpu else None}
+    print(f"  start-up per job: {out['mean_to_first_step_s']} s to the first step, {out['mean_startup_on_gpus_s']} s "
+          f"of it on the GPUs; replayed by the packer: {sim.simulated_s:.1f} s ({sim.error:+.1%})", flush=True)
     print(f"  makespan of the jobs: predicted {plan.get('makespan_s')} s ({plan.get('how')}; declared widths "
           f"{plan.get('declared_s')} s), measured {span:.1f} s", flush=True)
     for line in text_timeline(measured, list(range(devices))):
         print("  " + line, flush=True)
     if svg is not None:
         svg.write_text(svg_timeline([("predicted (first plan)", predicted), ("measured", measured)],
-                                    list(range(devices))))
+                                    list(range(devices)), tails=tails))
     return out
 
 
@@ -185,7 +212,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--fleet", type=Path, default=REPO / "bench" / "fleet-bench.yaml")
     ap.add_argument("--modes", default="a,b,fleet",
-                    help="a and b first: their measured jobs are the fleet's duration history")
+                    help="a and b first: their measured jobs are the fleet's duration history; fleet-no-overlap: "
+                    "the fleet with machine.overlap false (the start-up cuts off), for their before/after")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--cpu-slots", type=int, default=None)
     ap.add_argument("--json", type=Path, default=None)
@@ -205,8 +233,8 @@ def main() -> None:
     jobs: dict[str, dict[str, float]] = {}
     for mode in args.modes.split(","):
         jobs[mode] = {}
-        if mode == "fleet":
-            result[mode] = run_fleet(args.fleet, tmp / "fleet", args.device, args.cpu_slots)
+        if mode in ("fleet", "fleet-no-overlap"):
+            result[mode] = run_fleet(args.fleet, tmp / mode, args.device, args.cpu_slots, mode == "fleet")
         elif mode == "a" and args.a_parallel:
             result[mode] = run_solo_parallel(args.fleet, tmp / "a", args.device, n, jobs[mode])
         elif mode == "a":
@@ -218,7 +246,11 @@ def main() -> None:
     report = {"devices": n, "device": args.device, "makespan_s": {k: round(v, 1) for k, v in result.items()},
               "job_s": {m: {k: round(v, 1) for k, v in d.items()} for m, d in jobs.items() if d},
               "a_measured": "in parallel, one job per GPU, summed" if args.a_parallel else "sequential"}
+    if "fleet-no-overlap" in result:
+        print("fleet-no-overlap (machine.overlap: false):", flush=True)
+        report["no_overlap"] = compare(tmp / "fleet-no-overlap", n, None)
     if "fleet" in result:
+        print("fleet:", flush=True)
         report["prediction"] = compare(tmp / "fleet", n, args.svg)
     if "fleet" in result and "a" in result:
         report["speedup_vs_a"] = round(result["a"] / result["fleet"], 2)

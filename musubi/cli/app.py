@@ -138,13 +138,18 @@ def run(
                                  "cores), on this machine or machine.topology; start and write nothing."),
     gpus: int | None = typer.Option(None, "--gpus", min=1, max=1024, help="With --dry-run: plan for a machine of "
                                     "this many GPUs instead of this one (declared or fallback durations)."),
+    replay: Path | None = typer.Option(None, "--replay", help="With --dry-run: replay RUN_DIR/fleet.json (a "
+                                       "recorded run of this fleet) on the packer with its measured durations and "
+                                       "compare the makespans."),
 ) -> None:
     """Train a whole fleet: pack jobs onto the GPUs, retry failures, then rank, export and register."""
     from musubi.fleet.run import FleetRequest, plan_fleet, run_fleet
     from musubi.fleet.stop import FleetInterrupted
 
     req = FleetRequest(fleet_path=fleet, out=out, resume=resume, executor=executor, cpu_slots=cpu_slots,
-                       check=not no_check, device=device, dry_run=dry_run, gpus=gpus)
+                       check=not no_check, device=device, dry_run=dry_run, gpus=gpus, replay=replay)
+    if replay is not None and not dry_run:
+        _fail("--replay RUN_DIR simulates a recorded run: it goes with --dry-run", 2)
     if gpus is not None and not dry_run:
         _fail("--gpus N plans a machine of N GPUs: it goes with --dry-run (a real run uses the visible GPUs)", 2)
     if dry_run:

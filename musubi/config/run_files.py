@@ -25,6 +25,7 @@ class RunFiles:
     eval: str = "eval.json"  # validation metrics, FPS and how it was measured
     goodput: str = "goodput.json"  # productive vs lost time over the attempts
     metrics_from: str = "metrics_from.json"  # an external job's declared metrics adapter (fleet.CommandJob)
+    startup: str = "startup.jsonl"  # start-up marks of every process of the job (store/startup.py)
 
 
 #: The one instance every module names files through: `job_dir / RUN_FILES.job`.

@@ -16,6 +16,7 @@ from typing import Any
 
 from musubi.config.run_files import RUN_FILES
 from musubi.diagnose import figures
+from musubi.diagnose.fleet_view import fleet_section
 from musubi.diagnose.timeline import JobTelemetry
 from musubi.records.evidence import metric_records
 from musubi.store.rundir import read_jsonl
@@ -270,7 +271,8 @@ def render(run: Path, jobs: list[tuple[JobTelemetry, dict[str, Any]]], trace_nam
     """The whole page."""
     parts = [f"<h1>Musubi report: {esc(run.name)}</h1>",
              f'<p class="muted">{esc(run)} &middot; written {esc(dt.datetime.now().isoformat(timespec="seconds"))}'
-             + (f" &middot; spans as Chrome/Perfetto trace: {esc(trace_name)}" if trace_name else "") + "</p>"]
+             + (f" &middot; spans as Chrome/Perfetto trace: {esc(trace_name)}" if trace_name else "") + "</p>",
+             fleet_section(run)]
     for tele, a in jobs:
         parts.append(f'<h2 class="job">Job {esc(tele.name)}</h2>')
         parts.append("<h3>Diagnosis</h3>" + _diagnosis(a))

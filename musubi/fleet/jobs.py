@@ -66,6 +66,20 @@ def gpu_env(gpus: list[int], kind: str, threads: int | None = None, cpus: str | 
     return env
 
 
+#: Compiled-kernel caches every job of the fleet (and the next fleet beside it) shares: folders under
+#: RUNS/.cache/ beside musubi.db. A user's own setting of the variable wins. Only what torch writes to disk
+#: can be shared: Inductor's and Triton's compiled kernels (torch.compile). cudnn's autotune choices
+#: (torch.backends.cudnn.benchmark), NCCL communicators, the CUDA context and the caching allocator live in
+#: one process and are rebuilt by each job; the CUDA driver's own PTX cache (~/.nv/ComputeCache) persists already.
+SHARED_CACHES = {"TORCHINDUCTOR_CACHE_DIR": "inductor", "TRITON_CACHE_DIR": "triton"}
+
+
+def cache_env(run_dir: Path) -> dict[str, str]:
+    """The shared compiled-kernel cache folders (SHARED_CACHES) for a job of the fleet in `run_dir`."""
+    root = run_dir.resolve().parent / ".cache"
+    return {var: str(root / sub) for var, sub in SHARED_CACHES.items() if var not in os.environ}
+
+
 def write_job_spec(job: TaskJob, run_dir: Path, pin: bool = True) -> Path:
     """RUN/.fleet/JOB.yaml: the resolved job `musubi train` of a fleet member reads."""
     spec_path = run_dir / ".fleet" / f"{job.name}.yaml"
@@ -89,7 +103,7 @@ def task_launch(job: TaskJob, run_dir: Path, gpus: list[int], kind: str, resume:
             str(len(gpus) or job.gpus), "--device", kind, "--no-check", "--fleet-member"]
     if resume:
         argv.append("--resume")
-    env = dict(os.environ, **gpu_env(gpus, kind, threads, cpus), PYTHONUNBUFFERED="1")
+    env = dict(os.environ, **gpu_env(gpus, kind, threads, cpus), **cache_env(run_dir), PYTHONUNBUFFERED="1")
     if not cpus:  # a MUSUBI_CPUS of the fleet's own environment would give every job the same cores
         env.pop("MUSUBI_CPUS", None)
     env["MUSUBI_DEVICE"] = kind

@@ -40,9 +40,15 @@ from musubi.fleet.stop import FleetInterrupted, signals_flagged
 from musubi.launch.proctree import stop_trees
 from musubi.store.db import db_path
 from musubi.store.rundir import read_json, write_json
+from musubi.store.startup import components, mark, marks_of, summary_line
 from musubi.telemetry.watch import current_stragglers, describe
 
 log = logging.getLogger("musubi.fleet")
+
+
+#: GiB a second process on a GPU costs beyond its tensors (CUDA context, NCCL buffers): two jobs declaring
+#: memory_gib share a GPU's tail only when both fit with this much to spare.
+CONTEXT_GIB = 2.0
 
 
 @dataclass
@@ -51,7 +57,7 @@ class JobState:
 
     name: str
     kind: str  # task | command
-    state: str = "queued"  # queued | running | evaluating | done | failed | interrupted
+    state: str = "queued"  # queued | starting | running | evaluating | done | failed | interrupted
     gpus: list[int] = field(default_factory=list)
     attempts: int = 0
     causes: list[str] = field(default_factory=list)
@@ -69,6 +75,9 @@ class JobState:
     predicted_s: float | None = None  # the duration model's seconds for the latest attempt on its GPUs
     estimate: str = ""  # where that prediction came from (history, probe, declared, fallback)
     precision: str = ""  # task jobs: the precision training ended in (after any numerical fallback)
+    released: float | None = None  # GPUs back to the packer (training ended, with machine.overlap; else the end)
+    startup: dict[str, float] = field(default_factory=dict)  # the latest attempt's start-up (store/startup.py)
+    history: list[dict[str, Any]] = field(default_factory=list)  # per attempt: gpus, started, released, ended, outcome
 
 
 @dataclass
@@ -77,6 +86,7 @@ class _Running:
     proc: subprocess.Popen
     phase: str  # train | eval
     log_file: Any
+    evaluator: subprocess.Popen | None = None  # the evaluation step started early (machine.overlap)
 
 
 def fleet_states(spec: FleetSpec, state_path: Path | None) -> dict[str, JobState]:
@@ -140,8 +150,14 @@ class LocalFleet:
     """Runs a validated fleet to the end on this machine."""
 
     def __init__(self, spec: FleetSpec, run_dir: Path, base: Path, devices: list[int], kind: str,
-                 resume: bool, console: Console | None = None) -> None:
+                 resume: bool, console: Console | None = None, gpu_memory: float | None = None) -> None:
         self.spec, self.run_dir, self.base, self.kind = spec, run_dir, base, kind
+        self.overlap = spec.machine.overlap
+        self.gpu_memory = gpu_memory  # GiB of one GPU (NVML): jobs declaring memory_gib may share a GPU's tail
+        #: Jobs started on GPUs whose previous job still evaluates: their gate file and the jobs they wait for.
+        self.gates: dict[str, tuple[Path, set[str]]] = {}
+        #: Placed jobs that cannot wait at a gate (external commands, evaluation-only retries): spawned later.
+        self.deferred: dict[str, tuple[list[int], set[str]]] = {}
         self.console = console or Console()
         self.jobs = {j.name: j for j in spec.jobs}
         self.state_path = run_dir / RUN_FILES.fleet
@@ -198,10 +214,32 @@ class LocalFleet:
         st = self.states[job.name]
         st.attempts += 1
         st.state, st.gpus, st.started, st.width = "running", gpus, time.time(), len(gpus)
+        st.released = None
         st.placement = self.packer.reasons.get(job.name, "")
+        st.history.append({"attempt": st.attempts, "gpus": list(gpus), "started": st.started})
         est = self.estimates[job.name]
         st.predicted_s = est.at(len(gpus)) if len(gpus) in est.widths else None
         st.estimate = est.source
+        blockers = self._tails(job, gpus)
+        if blockers and (isinstance(job, CommandJob) or self._trained_marker(job.name).is_file()):
+            st.state = "starting"  # it cannot wait at a gate: spawned when those evaluations end
+            self.deferred[job.name] = (gpus, blockers)
+            return
+        self._spawn(job, gpus, blockers)
+
+    def _tails(self, job: TaskJob | CommandJob, gpus: list[int]) -> set[str]:
+        """Jobs still evaluating on `gpus` (their GPUs went back at the end of training) that `job` must wait
+        for before it builds its model; none when both declare memory_gib and one GPU holds both."""
+        tails = {n for n, r in self.running.items() if r.phase == "eval" and set(self.states[n].gpus) & set(gpus)}
+        need = [self.jobs[n].memory_gib for n in tails] + [job.memory_gib]
+        if tails and self.kind == "cuda" and self.gpu_memory and all(need) and \
+                max(need[:-1]) + need[-1] + CONTEXT_GIB <= self.gpu_memory:  # type: ignore[operator]
+            return set()
+        return tails
+
+    def _spawn(self, job: TaskJob | CommandJob, gpus: list[int], blockers: set[str]) -> None:
+        st = self.states[job.name]
+        st.state = "running"
         if self._evaluate_only(job, st):
             return
         cpus = cpus_value(self.cores, gpus) if self.cores is not None else None
@@ -214,12 +252,19 @@ class LocalFleet:
                 job_dir.rename(aside)
             launch = J.task_launch(job, self.run_dir, gpus, self.kind, resume, self.threads, cpus,
                                    pin=self.spec.machine.pin_cpus)  # --nproc len(gpus): its width
+            if blockers:  # it starts now and builds its model when those evaluations end (worker.wait_for_gate)
+                gate = job_dir / "logs" / f"gate-a{st.attempts}"
+                gate.unlink(missing_ok=True)
+                launch.env.update(MUSUBI_GATE=str(gate), MUSUBI_GATE_PID=str(os.getpid()))
+                self.gates[job.name] = (gate, set(blockers))
         else:
             launch = J.command_launch(job, self.run_dir, gpus, self.kind, self.base, self.threads * job.gpus, cpus)
         launch.log.parent.mkdir(parents=True, exist_ok=True)
         f = open(launch.log, "a", encoding="utf-8")
         f.write(f"=== musubi run: {job.name} attempt {st.attempts} ===\n")  # tails never mix attempts
         f.flush()
+        # The spawn time stays in fleet.json: a file in the job's folder now would read as an earlier run.
+        st.history[-1]["spawned"] = time.time()
         # A session of its own: the job's whole process tree can be stopped as one group (fleet/stop.py).
         proc = subprocess.Popen(launch.argv, env=launch.env, cwd=launch.cwd, stdout=f, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
@@ -230,21 +275,62 @@ class LocalFleet:
                  f"; cores per rank {cpus}" if cpus else "; CPU pinning off" if self.cores is None else "; not pinned",
                  extra=SHOW)
 
-    def _start_eval(self, run: _Running) -> None:
+    def _eval_process(self, run: _Running, after: Path | None) -> subprocess.Popen:
+        """The evaluation step on the job's GPUs; `after`: started early, it waits for that file."""
+        st = self.states[run.job.name]
+        env = dict(os.environ, **J.gpu_env(st.gpus, self.kind, self.threads * len(st.gpus)))
+        argv = [sys.executable, "-m", "musubi.fleet.eval_step", *(["--after", str(after)] if after else []),
+                str(self.run_dir / run.job.name)]
+        cpus = cpus_value(self.cores, st.gpus) if self.cores is not None else None
+        mark(self.run_dir / run.job.name, "eval_spawned")
+        proc = subprocess.Popen(argv, env=env, stdout=run.log_file, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+        J.pin_process(proc.pid, J.union_cpus(cpus))
+        return proc
+
+    def _prestart_evals(self) -> None:
+        """machine.overlap: start each training job's evaluation step once its training is under way (after its
+        first step, or 5 s into an external command), so its Python start and imports are not on the critical
+        path; it waits for the trained marker."""
+        for name, run in self.running.items():
+            if run.phase != "train" or run.evaluator is not None:
+                continue
+            st = self.states[name]
+            under_way = ("first_step" in marks_of(self.run_dir / name, st.started) if st.kind == "task"
+                         else time.time() - (st.started or 0.0) > 5.0)
+            if under_way:
+                run.evaluator = self._eval_process(run, self._trained_marker(name))
+
+    def _open_gates(self) -> None:
+        """Hand over GPUs whose previous job finished its evaluation: open gates, spawn deferred jobs."""
+        evaluating = {n for n, r in self.running.items() if r.phase == "eval"}
+        for name, (gate, blockers) in list(self.gates.items()):
+            if not blockers & evaluating:
+                gate.parent.mkdir(parents=True, exist_ok=True)
+                gate.write_text(f"{time.time()}\n", encoding="utf-8")
+                del self.gates[name]
+        for name, (gpus, blockers) in list(self.deferred.items()):
+            if not blockers & evaluating:
+                del self.deferred[name]
+                self._spawn(self.jobs[name], gpus, set())
+
+    def _start_eval(self, run: _Running, release: bool = True) -> None:
         job = run.job
         st = self.states[job.name]
         st.state = "evaluating"
+        mark(self.run_dir / job.name, "train_exit")
         trained = self._trained_marker(job.name)
         if not trained.is_file():  # a retry (or --resume) after a failed evaluation does not train again
             trained.parent.mkdir(parents=True, exist_ok=True)
             trained.write_text(json.dumps({"attempt": st.attempts, "time": time.time()}) + "\n", encoding="utf-8")
-        env = dict(os.environ, **J.gpu_env(st.gpus, self.kind, self.threads * len(st.gpus)))
-        argv = [sys.executable, "-m", "musubi.fleet.eval_step", str(self.run_dir / job.name)]
-        cpus = cpus_value(self.cores, st.gpus) if self.cores is not None else None
-        proc = subprocess.Popen(argv, env=env, stdout=run.log_file, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
-        J.pin_process(proc.pid, J.union_cpus(cpus))
-        run.proc, run.phase = proc, "eval"
+        early, run.evaluator = run.evaluator, None
+        run.proc = early if early is not None and early.poll() is None else self._eval_process(run, None)
+        run.phase = "eval"
+        if self.overlap and release:
+            # Its GPUs go back now: the next job starts beside this evaluation (and waits at a gate for it).
+            st.released = time.time()
+            st.history[-1]["released"] = st.released
+            self.packer.release(job.name)
 
     def _job_log(self, name: str) -> Path:
         return self.run_dir / name / "logs" / ("fleet.log" if self.states[name].kind == "task" else "stdout.log")
@@ -263,7 +349,7 @@ class LocalFleet:
         f.flush()
         run = _Running(job, None, "eval", f)  # type: ignore[arg-type]  # _start_eval sets the process
         self.running[job.name] = run
-        self._start_eval(run)
+        self._start_eval(run, release=False)  # evaluation alone: the GPUs are its until it ends
         self._say(f"evaluate {job.name} (attempt {st.attempts}: its training ended well before)")
         return True
 
@@ -290,9 +376,12 @@ class LocalFleet:
         stopped: FleetInterrupted | None = None
         with signals_flagged() as signals:
             try:
-                while (self.packer.queue or self.running) and not signals:
+                while (self.packer.queue or self.running or self.deferred) and not signals:
+                    self._open_gates()
                     for demand, gpus in self.packer.place():  # a signal now only notes itself: each
                         self._start(self.jobs[demand.name], gpus)  # job started is recorded, then stopped
+                    if self.overlap:
+                        self._prestart_evals()
                     if self.predicted is None and self.packer.plan is not None:
                         self._note_plan(self.packer.plan)
                     self.save_state()
@@ -313,15 +402,40 @@ class LocalFleet:
         self.save_state()
         if stopped is not None:
             raise stopped
+        self._startup_summary()
         return self.states
+
+    def _startup_summary(self) -> None:
+        """One line per job: where its start-up went (fleet.json keeps the figures), and the fleet's mean."""
+        firsts, on_gpu = [], []
+        for name, st in self.states.items():
+            if st.startup.get("to first step") is None:
+                continue
+            firsts.append(st.startup["to first step"])
+            on_gpu.append(st.startup["start-up on the GPUs"])
+            log.info("start-up of %s: %s", name, summary_line(st.startup))
+        if firsts:
+            self._say(f"start-up per job: {sum(firsts) / len(firsts):.1f} s to the first step, "
+                      f"{sum(on_gpu) / len(on_gpu):.1f} s of it on the GPUs (mean of {len(firsts)}; per job and "
+                      f"component in fleet.log and fleet.json)")
 
     def _stop_running(self, why: FleetInterrupted | None) -> None:
         """Interrupted (or crashed): end every running job's whole process tree; they become `interrupted`."""
+        now = time.time()
+        for name in list(self.deferred):  # placed, never spawned
+            st = self.states[name]
+            st.state, st.gpus, st.ended = "interrupted", [], now
+            st.attempts = max(0, st.attempts - 1)
+            st.interruptions += 1
+            st.history[-1].update(ended=now, outcome="interrupted")
+            self.packer.release(name)
+        self.deferred.clear()
+        self.gates.clear()
         if not self.running:
             return
         names = list(self.running)
         self._say(f"stopping {len(names)} job(s): {', '.join(names)}" + (f" ({why})" if why else ""))
-        stop_trees([r.proc for r in self.running.values() if r.proc is not None])
+        stop_trees([p for r in self.running.values() for p in (r.proc, r.evaluator) if p is not None])
         now = time.time()
         for name, run in self.running.items():
             st = self.states[name]
@@ -329,6 +443,8 @@ class LocalFleet:
             st.state, st.gpus, st.ended = "interrupted", [], now
             st.attempts = max(0, st.attempts - 1)
             st.interruptions += 1
+            if st.history:
+                st.history[-1].update(ended=now, outcome="interrupted")
             with contextlib.suppress(OSError):
                 run.log_file.write(f"=== musubi run stopped this attempt ({why or 'error'}) ===\n")
                 run.log_file.close()
@@ -342,10 +458,18 @@ class LocalFleet:
         if run.phase == "train" and code == 0:
             self._start_eval(run)
             return
+        if run.evaluator is not None:  # training failed: the early evaluation step has nothing to evaluate
+            stop_trees([run.evaluator], grace=2.0)
         run.log_file.close()
         del self.running[name]
         self.packer.release(name)
         st.ended = time.time()
+        st.released = st.released or st.ended
+        st.history[-1].update(released=st.released, ended=st.ended, outcome="done" if code == 0 else "failed")
+        marks = marks_of(job_dir, st.started, st.ended)
+        if st.history[-1].get("spawned"):
+            marks["spawned"] = st.history[-1]["spawned"]
+        st.startup = components(marks)
         recovered = J.absorb_job_record(st, job_dir, failed=code != 0 and run.phase == "train")
         if code == 0:
             st.state = "done"
@@ -389,8 +513,9 @@ class LocalFleet:
         if st.attempts != 1 or st.restarts or st.interruptions or st.started is None or st.ended is None:
             return
         try:
-            record_run(self.db, self.jobs[name], self.machine, self.kind, st.width, st.started, st.ended,
-                       self.run_dir / name)
+            # The GPUs' time: to the release (with machine.overlap the next job starts beside the evaluation).
+            record_run(self.db, self.jobs[name], self.machine, self.kind, st.width, st.started,
+                       st.released or st.ended, self.run_dir / name)
         except Exception as e:  # noqa: BLE001 - an unwritable store only costs the next run's estimate
             log.warning("duration history of %s not recorded: %s", name, e)
 
@@ -422,7 +547,7 @@ class LocalFleet:
                         eta = f"{left:.0f}s"
             if st.kind == "task" and st.state == "running":  # rank 0's live flags (telemetry/stragglers.jsonl)
                 straggler = describe(current_stragglers(self.run_dir / name / "telemetry"))
-            held = ",".join(map(str, st.gpus)) if st.state in ("running", "evaluating") else "-"
+            held = ",".join(map(str, st.gpus)) if st.state in ("starting", "running", "evaluating") else "-"
             # Text cells: a name is never read as rich markup.
             t.add_row(*(Text(c) for c in (name, st.state, held, str(st.attempts), str(st.restarts), step, epoch,
                                           rate, eta, straggler)))

@@ -46,6 +46,7 @@ class FleetRequest:
     device: str | None = None
     dry_run: bool = False  # print the placement plan; start and write nothing
     gpus: int | None = None  # --dry-run on a machine of this many GPUs (not this one)
+    replay: Path | None = None  # --dry-run --replay RUN: simulate RUN/fleet.json's measured attempts
     #: What started the fleet (`musubi data watch`: {"data_dir", "version"}), recorded in env.json.
     trigger: dict[str, str] | None = None
 
@@ -233,7 +234,8 @@ def _run_locked(req: FleetRequest, spec: FleetSpec, base: Path, executor: str, d
             from musubi.fleet.baseline import measure_baselines
 
             measure_baselines(spec, run_dir, devices, kind, read_json(run_dir / RUN_FILES.env), console)
-        fleet = LocalFleet(spec, run_dir, base, devices, kind, req.resume, console)
+        fleet = LocalFleet(spec, run_dir, base, devices, kind, req.resume, console,
+                           gpu_memory=gpu_memory_gib(devices) if kind == "cuda" else None)
         topo = fleet.packer.topology
         if topo is None:
             log.info("placement without a topology: the lowest free %s", "GPUs" if kind == "cuda" else "CPU slots",
@@ -310,6 +312,8 @@ def plan_fleet(req: FleetRequest, console: Console | None = None) -> list[str]:
     console = console or Console()
     spec = load_fleet(req.fleet_path)
     base = req.fleet_path.resolve().parent
+    if req.replay is not None:
+        return _replay(spec, req, console)
     validate_fleet(spec, base)
     wide = [j for j in spec.jobs if j.nodes > 1]
     if wide or (req.executor or "local") != "local":
@@ -378,11 +382,44 @@ def plan_fleet(req: FleetRequest, console: Console | None = None) -> list[str]:
     lines.append(f"predicted makespan {span:.0f} s ({how}; the declared widths and order: {declared:.0f} s; "
                  f"no schedule beats {lower_bound(queue, len(devices)):.0f} s); {unit}s busy "
                  f"{busy_fraction(bars, devices):.0%}")
+    # The two baselines of bench/fleet.py, from the same predictions: (a) every job alone on its fewest
+    # devices, one after another; (b) one after another, each on as many devices as it may use.
+    alone = sum(d.predicted(min(d.allowed())) or 0.0 for d in queue)
+    widest = sum(d.predicted(max(w for w in d.allowed() if w <= len(devices))) or 0.0 for d in queue)
+    if span > 0:
+        lines.append(f"one job at a time: (a) alone on one {unit} {alone:.0f} s -> {alone / span:.2f}x "
+                     f"({alone / span / len(devices):.2f} x {len(devices)} {unit}s); (b) each on all it may use "
+                     f"{widest:.0f} s -> {widest / span:.2f}x")
     widths = {b.name: len(b.gpus) for b in bars}
     changed = [f"{d.name} {d.gpus}->{widths[d.name]}" for d in queue if d.name in widths and widths[d.name] != d.gpus]
     if changed:
         lines.append("widths chosen (moldable jobs): " + ", ".join(changed))
     lines += text_timeline(bars, devices, unit)
+    for ln in lines:
+        console.print(ln, highlight=False, markup=False, soft_wrap=True)
+    return lines
+
+
+def _replay(spec: FleetSpec, req: FleetRequest, console: Console) -> list[str]:
+    """`--dry-run --replay RUN`: RUN/fleet.json's measured attempts through the fleet's packer (fleet/replay.py)."""
+    from musubi.fleet.replay import replay, replay_lines
+    from musubi.fleet.timeline import text_timeline
+
+    assert req.replay is not None
+    path = req.replay / RUN_FILES.fleet if req.replay.is_dir() else req.replay
+    try:
+        record = read_json(path)
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"--replay {req.replay}: no readable fleet.json ({e}); give the run directory of a "
+                          "`musubi run`") from None
+    if record.get("fleet") != spec.name:
+        raise ConfigError(f"--replay {req.replay}: it is a run of fleet {record.get('fleet')!r}, not {spec.name!r}; "
+                          "give that fleet's file")
+    r = replay(record, spec, list(range(req.gpus)) if req.gpus else None)
+    if not r.recorded:
+        raise ConfigError(f"--replay {req.replay}: fleet.json records no finished attempt")
+    lines = replay_lines(r) + ["recorded:", *text_timeline(r.recorded, r.devices), "simulated:",
+                               *text_timeline(r.simulated, r.devices)]
     for ln in lines:
         console.print(ln, highlight=False, markup=False, soft_wrap=True)
     return lines

@@ -1,10 +1,9 @@
-"""A fleet's schedule drawn per GPU: text for `musubi run --dry-run`, SVG for reports (no plotting library)."""
+"""A fleet's schedule drawn per GPU as text for `musubi run --dry-run` (the SVG is musubi/diagnose/fleet_view.py)."""
 
 from __future__ import annotations
 
 import string
 from collections.abc import Sequence
-from html import escape
 
 from musubi.fleet.moldable import Bar
 
@@ -40,36 +39,3 @@ def busy_fraction(bars: Sequence[Bar], devices: Sequence[int]) -> float:
     if end <= 0 or not devices:
         return 0.0
     return sum((b.end - b.start) * len(b.gpus) for b in bars) / (end * len(devices))
-
-
-def svg_timeline(rows: Sequence[tuple[str, Sequence[Bar]]], devices: Sequence[int], unit: str = "GPU") -> str:
-    """An SVG of one or more schedules (e.g. predicted and measured) on a common time axis: a lane per device."""
-    end = max((b.end for _, bars in rows for b in bars), default=1.0) or 1.0
-    lane, left, width = 22, 70, 900
-    height = sum((len(devices) + 2) * lane for _ in rows) + 30
-    scale = width / end
-    palette = ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7", "#9c755f"]
-    names = sorted({b.name for _, bars in rows for b in bars})
-    color = {n: palette[i % len(palette)] for i, n in enumerate(names)}
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{left + width + 20}" height="{height}" '
-           'font-family="sans-serif" font-size="11">']
-    y = 0
-    for title, bars in rows:
-        out.append(f'<text x="4" y="{y + 15}" font-weight="bold">{escape(title)}</text>')
-        y += lane
-        for i, d in enumerate(devices):
-            top = y + i * lane
-            out.append(f'<text x="4" y="{top + 15}">{unit} {d}</text>')
-            out.append(f'<rect x="{left}" y="{top + 2}" width="{width}" height="{lane - 4}" fill="#eee"/>')
-            for b in bars:
-                if d in b.gpus:
-                    x, w = left + b.start * scale, max(1.0, (b.end - b.start) * scale)
-                    out.append(f'<rect x="{x:.1f}" y="{top + 2}" width="{w:.1f}" height="{lane - 4}" '
-                               f'fill="{color[b.name]}"><title>{escape(b.name)} {b.start:.0f}-{b.end:.0f} s'
-                               f'</title></rect>')
-                    out.append(f'<text x="{x + 3:.1f}" y="{top + 15}" fill="white">{escape(b.name)}</text>')
-        y += (len(devices) + 1) * lane
-    out.append(f'<text x="{left}" y="{height - 6}">0 s</text>')
-    out.append(f'<text x="{left + width - 40}" y="{height - 6}">{end:.0f} s</text>')
-    out.append("</svg>")
-    return "\n".join(out)

@@ -29,6 +29,7 @@ from musubi.launch import admission
 from musubi.launch.multinode import DEFAULT_JOIN_TIMEOUT_S, Rendezvous, make_rendezvous, rendezvous_error
 from musubi.store.db import db_path
 from musubi.store.rundir import default_run_dir, env_record, read_json, run_record, write_json
+from musubi.store.startup import mark
 
 EXIT_OK, EXIT_FAIL, EXIT_CONFIG = 0, 1, 2
 
@@ -457,6 +458,8 @@ def launch_train(req: TrainRequest) -> TrainResult:
     argv = torchrun_argv(job_dir, nproc, req.resume, req.max_steps, restarts, req.probe_only, pins.torchrun_args,
                          rdzv)
     started = time.time()
+    if rdzv is None or rdzv.node_rank == 0:
+        mark(job_dir, "launcher", started)
     where = f" on node {rdzv.node_rank} of {rdzv.nnodes}" if rdzv is not None else ""
     _say(req, f"launching {nproc} {'GPU' if kind == 'cuda' else 'CPU'} rank{'s' if nproc > 1 else ''}{where} "
          f"(torchrun); each imports torch and joins the process group...")

@@ -25,6 +25,7 @@ from musubi.config.job import JobSpec
 from musubi.recovery.inject import Injector
 from musubi.recovery.memory import memory_figures
 from musubi.recovery.watchdog import Heartbeat
+from musubi.store.startup import mark
 from musubi.tasks.base import Task
 from musubi.worker.feed.loaders import TrainFeed, ValFeed
 from musubi.worker.ordered_reduce import needs_ordered_reduce, ordered_allreduce_hook
@@ -420,12 +421,15 @@ class Trainer:
         """The log line of a log step (loss all-reduced: one host sync per log interval); else the bar moves."""
         t, w, win = self.spec.train, self.world, self.window
         due = step % t.log_every == 0 or step == self.stop_step
-        if step == self.fit_start_step + 1 and not due:
-            # The first step warmed the kernels (cudnn autotuning, allocator, loader workers):
-            # samples/s is timed from its end, not from the cold start (one sync per fit).
+        if step == self.fit_start_step + 1:
+            # The first step warmed the kernels (cudnn autotuning, allocator, loader workers): samples/s is
+            # timed from its end, not from the cold start (one sync per fit), and its end is a start-up mark.
             if w.is_cuda:
                 torch.cuda.synchronize(w.device)
-            win.restart(time.perf_counter())
+            if w.is_main:
+                mark(self.job_dir, "first_step")
+            if not due:
+                win.restart(time.perf_counter())
         if not due:
             bar.update(step)
             return

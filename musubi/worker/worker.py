@@ -23,6 +23,7 @@ from typing import Any
 from musubi.config.errors import ConfigError
 from musubi.config.load import job_from_dict
 from musubi.config.run_files import RUN_FILES
+from musubi.store.startup import mark
 
 log = logging.getLogger("musubi.worker")
 
@@ -85,6 +86,30 @@ def _log_gap(job_dir: Path, restarts: int, resumed_step: int, t_start: float) ->
                 max(0, reached - resumed_step), max(0.0, time.time() - failed["end"]))
 
 
+def wait_for_gate() -> bool:
+    """Wait until the fleet hands this job its GPUs; False at once when no gate was set.
+
+    The fleet starts a job while the previous job on its GPUs still evaluates (MUSUBI_GATE names the
+    file it writes when that evaluation ends): imports, torchrun, rendezvous and the process group
+    overlap that tail, and the model is built only on free GPUs. MUSUBI_GATE_PID is the fleet's pid: a
+    fleet that died never opens the gate, so the wait ends with an error instead of forever."""
+    gate = os.environ.get("MUSUBI_GATE")
+    if not gate:
+        return False
+    owner = int(os.environ.get("MUSUBI_GATE_PID", "0") or 0)
+    path = Path(gate)
+    while not path.exists():
+        if owner:
+            try:
+                os.kill(owner, 0)
+            except ProcessLookupError:
+                raise RuntimeError(f"the fleet (pid {owner}) that was to open {path} is gone") from None
+            except PermissionError:
+                pass
+        time.sleep(0.05)
+    return True
+
+
 def _stop_on_repeat(job_dir: Path, world, launch: int, restarts: int) -> str | None:  # noqa: ANN001
     """The defect line when the two attempts before this one failed the same way (agreed by every rank), else None.
 
@@ -136,6 +161,11 @@ def main(argv: list[str] | None = None) -> int:
     world = None
     watchdog = None
     t_start = time.time()
+    main_rank = rank == 0  # the one rank that writes the start-up marks (store/startup.py)
+    if main_rank:
+        import psutil
+
+        mark(job_dir, "worker", psutil.Process().create_time())
     try:
         import torch  # noqa: F401  (imported after argument parsing: fast --help)
 
@@ -151,7 +181,14 @@ def main(argv: list[str] | None = None) -> int:
         record = json.loads((job_dir / RUN_FILES.job).read_text(encoding="utf-8"))
         spec = job_from_dict(record["config"], source=str(job_dir / RUN_FILES.job))
         injector = Injector.from_env(rank, job_dir / "logs" / "inject")
+        if main_rank:
+            mark(job_dir, "imported")
         world = init_world(spec.train.timeout_s)
+        if main_rank:
+            mark(job_dir, "world")
+        if wait_for_gate():
+            if main_rank:
+                mark(job_dir, "gate")
         console = setup_logging(world, job_dir / "logs")
         if restarts >= 2:
             defect = _stop_on_repeat(job_dir, world, int(record.get("attempts", 1)), restarts)
@@ -194,6 +231,8 @@ def main(argv: list[str] | None = None) -> int:
                 clear_pending(job_dir)
         plan, _recoveries = decide_batch(spec, task, world, job_dir, precision, injector,
                                          lambda m: build_optimizer(m, spec, 1e-3))
+        if main_rank:
+            mark(job_dir, "batch")
         from musubi.worker.plan_record import write_plan_record
 
         write_plan_record(job_dir, spec, task, world, plan, precision)
@@ -211,14 +250,20 @@ def main(argv: list[str] | None = None) -> int:
         try:
             trainer = Trainer(spec, task, world, job_dir, opts, console, plan=plan, injector=injector,
                               heartbeat=heartbeat)
+            if main_rank:
+                mark(job_dir, "model")
             if opts.resume:
                 trainer.resume(automatic=not args.resume)
+            if main_rank:
+                mark(job_dir, "fit")
             if restarts and world.is_main:
                 _log_gap(job_dir, restarts, trainer.step, t_start)
             restarted = opts.resume or restarts > 0
             metrics = MetricsWriter(job_dir, trainer.step if restarted else None, spec.tracking, spec.name,
                                     record["config"]) if world.is_main else None
             summary = trainer.fit(metrics)
+            if main_rank:
+                mark(job_dir, "trained")
         except FloatingPointError as e:
             # Every rank saw the same non-finite all-reduced loss at the same step (see numerics.py).
             from musubi.recovery.numerics import EXIT_NUMERICS, record_nonfinite, safer_precision

@@ -1,0 +1,117 @@
+"""The fleet's timeline (GPU x time, one bar per job attempt) as SVG, and the report's fleet section.
+
+Drawn by hand (no plotting library: the picture is in every report, with or without the `report`
+extra). Job names come from the run directory: every one passes through html.escape.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from html import escape
+from pathlib import Path
+from typing import Any, Protocol
+
+from musubi.config.run_files import RUN_FILES
+from musubi.records.attempts import attempts_of
+from musubi.store.rundir import read_json
+from musubi.store.startup import COMPONENTS, EVAL_START
+
+PALETTE = ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7", "#9c755f"]
+
+
+class BarLike(Protocol):
+    """A job attempt on the timeline: its name, GPUs and start/end seconds."""
+
+    name: str
+    gpus: tuple[int, ...]
+    start: float
+    end: float
+
+
+def svg_timeline(rows: Sequence[tuple[str, Sequence[BarLike]]], devices: Sequence[int], unit: str = "GPU",
+                 tails: Mapping[str, float] | None = None) -> str:
+    """An SVG of one or more schedules (e.g. predicted and measured) on a common time axis: a lane per device.
+
+    `tails`: attempt name -> the end of its evaluation after its GPUs went back (drawn pale after the bar)."""
+    tails = tails or {}
+    end = max([b.end for _, bars in rows for b in bars] + list(tails.values()) + [1.0])
+    lane, left, width = 22, 70, 900
+    height = sum((len(devices) + 2) * lane for _ in rows) + 30
+    scale = width / end
+    names = sorted({b.name.split("#")[0] for _, bars in rows for b in bars})
+    color = {n: PALETTE[i % len(PALETTE)] for i, n in enumerate(names)}
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{left + width + 20}" height="{height}" '
+           'font-family="sans-serif" font-size="11">']
+    y = 0
+    for title, bars in rows:
+        out.append(f'<text x="4" y="{y + 15}" font-weight="bold">{escape(title)}</text>')
+        y += lane
+        for i, d in enumerate(devices):
+            top = y + i * lane
+            out.append(f'<text x="4" y="{top + 15}">{escape(unit)} {d}</text>')
+            out.append(f'<rect x="{left}" y="{top + 2}" width="{width}" height="{lane - 4}" fill="#eee"/>')
+            for b in bars:
+                if d not in b.gpus:
+                    continue
+                fill = color[b.name.split("#")[0]]
+                x, w = left + b.start * scale, max(1.0, (b.end - b.start) * scale)
+                if b.name in tails and tails[b.name] > b.end:
+                    tw = (tails[b.name] - b.end) * scale
+                    out.append(f'<rect x="{x + w:.1f}" y="{top + 6}" width="{tw:.1f}" height="{lane - 12}" '
+                               f'fill="{fill}" fill-opacity="0.35"><title>{escape(b.name)} evaluation '
+                               f'{b.end:.0f}-{tails[b.name]:.0f} s</title></rect>')
+                out.append(f'<rect x="{x:.1f}" y="{top + 2}" width="{w:.1f}" height="{lane - 4}" fill="{fill}" '
+                           f'stroke="white"><title>{escape(b.name)} {b.start:.0f}-{b.end:.0f} s</title></rect>')
+                out.append(f'<text x="{x + 3:.1f}" y="{top + 15}" fill="white">{escape(b.name)}</text>')
+        y += (len(devices) + 1) * lane
+    out.append(f'<text x="{left}" y="{height - 6}">0 s</text>')
+    out.append(f'<text x="{left + width - 40}" y="{height - 6}">{end:.0f} s</text>')
+    out.append("</svg>")
+    return "\n".join(out)
+
+
+def fleet_section(run: Path) -> str:
+    """The report's fleet section: the timeline picture and each job's start-up; "" for a one-job run."""
+    path = run / RUN_FILES.fleet
+    if not path.is_file():
+        return ""
+    try:
+        record: dict[str, Any] = read_json(path)
+    except (OSError, ValueError):
+        return '<h2>Fleet</h2><p class="muted">fleet.json is unreadable.</p>'
+    attempts = attempts_of(record)
+    if not attempts:
+        return ""
+    devices = sorted({g for a in attempts for g in a.gpus})
+    bars = [_Bar(a.name, a.gpus, a.start, a.released) for a in attempts]
+    span = max(a.end for a in attempts)
+    busy = sum((a.released - a.start) * len(a.gpus) for a in attempts) / max(span * len(devices), 1e-9)
+    svg = svg_timeline([("measured (one bar per attempt; pale: its evaluation after the GPUs went back)", bars)],
+                       devices, tails={a.name: a.end for a in attempts})
+    parts = ["<h2>Fleet</h2>", f'<figure class="plot">{svg}<figcaption class="muted">Fleet timeline: '
+             f"{len(attempts)} attempt(s) on {len(devices)} device(s), {span:.0f} s from the first start to the last "
+             f"end; devices held {busy:.0%} of that time</figcaption></figure>", _startup_table(record)]
+    return "\n".join(parts)
+
+
+def _startup_table(record: dict[str, Any]) -> str:
+    names = [c for c, _ in COMPONENTS] + ["to first step", "start-up on the GPUs", "teardown", EVAL_START,
+                                           "evaluation"]
+    jobs = [(n, st.get("startup") or {}) for n, st in (record.get("jobs") or {}).items()]
+    jobs = [(n, c) for n, c in jobs if c.get("to first step") is not None]
+    if not jobs:
+        return ""
+    used = [c for c in names if any(c in comp for _, comp in jobs)]
+    head = "".join(f"<th>{escape(h)}</th>" for h in ["job", *used])
+    rows = "".join("<tr><td>" + escape(n) + "</td>" + "".join(
+        f'<td class="num">{comp[c]:.1f}</td>' if c in comp else "<td>-</td>" for c in used) + "</tr>"
+        for n, comp in jobs)
+    return ("<h3>Start-up per job (seconds, latest attempt)</h3><table><thead><tr>" + head
+            + f"</tr></thead><tbody>{rows}</tbody></table>")
+
+
+class _Bar:
+    """A measured attempt as a bar (start to the release of its GPUs)."""
+
+    def __init__(self, name: str, gpus: tuple[int, ...], start: float, end: float) -> None:
+        self.name, self.gpus, self.start, self.end = name, gpus, start, end

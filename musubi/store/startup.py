@@ -1,0 +1,116 @@
+"""A job's start-up, component by component: the marks its processes append to JOB/startup.jsonl.
+
+Each process of a job appends one line per mark as it passes it (`{"mark", "time"}`, wall-clock
+seconds), so the start-up of an attempt reads as the gaps between consecutive marks:
+
+    spawned      the fleet started `musubi train` (or the external command); kept in fleet.json's
+                 attempt history, not in the file (the job's folder must not exist before `musubi train`)
+    launcher     `musubi train` is about to start torchrun (interpreter, CLI imports, job.json)
+    worker       rank 0's process was created (torchrun's agent started it)
+    imported     rank 0 imported torch and musubi
+    world        rendezvous and process group up (NCCL's communicator is created eagerly here)
+    gate         the job's GPUs are free of the previous job's evaluation (overlapped start-up only)
+    batch        the per-rank batch is decided (the autobatch probe, when on)
+    model        model built and wrapped (DDP's first broadcast), optimizer, data loaders, telemetry
+    fit          the training loop starts (after a resume's checkpoint load)
+    first_step   the first optimizer step ended (loader workers started, cudnn autotuned, allocator warm)
+    trained      the loop ended (training, in-loop validation, the last checkpoint committed)
+    train_exit   the fleet saw the training processes exit (process group and interpreter teardown)
+    eval_spawned the fleet started the evaluation step (before training ends when it is pre-started)
+    eval_ready   the evaluation step imported torch and musubi.evaluate
+    evaluated    the evaluation step finished (metrics, FPS)
+
+Rank 0 alone writes the per-rank marks; the others start alike. Used by the fleet (fleet.json, the
+summary) and by `musubi report`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+from musubi.config.run_files import RUN_FILES
+from musubi.store.rundir import read_jsonl
+
+#: (component, from mark, to mark) in the order of an attempt; a missing mark is skipped (the component then
+#: runs from the last mark present).
+COMPONENTS: tuple[tuple[str, str], ...] = (
+    ("python + CLI import", "launcher"),
+    ("torchrun agent", "worker"),
+    ("rank import (python, torch)", "imported"),
+    ("rendezvous + process group", "world"),
+    ("waiting for the GPU (overlapped)", "gate"),
+    ("batch decision", "batch"),
+    ("model, optimizer, loaders", "model"),
+    ("resume", "fit"),
+    ("first step", "first_step"),
+)
+#: The evaluation step's Python start and imports after training ended (0 when it was pre-started).
+EVAL_START = "evaluation start (python, imports)"
+#: The components that ran while the job's GPUs were still busy with the previous job's evaluation.
+OVERLAPPED = "waiting for the GPU (overlapped)"
+
+
+def mark(job_dir: Path, name: str, when: float | None = None) -> None:
+    """Append one mark (never raises: a start-up record is evidence, not a reason to fail a job)."""
+    try:
+        job_dir.mkdir(parents=True, exist_ok=True)
+        line = json.dumps({"mark": name, "time": round(time.time() if when is None else when, 4),
+                           "pid": os.getpid()})
+        with open(job_dir / RUN_FILES.startup, "a", encoding="utf-8") as f:
+            f.write(line + "\n")
+    except OSError:
+        pass
+
+
+def marks_of(job_dir: Path, since: float | None = None, until: float | None = None) -> dict[str, float]:
+    """The first time of each mark within [since, until] (one attempt), from JOB/startup.jsonl."""
+    out: dict[str, float] = {}
+    for rec in read_jsonl(job_dir / RUN_FILES.startup):
+        t, name = rec.get("time"), rec.get("mark")
+        if not isinstance(t, (int, float)) or not isinstance(name, str):
+            continue
+        if (since is not None and t < since - 1e-3) or (until is not None and t > until + 1e-3):
+            continue
+        out.setdefault(name, float(t))
+    return out
+
+
+def components(marks: Mapping[str, float]) -> dict[str, float]:
+    """Seconds of each start-up component present (see COMPONENTS), "to first step", "start-up on the
+    GPUs" (from the gate when there is one), then teardown and the evaluation step (its start after
+    training ended: 0 when it was pre-started and ready)."""
+    out: dict[str, float] = {}
+    if "spawned" not in marks:
+        return out
+    last = marks["spawned"]
+    for name, to in COMPONENTS:
+        if to in marks:
+            out[name] = round(max(0.0, marks[to] - last), 3)
+            last = max(last, marks[to])
+    if out:  # an external command passes none of these marks: its start-up is its own
+        out["to first step"] = round(last - marks["spawned"], 3)
+        # What the GPUs spent on it: from the gate (the previous job's evaluation over) when there is one.
+        out["start-up on the GPUs"] = round(last - max(marks["spawned"], marks.get("gate", marks["spawned"])), 3)
+    if "trained" in marks and "train_exit" in marks:
+        out["teardown"] = round(max(0.0, marks["train_exit"] - marks["trained"]), 3)
+    if "train_exit" in marks and "eval_ready" in marks:  # a pre-started step was ready before: 0
+        out[EVAL_START] = round(max(0.0, marks["eval_ready"] - marks["train_exit"]), 3)
+        if "evaluated" in marks:
+            out["evaluation"] = round(max(0.0, marks["evaluated"] - max(marks["eval_ready"], marks["train_exit"])), 3)
+    return out
+
+
+
+def summary_line(comp: Mapping[str, float]) -> str:
+    """One line: seconds to the first step, on the GPUs, each component, and the evaluation step."""
+    if "to first step" not in comp:
+        return "no start-up marks"
+    skip = {"to first step", "start-up on the GPUs", "teardown", EVAL_START, "evaluation"}
+    parts = ", ".join(f"{k} {v:.1f}" for k, v in comp.items() if k not in skip and v >= 0.05)
+    tail = ", ".join(f"{k} {comp[k]:.1f}" for k in ("teardown", EVAL_START, "evaluation") if k in comp)
+    return (f"{comp['to first step']:.1f} s to the first step ({comp['start-up on the GPUs']:.1f} s of it on the "
+            f"GPUs): {parts}" + (f"; after training: {tail}" if tail else ""))

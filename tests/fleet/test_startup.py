@@ -1,0 +1,81 @@
+"""Start-up marks to components, the gate a job waits at, and the report's fleet section."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from musubi.diagnose.fleet_view import fleet_section
+from musubi.store.startup import EVAL_START, components, mark, marks_of, summary_line
+from musubi.worker.worker import wait_for_gate
+
+MARKS = {"spawned": 100.0, "launcher": 102.0, "worker": 103.5, "imported": 106.0, "world": 107.0, "gate": 109.0,
+         "batch": 109.1, "model": 110.0, "fit": 110.0, "first_step": 112.0, "trained": 150.0, "train_exit": 151.0,
+         "eval_spawned": 113.0, "eval_ready": 120.0, "evaluated": 154.0}
+
+
+def test_components_split_the_start_up_and_the_tail() -> None:
+    c = components(MARKS)
+    assert c["python + CLI import"] == 2.0 and c["torchrun agent"] == 1.5 and c["rank import (python, torch)"] == 2.5
+    assert c["rendezvous + process group"] == 1.0 and c["waiting for the GPU (overlapped)"] == 2.0
+    assert c["first step"] == 2.0 and c["to first step"] == 12.0
+    assert c["start-up on the GPUs"] == 3.0  # from the gate: the rest overlapped the previous job's evaluation
+    # the evaluation step was ready before training ended: its start costs nothing on the critical path
+    assert c[EVAL_START] == 0.0 and c["evaluation"] == 3.0 and c["teardown"] == 1.0
+    late = components({**MARKS, "eval_ready": 155.0, "evaluated": 158.0})
+    assert late[EVAL_START] == 4.0 and late["evaluation"] == 3.0
+    no_gate = components({k: v for k, v in MARKS.items() if k != "gate"})
+    assert no_gate["start-up on the GPUs"] == no_gate["to first step"] == 12.0
+    assert "12.0 s to the first step (3.0 s of it on the GPUs)" in summary_line(c)
+
+
+def test_marks_of_one_attempt(tmp_path: Path) -> None:
+    mark(tmp_path, "launcher", 10.0)
+    mark(tmp_path, "launcher", 50.0)  # the next attempt
+    mark(tmp_path, "world", 52.0)
+    (tmp_path / "startup.jsonl").open("a").write("{torn\n")
+    assert marks_of(tmp_path, since=40.0) == {"launcher": 50.0, "world": 52.0}
+    assert marks_of(tmp_path, until=20.0) == {"launcher": 10.0}
+
+
+def test_gate_waits_for_the_fleet_and_ends_when_the_fleet_is_gone(tmp_path: Path, monkeypatch) -> None:
+    gate = tmp_path / "gate"
+    monkeypatch.setenv("MUSUBI_GATE", str(gate))
+    monkeypatch.setenv("MUSUBI_GATE_PID", str(os.getpid()))
+    threading.Timer(0.3, gate.write_text, args=("1",)).start()
+    t0 = time.monotonic()
+    assert wait_for_gate() is True and time.monotonic() - t0 >= 0.25
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    monkeypatch.setenv("MUSUBI_GATE", str(tmp_path / "never"))
+    monkeypatch.setenv("MUSUBI_GATE_PID", str(gone.pid))
+    with pytest.raises(RuntimeError, match="is gone"):
+        wait_for_gate()
+    monkeypatch.delenv("MUSUBI_GATE")
+    assert wait_for_gate() is False
+
+
+def test_report_draws_one_bar_per_attempt(tmp_path: Path) -> None:
+    record = {"fleet": "f", "jobs": {
+        "a<b>": {"history": [{"attempt": 1, "gpus": [0], "started": 0.0, "released": 10.0, "ended": 11.0,
+                              "outcome": "failed"},
+                             {"attempt": 2, "gpus": [0, 1], "started": 20.0, "released": 40.0, "ended": 44.0,
+                              "outcome": "done"}],
+                 "startup": components(MARKS)},
+        "c": {"history": [{"attempt": 1, "gpus": [1], "started": 0.0, "released": 18.0, "ended": 19.0,
+                           "outcome": "done"}]}}}
+    (tmp_path / "fleet.json").write_text(json.dumps(record))
+    html = fleet_section(tmp_path)
+    assert html.count("<title>a&lt;b&gt; 0-10 s</title>") == 1
+    assert html.count("<title>a&lt;b&gt;#1 20-40 s</title>") == 2  # the retry on 2 GPUs: a bar in each lane
+    assert html.count("<title>a&lt;b&gt;#1 evaluation 40-44 s</title>") == 2  # its tail after the release
+    assert "3 attempt(s) on 2 device(s), 44 s" in html and "<b>" not in html
+    assert "Start-up per job" in html and "rank import (python, torch)" in html
+    assert fleet_section(tmp_path / "nothing") == ""
