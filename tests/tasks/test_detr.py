@@ -62,10 +62,10 @@ def test_loss_falls_then_predicts_pixel_boxes(model: str) -> None:
     task.validate()
     net = task.build_model().train()
     data = task.train_dataset()
-    batch = task.to_device(task.collate([data[i] for i in range(2)]), torch.device("cpu"))
+    batch = task.to_device(task.collate([data[i] for i in range(4)]), torch.device("cpu"))
     opt = torch.optim.AdamW(net.parameters(), lr=1e-3)
     losses = []
-    for _ in range(6):
+    for _ in range(8):
         loss, parts = task.loss(net, batch)
         assert {"loss_vfl", "loss_bbox", "loss_giou"} <= set(parts)
         assert not any(p.requires_grad for p in parts.values())
@@ -79,7 +79,7 @@ def test_loss_falls_then_predicts_pixel_boxes(model: str) -> None:
     with torch.no_grad():
         out = task.predict(net, batch)
     keep = min(detr.DEFAULT_MAX_DETECTIONS, 20 * 2)  # queries x classes
-    assert len(out) == 2 and out[0]["boxes"].shape == (keep, 4)
+    assert len(out) == 4 and out[0]["boxes"].shape == (keep, 4)
     assert set(out[0]["labels"].tolist()) <= {1, 2}  # Musubi's labels: 1..K, 0 is background
     assert bool((out[0]["scores"][:-1] >= out[0]["scores"][1:]).all())
     metric = task.make_metric(torch.device("cpu"))
