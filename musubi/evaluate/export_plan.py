@@ -11,6 +11,7 @@ from torch import Tensor, nn
 
 from musubi.config.errors import ConfigError
 from musubi.evaluate.model_io import JobModel
+from musubi.tasks.detr import is_detr_model
 
 #: How parity is judged: element-wise on one output tensor, or detection by detection.
 CompareKind = Literal["tensor", "detections"]
@@ -92,6 +93,8 @@ def _model_input(job: JobModel, pick: Callable[[Any], Tensor]) -> Callable[[Any]
 def export_plan(job: JobModel) -> ExportPlan:
     """The export plan for a job's task (ConfigError when its inputs are not one tensor)."""
     spec = job.spec
+    if spec.task == "detection" and is_detr_model(spec.model):
+        return _detr_plan(job)
     if spec.task == "detection":
         size = job.task.image_size  # type: ignore[attr-defined]
         info = {
@@ -163,6 +166,31 @@ def export_plan(job: JobModel) -> ExportPlan:
                         "outputs": "next-token logits [B, T, vocab]"},
         )
     return _user_task_plan(job)
+
+
+def _detr_plan(job: JobModel) -> ExportPlan:
+    """A transformers DETR-family detector: one image in (any size, resized inside), its top-k detections out."""
+    side = job.model.image_size  # type: ignore[attr-defined]
+    keep = job.model.detections_per_image  # type: ignore[attr-defined]
+    return ExportPlan(
+        module=DetectorForExport(job.model).eval(),
+        input_name="images",
+        output_names=["boxes", "scores", "labels"],
+        dynamic_axes={"images": {2: "height", 3: "width"}},
+        compare="detections",
+        to_input=_model_input(job, lambda batch: batch[0][0][None]),
+        to_targets=lambda batch: job.task.to_device(batch, torch.device("cpu"))[1],
+        # Tried first as for torchvision's detectors; torch.export is not yet tried on transformers' models here.
+        exporters=["torchscript"],
+        input_info={
+            "layout": "NCHW, RGB", "dtype": "float32", "batch": 1, "size": [side, side],
+            "range": "[0, 1] (pixel / 255)",
+            "normalisation": f"no normalisation (transformers' RT-DETR/D-FINE processors only rescale to [0, 1]); "
+                             f"resized inside the model to {side}x{side} (bilinear)",
+            "outputs": f"the top {keep} (query, class) pairs: boxes [{keep},4] xyxy in input pixels, "
+                       f"scores [{keep}] (sigmoid, no threshold), labels [{keep}] (1..classes)",
+        },
+    )
 
 
 def _user_task_plan(job: JobModel) -> ExportPlan:

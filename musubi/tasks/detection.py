@@ -37,6 +37,7 @@ from musubi.data.synthetic_detection import (
     check_synthetic_params,
     synthetic_detection_batch,
 )
+from musubi.tasks import detr
 from musubi.tasks.base import Metric, Reducer, Task, move_to
 from musubi.tasks.pretrained import check_start_weights, load_start_weights
 from musubi.tasks.stem import adapt_stem
@@ -85,8 +86,15 @@ OWN_MODEL_ARGS = frozenset({"bn_momentum"})
 EVAL_EXTRA_MESSAGE = "detection mAP needs the eval extra: pip install 'musubi-train[eval]'"
 
 
+def known_models() -> list[str]:
+    """Every built-in detection model: torchvision's, then the transformers DETR-family presets."""
+    return [*MODELS, *detr.PRESETS]
+
+
 def accepted_model_args(model: str) -> frozenset[str]:
     """Keyword arguments `model` takes from `model_args` (torchvision silently ignores unknown ones)."""
+    if detr.is_detr_model(model):
+        return detr.accepted_model_args(model)
     builder, cls = MODELS[model]
     names: set[str] = set()
     for fn in (builder, cls.__init__, GeneralizedRCNNTransform.__init__):
@@ -225,7 +233,7 @@ class DetectionMetric(Metric):
 
 
 class DetectionTask(Task):
-    """torchvision detector + synthetic or COCO data + summed detector losses + mAP50.
+    """torchvision or transformers DETR-family detector + synthetic or COCO data + summed losses + mAP50.
 
     Resizing detectors (all but SSD) rescale inputs to min_size..max_size (torchvision: 800..1333);
     when the image size is known and model_args set neither, both default to it, so images are fed
@@ -315,8 +323,9 @@ class DetectionTask(Task):
     def validate(self) -> None:
         """Unknown model or model_args, bad synthetic sizes, missing/broken COCO files or weights -> ConfigError."""
         spec = self.spec
-        if spec.model not in MODELS:
-            raise ConfigError(f"model: unknown detection model {spec.model!r}; known: {', '.join(MODELS)}")
+        self._check_model_name()
+        if detr.is_detr_model(spec.model):
+            detr.require_transformers(spec.model)
         unknown = sorted(set(spec.model_args) - accepted_model_args(spec.model))
         if unknown:
             raise ConfigError(
@@ -344,7 +353,16 @@ class DetectionTask(Task):
             adapt_stem(meta_model)  # a model without an RGB convolution is refused now, not in a worker
 
     # -- model -------------------------------------------------------------
+    def _check_model_name(self) -> None:
+        if self.spec.model not in MODELS and not detr.is_detr_model(self.spec.model):
+            raise ConfigError(
+                f"model: unknown detection model {self.spec.model!r}; known: {', '.join(known_models())}"
+            )
+
     def _construct(self) -> nn.Module:
+        if detr.is_detr_model(self.spec.model):
+            return detr.build_detector(self.spec.model, self.num_classes, dict(self.spec.model_args),
+                                       self.image_size)
         builder, _ = MODELS[self.spec.model]
         momentum = self.spec.model_args.get("bn_momentum")
         if momentum is not None and (isinstance(momentum, bool) or not isinstance(momentum, (int, float))
@@ -363,10 +381,7 @@ class DetectionTask(Task):
 
     def build_model(self) -> nn.Module:
         """A fresh detector on the CPU (num_classes + 1 outputs), loaded from spec.weights if given."""
-        if self.spec.model not in MODELS:
-            raise ConfigError(
-                f"model: unknown detection model {self.spec.model!r}; known: {', '.join(MODELS)}"
-            )
+        self._check_model_name()
         model = self._construct()
         if self.spec.weights:
             load_start_weights(model, self.spec.weights, self.spec.model)
