@@ -66,6 +66,9 @@ def test_seed_fleet_on_8_gpus_on_paper(tmp_path: Path, topology: str | None) -> 
     if topology is not None:  # the recorded 8-GPU machines
         data = yaml.safe_load(fleet.read_text())
         data["machine"] = {"topology": str(FIXTURES / topology)}
+        for job in data["jobs"]:  # scripts are found relative to the fleet file, which moves to tmp_path
+            if "command" in job:
+                job["command"] = [str(REPO / "examples" / job["command"][0]), *job["command"][1:]]
         fleet = tmp_path / "seed.yaml"
         fleet.write_text(yaml.safe_dump(data))
     lines = plan_fleet(FleetRequest(fleet_path=fleet, dry_run=True, gpus=8))
