@@ -292,7 +292,8 @@ class DetrDetector(nn.Module):
         for i, image in enumerate(images):
             h, w = image.shape[-2:]
             # as_tensor keeps the sizes symbolic while tracing: the exported graph scales to any input size.
-            wh = torch.stack([torch.as_tensor(w), torch.as_tensor(h)]).to(xyxy.dtype)
+            # It makes them on the CPU: moved to the boxes' device (on 2x H200 the first validation failed).
+            wh = torch.stack([torch.as_tensor(w), torch.as_tensor(h)]).to(device=xyxy.device, dtype=xyxy.dtype)
             scale = torch.cat([wh, wh])
             out.append({"boxes": xyxy[i] * scale, "scores": top[i], "labels": index[i] % classes + 1})
         return out

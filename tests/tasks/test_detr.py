@@ -103,6 +103,17 @@ def test_boxes_scale_to_each_image() -> None:
     assert torch.allclose(rows(b["boxes"] / torch.tensor([2.0, 1.0, 2.0, 1.0])), rows(a["boxes"]), atol=0.05)
 
 
+def test_detections_stay_on_the_outputs_device() -> None:
+    """Post-processing makes no tensor on the CPU beside the model's outputs: on 2x H200 the first validation
+    failed with 'found at least two devices, cuda:0 and cpu' (the image sizes were CPU tensors). The meta
+    device refuses the same mix on a machine without a GPU."""
+    net = detr.build_detector("rtdetr_r18", 2, TINY_RTDETR, 64)
+    logits, boxes = torch.zeros(2, 300, 2, device="meta"), torch.zeros(2, 300, 4, device="meta")
+    images = [torch.zeros(3, 64, 64, device="meta"), torch.zeros(3, 64, 96, device="meta")]
+    out = net._detections(logits, boxes, images)
+    assert [d["boxes"].device.type for d in out] == ["meta", "meta"]
+
+
 def test_bad_model_args_are_one_line_errors() -> None:
     with pytest.raises(ConfigError, match="takes no decoder_layerz") as info:
         DetectionTask(_spec(model_args={**TINY_RTDETR, "decoder_layerz": 2})).validate()
