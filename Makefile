@@ -20,8 +20,12 @@ demo: $(STAMP)
 
 # Every tier (CI runs this). The tiers (docs/testing.md): unit in process, distributed (torchrun on
 # gloo CPU ranks), system (Slurm, a browser, the recovery drill); tests/conftest.py marks them.
+# Two pytest-xdist workers, one test file each at a time (a file's module fixtures and the Slurm
+# cluster start once): much of a torchrun test is waiting (start-up, rendezvous, timeouts), so two
+# overlap well even on 2 cores. TEST_WORKERS=0 runs in one process.
+TEST_WORKERS ?= 2
 test: $(STAMP) chromium
-	$(VENV)/bin/python -m pytest -q
+	$(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 # The edit-test loop: the unit tier alone, no torchrun.
 test-quick: $(STAMP)

@@ -99,6 +99,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 UNMARKED_LAUNCHES = pytest.StashKey[list[str]]()
+#: The test report's user property that carries a test's first torchrun launch to the main pytest process.
+LAUNCH_PROPERTY = "musubi_torchrun_launch"
 
 
 @pytest.fixture(autouse=True)
@@ -116,16 +118,35 @@ def _torchrun_spy(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatc
 
     monkeypatch.setattr(subprocess.Popen, "__init__", spying_init)
     yield
-    if not launched:
-        return
-    config, node = request.config, request.node
-    cache = getattr(config, "cache", None)
-    if cache is not None:
-        seen = set(cache.get(TORCHRUN_CACHE_KEY, []))
-        if node.nodeid not in seen:
-            cache.set(TORCHRUN_CACHE_KEY, sorted(seen | {node.nodeid}))
-    if node.get_closest_marker("slow") is None:
-        config.stash.setdefault(UNMARKED_LAUNCHES, []).append(f"{node.nodeid}: {launched[0]}")
+    if launched:
+        # A report property, not the cache: under pytest-xdist (`make test`) the tests run in worker
+        # processes, and only the main process sees every report and may write the cache without races.
+        request.node.user_properties.append((LAUNCH_PROPERTY, launched[0]))
+
+
+class _LaunchRecorder:
+    """In the main pytest process: remember a test that started torchrun (pytest's cache), name it if unmarked."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        launch = next((v for k, v in report.user_properties if k == LAUNCH_PROPERTY), None)
+        if report.when != "teardown" or launch is None:
+            return
+        cache = getattr(self.config, "cache", None)  # absent under -p no:cacheprovider
+        if cache is not None:
+            seen = set(cache.get(TORCHRUN_CACHE_KEY, []))
+            if report.nodeid not in seen:
+                cache.set(TORCHRUN_CACHE_KEY, sorted(seen | {report.nodeid}))
+        if "slow" not in report.keywords:
+            self.config.stash.setdefault(UNMARKED_LAUNCHES, []).append(f"{report.nodeid}: {launch}")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Record torchrun launches where every report arrives (the main process, also under pytest-xdist)."""
+    if not hasattr(config, "workerinput"):  # an xdist worker: its reports go to the main process
+        config.pluginmanager.register(_LaunchRecorder(config), "musubi-launch-recorder")
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:

@@ -31,8 +31,16 @@ def test_starts_torchrun_reads_the_argv(argv: list[str] | str, launches: bool) -
     assert starts_torchrun(argv) is launches
 
 
-def test_a_test_that_starts_torchrun_joins_the_slow_tier_by_itself(pytester: pytest.Pytester) -> None:
-    """First run: the launch is seen and named. Second run: the test is marked and `-m "not slow"` skips it."""
+@pytest.mark.parametrize("workers", [[], ["-n", "2"]], ids=["one-process", "xdist"])
+def test_a_test_that_starts_torchrun_joins_the_slow_tier_by_itself(pytester: pytest.Pytester,
+                                                                   workers: list[str]) -> None:
+    """First run: the launch is seen and named. Second run: the test is marked and `-m "not slow"` skips it.
+
+    Also under pytest-xdist (`make test` runs `-n 2`): the tests run in worker processes, and the
+    launch still reaches the main process's cache and summary.
+    """
+    if workers:
+        pytest.importorskip("xdist")
     pytester.makeconftest(CONFTEST.read_text(encoding="utf-8"))
     pytester.makepyfile(test_launch="""
         import subprocess, sys
@@ -43,10 +51,14 @@ def test_a_test_that_starts_torchrun_joins_the_slow_tier_by_itself(pytester: pyt
         def test_in_process():
             assert 1 + 1 == 2
     """)
-    first = pytester.runpytest_subprocess("-m", "not slow")
+    first = pytester.runpytest_subprocess(*workers, "-v", "-m", "not slow")
     first.assert_outcomes(passed=2)
     first.stdout.fnmatch_lines(["*started torchrun without the slow marker*", "test_launch.py::test_launches: *"])
-    second = pytester.runpytest_subprocess("-m", "not slow")
-    second.assert_outcomes(passed=1, deselected=1)
-    tier = pytester.runpytest_subprocess("-m", "distributed")
-    tier.assert_outcomes(passed=1, deselected=1)
+    second = pytester.runpytest_subprocess(*workers, "-v", "-m", "not slow")
+    # xdist's summary line counts no deselected tests: the verbose listing shows which test ran
+    second.assert_outcomes(passed=1, **({} if workers else {"deselected": 1}))
+    assert "test_launch.py::test_in_process" in second.stdout.str()
+    assert "test_launch.py::test_launches" not in second.stdout.str()
+    if not workers:  # the tier marker is the same code under xdist: one more launch of pytest would prove nothing new
+        tier = pytester.runpytest_subprocess("-m", "distributed")
+        tier.assert_outcomes(passed=1, deselected=1)
