@@ -81,6 +81,8 @@ def main() -> int:
     ap.add_argument("--workers", type=int, default=3, help="pytest-xdist workers for the GPU tier (one a file)")
     ap.add_argument("--cpu-suite", action="store_true", help="also run the CPU suite here, at the same time")
     ap.add_argument("--cpu-workers", type=int, default=8)
+    ap.add_argument("--cpu-deadline-s", type=int, default=530,
+                    help="the CPU suite is stopped this many seconds after it started (its log so far is kept)")
     ap.add_argument("--budget-s", type=int, default=480, help="the tier's time limit (the issue's 8 minutes)")
     ap.add_argument("-k", default=None, help="pytest -k expression (a part of the tier)")
     a = ap.parse_args()
@@ -128,12 +130,16 @@ def main() -> int:
     print("\n".join(body[:6] + body[-25:]))
     print(f"written: {path}")
     paths = [path, gpu_log]
+    # To $OUT at once: a call whose own time limit ends while the CPU suite still runs keeps the GPU result
+    # (on 2026-11-26 a `timeout` around `make gpu-test` ended it there and both result files were lost).
+    copy_out(paths)
     if cpu is not None:
         proc, log, c0 = cpu
         try:
-            proc.wait(timeout=max(30, 530 - (time.time() - t0)))
+            proc.wait(timeout=max(30, a.cpu_deadline_s - (time.time() - c0)))
         except subprocess.TimeoutExpired:
             proc.kill()
+            proc.wait()
         log.close()
         text = Path(log.name).read_text(encoding="utf-8", errors="replace").splitlines()
         cpath = results / f"cpu-suite-{date}-{tag}.txt"
@@ -142,10 +148,15 @@ def main() -> int:
                                     *text[-200:]]) + "\n", encoding="utf-8")
         print(f"CPU suite: exit {proc.returncode}; {text[-1] if text else ''}\nwritten: {cpath}")
         paths += [cpath, Path(log.name)]
+        copy_out(paths[2:])
+    return 0 if rc == 0 else 1
+
+
+def copy_out(paths: list[Path]) -> None:
+    """Copy result files to $OUT where it is set (the lent machine returns only what lies there)."""
     if os.environ.get("OUT"):
         for p in paths:
             shutil.copy(p, Path(os.environ["OUT"]) / p.name)
-    return 0 if rc == 0 else 1
 
 
 if __name__ == "__main__":
