@@ -183,7 +183,9 @@ def test_sampler_counts_only_the_loaders_workers_as_workers(tmp_path: Path) -> N
     # In a full suite the test process has children of its own (multiprocessing's resource tracker,
     # left by earlier tests): at least our one other child, never the worker.
     assert last["workers"] == 1 and last["other_children"] >= 1, last
-    assert last["workers_cpu"] > 10 and last["other_children_cpu"] > 10, last
+    # Both spin for the whole second; on a loaded machine (two pytest workers on 2 cores) each got 9-18 %
+    # of a core, so the bar is "measured busy", well above an idle process's ~0 %.
+    assert last["workers_cpu"] > 2 and last["other_children_cpu"] > 2, last
     # the feed names its loader's workers (a real DataLoader with 2 worker processes)
     from torch.utils.data import DataLoader
 
