@@ -194,11 +194,13 @@ class MachineSpec(StrictModel):
     pin_cpus: bool = Field(
         True, description="Give each GPU (or CPU slot) its own cores and pin every job's ranks to the cores of "
         "their GPUs (external commands to the cores of all their GPUs). false: no pinning in the fleet.")
-    overlap: bool = Field(
-        True, description="Local executor: a job's GPUs go back to the packer when its training ends, so the next "
+    overlap: bool | None = Field(
+        None, description="Local executor: a job's GPUs go back to the packer when its training ends, so the next "
         "job starts (imports, torchrun, process group) while the evaluation step runs, building its model only "
         "once that evaluation is over; the evaluation step itself is started early (its imports beside the "
-        "training). false: a job holds its GPUs to the end of its evaluation and evaluation starts after training.")
+        "training). false: a job holds its GPUs to the end of its evaluation and evaluation starts after training. "
+        "Unset: on with GPUs, off on CPU slots (there the start-up and the evaluation take cores from the "
+        "training beside them: make demo took 6 min 11 s with it, 5 min 30 s without).")
 
 
 class FleetSpec(StrictModel):

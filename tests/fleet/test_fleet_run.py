@@ -46,6 +46,9 @@ def fleet(tmp_path: Path, broken: bool = False) -> Path:
                               "workers": 0},
                      "train": {"epochs": 1, "batch": 8, "log_every": 2}},
         "leaderboard": {"export_top": 1},
+        # On CPU slots overlap is off unless asked (it slows training on 2 cores): asked here, so the path
+        # GPUs take (next job behind a gate, evaluation step started early) runs end to end.
+        "machine": {"overlap": True},
         "jobs": jobs,
     }
     p = tmp_path / "fleet.yaml"
@@ -68,6 +71,8 @@ def test_fleet_runs_retries_and_ranks(tmp_path: Path, monkeypatch) -> None:
         "r18-a": "done", "r18-b": "done", "ext-flaky": "done", "ext-broken": "failed"}
     assert state["ext-flaky"]["attempts"] == 2 and state["ext-flaky"]["causes"] == ["exit 3"]
     assert state["ext-broken"]["causes"] == ["exit 4"]
+    # overlap: a task job's slots went back to the packer when its training ended, before its evaluation did
+    assert state["r18-b"]["released"] < state["r18-b"]["ended"], state["r18-b"]
     a = state["r18-a"]
     assert a["attempts"] == 1 and a["restarts"] == 1 and [f["ranks"] for f in a["failures"]] == [[1]], a
     assert len(a["causes"]) == 1 and a["causes"][0].startswith("recovered (attempt 1.0)") and "(rank 1)" in \
