@@ -8,7 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.gpu.conftest import GPUS, REHEARSAL, figure, needs_gpus, stop_resume_equals_uninterrupted, train_losses
+from tests.gpu.conftest import (
+    GPUS,
+    REHEARSAL,
+    figure,
+    needs_gpus,
+    stop_resume_equals_uninterrupted,
+    train_losses,
+)
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(600)]
 
