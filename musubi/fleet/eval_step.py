@@ -11,22 +11,17 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
 from musubi.config.errors import ConfigError
 from musubi.config.run_files import RUN_FILES
-from musubi.store.startup import mark
+from musubi.store.startup import mark, wait_for_file
 
 
 def wait_for(path: Path) -> bool:
-    """Block until `path` exists (True), or until the parent process is gone (False)."""
+    """Block until `path` exists (True), or until the parent process (the fleet) is gone (False)."""
     parent = os.getppid()
-    while not path.exists():
-        if os.getppid() != parent:
-            return False
-        time.sleep(0.05)
-    return True
+    return wait_for_file(path, lambda: os.getppid() == parent)
 
 
 def main(argv: list[str] | None = None) -> int:

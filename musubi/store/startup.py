@@ -29,7 +29,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from musubi.config.run_files import RUN_FILES
@@ -114,3 +114,13 @@ def summary_line(comp: Mapping[str, float]) -> str:
     tail = ", ".join(f"{k} {comp[k]:.1f}" for k in ("teardown", EVAL_START, "evaluation") if k in comp)
     return (f"{comp['to first step']:.1f} s to the first step ({comp['start-up on the GPUs']:.1f} s of it on the "
             f"GPUs): {parts}" + (f"; after training: {tail}" if tail else ""))
+
+
+def wait_for_file(path: Path, owner_alive: Callable[[], bool], poll_s: float = 0.05) -> bool:
+    """Block until `path` exists (True), or until `owner_alive()` says the process that was to write it is
+    gone (False): the gate a fleet job waits at and the pre-started evaluation step's start signal."""
+    while not path.exists():
+        if not owner_alive():
+            return False
+        time.sleep(poll_s)
+    return True

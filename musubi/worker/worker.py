@@ -23,7 +23,7 @@ from typing import Any
 from musubi.config.errors import ConfigError
 from musubi.config.load import job_from_dict
 from musubi.config.run_files import RUN_FILES
-from musubi.store.startup import mark
+from musubi.store.startup import mark, wait_for_file
 
 log = logging.getLogger("musubi.worker")
 
@@ -98,15 +98,19 @@ def wait_for_gate() -> bool:
         return False
     owner = int(os.environ.get("MUSUBI_GATE_PID", "0") or 0)
     path = Path(gate)
-    while not path.exists():
-        if owner:
-            try:
-                os.kill(owner, 0)
-            except ProcessLookupError:
-                raise RuntimeError(f"the fleet (pid {owner}) that was to open {path} is gone") from None
-            except PermissionError:
-                pass
-        time.sleep(0.05)
+    if not wait_for_file(path, lambda: not owner or pid_alive(owner)):
+        raise RuntimeError(f"the fleet (pid {owner}) that was to open {path} is gone")
+    return True
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process `pid` exists (one we may not signal counts as alive)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
     return True
 
 
