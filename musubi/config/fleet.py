@@ -200,7 +200,7 @@ class MachineSpec(StrictModel):
         "once that evaluation is over; the evaluation step itself is started early (its imports beside the "
         "training). false: a job holds its GPUs to the end of its evaluation and evaluation starts after training. "
         "Unset: on with GPUs, off on CPU slots (there the start-up and the evaluation take cores from the "
-        "training beside them: make demo took 6 min 11 s with it, 5 min 30 s without).")
+        "training beside them: on 2 idle cores, 2026-11-26, the demo fleet took 6 min 11 s with it, 5 min 30 s without; see BENCHMARKS.md).")
 
 
 class FleetSpec(StrictModel):
