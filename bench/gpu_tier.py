@@ -85,6 +85,8 @@ def main() -> int:
                     help="the CPU suite is stopped this many seconds after it started (its log so far is kept)")
     ap.add_argument("--budget-s", type=int, default=480, help="the tier's time limit (the issue's 8 minutes)")
     ap.add_argument("-k", default=None, help="pytest -k expression (a part of the tier)")
+    ap.add_argument("tests", nargs="*", default=["tests/gpu"],
+                    help="test files or node ids, run in this order with --workers 1 (default: tests/gpu)")
     a = ap.parse_args()
 
     tag, card_text = card()
@@ -99,12 +101,15 @@ def main() -> int:
         cpu_log = open(Path(tempfile.gettempdir()) / "musubi-cpu-suite.log", "w")  # noqa: SIM115
         # tests/slurm installs Slurm with apt-get where none runs: the lent machines have no network.
         cpu_args = ["-m", "not gpu", "tests", "--ignore=tests/gpu", "--ignore=tests/slurm"]
-        cpu = (subprocess.Popen(pytest_cmd(cpu_args, a.cpu_workers),
-                                cwd=REPO, env=cpu_env, stdout=cpu_log, stderr=subprocess.STDOUT), cpu_log, time.time())
+        # Niced: the CPU suite shares the cores with the GPU tests' ranks, which must not wait on it.
+        cpu = (subprocess.Popen(pytest_cmd(cpu_args, a.cpu_workers), cwd=REPO, env=cpu_env, stdout=cpu_log,
+                                stderr=subprocess.STDOUT, preexec_fn=lambda: os.nice(10)), cpu_log, time.time())
     figures = Path(tempfile.mkdtemp()) / "figures.jsonl"
     env["MUSUBI_GPU_FIGURES"] = str(figures)
     t0 = time.time()
-    args = ["-m", "gpu", "tests/gpu"] + (["-k", a.k] if a.k else [])
+    # The tests' run directories in a known place: their logs say where each launch spent its time.
+    basetemp = Path(tempfile.mkdtemp(prefix="musubi-gpu-tier-"))
+    args = ["-m", "gpu", f"--basetemp={basetemp}", *a.tests] + (["-k", a.k] if a.k else [])
     # Streamed to a file as it runs: a tier cut short by its budget still says which tests passed.
     gpu_log = Path(tempfile.gettempdir()) / "musubi-gpu-tier.log"
     with open(gpu_log, "w", encoding="utf-8") as log:
@@ -129,7 +134,7 @@ def main() -> int:
     path.write_text("\n".join(body) + "\n", encoding="utf-8")
     print("\n".join(body[:6] + body[-25:]))
     print(f"written: {path}")
-    paths = [path, gpu_log]
+    paths = [path, gpu_log, run_logs(basetemp)]
     # To $OUT at once: a call whose own time limit ends while the CPU suite still runs keeps the GPU result
     # (on 2026-11-26 a `timeout` around `make gpu-test` ended it there and both result files were lost).
     copy_out(paths)
@@ -148,8 +153,21 @@ def main() -> int:
                                     *text[-200:]]) + "\n", encoding="utf-8")
         print(f"CPU suite: exit {proc.returncode}; {text[-1] if text else ''}\nwritten: {cpath}")
         paths += [cpath, Path(log.name)]
-        copy_out(paths[2:])
+        copy_out(paths[3:])
     return 0 if rc == 0 else 1
+
+
+def run_logs(basetemp: Path) -> Path:
+    """The launches' small text records (rank and torchrun logs, start-up marks, summaries) as one archive."""
+    import tarfile
+
+    keep = {"startup.jsonl", "summary.json", "goodput.json", "fleet.json", "metrics.jsonl", "checklist.json"}
+    path = Path(tempfile.gettempdir()) / "gpu-tier-run-logs.tgz"
+    with tarfile.open(path, "w:gz") as tar:
+        for f in sorted(basetemp.rglob("*")):
+            if f.is_file() and (f.name in keep or f.suffix == ".log") and f.stat().st_size < 4_000_000:
+                tar.add(f, arcname=str(f.relative_to(basetemp)))
+    return path
 
 
 def copy_out(paths: list[Path]) -> None:

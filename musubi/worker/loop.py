@@ -502,6 +502,7 @@ class Trainer:
     def close(self) -> None:
         """Drop the wrapper before the process group goes (gloo can hang at exit otherwise)."""
         self.tele.close()
+        self.feed.close()
         if self.checkpointer is not None:
             self.checkpointer.close()
         del self.optimizer, self.scheduler

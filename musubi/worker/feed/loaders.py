@@ -116,6 +116,23 @@ class TrainFeed:
         b = self.task.train_batch(host_batch, self.world.device, self._epoch)
         return channels_last(b) if self.nhwc else b
 
+    def close(self) -> None:
+        """End the training loader's worker processes now, not when the garbage collector finds them.
+
+        A persistent iterator left to `gc.collect()` is shut down from inside the collection, after its
+        index queue may already have been finalised: the worker never receives the stop message and
+        DataLoader waits out its 5 s join timeout before killing it. Measured on 2 CPU ranks (GPT, 12
+        steps): 5.5 s of every run's exit. Lightning ends workers the same way
+        (`_shutdown_workers_and_reset_iterator`); the method is torch's, unchanged from 2.6 to 2.14.
+        """
+        it, self._batches = self._batches, None
+        shutdown = getattr(it, "_shutdown_workers", None)
+        if shutdown is not None:
+            shutdown()
+        loader = getattr(self, "loader", None)
+        if loader is not None and hasattr(loader, "_iterator"):
+            loader._iterator = None
+
     def worker_pids(self) -> list[int]:
         """The process ids of the training loader's workers now (none: no workers, or no epoch started)."""
         return [w.pid for w in getattr(self._batches, "_workers", None) or [] if w.pid]
