@@ -116,6 +116,19 @@ class TrainFeed:
         b = self.task.train_batch(host_batch, self.world.device, self._epoch)
         return channels_last(b) if self.nhwc else b
 
+    def times(self) -> dict[str, dict[str, float]]:
+        """Per-batch time of each stage, in the order a batch meets them (summary.json's loader.times).
+
+        read: the prefetch thread waiting for the loader's workers; sync: waiting for the side stream's
+        previous batch; decode, convert (to float, resize, tiles), augment, h2d (targets): the task's stages;
+        prepare: all of train_batch; wait: the training loop blocked for the next device batch.
+        """
+        if self.on_device:
+            return {}
+        stages = {**self.task.feed_times(), **self.prefetcher.clock.record()}
+        order = ("read", "sync", "decode", "convert", "augment", "h2d", "prepare", "wait")
+        return {k: stages[k] for k in sorted(stages, key=lambda k: order.index(k) if k in order else len(order))}
+
     def worker_pids(self) -> list[int]:
         """The process ids of the training loader's workers now (none: no workers, or no epoch started)."""
         return [w.pid for w in getattr(self._batches, "_workers", None) or [] if w.pid]
