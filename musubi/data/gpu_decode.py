@@ -15,6 +15,7 @@ import io
 import logging
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -106,6 +107,24 @@ class DecodeStats:
     def record(self) -> dict[str, object]:
         """summary.json's view: counts per place and the reasons for host decodes."""
         return {"device": self.device, "host": sum(self.host.values()), "host_reasons": dict(self.host)}
+
+
+class PackedBytes(NamedTuple):
+    """A batch's file bytes in one uint8 tensor: one shared-memory handle from a loader worker and one pinned
+    copy a batch, not one of each per image (each costs the main process a socket round trip and an mmap)."""
+
+    data: Tensor  # uint8 [sum of sizes]
+    sizes: list[int]
+
+    def unpack(self) -> list[Tensor]:
+        """The files' bytes, one contiguous view of `data` each."""
+        return list(self.data.split(self.sizes))
+
+
+def pack_bytes(encoded: list[Tensor]) -> PackedBytes:
+    """File bytes per image (uint8 [N]) -> PackedBytes (in the loader worker, by the task's collate)."""
+    return PackedBytes(torch.cat(encoded) if encoded else torch.empty(0, dtype=torch.uint8),
+                       [int(e.numel()) for e in encoded])
 
 
 def decode_images(encoded: list[Tensor], device: torch.device, stats: DecodeStats | None = None) -> list[Tensor]:

@@ -28,7 +28,7 @@ from musubi.config.errors import ConfigError
 from musubi.config.job import DataSplit, JobSpec
 from musubi.data.augment import Augment, keep_inside
 from musubi.data.coco import CocoDetection
-from musubi.data.gpu_decode import DecodeStats, decode_batch, targets_to, unit_float
+from musubi.data.gpu_decode import DecodeStats, PackedBytes, decode_batch, pack_bytes, targets_to, unit_float
 from musubi.data.gpu_tiles import TileCutter
 from musubi.data.sliced import EncodedTiles, FrameTile, SlicedCocoDetection, group_tiles
 from musubi.data.slicing import SliceParams, sliced_predict
@@ -495,11 +495,14 @@ class DetectionTask(Task):
     def collate(self, samples: list[Any]) -> tuple[Any, list[dict[str, Tensor]]]:
         """Samples -> (images, targets) lists; not stacked, detectors take images of any size.
 
-        Tiles still in their encoded frames become one EncodedTiles (each frame's bytes once per batch).
+        Tiles still in their encoded frames become one EncodedTiles (each frame's bytes once per batch), file
+        bytes one PackedBytes.
         """
         images = [s[0] for s in samples]
         if images and isinstance(images[0], FrameTile):
             return group_tiles(images), [s[1] for s in samples]
+        if images and images[0].dim() == 1:  # file bytes (device decode): one tensor crosses from the worker
+            return pack_bytes(images), [s[1] for s in samples]
         return images, [s[1] for s in samples]
 
     def batch_size_of(self, batch: Any) -> int:
@@ -523,8 +526,8 @@ class DetectionTask(Task):
                 return tiles, targets
             with timed(clock, "h2d", device):
                 return tiles, targets_to(targets, device)
-        if images and images[0].dim() == 1:  # file bytes (device decode)
-            return decode_batch(images, targets, device, self.spec.data.image_size, self.decode_stats, clock,
+        if isinstance(images, PackedBytes):  # file bytes (device decode)
+            return decode_batch(images.unpack(), targets, device, self.spec.data.image_size, self.decode_stats, clock,
                                 move_targets)
         with timed(clock, "h2d", device):
             images = [im.to(device, non_blocking=True) for im in images]

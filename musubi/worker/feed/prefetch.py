@@ -100,11 +100,11 @@ class DevicePrefetcher:
             while True:
                 asked = time.perf_counter()
                 item = q.get()
-                clock.add("wait", time.perf_counter() - asked)
                 if item is _DONE:
                     return
                 if isinstance(item, Failure):
                     raise item.error
+                clock.add("wait", time.perf_counter() - asked)
                 batch, ready = item
                 if cuda:
                     main = torch.cuda.current_stream(self.device)
