@@ -17,6 +17,14 @@ Each set is trained (batch 16 per GPU, bf16, SGD) under these feeders, in one pr
   musubi-workers  the same feeder with data.gpu_decode: false (workers decode, uint8 to the GPU);
   default-w4  DataLoader(num_workers=4), float images, no pinning (torch defaults);
   default-w0  DataLoader(num_workers=0), float images, no pinning (torch defaults).
+Measurements run feeder by feeder, each on every set, in --feeders' order. --budget-s bounds the time
+spent measuring: a measurement is skipped when the time spent plus the longest measurement so far would
+pass it, except for the feeders in --must (default device,musubi), which always run. --json is rewritten
+after every measurement ("complete": false until the end), so a call cut short keeps what it measured.
+Each row carries its phases (build, warm-up, timed, close, in s) and, for musubi feeders, the feeder's
+stage times a batch over the timed steps (read, sync, decode, convert, augment, h2d, prepare, wait: see
+musubi.worker.feed.loaders.TrainFeed.times) and on CUDA the synchronising calls one train_batch made
+on a side stream (torch.cuda.set_sync_debug_mode; target 0).
 Figures per feeder: images/s over all GPUs, ratio to the device reference (target >= 0.95),
 and data wait = host time blocked until the loader hands over the next batch, as % of step
 time (an upper bound of GPU starvation: the GPU may still be busy with queued work meanwhile;
@@ -33,6 +41,7 @@ import os
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -88,9 +97,13 @@ def make_sets(work: Path, cpu: bool, frames: int, big_frames: int, names: list[s
 
 
 def feeder_task(info: dict[str, Any], feeder: str, batch: int, device: torch.device) -> DetectionTask:
-    """The detection task `musubi train` would build for this set (defaults but workers: auto)."""
+    """The detection task `musubi train` would build for this set (defaults but workers: auto).
+
+    On CPU (--cpu) the musubi feeder decodes file bytes on the rank (gpu_decode: true), so the rehearsal
+    runs the path the GPUs take (auto would decode in the workers there)."""
+    decode: bool | str = "auto" if device.type == "cuda" else True
     data: dict[str, Any] = {"train": {"path": info["path"], "annotations": info["annotations"]}, "workers": "auto",
-                            "gpu_decode": False if feeder == "musubi-workers" else "auto"}
+                            "gpu_decode": False if feeder == "musubi-workers" else decode}
     if "tile" in info:
         data["slice"] = {"tile": info["tile"], "overlap": 0.2, "min_visibility": 0.5, "empty_ratio": 0.1,
                          "sliced_eval": False}
@@ -99,6 +112,37 @@ def feeder_task(info: dict[str, Any], feeder: str, batch: int, device: torch.dev
     task = DetectionTask(spec)
     task.use_device(device)
     return task
+
+
+def prepare_syncs(task: DetectionTask, feed: TrainFeed, batch: int, device: torch.device) -> int:
+    """Synchronising CUDA calls in one train_batch on a side stream, as the prefetch thread runs it (target 0).
+
+    Counted by torch.cuda.set_sync_debug_mode, which sees PyTorch's own waits (a small torch.tensor(...,
+    device=), a boolean index, .item()); nvJPEG's wait for its own stream inside torchvision is not one.
+    """
+    ds = feed.loader.dataset
+    host = task.collate([ds[i] for i in range(batch)])  # read here, not through the loader's workers
+    side = torch.cuda.Stream(device)
+    with warnings.catch_warnings(record=True) as caught, torch.cuda.stream(side):
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            task.train_batch(host, device, 0)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    side.synchronize()
+    return sum("synchroniz" in str(w.message) for w in caught)
+
+
+def report(args: argparse.Namespace, world: int, device: str, sets: dict[str, dict[str, Any]],
+           rows: list[dict[str, Any]], complete: bool) -> dict[str, Any]:
+    """The JSON document: the run's settings, the sets, the rows so far (with ratios), whether it finished."""
+    return {"device": device, "world": world, "cores": os.cpu_count(), "batch_per_rank": args.batch,
+            "steps": args.steps, "warmup": args.warmup, "torch": torch.__version__, "sets": sets,
+            "rows": summarise([dict(r) for r in rows]), "targets": {"vs_device_min": 0.95, "data_wait_pct_max": 2.0},
+            "command": " ".join(sys.argv), "complete": complete,
+            "wall_s": round(time.perf_counter() - args.t_start, 1) if complete else None,
+            "elapsed_s": round(time.time() - args.t_wall, 1)}
 
 
 def musubi_batches(feed: TrainFeed) -> Any:
@@ -186,22 +230,29 @@ def run_rank(rank: int, world: int, args: argparse.Namespace, sets: dict[str, di
             torch.cuda.synchronize(device)
 
     t_begin = time.perf_counter()
+    longest = 0.0  # s, the longest measurement so far: what the next one may take
+    name = torch.cuda.get_device_name(device) if cuda else "cpu (gloo)"
     for feeder in args.feeders:
         for set_name, info in sets.items():
             # Every rank agrees whether time is left (the slowest rank's clock decides).
             spent = torch.tensor([time.perf_counter() - t_begin], dtype=torch.float64, device=device)
             dist.all_reduce(spent, op=dist.ReduceOp.MAX)
-            if float(spent) > args.budget_s:
+            if float(spent) + longest > args.budget_s and feeder not in args.must:
                 if rank == 0:
-                    print(f"  {set_name} {feeder}: skipped (--budget-s {args.budget_s:.0f} s spent)", flush=True)
+                    print(f"  {set_name} {feeder}: skipped ({float(spent):.0f} s spent + {longest:.0f} s for one "
+                          f"measurement > --budget-s {args.budget_s:.0f})", flush=True)
                 continue
             loader: Any = None
+            task: DetectionTask | None = None
             if feeder.startswith("default") and "tile" in info:
                 if rank == 0:
                     print(f"  {set_name} {feeder}: skipped (torch's loader has no inline slicing)", flush=True)
                 continue
+            t_build = time.perf_counter()
+            syncs = None
             if feeder == "device":
-                src = TrainFeed(feeder_task(info, "musubi", args.batch, device), me, args.batch, 0, "auto", True)
+                # Four batches decoded by the musubi feeder without loader workers (none to start and stop).
+                src = TrainFeed(feeder_task(info, "musubi", args.batch, device), me, args.batch, 0, 0, True)
                 it = musubi_batches(src)
                 pool = [next(it) for _ in range(4)]
                 it.close()
@@ -209,7 +260,10 @@ def run_rank(rank: int, world: int, args: argparse.Namespace, sets: dict[str, di
                 feed = (pool[i % 4] for i in range(10**9))
                 to_device = _on_device
             elif feeder.startswith("musubi"):
-                loader = TrainFeed(feeder_task(info, feeder, args.batch, device), me, args.batch, 1, "auto", True)
+                task = feeder_task(info, feeder, args.batch, device)
+                loader = TrainFeed(task, me, args.batch, 1, "auto", True)
+                if cuda:
+                    syncs = prepare_syncs(task, loader, args.batch, device)
                 if rank == 0:
                     print(f"  {set_name} {feeder}: {loader.plan.record()}", flush=True)
                 feed = musubi_batches(loader)
@@ -218,10 +272,15 @@ def run_rank(rank: int, world: int, args: argparse.Namespace, sets: dict[str, di
                 loader = _loader(info, feeder, args.batch, rank, world, 1)
                 feed = _batches(loader)
                 to_device = _to_device
+            t_warm = time.perf_counter()
             for _ in range(args.warmup):
                 step(*to_device(next(feed), device, feeder))
             sync()
             dist.barrier()
+            if isinstance(loader, TrainFeed):  # stage times of the timed steps only
+                loader.prefetcher.clock.reset()
+                assert task is not None
+                task.feed_clock.reset()
             wait = 0.0
             t0 = time.perf_counter()
             for _ in range(args.steps):
@@ -234,24 +293,38 @@ def run_rank(rank: int, world: int, args: argparse.Namespace, sets: dict[str, di
             float(last)  # one sync at the end: the host is free to run ahead as in training
             sync()
             elapsed = time.perf_counter() - t0
+            times = loader.times() if isinstance(loader, TrainFeed) else None
+            path = loader.plan.record() if isinstance(loader, TrainFeed) else None
             # The slowest rank sets the pace of a synchronous job; its wait is what starved it.
             stats = torch.tensor([elapsed, wait], dtype=torch.float64, device=device)
             dist.all_reduce(stats, op=dist.ReduceOp.MAX)
             elapsed, wait = stats.tolist()
-            rows.append({"set": set_name, "feeder": feeder, "steps": args.steps, "step_ms": 1000 * elapsed / args.steps,
-                         "images_per_s": args.steps * args.batch * world / elapsed,
-                         "data_wait_pct": 100 * wait / elapsed,
-                         "path": loader.plan.record() if isinstance(loader, TrainFeed) else None})
-            if rank == 0:  # as it goes: a run cut short still shows what it measured
-                r = rows[-1]
-                print(f"  {set_name} {feeder}: {r['step_ms']:.1f} ms/step, {r['images_per_s']:.1f} img/s, "
-                      f"data wait {r['data_wait_pct']:.2f} %", flush=True)
-                Path(result).write_text(json.dumps(rows))
+            t_close = time.perf_counter()
             # Shut this feeder's workers down before the next one is timed (they would steal its cores).
             if hasattr(feed, "close"):
                 feed.close()
-            del feed, loader
+            del feed, loader, task
             gc.collect()
+            done = time.perf_counter()
+            longest = max(longest, done - t_build)
+            rows.append({"set": set_name, "feeder": feeder, "steps": args.steps, "step_ms": 1000 * elapsed / args.steps,
+                         "images_per_s": args.steps * args.batch * world / elapsed,
+                         "data_wait_pct": 100 * wait / elapsed,
+                         "path": path,
+                         "times_rank0": times, "prepare_syncs": syncs,
+                         "phases_s": {"build": round(t_warm - t_build, 1), "warmup": round(t0 - t_warm, 1),
+                                      "timed": round(elapsed, 1), "close": round(done - t_close, 1)}})
+            if rank == 0:  # as it goes: a run cut short still shows what it measured
+                r = rows[-1]
+                print(f"  {set_name} {feeder}: {r['step_ms']:.1f} ms/step, {r['images_per_s']:.1f} img/s, "
+                      f"data wait {r['data_wait_pct']:.2f} %; phases {r['phases_s']}", flush=True)
+                if times:
+                    print("    a batch (rank 0): " + ", ".join(
+                        f"{k} {v['host_ms']:.1f} ms" + (f" (device {v['device_ms']:.1f})" if "device_ms" in v else "")
+                        for k, v in times.items()) + (f"; syncs in train_batch: {syncs}" if syncs is not None else ""),
+                        flush=True)
+                Path(result).write_text(json.dumps(rows))
+                args.json.write_text(json.dumps(report(args, world, name, sets, rows, complete=False), indent=1))
     dist.barrier()
     del ddp
     dist.destroy_process_group()
@@ -280,8 +353,10 @@ def main() -> None:
                     help="Comma-separated subset of " + ",".join(FEEDERS))
     ap.add_argument("--sets", default="frames1080,tiles640", help="Comma-separated subset of " + ",".join(SETS))
     ap.add_argument("--budget-s", type=float, default=None,
-                    help="Start no new feeder after this many seconds of training (default 180 on GPUs, "
-                    "none on CPU): keeps the GPU run short.")
+                    help="Seconds of measuring: a measurement that would end after it (spent + the longest so far) "
+                    "is skipped, unless its feeder is in --must (default 180 on GPUs, none on CPU).")
+    ap.add_argument("--must", default="device,musubi",
+                    help="Feeders measured whatever --budget-s says (comma-separated; '' for none).")
     ap.add_argument("--work", type=Path, default=None, help="Folder for the JPEG sets (default: a temp dir).")
     ap.add_argument("--json", type=Path, default=Path("bench-data.json"), help="Where to write the results.")
     args = ap.parse_args()
@@ -289,6 +364,9 @@ def main() -> None:
     unknown = set(args.feeders) - set(FEEDERS)
     if unknown:
         ap.error(f"unknown feeders {sorted(unknown)}; known: {', '.join(FEEDERS)}")
+    args.must = [f for f in args.must.split(",") if f]
+    if set(args.must) - set(FEEDERS):
+        ap.error(f"unknown feeders in --must {sorted(set(args.must) - set(FEEDERS))}; known: {', '.join(FEEDERS)}")
     args.sets = [x for x in args.sets.split(",") if x]
     if set(args.sets) - set(SETS):
         ap.error(f"unknown sets {sorted(set(args.sets) - set(SETS))}; known: {', '.join(SETS)}")
@@ -301,7 +379,7 @@ def main() -> None:
     world = 2 if args.cpu else (args.gpus or torch.cuda.device_count())
     if world < 1:
         ap.error("no GPU visible; use --cpu for the plumbing check")
-    t_start = time.perf_counter()
+    args.t_start, args.t_wall = time.perf_counter(), time.time()  # the ranks report elapsed time from this
     with tempfile.TemporaryDirectory(prefix="musubi-bench-data-", dir=args.work) as tmp:
         sets = make_sets(Path(tmp), args.cpu, args.frames, args.big_frames, args.sets)
         for name, info in sets.items():
@@ -312,7 +390,7 @@ def main() -> None:
         result = Path(tmp) / "rows.json"
         mp.start_processes(run_rank, args=(world, args, sets, str(result)), nprocs=world, join=True,
                            start_method="spawn")
-        rows = summarise(json.loads(result.read_text()))
+        rows = summarise(json.loads(result.read_text())) if result.exists() else []
     device = torch.cuda.get_device_name(0) if not args.cpu else "cpu (gloo)"
     print(f"\nFCOS ResNet-50 FPN, batch {args.batch}/rank x {world} ranks, {device}, cores {os.cpu_count()}, "
           f"{args.steps} timed steps after {args.warmup}")
@@ -321,10 +399,7 @@ def main() -> None:
         vs = f"{r['vs_device']:.3f}" if r["vs_device"] is not None else "-"
         print(f"{r['set']:<11} {r['feeder']:<14} {r['step_ms']:8.1f} {r['images_per_s']:8.1f} {vs:>9} "
               f"{r['data_wait_pct']:8.2f}%")
-    out = {"device": device, "world": world, "cores": os.cpu_count(), "batch_per_rank": args.batch,
-           "steps": args.steps, "warmup": args.warmup, "torch": torch.__version__, "sets": sets, "rows": rows,
-           "targets": {"vs_device_min": 0.95, "data_wait_pct_max": 2.0},
-           "wall_s": round(time.perf_counter() - t_start, 1)}
+    out = report(args, world, device, sets, rows, complete=True)
     args.json.write_text(json.dumps(out, indent=1))
     print(f"wrote {args.json} ({out['wall_s']} s)")
 

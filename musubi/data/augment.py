@@ -157,15 +157,20 @@ def quadrants(w: int, h: int, cx: int, cy: int) -> list[tuple[int, int, int, int
 
 def colour(img: Tensor, brightness: float, contrast: float, saturation: float) -> Tensor:
     """Brightness (scale), contrast (about the mean grey) and saturation (about each pixel's grey), clamped."""
-    weights = torch.tensor(LUMA, device=img.device, dtype=img.dtype).view(3, 1, 1)
     out = img * brightness
     if contrast != 1.0:
-        mean = (out * weights).sum(0).mean()
+        mean = grey_of(out).mean()
         out = (out - mean) * contrast + mean
     if saturation != 1.0:
-        grey = (out * weights).sum(0, keepdim=True)
+        grey = grey_of(out)[None]
         out = (out - grey) * saturation + grey
     return out.clamp_(0.0, 1.0)
+
+
+def grey_of(img: Tensor) -> Tensor:
+    """[H, W] luma of a [3, H, W] image, weighted by scalars (a weight tensor on a CUDA stream would wait for it)."""
+    r, g, b = LUMA
+    return img[0] * r + img[1] * g + img[2] * b
 
 
 def keep_inside(img: Tensor, target: Target) -> Target:

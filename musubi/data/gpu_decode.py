@@ -15,12 +15,15 @@ import io
 import logging
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from PIL import Image
 from torch import Tensor
+
+from musubi.data.stage_clock import StageClock, timed
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +109,24 @@ class DecodeStats:
         return {"device": self.device, "host": sum(self.host.values()), "host_reasons": dict(self.host)}
 
 
+class PackedBytes(NamedTuple):
+    """A batch's file bytes in one uint8 tensor: one shared-memory handle from a loader worker and one pinned
+    copy a batch, not one of each per image (each costs the main process a socket round trip and an mmap)."""
+
+    data: Tensor  # uint8 [sum of sizes]
+    sizes: list[int]
+
+    def unpack(self) -> list[Tensor]:
+        """The files' bytes, one contiguous view of `data` each."""
+        return list(self.data.split(self.sizes))
+
+
+def pack_bytes(encoded: list[Tensor]) -> PackedBytes:
+    """File bytes per image (uint8 [N]) -> PackedBytes (in the loader worker, by the task's collate)."""
+    return PackedBytes(torch.cat(encoded) if encoded else torch.empty(0, dtype=torch.uint8),
+                       [int(e.numel()) for e in encoded])
+
+
 def decode_images(encoded: list[Tensor], device: torch.device, stats: DecodeStats | None = None) -> list[Tensor]:
     """File bytes (uint8 [N] on the host) per image -> uint8 [3, H, W] on `device`, nvJPEG where it can."""
     from torchvision.io import ImageReadMode, decode_jpeg
@@ -136,7 +157,10 @@ def decode_images(encoded: list[Tensor], device: torch.device, stats: DecodeStat
 
 
 def fit_side(images: list[Tensor], boxes: list[Tensor], side: int) -> tuple[list[Tensor], list[Tensor]]:
-    """Float images resized so the longer side is `side` (per-axis box scale from the realised size)."""
+    """Float images resized so the longer side is `side` (per-axis box scale from the realised size).
+
+    Boxes may live on the host while the images are on the device (decode_batch keeps them there).
+    """
     out_images, out_boxes = [], []
     for img, b in zip(images, boxes, strict=True):
         _, h, w = img.shape
@@ -144,10 +168,18 @@ def fit_side(images: list[Tensor], boxes: list[Tensor], side: int) -> tuple[list
         nw, nh = max(1, round(w * scale)), max(1, round(h * scale))
         if (nw, nh) != (w, h):
             img = F.interpolate(img[None], size=(nh, nw), mode="bilinear", align_corners=False, antialias=True)[0]
+            img = img.clamp_(0.0, 1.0)  # antialiased bilinear overshoots a little at edges
             b = b * torch.tensor([nw / w, nh / h, nw / w, nh / h], device=b.device, dtype=b.dtype)
         out_images.append(img)
         out_boxes.append(b)
     return out_images, out_boxes
+
+
+def unit_float(images: list[Tensor]) -> list[Tensor]:
+    """uint8 [3, H, W] images -> float in [0, 1]; a batch of one size converts in one kernel, not one per image."""
+    if len(images) > 1 and len({tuple(i.shape) for i in images}) == 1:
+        return list(torch.stack(images).float().div_(255.0).unbind(0))  # views of one [N, 3, H, W] tensor
+    return [img.float().div_(255.0) for img in images]
 
 
 def clip_boxes(boxes: Tensor, labels: Tensor, w: int, h: int) -> tuple[Tensor, Tensor]:
@@ -179,16 +211,29 @@ def targets_to(targets: list[dict[str, Tensor]], device: torch.device) -> list[d
 
 
 def decode_batch(encoded: list[Tensor], targets: list[dict[str, Tensor]], device: torch.device,
-                 image_size: int | None, stats: DecodeStats | None = None
-                 ) -> tuple[list[Tensor], list[dict[str, Tensor]]]:
-    """File bytes per image -> float [3, H, W] in [0, 1] on `device`, resized to `image_size`, boxes scaled/clipped."""
-    decoded = decode_images(list(encoded), device, stats)
-    moved = targets_to(targets, device)
-    images = [img.float().div_(255.0) for img in decoded]
-    boxes = [t["boxes"] for t in moved]
-    if image_size is not None:
-        images, boxes = fit_side(images, boxes, image_size)
-    for img, t, b in zip(images, moved, boxes, strict=True):
-        t["boxes"], t["labels"] = clip_boxes(b, t["labels"], img.shape[2], img.shape[1])
-        img.clamp_(0.0, 1.0)  # antialiased bilinear overshoots a little at edges
-    return images, moved
+                 image_size: int | None, stats: DecodeStats | None = None, clock: StageClock | None = None,
+                 move_targets: bool = True) -> tuple[list[Tensor], list[dict[str, Tensor]]]:
+    """File bytes per image -> float [3, H, W] in [0, 1] on `device`, resized to `image_size`, boxes scaled/clipped.
+
+    Box arithmetic stays on the host, where the targets already are: on a CUDA stream a small
+    `torch.tensor(..., device=)` and a boolean index each make the host wait for the stream (three an image,
+    48 a batch of 16, each holding up the prefetch thread). The targets then cross in one copy per key (`move_targets`;
+    False leaves them on the host for augmenting first). `clock` times decode, convert and h2d.
+    """
+    with timed(clock, "decode", device):
+        decoded = decode_images(list(encoded), device, stats)
+    with timed(clock, "convert", device):
+        images = unit_float(decoded)
+        boxes = [t["boxes"] for t in targets]
+        if image_size is not None:
+            images, boxes = fit_side(images, boxes, image_size)
+        out = []
+        for img, t, b in zip(images, targets, boxes, strict=True):
+            t = dict(t)
+            t["boxes"], t["labels"] = clip_boxes(b, t["labels"], img.shape[2], img.shape[1])
+            out.append(t)
+    if not move_targets:
+        return images, out
+    with timed(clock, "h2d", device):
+        return images, targets_to(out, device)
+

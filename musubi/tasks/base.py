@@ -93,6 +93,10 @@ class Task(abc.ABC):
         """Counters of the feed so far (e.g. images decoded on the host instead of the device), for summary.json."""
         return {}
 
+    def feed_times(self) -> dict[str, dict[str, float]]:
+        """Per-batch time of the task's stages of train_batch ({stage: {"batches", "host_ms", "device_ms"}})."""
+        return {}  # tasks that time their decode/convert/augment stages override
+
     def batch_size_of(self, batch: Any) -> int:
         """Samples in a batch (for throughput figures)."""
         first = batch[0] if isinstance(batch, (list, tuple)) else batch

@@ -28,10 +28,11 @@ from musubi.config.errors import ConfigError
 from musubi.config.job import DataSplit, JobSpec
 from musubi.data.augment import Augment, keep_inside
 from musubi.data.coco import CocoDetection
-from musubi.data.gpu_decode import DecodeStats, decode_batch, targets_to
+from musubi.data.gpu_decode import DecodeStats, PackedBytes, decode_batch, pack_bytes, targets_to, unit_float
 from musubi.data.gpu_tiles import TileCutter
 from musubi.data.sliced import EncodedTiles, FrameTile, SlicedCocoDetection, group_tiles
 from musubi.data.slicing import SliceParams, sliced_predict
+from musubi.data.stage_clock import StageClock, timed
 from musubi.data.synthetic_detection import (
     SyntheticDetection,
     check_synthetic_params,
@@ -253,6 +254,8 @@ class DetectionTask(Task):
         #: Whether COCO files cross the loader as bytes and are decoded on the device (set with the train set).
         self.device_decode = False
         self.decode_stats = DecodeStats()
+        #: Time of the training batches' decode, convert, augment and h2d stages (feed_times).
+        self.feed_clock = StageClock()
         sl = spec.data.slice
         self.cutter = TileCutter(sl.tile, self.decode_stats) if sl is not None else None
         aug = spec.data.augment
@@ -456,6 +459,10 @@ class DetectionTask(Task):
         """Images decoded on the device and on the host (and why), when the device decodes."""
         return {"decoded": self.decode_stats.record()} if self.device_decode else {}
 
+    def feed_times(self) -> dict[str, dict[str, float]]:
+        """Per-batch time of the training batches' decode, convert, augment and h2d stages."""
+        return self.feed_clock.record()
+
     def train_dataset(self) -> Dataset:
         """Synthetic train split or the COCO data.train split (built once, then cached)."""
         if self._train is None:
@@ -488,11 +495,14 @@ class DetectionTask(Task):
     def collate(self, samples: list[Any]) -> tuple[Any, list[dict[str, Tensor]]]:
         """Samples -> (images, targets) lists; not stacked, detectors take images of any size.
 
-        Tiles still in their encoded frames become one EncodedTiles (each frame's bytes once per batch).
+        Tiles still in their encoded frames become one EncodedTiles (each frame's bytes once per batch), file
+        bytes one PackedBytes.
         """
         images = [s[0] for s in samples]
         if images and isinstance(images[0], FrameTile):
             return group_tiles(images), [s[1] for s in samples]
+        if images and images[0].dim() == 1:  # file bytes (device decode): one tensor crosses from the worker
+            return pack_bytes(images), [s[1] for s in samples]
         return images, [s[1] for s in samples]
 
     def batch_size_of(self, batch: Any) -> int:
@@ -501,15 +511,26 @@ class DetectionTask(Task):
 
     def to_device(self, batch: Any, device: torch.device) -> Any:
         """Images to the device as float [3, H, W] in [0, 1] (uint8 converted there, file bytes decoded there)."""
+        return self._on_device(batch, torch.device(device), None, move_targets=True)
+
+    def _on_device(self, batch: Any, device: torch.device, clock: StageClock | None, move_targets: bool) -> Any:
+        """to_device, timed by `clock`; `move_targets=False` keeps the targets on the host (augment reads them)."""
         images, targets = batch
-        device = torch.device(device)
         if isinstance(images, EncodedTiles):
             assert self.cutter is not None
-            tiles = self.cutter.cut(images, device)
-            return [t.float().div_(255.0) for t in tiles], targets_to(targets, device)
-        if images and images[0].dim() == 1:  # file bytes (device decode)
-            return decode_batch(images, targets, device, self.spec.data.image_size, self.decode_stats)
-        images = [im.to(device, non_blocking=True) for im in images]
+            with timed(clock, "decode", device):  # the batch's new frames, and the tiles cut from them
+                tiles = self.cutter.cut(images, device)
+            with timed(clock, "convert", device):
+                tiles = unit_float(tiles)
+            if not move_targets:
+                return tiles, targets
+            with timed(clock, "h2d", device):
+                return tiles, targets_to(targets, device)
+        if isinstance(images, PackedBytes):  # file bytes (device decode)
+            return decode_batch(images.unpack(), targets, device, self.spec.data.image_size, self.decode_stats, clock,
+                                move_targets)
+        with timed(clock, "h2d", device):
+            images = [im.to(device, non_blocking=True) for im in images]
         if self.spec.data.channels == 1:
             # [1, H, W] in stored units (counts, centikelvin) -> standardised by the data set's statistics.
             mean, std = self.normalization
@@ -517,18 +538,29 @@ class DetectionTask(Task):
             if self.spec.data.one_channel == "replicate":
                 images = [im.expand(3, -1, -1) for im in images]
             return images, move_to(targets, device)
-        images = [im.float().div_(255.0) if im.dtype == torch.uint8 else im for im in images]
+        with timed(clock, "convert", device):
+            images = unit_float(images) if images and images[0].dtype == torch.uint8 else images
+        if not move_targets:
+            return images, targets
         return images, targets_to(targets, device) if targets and isinstance(targets[0], dict) else move_to(
             targets, device)
 
     def train_batch(self, batch: Any, device: torch.device, epoch: int) -> Any:
-        """to_device, then data.augment on the device batch, seeded per sample by (train.seed, epoch, image_id)."""
+        """to_device, then data.augment on the device batch, seeded per sample by (train.seed, epoch, image_id).
+
+        The targets stay on the host until the images are augmented: box arithmetic on a CUDA stream would
+        make the prefetch thread wait for the stream at every small tensor and boolean index.
+        """
+        device, clock = torch.device(device), self.feed_clock
         if self.augment is None:
-            return self.to_device(batch, device)
+            return self._on_device(batch, device, clock, move_targets=True)
         keys = [int(t["image_id"]) for t in batch[1]]  # read on the host: no device sync
-        images, targets = self.to_device(batch, device)
-        images, targets = self.augment(images, targets, keys, self.spec.train.seed, epoch)
-        return images, [keep_inside(img, t) for img, t in zip(images, targets, strict=True)]
+        images, targets = self._on_device(batch, device, clock, move_targets=False)
+        with timed(clock, "augment", device):
+            images, targets = self.augment(images, targets, keys, self.spec.train.seed, epoch)
+            targets = [keep_inside(img, t) for img, t in zip(images, targets, strict=True)]
+        with timed(clock, "h2d", device):
+            return images, targets_to(targets, device)
 
     def device_batch(self, batch_size: int, device: torch.device, generator: torch.Generator) -> Any:
         """A synthetic (images, targets) batch drawn on `device` with `generator`."""

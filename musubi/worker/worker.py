@@ -313,7 +313,8 @@ def main(argv: list[str] | None = None) -> int:
                 if measured:
                     workers_from = "measured (samples/s: " + ", ".join(
                         f"{k} workers {r:.0f}" for k, r in measured.items()) + ")"
-                summary["loader"] = {**loader.record(), "workers_from": workers_from, **task.feed_counts()}
+                summary["loader"] = {**loader.record(), "workers_from": workers_from, **task.feed_counts(),
+                                     "times": trainer.feed.times()}
             (job_dir / RUN_FILES.summary).write_text(json.dumps(summary, indent=1), encoding="utf-8")
             if summary["val"]:
                 (job_dir / RUN_FILES.eval).write_text(

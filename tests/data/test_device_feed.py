@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import gc
 import io
 import logging
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -13,8 +15,9 @@ import torch
 from PIL import Image
 
 from musubi.config.job import JobSpec
-from musubi.data.gpu_decode import DecodeStats, decode_images, host_only_reason
+from musubi.data.gpu_decode import DecodeStats, PackedBytes, decode_images, host_only_reason
 from musubi.data.sliced import SlicedCocoDetection
+from musubi.data.stage_clock import StageClock
 from musubi.tasks.detection import DetectionTask
 from musubi.worker.feed.loaders import TrainFeed
 from musubi.worker.feed.prefetch import DevicePrefetcher
@@ -69,7 +72,10 @@ def test_a_mixed_set_trains_through_the_device_path(tmp_path: Path) -> None:
     task = _task(tmp_path, ann, gpu_decode=True, image_size=32)
     ds = task.train_dataset()
     assert task.device_decode and ds[0][0].dim() == 1  # workers hand over file bytes
-    images, targets = task.to_device(task.collate([ds[i] for i in range(4)]), CPU)
+    batch = task.collate([ds[i] for i in range(4)])
+    assert isinstance(batch[0], PackedBytes) and batch[0].data.dim() == 1  # ... packed into one tensor a batch
+    assert all(torch.equal(a, ds[i][0]) for i, a in enumerate(batch[0].unpack()))
+    images, targets = task.to_device(batch, CPU)
     assert [tuple(i.shape) for i in images] == [(3, 24, 32)] * 4
     assert task.feed_counts()["decoded"]["host_reasons"] == {"PNG": 1}
     # auto: a CPU rank keeps decoding in the workers; a CUDA rank with mostly JPEG files decodes on it.
@@ -137,6 +143,10 @@ def test_the_augmented_stream_resumes_exactly(tmp_path: Path, threaded: bool) ->
 
     first = feed()
     whole = [_stream(first, e, 0) for e in (0, 1)]
+    # Every stage of every batch is timed (summary.json's loader.times), in the order a batch meets them.
+    times = first.times()
+    assert list(times) == ["read", "decode", "convert", "augment", "h2d", "prepare", "wait"]
+    assert {row["batches"] for row in times.values()} == {8} and all(r["host_ms"] >= 0 for r in times.values())
     assert first.plan.record()["augment"].startswith("mosaic, scale, hflip, colour on cpu")
     assert "batched on cpu" in first.plan.record()["decode"]
     # A new process resumes at micro-batch 2 of epoch 1: the same batches, bit for bit.
@@ -149,6 +159,27 @@ def test_the_augmented_stream_resumes_exactly(tmp_path: Path, threaded: bool) ->
     plain = TrainFeed(_task(tmp_path, ann, gpu_decode=True), WORLD, batch=2, seed=3, workers=0, pin=False)
     assert any(a[0].shape != b[0].shape or not torch.equal(a[0], b[0])
                for a, b in zip(_stream(plain, 0, 0), whole[0], strict=True))
+    # Freed by its reference count, not by the cycle collector (which made a DataLoader wait ~5 s a worker).
+    gc.disable()
+    try:
+        gone = weakref.ref(first)
+        del first
+        assert gone() is None
+    finally:
+        gc.enable()
+
+
+def test_the_stage_clock_gives_means_a_batch_and_forgets_on_reset() -> None:
+    clock = StageClock()
+    clock.add("decode", 0.010)
+    clock.add("decode", 0.030)
+    with clock.stage("convert", CPU):  # no CUDA stream: host time only
+        pass
+    got = clock.record()
+    assert got["decode"] == {"batches": 2, "host_ms": 20.0} and got["convert"]["batches"] == 1
+    assert "device_ms" not in got["convert"]
+    clock.reset()
+    assert clock.record() == {}
 
 
 def test_augment_is_refused_outside_detection() -> None:

@@ -9,6 +9,13 @@ nvJPEG's header parsing) then overlaps the step's host work as well. The order
 of batches is the loader's, so exact resume is untouched. On a CPU rank batches
 are prepared inline (no stream to overlap with); `threaded=True` runs the
 threaded path there too (the tests do).
+
+The side stream has high priority: its work (converting and augmenting a batch)
+is small, and the sooner it ends the sooner the thread may decode the next batch,
+so it should not queue behind the step's long kernels. `clock` (a StageClock)
+gets each batch's "read" (waiting for the loader), "sync" (waiting for the side
+stream's previous batch), "prepare" (the task's train_batch) and the training
+thread's "wait" for the next device batch; none of them synchronises.
 """
 
 from __future__ import annotations
@@ -16,15 +23,20 @@ from __future__ import annotations
 import contextlib
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 
+from musubi.data.stage_clock import StageClock, timed
+
 #: Batches prepared ahead on the device (each holds a decoded batch in GPU memory).
 DEPTH = 2
 #: Seconds between checks of the stop flag while the queue is full or empty.
 POLL_S = 0.1
+#: CUDA stream priority of the side stream (lower is more urgent; -1 is the highest PyTorch offers).
+SIDE_STREAM_PRIORITY = -1
 
 _DONE = object()
 
@@ -53,22 +65,30 @@ class DevicePrefetcher:
     """Prepare host batches on `device` one or two ahead (side stream + thread on CUDA, inline on CPU)."""
 
     def __init__(self, prepare: Callable[[Any], Any], device: torch.device, threaded: bool | None = None,
-                 depth: int = DEPTH) -> None:
+                 depth: int = DEPTH, clock: StageClock | None = None) -> None:
         self.prepare, self.device, self.depth = prepare, torch.device(device), depth
         self.threaded = self.device.type == "cuda" if threaded is None else threaded
+        #: read / sync / prepare / wait per batch (summary.json's loader.times, bench/data.py).
+        self.clock = clock if clock is not None else StageClock()
 
     def describe(self) -> str:
         """One phrase for the feed's start line and summary.json."""
         if not self.threaded:
             return "inline (CPU rank)"
-        where = "a side CUDA stream" if self.device.type == "cuda" else "the host"
+        where = "a high-priority side CUDA stream" if self.device.type == "cuda" else "the host"
         return f"{self.depth} batches ahead on {where}, prepared by a background thread"
 
     def batches(self, host_batches: Iterator[Any]) -> Iterator[Any]:
         """Device batches in the loader's order."""
+        clock = self.clock
         if not self.threaded:
-            for host in host_batches:
-                yield self.prepare(host)
+            asked = time.perf_counter()
+            for host in timed_reads(host_batches, clock):
+                with timed(clock, "prepare"):
+                    batch = self.prepare(host)
+                clock.add("wait", time.perf_counter() - asked)  # all of it: nothing was prepared ahead
+                yield batch
+                asked = time.perf_counter()
             return
         q: queue.Queue[Any] = queue.Queue(maxsize=self.depth)
         stop = threading.Event()
@@ -78,11 +98,13 @@ class DevicePrefetcher:
         cuda = self.device.type == "cuda"
         try:
             while True:
+                asked = time.perf_counter()
                 item = q.get()
                 if item is _DONE:
                     return
                 if isinstance(item, Failure):
                     raise item.error
+                clock.add("wait", time.perf_counter() - asked)
                 batch, ready = item
                 if cuda:
                     main = torch.cuda.current_stream(self.device)
@@ -98,7 +120,8 @@ class DevicePrefetcher:
 
     def _produce(self, host_batches: Iterator[Any], q: queue.Queue[Any], stop: threading.Event) -> None:
         cuda = self.device.type == "cuda"
-        stream = torch.cuda.Stream(self.device) if cuda else None
+        stream = torch.cuda.Stream(self.device, priority=SIDE_STREAM_PRIORITY) if cuda else None
+        clock = self.clock
         last: torch.cuda.Event | None = None
 
         def put(item: Any) -> bool:
@@ -113,19 +136,23 @@ class DevicePrefetcher:
         try:
             if cuda:
                 torch.cuda.set_device(self.device)  # a new thread starts on cuda:0
-            for host in host_batches:
+            for host in timed_reads(host_batches, clock):
                 if stop.is_set():
                     return
                 if stream is None:
-                    if not put((self.prepare(host), None)):
+                    with timed(clock, "prepare"):
+                        batch = self.prepare(host)
+                    if not put((batch, None)):
                         return
                     continue
                 if last is not None:
                     # torchvision's CUDA decode allocates its output on this stream but writes from its own
                     # without waiting for it (pytorch/vision#9606): let this stream's earlier work finish first.
-                    last.synchronize()
+                    with timed(clock, "sync"):
+                        last.synchronize()
                 with torch.cuda.stream(stream):
-                    batch = self.prepare(host)
+                    with timed(clock, "prepare", self.device):
+                        batch = self.prepare(host)
                     last = torch.cuda.Event()
                     last.record(stream)
                 if not put((batch, last)):
@@ -134,3 +161,16 @@ class DevicePrefetcher:
             put(Failure(e))
             return
         put(_DONE)
+
+
+def timed_reads(batches: Iterator[Any], clock: StageClock) -> Iterator[Any]:
+    """`batches` with each next() timed as the stage "read" (the wait for the loader's workers)."""
+    it = iter(batches)
+    while True:
+        started = time.perf_counter()
+        try:
+            item = next(it)
+        except StopIteration:
+            return
+        clock.add("read", time.perf_counter() - started)
+        yield item
