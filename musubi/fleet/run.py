@@ -366,7 +366,7 @@ def plan_fleet(req: FleetRequest, console: Console | None = None) -> list[str]:
         pin = cpus_value(cores, gpus) if cores else None
         t = d.predicted(len(gpus)) or 0.0
         lines.append(f"at {clock[0]:.0f} s: {d.name} on {unit} {','.join(map(str, gpus))} "
-                     f"(predicted {t:.0f} s alone): {packer.reasons[d.name]}" + (f"; cores per rank {pin}" if pin
+                     f"(predicted {t:.0f} s): {packer.reasons[d.name]}" + (f"; cores per rank {pin}" if pin
                                                                                   else ""))
 
     bars = advance(packer, clock, {}, placed)
