@@ -514,7 +514,8 @@ class LocalFleet:
         """The first plan in fleet.json ("plan": how, predicted and declared makespan, predicted bars, seconds
         from the fleet's start) and on the console: bench/fleet.py compares it with what happened."""
         self.predicted = {"how": plan.how, "makespan_s": round(plan.makespan, 1),
-                          "declared_s": round(plan.declared, 1), "started": time.time(),
+                          "declared_s": round(plan.declared, 1), "started": time.time(), "share": plan.share,
+                          "unshared_s": round(plan.unshared, 1) if plan.share else None,
                           "bars": [{"job": b.name, "width": len(b.gpus), "start": round(b.start, 1),
                                     "end": round(b.end, 1)} for b in plan.bars]}
         changed = [f"{b.name} on {len(b.gpus)}" for b in plan.bars if len(b.gpus) != self.jobs[b.name].gpus]

@@ -25,7 +25,6 @@ from musubi.fleet.packer import Demand
 from musubi.fleet.sharing import SharePolicy
 from musubi.records.attempts import attempts_of
 
-
 #: The GPU memory a replay's SharePolicy offers (GiB): more than any two recorded jobs need, headroom included.
 REPLAY_GIB = 1e9
 
