@@ -205,7 +205,7 @@ class MachineSpec(StrictModel):
         "auto", description="Local executor on GPUs: auto: two single-GPU jobs may share one GPU when an earlier "
         "run of each alone on this machine recorded a GPU utilisation summing to <= 0.9 and peak memories that fit "
         "with headroom, no GPU is free, and the plan predicts a shorter fleet with it (unmeasured jobs never "
-        "share; see docs/fleet-sharing.md). off: a job's GPUs are its own.")
+        "share; see docs/guides/fleets.md, Two jobs on one GPU). off: a job's GPUs are its own.")
 
 
 class FleetSpec(StrictModel):
