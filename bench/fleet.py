@@ -108,7 +108,7 @@ def run_fleet(fleet: Path, out: Path, device: str, slots: int | None, overlap: b
 def shrink(data: dict) -> None:
     """CPU rehearsal sizes of a bench fleet: a few steps of small images (the plumbing, not the figures)."""
     d = data.setdefault("defaults", {})
-    d.setdefault("train", {}).update(max_steps=3, log_every=1, eval_every=1)
+    d.setdefault("train", {}).update(max_steps=3, log_every=1)
     d.setdefault("train", {}).pop("epochs", None)
     syn = d.setdefault("data", {}).get("synthetic")
     if syn:
@@ -139,10 +139,21 @@ def job_figures(run_dir: Path) -> dict[str, dict]:
     return out
 
 
+def warm_up(device: str) -> None:
+    """Import what every job imports and open each GPU once, so the first of two compared fleet runs does not
+    pay the cold page cache and driver start alone (on 2 CPU cores the second of two identical runs was
+    1.46x faster without it)."""
+    code = ("import torch, torchvision, musubi.cli, musubi.tasks.detection\n"
+            "[torch.zeros(1, device=f'cuda:{i}') for i in range(torch.cuda.device_count())]"
+            if device == "cuda" else "import torch, torchvision, musubi.cli, musubi.tasks.detection")
+    print(f"warm-up: {_run([sys.executable, '-c', code], dict(os.environ), REPO):.1f} s", flush=True)
+
+
 def case_share(fleet: Path, tmp: Path, device: str, slots: int | None, small: bool, svg: Path | None,
                devices: int) -> dict:
     """GPU sharing measured: the fleet with machine.share_gpus off, then auto (same store, so the second reads
     the first's utilisation and peak memory)."""
+    warm_up(device)
     spans = {}
     for arm in ("off", "auto"):
         spans[arm] = run_fleet(fleet, tmp / f"share-{arm}", device, slots, machine={"share_gpus": arm},
@@ -186,6 +197,7 @@ def case_pin(fleet: Path, tmp: Path, device: str, slots: int | None, small: bool
     write_synthetic_coco(jpegs / "val", SyntheticFiles(images=4 if small else 16, width=w, height=h, seed=1,
                                                         min_object=8, max_object=40))
     print(f"wrote {images} JPEG frames {w}x{h} in {time.perf_counter() - t0:.1f} s", flush=True)
+    warm_up(device)
     spans, jobs = {}, {}
     for arm, pin in (("pinned", True), ("unpinned", False)):
         spans[arm] = run_fleet(fleet, tmp / f"pin-{arm}", device, slots, machine={"pin_cpus": pin},

@@ -205,3 +205,5 @@ def test_policy_only_on_gpus_with_known_memory(tmp_path: Path) -> None:
         load_fleet(fleet)
     fleet.write_text("name: s\njobs:\n  - {name: e, command: [x.py]}\n")
     assert load_fleet(fleet).machine.share_gpus == "auto"
+    fleet.write_text("name: s\nmachine: {share_gpus: off}\njobs:\n  - {name: e, command: [x.py]}\n")
+    assert load_fleet(fleet).machine.share_gpus == "off"  # YAML reads a bare off as false
