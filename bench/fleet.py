@@ -108,7 +108,7 @@ def run_fleet(fleet: Path, out: Path, device: str, slots: int | None, overlap: b
 def shrink(data: dict) -> None:
     """CPU rehearsal sizes of a bench fleet: a few steps of small images (the plumbing, not the figures)."""
     d = data.setdefault("defaults", {})
-    d.setdefault("train", {}).update(max_steps=3, log_every=1)
+    d.setdefault("train", {}).update(max_steps=3, log_every=1, batch=4)
     d.setdefault("train", {}).pop("epochs", None)
     syn = d.setdefault("data", {}).get("synthetic")
     if syn:
@@ -192,7 +192,8 @@ def case_pin(fleet: Path, tmp: Path, device: str, slots: int | None, small: bool
     jpegs = tmp / "jpegs"
     t0 = time.perf_counter()
     w, h = (320, 180) if small else (1920, 1080)
-    write_synthetic_coco(jpegs / "train", SyntheticFiles(images=16 if small else images, width=w, height=h,
+    images = 16 if small else images
+    write_synthetic_coco(jpegs / "train", SyntheticFiles(images=images, width=w, height=h,
                                                           min_object=8, max_object=40))
     write_synthetic_coco(jpegs / "val", SyntheticFiles(images=4 if small else 16, width=w, height=h, seed=1,
                                                         min_object=8, max_object=40))
