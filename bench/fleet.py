@@ -12,6 +12,21 @@ Plumbing checked on CPU slots with tiny jobs (where start-up and evaluation
 dominate, so the ratio says nothing); the 4-GPU run is still to be made. Prints the makespans, the speedup
 of the fleet over (a) (target: at least 0.90 x the number of GPUs) and over (b).
 
+Two more cases, each two fleet runs of its own file in one call (`--modes share`, `--modes pin`; the
+`report` JSON gets a "share" or "pin" section):
+
+    python bench/fleet.py --modes share [--share-fleet bench/fleet-share-2gpu.yaml] --json OUT.json --svg OUT.svg
+    python bench/fleet.py --modes pin [--pin-fleet bench/fleet-pin-2gpu.yaml] [--pin-images 1024] --json OUT.json
+
+- share: small single-GPU jobs with machine.share_gpus off (one a GPU; their utilisation and peak memory
+  recorded in the store), then auto beside it (the same store: the plan shares where the measurements
+  allow). Reports both makespans, the gain, which jobs shared, each job's measured utilisation and peak,
+  and each job's seconds alone against shared (its real slowdown; the model predicts max(1, u1 + u2)).
+- pin: JPEG-decoding detectors side by side, machine.pin_cpus true then false, on JPEG files written first.
+  Reports both makespans and each job's median samples/s in both runs.
+`--small`: CPU rehearsal sizes (a few steps, small frames); on CPU slots no GPU is shared, so the share case
+only proves the plumbing there.
+
 The duration model (musubi/fleet/durations.py) is checked on the way: every job (a) and (b) run is
 recorded in the store beside the fleet's run folder as history of that job on this machine (width 1 from
 (a), all GPUs from (b)), so with the default order a,b,fleet the fleet plans from measured durations and
@@ -61,14 +76,23 @@ def _run(argv: list[str], env: dict[str, str], cwd: Path) -> float:
     return time.perf_counter() - t0
 
 
-def run_fleet(fleet: Path, out: Path, device: str, slots: int | None, overlap: bool = True) -> float:
-    """The fleet's makespan (training, evaluation and shipping included); `overlap` False: machine.overlap off
+def run_fleet(fleet: Path, out: Path, device: str, slots: int | None, overlap: bool = True,
+              machine: dict | None = None, subst: dict[str, str] | None = None, small: bool = False) -> float:
+    """The fleet's makespan (training, evaluation and shipping included); `overlap` False: machine.overlap off;
+    `machine`: more machine: settings; `subst`: text replaced in the file ($JPEGS); `small`: CPU rehearsal sizes
     (a copy of the fleet file beside it, removed after)."""
     copy = None
-    if not overlap:
-        data = yaml.safe_load(fleet.read_text())
-        data.setdefault("machine", {})["overlap"] = False
-        copy = fleet.with_name(f".{fleet.stem}.no-overlap.yaml")
+    if not overlap or machine or subst or small:
+        text = fleet.read_text()
+        for k, v in (subst or {}).items():
+            text = text.replace(k, v)
+        data = yaml.safe_load(text)
+        data.setdefault("machine", {}).update(machine or {})
+        if not overlap:
+            data["machine"]["overlap"] = False
+        if small:
+            shrink(data)
+        copy = fleet.with_name(f".{fleet.stem}.{out.name}.yaml")
         copy.write_text(yaml.safe_dump(data, sort_keys=False))
     argv = [sys.executable, "-m", "musubi.cli", "run", str(copy or fleet), "--out", str(out), "--device", device,
             "--no-check"]
@@ -79,6 +103,117 @@ def run_fleet(fleet: Path, out: Path, device: str, slots: int | None, overlap: b
     finally:
         if copy is not None:
             copy.unlink(missing_ok=True)
+
+
+def shrink(data: dict) -> None:
+    """CPU rehearsal sizes of a bench fleet: a few steps of small images (the plumbing, not the figures)."""
+    d = data.setdefault("defaults", {})
+    d.setdefault("train", {}).update(max_steps=3, log_every=1, batch=4)
+    d.setdefault("train", {}).pop("epochs", None)
+    syn = d.setdefault("data", {}).get("synthetic")
+    if syn:
+        syn.update(train_size=48, val_size=4, image_size=96)
+    d["data"]["workers"] = 0
+    if d.get("model_args", {}).get("min_size"):
+        d["model_args"].update(min_size=128, max_size=128)
+
+
+def job_figures(run_dir: Path) -> dict[str, dict]:
+    """Per job of a fleet run: GPU(s), seconds to the release of its GPUs, median samples/s, who shared its GPU,
+    its GPU utilisation and peak memory (telemetry)."""
+    from musubi.records.evidence import gpu_peak_gib, gpu_utilisation, median_rate
+    from musubi.store.rundir import read_jsonl
+
+    rec = json.loads((run_dir / "fleet.json").read_text())
+    out = {}
+    for name, st in (rec.get("jobs") or {}).items():
+        util = gpu_utilisation(run_dir / name)
+        train = [r for r in read_jsonl(run_dir / name / "metrics.jsonl") if r.get("kind") == "train"]
+        rate = median_rate(train)
+        held = (st.get("released") or st.get("ended") or 0) - (st.get("started") or 0)
+        out[name] = {"gpus": st.get("gpus") or (st.get("history") or [{}])[-1].get("gpus"),
+                     "seconds": round(held, 1), "samples_per_s": round(rate, 1) if rate else None,
+                     "shared_with": st.get("shared_with") or [],
+                     "gpu_util": round(max(util.values()), 3) if util else None,
+                     "peak_gib": gpu_peak_gib(run_dir / name), "state": st.get("state")}
+    return out
+
+
+def warm_up(device: str) -> None:
+    """Import what every job imports and open each GPU once, so the first of two compared fleet runs does not
+    pay the cold page cache and driver start alone (on 2 CPU cores the second of two identical runs was
+    1.46x faster without it)."""
+    code = ("import torch, torchvision, musubi.cli, musubi.tasks.detection\n"
+            "[torch.zeros(1, device=f'cuda:{i}') for i in range(torch.cuda.device_count())]"
+            if device == "cuda" else "import torch, torchvision, musubi.cli, musubi.tasks.detection")
+    print(f"warm-up: {_run([sys.executable, '-c', code], dict(os.environ), REPO):.1f} s", flush=True)
+
+
+def case_share(fleet: Path, tmp: Path, device: str, slots: int | None, small: bool, svg: Path | None,
+               devices: int) -> dict:
+    """GPU sharing measured: the fleet with machine.share_gpus off, then auto (same store, so the second reads
+    the first's utilisation and peak memory)."""
+    warm_up(device)
+    spans = {}
+    for arm in ("off", "auto"):
+        spans[arm] = run_fleet(fleet, tmp / f"share-{arm}", device, slots, machine={"share_gpus": arm},
+                               small=small)
+        print(f"share_gpus {arm}: {spans[arm]:.1f} s", flush=True)
+    jobs = {arm: job_figures(tmp / f"share-{arm}") for arm in spans}
+    shared = {n: j["shared_with"] for n, j in jobs["auto"].items() if j["shared_with"]}
+    rows = {}
+    for n, alone in jobs["off"].items():
+        with_ = jobs["auto"].get(n, {})
+        rows[n] = {"alone": alone, "auto": with_,
+                   "slowdown_measured": round(with_["seconds"] / alone["seconds"], 3)
+                   if with_.get("shared_with") and alone["seconds"] else None}
+        print(f"  {n}: alone {alone['seconds']} s (utilisation {alone['gpu_util']}, peak {alone['peak_gib']} GiB); "
+              f"auto {with_.get('seconds')} s" + (f" sharing with {', '.join(with_['shared_with'])}"
+                                                   if with_.get("shared_with") else " alone"), flush=True)
+    plan = json.loads((tmp / "share-auto" / "fleet.json").read_text()).get("plan") or {}
+    out = {"makespan_s": {k: round(v, 1) for k, v in spans.items()}, "gain": round(spans["off"] / spans["auto"], 3),
+           "shared": shared, "jobs": rows, "plan_auto": {k: plan.get(k) for k in ("how", "makespan_s", "share",
+                                                                                   "unshared_s")}}
+    print(f"  sharing: {len(shared)} job(s) shared a GPU; makespan off {spans['off']:.1f} s, auto "
+          f"{spans['auto']:.1f} s ({out['gain']:.2f}x)", flush=True)
+    if svg is not None:
+        bars = []
+        for arm in spans:
+            rec = json.loads((tmp / f"share-{arm}" / "fleet.json").read_text())
+            bars.append((f"share_gpus: {arm}", [Bar(a.name, a.gpus, a.start, a.released) for a in attempts_of(rec)]))
+        svg.write_text(svg_timeline(bars, list(range(devices))))
+    return out
+
+
+def case_pin(fleet: Path, tmp: Path, device: str, slots: int | None, small: bool, images: int) -> dict:
+    """CPU pinning measured on JPEG-decoding jobs side by side: machine.pin_cpus true, then false."""
+    from musubi.data.synthetic_files import SyntheticFiles, write_synthetic_coco
+
+    jpegs = tmp / "jpegs"
+    t0 = time.perf_counter()
+    w, h = (320, 180) if small else (1920, 1080)
+    images = 16 if small else images
+    write_synthetic_coco(jpegs / "train", SyntheticFiles(images=images, width=w, height=h,
+                                                          min_object=8, max_object=40))
+    write_synthetic_coco(jpegs / "val", SyntheticFiles(images=4 if small else 16, width=w, height=h, seed=1,
+                                                        min_object=8, max_object=40))
+    print(f"wrote {images} JPEG frames {w}x{h} in {time.perf_counter() - t0:.1f} s", flush=True)
+    warm_up(device)
+    spans, jobs = {}, {}
+    for arm, pin in (("pinned", True), ("unpinned", False)):
+        spans[arm] = run_fleet(fleet, tmp / f"pin-{arm}", device, slots, machine={"pin_cpus": pin},
+                               subst={"$JPEGS": str(jpegs)}, small=small)
+        jobs[arm] = job_figures(tmp / f"pin-{arm}")
+        print(f"{arm}: {spans[arm]:.1f} s " + json.dumps({n: j["samples_per_s"] for n, j in jobs[arm].items()}),
+              flush=True)
+    rates = {arm: [j["samples_per_s"] for j in js.values() if j["samples_per_s"]] for arm, js in jobs.items()}
+    out = {"makespan_s": {k: round(v, 1) for k, v in spans.items()}, "jobs": jobs, "cores": os.cpu_count(),
+           "order": "pinned then unpinned (one run each)",
+           "pinned_over_unpinned_rate": round(sum(rates["pinned"]) / sum(rates["unpinned"]), 3)
+           if rates["pinned"] and rates["unpinned"] and len(rates["pinned"]) == len(rates["unpinned"]) else None}
+    print(f"  pinning: summed samples/s pinned/unpinned = {out['pinned_over_unpinned_rate']}; makespan pinned "
+          f"{spans['pinned']:.1f} s, unpinned {spans['unpinned']:.1f} s", flush=True)
+    return out
 
 
 def remember(job, out: Path, device: str, n: int, started: float, ended: float) -> None:
@@ -218,6 +353,10 @@ def main() -> None:
     ap.add_argument("--cpu-slots", type=int, default=None)
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--svg", type=Path, default=None, help="draw the predicted and measured fleet timelines")
+    ap.add_argument("--share-fleet", type=Path, default=REPO / "bench" / "fleet-share-2gpu.yaml")
+    ap.add_argument("--pin-fleet", type=Path, default=REPO / "bench" / "fleet-pin-2gpu.yaml")
+    ap.add_argument("--pin-images", type=int, default=1024, help="JPEG train frames (1920x1080) the pin case writes")
+    ap.add_argument("--small", action="store_true", help="share/pin cases at CPU rehearsal sizes")
     ap.add_argument("--a-parallel", action="store_true",
                     help="measure (a) as jobs alone on separate GPUs at once; (a) = the sum of their times")
     args = ap.parse_args()
@@ -231,8 +370,17 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="fleet-bench-"))
     result: dict[str, float] = {}
     jobs: dict[str, dict[str, float]] = {}
+    report_extra: dict[str, dict] = {}
     for mode in args.modes.split(","):
         jobs[mode] = {}
+        if mode == "share":
+            report_extra["share"] = case_share(args.share_fleet, tmp, args.device, args.cpu_slots, args.small,
+                                               args.svg, n)
+            continue
+        if mode == "pin":
+            report_extra["pin"] = case_pin(args.pin_fleet, tmp, args.device, args.cpu_slots, args.small,
+                                           args.pin_images)
+            continue
         if mode in ("fleet", "fleet-no-overlap"):
             result[mode] = run_fleet(args.fleet, tmp / mode, args.device, args.cpu_slots, mode == "fleet")
         elif mode == "a" and args.a_parallel:
@@ -245,7 +393,8 @@ def main() -> None:
               flush=True)
     report = {"devices": n, "device": args.device, "makespan_s": {k: round(v, 1) for k, v in result.items()},
               "job_s": {m: {k: round(v, 1) for k, v in d.items()} for m, d in jobs.items() if d},
-              "a_measured": "in parallel, one job per GPU, summed" if args.a_parallel else "sequential"}
+              "a_measured": "in parallel, one job per GPU, summed" if args.a_parallel else "sequential",
+              **report_extra}
     if "fleet-no-overlap" in result:
         print("fleet-no-overlap (machine.overlap: false):", flush=True)
         report["no_overlap"] = compare(tmp / "fleet-no-overlap", n, None)

@@ -28,9 +28,22 @@ class BarLike(Protocol):
     end: float
 
 
+def lanes(bars: Sequence[BarLike], device: int) -> list[list[BarLike]]:
+    """The bars on `device` in lanes of bars that do not overlap in time (a second lane: a job that shared the
+    GPU), earliest start first; [] when none runs there."""
+    out: list[list[BarLike]] = []
+    for b in sorted((b for b in bars if device in b.gpus), key=lambda b: (b.start, b.name)):
+        lane = next((ln for ln in out if ln[-1].end <= b.start + 1e-9), None)
+        if lane is None:
+            out.append(lane := [])
+        lane.append(b)
+    return out
+
+
 def svg_timeline(rows: Sequence[tuple[str, Sequence[BarLike]]], devices: Sequence[int], unit: str = "GPU",
                  tails: Mapping[str, float] | None = None) -> str:
-    """An SVG of one or more schedules (e.g. predicted and measured) on a common time axis: a lane per device.
+    """An SVG of one or more schedules (e.g. predicted and measured) on a common time axis: a lane per device
+    (split in two where two jobs shared the device: each in half its height).
 
     `tails`: attempt name -> the end of its evaluation after its GPUs went back (drawn pale after the bar)."""
     tails = tails or {}
@@ -50,19 +63,23 @@ def svg_timeline(rows: Sequence[tuple[str, Sequence[BarLike]]], devices: Sequenc
             top = y + i * lane
             out.append(f'<text x="4" y="{top + 15}">{escape(unit)} {d}</text>')
             out.append(f'<rect x="{left}" y="{top + 2}" width="{width}" height="{lane - 4}" fill="#eee"/>')
-            for b in bars:
-                if d not in b.gpus:
-                    continue
+            split = lanes(bars, d)
+            part = (lane - 4) / max(1, len(split))  # height of one sub-lane
+            for k, b in ((k, b) for k, ln in enumerate(split) for b in ln):
                 fill = color[b.name.split("#")[0]]
                 x, w = left + b.start * scale, max(1.0, (b.end - b.start) * scale)
+                y0 = top + 2 + k * part
+                shared = " (shared GPU)" if len(split) > 1 else ""
                 if b.name in tails and tails[b.name] > b.end:
                     tw = (tails[b.name] - b.end) * scale
-                    out.append(f'<rect x="{x + w:.1f}" y="{top + 6}" width="{tw:.1f}" height="{lane - 12}" '
-                               f'fill="{fill}" fill-opacity="0.35"><title>{escape(b.name)} evaluation '
-                               f'{b.end:.0f}-{tails[b.name]:.0f} s</title></rect>')
-                out.append(f'<rect x="{x:.1f}" y="{top + 2}" width="{w:.1f}" height="{lane - 4}" fill="{fill}" '
-                           f'stroke="white"><title>{escape(b.name)} {b.start:.0f}-{b.end:.0f} s</title></rect>')
-                out.append(f'<text x="{x + 3:.1f}" y="{top + 15}" fill="white">{escape(b.name)}</text>')
+                    out.append(f'<rect x="{x + w:.1f}" y="{y0 + part * 0.2:.1f}" width="{tw:.1f}" '
+                               f'height="{part * 0.6:.1f}" fill="{fill}" fill-opacity="0.35"><title>{escape(b.name)} '
+                               f'evaluation {b.end:.0f}-{tails[b.name]:.0f} s</title></rect>')
+                out.append(f'<rect x="{x:.1f}" y="{y0:.1f}" width="{w:.1f}" height="{part:.1f}" fill="{fill}" '
+                           f'stroke="white"><title>{escape(b.name)} {b.start:.0f}-{b.end:.0f} s{shared}</title></rect>')
+                small = ' font-size="8"' if len(split) > 1 else ""
+                out.append(f'<text x="{x + 3:.1f}" y="{y0 + min(13.0, part - 2):.1f}" fill="white"{small}>'
+                           f'{escape(b.name)}</text>')
         y += (len(devices) + 1) * lane
     out.append(f'<text x="{left}" y="{height - 6}">0 s</text>')
     out.append(f'<text x="{left + width - 40}" y="{height - 6}">{end:.0f} s</text>')
@@ -85,7 +102,8 @@ def fleet_section(run: Path) -> str:
     devices = sorted({g for a in attempts for g in a.gpus})
     bars = [_Bar(a.name, a.gpus, a.start, a.released) for a in attempts]
     span = max(a.end for a in attempts)
-    busy = sum((a.released - a.start) * len(a.gpus) for a in attempts) / max(span * len(devices), 1e-9)
+    # A device shared by two attempts counts once while either holds it.
+    busy = sum(held_seconds(bars, d) for d in devices) / max(span * len(devices), 1e-9)
     svg = svg_timeline([("measured (one bar per attempt; pale: its evaluation after the GPUs went back)", bars)],
                        devices, tails={a.name: a.end for a in attempts})
     parts = ["<h2>Fleet</h2>", f'<figure class="plot">{svg}<figcaption class="muted">Fleet timeline: '
@@ -108,6 +126,16 @@ def _startup_table(record: dict[str, Any]) -> str:
         for n, comp in jobs)
     return ("<h3>Start-up per job (seconds, latest attempt)</h3><table><thead><tr>" + head
             + f"</tr></thead><tbody>{rows}</tbody></table>")
+
+
+def held_seconds(bars: Sequence[BarLike], device: int) -> float:
+    """Seconds `device` was held by at least one bar (the union of their intervals)."""
+    total, reach = 0.0, float("-inf")
+    for b in sorted((b for b in bars if device in b.gpus), key=lambda b: b.start):
+        if b.end > reach:
+            total += b.end - max(b.start, reach)
+            reach = b.end
+    return total
 
 
 class _Bar:

@@ -25,6 +25,11 @@ Where the figures come from, first found first:
 4. fallback: FALLBACK_SAMPLES_PER_S per GPU for task jobs whose sample count is
    known, else FALLBACK_S; c and S from the defaults below. A fallback orders
    jobs by size at best: say so in `--dry-run`.
+
+The history also keeps what GPU sharing decides by (fleet/sharing.py): a task job's mean GPU utilisation and
+peak GPU memory, from its telemetry sampler, recorded only for a run on one GPU it held alone; the newest such
+run gives the estimate's `util` and `peak_gib` (None: never measured, so the job never shares). A run that
+shared its GPU is not recorded at all: its seconds are stretched by the other job.
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ from typing import Any
 
 from musubi.config.fleet import CommandJob, TaskJob
 from musubi.config.run_files import RUN_FILES
-from musubi.records.evidence import machine_key
+from musubi.records.evidence import gpu_peak_gib, gpu_utilisation, machine_key
 from musubi.store.db import baselines_of, cache_key, job_runs, store_job_run
 from musubi.store.rundir import read_jsonl
 
@@ -63,6 +68,8 @@ class Estimate:
     source: str  # history (N runs) | probe | declared | fallback
     startup_s: float
     comm: float
+    util: float | None = None  # GPU utilisation alone on one GPU (0-1), from history; None: unmeasured
+    peak_gib: float | None = None  # peak GPU memory alone on one GPU (GiB), from history
 
     def at(self, width: int) -> float:
         """Predicted seconds on `width` GPUs."""
@@ -155,19 +162,35 @@ def estimate(job: TaskJob | CommandJob, widths: tuple[int, ...], db: Path | None
     else:  # FALLBACK_S on its declared width
         one_gpu = (FALLBACK_S.get(kind, 600.0) - startup) * (job.gpus if shrinks else 1) / slowdown(job.gpus, comm)
     seconds = tuple(round(seconds_on(w, one_gpu, startup, comm, shrinks), 3) for w in widths)
-    return Estimate(job.name, widths, seconds, source, round(startup, 3), round(comm, 4))
+    util, peak = measured_alone(runs)
+    return Estimate(job.name, widths, seconds, source, round(startup, 3), round(comm, 4), util, peak)
+
+
+def measured_alone(runs: list[dict[str, Any]]) -> tuple[float | None, float | None]:
+    """(GPU utilisation, peak GiB) of the newest recorded run alone on one GPU that measured both, else (None, None)."""
+    for r in runs:
+        d = r.get("detail") or {}
+        if r["width"] == 1 and isinstance(d.get("gpu_util"), (int, float)) and isinstance(d.get("peak_gib"),
+                                                                                           (int, float)):
+            return float(d["gpu_util"]), float(d["peak_gib"])
+    return None, None
 
 
 def record_run(db: Path, job: TaskJob | CommandJob, machine: list[Any], kind: str, width: int, started: float,
                ended: float, job_dir: Path) -> None:
-    """Add a clean run (first attempt, no restart) of a job to the history; start-up from its first log record."""
+    """Add a clean run (first attempt, no restart, its GPUs its own) of a job to the history; start-up from its
+    first log record; on one GPU its utilisation and peak memory from its telemetry (JOB/telemetry)."""
     first = next((r for r in read_jsonl(job_dir / RUN_FILES.metrics) if r.get("kind") == "train"
                   and isinstance(r.get("time"), (int, float))), None)
     startup = None
     if first is not None and started <= first["time"] <= ended:
         startup = round(first["time"] - started, 3)
-    store_job_run(db, job_key(job, machine, kind), width, round(ended - started, 3), startup,
-                  {"job_dir": str(job_dir), "recorded": time.time()})
+    detail: dict[str, Any] = {"job_dir": str(job_dir), "recorded": time.time()}
+    util = gpu_utilisation(job_dir) if width == 1 else None
+    peak = gpu_peak_gib(job_dir) if util else None
+    if util and peak:  # what GPU sharing decides by (its GPU held alone: the caller records no shared run)
+        detail.update(gpu_util=round(max(util.values()), 3), peak_gib=round(peak, 3))
+    store_job_run(db, job_key(job, machine, kind), width, round(ended - started, 3), startup, detail)
 
 
 def machine_of(env: dict[str, Any] | None) -> list[Any]:

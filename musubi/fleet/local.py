@@ -36,6 +36,7 @@ from musubi.fleet.durations import Estimate, estimate, machine_of, record_run
 from musubi.fleet.machine import SHOW, cpus_value, device_cores, fleet_topology
 from musubi.fleet.moldable import best_plan
 from musubi.fleet.packer import Demand, Packer, unplaceable
+from musubi.fleet.sharing import share_policy
 from musubi.fleet.stop import FleetInterrupted, signals_flagged
 from musubi.launch.proctree import stop_trees
 from musubi.store.db import db_path
@@ -77,6 +78,7 @@ class JobState:
     precision: str = ""  # task jobs: the precision training ended in (after any numerical fallback)
     released: float | None = None  # GPUs back to the packer (training ended, with machine.overlap; else the end)
     startup: dict[str, float] = field(default_factory=dict)  # the latest attempt's start-up (store/startup.py)
+    shared_with: list[str] = field(default_factory=list)  # jobs that shared its GPU during the latest attempt
     history: list[dict[str, Any]] = field(default_factory=list)  # per attempt: gpus, started, released, ended, outcome
 
 
@@ -178,7 +180,8 @@ class LocalFleet:
         if problems:
             raise ConfigError(problems[0])
         topology = fleet_topology(spec, base, run_dir, kind)
-        self.packer = Packer(list(devices), queue, topology=topology, planner=best_plan)
+        self.packer = Packer(list(devices), queue, topology=topology, planner=best_plan,
+                             share=share_policy(spec.machine.share_gpus, kind, gpu_memory))
         self.packer.done = {n for n, st in self.states.items() if st.state == "done"}
         self.running: dict[str, _Running] = {}
         self.predicted: dict[str, Any] | None = None  # the first plan: predicted makespan and timeline
@@ -201,7 +204,7 @@ class LocalFleet:
         gpus = job.gpus if job.gpus in widths else widths[0]
         return Demand(job.name, gpus, job.priority, job.family, first=(job.name == self.first),
                       after=tuple(job.after), widths=widths if len(widths) > 1 else (),
-                      seconds=seconds if len(widths) > 1 else (est.at(gpus),))
+                      seconds=seconds if len(widths) > 1 else (est.at(gpus),), util=est.util, peak_gib=est.peak_gib)
 
     # -- state ---------------------------------------------------------------
     def save_state(self) -> None:
@@ -219,6 +222,7 @@ class LocalFleet:
         st.released = None
         st.placement = self.packer.reasons.get(job.name, "")
         st.history.append({"attempt": st.attempts, "gpus": list(gpus), "started": st.started})
+        self._note_sharing(job.name)
         est = self.estimates[job.name]
         st.predicted_s = est.at(len(gpus)) if len(gpus) in est.widths else None
         st.estimate = est.source
@@ -228,6 +232,14 @@ class LocalFleet:
             self.deferred[job.name] = (gpus, blockers)
             return
         self._spawn(job, gpus, blockers)
+
+    def _note_sharing(self, name: str) -> None:
+        """Who shares whose GPU, in fleet.json (the job and its attempt's history, for the timeline)."""
+        for n in {name} | self.packer.shared_with.get(name, set()):
+            st = self.states[n]
+            st.shared_with = sorted(self.packer.shared_with.get(n, set()))
+            if st.history and st.shared_with:
+                st.history[-1]["shared_with"] = st.shared_with
 
     def _tails(self, job: TaskJob | CommandJob, gpus: list[int]) -> set[str]:
         """Jobs still evaluating on `gpus` (their GPUs went back at the end of training) that `job` must wait
@@ -502,7 +514,8 @@ class LocalFleet:
         """The first plan in fleet.json ("plan": how, predicted and declared makespan, predicted bars, seconds
         from the fleet's start) and on the console: bench/fleet.py compares it with what happened."""
         self.predicted = {"how": plan.how, "makespan_s": round(plan.makespan, 1),
-                          "declared_s": round(plan.declared, 1), "started": time.time(),
+                          "declared_s": round(plan.declared, 1), "started": time.time(), "share": plan.share,
+                          "unshared_s": round(plan.unshared, 1) if plan.share else None,
                           "bars": [{"job": b.name, "width": len(b.gpus), "start": round(b.start, 1),
                                     "end": round(b.end, 1)} for b in plan.bars]}
         changed = [f"{b.name} on {len(b.gpus)}" for b in plan.bars if len(b.gpus) != self.jobs[b.name].gpus]
@@ -513,6 +526,8 @@ class LocalFleet:
     def _remember(self, name: str, st: JobState) -> None:
         """A clean run (first attempt, no restart, no interruption) goes to the duration history."""
         if st.attempts != 1 or st.restarts or st.interruptions or st.started is None or st.ended is None:
+            return
+        if st.shared_with:  # its seconds and utilisation mix with the other job's: not this job's alone
             return
         try:
             # The GPUs' time: to the release (with machine.overlap the next job starts beside the evaluation).

@@ -19,16 +19,18 @@ backfill, `after:`). The candidates:
   predicts a longer fleet than the plan it replaces).
 
 Priority and "previous best first" stay the first keys of every order; family
-grouping is kept only by the declared candidate.
+grouping is kept only by the declared candidate. Under a SharePolicy (fleet/sharing.py) every candidate is
+judged with and without GPU sharing; sharing is kept only when it predicts a shorter makespan. On the
+virtual clock two jobs on one GPU progress max(1, u1 + u2) times slower (sharing.slowdown).
 """
 
 from __future__ import annotations
 
-import heapq
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from musubi.fleet.packer import Demand, Packer, order
+from musubi.fleet.sharing import SharePolicy, slowdown
 
 #: Above this many queued jobs only the declared and longest-first candidates are simulated (each widening
 #: round simulates the whole queue again).
@@ -57,37 +59,70 @@ class Plan:
     bars: list[Bar] = field(default_factory=list)
     how: str = "declared"
     declared: float = 0.0  # the predicted makespan of the declared candidate (the packer without a plan)
+    share: bool = False  # GPUs are shared under the fleet's SharePolicy (it predicted a shorter makespan)
+    unshared: float = 0.0  # with `share`: the best predicted makespan without sharing
 
 
 def simulate(gpus: Sequence[int], queue: Sequence[Demand], widths: Mapping[str, int],
              busy: Mapping[str, Sequence[int]] | None = None, remaining: Mapping[str, float] | None = None,
-             done: Iterable[str] = (), topology=None) -> list[Bar]:
+             done: Iterable[str] = (), topology=None, share: SharePolicy | None = None,
+             running: Mapping[str, Demand] | None = None) -> list[Bar]:
     """The packer's schedule of `queue` (kept in this order, on `widths`) on a virtual clock, every job taking
-    its predicted time; `busy`/`remaining`: jobs already running and the seconds they have left."""
-    packer = Packer(list(gpus), list(queue), topology=topology, keep_order=True, width=dict(widths))
+    its predicted time (stretched while it shares a GPU); `busy`/`remaining`: jobs already running and the
+    seconds they have left; `running`: what they asked (their utilisation, when they share); `share`: the
+    policy under which GPUs may be shared (None: never)."""
+    packer = Packer(list(gpus), list(queue), topology=topology, keep_order=True, width=dict(widths), share=share)
     held = {g for gs in (busy or {}).values() for g in gs}
     packer.free = [g for g in sorted(gpus) if g not in held]
     packer.busy = {n: list(g) for n, g in (busy or {}).items()}
+    packer.running = {n: (running or {}).get(n) or Demand(n, len(g)) for n, g in packer.busy.items()}
     packer.done = set(done)
-    ends = [(float(t), n) for n, t in (remaining or {}).items()]
-    heapq.heapify(ends)
+    return advance(packer, [0.0], dict(remaining or {}))
+
+
+def advance(packer: Packer, clock: list[float], left: dict[str, float],
+            placed: Callable[[Demand, list[int]], None] | None = None) -> list[Bar]:
+    """Run `packer` on the virtual clock `clock` (its [0] is now, moved forward) until nothing more starts:
+    place, then move to the next end. `left`: seconds of work each running job has left at full speed (new
+    jobs get their prediction); a job progresses at 1/slowdown of the jobs on its GPUs (fleet/sharing.py).
+    `placed(demand, gpus)` is called at each start. The bars of the jobs started, in start order."""
     bars: list[Bar] = []
-    now = 0.0
+    index: dict[str, int] = {}
     while True:
         for d, g in packer.place():
+            if placed is not None:
+                placed(d, g)
             seconds = d.predicted(len(g))
-            end = now + (seconds if seconds is not None else 0.0)
-            heapq.heappush(ends, (end, d.name))
-            bars.append(Bar(d.name, tuple(g), now, end))
-        if not ends:
+            left[d.name] = seconds if seconds is not None else 0.0
+            index[d.name] = len(bars)
+            bars.append(Bar(d.name, tuple(g), clock[0], clock[0]))
+        live = [n for n in left if n in packer.busy]
+        if not live:
             return bars  # what is still queued never starts (it waits for a job that is not coming)
-        now, name = heapq.heappop(ends)
-        finished = [name]
-        while ends and ends[0][0] <= now:  # jobs ending together free their GPUs together
-            finished.append(heapq.heappop(ends)[1])
+        slow = {n: _slowdown(packer, n) for n in live}
+        step = min(left[n] * slow[n] for n in live)
+        clock[0] += step
+        finished = []
+        for n in live:
+            left[n] -= step / slow[n]
+            if left[n] <= 1e-9 * max(1.0, clock[0]):  # jobs ending together free their GPUs together
+                finished.append(n)
         for n in finished:
+            del left[n]
+            if n in index:
+                b = bars[index[n]]
+                bars[index[n]] = Bar(b.name, b.gpus, b.start, clock[0])
             packer.release(n)
             packer.done.add(n)
+
+
+def _slowdown(packer: Packer, name: str) -> float:
+    """How much slower `name` runs now: its GPUs' tenants' summed utilisation (1 alone on its GPUs)."""
+    gpus = set(packer.busy[name])
+    tenants = [n for n, gs in packer.busy.items() if gpus & set(gs)]
+    if len(tenants) < 2:
+        return 1.0
+    return slowdown((packer.running[n].util or 0.0) if n in packer.running else 0.0 for n in tenants)
 
 
 def makespan(bars: Sequence[Bar], remaining: Mapping[str, float] | None = None) -> float:
@@ -112,13 +147,29 @@ def lower_bound(queue: Sequence[Demand], capacity: int) -> float:
 
 def best_plan(gpus: Sequence[int], queue: Sequence[Demand], busy: Mapping[str, Sequence[int]] | None = None,
               remaining: Mapping[str, float] | None = None, done: Iterable[str] = (),
-              previous: Plan | None = None) -> Plan:
-    """The candidate plan with the shortest predicted makespan (ties: the previous plan, then as declared)."""
-    done = set(done)
+              previous: Plan | None = None, share: SharePolicy | None = None,
+              running: Mapping[str, Demand] | None = None) -> Plan:
+    """The candidate plan with the shortest predicted makespan (ties: the previous plan, then as declared;
+    then without sharing: GPUs are shared only when that predicts a shorter fleet)."""
+    sharable = share is not None and any(d.util is not None and 1 in d.allowed() for d in queue)
+    plain = _best_plan(gpus, queue, busy, remaining, set(done), previous, None, running)
+    if not sharable:
+        return plain
+    shared = _best_plan(gpus, queue, busy, remaining, set(done), previous, share, running)
+    if shared.makespan < plain.makespan - 1e-6:
+        shared.share, shared.unshared = True, plain.makespan
+        return shared
+    return plain
+
+
+def _best_plan(gpus: Sequence[int], queue: Sequence[Demand], busy: Mapping[str, Sequence[int]] | None,
+               remaining: Mapping[str, float] | None, done: set[str], previous: Plan | None,
+               share: SharePolicy | None, running: Mapping[str, Demand] | None) -> Plan:
+    """best_plan's candidates, all judged with sharing under `share` (None: never)."""
     capacity = len(gpus)
 
     def judge(ordered: list[Demand], widths: dict[str, int], how: str) -> Plan:
-        bars = simulate(gpus, ordered, widths, busy, remaining, done)
+        bars = simulate(gpus, ordered, widths, busy, remaining, done, share=share, running=running)
         return Plan([d.name for d in ordered], dict(widths), makespan(bars, remaining), bars, how)
 
     declared_widths = {d.name: d.gpus for d in queue}

@@ -9,7 +9,9 @@ later jobs of the same or higher priority that fit in what is free start instead
 (backfill). Jobs of lower priority than a job waiting for GPUs are not backfilled
 (its GPUs are reserved as they free up), so a stream of small low-priority jobs
 never starves a high-priority multi-GPU job; within one priority no GPU idles
-while work is queued. Jobs never share a GPU. Which free GPUs a job gets is
+while work is queued. Jobs share a GPU only under a SharePolicy (fleet/sharing.py): two
+measured single-GPU jobs, the second placed only when no GPU is free and no job before it waits for whole
+GPUs. Which free GPUs a job gets is
 decided by the node's topology (fleet/placement.py): the best-linked group,
 leaving the best groups to the multi-GPU jobs still queued.
 
@@ -28,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from musubi.fleet.placement import choose
+from musubi.fleet.sharing import SharePolicy
 from musubi.topology.model import NodeTopology
 
 
@@ -43,6 +46,8 @@ class Demand:
     after: tuple[str, ...] = ()  # jobs that must end well first
     widths: tuple[int, ...] = ()  # GPU counts it may get (a moldable job); () = exactly `gpus`
     seconds: tuple[float, ...] = ()  # predicted seconds on each of `allowed()`; () = unknown
+    util: float | None = None  # recorded GPU utilisation alone on one GPU (0-1); None: unmeasured, never shares
+    peak_gib: float | None = None  # recorded peak GPU memory alone on one GPU (GiB)
 
     def allowed(self) -> tuple[int, ...]:
         """The GPU counts this job may run on."""
@@ -72,12 +77,17 @@ class Packer:
     planner: Callable[..., Any] | None = None
     plan: Any = None  # the latest plan while planning
     ends: dict[str, float] = field(default_factory=dict)  # running job -> predicted end (clock seconds)
+    share: SharePolicy | None = None  # two measured single-GPU jobs may share a GPU (None: never)
+    running: dict[str, Demand] = field(default_factory=dict)  # what each running job asked
+    #: Running (and ended) job -> the jobs that shared its GPU at some time of its run (their figures mix).
+    shared_with: dict[str, set[str]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.free = sorted(self.gpus)
         if not self.keep_order:
             self.queue = order(self.queue)
         self.stale = True  # the plan must be made again (a job ended, or was queued again)
+        self.sharing = self.share is not None  # a plan may turn it off (it predicted the fleet slower with it)
 
     def planning(self) -> bool:
         """Whether the order and widths come from a plan: every queued job has predicted durations."""
@@ -89,11 +99,37 @@ class Packer:
         remaining = {n: max(1.0, end - now) for n, end in self.ends.items() if n in self.busy}
         for n in self.busy:  # a running job without a prediction: assume it ends soon
             remaining.setdefault(n, 1.0)
-        plan = self.planner(self.gpus, self.queue, self.busy, remaining, self.done, self.plan)
+        plan = self.planner(self.gpus, self.queue, self.busy, remaining, self.done, self.plan, share=self.share,
+                            running=self.running)
         rank = {n: i for i, n in enumerate(plan.order)}
         self.queue.sort(key=lambda d: rank.get(d.name, len(rank)))
         self.width = dict(plan.widths)
+        self.sharing = self.share is not None and plan.share
         self.plan, self.stale = plan, False
+
+    def _shared_slot(self, job: Demand) -> tuple[int, str] | None:
+        """A GPU that one running job holds alone and `job` may join (the lowest summed utilisation, then the
+        lowest index), and why; None when there is none or sharing is off."""
+        if not self.sharing or self.share is None or job.util is None or job.peak_gib is None:
+            return None
+        holders: dict[int, list[str]] = {}
+        for n, gs in self.busy.items():
+            for g in gs:
+                holders.setdefault(g, []).append(n)
+        best: tuple[float, int, str] | None = None
+        for g, names in holders.items():
+            host = self.running.get(names[0]) if len(names) == 1 else None
+            if host is None or len(self.busy[host.name]) != 1 or \
+                    not self.share.fits(host.util, host.peak_gib, job.util, job.peak_gib):
+                continue
+            key = (host.util + job.util, g, host.name)  # type: ignore[operator]
+            if best is None or key < best:
+                best = key
+        if best is None:
+            return None
+        host = self.running[best[2]]
+        return best[1], f"shares GPU {best[1]} with {host.name}: " + self.share.why(
+            host.util, host.peak_gib, job.util, job.peak_gib)  # type: ignore[arg-type]
 
     def place(self) -> list[tuple[Demand, list[int]]]:
         """Start every queued job that fits now, in queue order with backfill."""
@@ -106,28 +142,44 @@ class Packer:
             ready = set(job.after) <= self.done
             if ready and waiting is not None and job.priority < waiting:
                 continue  # reserved: no lower-priority backfill while a higher-priority job waits for GPUs
+            slot = None
             if ready and k > len(self.free):
-                waiting = job.priority if waiting is None else max(waiting, job.priority)
-            if k <= len(self.free) and ready:
+                # A shared slot only while no job before this one waits for whole GPUs (it would wait longer).
+                slot = self._shared_slot(job) if k == 1 and waiting is None else None
+                if slot is None:
+                    waiting = job.priority if waiting is None else max(waiting, job.priority)
+            if slot is not None:
+                chosen, self.reasons[job.name] = [slot[0]], slot[1]
+                host = next(n for n, gs in self.busy.items() if slot[0] in gs)
+                self.shared_with.setdefault(host, set()).add(job.name)
+                self.shared_with[job.name] = {host}
+            elif k <= len(self.free) and ready:
                 behind = [(d.name, self.width.get(d.name, d.gpus)) for d in self.queue if d is not job]
                 held = [g for gs in self.busy.values() for g in gs]  # running jobs give these back later
                 pick = choose(self.topology, self.free, k, behind, later=held)
                 chosen = list(pick.gpus)
                 self.free = [g for g in self.free if g not in chosen]
-                self.busy[job.name] = chosen
                 self.reasons[job.name] = pick.reason
-                self.queue.remove(job)
-                seconds = job.predicted(k)
-                if seconds is not None:
-                    self.ends[job.name] = self.clock() + seconds
-                started.append((job, chosen))
-            if not self.free:
+                self.shared_with[job.name] = set()
+            else:
+                continue
+            self.busy[job.name] = chosen
+            self.running[job.name] = job
+            self.queue.remove(job)
+            seconds = job.predicted(k)
+            if seconds is not None:
+                self.ends[job.name] = self.clock() + seconds
+            started.append((job, chosen))
+            if not self.free and not self.sharing:
                 break
         return started
 
     def release(self, name: str) -> None:
         """A job ended: its GPUs are free again."""
-        self.free = sorted(self.free + self.busy.pop(name, []))
+        gone = self.busy.pop(name, [])
+        self.running.pop(name, None)
+        held = {g for gs in self.busy.values() for g in gs}  # a GPU still shared with another job stays taken
+        self.free = sorted(set(self.free) | {g for g in gone if g not in held})
         self.ends.pop(name, None)
         self.stale = True
 

@@ -8,7 +8,9 @@ measured seconds, with the fleet's priorities and `after:` (a retry waits for th
 and runs `moldable.simulate`, the same packer loop the planner and `--dry-run` use. The simulated
 makespan (the latest end of a bar plus its tail) is compared with the recorded one (the latest end
 minus the first start). The difference is what the real fleet adds between jobs (its 0.5 s poll,
-spawning) and any decision the packer would take differently.
+spawning) and any decision the packer would take differently. Attempts that shared a GPU
+(machine.share_gpus) may share again in the simulation, with no further slowdown: their measured seconds
+already hold it.
 """
 
 from __future__ import annotations
@@ -20,7 +22,11 @@ from typing import Any
 from musubi.config.fleet import FleetSpec
 from musubi.fleet.moldable import Bar, simulate
 from musubi.fleet.packer import Demand
+from musubi.fleet.sharing import SharePolicy
 from musubi.records.attempts import attempts_of
+
+#: The GPU memory a replay's SharePolicy offers (GiB): more than any two recorded jobs need, headroom included.
+REPLAY_GIB = 1e9
 
 
 @dataclass
@@ -52,9 +58,12 @@ def replay(record: dict[str, Any], spec: FleetSpec | None = None, devices: Seque
         if a.job in previous:  # a retry starts after the attempt before it ended
             after += (previous[a.job],)
         previous[a.job] = a.name
+        shared = (0.0, 0.0) if a.shared_with else (None, None)  # utilisation 0: the slowdown is in its seconds
         queue.append(Demand(a.name, len(a.gpus), j.priority if j is not None else 0, after=after,
-                            seconds=(max(0.0, a.released - a.start),)))
-    bars = simulate(devs, queue, {d.name: d.gpus for d in queue})
+                            seconds=(max(0.0, a.released - a.start),), util=shared[0], peak_gib=shared[1]))
+    # Memory was checked when they shared: here any two recorded sharers fit.
+    share = SharePolicy(memory_gib=REPLAY_GIB) if any(a.shared_with for a in attempts) else None
+    bars = simulate(devs, queue, {d.name: d.gpus for d in queue}, share=share)
     tail = {a.name: max(0.0, a.end - a.released) for a in attempts}
     recorded = [Bar(a.name, a.gpus, a.start, a.released) for a in attempts]
     return Replay(devs, recorded, bars, max((a.end for a in attempts), default=0.0),

@@ -299,13 +299,12 @@ def plan_fleet(req: FleetRequest, console: Console | None = None) -> list[str]:
     reasons, core plan) the local executor would follow, the predicted makespan and a per-GPU timeline, on
     this machine, the recorded `machine.topology`, or `--gpus N` GPUs; nothing is started or written. The
     timeline drives the fleet's own packer on a virtual clock with the predicted durations. Returns the lines."""
-    import heapq
-
     from musubi.fleet.durations import machine_of
     from musubi.fleet.local import estimates
     from musubi.fleet.machine import cpus_value, device_cores
-    from musubi.fleet.moldable import Bar, best_plan, lower_bound, makespan, simulate
+    from musubi.fleet.moldable import advance, best_plan, lower_bound, makespan, simulate
     from musubi.fleet.packer import Demand, Packer, order, unplaceable
+    from musubi.fleet.sharing import share_note, share_policy
     from musubi.fleet.timeline import busy_fraction, text_timeline
     from musubi.topology.read import read_node_topology
 
@@ -335,7 +334,7 @@ def plan_fleet(req: FleetRequest, console: Console | None = None) -> list[str]:
         gpus = j.gpus if j.gpus in e.widths else e.widths[0]
         queue.append(Demand(j.name, gpus, j.priority, j.family, after=tuple(j.after),
                             widths=e.widths if len(e.widths) > 1 else (), seconds=e.seconds if len(e.widths) > 1
-                            else (e.at(gpus),)))
+                            else (e.at(gpus),), util=e.util, peak_gib=e.peak_gib))
     problems = refusals(spec, devices, kind) or unplaceable(queue, len(devices))
     if problems:
         raise ConfigError(problems[0])
@@ -349,33 +348,29 @@ def plan_fleet(req: FleetRequest, console: Console | None = None) -> list[str]:
     for j in spec.jobs:
         e = est[j.name]
         each = ", ".join(f"{w} {unit}{'s' if w > 1 else ''} {t:.0f} s" for w, t in zip(e.widths, e.seconds, strict=True))
-        lines.append(f"  {j.name}: {each} ({e.source}; start-up {e.startup_s:.0f} s, comm {e.comm:g})")
+        measured = (f"; alone on one GPU: utilisation {e.util:.2f}, peak {e.peak_gib:.1f} GiB"
+                    if e.util is not None and e.peak_gib is not None else "")
+        lines.append(f"  {j.name}: {each} ({e.source}; start-up {e.startup_s:.0f} s, comm {e.comm:g}{measured})")
     clock = [0.0]
-    packer = Packer(list(devices), list(queue), topology=topo, planner=best_plan, clock=lambda: clock[0])
-    bars: list[Bar] = []
-    ends: list[tuple[float, str]] = []
+    # --gpus N plans a machine that is not this one: no history of it, so nothing is measured to share.
+    share = share_policy(spec.machine.share_gpus, kind, gpu_memory_gib(devices) if kind == "cuda" and
+                         req.gpus is None else None)
+    packer = Packer(list(devices), list(queue), topology=topo, planner=best_plan, clock=lambda: clock[0],
+                    share=share)
+
     first_plan = None
-    while packer.queue:
-        placed = packer.place()
-        if first_plan is None and packer.plan is not None:
-            first_plan = packer.plan
-        for d, gpus in placed:
-            pin = cpus_value(cores, gpus) if cores else None
-            t = d.predicted(len(gpus)) or 0.0
-            lines.append(f"at {clock[0]:.0f} s: {d.name} on {unit} {','.join(map(str, gpus))} "
-                         f"(predicted {t:.0f} s): {packer.reasons[d.name]}" + (f"; cores per rank {pin}" if pin else ""))
-            bars.append(Bar(d.name, tuple(gpus), clock[0], clock[0] + t))
-            heapq.heappush(ends, (clock[0] + t, d.name))
-        if not ends:
-            lines += [f"never starts: {d.name} (waits for {', '.join(d.after)})" for d in packer.queue]
-            break
-        clock[0], name = heapq.heappop(ends)
-        finished = [name]
-        while ends and ends[0][0] <= clock[0]:  # jobs ending together free their GPUs together
-            finished.append(heapq.heappop(ends)[1])
-        for n in finished:
-            packer.release(n)
-            packer.done.add(n)
+
+    def placed(d: Demand, gpus: list[int]) -> None:
+        nonlocal first_plan
+        first_plan = first_plan or packer.plan
+        pin = cpus_value(cores, gpus) if cores else None
+        t = d.predicted(len(gpus)) or 0.0
+        lines.append(f"at {clock[0]:.0f} s: {d.name} on {unit} {','.join(map(str, gpus))} "
+                     f"(predicted {t:.0f} s): {packer.reasons[d.name]}" + (f"; cores per rank {pin}" if pin
+                                                                                  else ""))
+
+    bars = advance(packer, clock, {}, placed)
+    lines += [f"never starts: {d.name} (waits for {', '.join(d.after)})" for d in packer.queue]
     declared = makespan(simulate(devices, order(list(queue)), {d.name: d.gpus for d in queue}))
     span = makespan(bars)
     how = first_plan.how if first_plan is not None else "declared"
@@ -394,6 +389,13 @@ def plan_fleet(req: FleetRequest, console: Console | None = None) -> list[str]:
     changed = [f"{d.name} {d.gpus}->{widths[d.name]}" for d in queue if d.name in widths and widths[d.name] != d.gpus]
     if changed:
         lines.append("widths chosen (moldable jobs): " + ", ".join(changed))
+    guests = sorted(n for n, r in packer.reasons.items() if r.startswith("shares GPU"))
+    if guests:
+        lines.append(f"GPU sharing (machine.share_gpus: auto): {', '.join(guests)} join a GPU another job holds; "
+                     f"without sharing the plan predicts {first_plan.unshared:.0f} s" if first_plan is not None
+                     and first_plan.share else f"GPU sharing: {', '.join(guests)} join a GPU another job holds")
+    elif share is not None:
+        lines.append(share_note(queue, share))
     lines += text_timeline(bars, devices, unit)
     for ln in lines:
         console.print(ln, highlight=False, markup=False, soft_wrap=True)

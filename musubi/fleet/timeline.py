@@ -5,6 +5,7 @@ from __future__ import annotations
 import string
 from collections.abc import Sequence
 
+from musubi.diagnose.fleet_view import held_seconds, lanes
 from musubi.fleet.moldable import Bar
 
 #: One letter per job on the text timeline (the key under it names them).
@@ -12,21 +13,23 @@ LETTERS = string.ascii_letters + string.digits
 
 
 def text_timeline(bars: Sequence[Bar], devices: Sequence[int], unit: str = "GPU", columns: int = 64) -> list[str]:
-    """One line per device: a letter per job across time ('.' idle), then the key (letter: job, start-end)."""
+    """One line per device (two where two jobs shared it: the second marked '+'): a letter per job across time
+    ('.' idle), then the key (letter: job, start-end)."""
     end = max((b.end for b in bars), default=0.0)
     if end <= 0:
         return []
     step = end / columns
     letter = {b.name: LETTERS[i % len(LETTERS)] for i, b in enumerate(sorted(bars, key=lambda b: (b.start, b.name)))}
     lines = [f"timeline: 1 column = {step:.1f} s, {end:.0f} s in all ('.' = idle)"]
-    label = max(len(f"{unit} {d}") for d in devices)
+    split = {d: lanes(bars, d) or [[]] for d in devices}
+    label = max(len(f"{unit} {d}") + len(split[d]) - 1 for d in devices)
     for d in devices:
-        row = ["."] * columns
-        for b in bars:
-            if d in b.gpus:
+        for k, lane in enumerate(split[d]):
+            row = ["."] * columns
+            for b in lane:
                 for c in range(int(b.start / step), max(int(b.start / step) + 1, round(b.end / step))):
                     row[min(c, columns - 1)] = letter[b.name]
-        lines.append(f"{unit} {d}".ljust(label) + " |" + "".join(row) + "|")
+            lines.append(f"{unit} {d}{'+' * k}".ljust(label) + " |" + "".join(row) + "|")
     for b in sorted(bars, key=lambda b: (b.start, b.name)):
         lines.append(f"  {letter[b.name]} {b.name}: {b.start:.0f}-{b.end:.0f} s on {unit} "
                      f"{','.join(map(str, b.gpus))}")
@@ -38,4 +41,5 @@ def busy_fraction(bars: Sequence[Bar], devices: Sequence[int]) -> float:
     end = max((b.end for b in bars), default=0.0)
     if end <= 0 or not devices:
         return 0.0
-    return sum((b.end - b.start) * len(b.gpus) for b in bars) / (end * len(devices))
+    # A device two jobs shared counts once while either holds it.
+    return sum(held_seconds(bars, d) for d in devices) / (end * len(devices))

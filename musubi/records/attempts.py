@@ -18,6 +18,7 @@ class Attempt:
     released: float
     end: float
     outcome: str
+    shared_with: tuple[str, ...] = ()  # jobs that shared its GPU (machine.share_gpus)
 
 
 def attempts_of(record: dict[str, Any]) -> list[Attempt]:
@@ -37,5 +38,6 @@ def attempts_of(record: dict[str, Any]) -> list[Attempt]:
         n = seen[job] = seen.get(job, -1) + 1
         released = h["released"] if isinstance(h.get("released"), (int, float)) else h["ended"]
         out.append(Attempt(job if n == 0 else f"{job}#{n}", job, tuple(h.get("gpus") or (0,)), h["started"] - t0,
-                           released - t0, h["ended"] - t0, str(h.get("outcome") or "")))
+                           released - t0, h["ended"] - t0, str(h.get("outcome") or ""),
+                           tuple(str(n) for n in h.get("shared_with") or ())))
     return out

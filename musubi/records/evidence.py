@@ -166,6 +166,17 @@ def gpu_utilisation(job_dir: Path) -> dict[int, float] | None:
     return {g: statistics.fmean(v[len(v) // 10:] or v) for g, v in samples.items()}
 
 
+def gpu_peak_gib(job_dir: Path) -> float | None:
+    """Most GPU memory used on any of the job's GPUs (NVML, GiB: its tensors, allocator cache and CUDA
+    context) from the telemetry sampler (JOB/telemetry/sampler-rank{r}.jsonl); None: no GPU samples."""
+    folder = job_dir / "telemetry"
+    if not folder.is_dir():
+        return None
+    peaks = [float(r["mem_used_gib"]) for path in sorted(folder.glob("*.jsonl")) for r in read_jsonl(path)
+             if r.get("kind") in ("sample", "gpu") and isinstance(r.get("mem_used_gib"), (int, float))]
+    return max(peaks) if peaks else None
+
+
 def data_wait_share(job_dir: Path) -> float | None:
     """Largest per-rank share of step time spent waiting for data (the `data` section of the step
     spans in JOB/telemetry/rank{r}.jsonl, the first tenth of the steps skipped); None: no spans."""

@@ -1,0 +1,86 @@
+"""Two small jobs on one GPU: when the packer may put a second job on a GPU a job already holds, and how much
+slower both then run.
+
+A GPU is shared only between two single-GPU jobs whose measurements say it is safe (machine.share_gpus:
+auto, the default; `off` never shares):
+
+- both have a recorded GPU utilisation u (NVML's "utilisation": the fraction of time a kernel of the job
+  ran, the mean over its training after the first tenth of the samples) and a recorded peak GPU memory
+  (NVML's memory used on its GPU, CUDA context and allocator cache included), from an earlier run of the
+  same job on this machine that held its GPU alone (fleet/durations.py); a job without them never shares;
+- u1 + u2 <= UTIL_LIMIT, and peak1 + peak2 + headroom <= the GPU's memory (headroom: the larger of
+  HEADROOM_GIB and HEADROOM_FRACTION of the GPU), so neither can run the other out of memory;
+- the second job takes the slot only when no GPU is free and no job before it in the queue waits for
+  whole GPUs (a guest never delays a wider or earlier job: no starvation);
+- the fleet's plan (fleet/moldable.py) is simulated with and without sharing and sharing is kept only
+  when it predicts a shorter makespan.
+
+The slowdown model. Without MPS, kernels of two processes do not run at once: the GPU time-slices between
+their contexts. A job that kept the GPU busy a fraction u of its time needs that much GPU time to go at
+full speed, so two jobs at u1, u2 both run max(1, u1 + u2) times slower than alone: not slower while the
+GPU has idle time for both, proportionally slower past it. The model ignores the cost of switching
+contexts and the host's cores the two jobs share (their loaders, the GPU's cores when pinned): bench/fleet.py
+`--modes share` measures both ways on real GPUs, and that figure is what says whether sharing paid.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+#: Most summed utilisation two jobs may have to share a GPU (below 1: some slack for the context switches).
+UTIL_LIMIT = 0.9
+#: Memory kept free on a shared GPU beyond both jobs' recorded peaks (GiB), or this fraction of the GPU.
+HEADROOM_GIB = 2.0
+HEADROOM_FRACTION = 0.1
+
+
+@dataclass(frozen=True)
+class SharePolicy:
+    """What one GPU of this machine offers two jobs that share it."""
+
+    memory_gib: float  # one GPU's memory
+    util_limit: float = UTIL_LIMIT
+
+    @property
+    def headroom_gib(self) -> float:
+        """Memory left free on a shared GPU (GiB)."""
+        return max(HEADROOM_GIB, HEADROOM_FRACTION * self.memory_gib)
+
+    def fits(self, a_util: float | None, a_peak: float | None, b_util: float | None, b_peak: float | None) -> bool:
+        """Whether two measured jobs may share one GPU (an unmeasured one never may)."""
+        if None in (a_util, a_peak, b_util, b_peak):
+            return False
+        return (a_util + b_util <= self.util_limit + 1e-9  # type: ignore[operator]
+                and a_peak + b_peak + self.headroom_gib <= self.memory_gib + 1e-9)  # type: ignore[operator]
+
+    def why(self, a_util: float, a_peak: float, b_util: float, b_peak: float) -> str:
+        """The figures that allowed sharing, for the placement reason."""
+        return (f"utilisation {a_util:.2f}+{b_util:.2f} <= {self.util_limit:.2f}, memory {a_peak:.1f}+{b_peak:.1f}"
+                f"+{self.headroom_gib:.1f} <= {self.memory_gib:.1f} GiB")
+
+
+def slowdown(utils: Iterable[float]) -> float:
+    """How many times slower each job on one time-sliced GPU runs than alone: max(1, sum of utilisations)."""
+    return max(1.0, sum(utils))
+
+
+def share_policy(mode: str, kind: str, gpu_memory_gib: float | None) -> SharePolicy | None:
+    """The fleet's policy: machine.share_gpus `auto` on GPUs whose memory is known; None (never share) else."""
+    if mode != "auto" or kind != "cuda" or not gpu_memory_gib:
+        return None
+    return SharePolicy(gpu_memory_gib)
+
+
+def share_note(queue: Iterable, policy: SharePolicy) -> str:
+    """Why no GPU is shared in a plan (for `--dry-run`): which jobs lack measurements, or that none pays."""
+    single = [d for d in queue if 1 in d.allowed()]
+    unmeasured = [d.name for d in single if d.util is None or d.peak_gib is None]
+    if len(single) < 2:
+        return "GPU sharing: fewer than two single-GPU jobs, nothing to share"
+    if len(unmeasured) == len(single):
+        return ("GPU sharing: no job has a measured utilisation and peak memory yet (an earlier run of it alone "
+                "on one GPU records them)")
+    return (f"GPU sharing: no pair of measured jobs fits ({policy.util_limit:.2f} utilisation, "
+            f"{policy.memory_gib:.0f} GiB less {policy.headroom_gib:.1f} GiB headroom) or sharing did not shorten "
+            f"the predicted makespan" + (f"; unmeasured: {', '.join(unmeasured)}" if unmeasured else ""))
