@@ -440,7 +440,7 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def markdown(summary: list[dict[str, Any]]) -> str:
     """The BENCHMARKS.md table of the scenarios."""
     lines = ["| case | judged (jobs) | right label + culprit | labels seen | culprit section (right) | steps to flag "
-             f"(earliest {EARLIEST_FLAG}) | false alarms | median step ms | start-up s |",
+             f"(earliest {EARLIEST_FLAG}) | false alarms | median step ms | start-up + teardown s |",
              "|---|---|---|---|---|---|---|---|---|"]
     for s in summary:
         steps = [x for x in s["step_ms"] if x]
@@ -449,7 +449,7 @@ def markdown(summary: list[dict[str, Any]]) -> str:
         flag = (f"{s['flagged_within_50']}/{s['runs']} <= 50: " + ", ".join(str(x) for x in s["steps_to_flag"])
                 if "steps_to_flag" in s else "-")
         lines.append(f"| {s['case']} | {s['runs']} ({s['jobs']}) | {s['right']}/{s['runs']} | {', '.join(s['labels'])} "
-                     f"| {sec} | {flag} | {s['false_alarms']} | {statistics.median(steps) if steps else '-'} "
+                     f"| {sec} | {flag} | {s['false_alarms']} | {round(statistics.median(steps), 1) if steps else '-'} "
                      f"| {s.get('startup_s_median', '-')} |")
     return "\n".join(lines)
 
