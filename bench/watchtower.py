@@ -1,41 +1,41 @@
 """Watchtower bench: the live straggler watch against REAL causes, and telemetry's cost against plain DDP.
 
-Scenarios (`--part scenarios`), each a `musubi train` of resnet50 (bs128, bf16, 60 steps) on 2 ranks
-pinned to two halves of the machine's cores (MUSUBI_CPUS, as Musubi pins ranks):
+Scenarios (`--part scenarios`), each a `musubi train` on 2 ranks pinned to two halves of the machine's
+cores (MUSUBI_CPUS, as Musubi pins ranks), resnet50 bs128 bf16 unless said:
 
 - healthy          - nothing wrong; expect `healthy compute bound`, no flag.
 - gpu_hog          - a second CUDA process runs back-to-back bf16 matmuls on rank 1's GPU only
                      (time-sliced with the job: a slower GPU, not a sleep); expect straggler rank 1 in
                      forward/backward. `gpu_hog_light` (opt-in): the hog busy --light-duty of the time.
-- healthy_cpu_data - the same model fed by CPU loader workers (synthetic images made on the CPU,
-                     workers sized for ~LOADER_HEADROOM x what the GPU eats, from the healthy step time);
-                     the baseline of:
-- cpu_hog          - CPU_HOG_PER_CORE spinning processes pinned (sched_setaffinity) to rank 1's cores,
-                     where its loader workers run; expect straggler rank 1 in data.
-- p2p_off          - NCCL_P2P_DISABLE=1 for the job (NCCL falls back to host shared memory), bs32 so the
-                     gradient all-reduce is a large part of a step; expect `communication bound`.
-- healthy_comm     - (opt-in) p2p_off's control: bs32 with P2P on.
+- cpu_hog          - the model fed by CPU loader workers (synthetic images made on the CPU, workers sized
+                     for ~LOADER_HEADROOM x what the GPU eats, from the healthy step time) and
+                     CPU_HOG_PER_CORE spinning processes pinned to rank 1's cores; expect straggler rank 1,
+                     section data: input starved by CPU contention. `healthy_cpu_data` (opt-in): its control.
+- p2p_off          - NCCL_P2P_DISABLE=1 for the job (NCCL falls back to host shared memory) on VGG-11 bs128:
+                     0.53 GB of gradients for a third of resnet50's compute, so the all-reduce is exposed;
+                     expect `communication bound`. `healthy_comm` (opt-in): the same job with P2P on.
 - healthy_fcos     - (opt-in) fcos_resnet50_fpn bs16; expect healthy.
 
-Run 0 of gpu_hog trains --long-steps (250) so the run lasts past the first `straggler now` line
-(LINE_EVERY_S after the flag); the others stop at 60 steps.
+A start-up costs tens of seconds (session 6: ~30 s of a 33 s, 60-step run on 2x H200), the steps a few:
+`--segments K` trains K x --steps steps in one job and judges each segment on its own (the replayed
+detector per segment; segment 0 also has the live flag), so 10 verdicts per case cost one start-up.
+Per verdict: label, culprit rank and section, evidence (per-rank section means, NVML util / SM activity,
+loader and host CPU, how busy the culprit's cores are, the other processes NVML sees on its GPU), steps
+to flag, false alarms; per job: where the wall time went (`time`: before the rank's log, build, first
+step, steps). Overhead (`--part overhead`): resnet50-bench bs256 on 2 GPUs, `musubi train` with telemetry
+on, off, and `plain_ddp.py ... wall` (the fair reference), interleaved, samples/s over steps 20-100
+(musubi, from metrics.jsonl) and 80 timed steps after 15 (plain).
 
-Per run: label, culprit rank and section, evidence (per-rank section means, NVML util / SM activity,
-loader and host CPU, the other processes NVML sees on the culprit's GPU), the live flag step (time to
-flag, in steps: the cause is there from step 1, so 29 is the earliest the watch can flag), false alarms,
-`straggler now` lines. Overhead (`--part overhead`): resnet50-bench bs256 on 2 GPUs, `musubi train`
-with telemetry on, off, and `plain_ddp.py ... wall` (the fair reference), interleaved, samples/s over
-steps 20-100 (musubi, from metrics.jsonl) and 80 timed steps after 15 (plain).
+GPU (2 GPUs), from the repo root (10 verdicts per case in about 5-6 min; partial results are in the JSON
+after every job, and no job starts that its last run says cannot end before --budget-s):
 
-GPU (2 GPUs; the issue asks 4 - this measures 2 and says so), from the repo root, the reference
-programs copied to `.ref/` as for bench/scaling.py:
+    NCCL_NVLS_ENABLE=0 python3 bench/watchtower.py --part scenarios --runs 1 --segments 10 --steps 50 \
+        --budget-s 420 --deadline-s 540 --json $OUT/watchtower.json
 
-    NCCL_NVLS_ENABLE=0 python3 bench/watchtower.py --part all --runs 2 --ref .ref --json $OUT/watchtower.json
-
-CPU rehearsal (2 gloo ranks, resnet18 at 16 px, 40 steps; the GPU hog becomes a CPU matmul hog on rank 1's core,
+CPU rehearsal (2 gloo ranks, resnet18 at 16 px; the GPU hog becomes a CPU matmul hog on rank 1's core,
 plain DDP is skipped):
 
-    python bench/watchtower.py --cpu --part all --runs 1 --steps 40 --repeat 1 --json /tmp/watchtower-cpu.json
+    python bench/watchtower.py --cpu --part scenarios --runs 1 --segments 2 --steps 30 --json /tmp/watchtower-cpu.json
 
 The JSON is rewritten after every run (a killed call keeps what finished); tables are printed at the end.
 """
@@ -66,7 +66,7 @@ from musubi.diagnose.timeline import load_job  # noqa: E402
 from musubi.telemetry.straggler import PERSIST, WARMUP, WINDOW  # noqa: E402
 
 CULPRIT = 1  # the rank every injected cause hits
-STEPS = 60  # per scenario run: the live watch can flag from step WARMUP + WINDOW + PERSIST - 1 = 29
+STEPS = 50  # per scenario run (or segment): the live watch can flag from step WARMUP + WINDOW + PERSIST - 1 = 29
 EARLIEST_FLAG = WARMUP + WINDOW + PERSIST - 1
 LOADER_HEADROOM = 2.5  # healthy loader capacity / what the GPU eats (cpu_data jobs)
 #: Spinning processes per core of the culprit rank: 2 leave its loader workers a third of their cores
@@ -99,7 +99,7 @@ CASES = {c.name: c for c in (
     Case("healthy_comm", "comm", "", "healthy compute bound"),  # p2p_off's control: same batch, P2P on
     Case("healthy_fcos", "fcos", "", "healthy compute bound"),
 )}
-DEFAULT_CASES = "healthy,gpu_hog,healthy_cpu_data,cpu_hog,p2p_off"
+DEFAULT_CASES = "healthy,gpu_hog,cpu_hog,p2p_off"
 
 
 # -- the hogs: this file run again as a child process ---------------------------------------------
@@ -215,9 +215,11 @@ def sample_cost_ms(image_size: int, n: int = 48) -> float:
     return (time.perf_counter() - t0) / n * 1e3
 
 
-def judge(case: Case, job_dir: Path) -> dict[str, Any]:
-    """Label, culprit, section, time to flag, false alarms and evidence of one run."""
+def judge(case: Case, job_dir: Path, first: int | None = None, last: int | None = None) -> dict[str, Any]:
+    """Label, culprit, section, time to flag, false alarms and evidence of one run (steps [first, last])."""
     tele = load_job(job_dir)
+    if first is not None or last is not None:
+        tele = tele.window(first, last)
     a = analyze(tele)
     strag = a.get("stragglers") or {}
     flagged = {s["rank"]: s for s in strag.get("stragglers", [])}
@@ -253,11 +255,48 @@ def judge(case: Case, job_dir: Path) -> dict[str, Any]:
         row["section_ok"] = bool(s) and s["section"] in case.sections
         row["live_flagged_at"] = live_first.get(case.rank)
         row["replayed_flagged_at"] = s.get("flagged_at") if s else None
+        # Steps from the segment's start to the (replayed) flag: the live watch flags a job once, so a later
+        # segment's time to flag is the same detector's, replayed on that segment alone.
+        row["steps_to_flag"] = (s["flagged_at"] - (first or 1) + 1) if s and s.get("flagged_at") else None
         ok = ok and sorted(flagged) == [case.rank]
         wrong -= {case.rank}
     row["false_alarms"] = sorted(wrong)
     row["ok"] = ok and not wrong
     return row
+
+
+LOG_TIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
+
+
+def timeline(job_dir: Path, wall: float) -> dict[str, float | None]:
+    """Where a run's wall time went, from rank 0's log: start-up (CLI, launcher, imports, model, the first
+    step's warm-up), steps, and the rest (teardown, the final writes)."""
+    from datetime import datetime
+
+    log = job_dir / "logs" / "rank0.log"
+    marks: dict[str, float] = {}
+    for line in (log.read_text(encoding="utf-8", errors="replace").splitlines() if log.is_file() else []):
+        m = LOG_TIME.match(line)
+        if not m:
+            continue
+        t = datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
+        marks.setdefault("first_line", t)
+        if "building the model" in line:
+            marks.setdefault("build", t)
+        if "first step" in line:
+            marks.setdefault("first_step", t)
+        if re.search(r"step \d+/\d+ ", line):
+            marks.setdefault("step_logged", t)
+        if "done:" in line:
+            marks["done"] = t
+    if "first_line" not in marks or "done" not in marks:
+        return {"startup_s": None, "steps_s": None}
+    to_first = marks.get("step_logged", marks["first_line"])
+    in_rank = marks["done"] - marks["first_line"]
+    return {"before_rank_log_s": round(wall - in_rank, 1),  # CLI + torchrun + imports, and teardown after `done`
+            "build_s": round(marks.get("first_step", marks["first_line"]) - marks["first_line"], 1),
+            "first_log_step_s": round(to_first - marks.get("first_step", marks["first_line"]), 1),
+            "steps_s": round(marks["done"] - to_first, 1)}
 
 
 # -- scenario runs -------------------------------------------------------------------------------
@@ -278,7 +317,10 @@ def jobs(cpu: bool, work: Path) -> dict[str, tuple[Path, tuple[str, ...]]]:
     r50 = REPO / "examples/resnet50-bench.yaml"
     return {"main": (r50, ("train.batch=128",)),
             "cpu_data": (r50, ("train.batch=128", "data.synthetic.on_device=false")),
-            "comm": (r50, ("train.batch=32",)),
+            # A large gradient for its compute: VGG-11's 133 M parameters (0.53 GB of fp32 gradients, 5x
+            # resnet50's) against ~1/3 of resnet50's FLOPs a sample. Over NVLink the all-reduce (~2 ms) hides
+            # behind the convolutions' backward; through host memory (P2P off) it cannot.
+            "comm": (r50, ("model=vgg11", "train.batch=128")),
             "fcos": (REPO / "examples/fcos-bench.yaml", ())}
 
 
@@ -300,13 +342,16 @@ def run_scenarios(args: argparse.Namespace, work: Path, result: dict[str, Any], 
                                 "cpu_hog_procs": CPU_HOG_PER_CORE * len(_cpus(cpus[CULPRIT]))}
     rows: list[dict[str, Any]] = result.setdefault("scenarios", [])
     workers: int | None = None
+    result["scenario_setup"]["segments"] = args.segments
     deadline = min(time.monotonic() + args.budget_s, args.deadline)
+    took: dict[str, float] = {}  # per case: how long its last run took (a run that cannot end in time is not begun)
     for i in range(args.runs):
         for name in names:
             case = CASES[name]
-            if time.monotonic() > deadline:
+            if time.monotonic() + took.get(name, 0.0) > deadline:
                 rows.append({"case": name, "run": i, "ok": False, "label": "skipped (--budget-s spent)"})
                 continue
+            began = time.monotonic()
             job, sets = js[case.job]
             sets = (*sets, "checkpoint.enabled=false")
             if case.job == "cpu_data" and not args.cpu:
@@ -325,11 +370,12 @@ def run_scenarios(args: argparse.Namespace, work: Path, result: dict[str, Any], 
             shutil.rmtree(out, ignore_errors=True)
             hogs: list[subprocess.Popen] = []
             procs_seen = None
+            steps = args.steps * args.segments
             try:
                 hogs = start_hogs(case.cause, device, cpus, hog_index, args.light_duty, 2048 if args.cpu else 8192)
-                steps = args.long_steps if name == "gpu_hog" and i == 0 and not args.cpu else args.steps
+                left = args.deadline - time.monotonic()  # a run past the hard deadline is stopped
                 job_dir, wall = drills.train_once(job, out, args.nproc, device, steps, "", sets,
-                                                  timeout_s=args.run_timeout_s, env_extra=env)
+                                                  timeout_s=max(30.0, min(args.run_timeout_s, left)), env_extra=env)
                 if device == "cuda" and case.cause.startswith("gpu_hog"):
                     procs_seen = gpu_processes(hog_index)
             except (RuntimeError, subprocess.TimeoutExpired) as e:  # one failed run must not lose the rest
@@ -339,14 +385,22 @@ def run_scenarios(args: argparse.Namespace, work: Path, result: dict[str, Any], 
                 continue
             finally:
                 stop_hogs(hogs)
-            row = judge(case, job_dir)
-            row.update(run=i, wall_s=round(wall, 1), sets=list(sets), env=env)
-            if procs_seen is not None:
-                row["gpu_processes_on_culprit_gpu"] = procs_seen
-            rows.append(row)
-            print(json.dumps({k: row.get(k) for k in ("case", "run", "label", "ok", "flagged", "section",
-                                                      "live_flagged_at", "false_alarms", "step_ms", "wall_s")}),
-                  flush=True)
+            spent = timeline(job_dir, wall)
+            # One job, `--segments` judgements: each segment of --steps steps is diagnosed on its own (the
+            # live watch flags a job once; later segments replay the same detector), so a start-up of
+            # tens of seconds buys several judgements. Segment 0 includes the warm-up steps, as a fresh run.
+            for j in range(args.segments):
+                row = judge(case, job_dir, j * args.steps + 1, (j + 1) * args.steps)
+                row.update(run=i, segment=j, wall_s=round(wall, 1), sets=list(sets), env=env)
+                if j == 0:
+                    row["time"] = spent
+                if procs_seen is not None:
+                    row["gpu_processes_on_culprit_gpu"] = procs_seen
+                rows.append(row)
+                print(json.dumps({k: row.get(k) for k in ("case", "run", "segment", "label", "ok", "flagged",
+                                                          "section", "steps_to_flag", "false_alarms", "step_ms")}),
+                      flush=True)
+            print(json.dumps({"case": name, "run": i, "wall_s": round(wall, 1), **spent}), flush=True)
             if args.keep_report and name in ("gpu_hog", "cpu_hog") and i == 0:
                 from musubi.diagnose.command import build_report
 
@@ -354,6 +408,7 @@ def run_scenarios(args: argparse.Namespace, work: Path, result: dict[str, Any], 
                 rep = build_report(out, args.keep_report / f"watchtower-{device}-{name}.html")
                 print(f"kept {rep['html']}", flush=True)
             shutil.rmtree(out, ignore_errors=True)
+            took[name] = time.monotonic() - began
             save()
     result["scenario_summary"] = summarize(rows)
 
@@ -363,7 +418,8 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for name in dict.fromkeys(r["case"] for r in rows):
         rs = [r for r in rows if r["case"] == name]
-        s: dict[str, Any] = {"case": name, "runs": len(rs), "right": sum(bool(r.get("ok")) for r in rs),
+        s: dict[str, Any] = {"case": name, "runs": len(rs), "jobs": len({r.get("run") for r in rs if "segment" in r}),
+                             "right": sum(bool(r.get("ok")) for r in rs),
                              "labels": sorted({str(r.get("label")) for r in rs}),
                              "false_alarms": sum(bool(r.get("false_alarms")) for r in rs),
                              "step_ms": [r.get("step_ms") for r in rs]}
@@ -371,22 +427,30 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             s["section_right"] = sum(bool(r.get("section_ok")) for r in rs)
             s["sections"] = [r.get("section") for r in rs]
             s["live_flagged_at"] = [r.get("live_flagged_at") for r in rs]
+            s["steps_to_flag"] = [r.get("steps_to_flag") for r in rs]
+            s["flagged_within_50"] = sum(1 for r in rs if r.get("steps_to_flag") and r["steps_to_flag"] <= 50)
+        times = [r["time"] for r in rs if r.get("time", {}).get("steps_s") is not None]
+        if times:
+            s["startup_s_median"] = statistics.median(r["before_rank_log_s"] + r["build_s"] + r["first_log_step_s"]
+                                                      for r in times)
         out.append(s)
     return out
 
 
 def markdown(summary: list[dict[str, Any]]) -> str:
     """The BENCHMARKS.md table of the scenarios."""
-    lines = ["| case | runs | right label + culprit | labels seen | culprit section (right) | live flag at step "
-             f"(earliest {EARLIEST_FLAG}) | runs with false alarms | median step ms |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| case | judged (jobs) | right label + culprit | labels seen | culprit section (right) | steps to flag "
+             f"(earliest {EARLIEST_FLAG}) | false alarms | median step ms | start-up + teardown s |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for s in summary:
         steps = [x for x in s["step_ms"] if x]
         sec = (f"{', '.join(str(x) for x in s['sections'])} ({s['section_right']}/{s['runs']})"
                if "sections" in s else "-")
-        flag = ", ".join(str(x) for x in s["live_flagged_at"]) if "live_flagged_at" in s else "-"
-        lines.append(f"| {s['case']} | {s['runs']} | {s['right']}/{s['runs']} | {', '.join(s['labels'])} | {sec} "
-                     f"| {flag} | {s['false_alarms']} | {statistics.median(steps) if steps else '-'} |")
+        flag = (f"{s['flagged_within_50']}/{s['runs']} <= 50: " + ", ".join(str(x) for x in s["steps_to_flag"])
+                if "steps_to_flag" in s else "-")
+        lines.append(f"| {s['case']} | {s['runs']} ({s['jobs']}) | {s['right']}/{s['runs']} | {', '.join(s['labels'])} "
+                     f"| {sec} | {flag} | {s['false_alarms']} | {round(statistics.median(steps), 1) if steps else '-'} "
+                     f"| {s.get('startup_s_median', '-')} |")
     return "\n".join(lines)
 
 
@@ -474,7 +538,8 @@ def main() -> None:
     ap.add_argument("--light-duty", type=float, default=0.25, help="gpu_hog_light: share of time the hog is busy")
     ap.add_argument("--repeat", type=int, default=2, help="overhead: runs per mode (interleaved)")
     ap.add_argument("--ref", type=Path, default=None, help="folder holding plain_ddp.py (GPU overhead)")
-    ap.add_argument("--long-steps", type=int, default=250, help="steps of gpu_hog's run 0 (see above)")
+    ap.add_argument("--segments", type=int, default=1,
+                    help="judge each job in this many segments of --steps steps (one start-up, several verdicts)")
     ap.add_argument("--budget-s", type=float, default=330.0, help="scenario runs not started after this many s")
     ap.add_argument("--deadline-s", type=float, default=540.0,
                     help="no run (scenario or overhead) started after this many s from the start")
@@ -483,6 +548,8 @@ def main() -> None:
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--hog-gpu", nargs=3, metavar=("DEVICE", "DUTY", "N"), help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.segments < 1 or args.steps < WINDOW + WARMUP:
+        ap.error(f"--segments must be >= 1 and --steps >= {WINDOW + WARMUP} (a judged window after the warm-up)")
     args.deadline = time.monotonic() + args.deadline_s
     if args.hog_gpu:
         hog_gpu(args.hog_gpu[0], float(args.hog_gpu[1]), int(args.hog_gpu[2]))

@@ -398,8 +398,9 @@ class TelemetrySpec(StrictModel):
     sample_hz: float = Field(2.0, ge=0.1, le=10, description="NVML/psutil samples per second.")
     straggler_threshold: float | None = Field(
         None, gt=0, le=1,
-        description="Flag a rank whose pre-sync step time exceeds the fastest rank's by this fraction "
-        "(default 0.05 on GPUs, 0.07 on CPU ranks, which share the host's cores).",
+        description="Flag a rank whose pre-sync step time exceeds the other ranks' by this fraction of a step, "
+        "clearly above the step-to-step noise (default 0.05 on GPUs, 0.07 on CPU ranks, which share the host's "
+        "cores).",
     )
 
 

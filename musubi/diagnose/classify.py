@@ -22,6 +22,12 @@ INPUT_SHARE = 0.15
 COMM_SHARE = 0.25
 CHECKPOINT_SHARE = 0.05
 HOST_BOUND_SM = 60.0  # % SM activity (or utilisation) under which an un-starved GPU is waiting for launches
+#: A straggler's own cores are CPU-contended when they are this busy (% of each, mean) ...
+CONTENDED_BUSY = 90.0
+#: ... and at least this share of that busy time is not the rank's (its process and its loader workers).
+CONTENDED_FOREIGN = 0.25
+#: Its batch wait (data + host-to-device) exceeds the other ranks' by this share of a step: input starved.
+INPUT_LEAD = 0.01
 
 
 def _median(xs: list[float]) -> float:
@@ -72,7 +78,8 @@ def _gpu_figures(tele: JobTelemetry, first_t: float | None, last_t: float | None
         if not xs:
             continue
         fig: dict[str, Any] = {"samples": len(xs)}
-        for key in ("util", "sm_active", "power_w", "temp_c", "sm_clock_mhz", "proc_cpu", "workers_cpu", "host_cpu"):
+        for key in ("util", "sm_active", "power_w", "temp_c", "sm_clock_mhz", "proc_cpu", "workers_cpu", "host_cpu",
+                    "cores_cpu", "cores"):
             vals = [float(s[key]) for s in xs if isinstance(s.get(key), (int, float))]
             if vals:
                 fig[key] = round(sum(vals) / len(vals), 1)
@@ -146,10 +153,11 @@ def analyze(tele: JobTelemetry, first: int | None = None, last: int | None = Non
     mem = _memory(tele, k0, k1)
 
     findings: list[dict[str, Any]] = []
+    parts = breakdown(tele, steady)
     for s in strag["stragglers"]:
-        ev = (f"rank {s['rank']} spends {_pct(s['excess'])} of a step longer in {s['section']} than the fastest "
-              f"rank (median of {strag['steps']} steps; {_pct(s['work_excess'])} over all its work before the "
-              "gradient sync)")
+        ev = (f"rank {s['rank']} spends {_pct(s['excess'])} of a step longer than the other ranks, most in "
+              f"{s['section']} (median of {strag['steps']} steps; {_pct(s['work_excess'])} over all its work before "
+              "the gradient sync)")
         if s["last_share"] is not None:
             ev += f"; it arrived last at {_pct(s['last_share'])} of the gradient all-reduces"
         live = [int(f["step"]) for f in tele.flags if f.get("kind") == "straggler" and f.get("rank") == s["rank"]
@@ -158,8 +166,14 @@ def analyze(tele: JobTelemetry, first: int | None = None, last: int | None = Non
             ev += f"; flagged live at step {min(live)}"
         if s.get("flagged_at"):
             ev += f"; the detector, replayed over steps {k0}-{k1}, flags it at step {s['flagged_at']}"
-        findings.append({"label": "straggler", "rank": s["rank"], "section": s["section"], "share": s["excess"],
-                         "text": f"straggler (rank {s['rank']}, section {s['section']})", "evidence": ev})
+        starved = _input_starved(s["rank"], parts, gpu, step_ms)
+        section, text = s["section"], f"straggler (rank {s['rank']}, section {s['section']})"
+        if starved is not None:
+            section = starved["section"]
+            text = f"straggler (rank {s['rank']}, section {section}): input starved by CPU contention"
+            ev = starved["evidence"] + "; " + ev
+        findings.append({"label": "straggler", "rank": s["rank"], "section": section, "share": s["excess"],
+                         "text": text, "evidence": ev, "cause": "input starved" if starved else None})
     if ckpt["count"] >= 2 and ckpt["share"] >= CHECKPOINT_SHARE:
         findings.append({"label": "periodic checkpoint stall", "share": ckpt["share"],
                          "text": "periodic checkpoint stall",
@@ -181,7 +195,7 @@ def analyze(tele: JobTelemetry, first: int | None = None, last: int | None = Non
         findings.append({"label": "memory pressure", "share": 0.5 if retries else 0.1, "text": "memory pressure",
                          "evidence": f"{retries} allocator retries (cudaFree + retry) in the window; "
                                      f"GPU memory up to {_pct(mem_full)} used"})
-    if tele.on_gpu:
+    if tele.on_gpu and not strag["stragglers"]:  # with a straggler, the others' GPUs idle waiting for it
         host = _host_launch(tele, steady, gpu)
         if host is not None:
             findings.append(host)
@@ -207,7 +221,7 @@ def analyze(tele: JobTelemetry, first: int | None = None, last: int | None = Non
         "limitations": limitations,
         "figures": {"data_share": round(data, 4), "grad_comm_share": round(comm, 4) if comm_measured else None,
                     "checkpoint": ckpt, "memory": mem, "hardware": gpu},
-        "breakdown": breakdown(tele, steady), "stragglers": strag,
+        "breakdown": parts, "stragglers": strag,
     }
 
 
@@ -218,6 +232,45 @@ def _cpu_evidence(gpu: dict[int, dict[str, Any]]) -> str:
     if not host:
         return ""
     return f"; host CPU {statistics.mean(host):.0f} %, loader workers {statistics.mean(workers):.0f} % per rank"
+
+
+def _input_starved(rank: int, parts: dict[int, dict[str, Any]], gpu: dict[int, dict[str, Any]],
+                   step_ms: float) -> dict[str, Any] | None:
+    """A straggler whose batch wait grew because other processes take its cores; None when not shown.
+
+    Both must hold: its own cores are busy (CONTENDED_BUSY) mostly not with its own work (CONTENDED_FOREIGN
+    of them: its training process and loader workers are sampled, the rest is someone else's), and its
+    batch wait (data + h2d) exceeds the other ranks' by INPUT_LEAD of a step. The same contention also
+    slows the thread that launches its kernels, so most of its lead can sit in forward/backward: the
+    cause is still the CPU, not the GPU.
+    """
+    g = gpu.get(rank) or {}
+    cores, busy = g.get("cores"), g.get("cores_cpu")
+    if not cores or busy is None or rank not in parts or len(parts) < 2 or not step_ms:
+        return None
+    own = g.get("proc_cpu", 0.0) + g.get("workers_cpu", 0.0)
+    used = busy * cores  # % of one core
+    foreign = max(0.0, 1.0 - own / used) if used else 0.0
+    if busy < CONTENDED_BUSY or foreign < CONTENDED_FOREIGN:
+        return None
+
+    def wait(r: int, s: str) -> float:
+        return parts[r]["sections_ms"].get(s, 0.0)
+
+    others = [r for r in parts if r != rank]
+    leads = {s: wait(rank, s) - statistics.median(wait(r, s) for r in others) for s in ("data", "h2d")}
+    if sum(leads.values()) / step_ms < INPUT_LEAD:
+        return None
+    section = max(leads, key=lambda s: leads[s])
+    mine = wait(rank, "data") + wait(rank, "h2d")
+    theirs = statistics.median(wait(r, "data") + wait(r, "h2d") for r in others)
+    peers = [gpu[r]["proc_cpu"] for r in others if "proc_cpu" in gpu.get(r, {})]
+    ev = (f"rank {rank} waits {mine:.1f} ms a step for its batch (data + host-to-device) against {theirs:.1f} ms on "
+          f"the other ranks; its {cores:g} core(s) are {busy:.0f} % busy, {_pct(foreign)} of that not its own "
+          f"(its loader workers {g.get('workers_cpu', 0.0):.0f} %, its training process "
+          f"{g.get('proc_cpu', 0.0):.0f} %" + (f" against {statistics.median(peers):.0f} % on the others" if peers
+                                                 else "") + "): input starved by CPU contention")
+    return {"section": section, "foreign": foreign, "evidence": ev}
 
 
 def _host_launch(tele: JobTelemetry, steady: list, gpu: dict[int, dict[str, Any]]) -> dict[str, Any] | None:

@@ -104,13 +104,15 @@ def _straggler_table(a: dict[str, Any]) -> str:
     if not rows:
         return '<p class="muted">One rank: no straggler analysis.</p>'
     need = s.get("last_share_needed")
-    return (_table(["rank", "excess vs fastest", "in section", "all pre-sync work", "arrived last", "vs own start",
+    return (_table(["rank", "excess vs others", "in section", "all pre-sync work", "arrived last", "vs own start",
                     "straggler",
                     "flagged live at step", "step-time CV", "p99/p50"], rows)
-            + f'<p class="muted">Excess: median extra time in one section over the fastest rank, as a share of the '
-              f'step. Flag: excess &ge; {_num(100 * s["threshold"], 1)} % and last arrival at the gradient all-reduce '
-              f"in &ge; {_num(100 * (need or 0), 0)} % of {s['steps']} steps (or flagged live for a quarter of the "
-              "run). Step-time CV and p99/p50: each rank's own step times after the warm-up steps (the right tail "
+            + f'<p class="muted">Excess: median extra time over the other ranks (their median), over all '
+              f'pre-sync work or in one section where larger, as a share of the step. Flag: excess &ge; '
+              f'{_num(100 * s["threshold"], 1)} %, clearly above the step-to-step noise (sign test at '
+              f'{_num(100 * s.get("alpha", 0.05), 0)} %: enough steps over the bar, not merely half), and last '
+              f"arrival at the gradient all-reduce in &ge; {_num(100 * (need or 0), 0)} % of {s['steps']} steps (or "
+              "flagged live and over the bar for a quarter of the run). Step-time CV and p99/p50: each rank's own step times after the warm-up steps (the right tail "
               "that CPU pinning aims to narrow).</p>")
 
 

@@ -11,6 +11,7 @@ NVML query that fails is left out of the sample, never fatal.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -163,6 +164,12 @@ class Sampler:
         self.proc = psutil.Process()
         self.proc.cpu_percent(None)  # the first call only starts the measurement
         psutil.cpu_percent(None)
+        # This rank's own cores when it is pinned (its MUSUBI_CPUS set): how busy they are, whoever keeps them
+        # busy, is the evidence of CPU contention that proc_cpu and workers_cpu (its own use) cannot give.
+        # Not pinned, its "cores" are the machine's, shared with the other ranks: nothing to attribute.
+        mine = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+        self.cores = mine if len(mine) < (psutil.cpu_count() or 0) else []
+        psutil.cpu_percent(None, percpu=True)
         self._children: dict[int, psutil.Process] = {}
         self._failures = 0  # failed samples in a row
         self.writer = TelemetryWriter(path)
@@ -218,6 +225,10 @@ class Sampler:
             "proc_cpu": self.proc.cpu_percent(None), "workers_cpu": workers, "workers": n,
             "host_cpu": psutil.cpu_percent(None),
         }
+        per_core = psutil.cpu_percent(None, percpu=True)
+        mine = [per_core[c] for c in self.cores if c < len(per_core)]
+        if mine:
+            rec["cores_cpu"], rec["cores"] = round(sum(mine) / len(mine), 1), len(mine)
         if n_others:
             rec["other_children_cpu"], rec["other_children"] = others, n_others
         try:

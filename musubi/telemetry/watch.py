@@ -113,8 +113,8 @@ class StragglerWatch:
         self._last_line = time.monotonic()
         now = [d.latest[r] for r in sorted(d.active) if r in d.latest]
         log.warning("straggler now (steps %d-%d): %s", d.scored_at - d.window + 1, d.scored_at,
-                    "; ".join(f"rank {s.rank} is {100 * s.excess:.1f}% of a step slower than the fastest rank in "
-                              f"{s.section} (flagged at step {d.first_flag[s.rank].flagged_at})" for s in now))
+                    "; ".join(f"rank {s.rank} is {100 * s.excess:.1f}% of a step slower than the other ranks, "
+                              f"most in {s.section} (flagged at step {d.first_flag[s.rank].flagged_at})" for s in now))
         self._append([{"kind": "status", "t": round(time.time(), 3), "step": d.scored_at, "rank": s.rank,
                        "section": s.section, "excess": s.excess, "last_share": s.last_share,
                        "flagged_at": d.first_flag[s.rank].flagged_at} for s in now])
@@ -127,14 +127,14 @@ class StragglerWatch:
         share = "" if s.last_share is None else f"; it arrived last at {s.last_share:.0%} of gradient all-reduces"
         if s.history is not None:
             share += f"; its work before the sync is {s.history:.2f}x its own first window"
-        log.warning("straggler: rank %d is %.1f%% of a step slower than the fastest rank in %s, before the "
-                    "gradient sync (steps %d-%d)%s", s.rank, 100 * s.excess, s.section,
+        log.warning("straggler: rank %d is %.1f%% of a step slower than the other ranks before the gradient "
+                    "sync, most in %s (steps %d-%d)%s", s.rank, 100 * s.excess, s.section,
                     s.flagged_at - self.detector.window + 1, s.flagged_at, share)
         self._last_line = time.monotonic()  # the next `straggler now` line comes LINE_EVERY_S after this one
         self._append([{"kind": "straggler", "t": round(time.time(), 3), "step": s.flagged_at, **s.to_dict()}])
 
     def _clear(self, rank: int, step: int) -> None:
-        log.warning("straggler cleared: rank %d is back within %.0f%% of a step of the fastest rank (steps %d-%d)",
+        log.warning("straggler cleared: rank %d is back within %.0f%% of a step of the other ranks (steps %d-%d)",
                     rank, 100 * self.detector.threshold, step - self.detector.window + 1, step)
         self._append([{"kind": "cleared", "t": round(time.time(), 3), "step": step, "rank": rank}])
 

@@ -10,8 +10,13 @@ from pathlib import Path
 def write_job(job_dir: Path, ranks: int = 2, steps: int = 80, slow_rank: int | None = None, factor: float = 1.0,
               data_ms: float = 1.0, comm_ms: float = 2.0, ckpt_every: int | None = None, ckpt_ms: float = 0.0,
               noise: float = 0.02, name: str = "job", seed: int = 0, gpu: bool = False, busy: float = 80.0,
-              alloc_retries: int = 0) -> Path:
-    """JOB/telemetry/rank{r}.jsonl (+ sampler files, job.json) of `steps` steps."""
+              alloc_retries: int = 0, data_extra: dict[int, float] | None = None,
+              cpu: dict[int, dict] | None = None) -> Path:
+    """JOB/telemetry/rank{r}.jsonl (+ sampler files, job.json) of `steps` steps.
+
+    `data_extra`: per rank, ms more batch wait a step; `cpu`: per rank, sampler figures that replace the
+    defaults (proc_cpu, workers_cpu, cores, cores_cpu...).
+    """
     rng = random.Random(seed)
     tdir = job_dir / "telemetry"
     tdir.mkdir(parents=True, exist_ok=True)
@@ -25,7 +30,7 @@ def write_job(job_dir: Path, ranks: int = 2, steps: int = 80, slow_rank: int | N
             bwd = 20.0 * (1 + rng.uniform(-noise, noise))
             if r == slow_rank:
                 bwd += (factor - 1) * 33.0
-            work[r] = {"data": data_ms, "h2d": 0.1, "forward": fwd, "backward": bwd, "optimizer": 1.0}
+            work[r] = {"data": data_ms + (data_extra or {}).get(r, 0.0), "h2d": 0.1, "forward": fwd, "backward": bwd, "optimizer": 1.0}
         arrive = max(sum(w.values()) for w in work.values())
         ck = ckpt_ms if ckpt_every and k % ckpt_every == 1 and k > 1 else 0.0
         for r in range(ranks):
@@ -50,7 +55,7 @@ def write_job(job_dir: Path, ranks: int = 2, steps: int = 80, slow_rank: int | N
         with open(tdir / f"sampler-rank{r}.jsonl", "w", encoding="utf-8") as f:
             for i in range(int((t - 1_800_000_000.0) * 2) + 1):
                 s = {"kind": "sample", "rank": r, "t": 1_800_000_000.0 + i / 2, "proc_cpu": 95.0,
-                     "workers_cpu": 0.0, "workers": 0, "host_cpu": 90.0, "rss_gib": 1.0}
+                     "workers_cpu": 0.0, "workers": 0, "host_cpu": 90.0, "rss_gib": 1.0, **(cpu or {}).get(r, {})}
                 if gpu:
                     s.update(util=min(100.0, busy + 15), sm_active=busy, mem_used_gib=20.0, mem_total_gib=80.0, power_w=600.0,
                              throttle=[])

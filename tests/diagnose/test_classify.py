@@ -286,3 +286,24 @@ def test_report_out_still_names_the_html_file_with_a_deprecation_line(tmp_path: 
     assert (tmp_path / "old.html").is_file() and "deprecated: use --html" in res.output
     res = CliRunner().invoke(app, ["report", str(tmp_path / "run"), "-o", str(tmp_path / "new.html")])
     assert res.exit_code == 0 and (tmp_path / "new.html").is_file() and "deprecated" not in res.output
+
+
+def test_a_rank_starved_of_cpu_is_input_starved_not_host_bound(tmp_path: Path) -> None:
+    """Session 6's cpu_hog on 2 GPUs: spinners on rank 1's cores. Its batch wait grows (and its launching
+    thread gets less CPU, so most of its lead shows in backward), the other GPU idles waiting for it: the
+    label is the straggler, input starved by CPU contention - not a job-wide host/launch bound."""
+    hog = {0: {"cores": 16, "cores_cpu": 40.0, "proc_cpu": 200.0, "workers_cpu": 175.0},
+           1: {"cores": 16, "cores_cpu": 100.0, "proc_cpu": 50.0, "workers_cpu": 170.0}}
+    kw = {"gpu": True, "busy": 30.0, "slow_rank": 1, "factor": 1.5, "ranks": 2}
+    a = analyze(load_job(write_job(tmp_path / "hog", data_extra={1: 5.0}, cpu=hog, **kw)))
+    assert a["label"] == "straggler" and a["text"] == "straggler (rank 1, section data): input starved by CPU contention"
+    assert "its 16 core(s) are 100 % busy, 86.2 % of that not its own" in a["evidence"]
+    assert "waits 6.1 ms a step for its batch" in a["evidence"] and "against 1.1 ms" in a["evidence"]
+    assert all(f["label"] != "host/launch bound" for f in a["findings"])
+    # Its cores busy with its own work (a loader that needs them all): slow, but not starved by others.
+    own = {**hog, 1: {"cores": 16, "cores_cpu": 100.0, "proc_cpu": 200.0, "workers_cpu": 1350.0}}
+    b = analyze(load_job(write_job(tmp_path / "own", data_extra={1: 5.0}, cpu=own, **kw)))
+    assert b["text"] == "straggler (rank 1, section backward)" and "input starved" not in b["evidence"]
+    # Contended cores but no longer batch wait (a GPU-bound lead): the section is where the time goes.
+    c = analyze(load_job(write_job(tmp_path / "gpu", cpu=hog, **kw)))
+    assert c["text"] == "straggler (rank 1, section backward)"

@@ -70,6 +70,25 @@ def test_sampler_without_nvml_writes_cpu_figures(tmp_path: Path) -> None:
     recs = _records(tmp_path / "sampler-rank0.jsonl")
     assert len(recs) >= 2
     assert {"proc_cpu", "workers_cpu", "host_cpu", "rss_gib"} <= set(recs[-1]) and "util" not in recs[-1]
+    assert "cores_cpu" not in recs[-1]  # not pinned: its cores are everyone's
+
+
+def test_sampler_of_a_pinned_rank_says_how_busy_its_cores_are(tmp_path: Path) -> None:
+    """Whoever uses them: the evidence of CPU contention on a straggler's cores."""
+    import os
+
+    before = os.sched_getaffinity(0)
+    if len(before) < 2:
+        pytest.skip("one core: pinning to fewer is impossible")
+    os.sched_setaffinity(0, {min(before)})
+    try:
+        s = Sampler(tmp_path / "sampler-rank0.jsonl", 0, 10.0, None)
+        time.sleep(0.35)
+        s.close()
+    finally:
+        os.sched_setaffinity(0, before)
+    rec = _records(tmp_path / "sampler-rank0.jsonl")[-1]
+    assert rec["cores"] == 1 and 0.0 <= rec["cores_cpu"] <= 100.0
 
 
 def test_throttle_reason_names() -> None:
