@@ -18,6 +18,7 @@ from musubi.config.errors import ConfigError
 from musubi.config.job import JobSpec
 from musubi.tasks import detr
 from musubi.tasks.detection import DetectionTask
+from musubi.tasks.stem import adapt_stem
 from tests.evaluate.jobs import make_task_job
 from tests.tasks.detr_tiny import TINY_DFINE, TINY_RTDETR
 
@@ -112,6 +113,22 @@ def test_detections_stay_on_the_outputs_device() -> None:
     images = [torch.zeros(3, 64, 64, device="meta"), torch.zeros(3, 64, 96, device="meta")]
     out = net._detections(logits, boxes, images)
     assert [d["boxes"].device.type for d in out] == ["meta", "meta"]
+
+
+@pytest.mark.parametrize("model", ["rtdetr_r18", "dfine_s"])
+def test_one_channel_stem_equals_rgb_model_on_replicated_grey(model: str) -> None:
+    """Thermal frames with data.one_channel: stem (the default): transformers' backbones check the input's
+    channels against their own count, which follows the adapted convolution (a worker failed at its first
+    step before); the adapted model answers a grey frame as the RGB model answers it replicated."""
+    torch.manual_seed(0)
+    net = detr.build_detector(model, 2, TINY[model], 64).eval()
+    grey = torch.rand(1, 1, 64, 64)
+    with torch.no_grad():
+        rgb = net.model(pixel_values=grey.expand(-1, 3, -1, -1))
+        adapt_stem(net)
+        one = net.model(pixel_values=grey)
+    torch.testing.assert_close(one.logits, rgb.logits, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(one.pred_boxes, rgb.pred_boxes, rtol=1e-4, atol=1e-4)
 
 
 def test_bad_model_args_are_one_line_errors() -> None:
