@@ -1,4 +1,5 @@
-"""A one-channel stem: the first RGB convolution of a torchvision model made to take single-channel input.
+"""A one-channel stem: the first RGB convolution of a model (torchvision's, transformers' DETR family) made to take
+single-channel input.
 
 The new convolution's weight is the old one summed over its three input channels: on a grey image
 replicated to RGB the old layer computed exactly sum_c w_c * x, so the adapted layer gives the same
@@ -39,4 +40,10 @@ def adapt_stem(model: nn.Module, in_channels: int = 1) -> str:
             if conv.bias is not None:
                 new.bias.copy_(conv.bias)
     setattr(parent, attr, new)
+    # transformers' backbones (RT-DETR's ResNet, D-FINE's HGNetV2) refuse input whose channels differ from
+    # their embeddings' `num_channels`: every module on the path to the stem that keeps one follows it.
+    for depth in range(name.count(".") + 1):
+        owner = model.get_submodule(".".join(name.split(".")[:depth]))
+        if getattr(owner, "num_channels", None) == conv.in_channels:
+            owner.num_channels = in_channels
     return name

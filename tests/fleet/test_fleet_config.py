@@ -10,6 +10,7 @@ import yaml
 from musubi.config.errors import ConfigError
 from musubi.config.fleet import CommandJob, TaskJob
 from musubi.config.load import load_fleet
+from musubi.data.synthetic_files import SyntheticFiles, write_synthetic_coco
 from musubi.fleet.jobs import check_command, command_launch
 from musubi.fleet.run import validate_fleet
 from tests.conftest import REPO, TINY_JOB
@@ -28,12 +29,22 @@ def tiny_fleet(**extra) -> dict:
     return {"name": "f", "defaults": defaults, "jobs": [{"name": "a"}, {"name": "b", "gpus": 2}], **extra}
 
 
+#: Fleets that read files their header says to write first, and those files (small: validation reads them).
+NEEDS_FILES = {"fleet-zoo.yaml": [("zoo-thermal/train", 0), ("zoo-thermal/val", 1)]}
+
+
 @pytest.mark.parametrize("path", FLEETS, ids=[p.name for p in FLEETS])
-def test_shipped_fleets_parse_and_validate(path: Path) -> None:
+def test_shipped_fleets_parse_and_validate(path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for folder, seed in NEEDS_FILES.get(path.name, []):
+        monkeypatch.chdir(tmp_path)  # data paths are relative to where `musubi run` starts
+        write_synthetic_coco(tmp_path / folder, SyntheticFiles(images=2, width=160, height=160, objects=3,
+                                                               min_object=16, max_object=48, seed=seed,
+                                                               thermal=True), workers=1)
     spec = load_fleet(path)
     validate_fleet(spec, path.parent)
     kinds = {type(j) for j in spec.jobs}
-    assert kinds == {TaskJob, CommandJob}
+    # The zoo fleet shows the built-in models (CNN and transformer, RGB and thermal); the others an external job too.
+    assert kinds == ({TaskJob} if path.name == "fleet-zoo.yaml" else {TaskJob, CommandJob})
 
 
 def test_defaults_merge_under_each_job(tmp_path: Path) -> None:

@@ -7,17 +7,20 @@ The distributed bitwise resume of these models is tests/runtime/test_detr_resume
 from __future__ import annotations
 
 import builtins
+import json
 import math
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+import yaml
 
 from musubi.config.errors import ConfigError
 from musubi.config.job import JobSpec
 from musubi.tasks import detr
 from musubi.tasks.detection import DetectionTask
+from musubi.tasks.stem import adapt_stem
 from tests.evaluate.jobs import make_task_job
 from tests.tasks.detr_tiny import TINY_DFINE, TINY_RTDETR
 
@@ -114,6 +117,22 @@ def test_detections_stay_on_the_outputs_device() -> None:
     assert [d["boxes"].device.type for d in out] == ["meta", "meta"]
 
 
+@pytest.mark.parametrize("model", ["rtdetr_r18", "dfine_s"])
+def test_one_channel_stem_equals_rgb_model_on_replicated_grey(model: str) -> None:
+    """Thermal frames with data.one_channel: stem (the default): transformers' backbones check the input's
+    channels against their own count, which follows the adapted convolution (a worker failed at its first
+    step before); the adapted model answers a grey frame as the RGB model answers it replicated."""
+    torch.manual_seed(0)
+    net = detr.build_detector(model, 2, TINY[model], 64).eval()
+    grey = torch.rand(1, 1, 64, 64)
+    with torch.no_grad():
+        rgb = net.model(pixel_values=grey.expand(-1, 3, -1, -1))
+        adapt_stem(net)
+        one = net.model(pixel_values=grey)
+    torch.testing.assert_close(one.logits, rgb.logits, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(one.pred_boxes, rgb.pred_boxes, rtol=1e-4, atol=1e-4)
+
+
 def test_bad_model_args_are_one_line_errors() -> None:
     with pytest.raises(ConfigError, match="takes no decoder_layerz") as info:
         DetectionTask(_spec(model_args={**TINY_RTDETR, "decoder_layerz": 2})).validate()
@@ -176,3 +195,35 @@ def test_onnx_export_with_parity(tmp_path: Path, model: str) -> None:
     assert record["exporter"] == "torchscript" and (job_dir / "export" / "model.onnx").is_file()
     assert record["parity"]["matched"] > 0 and record["input_info"]["size"] == [64, 64]
     assert "no normalisation" in record["input_info"]["normalisation"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_probe_and_oom_recovery_on_two_ranks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`batch: auto` and the OOM guard with a DETR model (one launch, 2 gloo ranks): the probe's real
+    forward+backward+optimizer steps agree on the smaller rank's simulated limit, then an OOM in rank 1's
+    backward is recovered by a coordinated restart at half the micro-batch, twice the accumulation."""
+    from tests.runtime.helpers import train
+
+    job = {**_config("rtdetr_r18"), "name": "probe"}
+    job["data"]["synthetic"].update(train_size=32)
+    job["train"] = {"batch": "auto", "min_batch": 2, "epochs": 1, "optimizer": "adamw", "lr": 0.001,
+                    "base_batch": 8, "grad_clip": 0.1, "log_every": 1}
+    job["checkpoint"] = {"every_steps": 2}
+    path = tmp_path / "probe.yaml"
+    path.write_text(yaml.safe_dump(job), encoding="utf-8")
+    monkeypatch.setenv("MUSUBI_INJECT", "oom_above:rank=0,batch=6; oom_above:rank=1,batch=4; "
+                                        "oom:rank=1,step=3,phase=backward")
+    code, out = train(str(path), "--nproc", "2", "--out", str(tmp_path / "r"), "--no-check")
+    assert code == 0, out
+    jd = tmp_path / "r" / "probe"
+    probe = json.loads((jd / "memory" / "probe.json").read_text())
+    assert probe["local_batch"] == 6  # rank 0's own answer; the agreed one is rank 1's
+    batch = json.loads((jd / "memory" / "batch.json").read_text())
+    assert (batch["per_rank"], batch["accumulation"], batch["global_batch"]) == (2, 2, 8)
+    assert batch["history"][0] == "batch: auto probed/cached 4 per rank (probe)"
+    assert "OOM on rank 1 in backward at step 3: per-rank batch 4 -> 2" in batch["history"][1]
+    summary = json.loads((jd / "summary.json").read_text())
+    assert summary["finished"] and summary["restarts"] == 1 and summary["steps"] == 4
+    assert summary["batch_source"] == "oom-recovery"
+    assert "map50" in json.loads((jd / "eval.json").read_text())["metrics"]
