@@ -204,6 +204,8 @@ def test_policy_only_on_gpus_with_known_memory(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="share_gpus"):
         load_fleet(fleet)
     fleet.write_text("name: s\njobs:\n  - {name: e, command: [x.py]}\n")
+    assert load_fleet(fleet).machine.share_gpus == "off"  # opt-in until its gain is measured on a GPU
+    fleet.write_text("name: s\nmachine: {share_gpus: auto}\njobs:\n  - {name: e, command: [x.py]}\n")
     assert load_fleet(fleet).machine.share_gpus == "auto"
     fleet.write_text("name: s\nmachine: {share_gpus: off}\njobs:\n  - {name: e, command: [x.py]}\n")
     assert load_fleet(fleet).machine.share_gpus == "off"  # YAML reads a bare off as false
