@@ -61,7 +61,7 @@ def _cpu_and_repo_cwd(monkeypatch: pytest.MonkeyPatch) -> None:
 
 #: Tests of these fixtures or modules are the system tier: they need a daemon, a browser or many launches.
 SYSTEM_FIXTURES = frozenset({"slurm_cluster"})
-SYSTEM_MODULES = ("test_report_browser.py", "test_recovery_drill.py")
+SYSTEM_MODULES = ("test_report_browser.py", "test_recovery_drill.py", "test_recovery_drill_dcp.py")
 #: `musubi` commands that start torchrun unless told --dry-run or --help.
 LAUNCHING_COMMANDS = frozenset({"train", "run", "drill"})
 TORCHRUN_CACHE_KEY = "musubi/torchrun-tests"
