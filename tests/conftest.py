@@ -31,15 +31,20 @@ def _merge(base: dict, extra: dict) -> dict:
     return out
 
 
+def write_tiny_job(directory: Path, **extra: Any) -> Path:
+    """Write TINY_JOB with `extra` merged in (nested keys kept) as a YAML file in `directory`; return its path."""
+    data = _merge(TINY_JOB, extra)
+    p = directory / f"{data['name']}.yaml"
+    p.write_text(yaml.safe_dump(data), encoding="utf-8")
+    return p
+
+
 @pytest.fixture
 def tiny_job(tmp_path: Path):
     """Write a tiny job YAML (with overrides) and return its path."""
 
     def make(**extra: Any) -> Path:
-        data = _merge(TINY_JOB, extra)
-        p = tmp_path / f"{data['name']}.yaml"
-        p.write_text(yaml.safe_dump(data), encoding="utf-8")
-        return p
+        return write_tiny_job(tmp_path, **extra)
 
     return make
 
