@@ -22,10 +22,12 @@ demo: $(STAMP)
 # gloo CPU ranks), system (Slurm, a browser, the recovery drill); tests/conftest.py marks them.
 # Two pytest-xdist workers, one test file each at a time (a file's module fixtures and the Slurm
 # cluster start once): much of a torchrun test is waiting (start-up, rendezvous, timeouts), so two
-# overlap well even on 2 cores. TEST_WORKERS=0 runs in one process.
+# overlap well even on 2 cores. Files go out slowest first (tests/conftest.py orders them by the last
+# run's durations; --no-loadscope-reorder keeps that order), so the run ends on short files, not on one
+# worker alone with a long one. TEST_WORKERS=0 runs in one process.
 TEST_WORKERS ?= 2
 test: $(STAMP) chromium
-	$(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+	$(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 # The edit-test loop: the unit tier alone, no torchrun.
 test-quick: $(STAMP)

@@ -31,15 +31,20 @@ def _merge(base: dict, extra: dict) -> dict:
     return out
 
 
+def write_tiny_job(directory: Path, **extra: Any) -> Path:
+    """Write TINY_JOB with `extra` merged in (nested keys kept) as a YAML file in `directory`; return its path."""
+    data = _merge(TINY_JOB, extra)
+    p = directory / f"{data['name']}.yaml"
+    p.write_text(yaml.safe_dump(data), encoding="utf-8")
+    return p
+
+
 @pytest.fixture
 def tiny_job(tmp_path: Path):
     """Write a tiny job YAML (with overrides) and return its path."""
 
     def make(**extra: Any) -> Path:
-        data = _merge(TINY_JOB, extra)
-        p = tmp_path / f"{data['name']}.yaml"
-        p.write_text(yaml.safe_dump(data), encoding="utf-8")
-        return p
+        return write_tiny_job(tmp_path, **extra)
 
     return make
 
@@ -61,7 +66,7 @@ def _cpu_and_repo_cwd(monkeypatch: pytest.MonkeyPatch) -> None:
 
 #: Tests of these fixtures or modules are the system tier: they need a daemon, a browser or many launches.
 SYSTEM_FIXTURES = frozenset({"slurm_cluster"})
-SYSTEM_MODULES = ("test_report_browser.py", "test_recovery_drill.py")
+SYSTEM_MODULES = ("test_report_browser.py", "test_recovery_drill.py", "test_recovery_drill_dcp.py")
 #: `musubi` commands that start torchrun unless told --dry-run or --help.
 LAUNCHING_COMMANDS = frozenset({"train", "run", "drill"})
 TORCHRUN_CACHE_KEY = "musubi/torchrun-tests"
@@ -96,6 +101,32 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if (item.get_closest_marker("system") or item.get_closest_marker("distributed")) \
                 and item.get_closest_marker("slow") is None:
             item.add_marker(pytest.mark.slow)
+    if hasattr(config, "workerinput"):  # a pytest-xdist worker: every worker sorts alike (same cache)
+        timed = cache.get(DURATIONS_CACHE_KEY, {}) if cache is not None else {}
+        seconds = {item.nodeid: timed.get(item.nodeid, UNTIMED_SLOW_S if item.get_closest_marker("slow")
+                                          else UNTIMED_UNIT_S) for item in items}
+        items[:] = [items[i] for i in slowest_files_first([item.nodeid for item in items], seconds)]
+
+
+# --- Slowest files first under pytest-xdist -----------------------------------------------------------
+# `make test` runs `--dist loadfile --no-loadscope-reorder`: xdist hands out whole files in collection
+# order (its default order, most tests first, would start a 1-test 85 s file last and leave one worker
+# running it alone at the end). So the workers collect the files slowest first, by each test's duration
+# in the last run that timed it (pytest's cache, written by the main process), and the tail is small files.
+
+#: pytest's cache key of each test's last duration in seconds (setup + call + teardown).
+DURATIONS_CACHE_KEY = "musubi/test-durations"
+#: The guess for a test no run has timed yet: a torchrun or system test takes tens of seconds on 2 cores.
+UNTIMED_SLOW_S, UNTIMED_UNIT_S = 30.0, 0.1
+
+
+def slowest_files_first(nodeids: list[str], seconds: dict[str, float]) -> list[int]:
+    """Indices of `nodeids`, file by file, the file of most seconds first; ties and a file's tests keep their order."""
+    files: dict[str, list[int]] = {}
+    for i, nodeid in enumerate(nodeids):
+        files.setdefault(nodeid.split("::")[0], []).append(i)
+    total = {name: sum(seconds[nodeids[i]] for i in idx) for name, idx in files.items()}
+    return [i for name in sorted(files, key=lambda name: -total[name]) for i in files[name]]
 
 
 UNMARKED_LAUNCHES = pytest.StashKey[list[str]]()
@@ -125,12 +156,15 @@ def _torchrun_spy(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatc
 
 
 class _LaunchRecorder:
-    """In the main pytest process: remember a test that started torchrun (pytest's cache), name it if unmarked."""
+    """In the main pytest process: remember a test that started torchrun (pytest's cache), name it if unmarked;
+    time every test for the next run's file order."""
 
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
+        self.seconds: dict[str, float] = {}
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        self.seconds[report.nodeid] = self.seconds.get(report.nodeid, 0.0) + report.duration
         launch = next((v for k, v in report.user_properties if k == LAUNCH_PROPERTY), None)
         if report.when != "teardown" or launch is None:
             return
@@ -141,6 +175,14 @@ class _LaunchRecorder:
                 cache.set(TORCHRUN_CACHE_KEY, sorted(seen | {report.nodeid}))
         if "slow" not in report.keywords:
             self.config.stash.setdefault(UNMARKED_LAUNCHES, []).append(f"{report.nodeid}: {launch}")
+
+    def pytest_sessionfinish(self) -> None:
+        # At the end, not per test: xdist workers read the cache when they collect, and a worker started
+        # mid-run (one replaced after a crash) must collect in the same order as the others did.
+        cache = getattr(self.config, "cache", None)
+        if cache is not None and self.seconds:
+            timed = cache.get(DURATIONS_CACHE_KEY, {})
+            cache.set(DURATIONS_CACHE_KEY, {**timed, **{k: round(v, 3) for k, v in self.seconds.items()}})
 
 
 def pytest_configure(config: pytest.Config) -> None:

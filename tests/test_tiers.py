@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import starts_torchrun
+from tests.conftest import slowest_files_first, starts_torchrun
 
 pytest_plugins = ["pytester"]
 CONFTEST = Path(__file__).resolve().parent / "conftest.py"
@@ -62,3 +62,26 @@ def test_a_test_that_starts_torchrun_joins_the_slow_tier_by_itself(pytester: pyt
     if not workers:  # the tier marker is the same code under xdist: one more launch of pytest would prove nothing new
         tier = pytester.runpytest_subprocess("-m", "distributed")
         tier.assert_outcomes(passed=1, deselected=1)
+
+
+def test_slowest_files_first_keeps_each_file_together_in_its_order() -> None:
+    ids = ["a.py::t1", "b.py::t1", "a.py::t2", "c.py::t1", "b.py::t2", "d.py::t1"]
+    seconds = {"a.py::t1": 1.0, "a.py::t2": 1.0, "b.py::t1": 0.5, "b.py::t2": 40.0, "c.py::t1": 2.0, "d.py::t1": 2.0}
+    order = slowest_files_first(ids, seconds)
+    # b (40.5 s) first, though its first test is quick; then a, c and d, 2 s each, a tie kept in collection order
+    assert [ids[i] for i in order] == ["b.py::t1", "b.py::t2", "a.py::t1", "a.py::t2", "c.py::t1", "d.py::t1"]
+
+
+def test_xdist_workers_start_the_file_that_took_longest_last_time(pytester: pytest.Pytester) -> None:
+    """A run times each test (pytest's cache); the next xdist run hands out its file first."""
+    pytest.importorskip("xdist")
+    pytester.makeconftest(CONFTEST.read_text(encoding="utf-8"))
+    pytester.makepyfile(test_a="def test_quick():\n    pass\n",
+                        test_b="import time\n\ndef test_long():\n    time.sleep(0.3)\n")
+    pytester.runpytest_inprocess("-p", "no:xdist").assert_outcomes(passed=2)
+    # one worker runs the files in the order it was given them; xdist's own order (most tests first, then
+    # collection order) would start test_a.py
+    ordered = pytester.runpytest_subprocess("-n", "1", "--dist", "loadfile", "--no-loadscope-reorder", "-v")
+    ordered.assert_outcomes(passed=2)
+    out = ordered.stdout.str()
+    assert out.index("test_b.py::test_long") < out.index("test_a.py::test_quick"), out

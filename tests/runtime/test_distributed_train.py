@@ -8,38 +8,56 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.conftest import write_tiny_job
 from tests.runtime.helpers import final_state, train
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 
+@pytest.fixture(scope="module")
+def one_rank(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The reference of the DDP tests: 1 rank x the whole batch of 16 (job file, run directory); run once."""
+    root = tmp_path_factory.mktemp("one-rank")
+    job = write_tiny_job(root, train={"epochs": 1}, checkpoint={"every_steps": 100})
+    code, out = train(str(job), "--nproc", "1", "--out", str(root / "one"), "--set", "train.batch=16")
+    assert code == 0, out
+    return job, root / "one" / "tiny"
+
+
 @pytest.mark.parametrize("ranks", [2, 4])
-def test_ddp_equals_one_rank_with_whole_batch(tiny_job, tmp_path: Path, ranks: int) -> None:
+def test_ddp_equals_one_rank_with_whole_batch(one_rank: tuple[Path, Path], tmp_path: Path, ranks: int) -> None:
     """DDP over N ranks x B equals 1 rank x N*B (same global batch, same samples per step)."""
-    job = tiny_job(train={"epochs": 1}, checkpoint={"every_steps": 100})
+    job, one_dir = one_rank
     per_rank = 16 // ranks
     # 4 ranks on a 2-core CI machine: said on purpose (musubi refuses more CPU ranks than cores otherwise)
     code, out = train(str(job), "--nproc", str(ranks), "--out", str(tmp_path / "dp"), "--set",
                       f"train.batch={per_rank}", "--oversubscribe")
     assert code == 0, out
-    code, out = train(str(job), "--nproc", "1", "--out", str(tmp_path / "one"), "--set", "train.batch=16")
-    assert code == 0, out
-    a, b = final_state(tmp_path / "dp" / "tiny"), final_state(tmp_path / "one" / "tiny")
+    a, b = final_state(tmp_path / "dp" / "tiny"), final_state(one_dir)
     model_keys = [k for k in a if k.startswith("model.")]
     assert model_keys and set(a) == set(b)
     for k in model_keys:
         torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6, msg=k)
     # and training did move the weights
-    one = json.loads((tmp_path / "one" / "tiny" / "summary.json").read_text())
+    one = json.loads((one_dir / "summary.json").read_text())
     assert one["steps"] == 8 and one["global_batch"] == 16
 
 
-def test_stop_and_resume_is_bitwise_exact(tiny_job, tmp_path: Path) -> None:
-    """Stopped at step 11 (mid-epoch) and resumed == never stopped, bit for bit (weights and optimizer)."""
-    job = tiny_job(train={"deterministic": True, "epochs": 2}, data={"workers": 1},
-                   checkpoint={"every_steps": 5})
-    code, out = train(str(job), "--nproc", "2", "--out", str(tmp_path / "full"))
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A deterministic 2-rank run to its end (job file, run directory): the uninterrupted run of the resume
+    test and the run whose files the shared-files test reads. 31 validation samples: 16 + 15 over 2 ranks."""
+    root = tmp_path_factory.mktemp("two-ranks")
+    job = write_tiny_job(root, train={"deterministic": True, "epochs": 2},
+                         data={"workers": 1, "synthetic": {"val_size": 31}}, checkpoint={"every_steps": 5})
+    code, out = train(str(job), "--nproc", "2", "--out", str(root / "full"))
     assert code == 0, out
+    return job, root / "full" / "tiny"
+
+
+def test_stop_and_resume_is_bitwise_exact(two_ranks: tuple[Path, Path], tmp_path: Path) -> None:
+    """Stopped at step 11 (mid-epoch) and resumed == never stopped, bit for bit (weights and optimizer)."""
+    job, full = two_ranks
     code, out = train(str(job), "--nproc", "2", "--out", str(tmp_path / "cut"), "--max-steps", "11")
     assert code == 0, out
     summary = json.loads((tmp_path / "cut" / "tiny" / "summary.json").read_text())
@@ -47,10 +65,10 @@ def test_stop_and_resume_is_bitwise_exact(tiny_job, tmp_path: Path) -> None:
     assert json.loads((tmp_path / "cut" / "tiny" / "job.json").read_text())["status"] == "stopped"
     # Stopped inside an epoch, still validated: eval.json holds the metrics of step 11's weights.
     evals = json.loads((tmp_path / "cut" / "tiny" / "eval.json").read_text())
-    assert evals["step"] == 11 and evals["metrics"]["val_count"] == 30.0
+    assert evals["step"] == 11 and evals["metrics"]["val_count"] == 31.0
     code, out = train(str(job), "--nproc", "2", "--out", str(tmp_path / "cut"), "--resume")
     assert code == 0, out
-    a, b = final_state(tmp_path / "full" / "tiny"), final_state(tmp_path / "cut" / "tiny")
+    a, b = final_state(full), final_state(tmp_path / "cut" / "tiny")
     assert set(a) == set(b)
     for k in a:
         assert torch.equal(a[k], b[k]), f"{k} differs after resume"
@@ -62,12 +80,9 @@ def test_stop_and_resume_is_bitwise_exact(tiny_job, tmp_path: Path) -> None:
     assert steps == sorted(set(steps))
 
 
-def test_rank0_owns_shared_files(tiny_job, tmp_path: Path) -> None:
+def test_rank0_owns_shared_files(two_ranks: tuple[Path, Path]) -> None:
     """Only rank 0 writes shared outputs; each rank has its own log; validation counts each sample once."""
-    job = tiny_job(data={"synthetic": {"train_size": 64, "val_size": 31}})
-    code, out = train(str(job), "--nproc", "2", "--out", str(tmp_path / "r"))
-    assert code == 0, out
-    jd = tmp_path / "r" / "tiny"
+    _, jd = two_ranks
     names = {p.name for p in jd.iterdir()}
     assert {"job.json", "metrics.jsonl", "summary.json", "eval.json", "checkpoints", "logs"} <= names
     assert sorted(p.name for p in (jd / "logs").glob("rank*.log")) == ["rank0.log", "rank1.log"]
@@ -81,24 +96,3 @@ def test_rank0_owns_shared_files(tiny_job, tmp_path: Path) -> None:
     assert evals["metrics"]["val_count"] == 31.0
     assert len(list((jd / "tensorboard").glob("events.*"))) == 1
     assert "global batch 16 = 8 per rank x 2 ranks x 1 accumulation" in (jd / "logs" / "rank0.log").read_text()
-
-
-def test_fsdp_matches_ddp_and_resumes_exactly(tiny_job, tmp_path: Path) -> None:
-    """FSDP2 (fully_shard) on 2 gloo ranks: same weights as DDP; stop/resume is bitwise exact."""
-    job = tiny_job(train={"epochs": 1, "deterministic": True}, checkpoint={"every_steps": 3})
-    code, out = train(str(job), "--nproc", "2", "--out", str(tmp_path / "ddp"))
-    assert code == 0, out
-    code, out = train(str(job), "--nproc", "2", "--out", str(tmp_path / "fsdp"), "--set", "train.strategy=fsdp")
-    assert code == 0, out
-    code, out = train(str(job), "--nproc", "2", "--out", str(tmp_path / "cut"), "--set", "train.strategy=fsdp",
-                      "--max-steps", "5")
-    assert code == 0, out
-    code, out = train(str(job), "--nproc", "2", "--out", str(tmp_path / "cut"), "--set", "train.strategy=fsdp",
-                      "--resume")
-    assert code == 0, out
-    ddp, fsdp, cut = (final_state(tmp_path / d / "tiny") for d in ("ddp", "fsdp", "cut"))
-    for k in (k for k in ddp if k.startswith("model.")):
-        torch.testing.assert_close(fsdp[k], ddp[k], rtol=1e-5, atol=1e-6, msg=k)
-    assert set(fsdp) == set(cut)
-    for k in fsdp:
-        assert torch.equal(fsdp[k], cut[k]), f"{k} differs after FSDP resume"

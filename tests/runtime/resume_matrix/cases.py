@@ -1,4 +1,4 @@
-"""Exact resume across the model families: every tensor of every checkpoint, bit for bit.
+"""The resume matrix's cases and its check: stopped and resumed == never stopped, bit for bit.
 
 Each case trains a tiny job uninterrupted, then the same job stopped at the given steps
 (`--max-steps k`) and resumed (`--resume`) until its end, on 2 gloo CPU ranks with
@@ -9,8 +9,8 @@ scaler, last validation) equal but for the validation's wall time. All cases are
 the CPU kernels these models use are deterministic, so no tolerance is needed.
 
 One uninterrupted run serves every stop of its case: a case with two stops resumes twice in a
-row (k1, then k2, then the end). The whole file: about 3.3 min on this project's 2-core machine
-(2026-11-26, shared), 13 `musubi train` launches.
+row (k1, then k2, then the end). The cases live in several test files (one or two a file), so
+that `make test`'s workers, which take a file at a time, share them out.
 """
 
 from __future__ import annotations
@@ -22,15 +22,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 import yaml
 
-from musubi.evaluate.model_io import load_job_model, predict
 from musubi.tasks import detr
 from tests.runtime.helpers import bitwise_equal, committed_steps, every_tensor, train
 from tests.tasks.detr_tiny import TINY_DFINE, TINY_RTDETR
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
+#: Every file of the matrix: end to end (torchrun), and a case's 3-4 launches well inside this timeout.
+MARKS = [pytest.mark.slow, pytest.mark.timeout(420)]
 
 # The synthetic detector of examples/detect-synthetic.yaml, on 64-pixel images.
 _RCNN_ARGS = {"rpn_pre_nms_top_n_train": 100, "rpn_post_nms_top_n_train": 50, "rpn_batch_size_per_image": 32,
@@ -82,48 +81,19 @@ CASES: dict[str, tuple[dict[str, Any], list[int]]] = {
     }, [3, 6]),
 }
 
-
-def _job(tmp_path: Path, name: str, body: dict[str, Any]) -> Path:
-    job = {"name": name, **body}
-    job["data"] = {**body["data"], "workers": 1}
-    job["train"] = {**body["train"], "deterministic": True, "seed": 7, "log_every": 2}
-    job["checkpoint"] = {**body["checkpoint"], "keep_last": 100}
-    path = tmp_path / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(job), encoding="utf-8")
-    return path
-
-
-def _trainer_state(ckpt_path: Path, stopped_here: bool = False) -> dict[str, Any]:
-    state = json.loads((ckpt_path / "state.json").read_text(encoding="utf-8"))
-    state.get("last_eval", {}).pop("eval_s", None)  # wall time of the validation
-    if stopped_here:  # a run stopped here validated its last weights (the uninterrupted one did not)
-        state.pop("last_eval", None)
-        state.pop("last_eval_step", None)
-    return state
-
-
-def _differences(a_dir: Path, b_dir: Path, stops: tuple[int, ...] = ()) -> list[str]:
-    """What differs between the checkpoints both runs committed (empty: bitwise the same)."""
-    a, b = committed_steps(a_dir), committed_steps(b_dir)
-    common = sorted(set(a) & set(b))
-    assert common, f"no checkpoint step in common: {sorted(a)} vs {sorted(b)}"
-    found = []
-    for step in common:
-        ta, tb = every_tensor(a[step]), every_tensor(b[step])
-        if set(ta) != set(tb):
-            found.append(f"step {step}: tensor keys differ: {sorted(set(ta) ^ set(tb))[:5]}")
-        found += [f"step {step}: {k}" for k in sorted(set(ta) & set(tb)) if not bitwise_equal(ta[k], tb[k])]
-        if _trainer_state(a[step].path, step in stops) != _trainer_state(b[step].path, step in stops):
-            found.append(f"step {step}: state.json differs")
-    return found
-
-
 #: Hung once (of three full suites, 2026-11-26) after the last step of its second resume (evaluation or
 #: final save under FSDP2 on gloo, both ranks idle); passed alone and in the other runs. Skipped until the
 #: hang is understood, so one intermittent case cannot stall CI for its 420 s timeout.
 #: Not reproduced since: 20 runs of its stop/resume/resume sequence (`musubi train` outside pytest, one and
 #: two at a time, load 2-24 on 2 cores) all ended; none of its collectives is taken by one rank only.
+#: 4 more sequences on an idle machine (session 7) ended too; the suspect (the validation loader's worker
+#: forked beside gloo's and the checkpoint's threads) is unconfirmed.
 INTERMITTENT = {"user-task-batchnorm-fsdp-accumulation"}
+
+
+def params(*names: str) -> list[Any]:
+    """The named cases as pytest parameters, skipped where intermittent or an extra is missing."""
+    return [pytest.param(name, marks=_marks(name)) for name in names]
 
 
 def _marks(case: str) -> list[pytest.MarkDecorator]:
@@ -134,50 +104,67 @@ def _marks(case: str) -> list[pytest.MarkDecorator]:
     return []
 
 
-@pytest.mark.parametrize("case", [pytest.param(c, marks=_marks(c)) for c in CASES])
-def test_stop_and_resume_equals_uninterrupted(case: str, tmp_path: Path) -> None:
-    """Stopped and resumed == never stopped: every tensor of every common checkpoint, bitwise."""
-    body, stops = CASES[case]
-    job = _job(tmp_path, "job", body)
-    t0 = time.perf_counter()
-    code, out = train(str(job), "--nproc", "2", "--out", str(tmp_path / "full"), "--no-check")
+def write_job(root: Path, body: dict[str, Any]) -> Path:
+    """The case's job file under `root`: 2 ranks' worth of settings every case shares."""
+    job = {"name": "job", **body}
+    job["data"] = {**body["data"], "workers": 1}
+    job["train"] = {**body["train"], "deterministic": True, "seed": 7, "log_every": 2}
+    job["checkpoint"] = {**body["checkpoint"], "keep_last": 100}
+    path = root / "job.yaml"
+    path.write_text(yaml.safe_dump(job), encoding="utf-8")
+    return path
+
+
+def train_uninterrupted(case: str, root: Path) -> tuple[Path, Path]:
+    """Train the case's job to its end under `root`: (its job file, its run directory)."""
+    job = write_job(root, CASES[case][0])
+    code, out = train(str(job), "--nproc", "2", "--out", str(root / "full"), "--no-check")
     assert code == 0, out
-    total = json.loads((tmp_path / "full" / "job" / "summary.json").read_text())["steps"]
+    return job, root / "full" / "job"
+
+
+def check_stop_and_resume(case: str, job: Path, full: Path, root: Path) -> None:
+    """Stop the job at each of the case's steps and resume it to the end: every common checkpoint
+    of the cut run and the uninterrupted one `full` must be bitwise the same."""
+    stops = CASES[case][1]
+    total = json.loads((full / "summary.json").read_text())["steps"]
     assert stops[-1] < total, f"stops {stops} must end before the last step {total}"
+    t0 = time.perf_counter()
     for i, k in enumerate(stops):
         resume = ["--resume"] if i else []
-        code, out = train(str(job), "--nproc", "2", "--out", str(tmp_path / "cut"), "--no-check", "--max-steps",
+        code, out = train(str(job), "--nproc", "2", "--out", str(root / "cut"), "--no-check", "--max-steps",
                           str(k), *resume)
         assert code == 0, out
-    code, out = train(str(job), "--nproc", "2", "--out", str(tmp_path / "cut"), "--no-check", "--resume")
+    code, out = train(str(job), "--nproc", "2", "--out", str(root / "cut"), "--no-check", "--resume")
     assert code == 0, out
-    print(f"{case}: {len(stops) + 2} runs in {time.perf_counter() - t0:.1f}s")
-    cut = committed_steps(tmp_path / "cut" / "job")
+    print(f"{case}: {len(stops) + 1} stopped/resumed runs in {time.perf_counter() - t0:.1f}s")
+    cut = committed_steps(root / "cut" / "job")
     assert set(stops) | {total} <= set(cut), f"checkpoints {sorted(cut)} miss a stop or the end"
-    diffs = _differences(tmp_path / "full" / "job", tmp_path / "cut" / "job", tuple(stops))
+    diffs = differences(full, root / "cut" / "job", tuple(stops))
     assert diffs == [], diffs
 
 
-def _offline_metrics(job_dir: Path) -> dict[str, float]:
-    """The task's validation metrics of the final checkpoint, in one process over the whole set."""
-    job = load_job_model(job_dir)
-    data = job.task.val_dataset()
-    metric = job.task.make_metric(torch.device("cpu"))
-    for start in range(0, len(data), 4):
-        batch = job.task.collate([data[i] for i in range(start, min(start + 4, len(data)))])
-        metric.update(predict(job, batch), batch)
-    return metric.compute(lambda t: t)
+def trainer_state(ckpt_path: Path, stopped_here: bool = False) -> dict[str, Any]:
+    """A checkpoint's state.json without what may differ between equal runs."""
+    state = json.loads((ckpt_path / "state.json").read_text(encoding="utf-8"))
+    state.get("last_eval", {}).pop("eval_s", None)  # wall time of the validation
+    if stopped_here:  # a run stopped here validated its last weights (the uninterrupted one did not)
+        state.pop("last_eval", None)
+        state.pop("last_eval_step", None)
+    return state
 
 
-def test_ranks_evaluate_with_the_same_buffers(tmp_path: Path) -> None:
-    """A BatchNorm model validated on 2 DDP ranks scores like its checkpoint in one process: every rank
-    used rank 0's running statistics (the ones saved), not the statistics of its own last batch."""
-    body, _ = CASES["classification-resnet18-ddp-accumulation"]
-    job = _job(tmp_path, "job", {**body, "train": {**body["train"], "epochs": 1}})
-    code, out = train(str(job), "--nproc", "2", "--out", str(tmp_path / "r"), "--no-check")
-    assert code == 0, out
-    jd = tmp_path / "r" / "job"
-    ranked = json.loads((jd / "eval.json").read_text())["metrics"]
-    offline = _offline_metrics(jd)
-    for k in ("top1", "val_loss"):
-        assert ranked[k] == pytest.approx(offline[k], rel=1e-4), k
+def differences(a_dir: Path, b_dir: Path, stops: tuple[int, ...] = ()) -> list[str]:
+    """What differs between the checkpoints both runs committed (empty: bitwise the same)."""
+    a, b = committed_steps(a_dir), committed_steps(b_dir)
+    common = sorted(set(a) & set(b))
+    assert common, f"no checkpoint step in common: {sorted(a)} vs {sorted(b)}"
+    found = []
+    for step in common:
+        ta, tb = every_tensor(a[step]), every_tensor(b[step])
+        if set(ta) != set(tb):
+            found.append(f"step {step}: tensor keys differ: {sorted(set(ta) ^ set(tb))[:5]}")
+        found += [f"step {step}: {k}" for k in sorted(set(ta) & set(tb)) if not bitwise_equal(ta[k], tb[k])]
+        if trainer_state(a[step].path, step in stops) != trainer_state(b[step].path, step in stops):
+            found.append(f"step {step}: state.json differs")
+    return found
