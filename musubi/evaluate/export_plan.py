@@ -225,6 +225,9 @@ def _effdet_plan(job: JobModel) -> ExportPlan:
         to_input=_model_input(job, lambda batch: batch[0][0][None]),
         to_targets=lambda batch: job.task.to_device(batch, torch.device("cpu"))[1],
         exporters=["torchscript"],
+        unsupported={"dynamo": f"torch.export cannot trace {spec.model}'s post-processing (effdet's NMS: the "
+                               "box count is data-dependent; seen with torch 2.14); use --exporter torchscript "
+                               "(the default for detectors)"},
         input_info=info,
     )
 

@@ -112,6 +112,23 @@ def test_loss_falls_then_predicts_pixel_boxes() -> None:
         torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-4)
 
 
+def test_batch_auto_probe_runs_effdet_steps() -> None:
+    """`batch: auto`'s probe (in process, 1 rank) runs real AdamW steps of the EfficientDet at growing batches
+    and stops below a simulated memory limit of 6 samples. The coordinated OOM restart around it is the
+    model-agnostic runtime's, tested on 2 ranks with torchvision's and transformers' detectors."""
+    from musubi.recovery.inject import Injector
+    from musubi.worker.autobatch import probe_batch
+    from musubi.worker.world import World
+
+    torch.manual_seed(0)
+    task = DetectionTask(_spec())
+    world = World(rank=0, local_rank=0, size=1, device=torch.device("cpu"), backend="gloo")
+    result = probe_batch(task, world, "fp32", lambda m: torch.optim.AdamW(m.parameters(), lr=1e-3), 0.1,
+                         Injector("oom_above:rank=0,batch=6", 0, None), cap=16)
+    assert result.local_batch == 6 and result.batch == 6, result
+    assert [t["batch"] for t in result.trials if t["fits"]] == [2, 4, 6]
+
+
 def test_bad_model_args_and_missing_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     """One-line refusals: unknown or reserved model_args, an image side the pyramid cannot take, a backbone
     timm does not know; and, without effdet, a job naming an EfficientDet names the extra."""
@@ -156,6 +173,8 @@ def test_onnx_export_with_parity(tmp_path: Path) -> None:
     assert record["exporter"] == "torchscript" and (job_dir / "export" / "model.onnx").is_file()
     assert record["parity"]["matched"] > 0 and record["input_info"]["size"] == [64, 64]
     assert "mean=" in record["input_info"]["normalisation"]
+    with pytest.raises(ConfigError, match="torch.export cannot trace efficientdet_d0's post-processing"):
+        export_job(job_dir, exporter="dynamo")  # refused in one line, before a minute of tracing
 
 
 @pytest.mark.slow
