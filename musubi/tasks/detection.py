@@ -92,12 +92,13 @@ def known_models() -> list[str]:
     return [*MODELS, *detr.PRESETS, *efficientdet.PRESETS]
 
 
-def accepted_model_args(model: str) -> frozenset[str]:
-    """Keyword arguments `model` takes from `model_args` (torchvision silently ignores unknown ones)."""
+def accepted_model_args(model: str, given: dict[str, Any] | None = None) -> frozenset[str]:
+    """Keyword arguments `model` takes from `model_args` (torchvision silently ignores unknown ones); for an
+    EfficientDet, also the backbone_<timm argument> names among `given`."""
     if detr.is_detr_model(model):
         return detr.accepted_model_args(model)
     if efficientdet.is_effdet_model(model):
-        return efficientdet.accepted_model_args(model)
+        return efficientdet.accepted_model_args(model, given)
     builder, cls = MODELS[model]
     names: set[str] = set()
     for fn in (builder, cls.__init__, GeneralizedRCNNTransform.__init__):
@@ -333,7 +334,9 @@ class DetectionTask(Task):
             detr.require_transformers(spec.model)
         if efficientdet.is_effdet_model(spec.model):
             efficientdet.require_effdet(spec.model)
-        unknown = sorted(set(spec.model_args) - accepted_model_args(spec.model))
+            # Its backbone_<timm argument> names are open-ended: it checks them itself.
+            efficientdet.check_model_args(spec.model, spec.model_args)
+        unknown = sorted(set(spec.model_args) - accepted_model_args(spec.model, spec.model_args))
         if unknown:
             raise ConfigError(
                 f"model_args: {spec.model} takes no {', '.join(unknown)}; "

@@ -83,14 +83,27 @@ def _fields(config: Any) -> dict[str, Any]:
     return {k: v for k, v in config.items() if k not in _RESERVED}
 
 
-def accepted_model_args(model: str) -> frozenset[str]:
-    """model_args an EfficientDet takes: effdet's scalar config fields, backbone_<timm kwarg>, Musubi's own."""
-    return frozenset(set(_fields(_base_config(model))) | OWN_MODEL_ARGS)
-
-
 def _is_backbone_arg(key: str, fields: dict[str, Any]) -> bool:
     """backbone_<x> not itself a config field (backbone_name is one) goes to timm's create_model."""
     return key.startswith(BACKBONE_PREFIX) and key not in fields
+
+
+def accepted_model_args(model: str, given: dict[str, Any] | None = None) -> frozenset[str]:
+    """model_args an EfficientDet takes: effdet's scalar config fields, Musubi's own, and the backbone_<timm
+    argument> names among `given` (timm's arguments are open-ended; those that load weights are refused)."""
+    fields = _fields(_base_config(model))
+    backbone = {k for k in given or {} if _is_backbone_arg(k, fields)
+                and k[len(BACKBONE_PREFIX):] not in _RESERVED_BACKBONE}
+    return frozenset(set(fields) | OWN_MODEL_ARGS | backbone)
+
+
+def check_model_args(model: str, model_args: dict[str, Any]) -> None:
+    """ConfigError (one line, listing the accepted names) for a model_arg an EfficientDet does not take."""
+    unknown = sorted(set(model_args) - accepted_model_args(model, model_args))
+    if unknown:
+        fields = _fields(_base_config(model))
+        raise ConfigError(f"model_args: {model} takes no {', '.join(unknown)}; it takes "
+                          f"{', '.join(sorted(set(fields) | OWN_MODEL_ARGS))} and backbone_<timm argument>")
 
 
 def _own_int(model_args: dict[str, Any], key: str, default: int, minimum: int) -> int:
@@ -105,15 +118,9 @@ def build_config(model: str, num_classes: int, model_args: dict[str, Any], side:
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
+    check_model_args(model, model_args)
     config = _base_config(model)
     fields = _fields(config)
-    unknown = sorted(k for k in model_args if k not in fields and k not in OWN_MODEL_ARGS
-                     and not _is_backbone_arg(k, fields))
-    bad_backbone = sorted(k for k in model_args if _is_backbone_arg(k, fields)
-                          and k[len(BACKBONE_PREFIX):] in _RESERVED_BACKBONE)
-    if unknown or bad_backbone:
-        raise ConfigError(f"model_args: {model} takes no {', '.join(unknown + bad_backbone)}; it takes "
-                          f"{', '.join(sorted(set(fields) | OWN_MODEL_ARGS))} and backbone_<timm argument>")
     backbone_args = dict(config.backbone_args or {})
     try:
         for key, value in model_args.items():

@@ -140,6 +140,7 @@ def test_bad_model_args_and_missing_extra(monkeypatch: pytest.MonkeyPatch) -> No
             DetectionTask(_spec(model_args={**TINY, reserved: "x"})).validate()
     with pytest.raises(ConfigError, match=r"image side 64 is not a multiple of 128 \(2\^max_level\)"):
         DetectionTask(_spec(model_args={**TINY, "max_level": 7})).validate()
+    DetectionTask(_spec(model_args={**TINY, "backbone_drop_path_rate": 0.0})).validate()  # a timm argument
     with pytest.raises(ConfigError, match="cannot be built from them.*no_such_net"):
         DetectionTask(_spec(model_args={**TINY, "backbone_name": "no_such_net"})).validate()
 
