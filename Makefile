@@ -12,7 +12,7 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q $(TORCH)
-	$(PY) -m pip install -q -e '.[dev,eval,tb,mlflow,report,transformers]'
+	$(PY) -m pip install -q -e '.[dev,eval,tb,mlflow,report,transformers,effdet]'
 	touch $@
 
 demo: $(STAMP)

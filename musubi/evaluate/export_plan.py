@@ -12,6 +12,7 @@ from torch import Tensor, nn
 from musubi.config.errors import ConfigError
 from musubi.evaluate.model_io import JobModel
 from musubi.tasks.detr import is_detr_model
+from musubi.tasks.efficientdet import is_effdet_model
 
 #: How parity is judged: element-wise on one output tensor, or detection by detection.
 CompareKind = Literal["tensor", "detections"]
@@ -95,6 +96,8 @@ def export_plan(job: JobModel) -> ExportPlan:
     spec = job.spec
     if spec.task == "detection" and is_detr_model(spec.model):
         return _detr_plan(job)
+    if spec.task == "detection" and is_effdet_model(spec.model):
+        return _effdet_plan(job)
     if spec.task == "detection":
         size = job.task.image_size  # type: ignore[attr-defined]
         info = {
@@ -190,6 +193,42 @@ def _detr_plan(job: JobModel) -> ExportPlan:
             "outputs": f"the top {keep} (query, class) pairs: boxes [{keep},4] xyxy in input pixels, "
                        f"scores [{keep}] (sigmoid, no threshold), labels [{keep}] (1..classes)",
         },
+    )
+
+
+def _effdet_plan(job: JobModel) -> ExportPlan:
+    """An effdet EfficientDet: one image in (any size, resized inside), its NMS'd detections out."""
+    spec = job.spec
+    side = job.model.image_size  # type: ignore[attr-defined]
+    keep = job.model.max_detections  # type: ignore[attr-defined]
+    info = {
+        "layout": "NCHW, RGB", "dtype": "float32", "batch": 1, "size": [side, side],
+        "range": "[0, 1] (pixel / 255)",
+        "normalisation": f"inside the model: resized to {side}x{side} (bilinear), then (x - mean) / std, "
+                         f"mean={IMAGENET_MEAN}, std={IMAGENET_STD}",
+        "outputs": f"up to {keep} detections after per-class NMS (IoU 0.5): boxes [N,4] xyxy in input pixels, "
+                   "scores [N] (sigmoid, no threshold), labels [N] (1..classes)",
+    }
+    if spec.data.channels == 1:
+        mean, std = job.task.normalization  # type: ignore[attr-defined]
+        info.update(layout="NCHW, 1 channel" if spec.data.one_channel == "stem" else "NCHW, the one channel x3",
+                    range="stored units (counts, centikelvin) standardised before the model",
+                    normalisation=f"before the model: (x - {mean:.6g}) / {std:.6g} (data.normalize); resized "
+                                  f"inside the model to {side}x{side} (bilinear)")
+    return ExportPlan(
+        module=DetectorForExport(job.model).eval(),
+        input_name="images",
+        output_names=["boxes", "scores", "labels"],
+        dynamic_axes={"images": {2: "height", 3: "width"}, "boxes": {0: "detections"},
+                      "scores": {0: "detections"}, "labels": {0: "detections"}},
+        compare="detections",
+        to_input=_model_input(job, lambda batch: batch[0][0][None]),
+        to_targets=lambda batch: job.task.to_device(batch, torch.device("cpu"))[1],
+        exporters=["torchscript"],
+        unsupported={"dynamo": f"torch.export cannot trace {spec.model}'s post-processing (effdet's NMS: the "
+                               "box count is data-dependent; seen with torch 2.14); use --exporter torchscript "
+                               "(the default for detectors)"},
+        input_info=info,
     )
 
 

@@ -38,7 +38,7 @@ from musubi.data.synthetic_detection import (
     check_synthetic_params,
     synthetic_detection_batch,
 )
-from musubi.tasks import detr
+from musubi.tasks import detr, efficientdet
 from musubi.tasks.base import Metric, Reducer, Task, move_to
 from musubi.tasks.pretrained import check_start_weights, load_start_weights
 from musubi.tasks.stem import adapt_stem
@@ -88,14 +88,17 @@ EVAL_EXTRA_MESSAGE = "detection mAP needs the eval extra: pip install 'musubi-tr
 
 
 def known_models() -> list[str]:
-    """Every built-in detection model: torchvision's, then the transformers DETR-family presets."""
-    return [*MODELS, *detr.PRESETS]
+    """Every built-in detection model: torchvision's, the transformers DETR-family presets, effdet's EfficientDets."""
+    return [*MODELS, *detr.PRESETS, *efficientdet.PRESETS]
 
 
-def accepted_model_args(model: str) -> frozenset[str]:
-    """Keyword arguments `model` takes from `model_args` (torchvision silently ignores unknown ones)."""
+def accepted_model_args(model: str, given: dict[str, Any] | None = None) -> frozenset[str]:
+    """Keyword arguments `model` takes from `model_args` (torchvision silently ignores unknown ones); for an
+    EfficientDet, also the backbone_<timm argument> names among `given`."""
     if detr.is_detr_model(model):
         return detr.accepted_model_args(model)
+    if efficientdet.is_effdet_model(model):
+        return efficientdet.accepted_model_args(model, given)
     builder, cls = MODELS[model]
     names: set[str] = set()
     for fn in (builder, cls.__init__, GeneralizedRCNNTransform.__init__):
@@ -234,7 +237,7 @@ class DetectionMetric(Metric):
 
 
 class DetectionTask(Task):
-    """torchvision or transformers DETR-family detector + synthetic or COCO data + summed losses + mAP50.
+    """torchvision, transformers DETR-family or effdet detector + synthetic or COCO data + summed losses + mAP50.
 
     Resizing detectors (all but SSD) rescale inputs to min_size..max_size (torchvision: 800..1333);
     when the image size is known and model_args set neither, both default to it, so images are fed
@@ -329,7 +332,11 @@ class DetectionTask(Task):
         self._check_model_name()
         if detr.is_detr_model(spec.model):
             detr.require_transformers(spec.model)
-        unknown = sorted(set(spec.model_args) - accepted_model_args(spec.model))
+        if efficientdet.is_effdet_model(spec.model):
+            efficientdet.require_effdet(spec.model)
+            # Its backbone_<timm argument> names are open-ended: it checks them itself.
+            efficientdet.check_model_args(spec.model, spec.model_args)
+        unknown = sorted(set(spec.model_args) - accepted_model_args(spec.model, spec.model_args))
         if unknown:
             raise ConfigError(
                 f"model_args: {spec.model} takes no {', '.join(unknown)}; "
@@ -357,7 +364,7 @@ class DetectionTask(Task):
 
     # -- model -------------------------------------------------------------
     def _check_model_name(self) -> None:
-        if self.spec.model not in MODELS and not detr.is_detr_model(self.spec.model):
+        if self.spec.model not in known_models():
             raise ConfigError(
                 f"model: unknown detection model {self.spec.model!r}; known: {', '.join(known_models())}"
             )
@@ -366,12 +373,19 @@ class DetectionTask(Task):
         if detr.is_detr_model(self.spec.model):
             return detr.build_detector(self.spec.model, self.num_classes, dict(self.spec.model_args),
                                        self.image_size)
-        builder, _ = MODELS[self.spec.model]
         momentum = self.spec.model_args.get("bn_momentum")
         if momentum is not None and (isinstance(momentum, bool) or not isinstance(momentum, (int, float))
                                      or not 0 < momentum <= 1):
             raise ConfigError(f"model_args.bn_momentum: must be a number in (0, 1], not {momentum!r}; "
                               "0.1 is PyTorch's default")
+        if efficientdet.is_effdet_model(self.spec.model):
+            # Single-channel frames arrive standardised by their data set's statistics (to_device).
+            model = efficientdet.build_detector(self.spec.model, self.num_classes, dict(self.spec.model_args),
+                                                self.image_size, normalize=self.spec.data.channels != 1)
+            if momentum is not None:
+                set_bn_momentum(model, float(momentum))
+            return model
+        builder, _ = MODELS[self.spec.model]
         try:
             model = builder(
                 weights=None, weights_backbone=None, num_classes=self.num_classes + 1, **self.model_kwargs()
