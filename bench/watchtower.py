@@ -250,9 +250,14 @@ def judge(case: Case, job_dir: Path, first: int | None = None, last: int | None 
     if case.rank is not None:
         s = flagged.get(case.rank)
         row["culprit_rank"] = case.rank
-        row["section"] = s["section"] if s else None
+        # The section the diagnosis blames (the classifier's, e.g. data for a rank starved of input by CPU
+        # contention), not the detector's raw largest lead (there forward/backward: launches starve too).
+        culprit = a.get("culprit") or {}
+        section = culprit.get("section") if culprit.get("rank") == case.rank else (s["section"] if s else None)
+        row["section"] = section if s else None
+        row["detector_section"] = s["section"] if s else None
         row["excess"] = s["excess"] if s else None
-        row["section_ok"] = bool(s) and s["section"] in case.sections
+        row["section_ok"] = bool(s) and section in case.sections
         row["live_flagged_at"] = live_first.get(case.rank)
         row["replayed_flagged_at"] = s.get("flagged_at") if s else None
         # Steps from the segment's start to the (replayed) flag: the live watch flags a job once, so a later

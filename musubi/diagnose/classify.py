@@ -217,6 +217,9 @@ def analyze(tele: JobTelemetry, first: int | None = None, last: int | None = Non
         "job": tele.name, "ranks": n_ranks, "device": "gpu" if tele.on_gpu else "cpu",
         "steps": len(aligned), "window": [k0, k1], "step_ms_median": round(step_ms, 3),
         "label": top["label"], "text": top["text"], "evidence": top["evidence"],
+        # the top finding's culprit, where it names one: a straggler's rank, and the section the classifier
+        # blames (an input-starved straggler's is data/h2d even when most of its lead sits in forward)
+        "culprit": {k: top[k] for k in ("rank", "section", "cause") if top.get(k) is not None},
         "findings": findings[1:] if findings and top is findings[0] else findings,
         "limitations": limitations,
         "figures": {"data_share": round(data, 4), "grad_comm_share": round(comm, 4) if comm_measured else None,

@@ -297,6 +297,9 @@ def test_a_rank_starved_of_cpu_is_input_starved_not_host_bound(tmp_path: Path) -
     kw = {"gpu": True, "busy": 30.0, "slow_rank": 1, "factor": 1.5, "ranks": 2}
     a = analyze(load_job(write_job(tmp_path / "hog", data_extra={1: 5.0}, cpu=hog, **kw)))
     assert a["label"] == "straggler" and a["text"] == "straggler (rank 1, section data): input starved by CPU contention"
+    # the culprit as the diagnosis names it (what bench/watchtower.py scores), not the detector's raw section
+    assert a["culprit"] == {"rank": 1, "section": "data", "cause": "input starved"}
+    assert a["stragglers"]["stragglers"][0]["section"] == "backward"
     assert "its 16 core(s) are 100 % busy, 86.2 % of that not its own" in a["evidence"]
     assert "waits 6.1 ms a step for its batch" in a["evidence"] and "against 1.1 ms" in a["evidence"]
     assert all(f["label"] != "host/launch bound" for f in a["findings"])
@@ -304,6 +307,7 @@ def test_a_rank_starved_of_cpu_is_input_starved_not_host_bound(tmp_path: Path) -
     own = {**hog, 1: {"cores": 16, "cores_cpu": 100.0, "proc_cpu": 200.0, "workers_cpu": 1350.0}}
     b = analyze(load_job(write_job(tmp_path / "own", data_extra={1: 5.0}, cpu=own, **kw)))
     assert b["text"] == "straggler (rank 1, section backward)" and "input starved" not in b["evidence"]
+    assert b["culprit"] == {"rank": 1, "section": "backward"}
     # Contended cores but no longer batch wait (a GPU-bound lead): the section is where the time goes.
     c = analyze(load_job(write_job(tmp_path / "gpu", cpu=hog, **kw)))
     assert c["text"] == "straggler (rank 1, section backward)"
