@@ -13,6 +13,7 @@ Where $OUT is set (the lent machine), the result files are copied there too.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import importlib.util
 import os
@@ -118,8 +119,7 @@ def main() -> int:
         try:
             rc = proc.wait(timeout=a.budget_s + 60)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, 9)
-            proc.wait()
+            interrupt(proc, group=True)
             rc = 124
     out = gpu_log.read_text(encoding="utf-8", errors="replace")
     if rc == 124:
@@ -143,8 +143,7 @@ def main() -> int:
         try:
             proc.wait(timeout=max(30, a.cpu_deadline_s - (time.time() - c0)))
         except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+            interrupt(proc, group=False)
         log.close()
         text = Path(log.name).read_text(encoding="utf-8", errors="replace").splitlines()
         cpath = results / f"cpu-suite-{date}-{tag}.txt"
@@ -155,6 +154,23 @@ def main() -> int:
         paths += [cpath, Path(log.name)]
         copy_out(paths[3:])
     return 0 if rc == 0 else 1
+
+
+def interrupt(proc: subprocess.Popen, group: bool, grace_s: float = 25.0) -> None:
+    """End a pytest run at its deadline the way Ctrl-C does, so it still prints which tests failed and why
+    (on 2026-11-26 a SIGKILL at the deadline lost the summary of 4 failures), then kill what is left."""
+    import signal
+
+    try:
+        if group:
+            os.killpg(proc.pid, signal.SIGINT)
+        else:
+            proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=grace_s)
+    except (subprocess.TimeoutExpired, ProcessLookupError):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, 9) if group else proc.kill()
+        proc.wait()
 
 
 def run_logs(basetemp: Path) -> Path:
