@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 TORCH  ?= torch==2.14.1 torchvision==0.29.1
 STAMP  := $(VENV)/.musubi-installed
 
-.PHONY: demo test test-quick test-distributed test-system gpu-test lint clean chromium
+.PHONY: demo test test-durations test-quick test-distributed test-system gpu-test lint clean chromium
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -28,6 +28,13 @@ demo: $(STAMP)
 TEST_WORKERS ?= 2
 test: $(STAMP) chromium
 	$(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+
+# Refresh the committed test durations (tests/durations.json: a fresh checkout's xdist order) from the
+# last `make test` on this machine.
+test-durations:
+	$(PY) -c "import json; d = json.load(open('.pytest_cache/v/musubi/test-durations')); \
+	json.dump({k: round(v, 1) for k, v in sorted(d.items()) if v >= 0.05 and not k.startswith('tests/gpu/')}, \
+	open('tests/durations.json', 'w'), indent=0, sort_keys=True)"
 
 # The edit-test loop: the unit tier alone, no torchrun.
 test-quick: $(STAMP)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -102,7 +103,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 and item.get_closest_marker("slow") is None:
             item.add_marker(pytest.mark.slow)
     if hasattr(config, "workerinput"):  # a pytest-xdist worker: every worker sorts alike (same cache)
-        timed = cache.get(DURATIONS_CACHE_KEY, {}) if cache is not None else {}
+        # This checkout's last timings over the committed ones: a fresh checkout (CI) orders by the latter.
+        timed = {**committed_durations(), **(cache.get(DURATIONS_CACHE_KEY, {}) if cache is not None else {})}
         seconds = {item.nodeid: timed.get(item.nodeid, UNTIMED_SLOW_S if item.get_closest_marker("slow")
                                           else UNTIMED_UNIT_S) for item in items}
         items[:] = [items[i] for i in slowest_files_first([item.nodeid for item in items], seconds)]
@@ -118,6 +120,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 DURATIONS_CACHE_KEY = "musubi/test-durations"
 #: The guess for a test no run has timed yet: a torchrun or system test takes tens of seconds on 2 cores.
 UNTIMED_SLOW_S, UNTIMED_UNIT_S = 30.0, 0.1
+
+
+#: Durations of a whole `make test` on the 2-core development machine, committed so that a fresh checkout
+#: (CI has no pytest cache) starts the slow files first too; `make test-durations` refreshes it from the
+#: last run's cache (pytest-split keeps its `.test_durations` the same way).
+COMMITTED_DURATIONS = Path(__file__).with_name("durations.json")
+
+
+def committed_durations() -> dict[str, float]:
+    """The committed per-test seconds, or {} when the file is missing or unreadable (order falls back to guesses)."""
+    try:
+        data = json.loads(COMMITTED_DURATIONS.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return {k: float(v) for k, v in data.items() if isinstance(v, (int, float))} if isinstance(data, dict) else {}
 
 
 def slowest_files_first(nodeids: list[str], seconds: dict[str, float]) -> list[int]:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import slowest_files_first, starts_torchrun
+from tests.conftest import committed_durations, slowest_files_first, starts_torchrun
 
 pytest_plugins = ["pytester"]
 CONFTEST = Path(__file__).resolve().parent / "conftest.py"
@@ -70,6 +70,19 @@ def test_slowest_files_first_keeps_each_file_together_in_its_order() -> None:
     order = slowest_files_first(ids, seconds)
     # b (40.5 s) first, though its first test is quick; then a, c and d, 2 s each, a tie kept in collection order
     assert [ids[i] for i in order] == ["b.py::t1", "b.py::t2", "a.py::t1", "a.py::t2", "c.py::t1", "d.py::t1"]
+
+
+def test_the_committed_durations_order_a_fresh_checkout() -> None:
+    """CI has no pytest cache: tests/durations.json puts the slow files first there. It must parse, and it goes
+    stale when most of the files it names are gone (refresh: `make test-durations` after `make test`)."""
+    timed = committed_durations()
+    assert len(timed) > 100 and all(v >= 0 for v in timed.values())
+    root = Path(__file__).parent.parent
+    files = {k.split("::")[0] for k in timed}
+    gone = sorted(f for f in files if not (root / f).is_file())
+    assert len(gone) <= len(files) // 10, f"tests/durations.json names {len(gone)} missing files, e.g. {gone[:3]}"
+    slow = sorted(timed, key=timed.get)[-1]
+    assert timed[slow] > 30, "the slowest committed test took under 30 s: durations of a partial run?"
 
 
 def test_xdist_workers_start_the_file_that_took_longest_last_time(pytester: pytest.Pytester) -> None:
