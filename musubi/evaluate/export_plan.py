@@ -108,31 +108,11 @@ def export_plan(job: JobModel) -> ExportPlan:
                              "then resized to the model's min_size..max_size",
             "outputs": "boxes [N,4] xyxy in input pixels, scores [N], labels [N] (1..classes; 0 is background)",
         }
-        if spec.data.channels == 1:
-            mean, std = job.task.normalization  # type: ignore[attr-defined]
-            info.update(layout="NCHW, 1 channel" if spec.data.one_channel == "stem" else "NCHW, the one channel x3",
-                        range="stored units (counts, centikelvin) standardised before the model",
-                        normalisation=f"before the model: (x - {mean:.6g}) / {std:.6g} (data.normalize), then "
-                                      "resized to the model's min_size..max_size")
-        return ExportPlan(
-            module=DetectorForExport(job.model).eval(),
-            input_name="images",
-            output_names=["boxes", "scores", "labels"],
-            # The detector resizes inside the graph, so any height/width works; one image per call.
-            dynamic_axes={"images": {2: "height", 3: "width"}, "boxes": {0: "detections"},
-                          "scores": {0: "detections"}, "labels": {0: "detections"}},
-            compare="detections",
-            to_input=_model_input(job, lambda batch: batch[0][0][None]),
-            # targets through to_device too: a decode that resizes (gpu_decode) rescales their boxes alike
-            to_targets=lambda batch: job.task.to_device(batch, torch.device("cpu"))[1],
-            exporters=["torchscript"],
-            # torch.export stops at torchvision's data-dependent detection code (batched_nms branches on
-            # the box count; seen with torch 2.11 and 2.14): fail in one line, not after a minute of tracing.
-            unsupported={"dynamo": f"torch.export cannot trace torchvision's {spec.model} (data-dependent "
-                                   "control flow in its box post-processing); use --exporter torchscript "
-                                   "(the default for detectors)"},
-            input_info=info,
-        )
+        # torch.export stops at torchvision's data-dependent detection code (batched_nms branches on
+        # the box count; seen with torch 2.11 and 2.14): fail in one line, not after a minute of tracing.
+        return _nms_detector_plan(job, info, "resized to the model's min_size..max_size", (
+            f"torch.export cannot trace torchvision's {spec.model} (data-dependent control flow in its box "
+            "post-processing)"))
     if spec.task == "classification":
         size = job.task.image_size()  # type: ignore[attr-defined]
         on_disk = spec.data.synthetic is None
@@ -209,25 +189,34 @@ def _effdet_plan(job: JobModel) -> ExportPlan:
         "outputs": f"up to {keep} detections after per-class NMS (IoU 0.5): boxes [N,4] xyxy in input pixels, "
                    "scores [N] (sigmoid, no threshold), labels [N] (1..classes)",
     }
+    return _nms_detector_plan(job, info, f"resized inside the model to {side}x{side} (bilinear)", (
+        f"torch.export cannot trace {spec.model}'s post-processing (effdet's NMS: the box count is "
+        "data-dependent; seen with torch 2.14)"))
+
+
+def _nms_detector_plan(job: JobModel, info: dict[str, Any], resize: str, no_dynamo: str) -> ExportPlan:
+    """A detector whose graph takes one image of any size (it resizes inside) and returns its NMS'd
+    detections: torchvision's and effdet's. `resize` says how, for a thermal job's normalisation line;
+    `no_dynamo` why torch.export cannot trace it (refused in one line, not after a minute of tracing)."""
+    spec = job.spec
     if spec.data.channels == 1:
         mean, std = job.task.normalization  # type: ignore[attr-defined]
         info.update(layout="NCHW, 1 channel" if spec.data.one_channel == "stem" else "NCHW, the one channel x3",
                     range="stored units (counts, centikelvin) standardised before the model",
-                    normalisation=f"before the model: (x - {mean:.6g}) / {std:.6g} (data.normalize); resized "
-                                  f"inside the model to {side}x{side} (bilinear)")
+                    normalisation=f"before the model: (x - {mean:.6g}) / {std:.6g} (data.normalize); {resize}")
     return ExportPlan(
         module=DetectorForExport(job.model).eval(),
         input_name="images",
         output_names=["boxes", "scores", "labels"],
+        # The detector resizes inside the graph, so any height/width works; one image per call.
         dynamic_axes={"images": {2: "height", 3: "width"}, "boxes": {0: "detections"},
                       "scores": {0: "detections"}, "labels": {0: "detections"}},
         compare="detections",
         to_input=_model_input(job, lambda batch: batch[0][0][None]),
+        # targets through to_device too: a decode that resizes (gpu_decode) rescales their boxes alike
         to_targets=lambda batch: job.task.to_device(batch, torch.device("cpu"))[1],
         exporters=["torchscript"],
-        unsupported={"dynamo": f"torch.export cannot trace {spec.model}'s post-processing (effdet's NMS: the "
-                               "box count is data-dependent; seen with torch 2.14); use --exporter torchscript "
-                               "(the default for detectors)"},
+        unsupported={"dynamo": f"{no_dynamo}; use --exporter torchscript (the default for detectors)"},
         input_info=info,
     )
 
