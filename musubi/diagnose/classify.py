@@ -28,6 +28,12 @@ CONTENDED_BUSY = 90.0
 CONTENDED_FOREIGN = 0.25
 #: Its batch wait (data + host-to-device) exceeds the other ranks' by this share of a step: input starved.
 INPUT_LEAD = 0.01
+#: A straggler whose GPU is busy (NVML utilisation) this many points less than the other ranks' median
+#: waits for its own host to launch kernels: a GPU that is itself slow stays busy, and the others show
+#: busy too (NCCL's kernel spins while they wait). On 2x H200 (2026-11-26, resnet50 bs128, launch bound)
+#: the ranks flagged in healthy runs were 11-19 points less busy than their peer; a GPU hogged by another
+#: process was as busy as its peer (100 vs 99 %).
+HOST_LAG_UTIL = 5.0
 
 
 def _median(xs: list[float]) -> float:
@@ -167,13 +173,19 @@ def analyze(tele: JobTelemetry, first: int | None = None, last: int | None = Non
         if s.get("flagged_at"):
             ev += f"; the detector, replayed over steps {k0}-{k1}, flags it at step {s['flagged_at']}"
         starved = _input_starved(s["rank"], parts, gpu, step_ms)
+        lag = _host_lag(s["rank"], gpu) if starved is None else None
         section, text = s["section"], f"straggler (rank {s['rank']}, section {s['section']})"
+        cause = None
         if starved is not None:
-            section = starved["section"]
+            section, cause = starved["section"], "input starved"
             text = f"straggler (rank {s['rank']}, section {section}): input starved by CPU contention"
             ev = starved["evidence"] + "; " + ev
+        elif lag is not None:
+            cause = "host side"
+            text = f"straggler (rank {s['rank']}, section {section}): its host runs behind, not its GPU"
+            ev = lag + "; " + ev
         findings.append({"label": "straggler", "rank": s["rank"], "section": section, "share": s["excess"],
-                         "text": text, "evidence": ev, "cause": "input starved" if starved else None})
+                         "text": text, "evidence": ev, "cause": cause})
     if ckpt["count"] >= 2 and ckpt["share"] >= CHECKPOINT_SHARE:
         findings.append({"label": "periodic checkpoint stall", "share": ckpt["share"],
                          "text": "periodic checkpoint stall",
@@ -274,6 +286,19 @@ def _input_starved(rank: int, parts: dict[int, dict[str, Any]], gpu: dict[int, d
           f"{g.get('proc_cpu', 0.0):.0f} %" + (f" against {statistics.median(peers):.0f} % on the others" if peers
                                                  else "") + "): input starved by CPU contention")
     return {"section": section, "foreign": foreign, "evidence": ev}
+
+
+def _host_lag(rank: int, gpu: dict[int, dict[str, Any]]) -> str | None:
+    """Evidence that a straggler's GPU idles waiting for its own host (HOST_LAG_UTIL points less busy than
+    the other ranks' median), or None. Called once CPU contention on its cores is ruled out."""
+    mine = (gpu.get(rank) or {}).get("util")
+    others = [g["util"] for r, g in gpu.items() if r != rank and g.get("util") is not None]
+    if mine is None or not others or statistics.median(others) - mine < HOST_LAG_UTIL:
+        return None
+    return (f"its GPU was busy {mine:.0f} % of the time against {statistics.median(others):.0f} % on the other "
+            "ranks: it waits for this rank's host to launch its kernels (a slow GPU stays busy), with no other "
+            "process on its cores; remedies are on the host: its CPU, or fewer launches a step (a larger batch, "
+            "CUDA graphs)")
 
 
 def _host_launch(tele: JobTelemetry, steady: list, gpu: dict[int, dict[str, Any]]) -> dict[str, Any] | None:

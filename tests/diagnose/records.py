@@ -15,7 +15,7 @@ def write_job(job_dir: Path, ranks: int = 2, steps: int = 80, slow_rank: int | N
     """JOB/telemetry/rank{r}.jsonl (+ sampler files, job.json) of `steps` steps.
 
     `data_extra`: per rank, ms more batch wait a step; `cpu`: per rank, sampler figures that replace the
-    defaults (proc_cpu, workers_cpu, cores, cores_cpu...).
+    defaults (proc_cpu, workers_cpu, cores, cores_cpu..., and the GPU figures: util, sm_active).
     """
     rng = random.Random(seed)
     tdir = job_dir / "telemetry"
@@ -55,9 +55,10 @@ def write_job(job_dir: Path, ranks: int = 2, steps: int = 80, slow_rank: int | N
         with open(tdir / f"sampler-rank{r}.jsonl", "w", encoding="utf-8") as f:
             for i in range(int((t - 1_800_000_000.0) * 2) + 1):
                 s = {"kind": "sample", "rank": r, "t": 1_800_000_000.0 + i / 2, "proc_cpu": 95.0,
-                     "workers_cpu": 0.0, "workers": 0, "host_cpu": 90.0, "rss_gib": 1.0, **(cpu or {}).get(r, {})}
+                     "workers_cpu": 0.0, "workers": 0, "host_cpu": 90.0, "rss_gib": 1.0}
                 if gpu:
                     s.update(util=min(100.0, busy + 15), sm_active=busy, mem_used_gib=20.0, mem_total_gib=80.0, power_w=600.0,
                              throttle=[])
+                s.update((cpu or {}).get(r, {}))  # last: a test may set any figure of a rank, its GPU's too
                 f.write(json.dumps(s) + "\n")
     return job_dir

@@ -311,3 +311,19 @@ def test_a_rank_starved_of_cpu_is_input_starved_not_host_bound(tmp_path: Path) -
     # Contended cores but no longer batch wait (a GPU-bound lead): the section is where the time goes.
     c = analyze(load_job(write_job(tmp_path / "gpu", cpu=hog, **kw)))
     assert c["text"] == "straggler (rank 1, section backward)"
+
+
+def test_a_rank_whose_gpu_waits_for_its_host_is_named_host_side(tmp_path: Path) -> None:
+    """The healthy resnet50 runs on 2x H200 (2026-11-26) that flagged a rank 9-13 % behind: its GPU was less
+    busy than its peer's (81-89 % against 96-100 %) and nothing else ran on its cores. The finding says the
+    lag is on its host; a GPU slowed by another process (as busy as its peer) stays a plain straggler."""
+    kw = {"gpu": True, "busy": 70.0, "slow_rank": 0, "factor": 1.12, "ranks": 2}
+    host = {0: {"util": 85.0, "proc_cpu": 110.0}, 1: {"util": 99.0, "proc_cpu": 145.0}}
+    a = analyze(load_job(write_job(tmp_path / "host", cpu=host, **kw)))
+    assert a["label"] == "straggler" and a["culprit"]["rank"] == 0 and a["culprit"]["cause"] == "host side"
+    assert a["text"].endswith("its host runs behind, not its GPU")
+    assert "its GPU was busy 85 % of the time against 99 % on the other ranks" in a["evidence"]
+    gpu_slow = {0: {"util": 100.0}, 1: {"util": 99.0}}
+    b = analyze(load_job(write_job(tmp_path / "gpu", cpu=gpu_slow, **kw)))
+    assert b["label"] == "straggler" and b["culprit"] == {"rank": 0, "section": b["culprit"]["section"]}
+    assert "host runs behind" not in b["text"] and "waits for this rank's host" not in b["evidence"]
