@@ -98,19 +98,10 @@ def wait_for_gate() -> bool:
         return False
     owner = int(os.environ.get("MUSUBI_GATE_PID", "0") or 0)
     path = Path(gate)
-    if not wait_for_file(path, lambda: not owner or pid_alive(owner)):
+    import psutil
+
+    if not wait_for_file(path, lambda: not owner or psutil.pid_exists(owner)):
         raise RuntimeError(f"the fleet (pid {owner}) that was to open {path} is gone")
-    return True
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether process `pid` exists (one we may not signal counts as alive)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
     return True
 
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import os
 import time
 
+import psutil
 import pytest
 import torch
 
@@ -18,12 +18,9 @@ WORLD = World(rank=0, local_rank=0, size=1, device=torch.device("cpu"), backend=
 
 def _alive(pid: int) -> bool:
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE  # a zombie is gone, only not yet reaped
+    except psutil.NoSuchProcess:
         return False
-    # a reaped-later zombie counts as gone
-    with open(f"/proc/{pid}/stat") as f:
-        return f.read().split()[2] != "Z"
 
 
 @pytest.mark.timeout(60)
