@@ -100,14 +100,10 @@ def export_plan(job: JobModel) -> ExportPlan:
         return _effdet_plan(job)
     if spec.task == "detection":
         size = job.task.image_size  # type: ignore[attr-defined]
-        info = {
-            "layout": "NCHW, RGB", "dtype": "float32", "batch": 1,
-            "size": [size, size] if size else None,
-            "range": "[0, 1] (pixel / 255)",
-            "normalisation": f"inside the model: (x - mean) / std, mean={IMAGENET_MEAN}, std={IMAGENET_STD}, "
-                             "then resized to the model's min_size..max_size",
-            "outputs": "boxes [N,4] xyxy in input pixels, scores [N], labels [N] (1..classes; 0 is background)",
-        }
+        info = _image_info(
+            size, f"inside the model: (x - mean) / std, mean={IMAGENET_MEAN}, std={IMAGENET_STD}, "
+                  "then resized to the model's min_size..max_size",
+            "boxes [N,4] xyxy in input pixels, scores [N], labels [N] (1..classes; 0 is background)")
         # torch.export stops at torchvision's data-dependent detection code (batched_nms branches on
         # the box count; seen with torch 2.11 and 2.14): fail in one line, not after a minute of tracing.
         return _nms_detector_plan(job, info, "resized to the model's min_size..max_size", (
@@ -165,14 +161,11 @@ def _detr_plan(job: JobModel) -> ExportPlan:
         to_targets=lambda batch: job.task.to_device(batch, torch.device("cpu"))[1],
         # Tried first as for torchvision's detectors; torch.export is not yet tried on transformers' models here.
         exporters=["torchscript"],
-        input_info={
-            "layout": "NCHW, RGB", "dtype": "float32", "batch": 1, "size": [side, side],
-            "range": "[0, 1] (pixel / 255)",
-            "normalisation": f"no normalisation (transformers' RT-DETR/D-FINE processors only rescale to [0, 1]); "
-                             f"resized inside the model to {side}x{side} (bilinear)",
-            "outputs": f"the top {keep} (query, class) pairs: boxes [{keep},4] xyxy in input pixels, "
-                       f"scores [{keep}] (sigmoid, no threshold), labels [{keep}] (1..classes)",
-        },
+        input_info=_image_info(
+            side, "no normalisation (transformers' RT-DETR/D-FINE processors only rescale to [0, 1]); "
+                  f"resized inside the model to {side}x{side} (bilinear)",
+            f"the top {keep} (query, class) pairs: boxes [{keep},4] xyxy in input pixels, "
+            f"scores [{keep}] (sigmoid, no threshold), labels [{keep}] (1..classes)"),
     )
 
 
@@ -181,17 +174,20 @@ def _effdet_plan(job: JobModel) -> ExportPlan:
     spec = job.spec
     side = job.model.image_size  # type: ignore[attr-defined]
     keep = job.model.max_detections  # type: ignore[attr-defined]
-    info = {
-        "layout": "NCHW, RGB", "dtype": "float32", "batch": 1, "size": [side, side],
-        "range": "[0, 1] (pixel / 255)",
-        "normalisation": f"inside the model: resized to {side}x{side} (bilinear), then (x - mean) / std, "
-                         f"mean={IMAGENET_MEAN}, std={IMAGENET_STD}",
-        "outputs": f"up to {keep} detections after per-class NMS (IoU 0.5): boxes [N,4] xyxy in input pixels, "
-                   "scores [N] (sigmoid, no threshold), labels [N] (1..classes)",
-    }
+    info = _image_info(
+        side, f"inside the model: resized to {side}x{side} (bilinear), then (x - mean) / std, "
+              f"mean={IMAGENET_MEAN}, std={IMAGENET_STD}",
+        f"up to {keep} detections after per-class NMS (IoU 0.5): boxes [N,4] xyxy in input pixels, "
+        "scores [N] (sigmoid, no threshold), labels [N] (1..classes)")
     return _nms_detector_plan(job, info, f"resized inside the model to {side}x{side} (bilinear)", (
         f"torch.export cannot trace {spec.model}'s post-processing (effdet's NMS: the box count is "
         "data-dependent; seen with torch 2.14)"))
+
+
+def _image_info(side: int | None, normalisation: str, outputs: str) -> dict[str, Any]:
+    """What a detector's ONNX graph takes (one RGB image, [0, 1] floats) and returns, for the manifest."""
+    return {"layout": "NCHW, RGB", "dtype": "float32", "batch": 1, "size": [side, side] if side else None,
+            "range": "[0, 1] (pixel / 255)", "normalisation": normalisation, "outputs": outputs}
 
 
 def _nms_detector_plan(job: JobModel, info: dict[str, Any], resize: str, no_dynamo: str) -> ExportPlan:
