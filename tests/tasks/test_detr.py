@@ -6,7 +6,6 @@ The distributed bitwise resume of these models is tests/runtime/test_detr_resume
 
 from __future__ import annotations
 
-import builtins
 import json
 import math
 from pathlib import Path
@@ -23,6 +22,7 @@ from musubi.tasks.detection import DetectionTask
 from musubi.tasks.stem import adapt_stem
 from tests.evaluate.jobs import make_task_job
 from tests.tasks.detr_tiny import TINY_DFINE, TINY_RTDETR
+from tests.tasks.missing_extra import hide_package
 
 pytest.importorskip("transformers")
 pytest.importorskip("scipy")
@@ -150,16 +150,7 @@ def test_bad_model_args_are_one_line_errors() -> None:
 
 def test_missing_transformers_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     """Without transformers, a job naming a DETR model is refused in one line naming the extra."""
-    real_find_spec = detr.find_spec
-    monkeypatch.setattr(detr, "find_spec", lambda name: None if name == "transformers" else real_find_spec(name))
-    real_import = builtins.__import__
-
-    def no_transformers(name: str, *args: Any, **kwargs: Any) -> Any:
-        if name.split(".")[0] == "transformers":
-            raise ImportError(f"No module named {name!r}")
-        return real_import(name, *args, **kwargs)
-
-    monkeypatch.setattr(builtins, "__import__", no_transformers)
+    hide_package(monkeypatch, detr, "transformers")
     with pytest.raises(ConfigError) as info:
         DetectionTask(_spec("dfine_s")).validate()
     assert str(info.value) == ("model dfine_s: needs Hugging Face transformers and scipy: "

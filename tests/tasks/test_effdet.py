@@ -6,7 +6,6 @@ case to a second or two on a CPU; one launch pair on 2 gloo ranks checks the bit
 
 from __future__ import annotations
 
-import builtins
 import json
 import math
 from importlib.util import find_spec
@@ -23,6 +22,7 @@ from musubi.tasks import efficientdet
 from musubi.tasks.detection import DetectionTask
 from musubi.tasks.stem import adapt_stem
 from tests.evaluate.jobs import make_task_job
+from tests.tasks.missing_extra import hide_package
 
 if find_spec("effdet") is None:
     pytest.skip("needs the effdet extra: pip install 'musubi-train[effdet]'", allow_module_level=True)
@@ -144,16 +144,7 @@ def test_bad_model_args_and_missing_extra(monkeypatch: pytest.MonkeyPatch) -> No
     with pytest.raises(ConfigError, match="cannot be built from them.*no_such_net"):
         DetectionTask(_spec(model_args={**TINY, "backbone_name": "no_such_net"})).validate()
 
-    real_find_spec = efficientdet.find_spec
-    monkeypatch.setattr(efficientdet, "find_spec", lambda name: None if name == "effdet" else real_find_spec(name))
-    real_import = builtins.__import__
-
-    def no_effdet(name: str, *args: Any, **kwargs: Any) -> Any:
-        if name.split(".")[0] == "effdet":
-            raise ImportError(f"No module named {name!r}")
-        return real_import(name, *args, **kwargs)
-
-    monkeypatch.setattr(builtins, "__import__", no_effdet)
+    hide_package(monkeypatch, efficientdet, "effdet")
     with pytest.raises(ConfigError) as info:
         DetectionTask(_spec()).validate()
     assert str(info.value) == ("model efficientdet_d0: needs effdet (EfficientDet, with timm): "
