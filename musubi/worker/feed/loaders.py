@@ -147,8 +147,8 @@ class TrainFeed:
 
         A persistent iterator left to `gc.collect()` is shut down from inside the collection, after its
         index queue may already have been finalised: the worker never receives the stop message and
-        DataLoader waits out its 5 s join timeout before killing it. Measured on 2 CPU ranks (GPT, 12
-        steps): 5.5 s of every run's exit. Lightning ends workers the same way
+        DataLoader waits out its 5 s join timeout before killing it. Measured on this project's 2-core
+        machine (2026-11-26, 2 CPU ranks, GPT, 12 steps): 5.5 s of every run's exit, 0.08 s with close(). Lightning ends workers the same way
         (`_shutdown_workers_and_reset_iterator`); the method is torch's, unchanged from 2.6 to 2.14.
         """
         it, self._batches = self._batches, None
