@@ -87,7 +87,12 @@ class Packer:
         if not self.keep_order:
             self.queue = order(self.queue)
         self.stale = True  # the plan must be made again (a job ended, or was queued again)
-        self.sharing = self.share is not None  # a plan may turn it off (it predicted the fleet slower with it)
+
+    @property
+    def sharing(self) -> bool:
+        """Whether a job may join a GPU now: a share policy, unless the latest plan turned it off (it predicted
+        the fleet slower with it)."""
+        return self.share is not None and (self.plan is None or bool(self.plan.share))
 
     def planning(self) -> bool:
         """Whether the order and widths come from a plan: every queued job has predicted durations."""
@@ -104,7 +109,6 @@ class Packer:
         rank = {n: i for i, n in enumerate(plan.order)}
         self.queue.sort(key=lambda d: rank.get(d.name, len(rank)))
         self.width = dict(plan.widths)
-        self.sharing = self.share is not None and plan.share
         self.plan, self.stale = plan, False
 
     def _shared_slot(self, job: Demand) -> tuple[int, str] | None:
