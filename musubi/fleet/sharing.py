@@ -2,7 +2,7 @@
 slower both then run.
 
 A GPU is shared only between two single-GPU jobs whose measurements say it is safe (machine.share_gpus:
-auto, the default; `off` never shares):
+auto, opt-in until a GPU run measures its gain; the default `off` never shares):
 
 - both have a recorded GPU utilisation u (NVML's "utilisation": the fraction of time a kernel of the job
   ran, the mean over its training after the first tenth of the samples) and a recorded peak GPU memory
