@@ -92,13 +92,11 @@ def known_models() -> list[str]:
     return [*MODELS, *detr.PRESETS, *efficientdet.PRESETS]
 
 
-def accepted_model_args(model: str, given: dict[str, Any] | None = None) -> frozenset[str]:
-    """Keyword arguments `model` takes from `model_args` (torchvision silently ignores unknown ones); for an
-    EfficientDet, also the backbone_<timm argument> names among `given`."""
+def accepted_model_args(model: str) -> frozenset[str]:
+    """Keyword arguments a torchvision or DETR-family `model` takes from `model_args` (torchvision silently
+    ignores unknown ones). An EfficientDet's are open-ended (backbone_<timm argument>): efficientdet checks them."""
     if detr.is_detr_model(model):
         return detr.accepted_model_args(model)
-    if efficientdet.is_effdet_model(model):
-        return efficientdet.accepted_model_args(model, given)
     builder, cls = MODELS[model]
     names: set[str] = set()
     for fn in (builder, cls.__init__, GeneralizedRCNNTransform.__init__):
@@ -336,12 +334,12 @@ class DetectionTask(Task):
             efficientdet.require_effdet(spec.model)
             # Its backbone_<timm argument> names are open-ended: it checks them itself.
             efficientdet.check_model_args(spec.model, spec.model_args)
-        unknown = sorted(set(spec.model_args) - accepted_model_args(spec.model, spec.model_args))
-        if unknown:
-            raise ConfigError(
-                f"model_args: {spec.model} takes no {', '.join(unknown)}; "
-                f"it takes {', '.join(sorted(accepted_model_args(spec.model)))}"
-            )
+        else:
+            accepted = accepted_model_args(spec.model)
+            unknown = sorted(set(spec.model_args) - accepted)
+            if unknown:
+                raise ConfigError(f"model_args: {spec.model} takes no {', '.join(unknown)}; "
+                                  f"it takes {', '.join(sorted(accepted))}")
         synthetic = spec.data.synthetic
         if synthetic is not None:
             check_synthetic_params(
