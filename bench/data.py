@@ -303,6 +303,8 @@ def run_rank(rank: int, world: int, args: argparse.Namespace, sets: dict[str, di
             # Shut this feeder's workers down before the next one is timed (they would steal its cores).
             if hasattr(feed, "close"):
                 feed.close()
+            if isinstance(loader, TrainFeed):
+                loader.close()  # as a training run ends them (Trainer.close), not left to the collector
             del feed, loader, task
             gc.collect()
             done = time.perf_counter()

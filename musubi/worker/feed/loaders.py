@@ -38,8 +38,9 @@ class BatchPreparer:
 
     An object of its own, not a method of TrainFeed: a prefetcher holding the feed's bound method is a
     reference cycle, and a DataLoader freed by the garbage collector's cycle pass, not by its reference
-    count, waits about 5 s for each worker to exit (on CPU, 2 workers: 11 s against 0.1 s): a bench that
-    builds feeds one after another, or a job that ends, waited minutes for 15 workers a rank.
+    count, waits about 5 s for each worker to exit (this project's 2-core machine, 2026-11-26: 2 workers,
+    11 s against 0.1 s). Runs and bench/data.py end the workers explicitly (TrainFeed.close); without the
+    cycle a feed dropped without close() still frees them at once.
     """
 
     def __init__(self, task: Task, device: torch.device, nhwc: bool) -> None:
