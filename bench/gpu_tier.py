@@ -1,9 +1,10 @@
 """`make gpu-test`: the GPU tier (tests/gpu) on this machine's GPUs, and its result file.
 
-    python bench/gpu_tier.py [--workers 2] [--cpu-suite] [--budget-s 480]
+    python bench/gpu_tier.py [--workers 2] [--cpu-suite] [--budget-s 480] [TEST ...]
 
-Runs `pytest -m gpu tests/gpu` (two pytest-xdist workers sharing the GPUs through tests/gpu/lease.py
-when xdist is installed) and writes `bench/results/gpu-tests-DATE-CARD.txt`, whose first line names
+Runs `pytest -m gpu tests/gpu` in two phases: the `wide` tests (those that occupy every GPU) one after
+the other, then the rest in two pytest-xdist workers (lanes `pair-a`/`pair-b`, two GPUs each, through
+tests/gpu/lease.py) when xdist is installed. Named tests run in the given order instead. It writes `bench/results/gpu-tests-DATE-CARD.txt`, whose first line names
 the commit and the card, then the torch/CUDA/NCCL versions, the pytest summary and the figures the
 tests recorded. `--cpu-suite` also runs the CPU suite here at the same time (this machine's torch and
 cores: version skew shows up before users meet it) into `bench/results/cpu-suite-DATE-CARD.txt`.
@@ -73,13 +74,13 @@ def versions() -> str:
 def pytest_cmd(args: list[str], workers: int) -> list[str]:
     cmd = [sys.executable, "-m", "pytest", "-v", "-rA", "--durations=0", "-p", "no:cacheprovider", *args]
     if workers > 1 and importlib.util.find_spec("xdist") is not None:
-        cmd += ["-n", str(workers), "--dist", "loadfile"]
+        cmd += ["-n", str(workers), "--dist", "loadgroup"]
     return cmd
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--workers", type=int, default=3, help="pytest-xdist workers for the GPU tier (one a file)")
+    ap.add_argument("--workers", type=int, default=2, help="pytest-xdist workers for the tests that share the GPUs")
     ap.add_argument("--cpu-suite", action="store_true", help="also run the CPU suite here, at the same time")
     ap.add_argument("--cpu-workers", type=int, default=8)
     ap.add_argument("--cpu-deadline-s", type=int, default=530,
@@ -87,7 +88,7 @@ def main() -> int:
     ap.add_argument("--budget-s", type=int, default=480, help="the tier's time limit (the issue's 8 minutes)")
     ap.add_argument("-k", default=None, help="pytest -k expression (a part of the tier)")
     ap.add_argument("tests", nargs="*", default=["tests/gpu"],
-                    help="test files or node ids, run in this order with --workers 1 (default: tests/gpu)")
+                    help="test files or node ids, run in this order in one phase (default: tests/gpu, two phases)")
     a = ap.parse_args()
 
     tag, card_text = card()
@@ -110,26 +111,42 @@ def main() -> int:
     t0 = time.time()
     # The tests' run directories in a known place: their logs say where each launch spent its time.
     basetemp = Path(tempfile.mkdtemp(prefix="musubi-gpu-tier-"))
-    args = ["-m", "gpu", f"--basetemp={basetemp}", *a.tests] + (["-k", a.k] if a.k else [])
+    common = ["-m", "gpu"] + (["-k", a.k] if a.k else [])
+    if a.tests == ["tests/gpu"] and not a.k:
+        # Wide tests alone first, while the machine is empty; then two lanes side by side.
+        phases = [(["-m", "gpu and wide", "tests/gpu"], 1), (["-m", "gpu and not wide", "tests/gpu"], a.workers)]
+    else:
+        phases = [(a.tests, 1)]
     # Streamed to a file as it runs: a tier cut short by its budget still says which tests passed.
     gpu_log = Path(tempfile.gettempdir()) / "musubi-gpu-tier.log"
+    rc, commands = 0, []
     with open(gpu_log, "w", encoding="utf-8") as log:
-        proc = subprocess.Popen(pytest_cmd(args, a.workers), cwd=REPO, env=env, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            rc = proc.wait(timeout=a.budget_s + 60)
-        except subprocess.TimeoutExpired:
-            interrupt(proc, group=True)
-            rc = 124
+        for i, (selection, workers) in enumerate(phases):
+            # A phase of its own basetemp: pytest empties the one it is given.
+            cmd = pytest_cmd(common + [f"--basetemp={basetemp / f'phase{i + 1}'}"] + selection, workers)
+            commands.append(" ".join(cmd[1:]))
+            log.write(f"=== phase {i + 1}: {commands[-1]}\n")
+            log.flush()
+            left = a.budget_s + 60 - (time.time() - t0)
+            proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+            try:
+                code = proc.wait(timeout=max(1.0, left))
+            except subprocess.TimeoutExpired:
+                interrupt(proc, group=True)
+                code = 124
+            if code == 124:
+                log.write(f"\nTIMEOUT after {a.budget_s + 60}s\n")
+            rc = rc if code == 5 else max(rc, code)  # 5: this phase selected nothing (e.g. 2 GPUs: all wide)
+            if code == 124:
+                break
     out = gpu_log.read_text(encoding="utf-8", errors="replace")
-    if rc == 124:
-        out += f"\nTIMEOUT after {a.budget_s + 60}s"
     wall = time.time() - t0
-    body = [head, versions(), f"command: make gpu-test ({' '.join(pytest_cmd(args, a.workers)[1:])})",
+    body = [head, versions(), "command: make gpu-test (" + " ; ".join(commands) + ")",
             f"wall {wall:.0f} s (budget {a.budget_s} s){' OVER BUDGET' if wall > a.budget_s else ''}; pytest exit {rc}",
             "", "figures:"]
     body += figures.read_text().splitlines() if figures.is_file() else ["(none)"]
-    body += ["", "pytest:", *out.splitlines()[-400:]]
+    body += ["", "pytest:", *out.splitlines()[-500:]]
     path = results / f"gpu-tests-{date}-{tag}.txt"
     path.write_text("\n".join(body) + "\n", encoding="utf-8")
     print("\n".join(body[:6] + body[-25:]))

@@ -202,10 +202,38 @@ class _LaunchRecorder:
             cache.set(DURATIONS_CACHE_KEY, {**timed, **{k: round(v, 3) for k, v in self.seconds.items()}})
 
 
+def thread_share(cores: int, workers: int) -> int | None:
+    """Intra-op threads for each of `workers` pytest-xdist workers on `cores` cores, or None to leave torch's
+    default. torch gives every process one thread a core; with many workers on a big machine that multiplies:
+    on the 64-core GPU machine, 24 workers ran 24 x 64 threads and seven heavy CPU tests (EfficientDet,
+    D-FINE, export parity, the demo's external job) hit their 300-s timeouts (2026-11-26, torch 2.11). Capped
+    at twice the cores in all; two workers (this 2-core machine, CI) keep the default, as measured there."""
+    if workers <= 2:
+        return None
+    return max(1, 2 * cores // workers)
+
+
+def _share_cores_between_workers(config: pytest.Config) -> None:
+    """In an xdist worker: torch's threads set to this worker's share of the cores (see thread_share), and
+    OMP_NUM_THREADS for the jobs it starts to half of it (most launch two ranks; unset, the launcher would
+    give each rank cores / ranks, as if the machine were the job's alone)."""
+    workers = int(getattr(config, "workerinput", {}).get("workercount", 1))
+    share = thread_share(os.cpu_count() or 1, workers)
+    if share is None:
+        return
+    import torch
+
+    torch.set_num_threads(share)
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, share // 2)))
+
+
 def pytest_configure(config: pytest.Config) -> None:
-    """Record torchrun launches where every report arrives (the main process, also under pytest-xdist)."""
+    """Record torchrun launches where every report arrives (the main process, also under pytest-xdist);
+    in a worker, take only its share of the cores."""
     if not hasattr(config, "workerinput"):  # an xdist worker: its reports go to the main process
         config.pluginmanager.register(_LaunchRecorder(config), "musubi-launch-recorder")
+    else:
+        _share_cores_between_workers(config)
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:

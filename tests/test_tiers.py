@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import committed_durations, slowest_files_first, starts_torchrun
+from tests.conftest import committed_durations, slowest_files_first, starts_torchrun, thread_share
 
 pytest_plugins = ["pytester"]
 CONFTEST = Path(__file__).resolve().parent / "conftest.py"
@@ -98,3 +98,10 @@ def test_xdist_workers_start_the_file_that_took_longest_last_time(pytester: pyte
     ordered.assert_outcomes(passed=2)
     out = ordered.stdout.str()
     assert out.index("test_b.py::test_long") < out.index("test_a.py::test_quick"), out
+
+
+def test_many_xdist_workers_on_a_big_machine_share_its_cores() -> None:
+    """24 workers on 64 cores each took 64 threads (seven CPU tests timed out on the GPU machine); two workers
+    keep torch's default."""
+    assert thread_share(2, 2) is None and thread_share(64, 2) is None
+    assert thread_share(64, 24) == 5 and thread_share(16, 8) == 4 and thread_share(4, 16) == 1

@@ -47,10 +47,19 @@ def count_gpus() -> int:
 GPUS = 4 if REHEARSAL else count_gpus()
 
 
-def needs_gpus(n: int) -> list[pytest.MarkDecorator]:
-    """Marks of a test that needs `n` GPUs: `gpu`, and a skip naming what is missing."""
-    return [pytest.mark.gpu, pytest.mark.skipif(GPUS < n, reason=f"needs {n} CUDA GPUs, found {GPUS} "
-                                                "(the GPU tier runs on the lent machine: make gpu-test)")]
+def needs_gpus(n: int, uses: int | None = None, lane: str | None = None) -> list[pytest.MarkDecorator]:
+    """Marks of a test that needs `n` GPUs (and occupies `uses`, default `n`): `gpu`, a skip naming what is
+    missing, `wide` when it occupies every GPU here, and `xdist_group(lane)` for the tests that share the
+    machine. `make gpu-test` runs the wide tests first, one at a time on the whole machine, then the others
+    side by side in two lanes of two GPUs: a wide test queued behind narrow ones would hold idle GPUs until
+    both lanes drained (on 2026-11-26 that, and a CPU suite beside it, took the 4-GPU tier to 532 s)."""
+    marks = [pytest.mark.gpu, pytest.mark.skipif(GPUS < n, reason=f"needs {n} CUDA GPUs, found {GPUS} "
+                                                 "(the GPU tier runs on the lent machine: make gpu-test)")]
+    if (uses or n) >= GPUS:
+        marks.append(pytest.mark.wide)
+    elif lane:
+        marks.append(pytest.mark.xdist_group(lane))
+    return marks
 
 
 @pytest.fixture(autouse=True)

@@ -29,7 +29,8 @@ RESNET = {
 }
 
 
-@pytest.mark.parametrize("nproc", [pytest.param(2, marks=needs_gpus(2)), pytest.param(4, marks=needs_gpus(4))])
+@pytest.mark.parametrize("nproc", [pytest.param(2, marks=needs_gpus(2, lane="pair-b")),
+                                   pytest.param(4, marks=needs_gpus(4))])
 def test_ddp_resnet_stop_resume_is_bitwise(musubi, tmp_path: Path, nproc: int) -> None:
     stop_resume_equals_uninterrupted(musubi, tmp_path, RESNET, nproc, stop=7)
 
@@ -38,7 +39,7 @@ def test_ddp_resnet_stop_resume_is_bitwise(musubi, tmp_path: Path, nproc: int) -
 DEMO_GPUS = 4 if GPUS >= 4 else 2
 
 
-@pytest.mark.parametrize("nproc", [pytest.param(DEMO_GPUS, marks=needs_gpus(2))])
+@pytest.mark.parametrize("nproc", [pytest.param(DEMO_GPUS, marks=needs_gpus(2, uses=DEMO_GPUS))])
 def test_demo_fleet_has_no_failure_and_every_model_learns(musubi, tmp_path: Path, nproc: int) -> None:
     out = tmp_path / "demo"
     res = musubi("run", "examples/fleet-demo.yaml", "--out", str(out), gpus=nproc, timeout=540)

@@ -33,7 +33,7 @@ GPT_FSDP = {
 }
 
 
-@pytest.mark.parametrize("nproc", [pytest.param(2, marks=needs_gpus(2))])
+@pytest.mark.parametrize("nproc", [pytest.param(2, marks=needs_gpus(2, lane="pair-b"))])
 def test_fsdp2_gpt_stop_resume_is_bitwise_and_its_memory(musubi, tmp_path: Path, nproc: int) -> None:
     full = stop_resume_equals_uninterrupted(musubi, tmp_path, GPT_FSDP, nproc, stop=5)
     peaks = [r["mem_peak_allocated_gib"] for r in read_jsonl(full / "telemetry" / "rank0.jsonl")
@@ -43,7 +43,7 @@ def test_fsdp2_gpt_stop_resume_is_bitwise_and_its_memory(musubi, tmp_path: Path,
         figure("fsdp2_gpt67m_x2_peak_allocated_gib", max(peaks))
 
 
-@pytest.mark.parametrize("nproc", [pytest.param(2, marks=needs_gpus(2))])
+@pytest.mark.parametrize("nproc", [pytest.param(2, marks=needs_gpus(2, lane="pair-a"))])
 def test_real_oom_recovers_without_deadlock(musubi, tmp_path: Path, nproc: int) -> None:
     """16384 images of 224 px a GPU cannot fit resnet18's activations (~26 GB for the first conv alone):
     a real CUDA OOM in the first step, a coordinated restart, a probe, and training at what fits."""
