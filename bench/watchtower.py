@@ -1,43 +1,59 @@
 """Watchtower bench: the live straggler watch against REAL causes, and telemetry's cost against plain DDP.
 
-Scenarios (`--part scenarios`), each a `musubi train` on 2 ranks pinned to two halves of the machine's
-cores (MUSUBI_CPUS, as Musubi pins ranks), resnet50 bs128 bf16 unless said:
+Scenarios (`--part scenarios`), each a `musubi train` on --nproc ranks (4 on the lent machine) pinned to
+equal shares of the machine's cores (MUSUBI_CPUS, as Musubi pins ranks); every cause hits rank 1:
 
-- healthy          - nothing wrong; expect `healthy compute bound`, no flag.
-- gpu_hog          - a second CUDA process runs back-to-back bf16 matmuls on rank 1's GPU only
+- healthy          - resnet50 bs256 bf16 channels_last (examples/resnet50-bench.yaml, the reference step):
+                     GPU bound, not launch bound (session 7's bs128 had SM active 57-78 % and its host jitter
+                     flagged 4 of 10 segments); expect `healthy compute bound`, no flag.
+- gpu_hog          - the same job; a second CUDA process runs back-to-back bf16 matmuls on rank 1's GPU only
                      (time-sliced with the job: a slower GPU, not a sleep); expect straggler rank 1 in
                      forward/backward. `gpu_hog_light` (opt-in): the hog busy --light-duty of the time.
-- cpu_hog          - the model fed by CPU loader workers (synthetic images made on the CPU, workers sized
-                     for ~LOADER_HEADROOM x what the GPU eats, from the healthy step time) and
-                     CPU_HOG_PER_CORE spinning processes pinned to rank 1's cores; expect straggler rank 1,
-                     section data: input starved by CPU contention. `healthy_cpu_data` (opt-in): its control.
-- p2p_off          - NCCL_P2P_DISABLE=1 for the job (NCCL falls back to host shared memory) on VGG-11 bs128:
-                     0.53 GB of gradients for a third of resnet50's compute, so the all-reduce is exposed;
-                     expect `communication bound`. `healthy_comm` (opt-in): the same job with P2P on.
+- cpu_hog          - resnet50 bs128 fed by CPU loader workers (synthetic images made on the CPU, workers sized
+                     for LOADER_HEADROOM x what the GPU eats at the healthy step) and CPU_HOG_PER_CORE
+                     spinning processes pinned to rank 1's cores; expect straggler rank 1, section data: input
+                     starved by CPU contention. `healthy_cpu_data` (opt-in): its control.
+- p2p_off          - NCCL_P2P_DISABLE=1 for the job (NCCL falls back to SHM through host memory) on a GPT
+                     made to be communication bound (COMM_GPT): expect `communication bound`.
+                     `healthy_comm` (opt-in): the same job with P2P on.
 - healthy_fcos     - (opt-in) fcos_resnet50_fpn bs16; expect healthy.
 
-A start-up costs tens of seconds (session 6: ~30 s of a 33 s, 60-step run on 2x H200), the steps a few:
+p2p_off on paper (COMM_GPT: 4 layers x hidden 1536, vocab 32768 tied, seq 256, batch 8 = 2048 tokens a rank):
+parameters 4 x 12 x 1536^2 = 113 M in the blocks + 50 M embedding/head = 164 M, so 0.66 GB of fp32
+gradients a step. Compute: 6 x 164 M x 2048 tokens = 2.0 TFLOP a rank, ~10 ms at 200 TFLOP/s (half of an
+H100/H200's dense bf16), backward ~7 ms of it. A ring all-reduce moves 2 (n-1)/n x 0.66 GB = 0.98 GB per GPU
+on 4 ranks: over NVLink (NCCL bus bandwidth ~350 GB/s) ~3 ms, hidden behind backward; with P2P off through
+host memory (SHM, assumed 15-60 GB/s bus bandwidth: not measured here) 16-65 ms, of which ~7 ms can overlap
+backward: the exposed all-reduce is ~9-58 ms of a ~19-68 ms step, 0.45-0.85 of it, against the label's
+bar COMM_SHARE = 0.25 (exposed / compute ~1-6x). NCCL_SHM_DISABLE is left alone: sockets would make each
+step several 100 ms and not fit the time.
+
+A start-up costs ~40 s (session 7 on 2x H200: CLI, torchrun, imports, cudnn autotuning), the steps a few:
 `--segments K` trains K x --steps steps in one job and judges each segment on its own (the replayed
 detector per segment; segment 0 also has the live flag), so 10 verdicts per case cost one start-up.
 Per verdict: label, culprit rank and section, evidence (per-rank section means, NVML util / SM activity,
 loader and host CPU, how busy the culprit's cores are, the other processes NVML sees on its GPU), steps
-to flag, false alarms; per job: where the wall time went (`time`: before the rank's log, build, first
-step, steps). Overhead (`--part overhead`): resnet50-bench bs256 on 2 GPUs, `musubi train` with telemetry
-on, off, and `plain_ddp.py ... wall` (the fair reference), interleaved, samples/s over steps 20-100
-(musubi, from metrics.jsonl) and 80 timed steps after 15 (plain).
+to flag, false alarms (a detector flag or a live flag on a rank that is not the culprit; a rank held back
+as host lag is neither), and host-lag notes; per job: where the wall time went (`time`). Overhead
+(`--part overhead`): resnet50-bench bs256, `musubi train` with telemetry on, off, and `plain_ddp.py ...
+wall` (the fair reference), interleaved, samples/s over steps 20-100 (musubi, from metrics.jsonl) and 80
+timed steps after 15 (plain).
 
-GPU (2 GPUs), from the repo root (10 verdicts per case in about 5-6 min; partial results are in the JSON
-after every job, and no job starts that its last run says cannot end before --budget-s):
+GPU (4 GPUs), from the repo root: 10 verdicts of 30 steps per case, cases in the order healthy, p2p_off,
+gpu_hog, cpu_hog; estimated on 4x H200 (start-ups ~40-45 s, cpu_hog's ~60 s; steps ~55 / ~40-60 / ~110 /
+~100 ms): ~60 + ~50 + ~80 s for the first three, ~90 s for cpu_hog, which runs only when the others were
+quicker. The JSON is rewritten after every case; a case is not begun when less time is left before
+--budget-s than the longest case so far took:
 
-    NCCL_NVLS_ENABLE=0 python3 bench/watchtower.py --part scenarios --runs 1 --segments 10 --steps 50 \
-        --budget-s 420 --deadline-s 540 --json $OUT/watchtower.json
+    NCCL_NVLS_ENABLE=0 python3 bench/watchtower.py --part scenarios --nproc 4 --runs 1 --segments 10 \
+        --steps 30 --budget-s 250 --deadline-s 265 --json $OUT/watchtower.json
 
-CPU rehearsal (2 gloo ranks, resnet18 at 16 px; the GPU hog becomes a CPU matmul hog on rank 1's core,
-plain DDP is skipped):
+CPU rehearsal (2 gloo ranks, resnet18 at 16 px and a tiny GPT; the GPU hog becomes a CPU matmul hog on
+rank 1's core, plain DDP is skipped):
 
     python bench/watchtower.py --cpu --part scenarios --runs 1 --segments 2 --steps 30 --json /tmp/watchtower-cpu.json
 
-The JSON is rewritten after every run (a killed call keeps what finished); tables are printed at the end.
+Tables are printed at the end.
 """
 
 from __future__ import annotations
@@ -68,7 +84,14 @@ from musubi.telemetry.straggler import PERSIST, WARMUP, WINDOW  # noqa: E402
 CULPRIT = 1  # the rank every injected cause hits
 STEPS = 50  # per scenario run (or segment): the live watch can flag from step WARMUP + WINDOW + PERSIST - 1 = 29
 EARLIEST_FLAG = WARMUP + WINDOW + PERSIST - 1
-LOADER_HEADROOM = 2.5  # healthy loader capacity / what the GPU eats (cpu_data jobs)
+#: Healthy loader capacity / what the GPU eats at the healthy (bs256, GPU-bound) step (cpu_data jobs):
+#: 2.0 x 256 samples a step gives 11-12 workers on H200, as many as session 7 sized from its bs128 step.
+LOADER_HEADROOM = 2.0
+MAIN_BATCH = 256  # examples/resnet50-bench.yaml
+CPU_DATA_BATCH = 128
+#: The p2p_off job: little compute per gradient byte (the docstring works out its ratio).
+COMM_GPT = {"model_args": {"layers": 4, "hidden": 1536, "heads": 12},
+            "synthetic": {"seq_len": 256, "vocab": 32768}, "batch": 8}
 #: Spinning processes per core of the culprit rank: 2 leave its loader workers a third of their cores
 #: (the loader, sized for 2.5x, falls below what the GPU eats) and its launching thread enough not to
 #: become the bottleneck first (4 made the CPU rehearsal's rank 1 too slow to finish at all).
@@ -99,7 +122,7 @@ CASES = {c.name: c for c in (
     Case("healthy_comm", "comm", "", "healthy compute bound"),  # p2p_off's control: same batch, P2P on
     Case("healthy_fcos", "fcos", "", "healthy compute bound"),
 )}
-DEFAULT_CASES = "healthy,gpu_hog,cpu_hog,p2p_off"
+DEFAULT_CASES = "healthy,p2p_off,gpu_hog,cpu_hog"  # the two unproven first: a short call keeps them
 
 
 # -- the hogs: this file run again as a child process ---------------------------------------------
@@ -242,6 +265,9 @@ def judge(case: Case, job_dir: Path, first: int | None = None, last: int | None 
         "hardware": (a.get("figures") or {}).get("hardware"),
         "grad_comm_share": (a.get("figures") or {}).get("grad_comm_share"),
         "data_share": (a.get("figures") or {}).get("data_share"),
+        # ranks behind only on their (quiet) host: named by the diagnosis, held back by the live watch
+        "host_lag": sorted(int(x["rank"]) for x in strag.get("host_lag", [])),
+        "live_host_lag": sorted({int(f["rank"]) for f in tele.flags if f.get("kind") == "host_lag"}),
         "straggler_now_lines": len(re.findall(r"straggler now", text)),
         "watch_lines_off_rank0": len(re.findall(r"straggler: rank|straggler now", others)),
     }
@@ -305,8 +331,25 @@ def timeline(job_dir: Path, wall: float) -> dict[str, float | None]:
 
 
 # -- scenario runs -------------------------------------------------------------------------------
+def gpt_job(work: Path, cpu: bool) -> Path:
+    """The p2p_off / healthy_comm job file: COMM_GPT on the GPU (a tiny one on CPU), tokens made on the device."""
+    import yaml
+
+    shape = COMM_GPT if not cpu else {"model_args": {"layers": 2, "hidden": 64, "heads": 4},
+                                      "synthetic": {"seq_len": 32, "vocab": 512}, "batch": 4}
+    spec = {"name": "comm", "task": "lm", "model": "gpt", "model_args": shape["model_args"],
+            "data": {"synthetic": {"train_size": 1_000_000, "val_size": 0, "on_device": True, **shape["synthetic"]}},
+            "train": {"epochs": 1, "batch": shape["batch"], "lr": 1e-4, "base_batch": shape["batch"],
+                      "precision": "fp32" if cpu else "bf16", "log_every": 10},
+            "checkpoint": {"enabled": False}}
+    p = work / "comm.yaml"
+    p.write_text(yaml.safe_dump(spec), encoding="utf-8")
+    return p
+
+
 def jobs(cpu: bool, work: Path) -> dict[str, tuple[Path, tuple[str, ...]]]:
     """Job file and overrides of each job kind."""
+    comm = gpt_job(work, cpu)
     if cpu:
         spec = {"name": "watch", "task": "classification", "model": "resnet18",
                 "data": {"synthetic": {"train_size": 100_000, "val_size": 0, "image_size": 16, "num_classes": 10},
@@ -317,15 +360,11 @@ def jobs(cpu: bool, work: Path) -> dict[str, tuple[Path, tuple[str, ...]]]:
 
         p = work / "watch.yaml"
         p.write_text(yaml.safe_dump(spec), encoding="utf-8")
-        return {"main": (p, ()), "cpu_data": (p, ("data.workers=1",)), "comm": (p, ("train.batch=4",)),
-                "fcos": (p, ())}
+        return {"main": (p, ()), "cpu_data": (p, ("data.workers=1",)), "comm": (comm, ()), "fcos": (p, ())}
     r50 = REPO / "examples/resnet50-bench.yaml"
-    return {"main": (r50, ("train.batch=128",)),
-            "cpu_data": (r50, ("train.batch=128", "data.synthetic.on_device=false")),
-            # A large gradient for its compute: VGG-11's 133 M parameters (0.53 GB of fp32 gradients, 5x
-            # resnet50's) against ~1/3 of resnet50's FLOPs a sample. Over NVLink the all-reduce (~2 ms) hides
-            # behind the convolutions' backward; through host memory (P2P off) it cannot.
-            "comm": (r50, ("model=vgg11", "train.batch=128")),
+    return {"main": (r50, ()),  # bs256 bf16 channels_last: GPU bound
+            "cpu_data": (r50, (f"train.batch={CPU_DATA_BATCH}", "data.synthetic.on_device=false")),
+            "comm": (comm, ()),
             "fcos": (REPO / "examples/fcos-bench.yaml", ())}
 
 
@@ -353,7 +392,9 @@ def run_scenarios(args: argparse.Namespace, work: Path, result: dict[str, Any], 
     for i in range(args.runs):
         for name in names:
             case = CASES[name]
-            if time.monotonic() + took.get(name, 0.0) > deadline:
+            # A case not run yet is expected to take as long as the longest case so far (a run cut at the
+            # deadline loses all its verdicts: better not begun).
+            if time.monotonic() + took.get(name, max(took.values(), default=0.0)) > deadline:
                 rows.append({"case": name, "run": i, "ok": False, "label": "skipped (--budget-s spent)"})
                 continue
             began = time.monotonic()
@@ -364,7 +405,7 @@ def run_scenarios(args: argparse.Namespace, work: Path, result: dict[str, Any], 
                     step = next((r["step_ms"] for r in rows if r.get("case") == "healthy" and r.get("step_ms")),
                                 None)
                     per_rank = len(_cpus(cpus[CULPRIT]))
-                    need = LOADER_HEADROOM * 128 * cost / step if step else per_rank - 1
+                    need = LOADER_HEADROOM * MAIN_BATCH * cost / step if step else per_rank - 1
                     workers = max(1, min(per_rank - 1, math.ceil(need)))
                     result["scenario_setup"].update(loader_workers=workers, loader_workers_wanted=round(need, 1))
                 sets = (*sets, f"data.workers={workers}")
@@ -427,6 +468,7 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                              "right": sum(bool(r.get("ok")) for r in rs),
                              "labels": sorted({str(r.get("label")) for r in rs}),
                              "false_alarms": sum(bool(r.get("false_alarms")) for r in rs),
+                             "host_lag": sum(bool(r.get("host_lag") or r.get("live_host_lag")) for r in rs),
                              "step_ms": [r.get("step_ms") for r in rs]}
         if any("culprit_rank" in r for r in rs):
             s["section_right"] = sum(bool(r.get("section_ok")) for r in rs)
@@ -445,8 +487,8 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def markdown(summary: list[dict[str, Any]]) -> str:
     """The BENCHMARKS.md table of the scenarios."""
     lines = ["| case | judged (jobs) | right label + culprit | labels seen | culprit section (right) | steps to flag "
-             f"(earliest {EARLIEST_FLAG}) | false alarms | median step ms | start-up + teardown s |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             f"(earliest {EARLIEST_FLAG}) | false alarms | host lag (not alarms) | median step ms | start-up + teardown s |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for s in summary:
         steps = [x for x in s["step_ms"] if x]
         sec = (f"{', '.join(str(x) for x in s['sections'])} ({s['section_right']}/{s['runs']})"
@@ -454,7 +496,7 @@ def markdown(summary: list[dict[str, Any]]) -> str:
         flag = (f"{s['flagged_within_50']}/{s['runs']} <= 50: " + ", ".join(str(x) for x in s["steps_to_flag"])
                 if "steps_to_flag" in s else "-")
         lines.append(f"| {s['case']} | {s['runs']} ({s['jobs']}) | {s['right']}/{s['runs']} | {', '.join(s['labels'])} "
-                     f"| {sec} | {flag} | {s['false_alarms']} | {round(statistics.median(steps), 1) if steps else '-'} "
+                     f"| {sec} | {flag} | {s['false_alarms']} | {s.get('host_lag', 0)} | {round(statistics.median(steps), 1) if steps else '-'} "
                      f"| {s.get('startup_s_median', '-')} |")
     return "\n".join(lines)
 
@@ -536,7 +578,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cpu", action="store_true", help="rehearsal on CPU: 2 gloo ranks, tiny sizes")
     ap.add_argument("--part", default="all", choices=["scenarios", "overhead", "all"])
-    ap.add_argument("--nproc", type=int, default=2, help="ranks (GPUs): 2 on the lent machine")
+    ap.add_argument("--nproc", type=int, default=2, help="ranks (GPUs): 4 on the lent machine")
     ap.add_argument("--cases", default=DEFAULT_CASES, help=f"comma-separated, of: {', '.join(CASES)}")
     ap.add_argument("--runs", type=int, default=2, help="runs per case (interleaved)")
     ap.add_argument("--steps", type=int, default=STEPS, help="steps per scenario run")

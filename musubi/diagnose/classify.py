@@ -3,7 +3,9 @@
 Labels: input bound, communication bound, straggler (rank r, section s),
 periodic checkpoint stall, host/launch bound, memory pressure, healthy compute
 bound. Each candidate carries the share of step time it costs; the largest
-triggered one is the label, the rest are listed as further findings.
+triggered one is the label, the rest are listed as further findings. A rank behind
+only because its host lags (its GPU idles, its cores are quiet: telemetry/host_lag.py)
+is a `host lag` finding, never the label: it is not a straggler.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import statistics
 from typing import Any
 
 from musubi.diagnose.timeline import JobTelemetry
+from musubi.telemetry.host_lag import foreign_share, host_lag, mean_figures
 from musubi.telemetry.spans import SECTIONS
 from musubi.telemetry.step_record import sections_ms, wall_ms
 from musubi.telemetry.straggler import WARMUP, WINDOW, default_threshold, detect
@@ -22,18 +25,8 @@ INPUT_SHARE = 0.15
 COMM_SHARE = 0.25
 CHECKPOINT_SHARE = 0.05
 HOST_BOUND_SM = 60.0  # % SM activity (or utilisation) under which an un-starved GPU is waiting for launches
-#: A straggler's own cores are CPU-contended when they are this busy (% of each, mean) ...
-CONTENDED_BUSY = 90.0
-#: ... and at least this share of that busy time is not the rank's (its process and its loader workers).
-CONTENDED_FOREIGN = 0.25
 #: Its batch wait (data + host-to-device) exceeds the other ranks' by this share of a step: input starved.
 INPUT_LEAD = 0.01
-#: A straggler whose GPU is busy (NVML utilisation) this many points less than the other ranks' median
-#: waits for its own host to launch kernels: a GPU that is itself slow stays busy, and the others show
-#: busy too (NCCL's kernel spins while they wait). On 2x H200 (2026-11-26, resnet50 bs128, launch bound)
-#: the ranks flagged in healthy runs were 11-19 points less busy than their peer; a GPU hogged by another
-#: process was as busy as its peer (100 vs 99 %).
-HOST_LAG_UTIL = 5.0
 
 
 def _median(xs: list[float]) -> float:
@@ -83,12 +76,8 @@ def _gpu_figures(tele: JobTelemetry, first_t: float | None, last_t: float | None
         xs = [s for s in samples if (first_t is None or s["t"] >= first_t) and (last_t is None or s["t"] <= last_t)]
         if not xs:
             continue
-        fig: dict[str, Any] = {"samples": len(xs)}
-        for key in ("util", "sm_active", "power_w", "temp_c", "sm_clock_mhz", "proc_cpu", "workers_cpu", "host_cpu",
-                    "cores_cpu", "cores"):
-            vals = [float(s[key]) for s in xs if isinstance(s.get(key), (int, float))]
-            if vals:
-                fig[key] = round(sum(vals) / len(vals), 1)
+        fig = mean_figures(xs, ("util", "sm_active", "power_w", "temp_c", "sm_clock_mhz", "proc_cpu", "workers_cpu",
+                                "host_cpu", "cores_cpu", "cores"))
         used = [s["mem_used_gib"] / s["mem_total_gib"] for s in xs if s.get("mem_total_gib")]
         if used:
             fig["mem_used_max"] = round(max(used), 3)
@@ -160,6 +149,9 @@ def analyze(tele: JobTelemetry, first: int | None = None, last: int | None = Non
 
     findings: list[dict[str, Any]] = []
     parts = breakdown(tele, steady)
+    # A rank behind with its GPU idling for its own host and no other process on its cores is a launch-bound
+    # job's host jitter (telemetry/host_lag.py): named, but not a straggler (the live watch does not flag it).
+    strag["host_lag"] = []
     for s in strag["stragglers"]:
         ev = (f"rank {s['rank']} spends {_pct(s['excess'])} of a step longer than the other ranks, most in "
               f"{s['section']} (median of {strag['steps']} steps; {_pct(s['work_excess'])} over all its work before "
@@ -173,7 +165,7 @@ def analyze(tele: JobTelemetry, first: int | None = None, last: int | None = Non
         if s.get("flagged_at"):
             ev += f"; the detector, replayed over steps {k0}-{k1}, flags it at step {s['flagged_at']}"
         starved = _input_starved(s["rank"], parts, gpu, step_ms)
-        lag = _host_lag(s["rank"], gpu) if starved is None else None
+        lag = host_lag(s["rank"], gpu) if starved is None else None
         section, text = s["section"], f"straggler (rank {s['rank']}, section {s['section']})"
         cause = None
         if starved is not None:
@@ -181,11 +173,16 @@ def analyze(tele: JobTelemetry, first: int | None = None, last: int | None = Non
             text = f"straggler (rank {s['rank']}, section {section}): input starved by CPU contention"
             ev = starved["evidence"] + "; " + ev
         elif lag is not None:
-            cause = "host side"
-            text = f"straggler (rank {s['rank']}, section {section}): its host runs behind, not its GPU"
-            ev = lag + "; " + ev
+            strag["host_lag"].append(s)
+            findings.append({"label": "host lag", "rank": s["rank"], "section": section, "share": s["excess"],
+                             "text": f"host lag (rank {s['rank']}, section {section}): its host runs behind, not "
+                                     "its GPU; not a straggler", "evidence": lag + "; " + ev, "cause": "host side",
+                             "alarm": False})
+            continue
         findings.append({"label": "straggler", "rank": s["rank"], "section": section, "share": s["excess"],
                          "text": text, "evidence": ev, "cause": cause})
+    lagging = {s["rank"] for s in strag["host_lag"]}
+    strag["stragglers"] = [s for s in strag["stragglers"] if s["rank"] not in lagging]
     if ckpt["count"] >= 2 and ckpt["share"] >= CHECKPOINT_SHARE:
         findings.append({"label": "periodic checkpoint stall", "share": ckpt["share"],
                          "text": "periodic checkpoint stall",
@@ -212,8 +209,9 @@ def analyze(tele: JobTelemetry, first: int | None = None, last: int | None = Non
         if host is not None:
             findings.append(host)
     findings.sort(key=lambda f: -f["share"])
-    if findings:
-        top = findings[0]
+    alarms = [f for f in findings if f.get("alarm", True)]
+    if alarms:
+        top = alarms[0]
     else:
         busy = [g.get("sm_active", g.get("util")) for g in gpu.values() if "util" in g or "sm_active" in g]
         comm_ev = f"exposed gradient comm {_pct(comm)}" if comm_measured else "gradient comm not measured"
@@ -221,6 +219,8 @@ def analyze(tele: JobTelemetry, first: int | None = None, last: int | None = Non
               f"checkpoint {_pct(ckpt['share'])} of step time; "
               + ("stragglers not analysable" if not comm_measured else
                  "no straggler" if strag["judged"] else "stragglers not judged (too few steps)"))
+        if lagging:
+            ev += f" (rank(s) {', '.join(map(str, sorted(lagging)))} behind on their host only: see host lag)"
         if busy:
             ev += f"; GPU busy {statistics.mean(busy):.0f} % (mean over GPUs)"
         top = {"label": "healthy compute bound", "share": 1.0 - data - comm, "text": "healthy compute bound",
@@ -232,7 +232,7 @@ def analyze(tele: JobTelemetry, first: int | None = None, last: int | None = Non
         # the top finding's culprit, where it names one: a straggler's rank, and the section the classifier
         # blames (an input-starved straggler's is data/h2d even when most of its lead sits in forward)
         "culprit": {k: top[k] for k in ("rank", "section", "cause") if top.get(k) is not None},
-        "findings": findings[1:] if findings and top is findings[0] else findings,
+        "findings": [f for f in findings if f is not top],
         "limitations": limitations,
         "figures": {"data_share": round(data, 4), "grad_comm_share": round(comm, 4) if comm_measured else None,
                     "checkpoint": ckpt, "memory": mem, "hardware": gpu},
@@ -253,21 +253,16 @@ def _input_starved(rank: int, parts: dict[int, dict[str, Any]], gpu: dict[int, d
                    step_ms: float) -> dict[str, Any] | None:
     """A straggler whose batch wait grew because other processes take its cores; None when not shown.
 
-    Both must hold: its own cores are busy (CONTENDED_BUSY) mostly not with its own work (CONTENDED_FOREIGN
-    of them: its training process and loader workers are sampled, the rest is someone else's), and its
-    batch wait (data + h2d) exceeds the other ranks' by INPUT_LEAD of a step. The same contention also
-    slows the thread that launches its kernels, so most of its lead can sit in forward/backward: the
+    Both must hold: its own cores are contended (telemetry/host_lag.py's foreign_share: busy, mostly with
+    processes that are neither its training process nor its loader workers), and its batch wait (data +
+    h2d) exceeds the other ranks' by INPUT_LEAD of a step. The same contention also slows the thread that launches its kernels, so most of its lead can sit in forward/backward: the
     cause is still the CPU, not the GPU.
     """
     g = gpu.get(rank) or {}
-    cores, busy = g.get("cores"), g.get("cores_cpu")
-    if not cores or busy is None or rank not in parts or len(parts) < 2 or not step_ms:
+    foreign = foreign_share(g)
+    if not foreign or rank not in parts or len(parts) < 2 or not step_ms:
         return None
-    own = g.get("proc_cpu", 0.0) + g.get("workers_cpu", 0.0)
-    used = busy * cores  # % of one core
-    foreign = max(0.0, 1.0 - own / used) if used else 0.0
-    if busy < CONTENDED_BUSY or foreign < CONTENDED_FOREIGN:
-        return None
+    cores, busy = g["cores"], g["cores_cpu"]
 
     def wait(r: int, s: str) -> float:
         return parts[r]["sections_ms"].get(s, 0.0)
@@ -286,19 +281,6 @@ def _input_starved(rank: int, parts: dict[int, dict[str, Any]], gpu: dict[int, d
           f"{g.get('proc_cpu', 0.0):.0f} %" + (f" against {statistics.median(peers):.0f} % on the others" if peers
                                                  else "") + "): input starved by CPU contention")
     return {"section": section, "foreign": foreign, "evidence": ev}
-
-
-def _host_lag(rank: int, gpu: dict[int, dict[str, Any]]) -> str | None:
-    """Evidence that a straggler's GPU idles waiting for its own host (HOST_LAG_UTIL points less busy than
-    the other ranks' median), or None. Called once CPU contention on its cores is ruled out."""
-    mine = (gpu.get(rank) or {}).get("util")
-    others = [g["util"] for r, g in gpu.items() if r != rank and g.get("util") is not None]
-    if mine is None or not others or statistics.median(others) - mine < HOST_LAG_UTIL:
-        return None
-    return (f"its GPU was busy {mine:.0f} % of the time against {statistics.median(others):.0f} % on the other "
-            "ranks: it waits for this rank's host to launch its kernels (a slow GPU stays busy), with no other "
-            "process on its cores; remedies are on the host: its CPU, or fewer launches a step (a larger batch, "
-            "CUDA graphs)")
 
 
 def _host_launch(tele: JobTelemetry, steady: list, gpu: dict[int, dict[str, Any]]) -> dict[str, Any] | None:

@@ -8,6 +8,12 @@ rank stays flagged, a `straggler now` line (and a `status` record) says again,
 at most every LINE_EVERY_S, how much slower it is now and in which section; the
 fleet's live table shows the same from the file (`current_stragglers`).
 
+A newly flagged rank is first checked against the ranks' hardware samples (`sampler-rank{r}.jsonl`,
+tailed the same way, over the steps the detector holds): a rank whose GPU idles for its own host while
+its cores are quiet (`host_lag`) is logged once at info level and recorded as `host_lag`, not flagged;
+it is flagged as soon as that no longer holds while the detector still has it (its GPU got slow, or
+another process took its cores).
+
 A rank's records arrive in step order, so once every rank has recorded a later
 step, a step still missing a rank's record will never be complete (the writer
 dropped it): it is skipped, and the steps after it are scored as usual. At most
@@ -21,11 +27,13 @@ import json
 import logging
 import threading
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any
 
 from musubi.store.rundir import read_jsonl
-from musubi.telemetry.straggler import RankScore, StragglerDetector
+from musubi.telemetry.host_lag import host_lag, mean_figures
+from musubi.telemetry.straggler import LONG, RankScore, StragglerDetector
 
 log = logging.getLogger("musubi.telemetry")
 POLL_S = 1.0
@@ -35,6 +43,10 @@ FLAGS_FILE = "stragglers.jsonl"
 #: At most one `straggler now` line per this many seconds while a rank stays flagged: a console that
 #: says it once a step would bury the progress bar, one that says it only once hides that it goes on.
 LINE_EVERY_S = 10.0
+#: Hardware samples kept per rank (at the sampler's 2 Hz default: the last 16 s). A flag is judged on
+#: those taken since the oldest step the detector holds, or on the last MIN_SAMPLES when fewer.
+KEEP_SAMPLES = 32
+MIN_SAMPLES = 2
 
 
 class StragglerWatch:
@@ -43,8 +55,12 @@ class StragglerWatch:
     def __init__(self, folder: Path, world: int, threshold: float) -> None:
         self.folder, self.world = folder, world
         self.detector = StragglerDetector(threshold)
-        self._offsets = [0] * world
-        self._partial = [""] * world
+        self._offsets: dict[str, int] = {}  # per file name: bytes read
+        self._partial: dict[str, str] = {}  # per file name: an unfinished last line
+        self._samples: list[deque[dict[str, Any]]] = [deque(maxlen=KEEP_SAMPLES) for _ in range(world)]
+        self._step_t: deque[float] = deque(maxlen=LONG)  # start times of the steps the detector holds
+        self._excused: dict[int, RankScore] = {}  # flagged by the detector, held back as host lag
+        self._flagged_at: dict[int, int] = {}  # ranks announced, at the step they were
         self._pending: dict[int, dict[int, dict[str, Any]]] = {}
         self._next = 1  # the next step to hand to the detector
         self._seen = [0] * world  # per rank: the last step read
@@ -54,28 +70,42 @@ class StragglerWatch:
         self._thread = threading.Thread(target=self._run, name="musubi-straggler-watch", daemon=True)
         self._thread.start()
 
-    def _read(self, rank: int) -> None:
-        p = self.folder / f"rank{rank}.jsonl"
+    def _lines(self, name: str) -> list[dict[str, Any]]:
+        """The complete records appended to `name` since the last read."""
         try:
-            with open(p, encoding="utf-8", errors="replace") as f:
-                f.seek(self._offsets[rank])
+            with open(self.folder / name, encoding="utf-8", errors="replace") as f:
+                f.seek(self._offsets.get(name, 0))
                 chunk = f.read()
-                self._offsets[rank] = f.tell()
+                self._offsets[name] = f.tell()
         except OSError:
-            return
-        text = self._partial[rank] + chunk
-        lines = text.split("\n")
-        self._partial[rank] = lines.pop()  # an unfinished line waits for the next read
+            return []
+        lines = (self._partial.get(name, "") + chunk).split("\n")
+        self._partial[name] = lines.pop()  # an unfinished line waits for the next read
+        out = []
         for line in lines:
             try:
-                rec = json.loads(line)
+                out.append(json.loads(line))
             except ValueError:
                 continue
+        return out
+
+    def _read(self, rank: int) -> None:
+        for rec in self._lines(f"rank{rank}.jsonl"):
             if rec.get("kind") == "step":
                 step = int(rec["step"])
                 if step >= self._next:
                     self._pending.setdefault(step, {})[rank] = rec
                 self._seen[rank] = max(self._seen[rank], step)
+        self._samples[rank].extend(r for r in self._lines(f"sampler-rank{rank}.jsonl") if r.get("kind") == "sample")
+
+    def _host_lag(self, rank: int) -> str | None:
+        """host_lag over the samples since the oldest step the detector holds (at least MIN_SAMPLES a rank)."""
+        t0 = self._step_t[0] if self._step_t else float("-inf")
+        figs = {}
+        for r, held in enumerate(self._samples):
+            xs = [x for x in held if float(x.get("t", 0.0)) >= t0]
+            figs[r] = mean_figures(xs if len(xs) >= MIN_SAMPLES else list(held)[-MIN_SAMPLES:])
+        return host_lag(rank, figs)
 
     def poll(self) -> None:
         """Read what is new and feed complete steps to the detector, in order."""
@@ -91,10 +121,13 @@ class StragglerWatch:
                 break
             recs = self._pending.pop(self._next, {})
             if complete:
+                if self._next > self.detector.warmup:
+                    self._step_t.append(min(float(r.get("t", 0.0)) for r in recs.values()))
                 for s in self.detector.update(self._next, recs):
                     self._flag(s)
                 for rank in self.detector.cleared_now:
                     self._clear(rank, self._next)
+                self._recheck(self._next)
             else:
                 self.skipped += 1
                 if self.skipped == 1:
@@ -105,25 +138,47 @@ class StragglerWatch:
                 self._next = min(self._pending)
         self._status()
 
+    def _recheck(self, step: int) -> None:
+        """Flag a rank held back as host lag once the lag no longer explains it (the detector still has it)."""
+        for rank in sorted(self._excused):
+            if rank not in self.detector.active:
+                del self._excused[rank]
+            elif rank in self.detector.latest and self._host_lag(rank) is None:
+                del self._excused[rank]
+                s = self.detector.latest[rank]
+                s.flagged_at = step
+                self._flag(s)
+
     def _status(self) -> None:
         """The `straggler now` line of the ranks flagged now, when LINE_EVERY_S passed since the last line."""
         d = self.detector
-        if not d.active or time.monotonic() - self._last_line < LINE_EVERY_S or d.scored_at is None:
+        ranks = sorted(r for r in d.active if r in self._flagged_at and r in d.latest)
+        if not ranks or time.monotonic() - self._last_line < LINE_EVERY_S or d.scored_at is None:
             return
         self._last_line = time.monotonic()
-        now = [d.latest[r] for r in sorted(d.active) if r in d.latest]
+        now = [d.latest[r] for r in ranks]
         log.warning("straggler now (steps %d-%d): %s", d.scored_at - d.window + 1, d.scored_at,
                     "; ".join(f"rank {s.rank} is {100 * s.excess:.1f}% of a step slower than the other ranks, "
-                              f"most in {s.section} (flagged at step {d.first_flag[s.rank].flagged_at})" for s in now))
+                              f"most in {s.section} (flagged at step {self._flagged_at[s.rank]})" for s in now))
         self._append([{"kind": "status", "t": round(time.time(), 3), "step": d.scored_at, "rank": s.rank,
                        "section": s.section, "excess": s.excess, "last_share": s.last_share,
-                       "flagged_at": d.first_flag[s.rank].flagged_at} for s in now])
+                       "flagged_at": self._flagged_at[s.rank]} for s in now])
 
     def _append(self, recs: list[dict[str, Any]]) -> None:
         with open(self.folder / FLAGS_FILE, "a", encoding="utf-8") as f:
             f.writelines(json.dumps(r) + "\n" for r in recs)
 
     def _flag(self, s: RankScore) -> None:
+        lag = self._host_lag(s.rank) if s.rank not in self._flagged_at else None
+        if lag is not None:
+            self._excused[s.rank] = s
+            log.info("straggler watch: rank %d is %.1f%% of a step behind, most in %s (steps %d-%d), but %s: host "
+                     "lag, not flagged", s.rank, 100 * s.excess, s.section, s.flagged_at - self.detector.window + 1,
+                     s.flagged_at, lag)
+            self._append([{"kind": "host_lag", "t": round(time.time(), 3), "step": s.flagged_at, "rank": s.rank,
+                           "section": s.section, "excess": s.excess, "evidence": lag}])
+            return
+        self._flagged_at[s.rank] = s.flagged_at
         share = "" if s.last_share is None else f"; it arrived last at {s.last_share:.0%} of gradient all-reduces"
         if s.history is not None:
             share += f"; its work before the sync is {s.history:.2f}x its own first window"
@@ -134,6 +189,9 @@ class StragglerWatch:
         self._append([{"kind": "straggler", "t": round(time.time(), 3), "step": s.flagged_at, **s.to_dict()}])
 
     def _clear(self, rank: int, step: int) -> None:
+        self._excused.pop(rank, None)
+        if self._flagged_at.pop(rank, None) is None:
+            return  # held back as host lag: never announced, nothing to clear
         log.warning("straggler cleared: rank %d is back within %.0f%% of a step of the other ranks (steps %d-%d)",
                     rank, 100 * self.detector.threshold, step - self.detector.window + 1, step)
         self._append([{"kind": "cleared", "t": round(time.time(), 3), "step": step, "rank": rank}])

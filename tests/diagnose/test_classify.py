@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 from musubi.cli import app
 from musubi.diagnose.classify import analyze
 from musubi.diagnose.timeline import load_job
+from musubi.telemetry.host_lag import host_lag
 from musubi.telemetry.straggler import StragglerDetector
 from tests.diagnose.records import write_job
 
@@ -313,17 +314,42 @@ def test_a_rank_starved_of_cpu_is_input_starved_not_host_bound(tmp_path: Path) -
     assert c["text"] == "straggler (rank 1, section backward)"
 
 
-def test_a_rank_whose_gpu_waits_for_its_host_is_named_host_side(tmp_path: Path) -> None:
+def test_a_rank_whose_gpu_waits_for_its_quiet_host_is_host_lag_not_a_straggler(tmp_path: Path) -> None:
     """The healthy resnet50 runs on 2x H200 (2026-11-26) that flagged a rank 9-13 % behind: its GPU was less
-    busy than its peer's (81-89 % against 96-100 %) and nothing else ran on its cores. The finding says the
-    lag is on its host; a GPU slowed by another process (as busy as its peer) stays a plain straggler."""
-    kw = {"gpu": True, "busy": 70.0, "slow_rank": 0, "factor": 1.12, "ranks": 2}
-    host = {0: {"util": 85.0, "proc_cpu": 110.0}, 1: {"util": 99.0, "proc_cpu": 145.0}}
+    busy than its peer's (81-89 % against 96-100 %) and its cores ~8 % busy. That is a `host lag` finding,
+    not the label and not in the stragglers; a GPU slowed by another process (as busy as its peer), or a
+    rank not pinned (contention cannot be told), stays a straggler."""
+    kw = {"gpu": True, "busy": 85.0, "slow_rank": 0, "factor": 1.12, "ranks": 2}
+    host = {0: {"util": 85.0, "proc_cpu": 110.0, "cores": 16, "cores_cpu": 7.0},
+            1: {"util": 99.0, "proc_cpu": 145.0, "cores": 16, "cores_cpu": 9.0}}
     a = analyze(load_job(write_job(tmp_path / "host", cpu=host, **kw)))
-    assert a["label"] == "straggler" and a["culprit"]["rank"] == 0 and a["culprit"]["cause"] == "host side"
-    assert a["text"].endswith("its host runs behind, not its GPU")
-    assert "its GPU was busy 85 % of the time against 99 % on the other ranks" in a["evidence"]
-    gpu_slow = {0: {"util": 100.0}, 1: {"util": 99.0}}
-    b = analyze(load_job(write_job(tmp_path / "gpu", cpu=gpu_slow, **kw)))
-    assert b["label"] == "straggler" and b["culprit"] == {"rank": 0, "section": b["culprit"]["section"]}
-    assert "host runs behind" not in b["text"] and "waits for this rank's host" not in b["evidence"]
+    assert a["label"] == "healthy compute bound" and not a["stragglers"]["stragglers"], a["text"]
+    assert [s["rank"] for s in a["stragglers"]["host_lag"]] == [0]
+    assert "rank(s) 0 behind on their host only" in a["evidence"]
+    (lag,) = [f for f in a["findings"] if f["label"] == "host lag"]
+    assert lag["rank"] == 0 and lag["cause"] == "host side" and lag["alarm"] is False
+    assert "its GPU was busy 85 % of the time against 99 % on the other ranks" in lag["evidence"]
+    for name, cpu in (("gpu", {0: {"util": 100.0, "cores": 16, "cores_cpu": 7.0}, 1: {"util": 99.0}}),
+                      ("unpinned", {0: {"util": 85.0}, 1: {"util": 99.0}})):
+        b = analyze(load_job(write_job(tmp_path / name, cpu=cpu, **kw)))
+        assert b["label"] == "straggler" and b["culprit"] == {"rank": 0, "section": b["culprit"]["section"]}, name
+        assert not b["stragglers"]["host_lag"] and all(f["label"] != "host lag" for f in b["findings"])
+
+
+def test_host_lag_rule_on_the_recorded_2xh200_segments() -> None:
+    """The rule against every segment of the recorded GPU run (bench/results, 2x H200, 2026-11-26): each rank
+    the detector flagged in a healthy segment (4 false alarms) is host lag; gpu_hog's and cpu_hog's culprit
+    (rank 1, all 20 segments) is not, so both stay flagged."""
+    path = Path(__file__).resolve().parents[2] / "bench/results/watchtower-scenarios-2026-11-26-2xH200-ff80f60.json"
+    rows = json.loads(path.read_text(encoding="utf-8"))["scenarios"]
+    seen = {"healthy": 0, "gpu_hog": 0, "cpu_hog": 0}
+    for row in rows:
+        figs = {int(r): mean for r, mean in row["hardware"].items()}
+        for rank in row["flagged"]:
+            lag = host_lag(rank, figs)
+            seen[row["case"]] += 1
+            if row["case"] == "healthy":
+                assert lag is not None, (row["segment"], figs)
+            else:
+                assert lag is None and rank == 1, (row["case"], row["segment"], lag)
+    assert seen == {"healthy": 4, "gpu_hog": 10, "cpu_hog": 10}

@@ -108,3 +108,47 @@ def test_current_stragglers_are_the_flagged_ranks_latest_figures(tmp_path: Path)
     assert [(f["rank"], f["step"]) for f in now] == [(1, 60)]
     assert watch.describe(now) == "rank 1 backward +12.3%"
     assert watch.describe(watch.current_stragglers(tmp_path / "none")) == "-"
+
+
+QUIET = {"cores": 16, "cores_cpu": 8.0}  # a pinned rank's cores, barely used (session 7's healthy runs)
+
+
+@pytest.mark.parametrize(("slow", "turns_gpu_bound", "kinds"), [
+    ({"util": 85.0, **QUIET}, False, [("host_lag", 1)]),  # GPU idles for its quiet host: not an alarm
+    ({"util": 40.0, "cores": 16, "cores_cpu": 100.0, "proc_cpu": 50.0}, False, [("straggler", 1)]),  # CPU hog
+    ({"util": 100.0, **QUIET}, False, [("straggler", 1)]),  # its GPU is the slow one
+    ({"util": 85.0, **QUIET}, True, [("host_lag", 1), ("straggler", 1)]),  # host lag, then its GPU slows
+])
+def test_a_rank_behind_only_on_its_quiet_host_is_not_flagged(tmp_path: Path, monkeypatch, slow: dict,
+                                                            turns_gpu_bound: bool, kinds: list) -> None:
+    """The live watch reads the ranks' samples with the steps: a flag whose rank has its GPU less busy than the
+    others' with its pinned cores quiet is held back (recorded as host_lag); contention or a busy GPU flags."""
+    src = write_job(tmp_path / "src", ranks=2, steps=120, slow_rank=1, factor=1.3, gpu=True, busy=85.0,
+                    cpu={0: {"util": 99.0, **QUIET}, 1: slow})
+    tdir = src / "telemetry"
+    samples = {r: [json.loads(x) for x in (tdir / f"sampler-rank{r}.jsonl").read_text().splitlines()] for r in (0, 1)}
+    steps = {r: [json.loads(x) for x in _lines(src, r) if json.loads(x)["kind"] == "step"] for r in (0, 1)}
+    if turns_gpu_bound:  # from step 60 on, rank 1's GPU is as busy as its peer's
+        t60 = steps[1][59]["t"]
+        for s in samples[1]:
+            s["util"] = 100.0 if s["t"] >= t60 else s["util"]
+    monkeypatch.setattr(watch, "POLL_S", 3600.0)  # only the test polls
+    live = tmp_path / "live"
+    live.mkdir()
+    w = StragglerWatch(live, 2, 0.05)
+    for i in range(0, 120, 10):  # ten steps at a time, with the samples taken until then
+        t_end = steps[0][i + 9]["t"]
+        for r in (0, 1):
+            with open(live / f"rank{r}.jsonl", "a", encoding="utf-8") as f:
+                f.writelines(json.dumps(x) + "\n" for x in steps[r][i:i + 10])
+            with open(live / f"sampler-rank{r}.jsonl", "a", encoding="utf-8") as f:
+                f.writelines(json.dumps(s) + "\n" for s in samples[r] if steps[0][i]["t"] <= s["t"] < t_end
+                             or (i == 0 and s["t"] < t_end))
+        w.poll()
+    w.close()
+    flags = [json.loads(x) for x in (live / watch.FLAGS_FILE).read_text().splitlines()]
+    assert [(f["kind"], f["rank"]) for f in flags if f["kind"] != "status"] == kinds
+    if turns_gpu_bound:
+        assert flags[-1]["step"] >= 60 and watch.current_stragglers(live)[0]["rank"] == 1
+    elif kinds[0][0] == "host_lag":
+        assert "busy 85 % of the time against 99 %" in flags[0]["evidence"] and not watch.current_stragglers(live)
