@@ -34,6 +34,16 @@ def test_replay_reproduces_the_recorded_cpu_fleet(name: str) -> None:
     assert got == {b.name: b.gpus for b in r.recorded}
 
 
+def test_replay_reproduces_the_demo_fleet_recorded_on_4_gpus() -> None:
+    """examples/fleet-demo.yaml as the GPU tier ran it on 4x H200 (2026-11-26, 3e9311f): a 2-GPU job beside
+    three 1-GPU jobs, the fourth started when the external one ended. Same makespan, same placements."""
+    record = json.loads((DATA / "recorded-4xH200-demo-fleet.json").read_text())
+    r = replay(record, load_fleet(REPO / "examples" / "fleet-demo.yaml"))
+    assert len(r.recorded) == 4 and r.devices == [0, 1, 2, 3]
+    assert abs(r.error) <= 0.05, (r.simulated_s, r.recorded_s)
+    assert {b.name: b.gpus for b in r.simulated} == {b.name: b.gpus for b in r.recorded}
+
+
 def test_replay_sees_a_fleet_that_did_not_follow_its_packer() -> None:
     # the second job could have started on the free slot at once, but started 50 s late: no packer does that
     record = {"fleet": "x", "jobs": {
