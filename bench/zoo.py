@@ -1,26 +1,25 @@
 """The model zoo in one fleet on one machine: RGB + thermal, CNN + transformer, three model families.
 
-    python bench/zoo.py OUT [--fleet examples/fleet-zoo-4gpu.yaml] [--budget-s 230] [--work DIR]
+    python bench/zoo.py OUT [--fleet examples/fleet-zoo-4gpu.yaml] [--budget-s 210] [--work DIR]
                             [--no-check] [--small] [--device cuda|cpu] [--cpu-slots N]
 
 Writes the fleet's thermal set (16-bit radiometric PNG, the sizes the fleet file's header names), runs
 `musubi run` on the fleet from a work folder (default: a fresh folder under /tmp; the run is WORK/run),
-and puts into OUT, which it creates:
+and puts two files into OUT, which it creates (a device call returns only a few files):
 
-- `leaderboard.json`: RUN/leaderboard.json (the fleet's ranking: mAP50, FPS, score per job);
-- `zoo.json`: this bench's summary: seconds of each phase, each job's state, GPU, seconds, mAP50, FPS,
-  whether it learned (the checklist's loss item PASS, i.e. rank 0's loss falling from the first third of
-  its logged steps to the last, and mAP50 > 0), the checklist's counts;
+- `zoo-leaderboard.json`: RUN/leaderboard.json (the fleet's ranking: mAP50, FPS, score per job) with this
+  bench's summary under "zoo": seconds of each phase, each job's state, GPU, seconds, mAP50, FPS, whether it
+  learned (the checklist's loss item PASS, i.e. rank 0's loss falling from the first third of its logged
+  steps to the last, and mAP50 > 0), the checklist's counts;
 - `zoo-run.tgz`: the run's small files (fleet.json, fleet.log, checklist.json, leaderboard.json, run.json,
   env.json, each job's job/summary/eval/metrics/goodput/startup files, telemetry) with the console of
-  `musubi run`, the printed leaderboard (leaderboard.txt) and zoo.json; no checkpoint, weights or ONNX file,
-  and no file over --file-cap-mib (their names and sizes go in skipped.txt inside).
+  `musubi run`, the printed leaderboard (leaderboard.txt) and the summary (zoo.json); no checkpoint, weights
+  or ONNX file, and no file over --file-cap-mib (their names and sizes go in skipped.txt inside).
 
-Three files, so they all come back from a device call that returns a few files. The fleet gets
-`--budget-s` seconds from the start of this command (the thermal set included): past it, `musubi run` is
-sent SIGTERM (it stops its jobs and records them interrupted), the leaderboard and the checklist are built
-from what finished, and the archive is written anyway; the command ends within ~40 s of the budget. Exit 0
-when every job finished and learned, 1 otherwise (the files are written either way).
+The fleet gets `--budget-s` seconds from the start of this command (the thermal set included): past it,
+`musubi run` is sent SIGTERM (it stops its jobs and records them interrupted), the leaderboard and the
+checklist are built from what finished, and the archive is written anyway; the command ends within ~40 s of
+the budget. Exit 0 when every job finished and learned, 1 otherwise (the files are written either way).
 
 On 4 GPUs (H100/H200) the default fleet runs its four single-GPU jobs at once; the slowest, D-FINE, took
 120 s on one H200 in a 2-GPU run (2026-11-26, start-up and evaluation included). `--small`: CPU rehearsal
@@ -236,10 +235,10 @@ def git_head() -> str | None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("out", type=Path, help="folder for leaderboard.json, zoo.json and zoo-run.tgz (created)")
+    ap.add_argument("out", type=Path, help="folder for zoo-leaderboard.json and zoo-run.tgz (created)")
     ap.add_argument("--fleet", type=Path, default=REPO / "examples" / "fleet-zoo-4gpu.yaml")
-    ap.add_argument("--budget-s", type=float, default=230.0,
-                    help="seconds from the start after which the fleet is stopped (default 230)")
+    ap.add_argument("--budget-s", type=float, default=210.0,
+                    help="seconds from the start after which the fleet is stopped (default 210)")
     ap.add_argument("--work", type=Path, help="work folder (default: a fresh one under the temp folder)")
     ap.add_argument("--no-check", action="store_true", help="skip the fleet's preflight (~10 s on 4 GPUs)")
     ap.add_argument("--small", action="store_true", help="CPU rehearsal sizes (plumbing, not figures)")
@@ -275,12 +274,11 @@ def main() -> int:
                                             else args.fleet), "small": args.small, "git": git_head(),
                                "budget_s": args.budget_s, "work": str(work), "run": run,
                                "seconds": {"thermal_set": round(synth_s, 1), "fleet": run["seconds"]}}
-    table = ""
+    table, board = "", {}
     if (run_dir / RUN_FILES.fleet).is_file():
         board, table = leaderboard(run_dir, fleet)
         cl = checklist(run_dir)
         jobs = job_rows(run_dir, board, cl)
-        (args.out / "leaderboard.json").write_text(json.dumps(board, indent=1), encoding="utf-8")
         summary.update(jobs=jobs, checklist=cl.get("counts"), checklist_ok=cl.get("ok"),
                        all_learned=bool(jobs) and all(j["state"] == "done" and j["learned"] for j in jobs.values()))
     else:
@@ -289,8 +287,8 @@ def main() -> int:
     (work / "leaderboard.txt").write_text(table, encoding="utf-8")
     (work / "zoo.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
     skipped = archive(work, args.out / "zoo-run.tgz", int(args.file_cap_mib * 2**20))
-    (args.out / "zoo.json").write_text(json.dumps({**summary, "archive_skipped": len(skipped)}, indent=1),
-                                       encoding="utf-8")
+    summary["archive_skipped"] = len(skipped)
+    (args.out / "zoo-leaderboard.json").write_text(json.dumps({**board, "zoo": summary}, indent=1), encoding="utf-8")
 
     print(table, end="")
     where = "GPU" if args.device == "cuda" else "CPU slot"
