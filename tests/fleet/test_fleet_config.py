@@ -30,7 +30,8 @@ def tiny_fleet(**extra) -> dict:
 
 
 #: Fleets that read files their header says to write first, and those files (small: validation reads them).
-NEEDS_FILES = {"fleet-zoo.yaml": [("zoo-thermal/train", 0), ("zoo-thermal/val", 1)]}
+NEEDS_FILES = {name: [("zoo-thermal/train", 0), ("zoo-thermal/val", 1)]
+               for name in ("fleet-zoo.yaml", "fleet-zoo-4gpu.yaml")}
 
 
 @pytest.mark.parametrize("path", FLEETS, ids=[p.name for p in FLEETS])
@@ -43,8 +44,8 @@ def test_shipped_fleets_parse_and_validate(path: Path, tmp_path: Path, monkeypat
     spec = load_fleet(path)
     validate_fleet(spec, path.parent)
     kinds = {type(j) for j in spec.jobs}
-    # The zoo fleet shows the built-in models (CNN and transformer, RGB and thermal); the others an external job too.
-    assert kinds == ({TaskJob} if path.name == "fleet-zoo.yaml" else {TaskJob, CommandJob})
+    # The zoo fleets show the built-in models (CNN and transformer, RGB and thermal); the others an external job too.
+    assert kinds == ({TaskJob} if path.name in NEEDS_FILES else {TaskJob, CommandJob})
 
 
 def test_defaults_merge_under_each_job(tmp_path: Path) -> None:
