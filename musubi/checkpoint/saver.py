@@ -37,6 +37,7 @@ from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 
 from musubi.checkpoint import checkpoint as ckpt
+from musubi.checkpoint.daemons import daemon_record
 from musubi.checkpoint.staging import HostStager, holds_dtensor
 from musubi.config.errors import ConfigError, one_line
 from musubi.config.job import CheckpointSpec
@@ -290,12 +291,12 @@ class Checkpointer:
                 if found or fut.done():
                     break
                 time.sleep(poll_s)
-            d = self.root.parent / "heartbeat"
-            d.mkdir(parents=True, exist_ok=True)
             for c in found:
                 rec = {"pid": c.pid, "created": c.create_time(), "host": socket.gethostname(),
                        "attempt": attempt_id(), "rank": self.world.rank}
-                (d / f"ckpt-daemon-a{rec['attempt']}-rank{self.world.rank}-{c.pid}.json").write_text(json.dumps(rec))
+                path = daemon_record(self.root.parent, rec["attempt"], self.world.rank, c.pid)
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(json.dumps(rec))
         except Exception as e:  # noqa: BLE001 - bookkeeping only
             log.info("checkpoint process not recorded: %s", one_line(e, 120))
 
@@ -332,32 +333,6 @@ def _daemon_handle() -> Any:
     except ImportError:
         return None
     return getattr(executor, "_CHECKPOINT_PROCESS", None)
-
-
-def reap_checkpoint_daemons(job_dir: Path, skip_attempt: str | None = None) -> list[int]:
-    """End recorded DCP checkpoint processes of this host that outlived their rank; return their pids."""
-    import psutil
-
-    killed = []
-    host = socket.gethostname()
-    for p in sorted((job_dir / "heartbeat").glob("ckpt-daemon-*.json")):
-        try:
-            rec = json.loads(p.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            continue
-        if rec.get("host") != host or rec.get("attempt") == skip_attempt:
-            continue
-        try:
-            proc = psutil.Process(int(rec["pid"]))
-            if abs(proc.create_time() - float(rec["created"])) < 1.0:  # the same process, not a reused pid
-                proc.kill()
-                killed.append(proc.pid)
-        except (psutil.NoSuchProcess, psutil.AccessDenied, KeyError, ValueError):
-            pass
-        p.unlink(missing_ok=True)
-    if killed:
-        log.warning("ended %d checkpoint process(es) left by dead ranks: %s", len(killed), killed)
-    return killed
 
 
 def stop_checkpoint_process(grace_s: float = 3.0) -> None:

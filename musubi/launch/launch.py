@@ -238,6 +238,14 @@ def dry_run_plan(req: TrainRequest) -> list[str]:
     return lines
 
 
+def _has_checkpoint(job_dir: Path) -> bool:
+    """Whether a resume has a committed checkpoint to continue from. Asked on --resume only: the reader
+    imports DCP (a second or more of a launch's start-up on a busy small machine), which a new run skips."""
+    from musubi.checkpoint.checkpoint import latest_checkpoint
+
+    return latest_checkpoint(job_dir / "checkpoints") is not None
+
+
 def prepare(req: TrainRequest) -> tuple[Path, Path, dict, int, str]:
     """Validate everything checkable before launch; lay out RUN/ and RUN/JOB/job.json."""
     a = admit(req)
@@ -246,19 +254,17 @@ def prepare(req: TrainRequest) -> tuple[Path, Path, dict, int, str]:
     if rdzv is not None:
         # The preflight's environment check judges the variables for this many nodes.
         os.environ["MUSUBI_NNODES"] = str(rdzv.nnodes)
-    from musubi.checkpoint.checkpoint import latest_checkpoint  # torch: only once the config is known good
-
     if rdzv is not None and not rdzv.is_first:
         # Another node's agent: node 0 owns the records (shared storage, one writer); our workers start only
         # once every agent joined the rendezvous, so node 0 has written job.json by then.
-        if req.resume and latest_checkpoint(job_dir / "checkpoints") is None:
+        if req.resume and not _has_checkpoint(job_dir):
             raise ConfigError(f"--resume: no committed checkpoint in {job_dir / 'checkpoints'}; run without --resume")
         if req.check:
             run_preflight(req, spec, nproc, kind)
         (job_dir / "logs").mkdir(parents=True, exist_ok=True)
         return run_dir, job_dir, {"config": spec.resolved(), "attempts": 0}, nproc, kind
     if req.resume:
-        if latest_checkpoint(job_dir / "checkpoints") is None:
+        if not _has_checkpoint(job_dir):
             raise ConfigError(
                 f"--resume: no committed checkpoint in {job_dir / 'checkpoints'}; run without --resume"
             )
@@ -347,7 +353,8 @@ def torchrun_argv(job_dir: Path, nproc: int, resume: bool, stop_at_step: int | N
     # every interface.
     where = rdzv.torchrun_args() if rdzv is not None else ["--standalone", "--nnodes=1"]
     argv = [sys.executable, *torchrun_module(), *where, f"--nproc-per-node={nproc}",
-            f"--max-restarts={max_restarts}", "--monitor-interval=0.5",
+            # torchrun's own default: a rank's exit (done, OOM, crash) is acted on within 0.1 s, not 0.5 s.
+            f"--max-restarts={max_restarts}", "--monitor-interval=0.1",
             # torchrun's own files (per-attempt error records) stay in the run, not in $TMPDIR.
             f"--log-dir={job_dir / 'logs' / 'torchelastic'}",
             *(extra or []), "-m", "musubi.worker.worker", str(job_dir)]
@@ -482,7 +489,7 @@ def launch_train(req: TrainRequest) -> TrainResult:
     finally:
         if old_term is not None:
             signal.signal(signal.SIGTERM, old_term)
-    from musubi.checkpoint.saver import reap_checkpoint_daemons
+    from musubi.checkpoint.daemons import reap_checkpoint_daemons
 
     reap_checkpoint_daemons(job_dir)  # checkpoint processes of ranks that died (they hold our pipes)
     pump.join(timeout=5)

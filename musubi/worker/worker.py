@@ -206,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
         log.log(logging.WARNING if OVERSUBSCRIBED in threads else logging.INFO, "rank %d: %s", world.rank, threads)
         if restarts:
             log.warning("restart %d of this job (torchrun)", restarts)
-            from musubi.checkpoint.saver import reap_checkpoint_daemons
+            from musubi.checkpoint.daemons import reap_checkpoint_daemons
             from musubi.worker.world import attempt_id
 
             reap_checkpoint_daemons(job_dir, skip_attempt=attempt_id())  # a killed rank's daemon outlives it

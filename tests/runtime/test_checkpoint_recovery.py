@@ -10,17 +10,26 @@ from pathlib import Path
 import pytest
 
 from musubi.checkpoint.checkpoint import MARKER, committed_checkpoints, latest_checkpoint, verify
+from tests.conftest import write_tiny_job
 from tests.runtime.helpers import train
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 
-@pytest.fixture
-def finished_run(tiny_job, tmp_path: Path) -> Path:
-    """A 2-rank run with committed checkpoints at steps 8 and 16 (end of each epoch)."""
-    job = tiny_job()
-    code, out = train(str(job), "--nproc", "2", "--out", str(tmp_path / "run"))
+@pytest.fixture(scope="module")
+def _trained_once(tmp_path_factory) -> Path:
+    """One 2-rank run for the module (a torchrun launch costs seconds); tests get copies of it."""
+    d = tmp_path_factory.mktemp("trained")
+    code, out = train(str(write_tiny_job(d)), "--nproc", "2", "--out", str(d / "run"))
     assert code == 0, out
+    return d / "run"
+
+
+@pytest.fixture
+def finished_run(_trained_once: Path, tmp_path: Path) -> Path:
+    """A 2-rank run with committed checkpoints at steps 8 and 16 (end of each epoch): this test's own copy,
+    so a test that damages, resumes or refuses it leaves the next one the same run."""
+    shutil.copytree(_trained_once, tmp_path / "run", symlinks=True)
     return tmp_path / "run" / "tiny"
 
 
