@@ -24,6 +24,8 @@ from tests.diagnose.records import write_job
     ({"slow_rank": 2, "factor": 1.1, "ranks": 4}, "straggler"),
     ({"gpu": True}, "healthy compute bound"),
     ({"gpu": True, "busy": 35.0}, "host/launch bound"),  # host time == device time in these records
+    # the GPU idles while it waits for the all-reduce: comm, not launches (p2p_off on 4x H200, 2026-11-26)
+    ({"gpu": True, "busy": 17.0, "comm_ms": 30.0}, "communication bound"),
     ({"gpu": True, "alloc_retries": 40}, "memory pressure"),
 ])
 def test_label_of_each_scenario(tmp_path: Path, kwargs: dict, label: str) -> None:
