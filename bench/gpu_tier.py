@@ -26,23 +26,9 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
 
-
-def commit() -> str:
-    """The commit under test: MUSUBI_COMMIT where set (the lent machine's copy of the tree carries a
-    stale .git), else git's."""
-    if os.environ.get("MUSUBI_COMMIT"):
-        return os.environ["MUSUBI_COMMIT"]
-    try:
-        sha = subprocess.run(["git", "rev-parse", "--short=7", "HEAD"], cwd=REPO, capture_output=True, text=True,
-                             timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
-                               capture_output=True, text=True, timeout=10).stdout.strip()
-        if sha:
-            return sha + ("+dirty" if dirty else "")
-    except (OSError, subprocess.SubprocessError):
-        pass
-    return "unknown"
+from bench.provenance import commit  # noqa: E402
 
 
 def card() -> tuple[str, str]:

@@ -76,6 +76,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.provenance import commit  # noqa: E402
 from musubi.diagnose import drills  # noqa: E402
 from musubi.diagnose.classify import analyze  # noqa: E402
 from musubi.diagnose.timeline import load_job  # noqa: E402
@@ -613,8 +614,7 @@ def main() -> None:
         result["torch"] = torch.__version__
         if not args.cpu and torch.cuda.is_available():
             result["cards"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-        result["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                          cwd=REPO).stdout.strip() or None
+        result["commit"] = commit()
     except Exception:
         pass
 

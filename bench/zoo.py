@@ -48,6 +48,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.provenance import commit  # noqa: E402
 from musubi.config.run_files import RUN_FILES  # noqa: E402
 from musubi.data.synthetic_files import SyntheticFiles, write_synthetic_coco  # noqa: E402
 
@@ -223,16 +224,6 @@ def archive(work: Path, tgz: Path, cap: int) -> list[str]:
     return skipped
 
 
-def git_head() -> str | None:
-    """The commit this bench ran at (None outside a git checkout)."""
-    try:
-        res = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
-                             text=True, timeout=5, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return res.stdout.strip() or None
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out", type=Path, help="folder for zoo-leaderboard.json and zoo-run.tgz (created)")
@@ -271,7 +262,7 @@ def main() -> int:
 
     run_dir = work / "run"
     summary: dict[str, Any] = {"fleet": str(args.fleet.relative_to(REPO) if args.fleet.is_relative_to(REPO)
-                                            else args.fleet), "small": args.small, "git": git_head(),
+                                            else args.fleet), "small": args.small, "git": commit(),
                                "budget_s": args.budget_s, "work": str(work), "run": run,
                                "seconds": {"thermal_set": round(synth_s, 1), "fleet": run["seconds"]}}
     table, board = "", {}
