@@ -269,6 +269,11 @@ def curves(records: list[dict[str, Any]]) -> str | None:
                 color=_VAL_COLORS[i % len(_VAL_COLORS)])
     left.set_title("Loss")
     right.set_title("Validation metrics")
+    if not right.lines:  # a run that never validated: say so rather than draw empty axes
+        right.text(0.5, 0.5, "no validation metric in this run", ha="center", va="center",
+                   transform=right.transAxes, color="#666666")
+        right.set_xticks([])
+        right.set_yticks([])
     for ax in (left, right):
         ax.set_xlabel("optimizer step")
         ax.grid(alpha=0.3)

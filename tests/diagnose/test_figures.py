@@ -52,3 +52,11 @@ def test_steady_scale_says_what_it_leaves_out() -> None:
     assert figures.steady_top([]) is None
     assert figures.steady_top([10.0] * 99 + [5000.0]) == pytest.approx(15.0)  # one stray step of 100 is cut
     assert figures.steady_top([10.0, 20.0]) == pytest.approx(30.0)
+
+
+def test_a_run_without_validation_says_so_instead_of_empty_axes() -> None:
+    """The gpu_hog report of 2026-11-26 (4x H200) drew an empty 'Validation metrics' panel."""
+    train = [{"kind": "train", "step": k, "loss": 2.0 / k} for k in range(1, 9)]
+    assert "no validation metric in this run" in figures.curves(train)
+    val = [{"kind": "val", "step": 8, "top1": 0.5}]
+    assert "no validation metric in this run" not in figures.curves(train + val)
