@@ -13,6 +13,9 @@ seconds), so the start-up of an attempt reads as the gaps between consecutive ma
     batch        the per-rank batch is decided (the autobatch probe, when on)
     model        model built and wrapped (DDP's first broadcast), optimizer, data loaders, telemetry
     fit          the training loop starts (after a resume's checkpoint load)
+    first_batch  (inside the first step) its first batch arrived (loader workers started)
+    first_forward   its first micro-batch's forward finished on the device (cudnn autotuning, lazy CUDA)
+    first_backward  that micro-batch's backward finished on the device
     first_step   the first optimizer step ended (loader workers started, cudnn autotuned, allocator warm)
     trained      the loop ended (training, in-loop validation, the last checkpoint committed)
     train_exit   the fleet saw the training processes exit (process group and interpreter teardown)
@@ -47,6 +50,14 @@ COMPONENTS: tuple[tuple[str, str], ...] = (
     ("model, optimizer, loaders", "model"),
     ("resume", "fit"),
     ("first step", "first_step"),
+)
+#: The first step's parts (from the `fit` mark), where the worker wrote them (worker/step_events.FirstStepMarks);
+#: reported beside the components, whose "first step" holds them all.
+FIRST_STEP: tuple[tuple[str, str], ...] = (
+    ("first step: batch", "first_batch"),
+    ("first step: forward", "first_forward"),
+    ("first step: backward", "first_backward"),
+    ("first step: optimizer and the rest", "first_step"),
 )
 #: The evaluation step's Python start and imports after training ended (0 when it was pre-started).
 EVAL_START = "evaluation start (python, imports)"
@@ -95,6 +106,12 @@ def components(marks: Mapping[str, float]) -> dict[str, float]:
         out["to first step"] = round(last - marks["spawned"], 3)
         # What the GPUs spent on it: from the gate (the previous job's evaluation over) when there is one.
         out["start-up on the GPUs"] = round(last - max(marks["spawned"], marks.get("gate", marks["spawned"])), 3)
+    if "fit" in marks and "first_step" in marks and any(to in marks for _, to in FIRST_STEP[:-1]):
+        last = marks["fit"]
+        for name, to in FIRST_STEP:
+            if to in marks:
+                out[name] = round(max(0.0, marks[to] - last), 3)
+                last = max(last, marks[to])
     if "trained" in marks and "train_exit" in marks:
         out["teardown"] = round(max(0.0, marks["train_exit"] - marks["trained"]), 3)
     if "train_exit" in marks and "eval_ready" in marks:  # a pre-started step was ready before: 0
@@ -109,8 +126,11 @@ def summary_line(comp: Mapping[str, float]) -> str:
     """One line: seconds to the first step, on the GPUs, each component, and the evaluation step."""
     if "to first step" not in comp:
         return "no start-up marks"
-    skip = {"to first step", "start-up on the GPUs", "teardown", EVAL_START, "evaluation"}
+    skip = {"to first step", "start-up on the GPUs", "teardown", EVAL_START, "evaluation", *(k for k, _ in FIRST_STEP)}
     parts = ", ".join(f"{k} {v:.1f}" for k, v in comp.items() if k not in skip and v >= 0.05)
+    inside = ", ".join(f"{k.split(': ', 1)[1]} {comp[k]:.1f}" for k, _ in FIRST_STEP if k in comp)
+    if inside:
+        parts += f" (first step: {inside})"
     tail = ", ".join(f"{k} {comp[k]:.1f}" for k in ("teardown", EVAL_START, "evaluation") if k in comp)
     return (f"{comp['to first step']:.1f} s to the first step ({comp['start-up on the GPUs']:.1f} s of it on the "
             f"GPUs): {parts}" + (f"; after training: {tail}" if tail else ""))

@@ -43,6 +43,7 @@ from musubi.worker.step_events import (
     LOSS,
     PHASE,
     STEP_END,
+    FirstStepMarks,
     InjectionHooks,
     StepEvents,
     attach_heartbeat,
@@ -316,6 +317,8 @@ class Trainer:
         self.events.on(STEP_END, lambda step: self.log_step(step, metrics, bar))
         self.events.on(STEP_END, self.save_after_step)
         self.events.on(EPOCH_END, self.save_at_epoch_end)
+        if self.world.is_main:
+            FirstStepMarks(self.job_dir, self.world.device, self.step + 1, mark).attach(self.events)
         self.events.fire(FIT_START, self.step)
         try:
             while self.epoch < self.spec.train.epochs and self.step < self.stop_step:

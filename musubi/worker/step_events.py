@@ -156,3 +156,35 @@ class InjectionHooks:
         """`slow` bookkeeping, then kill, crash and hang faults due after this step."""
         self.injector.after_step(step, time.perf_counter() - self._t_step)
         self._t_step = time.perf_counter()
+
+
+class FirstStepMarks:
+    """Start-up marks inside a fit's first optimizer step, on rank 0 (store/startup.py's FIRST_STEP).
+
+    On a GPU the first step of a detector took 14-23 s (4x H200, 2026-11-26: cudnn autotuning, lazy
+    CUDA module loading and the loader's start are the suspects) against 1-2 s for a GPT: these marks
+    say which. Each waits for the device first (three synchronisations, in the first step only), so a
+    mark is when that part's kernels finished, not when the host queued them; a mark is written once,
+    at the first micro-batch.
+    """
+
+    def __init__(self, job_dir: Any, device: torch.device, first_step: int,
+                 write: Callable[[Any, str], None]) -> None:
+        self.job_dir, self.device, self.first_step, self.write = job_dir, device, first_step, write
+        self._done: set[str] = set()
+
+    def attach(self, events: StepEvents) -> None:
+        events.on(BEFORE_FORWARD, lambda step, batch: self._mark("first_batch", step))
+        events.on(LOSS, lambda loss, step: self._mark("first_forward", step))
+        events.on(AFTER_BACKWARD, lambda step: self._mark("first_backward", step))
+
+    def _mark(self, name: str, step: int) -> None:
+        if step != self.first_step or name in self._done:
+            return
+        self._done.add(name)
+        if self.device.type == "cuda":
+            try:
+                torch.cuda.synchronize(self.device)
+            except RuntimeError:  # a failed backward (OOM) leaves its error to the step, not to a mark
+                pass
+        self.write(self.job_dir, name)

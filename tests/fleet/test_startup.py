@@ -36,6 +36,31 @@ def test_components_split_the_start_up_and_the_tail() -> None:
     assert "12.0 s to the first step (3.0 s of it on the GPUs)" in summary_line(c)
 
 
+def test_the_first_step_in_parts_where_the_worker_marked_them(tmp_path: Path) -> None:
+    """batch, forward, backward, the rest: beside the components, summing to the whole first step."""
+    c = components({**MARKS, "first_batch": 110.5, "first_forward": 111.2, "first_backward": 111.7})
+    parts = [c["first step: batch"], c["first step: forward"], c["first step: backward"],
+             c["first step: optimizer and the rest"]]
+    assert parts == [0.5, 0.7, 0.5, 0.3] and abs(sum(parts) - c["first step"]) < 1e-9
+    assert c["to first step"] == 12.0  # unchanged: the parts are inside the first step
+    assert "(first step: batch 0.5, forward 0.7, backward 0.5, optimizer and the rest 0.3)" in summary_line(c)
+    assert not any(k.startswith("first step:") for k in components(MARKS))  # older runs: no parts
+
+
+def test_first_step_marks_once_at_the_first_micro_batch(tmp_path: Path) -> None:
+    import torch
+
+    from musubi.worker.step_events import AFTER_BACKWARD, BEFORE_FORWARD, LOSS, FirstStepMarks, StepEvents
+
+    events, written = StepEvents(), []
+    FirstStepMarks(tmp_path, torch.device("cpu"), 5, lambda d, name: written.append(name)).attach(events)
+    for step in (5, 5, 6):  # two micro-batches of step 5 (accumulation), then step 6
+        events.fire(BEFORE_FORWARD, step, None)
+        assert events.pipe(LOSS, torch.tensor(1.0), step) == torch.tensor(1.0)  # the loss passes unchanged
+        events.fire(AFTER_BACKWARD, step)
+    assert written == ["first_batch", "first_forward", "first_backward"]
+
+
 def test_marks_of_one_attempt(tmp_path: Path) -> None:
     mark(tmp_path, "launcher", 10.0)
     mark(tmp_path, "launcher", 50.0)  # the next attempt
