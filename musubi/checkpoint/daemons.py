@@ -18,9 +18,14 @@ log = logging.getLogger("musubi.checkpoint")
 _PATTERN = "ckpt-daemon-*.json"
 
 
-def daemon_record(job_dir: Path, attempt: str, rank: int, pid: int) -> Path:
-    """Where a rank records one checkpoint daemon it spawned (one file a daemon)."""
-    return job_dir / "heartbeat" / f"ckpt-daemon-a{attempt}-rank{rank}-{pid}.json"
+def record_daemon(job_dir: Path, attempt: str, rank: int, pid: int, created: float) -> Path:
+    """Record one checkpoint daemon a rank spawned (its pid and start time, so a reused pid is never
+    taken for it), one file a daemon under JOB/heartbeat/; returns the file."""
+    path = job_dir / "heartbeat" / f"ckpt-daemon-a{attempt}-rank{rank}-{pid}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"pid": pid, "created": created, "host": socket.gethostname(), "attempt": attempt,
+                                "rank": rank}), encoding="utf-8")
+    return path
 
 
 def reap_checkpoint_daemons(job_dir: Path, skip_attempt: str | None = None) -> list[int]:

@@ -22,7 +22,6 @@ import json
 import logging
 import os
 import signal
-import socket
 import threading
 import time
 from concurrent.futures import Future
@@ -37,7 +36,7 @@ from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 
 from musubi.checkpoint import checkpoint as ckpt
-from musubi.checkpoint.daemons import daemon_record
+from musubi.checkpoint.daemons import record_daemon
 from musubi.checkpoint.staging import HostStager, holds_dtensor
 from musubi.config.errors import ConfigError, one_line
 from musubi.config.job import CheckpointSpec
@@ -292,11 +291,7 @@ class Checkpointer:
                     break
                 time.sleep(poll_s)
             for c in found:
-                rec = {"pid": c.pid, "created": c.create_time(), "host": socket.gethostname(),
-                       "attempt": attempt_id(), "rank": self.world.rank}
-                path = daemon_record(self.root.parent, rec["attempt"], self.world.rank, c.pid)
-                path.parent.mkdir(parents=True, exist_ok=True)
-                path.write_text(json.dumps(rec))
+                record_daemon(self.root.parent, attempt_id(), self.world.rank, c.pid, c.create_time())
         except Exception as e:  # noqa: BLE001 - bookkeeping only
             log.info("checkpoint process not recorded: %s", one_line(e, 120))
 
@@ -325,14 +320,6 @@ class Checkpointer:
             self._host = None
         if self.mode == "process":
             stop_checkpoint_process()
-
-
-def _daemon_handle() -> Any:
-    try:
-        from torch.distributed.checkpoint import _async_process_executor as executor
-    except ImportError:
-        return None
-    return getattr(executor, "_CHECKPOINT_PROCESS", None)
 
 
 def stop_checkpoint_process(grace_s: float = 3.0) -> None:

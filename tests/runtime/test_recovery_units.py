@@ -225,3 +225,27 @@ def test_flight_recorder_names_the_collective_that_never_completed(tmp_path: Pat
     assert pending_collectives(dump) == [{"profiling_name": "gloo:all_reduce", "pg_id": 0, "collective_seq_id": 19,
                                           "input_sizes": [[676]], "state": "scheduled"}]
     assert pending_collectives(tmp_path / "missing.json") == []
+
+
+def test_a_recorded_checkpoint_daemon_is_reaped_and_a_reused_pid_is_not(tmp_path: Path) -> None:
+    """The record a rank writes for DCP's daemon is what the reaper reads: the recorded process is ended;
+    a record whose start time is not the live process's (its pid reused) leaves that process alone."""
+    import subprocess
+    import sys
+
+    import psutil
+
+    from musubi.checkpoint.daemons import reap_checkpoint_daemons, record_daemon
+
+    daemon = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        record_daemon(tmp_path, "1.0", 0, daemon.pid, psutil.Process(daemon.pid).create_time())
+        record_daemon(tmp_path, "1.0", 1, bystander.pid, psutil.Process(bystander.pid).create_time() - 100)
+        assert reap_checkpoint_daemons(tmp_path, skip_attempt="2.0") == [daemon.pid]
+        assert daemon.wait(timeout=10) != 0 and bystander.poll() is None
+        assert not list((tmp_path / "heartbeat").glob("*.json"))  # both records consumed
+    finally:
+        for p in (daemon, bystander):
+            p.kill()
+            p.wait()
