@@ -97,21 +97,13 @@ def components(marks: Mapping[str, float]) -> dict[str, float]:
     out: dict[str, float] = {}
     if "spawned" not in marks:
         return out
-    last = marks["spawned"]
-    for name, to in COMPONENTS:
-        if to in marks:
-            out[name] = round(max(0.0, marks[to] - last), 3)
-            last = max(last, marks[to])
+    last = _chain(marks, marks["spawned"], COMPONENTS, out)
     if out:  # an external command passes none of these marks: its start-up is its own
         out["to first step"] = round(last - marks["spawned"], 3)
         # What the GPUs spent on it: from the gate (the previous job's evaluation over) when there is one.
         out["start-up on the GPUs"] = round(last - max(marks["spawned"], marks.get("gate", marks["spawned"])), 3)
     if "fit" in marks and "first_step" in marks and any(to in marks for _, to in FIRST_STEP[:-1]):
-        last = marks["fit"]
-        for name, to in FIRST_STEP:
-            if to in marks:
-                out[name] = round(max(0.0, marks[to] - last), 3)
-                last = max(last, marks[to])
+        _chain(marks, marks["fit"], FIRST_STEP, out)
     if "trained" in marks and "train_exit" in marks:
         out["teardown"] = round(max(0.0, marks["train_exit"] - marks["trained"]), 3)
     if "train_exit" in marks and "eval_ready" in marks:  # a pre-started step was ready before: 0
@@ -120,6 +112,18 @@ def components(marks: Mapping[str, float]) -> dict[str, float]:
             out["evaluation"] = round(max(0.0, marks["evaluated"] - max(marks["eval_ready"], marks["train_exit"])), 3)
     return out
 
+
+
+def _chain(marks: Mapping[str, float], start: float, parts: tuple[tuple[str, str], ...],
+           out: dict[str, float]) -> float:
+    """Seconds of each part present, from the mark before it (a missing mark is skipped: the next part runs
+    from the last one present), into `out`; returns the last mark's time."""
+    last = start
+    for name, to in parts:
+        if to in marks:
+            out[name] = round(max(0.0, marks[to] - last), 3)
+            last = max(last, marks[to])
+    return last
 
 
 def summary_line(comp: Mapping[str, float]) -> str:

@@ -318,7 +318,7 @@ class Trainer:
         self.events.on(STEP_END, self.save_after_step)
         self.events.on(EPOCH_END, self.save_at_epoch_end)
         if self.world.is_main:
-            FirstStepMarks(self.job_dir, self.world.device, self.step + 1, mark).attach(self.events)
+            FirstStepMarks(self.job_dir, self.world.device, self.step + 1).attach(self.events)
         self.events.fire(FIT_START, self.step)
         try:
             while self.epoch < self.spec.train.epochs and self.step < self.stop_step:

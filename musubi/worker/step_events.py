@@ -23,12 +23,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from musubi.recovery.inject import Injector, injected_oom
 from musubi.recovery.watchdog import Heartbeat
+from musubi.store.startup import mark
 from musubi.telemetry.spans import BACKWARD, CHECKPOINT, EVAL, FORWARD, OPTIMIZER, SpanRecorder
 
 PHASE = "phase"
@@ -60,6 +62,11 @@ class StepEvents:
         if event not in self._hooks:
             raise ValueError(f"unknown step event {event!r}; known: {', '.join(EVENTS)}")
         self._hooks[event].append(hook)
+
+    def off(self, event: str, hook: Callable[..., Any]) -> None:
+        """Stop calling `hook` at `event` (a hook needed for a while only, e.g. the first step's marks). A new
+        list, not an in-place removal: a hook may take itself off while its event's hooks are being run."""
+        self._hooks[event] = [h for h in self._hooks[event] if h is not hook]
 
     def fire(self, event: str, *args: Any) -> None:
         """Run the hooks of `event`."""
@@ -161,30 +168,36 @@ class InjectionHooks:
 class FirstStepMarks:
     """Start-up marks inside a fit's first optimizer step, on rank 0 (store/startup.py's FIRST_STEP).
 
-    On a GPU the first step of a detector took 14-23 s (4x H200, 2026-11-26: cudnn autotuning, lazy
-    CUDA module loading and the loader's start are the suspects) against 1-2 s for a GPT: these marks
-    say which. Each waits for the device first (three synchronisations, in the first step only), so a
-    mark is when that part's kernels finished, not when the host queued them; a mark is written once,
-    at the first micro-batch.
+    On a GPU the first step of a detector took 14-23 s (4x H200, 2026-11-26) against 1-2 s for a GPT;
+    cudnn autotuning, lazy CUDA module loading and the loader's start are the suspects: these marks say
+    which. Each waits for the device first (three synchronisations, in the first step only), so a mark is
+    when that part's kernels finished, not when the host queued them; a mark is written once, at the first
+    micro-batch, and the hooks take themselves off after the last one: the steps after pay nothing.
     """
 
-    def __init__(self, job_dir: Any, device: torch.device, first_step: int,
-                 write: Callable[[Any, str], None]) -> None:
-        self.job_dir, self.device, self.first_step, self.write = job_dir, device, first_step, write
-        self._done: set[str] = set()
+    def __init__(self, job_dir: Path, device: torch.device, first_step: int) -> None:
+        self.job_dir, self.device, self.first_step = job_dir, device, first_step
+        self._hooks: list[tuple[str, Callable[..., Any]]] = [
+            (BEFORE_FORWARD, lambda step, batch: self._mark("first_batch", step)),
+            (LOSS, lambda loss, step: self._mark("first_forward", step)),
+            (AFTER_BACKWARD, lambda step: self._mark("first_backward", step)),
+        ]
+        self._events: StepEvents | None = None
 
     def attach(self, events: StepEvents) -> None:
-        events.on(BEFORE_FORWARD, lambda step, batch: self._mark("first_batch", step))
-        events.on(LOSS, lambda loss, step: self._mark("first_forward", step))
-        events.on(AFTER_BACKWARD, lambda step: self._mark("first_backward", step))
+        self._events = events
+        for event, hook in self._hooks:
+            events.on(event, hook)
 
     def _mark(self, name: str, step: int) -> None:
-        if step != self.first_step or name in self._done:
+        if step != self.first_step:
             return
-        self._done.add(name)
         if self.device.type == "cuda":
             try:
                 torch.cuda.synchronize(self.device)
             except RuntimeError:  # a failed backward (OOM) leaves its error to the step, not to a mark
                 pass
-        self.write(self.job_dir, name)
+        mark(self.job_dir, name)
+        if name == "first_backward" and self._events is not None:  # the last part: off the hot path
+            for event, hook in self._hooks:
+                self._events.off(event, hook)

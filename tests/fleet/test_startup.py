@@ -47,18 +47,21 @@ def test_the_first_step_in_parts_where_the_worker_marked_them(tmp_path: Path) ->
     assert not any(k.startswith("first step:") for k in components(MARKS))  # older runs: no parts
 
 
-def test_first_step_marks_once_at_the_first_micro_batch(tmp_path: Path) -> None:
+def test_first_step_marks_once_at_the_first_micro_batch_then_come_off(tmp_path: Path) -> None:
     import torch
 
     from musubi.worker.step_events import AFTER_BACKWARD, BEFORE_FORWARD, LOSS, FirstStepMarks, StepEvents
 
-    events, written = StepEvents(), []
-    FirstStepMarks(tmp_path, torch.device("cpu"), 5, lambda d, name: written.append(name)).attach(events)
+    events, after = StepEvents(), []
+    FirstStepMarks(tmp_path, torch.device("cpu"), 5).attach(events)
+    events.on(AFTER_BACKWARD, after.append)  # attached after the marks, which take themselves off in between
     for step in (5, 5, 6):  # two micro-batches of step 5 (accumulation), then step 6
         events.fire(BEFORE_FORWARD, step, None)
         assert events.pipe(LOSS, torch.tensor(1.0), step) == torch.tensor(1.0)  # the loss passes unchanged
         events.fire(AFTER_BACKWARD, step)
-    assert written == ["first_batch", "first_forward", "first_backward"]
+    assert list(marks_of(tmp_path)) == ["first_batch", "first_forward", "first_backward"]
+    assert len((tmp_path / "startup.jsonl").read_text().splitlines()) == 3
+    assert after == [5, 5, 6]  # the hook after them ran every time, also when they came off
 
 
 def test_marks_of_one_attempt(tmp_path: Path) -> None:
