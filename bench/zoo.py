@@ -147,18 +147,19 @@ def run_fleet(fleet: Path, work: Path, args: argparse.Namespace, deadline: float
             "seconds": round(time.perf_counter() - t0, 1)}
 
 
-def leaderboard(run_dir: Path, fleet: dict[str, Any]) -> tuple[dict[str, Any], str]:
-    """RUN/leaderboard.json (built from the finished jobs when the fleet did not get to it) and its table."""
+def leaderboard(run_dir: Path, fleet_file: Path) -> tuple[dict[str, Any], str]:
+    """RUN/leaderboard.json (built from the finished jobs, by the fleet's own rule with the config's defaults,
+    when the fleet did not get to it) and its table."""
     from rich.console import Console
 
+    from musubi.config.load import load_fleet
     from musubi.evaluate.commands import leaderboard_table
     from musubi.evaluate.leaderboard import build_leaderboard, read_leaderboard
 
     if not (run_dir / RUN_FILES.leaderboard).is_file():
-        lb = fleet.get("leaderboard") or {}
-        build_leaderboard(run_dir, weights=(lb.get("quality_weight", 0.7), lb.get("fps_weight", 0.3)),
-                          fps_target=lb.get("fps_target"), quality_floor=lb.get("quality_floor", 0.5),
-                          history=False)
+        lb = load_fleet(fleet_file).leaderboard
+        build_leaderboard(run_dir, weights=(lb.quality_weight, lb.fps_weight), fps_target=lb.fps_target,
+                          quality_floor=lb.quality_floor, history=False)
     board = read_leaderboard(run_dir)
     text = io.StringIO()
     Console(file=text, width=160).print(leaderboard_table(board))
@@ -267,7 +268,7 @@ def main() -> int:
                                "seconds": {"thermal_set": round(synth_s, 1), "fleet": run["seconds"]}}
     table, board = "", {}
     if (run_dir / RUN_FILES.fleet).is_file():
-        board, table = leaderboard(run_dir, fleet)
+        board, table = leaderboard(run_dir, fleet_copy)
         cl = checklist(run_dir)
         jobs = job_rows(run_dir, board, cl)
         summary.update(jobs=jobs, checklist=cl.get("counts"), checklist_ok=cl.get("ok"),
