@@ -23,9 +23,9 @@ parameters 4 x 12 x 1536^2 = 113 M in the blocks + 50 M embedding/head = 164 M, 
 gradients a step. Compute: 6 x 164 M x 2048 tokens = 2.0 TFLOP a rank, ~10 ms at 200 TFLOP/s (half of an
 H100/H200's dense bf16), backward ~7 ms of it. A ring all-reduce moves 2 (n-1)/n x 0.66 GB = 0.98 GB per GPU
 on 4 ranks: over NVLink (NCCL bus bandwidth ~350 GB/s) ~3 ms, hidden behind backward; with P2P off through
-host memory (SHM, assumed 15-60 GB/s bus bandwidth: not measured here) 16-65 ms, of which ~7 ms can overlap
-backward: the exposed all-reduce is ~9-58 ms of a ~19-68 ms step, 0.45-0.85 of it, against the label's
-bar COMM_SHARE = 0.25 (exposed / compute ~1-6x). NCCL_SHM_DISABLE is left alone: sockets would make each
+host memory (SHM, assumed 15-60 GB/s bus bandwidth) 16-65 ms, of which ~7 ms can overlap backward: the
+exposed all-reduce is ~9-58 ms of a ~19-68 ms step, 0.45-0.85 of it, against the label's bar COMM_SHARE =
+0.25 (exposed / compute ~1-6x). Measured on 4x H200 (2026-11-26, 7b6de92): 33 of a 45-ms step, 0.765. NCCL_SHM_DISABLE is left alone: sockets would make each
 step several 100 ms and not fit the time.
 
 A start-up costs ~40 s (session 7 on 2x H200: CLI, torchrun, imports, cudnn autotuning), the steps a few:
@@ -40,9 +40,9 @@ wall` (the fair reference), interleaved, samples/s over steps 20-100 (musubi, fr
 timed steps after 15 (plain).
 
 GPU (4 GPUs), from the repo root: 10 verdicts of 30 steps per case, cases in the order healthy, p2p_off,
-gpu_hog, cpu_hog; estimated on 4x H200 (start-ups ~40-45 s, cpu_hog's ~60 s; steps ~55 / ~40-60 / ~110 /
-~100 ms): ~60 + ~50 + ~80 s for the first three, ~90 s for cpu_hog, which runs only when the others were
-quicker. The JSON is rewritten after every case; a case is not begun when less time is left before
+gpu_hog, cpu_hog; on 4x H200 (2026-11-26, 7b6de92) the first three took 52 + 43 + 72 s (steps 55 / 46 / 124
+ms, start-ups 29-36 s), 174 s in all; cpu_hog alone did not end within 80 s (estimated ~90 s), so it runs only
+when the budget still holds the longest case's time. The JSON is rewritten after every case; a case is not begun when less time is left before
 --budget-s than the longest case so far took:
 
     NCCL_NVLS_ENABLE=0 python3 bench/watchtower.py --part scenarios --nproc 4 --runs 1 --segments 10 \
