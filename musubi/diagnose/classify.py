@@ -255,8 +255,9 @@ def _input_starved(rank: int, parts: dict[int, dict[str, Any]], gpu: dict[int, d
 
     Both must hold: its own cores are contended (telemetry/host_lag.py's foreign_share: busy, mostly with
     processes that are neither its training process nor its loader workers), and its batch wait (data +
-    h2d) exceeds the other ranks' by INPUT_LEAD of a step. The same contention also slows the thread that launches its kernels, so most of its lead can sit in forward/backward: the
-    cause is still the CPU, not the GPU.
+    h2d) exceeds the other ranks' by INPUT_LEAD of a step. The same contention also slows the thread that
+    launches its kernels, so most of its lead can sit in forward/backward: the cause is still the CPU, not
+    the GPU.
     """
     g = gpu.get(rank) or {}
     foreign = foreign_share(g)
