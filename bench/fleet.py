@@ -24,6 +24,9 @@ Two more cases, each two fleet runs of its own file in one call (`--modes share`
   and each job's seconds alone against shared (its real slowdown; the model predicts max(1, u1 + u2)).
 - pin: JPEG-decoding detectors side by side, machine.pin_cpus true then false, on JPEG files written first.
   Reports both makespans and each job's median samples/s in both runs.
+`--work DIR` keeps the runs, the store and each finished mode's figures (DIR/modes.json) in DIR, so the modes
+of a time-limited GPU machine can be measured in separate calls on the same machine (a, then fleet, then b):
+the figures add up and the fleet plans from the history the earlier calls recorded.
 `--small`: CPU rehearsal sizes (a few steps, small frames); on CPU slots no GPU is shared, so the share case
 only proves the plumbing there.
 
@@ -342,6 +345,25 @@ def compare(run_dir: Path, devices: int, svg: Path | None) -> dict:
     return out
 
 
+#: Each finished mode's makespan and job seconds in a --work folder (what later calls add to).
+MODES_FILE = "modes.json"
+
+
+def read_modes(work: Path) -> dict:
+    """Figures of the modes earlier calls measured in `work` ({} when none)."""
+    try:
+        return json.loads((work / MODES_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def write_modes(work: Path, figures: dict) -> None:
+    """Save the measured modes at once (a call cut off by its time limit keeps what it finished)."""
+    tmp = work / f".{MODES_FILE}.tmp"
+    tmp.write_text(json.dumps(figures, indent=1))
+    tmp.replace(work / MODES_FILE)
+
+
 def main() -> None:
     """Run the selected modes and print the comparison."""
     ap = argparse.ArgumentParser()
@@ -359,6 +381,10 @@ def main() -> None:
     ap.add_argument("--small", action="store_true", help="share/pin cases at CPU rehearsal sizes")
     ap.add_argument("--a-parallel", action="store_true",
                     help="measure (a) as jobs alone on separate GPUs at once; (a) = the sum of their times")
+    ap.add_argument("--work", type=Path, default=None,
+                    help="keep the runs and the store in WORK (not a new temporary folder) and each finished mode's "
+                    "figures in WORK/modes.json: modes measured by earlier calls on this machine count, so a, fleet "
+                    "and b can be measured in separate calls of a time-limited GPU machine")
     args = ap.parse_args()
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     if args.device == "cuda":
@@ -367,10 +393,15 @@ def main() -> None:
         n = torch.cuda.device_count()
     else:
         n = args.cpu_slots or 2
-    tmp = Path(tempfile.mkdtemp(prefix="fleet-bench-"))
-    result: dict[str, float] = {}
-    jobs: dict[str, dict[str, float]] = {}
+    tmp = args.work or Path(tempfile.mkdtemp(prefix="fleet-bench-"))
+    tmp.mkdir(parents=True, exist_ok=True)
+    done = read_modes(tmp)
+    result: dict[str, float] = done.get("makespan_s", {})
+    jobs: dict[str, dict[str, float]] = done.get("job_s", {})
     report_extra: dict[str, dict] = {}
+    a_how = done.get("a_measured")
+    if result:
+        print(f"earlier calls measured (from {tmp / MODES_FILE}): {json.dumps(result)}", flush=True)
     for mode in args.modes.split(","):
         jobs[mode] = {}
         if mode == "share":
@@ -389,12 +420,14 @@ def main() -> None:
             result[mode] = run_sequential(args.fleet, tmp / "a", args.device, n, False, jobs[mode])
         elif mode == "b":
             result[mode] = run_sequential(args.fleet, tmp / "b", args.device, n, True, jobs[mode], jobs.get("a"))
+        if mode == "a":
+            a_how = "in parallel, one job per GPU, summed" if args.a_parallel else "sequential"
         print(f"{mode}: {result[mode]:.1f} s {json.dumps({k: round(v, 1) for k, v in jobs[mode].items()})}",
               flush=True)
+        write_modes(tmp, {"makespan_s": result, "job_s": {m: d for m, d in jobs.items() if d}, "a_measured": a_how})
     report = {"devices": n, "device": args.device, "makespan_s": {k: round(v, 1) for k, v in result.items()},
               "job_s": {m: {k: round(v, 1) for k, v in d.items()} for m, d in jobs.items() if d},
-              "a_measured": "in parallel, one job per GPU, summed" if args.a_parallel else "sequential",
-              **report_extra}
+              "a_measured": a_how, **report_extra}
     if "fleet-no-overlap" in result:
         print("fleet-no-overlap (machine.overlap: false):", flush=True)
         report["no_overlap"] = compare(tmp / "fleet-no-overlap", n, None)
