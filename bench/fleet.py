@@ -265,7 +265,8 @@ def _run_alone(job, base: Path, out: Path, device: str, n: int, gpu: str | None)
 
 
 def run_sequential(fleet: Path, out: Path, device: str, gpus_all: int, all_gpus: bool,
-                   durations: dict[str, float], single_known: dict[str, float] | None = None) -> float:
+                   durations: dict[str, float], single_known: dict[str, float] | None = None,
+                   saved=lambda: None) -> float:
     """Each job alone, one after another: on one GPU (a), or on all GPUs for distributable jobs (b).
 
     `single_known`: (a)'s times, reused in (b) for the single-GPU-only jobs, which (b) runs exactly
@@ -273,15 +274,19 @@ def run_sequential(fleet: Path, out: Path, device: str, gpus_all: int, all_gpus:
     spec = load_fleet(fleet)
     base = fleet.resolve().parent
     for job in spec.jobs:
+        if job.name in durations:  # measured by an earlier call (--work)
+            continue
         n = gpus_all if (all_gpus and isinstance(job, TaskJob)) else 1
         if n == 1 and all_gpus and single_known and job.name in single_known:
             durations[job.name] = single_known[job.name]
             continue
         durations[job.name] = run_job_alone(job, base, out, device, n, None)
+        saved()
     return sum(durations.values())
 
 
-def run_solo_parallel(fleet: Path, out: Path, device: str, slots: int, durations: dict[str, float]) -> float:
+def run_solo_parallel(fleet: Path, out: Path, device: str, slots: int, durations: dict[str, float],
+                      saved=lambda: None) -> float:
     """(a) measured `slots` jobs at a time, each alone on its own GPU; the makespan of (a) is the SUM of
     the jobs' times (what running them one after another on one GPU takes). Saves device time; the
     jobs share the host's CPUs, so if anything this makes (a) slower, never faster."""
@@ -299,8 +304,9 @@ def run_solo_parallel(fleet: Path, out: Path, device: str, slots: int, durations
             free.put(gpu)
 
     with ThreadPoolExecutor(max_workers=slots) as pool:
-        for name, seconds in pool.map(one, spec.jobs):
+        for name, seconds in pool.map(one, [j for j in spec.jobs if j.name not in durations]):
             durations[name] = seconds
+            saved()
     return sum(durations.values())
 
 
@@ -393,7 +399,8 @@ def main() -> None:
         n = torch.cuda.device_count()
     else:
         n = args.cpu_slots or 2
-    tmp = args.work or Path(tempfile.mkdtemp(prefix="fleet-bench-"))
+    # Absolute: an external job runs in its own folder with MUSUBI_JOB_DIR set from this path.
+    tmp = (args.work or Path(tempfile.mkdtemp(prefix="fleet-bench-"))).resolve()
     tmp.mkdir(parents=True, exist_ok=True)
     done = read_modes(tmp)
     result: dict[str, float] = done.get("makespan_s", {})
@@ -403,7 +410,14 @@ def main() -> None:
     if result:
         print(f"earlier calls measured (from {tmp / MODES_FILE}): {json.dumps(result)}", flush=True)
     for mode in args.modes.split(","):
-        jobs[mode] = {}
+        jobs.setdefault(mode, {})  # the jobs an earlier call measured (--work) are not run again
+
+        if mode == "a":
+            a_how = "in parallel, one job per GPU, summed" if args.a_parallel else "sequential"
+
+        def saved(a_how=a_how) -> None:
+            write_modes(tmp, {"makespan_s": result, "job_s": {m: d for m, d in jobs.items() if d},
+                              "a_measured": a_how})
         if mode == "share":
             report_extra["share"] = case_share(args.share_fleet, tmp, args.device, args.cpu_slots, args.small,
                                                args.svg, n)
@@ -415,13 +429,12 @@ def main() -> None:
         if mode in ("fleet", "fleet-no-overlap"):
             result[mode] = run_fleet(args.fleet, tmp / mode, args.device, args.cpu_slots, mode == "fleet")
         elif mode == "a" and args.a_parallel:
-            result[mode] = run_solo_parallel(args.fleet, tmp / "a", args.device, n, jobs[mode])
+            result[mode] = run_solo_parallel(args.fleet, tmp / "a", args.device, n, jobs[mode], saved)
         elif mode == "a":
-            result[mode] = run_sequential(args.fleet, tmp / "a", args.device, n, False, jobs[mode])
+            result[mode] = run_sequential(args.fleet, tmp / "a", args.device, n, False, jobs[mode], saved=saved)
         elif mode == "b":
-            result[mode] = run_sequential(args.fleet, tmp / "b", args.device, n, True, jobs[mode], jobs.get("a"))
-        if mode == "a":
-            a_how = "in parallel, one job per GPU, summed" if args.a_parallel else "sequential"
+            result[mode] = run_sequential(args.fleet, tmp / "b", args.device, n, True, jobs[mode], jobs.get("a"),
+                                          saved)
         print(f"{mode}: {result[mode]:.1f} s {json.dumps({k: round(v, 1) for k, v in jobs[mode].items()})}",
               flush=True)
         write_modes(tmp, {"makespan_s": result, "job_s": {m: d for m, d in jobs.items() if d}, "a_measured": a_how})
