@@ -16,26 +16,30 @@ from tests.runtime.helpers import train
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 
+#: The module's one run: saves every 3 steps, the last 2 kept and the best 1 (keep_best's test reads them).
+CHECKPOINT = {"every_steps": 3, "keep_last": 2, "keep_best": 1}
+
+
 @pytest.fixture(scope="module")
 def _trained_once(tmp_path_factory) -> Path:
     """One 2-rank run for the module (a torchrun launch costs seconds); tests get copies of it."""
     d = tmp_path_factory.mktemp("trained")
-    code, out = train(str(write_tiny_job(d)), "--nproc", "2", "--out", str(d / "run"))
+    code, out = train(str(write_tiny_job(d, checkpoint=CHECKPOINT)), "--nproc", "2", "--out", str(d / "run"))
     assert code == 0, out
     return d / "run"
 
 
 @pytest.fixture
 def finished_run(_trained_once: Path, tmp_path: Path) -> Path:
-    """A 2-rank run with committed checkpoints at steps 8 and 16 (end of each epoch): this test's own copy,
-    so a test that damages, resumes or refuses it leaves the next one the same run."""
+    """A 2-rank run of 16 steps (8 an epoch) with committed checkpoints at steps 15, 16 and the best: this
+    test's own copy, so a test that damages, resumes or refuses it leaves the next one the same run."""
     shutil.copytree(_trained_once, tmp_path / "run", symlinks=True)
     return tmp_path / "run" / "tiny"
 
 
 def test_partial_and_damaged_checkpoints_are_skipped(finished_run: Path, tiny_job, tmp_path: Path) -> None:
     root = finished_run / "checkpoints"
-    assert [c.step for c in committed_checkpoints(root)] == [8, 16]
+    assert [c.step for c in committed_checkpoints(root)][-2:] == [15, 16]
     # a save that died before its marker
     no_marker = root / "step-000000024"
     shutil.copytree(root / "step-000000016", no_marker)
@@ -53,7 +57,8 @@ def test_partial_and_damaged_checkpoints_are_skipped(finished_run: Path, tiny_jo
     # resume takes step 16 (a run recorded as stopped there: a finished one is reported without a launch)
     record = json.loads((finished_run / "job.json").read_text())
     (finished_run / "job.json").write_text(json.dumps({**record, "status": "stopped"}))
-    code, out = train(str(tiny_job()), "--nproc", "2", "--out", str(finished_run.parent), "--resume")
+    code, out = train(str(tiny_job(checkpoint=CHECKPOINT)), "--nproc", "2", "--out", str(finished_run.parent),
+                      "--resume")
     assert code == 0, out
     assert "resumed from step-000000016" in (finished_run / "logs" / "rank0.log").read_text()
 
@@ -66,14 +71,14 @@ def test_resume_with_nothing_to_resume(tiny_job, tmp_path: Path) -> None:
 
 def test_existing_run_is_never_overwritten(finished_run: Path, tiny_job) -> None:
     before = (finished_run / "metrics.jsonl").read_bytes()
-    code, out = train(str(tiny_job()), "--nproc", "2", "--out", str(finished_run.parent))
+    code, out = train(str(tiny_job(checkpoint=CHECKPOINT)), "--nproc", "2", "--out", str(finished_run.parent))
     assert code == 2 and "already holds a run" in out and "--resume" in out
     assert (finished_run / "metrics.jsonl").read_bytes() == before
 
 
 def test_checkpoint_of_another_model_is_refused(finished_run: Path, tiny_job) -> None:
     ckpts = sorted(p.name for p in (finished_run / "checkpoints").iterdir())
-    code, out = train(str(tiny_job(model_args={"hidden": 48})), "--nproc", "2", "--out",
+    code, out = train(str(tiny_job(model_args={"hidden": 48}, checkpoint=CHECKPOINT)), "--nproc", "2", "--out",
                       str(finished_run.parent), "--resume", "--allow-changes", "model_args")
     assert code == 2, out
     assert "another model" in out and "\n" not in out.strip().split("error: ", 1)[1].split(" (logs:")[0]
@@ -83,21 +88,19 @@ def test_checkpoint_of_another_model_is_refused(finished_run: Path, tiny_job) ->
 def test_other_world_size_is_refused(finished_run: Path, tiny_job) -> None:
     record = json.loads((finished_run / "job.json").read_text())  # stopped, not finished: the workers decide
     (finished_run / "job.json").write_text(json.dumps({**record, "status": "stopped"}))
-    code, out = train(str(tiny_job()), "--nproc", "1", "--out", str(finished_run.parent), "--resume")
+    code, out = train(str(tiny_job(checkpoint=CHECKPOINT)), "--nproc", "1", "--out", str(finished_run.parent),
+                      "--resume")
     assert code == 2 and "--nproc 2" in out
 
 
-def test_keep_best_ranks_evaluated_weights_and_readers_verify_checksums(tiny_job, tmp_path: Path, caplog) -> None:
+def test_keep_best_ranks_evaluated_weights_and_readers_verify_checksums(finished_run: Path, caplog) -> None:
     """keep_best keeps a checkpoint whose metric was measured on its own weights (saves at eval steps);
     evaluate/export's loader skips a checkpoint that fails its checksum for the previous good one."""
     from musubi.checkpoint.checkpoint import read_full_state
     from musubi.config.errors import ConfigError
     from musubi.evaluate.model_io import load_job_model
 
-    job = tiny_job(checkpoint={"every_steps": 3, "keep_last": 2, "keep_best": 1})
-    code, out = train(str(job), "--nproc", "2", "--out", str(tmp_path / "run"))
-    assert code == 0, out
-    root = tmp_path / "run" / "tiny" / "checkpoints"
+    root = finished_run / "checkpoints"
     kept = committed_checkpoints(root)
     # validation runs at steps 8 and 16 only: every metric a marker carries is its own step's
     val_steps = {json.loads(ln)["step"] for ln in (root.parent / "metrics.jsonl").read_text().splitlines()

@@ -100,12 +100,12 @@ def test_missing_node_and_wrong_endpoint_fail_in_one_line(tiny_job, tmp_path: Pa
     job = tiny_job(train={"pin_cpus": False})
     port = _free_port()
     t0 = time.monotonic()
-    alone = _node(job, tmp_path / "a", 0, port, "--rdzv-timeout", "6")
-    lost = _node(job, tmp_path / "b", 1, _free_port(), "--rdzv-timeout", "6")
+    alone = _node(job, tmp_path / "a", 0, port, "--rdzv-timeout", "3")
+    lost = _node(job, tmp_path / "b", 1, _free_port(), "--rdzv-timeout", "3")
     out0, out1 = alone.communicate(timeout=90)[0], lost.communicate(timeout=90)[0]
     assert time.monotonic() - t0 < 60
     assert alone.returncode == 1 and lost.returncode == 1
-    assert "rendezvous failed: not all 2 nodes joined" in out0 and "within 6s" in out0, out0
+    assert "rendezvous failed: not all 2 nodes joined" in out0 and "within 3s" in out0, out0
     assert "rendezvous failed: node 1 could not reach the rendezvous at 127.0.0.1:" in out1, out1
     for out in (out0, out1):
         assert "Traceback" not in out and len([ln for ln in out.splitlines() if "error:" in ln]) == 1, out

@@ -52,8 +52,8 @@ def test_drill_deadline_ends_a_run_that_never_recovers(tiny_job, tmp_path: Path,
     monkeypatch.setenv("MUSUBI_INJECT", "hang:rank=1,step=3")
     t0 = time.monotonic()
     res = launch_train(TrainRequest(job_path=job, nproc=2, out=tmp_path / "run", device="cpu", check=False,
-                                    quiet=True, deadline_s=15))
-    assert res.timed_out and res.code != 0 and "within 15 s (deadline)" in (res.error or ""), res
+                                    quiet=True, deadline_s=10))
+    assert res.timed_out and res.code != 0 and "within 10 s (deadline)" in (res.error or ""), res
     assert time.monotonic() - t0 < 60
     left = []
     for cmd in Path("/proc").glob("[0-9]*/cmdline"):
