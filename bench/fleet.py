@@ -9,7 +9,8 @@ fleet packs them onto the GPUs side by side. The fleet's makespan also holds
 each job's evaluation step (FPS, metrics) and the export/registration at the
 end, which (a) and (b) skip: the comparison is conservative for the fleet.
 Plumbing checked on CPU slots with tiny jobs (where start-up and evaluation
-dominate, so the ratio says nothing); the 4-GPU run is still to be made. Prints the makespans, the speedup
+dominate, so the ratio says nothing); on 4x H200 (2026-11-27, BENCHMARKS.md session 9) (a) and the fleet
+ran, (b) not yet. Prints the makespans, the speedup
 of the fleet over (a) (target: at least 0.90 x the number of GPUs) and over (b).
 
 Two more cases, each two fleet runs of its own file in one call (`--modes share`, `--modes pin`; the
