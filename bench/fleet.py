@@ -68,7 +68,7 @@ from musubi.fleet.replay import replay  # noqa: E402
 from musubi.fleet.timeline import text_timeline  # noqa: E402
 from musubi.records.attempts import attempts_of  # noqa: E402
 from musubi.store.db import db_path  # noqa: E402
-from musubi.store.startup import summary_line  # noqa: E402
+from musubi.store.startup import components, marks_of, summary_line  # noqa: E402
 
 
 def _run(argv: list[str], env: dict[str, str], cwd: Path) -> float:
@@ -239,9 +239,20 @@ def run_job_alone(job, base: Path, out: Path, device: str, n: int, gpu: str | No
     """Seconds of one job run alone on `n` GPUs (`gpu`: the one GPU index for single-GPU runs; `cpus`: the
     cores it gets when others run beside it); recorded as history of the job for the fleet's duration model."""
     started = time.time()
+    job_dir = out / job.name / job.name if isinstance(job, TaskJob) else out / job.name
     seconds = _run_alone(job, base, out, device, n, gpu, cpus)
     remember(job, out, device, n, started, started + seconds)
+    # The origin the fleet marks when it spawns a job ("spawned"; not written here: the run folder must not
+    # exist before `musubi train` makes it).
+    comp = components({**marks_of(job_dir), "spawned": started}) if isinstance(job, TaskJob) else {}
+    if comp:  # the same breakdown as the fleet's jobs: what a job pays alone against in the fleet
+        STARTUP_ALONE.setdefault(out.name, {})[job.name] = comp
+        print(f"  start-up of {job.name} alone on {n} GPU(s): {summary_line(comp)}", flush=True)
     return seconds
+
+
+#: Start-up components of the jobs run alone, by mode folder ("a", "b") and job.
+STARTUP_ALONE: dict[str, dict[str, dict[str, float]]] = {}
 
 
 def _run_alone(job, base: Path, out: Path, device: str, n: int, gpu: str | None, cpus: tuple[int, ...] = ()) -> float:
@@ -451,7 +462,7 @@ def main() -> None:
         write_modes(tmp, {"makespan_s": result, "job_s": {m: d for m, d in jobs.items() if d}, "a_measured": a_how})
     report = {"devices": n, "device": args.device, "makespan_s": {k: round(v, 1) for k, v in result.items()},
               "job_s": {m: {k: round(v, 1) for k, v in d.items()} for m, d in jobs.items() if d},
-              "a_measured": a_how, **report_extra}
+              "a_measured": a_how, "startup_alone": STARTUP_ALONE, **report_extra}
     if "fleet-no-overlap" in result:
         print("fleet-no-overlap (machine.overlap: false):", flush=True)
         report["no_overlap"] = compare(tmp / "fleet-no-overlap", n, None)
