@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
 import typer
@@ -72,6 +73,7 @@ def train(
                                             "the change)."),
 ) -> None:
     """Train one job on all GPUs of this machine (or N CPU ranks), or on several nodes, through torchrun."""
+    entered = time.time()  # Python started and the CLI imported: the launcher's first start-up part ends here
     from musubi.launch.launch import TrainRequest, dry_run_plan, launch_train
 
     if max_steps is not None and max_steps < 1:
@@ -83,7 +85,7 @@ def train(
                        overrides=list(set_), device=device, argv=sys.argv, probe_only=probe_only, check=not no_check,
                        fleet_member=fleet_member, nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint,
                        rdzv_id=rdzv_id, rdzv_timeout_s=rdzv_timeout, iface=iface, oversubscribe=oversubscribe,
-                       allow_changes=list(allow_changes), say=say)
+                       allow_changes=list(allow_changes), say=say, entered=entered)
     if dry_run:
         for line in _guarded(dry_run_plan, req):
             print(line)

@@ -62,6 +62,10 @@ class TrainRequest:
     oversubscribe: bool = False  # more CPU ranks than cores, on purpose
     allow_changes: list[str] = field(default_factory=list)  # --resume: job fields that may differ (train.lr,data)
     say: Callable[[str], None] | None = None  # one line per start-up phase (the console of `musubi train`)
+    entered: float | None = None  # when the CLI's command began (Python and its imports done); None: at launch_train
+    #: Times of the launcher's own start-up marks (store/startup.py LAUNCHER), set by prepare() and written once
+    #: the job's folder exists (it must not exist before `musubi train` makes it).
+    marks: dict[str, float] = field(default_factory=dict)
 
 
 class RunFinished(Exception):
@@ -249,6 +253,7 @@ def _has_checkpoint(job_dir: Path) -> bool:
 def prepare(req: TrainRequest) -> tuple[Path, Path, dict, int, str]:
     """Validate everything checkable before launch; lay out RUN/ and RUN/JOB/job.json."""
     a = admit(req)
+    req.marks["admitted"] = time.time()
     spec, nproc, kind, run_dir, job_dir = a.spec, a.nproc, a.kind, a.run_dir, a.job_dir
     rdzv = req.rendezvous
     if rdzv is not None:
@@ -297,6 +302,7 @@ def prepare(req: TrainRequest) -> tuple[Path, Path, dict, int, str]:
     if changes:
         record["changes"] = changes
     write_json(job_dir / RUN_FILES.job, record)
+    req.marks["prepared"] = time.time()
     return run_dir, job_dir, record, nproc, kind
 
 
@@ -437,6 +443,7 @@ def _victim(err: str | None) -> bool:
 
 def launch_train(req: TrainRequest) -> TrainResult:
     """Run one job under torchrun to completion; never raises for worker failures."""
+    entered = req.entered or time.time()
     try:
         run_dir, job_dir, record, nproc, kind = prepare(req)
     except RunFinished as done:  # reported from job.json alone: no torchrun, no torch
@@ -466,6 +473,8 @@ def launch_train(req: TrainRequest) -> TrainResult:
                          rdzv)
     started = time.time()
     if rdzv is None or rdzv.node_rank == 0:
+        for name, when in (("entered", entered), *req.marks.items()):
+            mark(job_dir, name, when)
         mark(job_dir, "launcher", started)
     where = f" on node {rdzv.node_rank} of {rdzv.nnodes}" if rdzv is not None else ""
     _say(req, f"launching {nproc} {'GPU' if kind == 'cuda' else 'CPU'} rank{'s' if nproc > 1 else ''}{where} "

@@ -5,6 +5,10 @@ seconds), so the start-up of an attempt reads as the gaps between consecutive ma
 
     spawned      the fleet started `musubi train` (or the external command); kept in fleet.json's
                  attempt history, not in the file (the job's folder must not exist before `musubi train`)
+    entered      `musubi train`'s command began: Python started, the CLI imported (the API: launch_train called)
+    admitted     the job's checks passed: config, resume, world size (the device count: torch, the CUDA
+                 driver), the task's own checks (the model built on the meta device: torch, torchvision)
+    prepared     the preflight (unless --no-check) and the run's records (env.json: NVML, topology) written
     launcher     `musubi train` is about to start torchrun (interpreter, CLI imports, job.json)
     worker       rank 0's process was created (torchrun's agent started it)
     imported     rank 0 imported torch and musubi
@@ -59,6 +63,14 @@ FIRST_STEP: tuple[tuple[str, str], ...] = (
     ("first step: backward", "first_backward"),
     ("first step: optimizer and the rest", "first_step"),
 )
+#: The launcher's parts (from `spawned`, where `musubi train` wrote them): reported beside the components, whose
+#: "python + CLI import" holds them all.
+LAUNCHER: tuple[tuple[str, str], ...] = (
+    ("launcher: python, imports", "entered"),
+    ("launcher: job checks", "admitted"),
+    ("launcher: preflight, run records", "prepared"),
+    ("launcher: pinning, torchrun command", "launcher"),
+)
 #: The evaluation step's Python start and imports after training ended (0 when it was pre-started).
 EVAL_START = "evaluation start (python, imports)"
 #: The components that ran while the job's GPUs were still busy with the previous job's evaluation.
@@ -102,6 +114,8 @@ def components(marks: Mapping[str, float]) -> dict[str, float]:
         out["to first step"] = round(last - marks["spawned"], 3)
         # What the GPUs spent on it: from the gate (the previous job's evaluation over) when there is one.
         out["start-up on the GPUs"] = round(last - max(marks["spawned"], marks.get("gate", marks["spawned"])), 3)
+    if "launcher" in marks and any(to in marks for _, to in LAUNCHER[:-1]):
+        _chain(marks, marks["spawned"], LAUNCHER, out)
     if "fit" in marks and "first_step" in marks and any(to in marks for _, to in FIRST_STEP[:-1]):
         _chain(marks, marks["fit"], FIRST_STEP, out)
     if "trained" in marks and "train_exit" in marks:
@@ -130,11 +144,13 @@ def summary_line(comp: Mapping[str, float]) -> str:
     """One line: seconds to the first step, on the GPUs, each component, and the evaluation step."""
     if "to first step" not in comp:
         return "no start-up marks"
-    skip = {"to first step", "start-up on the GPUs", "teardown", EVAL_START, "evaluation", *(k for k, _ in FIRST_STEP)}
+    skip = {"to first step", "start-up on the GPUs", "teardown", EVAL_START, "evaluation",
+            *(k for k, _ in FIRST_STEP), *(k for k, _ in LAUNCHER)}
     parts = ", ".join(f"{k} {v:.1f}" for k, v in comp.items() if k not in skip and v >= 0.05)
-    inside = ", ".join(f"{k.split(': ', 1)[1]} {comp[k]:.1f}" for k, _ in FIRST_STEP if k in comp)
-    if inside:
-        parts += f" (first step: {inside})"
+    for group, label in ((LAUNCHER, "launcher"), (FIRST_STEP, "first step")):
+        inside = ", ".join(f"{k.split(': ', 1)[1]} {comp[k]:.1f}" for k, _ in group if k in comp)
+        if inside:
+            parts += f" ({label}: {inside})"
     tail = ", ".join(f"{k} {comp[k]:.1f}" for k in ("teardown", EVAL_START, "evaluation") if k in comp)
     return (f"{comp['to first step']:.1f} s to the first step ({comp['start-up on the GPUs']:.1f} s of it on the "
             f"GPUs): {parts}" + (f"; after training: {tail}" if tail else ""))

@@ -47,6 +47,18 @@ def test_the_first_step_in_parts_where_the_worker_marked_them(tmp_path: Path) ->
     assert not any(k.startswith("first step:") for k in components(MARKS))  # older runs: no parts
 
 
+def test_the_launcher_in_parts_where_musubi_train_marked_them() -> None:
+    """python and imports, the job's checks, preflight and records, the rest: inside "python + CLI import"."""
+    c = components({**MARKS, "entered": 100.6, "admitted": 101.1, "prepared": 101.7})
+    parts = [c["launcher: python, imports"], c["launcher: job checks"], c["launcher: preflight, run records"],
+             c["launcher: pinning, torchrun command"]]
+    assert [round(p, 3) for p in parts] == [0.6, 0.5, 0.6, 0.3] and abs(sum(parts) - c["python + CLI import"]) < 1e-9
+    assert c["to first step"] == 12.0  # unchanged: the parts are inside the launcher's component
+    assert "(launcher: python, imports 0.6, job checks 0.5, preflight, run records 0.6, pinning, torchrun command " \
+           "0.3)" in summary_line(c)
+    assert not any(k.startswith("launcher:") for k in components(MARKS))  # older runs: no parts
+
+
 def test_first_step_marks_once_at_the_first_micro_batch_then_come_off(tmp_path: Path) -> None:
     import torch
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from musubi.store.startup import components, marks_of
 from tests.conftest import write_tiny_job
 from tests.runtime.helpers import final_state, train
 
@@ -96,3 +97,9 @@ def test_rank0_owns_shared_files(two_ranks: tuple[Path, Path]) -> None:
     assert evals["metrics"]["val_count"] == 31.0
     assert len(list((jd / "tensorboard").glob("events.*"))) == 1
     assert "global batch 16 = 8 per rank x 2 ranks x 1 accumulation" in (jd / "logs" / "rank0.log").read_text()
+    # The launcher's start-up in parts (store/startup.py LAUNCHER), in the order it passed them, before rank 0's
+    marks = marks_of(jd)
+    order = ["entered", "admitted", "prepared", "launcher", "worker", "imported"]
+    assert [marks[m] for m in order] == sorted(marks[m] for m in order), marks
+    parts = components({**marks, "spawned": marks["entered"]})
+    assert parts["launcher: job checks"] > 0 and parts["launcher: python, imports"] == 0.0
