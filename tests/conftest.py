@@ -214,8 +214,8 @@ def thread_share(cores: int, workers: int) -> int | None:
     at twice the cores in all and at TEST_THREADS a worker: the tests' models are tiny, and more threads only
     add synchronisation (with 16 threads a worker, 8 workers on those 64 cores, dfine_s's loss test still
     took 46.9 s against 6.8 s with 2 threads here; the cap of 4 is not yet measured there). `make test` runs
-    three workers on this 2-core machine: one thread each (11 min 10 s in all against 11 min 39 s and 12 min
-    01 s with two workers at torch's default of two threads, 2026-11-27). Two workers or fewer keep the
+    three workers on this 2-core machine: one thread each (11 min 10 s and 11 min 47 s in all against 11 min
+    39 s and 12 min 01 s with two workers at torch's default of two threads, 2026-11-27). Two workers or fewer keep the
     default."""
     if workers <= 2:
         return None
