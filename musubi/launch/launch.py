@@ -111,11 +111,16 @@ def visible_gpus() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def resolve_world(nproc: int | None, device: str | None, oversubscribe: bool = False) -> tuple[int, str]:
+def resolve_world(nproc: int | None, device: str | None, oversubscribe: bool = False,
+                  placed: bool = False) -> tuple[int, str]:
     """(ranks, device kind): all GPUs by default, else 2 CPU ranks (or fewer cores); never more CPU ranks
-    than cores unless `oversubscribe`."""
+    than cores unless `oversubscribe`. `placed`: a fleet's job on the GPUs the fleet gave it (its
+    CUDA_VISIBLE_DEVICES, --nproc of them): not counted again, which would import torch and start the CUDA
+    driver in this process only to confirm the fleet's own placement."""
     if nproc is not None and nproc < 1:
         raise ConfigError(f"--nproc {nproc}: must be >= 1")
+    if placed and device == "cuda" and nproc is not None:
+        return nproc, device
     kind = device or ("cuda" if visible_gpus() else "cpu")  # --device cpu: no torch import (fast refusals)
     if kind == "cuda":
         gpus = visible_gpus()
@@ -207,7 +212,7 @@ def admit(req: TrainRequest) -> Admitted:
     changes: list[dict] = []
     if req.resume:
         run_dir, job_dir, before, changes = _admit_resume(req, spec)
-    nproc, kind = resolve_world(req.nproc, req.device, req.oversubscribe or req.fleet_member)
+    nproc, kind = resolve_world(req.nproc, req.device, req.oversubscribe or req.fleet_member, req.fleet_member)
     req.rendezvous = make_rendezvous(req.nnodes, req.node_rank, req.rdzv_endpoint, req.out, spec.name,
                                      req.rdzv_id, req.iface, req.rdzv_timeout_s)
     if spec.train.pin_cpus and os.environ.get("MUSUBI_CPUS"):
@@ -215,9 +220,14 @@ def admit(req: TrainRequest) -> Admitted:
 
         check_cpus_value(os.environ["MUSUBI_CPUS"], nproc)  # a bad core list fails before anything is written
     from musubi.store.tracking import check_tracking
-    from musubi.tasks.registry import build_task
 
-    build_task(spec).validate()
+    if not req.fleet_member:
+        from musubi.tasks.registry import build_task
+
+        # A fleet checked every job this way before it started any (fleet/run.py validate_fleet); here it would
+        # only import torch and torchvision again (2.4-2.7 s of a job's 2.8-s launcher on 2 CPU cores). The
+        # ranks still run the task's checks before they build the model.
+        build_task(spec).validate()
     check_tracking(spec.tracking)
     if spec.train.global_batch is not None:
         from musubi.config.batch_plan import plan_batch

@@ -15,6 +15,7 @@ import pytest
 from musubi.diagnose.fleet_view import fleet_section
 from musubi.store.startup import EVAL_START, components, mark, marks_of, summary_line
 from musubi.worker.worker import wait_for_gate
+from tests.conftest import write_tiny_job
 
 MARKS = {"spawned": 100.0, "launcher": 102.0, "worker": 103.5, "imported": 106.0, "world": 107.0, "gate": 109.0,
          "batch": 109.1, "model": 110.0, "fit": 110.0, "first_step": 112.0, "trained": 150.0, "train_exit": 151.0,
@@ -119,3 +120,21 @@ def test_report_draws_one_bar_per_attempt(tmp_path: Path) -> None:
     assert "3 attempt(s) on 2 device(s), 44 s" in html and "<b>" not in html
     assert "Start-up per job" in html and "rank import (python, torch)" in html
     assert fleet_section(tmp_path / "nothing") == ""
+
+
+def test_a_fleet_members_launcher_imports_no_torch(tmp_path: Path) -> None:
+    """The fleet checked its jobs before starting any and placed them on their GPUs: a member's `musubi train`
+    neither builds the model on the meta device again nor counts the GPUs, so it never imports torch (2.4-2.7 s
+    of its 2.8-s launcher on 2 cores); a lone `musubi train` still does both."""
+    job = write_tiny_job(tmp_path)
+
+    def imports_torch(member: bool, device: str) -> bool:
+        code = ("import sys; from pathlib import Path; from musubi.launch.launch import TrainRequest, admit; "
+                f"admit(TrainRequest(job_path=Path({str(job)!r}), nproc=2, device={device!r}, "
+                f"out=Path({str(tmp_path / device)!r}), fleet_member={member})); print('torch' in sys.modules)")
+        res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+        assert res.returncode == 0, res.stderr[-2000:]
+        return res.stdout.strip().splitlines()[-1] == "True"
+
+    assert not imports_torch(True, "cuda")  # placed by the fleet: no GPU count, no torch, on this CPU machine too
+    assert imports_torch(False, "cpu")  # alone: the task's checks build the model (torch)
