@@ -9,7 +9,7 @@ so the machine is read from the store's newest run, not from this machine. `--co
 every job (RGB and thermal variants of each model, say: same durations, other names) and compares with
 (a) = K x the jobs' measured seconds alone (modes.json, or --alone JOB=SECONDS), the shipping tail (leaderboard, export, registry)
 added to the planned makespan. The plan is `moldable.best_plan`, the function `musubi run` plans with;
-durations come from `durations.estimate`, as in the fleet. A prediction, not a measurement: it says which
+durations come from `durations.estimate` and each job's demand from `durations.demand_of`, as in the fleet. A prediction, not a measurement: it says which
 fleet is worth a GPU run.
 """
 
@@ -19,15 +19,16 @@ import argparse
 import json
 import sqlite3
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from musubi.config.load import load_fleet  # noqa: E402
+from musubi.fleet.durations import demand_of  # noqa: E402
 from musubi.fleet.local import estimates  # noqa: E402
 from musubi.fleet.moldable import best_plan, lower_bound  # noqa: E402
-from musubi.fleet.packer import Demand  # noqa: E402
 
 
 def recorded_machine(db: Path) -> list:
@@ -70,14 +71,9 @@ def main() -> None:
     print(f"machine {machine}; per job: " + "; ".join(
         f"{n} {e.source} {dict(zip(e.widths, e.seconds, strict=True))}" for n, e in est.items()))
     for copies in (int(c) for c in args.copies.split(",")):
-        queue = []
-        for c in range(copies):
-            for j in spec.jobs:
-                e = est[j.name]
-                gpus = j.gpus if j.gpus in e.widths else e.widths[0]
-                queue.append(Demand(f"{j.name}-{c}", gpus, j.priority, j.family, after=(),
-                                    widths=e.widths if len(e.widths) > 1 else (),
-                                    seconds=e.seconds if len(e.widths) > 1 else (e.at(gpus),)))
+        # Copy c of a job waits for copy c of the jobs it waits for.
+        queue = [replace(demand_of(j, est[j.name], name=f"{j.name}-{c}"), after=tuple(f"{a}-{c}" for a in j.after))
+                 for c in range(copies) for j in spec.jobs]
         plan = best_plan(list(range(args.gpus)), queue)
         total = plan.makespan + args.ship_s
         a = copies * sum(alone[j.name] for j in spec.jobs)

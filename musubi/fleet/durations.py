@@ -42,6 +42,7 @@ from typing import Any
 
 from musubi.config.fleet import CommandJob, TaskJob
 from musubi.config.run_files import RUN_FILES
+from musubi.fleet.packer import Demand
 from musubi.records.evidence import gpu_peak_gib, gpu_utilisation, machine_key
 from musubi.store.db import baselines_of, cache_key, job_runs, store_job_run
 from musubi.store.rundir import read_jsonl
@@ -74,6 +75,19 @@ class Estimate:
     def at(self, width: int) -> float:
         """Predicted seconds on `width` GPUs."""
         return self.seconds[self.widths.index(width)]
+
+
+def demand_of(job: TaskJob | CommandJob, est: Estimate, widths: tuple[int, ...] | None = None,
+              name: str | None = None, first: bool = False) -> Demand:
+    """What `job` asks of the packer with its prediction `est`: its declared width when allowed, else its
+    narrowest; every width's seconds when it may get several. `widths`: a subset of est's (a job held to the
+    width its checkpoint was trained on); `name`: another name for it (a copy in a what-if plan)."""
+    widths = widths or est.widths
+    gpus = job.gpus if job.gpus in widths else widths[0]
+    several = len(widths) > 1
+    return Demand(name or job.name, gpus, job.priority, job.family, first=first, after=tuple(job.after),
+                  widths=widths if several else (), seconds=tuple(est.at(w) for w in widths) if several
+                  else (est.at(gpus),), util=est.util, peak_gib=est.peak_gib)
 
 
 def slowdown(width: int, comm: float) -> float:

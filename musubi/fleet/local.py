@@ -32,7 +32,7 @@ from musubi.config.errors import ConfigError
 from musubi.config.fleet import CommandJob, FleetSpec, TaskJob
 from musubi.config.run_files import RUN_FILES
 from musubi.fleet import jobs as J
-from musubi.fleet.durations import Estimate, estimate, machine_of, record_run
+from musubi.fleet.durations import Estimate, demand_of, estimate, machine_of, record_run
 from musubi.fleet.machine import SHOW, cpus_value, device_cores, fleet_topology
 from musubi.fleet.moldable import best_plan
 from musubi.fleet.packer import Demand, Packer, unplaceable
@@ -196,15 +196,10 @@ class LocalFleet:
         """What the job asks of the packer: a job with a checkpoint keeps the width it was trained on (its
         sampler position and RNG states are per rank), a fresh moldable job may get any of its widths."""
         est = self.estimates[job.name]
-        widths, seconds = est.widths, est.seconds
         st = self.states[job.name]
-        if (isinstance(job, TaskJob) and st.width in widths
-                and latest_checkpoint(self.run_dir / job.name / "checkpoints") is not None):
-            widths, seconds = (st.width,), (est.at(st.width),)
-        gpus = job.gpus if job.gpus in widths else widths[0]
-        return Demand(job.name, gpus, job.priority, job.family, first=(job.name == self.first),
-                      after=tuple(job.after), widths=widths if len(widths) > 1 else (),
-                      seconds=seconds if len(widths) > 1 else (est.at(gpus),), util=est.util, peak_gib=est.peak_gib)
+        held = (isinstance(job, TaskJob) and st.width in est.widths
+                and latest_checkpoint(self.run_dir / job.name / "checkpoints") is not None)
+        return demand_of(job, est, (st.width,) if held else None, first=(job.name == self.first))
 
     # -- state ---------------------------------------------------------------
     def save_state(self) -> None:

@@ -299,7 +299,7 @@ def plan_fleet(req: FleetRequest, console: Console | None = None) -> list[str]:
     reasons, core plan) the local executor would follow, the predicted makespan and a per-GPU timeline, on
     this machine, the recorded `machine.topology`, or `--gpus N` GPUs; nothing is started or written. The
     timeline drives the fleet's own packer on a virtual clock with the predicted durations. Returns the lines."""
-    from musubi.fleet.durations import machine_of
+    from musubi.fleet.durations import demand_of, machine_of
     from musubi.fleet.local import estimates
     from musubi.fleet.machine import cpus_value, device_cores
     from musubi.fleet.moldable import advance, best_plan, lower_bound, makespan, simulate
@@ -328,13 +328,7 @@ def plan_fleet(req: FleetRequest, console: Console | None = None) -> list[str]:
     if topo is None and kind == "cuda" and req.gpus is None:
         topo = read_node_topology()
     est = estimates(spec, len(devices), db, here, kind)
-    queue = []
-    for j in spec.jobs:
-        e = est[j.name]
-        gpus = j.gpus if j.gpus in e.widths else e.widths[0]
-        queue.append(Demand(j.name, gpus, j.priority, j.family, after=tuple(j.after),
-                            widths=e.widths if len(e.widths) > 1 else (), seconds=e.seconds if len(e.widths) > 1
-                            else (e.at(gpus),), util=e.util, peak_gib=e.peak_gib))
+    queue = [demand_of(j, est[j.name]) for j in spec.jobs]
     problems = refusals(spec, devices, kind) or unplaceable(queue, len(devices))
     if problems:
         raise ConfigError(problems[0])
