@@ -62,21 +62,26 @@ from musubi.config.fleet import CommandJob, TaskJob  # noqa: E402
 from musubi.config.load import load_fleet  # noqa: E402
 from musubi.diagnose.fleet_view import svg_timeline  # noqa: E402
 from musubi.fleet.durations import machine_of, record_run  # noqa: E402
-from musubi.fleet.jobs import resolve_command  # noqa: E402
+from musubi.fleet.jobs import gpu_env, pin_process, resolve_command, union_cpus  # noqa: E402
+from musubi.fleet.machine import cpus_value, device_cores  # noqa: E402
 from musubi.fleet.moldable import Bar  # noqa: E402
 from musubi.fleet.replay import replay  # noqa: E402
 from musubi.fleet.timeline import text_timeline  # noqa: E402
 from musubi.records.attempts import attempts_of  # noqa: E402
 from musubi.store.db import db_path  # noqa: E402
 from musubi.store.startup import components, marks_of, summary_line  # noqa: E402
+from musubi.topology.read import read_node_topology  # noqa: E402
 
 
-def _run(argv: list[str], env: dict[str, str], cwd: Path) -> float:
-    """Seconds one command took; raises when it fails."""
+def _run(argv: list[str], env: dict[str, str], cwd: Path, pin: tuple[int, ...] = ()) -> float:
+    """Seconds one command took (`pin`: the cores it is pinned to, as the fleet pins an external job); raises
+    when it fails."""
     t0 = time.perf_counter()
-    res = subprocess.run(argv, env=env, cwd=cwd, capture_output=True, text=True)
-    if res.returncode != 0:
-        raise RuntimeError(f"{argv[:6]} failed ({res.returncode}):\n{res.stdout[-1500:]}\n{res.stderr[-1500:]}")
+    proc = subprocess.Popen(argv, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    pin_process(proc.pid, pin)
+    stdout, stderr = proc.communicate()
+    if proc.returncode != 0:
+        raise RuntimeError(f"{argv[:6]} failed ({proc.returncode}):\n{stdout[-1500:]}\n{stderr[-1500:]}")
     return time.perf_counter() - t0
 
 
@@ -235,7 +240,7 @@ MACHINE: list | None = None
 
 
 def run_job_alone(job, base: Path, out: Path, device: str, n: int, gpu: str | None,
-                  cpus: tuple[int, ...] = ()) -> float:
+                  cpus: str | None = None) -> float:
     """Seconds of one job run alone on `n` GPUs (`gpu`: the one GPU index for single-GPU runs; `cpus`: the
     cores it gets when others run beside it); recorded as history of the job for the fleet's duration model."""
     started = time.time()
@@ -255,13 +260,10 @@ def run_job_alone(job, base: Path, out: Path, device: str, n: int, gpu: str | No
 STARTUP_ALONE: dict[str, dict[str, dict[str, float]]] = {}
 
 
-def _run_alone(job, base: Path, out: Path, device: str, n: int, gpu: str | None, cpus: tuple[int, ...] = ()) -> float:
+def _run_alone(job, base: Path, out: Path, device: str, n: int, gpu: str | None, cpus: str | None = None) -> float:
     env = dict(os.environ)
-    if gpu is not None and device == "cuda":
-        env["CUDA_VISIBLE_DEVICES"] = gpu
-    if cpus:  # the share of the host's cores the fleet gives a job beside others: pinned, as many threads
-        env.setdefault("OMP_NUM_THREADS", str(len(cpus)))
-        env["MUSUBI_CPUS"] = ",".join(map(str, cpus))
+    if gpu is not None:  # what the fleet gives a job on this GPU: the device, its cores and as many threads
+        env.update(gpu_env([int(gpu)], device, cpus=cpus))
     if isinstance(job, TaskJob):
         path = out / f"{job.name}.yaml"
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -277,8 +279,7 @@ def _run_alone(job, base: Path, out: Path, device: str, n: int, gpu: str | None,
         env["CUDA_VISIBLE_DEVICES"] = gpu or "0"
     else:
         env["CUDA_VISIBLE_DEVICES"] = ""
-    return _run((["taskset", "-c", ",".join(map(str, cpus))] if cpus else []) + resolve_command(job, base), env,
-                job_dir)
+    return _run(resolve_command(job, base), env, job_dir, union_cpus(cpus))
 
 
 def run_sequential(fleet: Path, out: Path, device: str, gpus_all: int, all_gpus: bool,
@@ -306,22 +307,21 @@ def run_solo_parallel(fleet: Path, out: Path, device: str, slots: int, durations
                       saved=lambda: None) -> float:
     """(a) measured `slots` jobs at a time, each alone on its own GPU; the makespan of (a) is the SUM of
     the jobs' times (what running them one after another on one GPU takes). Saves device time; the
-    jobs share the host, so if anything this makes (a) slower, never faster. Each job gets 1/slots of the
-    host's cores, pinned, with as many threads (what the fleet gives a job beside others): unpinned, two
-    external detectors at once with 64 threads each took 273 s on 4x H200 against 71 s each in the fleet."""
+    jobs share the host, so if anything this makes (a) slower, never faster. Each job gets its GPU's cores
+    from the fleet's own core plan (fleet/machine.py device_cores), pinned, with as many threads, as in the
+    fleet: unpinned, two external detectors at once with 64 threads each took 273 s on 4x H200 against 71 s
+    each in the fleet (2026-11-27)."""
     spec = load_fleet(fleet)
     base = fleet.resolve().parent
     free: queue.Queue[str] = queue.Queue()
     for i in range(slots):
         free.put(str(i))
-    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
-    share = len(cores) // slots
+    cores = device_cores(list(range(slots)), read_node_topology() if device == "cuda" else None)
 
     def one(job) -> tuple[str, float]:
         gpu = free.get()
-        i = int(gpu)
         try:
-            return job.name, run_job_alone(job, base, out, device, 1, gpu, tuple(cores[i * share:(i + 1) * share]))
+            return job.name, run_job_alone(job, base, out, device, 1, gpu, cpus_value(cores, [int(gpu)]))
         finally:
             free.put(gpu)
 
