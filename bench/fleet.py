@@ -232,8 +232,12 @@ def remember(job, out: Path, device: str, n: int, started: float, ended: float) 
     global MACHINE
     if MACHINE is None:
         MACHINE = machine_of(env_record())
-    job_dir = out / job.name / job.name if isinstance(job, TaskJob) else out / job.name
-    record_run(db_path(out.parent / "fleet"), job, MACHINE, device, n, started, ended, job_dir)
+    record_run(db_path(out.parent / "fleet"), job, MACHINE, device, n, started, ended, alone_dir(job, out))
+
+
+def alone_dir(job, out: Path) -> Path:
+    """The job folder of a job run alone into `out` (`musubi train --out OUT/NAME` makes OUT/NAME/NAME)."""
+    return out / job.name / job.name if isinstance(job, TaskJob) else out / job.name
 
 
 MACHINE: list | None = None
@@ -244,7 +248,7 @@ def run_job_alone(job, base: Path, out: Path, device: str, n: int, gpu: str | No
     """Seconds of one job run alone on `n` GPUs (`gpu`: the one GPU index for single-GPU runs; `cpus`: the
     cores it gets when others run beside it); recorded as history of the job for the fleet's duration model."""
     started = time.time()
-    job_dir = out / job.name / job.name if isinstance(job, TaskJob) else out / job.name
+    job_dir = alone_dir(job, out)
     seconds = _run_alone(job, base, out, device, n, gpu, cpus)
     remember(job, out, device, n, started, started + seconds)
     # The origin the fleet marks when it spawns a job ("spawned"; not written here: the run folder must not
@@ -386,9 +390,10 @@ def read_modes(work: Path) -> dict:
 
 
 def write_modes(work: Path, figures: dict) -> None:
-    """Save the measured modes at once (a call cut off by its time limit keeps what it finished)."""
+    """Save the measured modes at once (a call cut off by its time limit keeps what it finished); modes
+    without a measured job are left out."""
     tmp = work / f".{MODES_FILE}.tmp"
-    tmp.write_text(json.dumps(figures, indent=1))
+    tmp.write_text(json.dumps({**figures, "job_s": {m: d for m, d in figures["job_s"].items() if d}}, indent=1))
     tmp.replace(work / MODES_FILE)
 
 
@@ -424,22 +429,21 @@ def main() -> None:
     # Absolute: an external job runs in its own folder with MUSUBI_JOB_DIR set from this path.
     tmp = (args.work or Path(tempfile.mkdtemp(prefix="fleet-bench-"))).resolve()
     tmp.mkdir(parents=True, exist_ok=True)
-    done = read_modes(tmp)
-    result: dict[str, float] = done.get("makespan_s", {})
-    jobs: dict[str, dict[str, float]] = done.get("job_s", {})
+    # What is measured, as saved in WORK/modes.json after every job: earlier calls' figures count (--work).
+    figures = {"makespan_s": {}, "job_s": {}, "a_measured": None, **read_modes(tmp)}
+    result: dict[str, float] = figures["makespan_s"]
+    jobs: dict[str, dict[str, float]] = figures["job_s"]
     report_extra: dict[str, dict] = {}
-    a_how = done.get("a_measured")
     if result:
         print(f"earlier calls measured (from {tmp / MODES_FILE}): {json.dumps(result)}", flush=True)
+
+    def saved() -> None:
+        write_modes(tmp, figures)
+
     for mode in args.modes.split(","):
         jobs.setdefault(mode, {})  # the jobs an earlier call measured (--work) are not run again
-
         if mode == "a":
-            a_how = "in parallel, one job per GPU, summed" if args.a_parallel else "sequential"
-
-        def saved(a_how=a_how) -> None:
-            write_modes(tmp, {"makespan_s": result, "job_s": {m: d for m, d in jobs.items() if d},
-                              "a_measured": a_how})
+            figures["a_measured"] = "in parallel, one job per GPU, summed" if args.a_parallel else "sequential"
         if mode == "share":
             report_extra["share"] = case_share(args.share_fleet, tmp, args.device, args.cpu_slots, args.small,
                                                args.svg, n)
@@ -459,10 +463,10 @@ def main() -> None:
                                           saved)
         print(f"{mode}: {result[mode]:.1f} s {json.dumps({k: round(v, 1) for k, v in jobs[mode].items()})}",
               flush=True)
-        write_modes(tmp, {"makespan_s": result, "job_s": {m: d for m, d in jobs.items() if d}, "a_measured": a_how})
+        saved()
     report = {"devices": n, "device": args.device, "makespan_s": {k: round(v, 1) for k, v in result.items()},
               "job_s": {m: {k: round(v, 1) for k, v in d.items()} for m, d in jobs.items() if d},
-              "a_measured": a_how, "startup_alone": STARTUP_ALONE, **report_extra}
+              "a_measured": figures["a_measured"], "startup_alone": STARTUP_ALONE, **report_extra}
     if "fleet-no-overlap" in result:
         print("fleet-no-overlap (machine.overlap: false):", flush=True)
         report["no_overlap"] = compare(tmp / "fleet-no-overlap", n, None)
