@@ -85,7 +85,7 @@ def train(
                        overrides=list(set_), device=device, argv=sys.argv, probe_only=probe_only, check=not no_check,
                        fleet_member=fleet_member, nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint,
                        rdzv_id=rdzv_id, rdzv_timeout_s=rdzv_timeout, iface=iface, oversubscribe=oversubscribe,
-                       allow_changes=list(allow_changes), say=say, entered=entered)
+                       allow_changes=list(allow_changes), say=say, marks={"entered": entered})
     if dry_run:
         for line in _guarded(dry_run_plan, req):
             print(line)

@@ -62,9 +62,9 @@ class TrainRequest:
     oversubscribe: bool = False  # more CPU ranks than cores, on purpose
     allow_changes: list[str] = field(default_factory=list)  # --resume: job fields that may differ (train.lr,data)
     say: Callable[[str], None] | None = None  # one line per start-up phase (the console of `musubi train`)
-    entered: float | None = None  # when the CLI's command began (Python and its imports done); None: at launch_train
-    #: Times of the launcher's own start-up marks (store/startup.py LAUNCHER), set by prepare() and written once
-    #: the job's folder exists (it must not exist before `musubi train` makes it).
+    #: Times of the launcher's own start-up marks (store/startup.py LAUNCHER): `entered` from the CLI (else
+    #: launch_train's start), the rest from prepare(); written once the job's folder exists (it must not exist
+    #: before `musubi train` makes it).
     marks: dict[str, float] = field(default_factory=dict)
 
 
@@ -225,8 +225,8 @@ def admit(req: TrainRequest) -> Admitted:
         from musubi.tasks.registry import build_task
 
         # A fleet checked every job this way before it started any (fleet/run.py validate_fleet); here it would
-        # only import torch and torchvision again (2.4-2.7 s of a job's 2.8-s launcher on 2 CPU cores). The
-        # ranks still run the task's checks before they build the model.
+        # only import torch and torchvision again (2.4-2.7 s of a job's 2.8-s launcher in `make demo` on this
+        # project's 2-core machine, 2026-11-27). The ranks still run the task's checks before they build the model.
         build_task(spec).validate()
     check_tracking(spec.tracking)
     if spec.train.global_batch is not None:
@@ -453,7 +453,7 @@ def _victim(err: str | None) -> bool:
 
 def launch_train(req: TrainRequest) -> TrainResult:
     """Run one job under torchrun to completion; never raises for worker failures."""
-    entered = req.entered or time.time()
+    req.marks.setdefault("entered", time.time())
     try:
         run_dir, job_dir, record, nproc, kind = prepare(req)
     except RunFinished as done:  # reported from job.json alone: no torchrun, no torch
@@ -483,7 +483,7 @@ def launch_train(req: TrainRequest) -> TrainResult:
                          rdzv)
     started = time.time()
     if rdzv is None or rdzv.node_rank == 0:
-        for name, when in (("entered", entered), *req.marks.items()):
+        for name, when in req.marks.items():
             mark(job_dir, name, when)
         mark(job_dir, "launcher", started)
     where = f" on node {rdzv.node_rank} of {rdzv.nnodes}" if rdzv is not None else ""

@@ -7,7 +7,8 @@ seconds), so the start-up of an attempt reads as the gaps between consecutive ma
                  attempt history, not in the file (the job's folder must not exist before `musubi train`)
     entered      `musubi train`'s command began: Python started, the CLI imported (the API: launch_train called)
     admitted     the job's checks passed: config, resume, world size (the device count: torch, the CUDA
-                 driver), the task's own checks (the model built on the meta device: torch, torchvision)
+                 driver), the task's own checks (the model built on the meta device: torch, torchvision);
+                 a fleet's job skips the last two, which the fleet made before starting it
     prepared     the preflight (unless --no-check) and the run's records (env.json: NVML, topology) written
     launcher     `musubi train` is about to start torchrun (interpreter, CLI imports, job.json)
     worker       rank 0's process was created (torchrun's agent started it)
