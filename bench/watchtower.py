@@ -41,7 +41,7 @@ timed steps after 15 (plain).
 
 GPU (4 GPUs), from the repo root: 10 verdicts of 30 steps per case, cases in the order healthy, p2p_off,
 gpu_hog, cpu_hog; on 4x H200 (2026-11-26, 7b6de92) the first three took 52 + 43 + 72 s (steps 55 / 46 / 124
-ms, start-ups 29-36 s), 174 s in all; cpu_hog alone did not end within 80 s (estimated ~90 s), so it runs only
+ms, start-ups 29-36 s), 174 s in all; cpu_hog took 82 s on 4x H200 (2026-11-27, d18e166), so it runs only
 when the budget still holds the longest case's time. The JSON is rewritten after every case; a case is not begun when less time is left before
 --budget-s than the longest case so far took:
 
