@@ -62,6 +62,7 @@ from musubi.config.fleet import CommandJob, TaskJob  # noqa: E402
 from musubi.config.load import load_fleet  # noqa: E402
 from musubi.diagnose.fleet_view import svg_timeline  # noqa: E402
 from musubi.fleet.durations import machine_of, record_run  # noqa: E402
+from musubi.fleet.gpu_watch import stop_watching, watch_command  # noqa: E402
 from musubi.fleet.jobs import gpu_env, pin_process, resolve_command, union_cpus  # noqa: E402
 from musubi.fleet.machine import cpus_value, device_cores  # noqa: E402
 from musubi.fleet.moldable import Bar  # noqa: E402
@@ -73,13 +74,17 @@ from musubi.store.startup import components, marks_of, summary_line  # noqa: E40
 from musubi.topology.read import read_node_topology  # noqa: E402
 
 
-def _run(argv: list[str], env: dict[str, str], cwd: Path, pin: tuple[int, ...] = ()) -> float:
-    """Seconds one command took (`pin`: the cores it is pinned to, as the fleet pins an external job); raises
+def _run(argv: list[str], env: dict[str, str], cwd: Path, pin: tuple[int, ...] = (),
+         watch: tuple[Path, list[int]] | None = None) -> float:
+    """Seconds one command took (`pin`: the cores it is pinned to, as the fleet pins an external job; `watch`:
+    (job folder, GPUs) the fleet samples for an external job, for its utilisation and peak memory); raises
     when it fails."""
     t0 = time.perf_counter()
     proc = subprocess.Popen(argv, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     pin_process(proc.pid, pin)
+    samplers = watch_command(watch[0], proc.pid, watch[1]) if watch else []
     stdout, stderr = proc.communicate()
+    stop_watching(samplers)
     if proc.returncode != 0:
         raise RuntimeError(f"{argv[:6]} failed ({proc.returncode}):\n{stdout[-1500:]}\n{stderr[-1500:]}")
     return time.perf_counter() - t0
@@ -283,7 +288,8 @@ def _run_alone(job, base: Path, out: Path, device: str, n: int, gpu: str | None,
         env["CUDA_VISIBLE_DEVICES"] = gpu or "0"
     else:
         env["CUDA_VISIBLE_DEVICES"] = ""
-    return _run(resolve_command(job, base), env, job_dir, union_cpus(cpus))
+    return _run(resolve_command(job, base), env, job_dir, union_cpus(cpus),
+                watch=(job_dir, [int(gpu or 0)]) if device == "cuda" else None)
 
 
 def run_sequential(fleet: Path, out: Path, device: str, gpus_all: int, all_gpus: bool,

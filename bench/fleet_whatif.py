@@ -29,6 +29,7 @@ from musubi.config.load import load_fleet  # noqa: E402
 from musubi.fleet.durations import demand_of  # noqa: E402
 from musubi.fleet.local import estimates  # noqa: E402
 from musubi.fleet.moldable import best_plan, lower_bound  # noqa: E402
+from musubi.fleet.sharing import share_policy  # noqa: E402
 
 
 def recorded_machine(db: Path) -> list:
@@ -51,6 +52,8 @@ def main() -> None:
     ap.add_argument("--ship-s", type=float, default=15.8,
                     help="seconds after the last job (leaderboard, export, registry); 4x H200 2026-11-27: 15.8")
     ap.add_argument("--gpus", type=int, default=4)
+    ap.add_argument("--gpu-memory-gib", type=float, default=None,
+                    help="one GPU's memory: with the fleet's machine.share_gpus auto, measured jobs may share GPUs")
     ap.add_argument("--alone", action="append", default=[], metavar="JOB=SECONDS",
                     help="a job's (a) seconds instead of modes.json's (e.g. one measured unfairly)")
     args = ap.parse_args()
@@ -68,18 +71,20 @@ def main() -> None:
         raise SystemExit(f"modes.json has no (a) seconds for {', '.join(missing)}; measure them with bench/fleet.py")
     machine = recorded_machine(db)
     est = estimates(spec, args.gpus, db, machine, "cuda")
+    share = share_policy(spec.machine.share_gpus, "cuda", args.gpu_memory_gib)
     print(f"machine {machine}; per job: " + "; ".join(
         f"{n} {e.source} {dict(zip(e.widths, e.seconds, strict=True))}" for n, e in est.items()))
     for copies in (int(c) for c in args.copies.split(",")):
         # Copy c of a job waits for copy c of the jobs it waits for.
         queue = [replace(demand_of(j, est[j.name], name=f"{j.name}-{c}"), after=tuple(f"{a}-{c}" for a in j.after))
                  for c in range(copies) for j in spec.jobs]
-        plan = best_plan(list(range(args.gpus)), queue)
+        plan = best_plan(list(range(args.gpus)), queue, share=share)
         total = plan.makespan + args.ship_s
         a = copies * sum(alone[j.name] for j in spec.jobs)
         print(f"{copies} x {len(spec.jobs)} jobs: plan '{plan.how}' {plan.makespan:.0f} s (lower bound "
               f"{lower_bound(queue, args.gpus):.0f} s) + shipping {args.ship_s:.1f} s = {total:.0f} s; (a) {a:.0f} s "
-              f"-> {a / total:.2f}x = {a / total / args.gpus:.2f} x {args.gpus} GPUs")
+              f"-> {a / total:.2f}x = {a / total / args.gpus:.2f} x {args.gpus} GPUs"
+              + (f"; GPUs shared (unshared {plan.unshared:.0f} s)" if plan.share else ""))
 
 
 if __name__ == "__main__":

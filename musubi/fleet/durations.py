@@ -26,8 +26,9 @@ Where the figures come from, first found first:
    known, else FALLBACK_S; c and S from the defaults below. A fallback orders
    jobs by size at best: say so in `--dry-run`.
 
-The history also keeps what GPU sharing decides by (fleet/sharing.py): a task job's mean GPU utilisation and
-peak GPU memory, from its telemetry sampler, recorded only for a run on one GPU it held alone; the newest such
+The history also keeps what GPU sharing decides by (fleet/sharing.py): a job's mean GPU utilisation and
+peak GPU memory, from its telemetry sampler (an external command's: the fleet's, fleet/gpu_watch.py),
+recorded only for a run on one GPU it held alone; the newest such
 run gives the estimate's `util` and `peak_gib` (None: never measured, so the job never shares). A run that
 shared its GPU is not recorded at all: its seconds are stretched by the other job.
 """

@@ -33,6 +33,7 @@ from musubi.config.fleet import CommandJob, FleetSpec, TaskJob
 from musubi.config.run_files import RUN_FILES
 from musubi.fleet import jobs as J
 from musubi.fleet.durations import Estimate, demand_of, estimate, machine_of, record_run
+from musubi.fleet.gpu_watch import stop_watching, watch_command
 from musubi.fleet.machine import SHOW, cpus_value, device_cores, fleet_topology
 from musubi.fleet.moldable import best_plan
 from musubi.fleet.packer import Demand, Packer, unplaceable
@@ -89,6 +90,7 @@ class _Running:
     phase: str  # train | eval
     log_file: Any
     evaluator: subprocess.Popen | None = None  # the evaluation step started early (machine.overlap)
+    samplers: list[Any] = field(default_factory=list)  # an external command's GPUs sampled by the fleet
 
 
 def fleet_states(spec: FleetSpec, state_path: Path | None) -> dict[str, JobState]:
@@ -278,7 +280,10 @@ class LocalFleet:
         proc = subprocess.Popen(launch.argv, env=launch.env, cwd=launch.cwd, stdout=f, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
         J.pin_process(proc.pid, launch.cpus)  # external commands (task jobs' ranks pin themselves)
-        self.running[job.name] = _Running(job, proc, "train", f)
+        # An external command has no telemetry of its own: the fleet samples its GPUs (what sharing decides by).
+        watched = watch_command(job_dir, proc.pid, gpus) if isinstance(job, CommandJob) and self.kind == "cuda" \
+            else []
+        self.running[job.name] = _Running(job, proc, "train", f, samplers=watched)
         log.info("start %s on %s %s (attempt %d): %s%s", job.name, "GPU" if self.kind == "cuda" else "CPU slot",
                  ",".join(map(str, gpus)), st.attempts, st.placement,
                  f"; cores per rank {cpus}" if cpus else "; CPU pinning off" if self.cores is None else "; not pinned",
@@ -444,6 +449,8 @@ class LocalFleet:
             return
         names = list(self.running)
         self._say(f"stopping {len(names)} job(s): {', '.join(names)}" + (f" ({why})" if why else ""))
+        for r in self.running.values():
+            stop_watching(r.samplers)
         stop_trees([p for r in self.running.values() for p in (r.proc, r.evaluator) if p is not None])
         now = time.time()
         for name, run in self.running.items():
@@ -464,6 +471,8 @@ class LocalFleet:
     def _finished(self, name: str, run: _Running, code: int) -> None:
         st = self.states[name]
         job_dir = self.run_dir / name
+        stop_watching(run.samplers)  # its training is over (its evaluation is not what sharing weighs)
+        run.samplers = []
         if run.phase == "train" and code == 0:
             self._start_eval(run)
             return

@@ -149,25 +149,39 @@ def open_nvml_device(cuda_index: int | None) -> NvmlDevice | None:
     return NvmlDevice(pynvml, handle, index)
 
 
+def open_nvml_index(index: int) -> NvmlDevice | None:
+    """NVML's GPU `index` without torch (the fleet numbers its GPUs as NVML does and hands them to jobs as
+    CUDA_VISIBLE_DEVICES); None: no NVML or no such GPU."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        return NvmlDevice(pynvml, pynvml.nvmlDeviceGetHandleByIndex(index), index)
+    except Exception as e:  # no driver, no binding, or an index NVML does not know
+        log.info("NVML sees no GPU %s (%s): CPU figures only", index, e)
+        return None
+
+
 FIRST_SAMPLE_S = 0.2  # the first sample, after start
 MAX_FAILURES = 10  # failed samples in a row after which the sampler stops
 
 
 class Sampler:
-    """A daemon thread writing one sample per period to `path`."""
+    """A daemon thread writing one sample per period to `path`: of this process, or of process `pid` (the
+    fleet watching an external command, which has no sampler of its own)."""
 
     def __init__(self, path: Path, rank: int, hz: float, device: NvmlDevice | None,
-                 worker_pids: Callable[[], Iterable[int]] | None = None) -> None:
+                 worker_pids: Callable[[], Iterable[int]] | None = None, pid: int | None = None) -> None:
         self.rank, self.period, self.device = rank, 1.0 / hz, device
         # The data loader's worker processes; None: every child process counts as a worker.
         self.worker_pids = worker_pids
-        self.proc = psutil.Process()
+        self.proc = psutil.Process(pid)
         self.proc.cpu_percent(None)  # the first call only starts the measurement
         psutil.cpu_percent(None)
         # This rank's own cores when it is pinned (its MUSUBI_CPUS set): how busy they are, whoever keeps them
         # busy, is the evidence of CPU contention that proc_cpu and workers_cpu (its own use) cannot give.
         # Not pinned, its "cores" are the machine's, shared with the other ranks: nothing to attribute.
-        mine = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+        mine = sorted(os.sched_getaffinity(pid or 0)) if hasattr(os, "sched_getaffinity") else []
         self.cores = mine if len(mine) < (psutil.cpu_count() or 0) else []
         psutil.cpu_percent(None, percpu=True)
         self._children: dict[int, psutil.Process] = {}
@@ -222,9 +236,12 @@ class Sampler:
         workers, n, others, n_others = self._workers_cpu()
         rec: dict[str, Any] = {
             "kind": "sample", "rank": self.rank, "t": round(time.time(), 3),
-            "proc_cpu": self.proc.cpu_percent(None), "workers_cpu": workers, "workers": n,
-            "host_cpu": psutil.cpu_percent(None),
+            "workers_cpu": workers, "workers": n, "host_cpu": psutil.cpu_percent(None),
         }
+        try:
+            rec["proc_cpu"] = self.proc.cpu_percent(None)
+        except psutil.Error:  # a watched process (pid) that has just ended: its GPU is still worth a sample
+            pass
         per_core = psutil.cpu_percent(None, percpu=True)
         mine = [per_core[c] for c in self.cores if c < len(per_core)]
         if mine:
@@ -259,10 +276,11 @@ class Sampler:
             if self._failures == 1:
                 log.warning("sampler: a sample failed (%s); going on", e)
 
-    def close(self) -> None:
-        """Stop sampling, take a last sample (the end of the run is on the plots), and flush."""
+    def close(self, last_sample: bool = True) -> None:
+        """Stop sampling, take a last sample (the end of the run is on the plots; `last_sample` False: a
+        watched process that has ended, whose GPU now idles), and flush."""
         self._stop.set()
         self._thread.join(5)
-        if not self._thread.is_alive() and self._failures < MAX_FAILURES:
+        if last_sample and not self._thread.is_alive() and self._failures < MAX_FAILURES:
             self._sample_once()
         self.writer.close()

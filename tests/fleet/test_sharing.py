@@ -209,3 +209,48 @@ def test_policy_only_on_gpus_with_known_memory(tmp_path: Path) -> None:
     assert load_fleet(fleet).machine.share_gpus == "auto"
     fleet.write_text("name: s\nmachine: {share_gpus: off}\njobs:\n  - {name: e, command: [x.py]}\n")
     assert load_fleet(fleet).machine.share_gpus == "off"  # YAML reads a bare off as false
+
+
+class _FakeGpu:
+    """Stands in for NVML's view of one GPU (CI has none): a busy-then-idle utilisation and a memory peak."""
+
+    def __init__(self, index: int) -> None:
+        self.index, self.n = index, 0
+
+    def read(self) -> dict:
+        self.n += 1
+        return {"gpu_index": self.index, "util": 25 if self.n > 1 else 0, "mem_used_gib": 3.5 if self.n == 3 else 3.0}
+
+
+def test_an_external_command_is_measured_by_the_fleet_and_may_share(tmp_path: Path) -> None:
+    """An external command has no sampler of its own: the fleet's watch of its GPU (fleet/gpu_watch.py) writes
+    samples of its GPU and its process where a task job's sampler does, so a clean run alone records its
+    utilisation and peak memory and two such commands may then share a GPU; an ended process gives none."""
+    import subprocess
+    import sys
+    import time
+
+    from musubi.fleet.gpu_watch import stop_watching, watch_command
+
+    fleet = tmp_path / "f.yaml"
+    fleet.write_text("name: s\njobs:\n  - {name: e1, command: [x.py]}\n  - {name: e2, command: [y.py]}\n")
+    e1, e2 = load_fleet(fleet).jobs
+    db, machine = tmp_path / "musubi.db", ["host", "H100"]
+    for job in (e1, e2):
+        job_dir = tmp_path / "run" / job.name
+        proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(2.5)"])
+        samplers = watch_command(job_dir, proc.pid, [2], open_device=_FakeGpu, hz=10.0)
+        assert len(samplers) == 1
+        proc.wait(timeout=30)
+        time.sleep(0.2)  # a sample or two after the process ended: none may fail the watch
+        stop_watching(samplers)
+        rows = [json.loads(line) for line in (job_dir / "telemetry" / "sampler-gpu2.jsonl").read_text().splitlines()]
+        assert len(rows) >= 10 and all(r["gpu_index"] == 2 and r["kind"] == "sample" for r in rows)
+        assert any("proc_cpu" in r for r in rows)  # the command's own process, not the fleet's
+        record_run(db, job, machine, "cuda", 1, 0.0, 2.5, job_dir)
+    est = {j.name: estimate(j, (1,), db, machine, "cuda") for j in (e1, e2)}
+    assert est["e1"].util == pytest.approx(0.25, abs=0.01) and est["e1"].peak_gib == pytest.approx(3.5)
+    assert POLICY.fits(est["e1"].util, est["e1"].peak_gib, est["e2"].util, est["e2"].peak_gib)
+    done = subprocess.Popen([sys.executable, "-c", "pass"])
+    done.wait(timeout=30)
+    assert watch_command(tmp_path / "gone", done.pid + 10**6, [0], open_device=_FakeGpu) == []

@@ -68,4 +68,12 @@ def test_demo_fleet_has_no_failure_and_every_model_learns(musubi, tmp_path: Path
         # nothing: SSDlite and the external job on 2026-11-26 before the demo was fixed)
         assert maps[name] is not None and maps[name] >= 0.1, (name, ev.get("metrics"))
     figure("demo_fleet_map50", maps)
+    # The external job has no sampler of its own: the fleet sampled its GPU (fleet/gpu_watch.py), so its
+    # utilisation and peak memory are known (what GPU sharing decides by).
+    from musubi.records.evidence import gpu_peak_gib, gpu_utilisation
+
+    external = out / "external-frcnn"
+    util, peak = gpu_utilisation(external), gpu_peak_gib(external)
+    assert util and 0.0 < max(util.values()) <= 1.0 and peak and peak > 0.1, (util, peak)
+    figure("demo_external_gpu_util_peak_gib", [round(max(util.values()), 3), round(peak, 2)])
     figure("demo_fleet_tail", res.stdout.strip().splitlines()[-3:])
