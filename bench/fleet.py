@@ -409,7 +409,8 @@ def main() -> None:
     ap.add_argument("--fleet", type=Path, default=REPO / "bench" / "fleet-bench.yaml")
     ap.add_argument("--modes", default="a,b,fleet",
                     help="a and b first: their measured jobs are the fleet's duration history; fleet-no-overlap: "
-                    "the fleet with machine.overlap false (the start-up cuts off), for their before/after")
+                    "the fleet with machine.overlap false (the start-up cuts off), for their before/after; "
+                    "fleet-unshared: the fleet with machine.share_gpus off, for what sharing gained")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--cpu-slots", type=int, default=None)
     ap.add_argument("--json", type=Path, default=None)
@@ -447,6 +448,9 @@ def main() -> None:
         write_modes(tmp, figures)
 
     for mode in args.modes.split(","):
+        if mode.startswith("fleet") and mode in result:  # an earlier call ran it (--work): compared, not re-run
+            print(f"{mode}: {result[mode]:.1f} s (measured by an earlier call)", flush=True)
+            continue
         jobs.setdefault(mode, {})  # the jobs an earlier call measured (--work) are not run again
         if mode == "a":
             figures["a_measured"] = "in parallel, one job per GPU, summed" if args.a_parallel else "sequential"
@@ -460,6 +464,9 @@ def main() -> None:
             continue
         if mode in ("fleet", "fleet-no-overlap"):
             result[mode] = run_fleet(args.fleet, tmp / mode, args.device, args.cpu_slots, mode == "fleet")
+        elif mode == "fleet-unshared":  # the same fleet with machine.share_gpus off: what sharing gained
+            result[mode] = run_fleet(args.fleet, tmp / mode, args.device, args.cpu_slots,
+                                     machine={"share_gpus": "off"})
         elif mode == "a" and args.a_parallel:
             result[mode] = run_solo_parallel(args.fleet, tmp / "a", args.device, n, jobs[mode], saved)
         elif mode == "a":
@@ -476,9 +483,14 @@ def main() -> None:
     if "fleet-no-overlap" in result:
         print("fleet-no-overlap (machine.overlap: false):", flush=True)
         report["no_overlap"] = compare(tmp / "fleet-no-overlap", n, None)
+    if "fleet-unshared" in result:
+        print("fleet-unshared (machine.share_gpus: off):", flush=True)
+        report["unshared"] = compare(tmp / "fleet-unshared", n, None)
     if "fleet" in result:
         print("fleet:", flush=True)
         report["prediction"] = compare(tmp / "fleet", n, args.svg)
+    if "fleet" in result and "fleet-unshared" in result:
+        report["sharing_gain"] = round(result["fleet-unshared"] / result["fleet"], 3)
     if "fleet" in result and "a" in result:
         report["speedup_vs_a"] = round(result["a"] / result["fleet"], 2)
         report["target_vs_a"] = round(0.9 * n, 2)
