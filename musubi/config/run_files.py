@@ -26,9 +26,6 @@ class RunFiles:
     goodput: str = "goodput.json"  # productive vs lost time over the attempts
     metrics_from: str = "metrics_from.json"  # an external job's declared metrics adapter (fleet.CommandJob)
     startup: str = "startup.jsonl"  # start-up marks of every process of the job (store/startup.py)
-    export_dir: str = "export"  # the job's ONNX export: the two files below
-    export_model: str = "model.onnx"  # in export_dir: the exported graph (parity-checked)
-    export_record: str = "export.json"  # in export_dir: how it was exported, from which checkpoint, parity
 
 
 #: The one instance every module names files through: `job_dir / RUN_FILES.job`.

@@ -21,7 +21,6 @@ import torch
 from torch import nn
 
 from musubi.config.errors import ConfigError, one_line
-from musubi.config.run_files import RUN_FILES
 from musubi.evaluate.export_plan import DetectorForExport, ExportPlan, export_plan
 from musubi.evaluate.model_io import JobModel, load_job_model, sample_batch
 from musubi.evaluate.parity import compare_detections, compare_tensors, judge_detections, merge
@@ -32,7 +31,7 @@ from musubi.store.rundir import write_json
 DEFAULT_OPSET = 17
 #: Real validation samples that torch and ONNX Runtime are compared on.
 DEFAULT_PARITY_INPUTS = 4
-EXPORT_DIR, ONNX_FILE, EXPORT_JSON = RUN_FILES.export_dir, RUN_FILES.export_model, RUN_FILES.export_record
+EXPORT_DIR, ONNX_FILE, EXPORT_JSON = "export", "model.onnx", "export.json"
 #: Where an export whose parity check failed is kept (for inspection), beside the last good one.
 FAILED_FILE, FAILED_JSON = "model.parity-failed.onnx", "export-failed.json"
 

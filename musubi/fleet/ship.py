@@ -26,21 +26,21 @@ class Shipped:
 
 
 def exported_current(job_dir: Path) -> bool:
-    """True when JOB/export holds a model exported (and parity-checked) from the job's newest committed
-    checkpoint, e.g. by its evaluation step during the fleet: shipping registers it without exporting again.
+    """True when the job's evaluation step exported (and parity-checked) its model from the job's newest
+    committed checkpoint, during the fleet: shipping registers it without exporting again.
 
-    The newest checkpoint is found as the export finds it (load_job_model: checksums verified), without torch.
+    eval.json's "export" names the graph and its export record (whose "checkpoint" says what was exported);
+    the newest checkpoint is found as the export finds it (load_job_model: checksums verified), without torch.
     """
-    out = job_dir / RUN_FILES.export_dir
-    if not (out / RUN_FILES.export_model).is_file() or not (out / RUN_FILES.export_record).is_file():
-        return False
     try:
-        record = read_json(out / RUN_FILES.export_record)
-    except (OSError, ValueError):
+        export = read_json(job_dir / RUN_FILES.eval).get("export") or {}
+        model, record = job_dir / export["file"], read_json(job_dir / export["record"])
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):  # none, an error, or unreadable
         return False
     newest = latest_checkpoint(job_dir / "checkpoints", checksums=True, warn=False)
     named = record.get("checkpoint") if isinstance(record, dict) else None
-    return newest is not None and isinstance(named, str) and Path(named).resolve() == newest.path.resolve()
+    return model.is_file() and newest is not None and isinstance(named, str) and \
+        Path(named).resolve() == newest.path.resolve()
 
 
 def ship(spec: FleetSpec, run_dir: Path, console: Console) -> Shipped:

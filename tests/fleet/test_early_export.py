@@ -58,8 +58,10 @@ def test_ship_reuses_an_export_of_the_newest_checkpoint(tmp_path: Path, monkeypa
     older, newest = _checkpoint(job / "checkpoints", 1), _checkpoint(job / "checkpoints", 2)
     write_json(job / "job.json", {"config": {"name": "cls", "task": "classification", "model": "resnet18"},
                                   "status": "done"})
+    # As the evaluation step writes it after an export.
     write_json(job / "eval.json", {"metrics": {"top1": 0.5}, "primary_metric": "top1", "fps": {"fps": 50.0},
-                                   "kind": "task"})
+                                   "kind": "task", "export": {"file": "export/model.onnx",
+                                                              "record": "export/export.json"}})
     (job / "export").mkdir()
     (job / "export" / "model.onnx").write_bytes(b"graph")
     exports: list[Path] = []
@@ -77,9 +79,12 @@ def test_ship_reuses_an_export_of_the_newest_checkpoint(tmp_path: Path, monkeypa
         exports.clear()
         shipped = ship(spec, run, console)
         assert (shipped.early, exports) == ((["cls"], []) if reused else ([], [job])), named
-    (job / "export" / "model.onnx").unlink()  # a record without its graph is no export
     write_json(job / "export" / "export.json", {"checkpoint": str(newest), "parity": {"ok": True}})
+    (job / "export" / "model.onnx").unlink()  # a record without its graph is no export
     assert not exported_current(job)
+    (job / "export" / "model.onnx").write_bytes(b"graph")
+    write_json(job / "eval.json", {"metrics": {"top1": 0.5}, "export": {"error": "export: parity"}})
+    assert not exported_current(job)  # the early export failed: ship() exports itself
 
 
 EXTERNAL = '''
