@@ -383,6 +383,22 @@ def compare(run_dir: Path, devices: int, svg: Path | None) -> dict:
     return out
 
 
+def fleet_overhead(run_dir: Path, started: float, ended: float) -> dict:
+    """The fleet's time outside its jobs: from `musubi run`'s start (`started`, this script's wall clock) to
+    the first job's spawn, and from the last job's end to the exit (`ended`), of which shipping (ship_s)."""
+    rec = json.loads((run_dir / "fleet.json").read_text())
+    attempts = [h for s in (rec.get("jobs") or {}).values() for h in s.get("history") or []]
+    spawns = [h.get("spawned") or h.get("started") for h in attempts if h.get("spawned") or h.get("started")]
+    ends = [h["ended"] for h in attempts if h.get("ended")]
+    out = {"to_first_spawn_s": round(min(spawns) - started, 2) if spawns else None,
+           "after_last_end_s": round(ended - max(ends), 2) if ends else None, "ship_s": rec.get("ship_s"),
+           "early_export": sorted(n for n, s in (rec.get("jobs") or {}).items() if s.get("early_export"))}
+    print(f"  fleet overhead: {out['to_first_spawn_s']} s to the first spawn, {out['after_last_end_s']} s after "
+          f"the last job (shipping {out['ship_s']} s; exported early: {', '.join(out['early_export']) or 'none'})",
+          flush=True)
+    return out
+
+
 #: Each finished mode's makespan and job seconds in a --work folder (what later calls add to).
 MODES_FILE = "modes.json"
 
@@ -437,7 +453,7 @@ def main() -> None:
     tmp = (args.work or Path(tempfile.mkdtemp(prefix="fleet-bench-"))).resolve()
     tmp.mkdir(parents=True, exist_ok=True)
     # What is measured, as saved in WORK/modes.json after every job: earlier calls' figures count (--work).
-    figures = {"makespan_s": {}, "job_s": {}, "a_measured": None, **read_modes(tmp)}
+    figures = {"makespan_s": {}, "job_s": {}, "a_measured": None, "wall": {}, **read_modes(tmp)}
     result: dict[str, float] = figures["makespan_s"]
     jobs: dict[str, dict[str, float]] = figures["job_s"]
     report_extra: dict[str, dict] = {}
@@ -462,11 +478,12 @@ def main() -> None:
             report_extra["pin"] = case_pin(args.pin_fleet, tmp, args.device, args.cpu_slots, args.small,
                                            args.pin_images)
             continue
-        if mode in ("fleet", "fleet-no-overlap"):
-            result[mode] = run_fleet(args.fleet, tmp / mode, args.device, args.cpu_slots, mode == "fleet")
-        elif mode == "fleet-unshared":  # the same fleet with machine.share_gpus off: what sharing gained
-            result[mode] = run_fleet(args.fleet, tmp / mode, args.device, args.cpu_slots,
-                                     machine={"share_gpus": "off"})
+        if mode in ("fleet", "fleet-no-overlap", "fleet-unshared"):
+            t0 = time.time()  # the clock of fleet.json's times: the fleet's overhead outside its jobs
+            # fleet-unshared: the same fleet with machine.share_gpus off, for what sharing gained
+            result[mode] = run_fleet(args.fleet, tmp / mode, args.device, args.cpu_slots, mode != "fleet-no-overlap",
+                                     machine={"share_gpus": "off"} if mode == "fleet-unshared" else None)
+            figures.setdefault("wall", {})[mode] = [t0, time.time()]
         elif mode == "a" and args.a_parallel:
             result[mode] = run_solo_parallel(args.fleet, tmp / "a", args.device, n, jobs[mode], saved)
         elif mode == "a":
@@ -486,9 +503,14 @@ def main() -> None:
     if "fleet-unshared" in result:
         print("fleet-unshared (machine.share_gpus: off):", flush=True)
         report["unshared"] = compare(tmp / "fleet-unshared", n, None)
+        if "fleet-unshared" in figures.get("wall", {}):
+            report["unshared"]["fleet_overhead"] = fleet_overhead(tmp / "fleet-unshared",
+                                                                  *figures["wall"]["fleet-unshared"])
     if "fleet" in result:
         print("fleet:", flush=True)
         report["prediction"] = compare(tmp / "fleet", n, args.svg)
+        if "fleet" in figures.get("wall", {}):
+            report["fleet_overhead"] = fleet_overhead(tmp / "fleet", *figures["wall"]["fleet"])
     if "fleet" in result and "fleet-unshared" in result:
         report["sharing_gain"] = round(result["fleet-unshared"] / result["fleet"], 3)
     if "fleet" in result and "a" in result:

@@ -44,7 +44,7 @@ def evaluate_task_job(job_dir: Path, device: str | None, export: bool, fps_runs:
     from musubi.evaluate.export_plan import export_plan
     from musubi.evaluate.fps import onnx_fps, torch_fps
     from musubi.evaluate.model_io import load_job_model, sample_batch
-    from musubi.evaluate.onnx_export import ONNX_FILE, export_loaded
+    from musubi.evaluate.onnx_export import EXPORT_DIR, EXPORT_JSON, ONNX_FILE, export_loaded
 
     path = job_dir / EVAL_FILE
     record = _read_eval(path)
@@ -60,8 +60,10 @@ def evaluate_task_job(job_dir: Path, device: str | None, export: bool, fps_runs:
     if export:
         try:
             exported = export_loaded(job)
-            record["export"] = {"file": f"export/{exported['file']}", "sha256": exported["sha256"],
-                                "opset": exported["opset"], "parity_ok": exported["parity"]["ok"]}
+            # "record": where the fleet's ship() finds which checkpoint was exported (it reuses an early export).
+            record["export"] = {"file": f"{EXPORT_DIR}/{exported['file']}", "record": f"{EXPORT_DIR}/{EXPORT_JSON}",
+                                "sha256": exported["sha256"], "opset": exported["opset"],
+                                "parity_ok": exported["parity"]["ok"]}
         except ConfigError as e:  # a model that does not export is still measured and ranked
             record["export"] = {"error": str(e)}
     headline = torch_fps(job, device, fps_warmup, fps_runs)

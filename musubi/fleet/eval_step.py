@@ -3,7 +3,9 @@
 `--after FILE`: started early (while the job still trains), it imports torch and the evaluation code,
 then waits for FILE (the fleet writes it when training ends well), so the ~4 s of Python start and
 imports are off the critical path. It never touches CUDA before FILE exists, and it leaves when the
-process that started it is gone.
+process that started it is gone. FILE's `"export": true` (the fleet's early export, in the tail of the
+fleet) asks it to export the model to ONNX too; an export that fails is recorded and the job still ranks
+(the fleet exports again when it ships).
 """
 
 from __future__ import annotations
@@ -22,6 +24,15 @@ def wait_for(path: Path) -> bool:
     """Block until `path` exists (True), or until the parent process (the fleet) is gone (False)."""
     parent = os.getppid()
     return wait_for_file(path, lambda: os.getppid() == parent)
+
+
+def asks_export(marker: Path) -> bool:
+    """True when the fleet's trained marker asks for the model's export (an unreadable marker: no export)."""
+    try:
+        data = json.loads(marker.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and data.get("export") is True
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -53,8 +64,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: external job {NO_EVAL_JSON} ({job_dir}): the program exited 0 without writing it; "
               "see the contract in the README", file=sys.stderr, flush=True)
         return 3
+    export = after is not None and asks_export(after)
     try:
-        result = evaluate_job(job_dir)
+        try:
+            result = evaluate_job(job_dir, export=export)
+        except ConfigError:
+            raise
+        except Exception as e:  # noqa: BLE001 - an early export is an optimisation: never fail the job for it
+            if not export:
+                raise
+            print(f"early export failed ({type(e).__name__}: {e}); evaluating without it", file=sys.stderr,
+                  flush=True)
+            result = evaluate_job(job_dir)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -52,6 +52,13 @@ log = logging.getLogger("musubi.fleet")
 #: memory_gib share a GPU's tail only when both fit with this much to spare.
 CONTEXT_GIB = 2.0
 
+#: Seconds another job must still be predicted to train for a job whose training just ended to export its model
+#: to ONNX in its evaluation step (the fleet's top-k are otherwise exported after the last job, ~16 s of a 267-s
+#: fleet on 4x H200). An export takes 5-15 s there (load, trace, ONNX Runtime parity): with this margin it ends
+#: while the other job still trains, off the critical path; nearer the end it could outlast the last job and
+#: lengthen the fleet for a model that may not rank in the top-k at all.
+EARLY_EXPORT_MARGIN_S = 30.0
+
 
 @dataclass
 class JobState:
@@ -77,6 +84,7 @@ class JobState:
     predicted_s: float | None = None  # the duration model's seconds for the latest attempt on its GPUs
     estimate: str = ""  # where that prediction came from (history, probe, declared, fallback)
     precision: str = ""  # task jobs: the precision training ended in (after any numerical fallback)
+    early_export: str = ""  # task jobs: the job that still trained when this one exported in its evaluation
     released: float | None = None  # GPUs back to the packer (training ended, with machine.overlap; else the end)
     startup: dict[str, float] = field(default_factory=dict)  # the latest attempt's start-up (store/startup.py)
     shared_with: list[str] = field(default_factory=list)  # jobs that shared its GPU during the latest attempt
@@ -148,6 +156,21 @@ def estimates(spec: FleetSpec, capacity: int, db: Path | None, machine: list[Any
         widths = tuple(w for w in (j.widths if isinstance(j, TaskJob) else (j.gpus,)) if w <= capacity) or (j.gpus,)
         out[j.name] = estimate(j, widths, db, machine, kind)
     return out
+
+
+def early_export(export_top: int, waiting: int, others_left: dict[str, float],
+                 margin: float = EARLY_EXPORT_MARGIN_S) -> str | None:
+    """Whether a job whose training just ended exports its model during its evaluation step: the other job
+    predicted to train longest (the export runs beside it), else None.
+
+    Only when the fleet exports at all (`export_top` > 0), no job waits for the freed GPUs/cores (`waiting`:
+    queued jobs and jobs gated on this one's evaluation) and another job is predicted to train `margin` s
+    more (`others_left`: seconds left per other training job); so the job that ends last never does.
+    """
+    if export_top <= 0 or waiting or not others_left:
+        return None
+    name, left = max(others_left.items(), key=lambda kv: kv[1])
+    return name if left >= margin else None
 
 
 class LocalFleet:
@@ -334,17 +357,41 @@ class LocalFleet:
         st.state = "evaluating"
         mark(self.run_dir / job.name, "train_exit")
         trained = self._trained_marker(job.name)
-        if not trained.is_file():  # a retry (or --resume) after a failed evaluation does not train again
-            trained.parent.mkdir(parents=True, exist_ok=True)
-            trained.write_text(json.dumps({"attempt": st.attempts, "time": time.time()}) + "\n", encoding="utf-8")
+        export = self._export_early(job) if isinstance(job, TaskJob) else False
+        # A retry (or --resume) after a failed evaluation does not train again: its marker exists and only
+        # the export decision is made again. Written atomically: the evaluation step reads it once it exists.
+        marker: Any = {"attempt": st.attempts, "time": time.time()}
+        if trained.is_file():
+            with contextlib.suppress(OSError, ValueError):
+                marker = read_json(trained)
+        write_json(trained, {**(marker if isinstance(marker, dict) else {}), "export": export})
         early, run.evaluator = run.evaluator, None
-        run.proc = early if early is not None and early.poll() is None else self._eval_process(run, None)
+        # Started now, it finds the marker at once (and reads the export decision from it).
+        run.proc = early if early is not None and early.poll() is None else self._eval_process(run, trained)
         run.phase = "eval"
         if self.overlap and release:
             # Its GPUs go back now: the next job starts beside this evaluation (and waits at a gate for it).
             st.released = time.time()
             st.history[-1]["released"] = st.released
             self.packer.release(job.name)
+
+    def _export_early(self, job: TaskJob) -> bool:
+        """Whether `job`'s evaluation step also exports its model (early_export's rule), recorded and said."""
+        st = self.states[job.name]
+        now = time.time()
+        waiting = len(self.packer.queue) + sum(job.name in blockers for _, blockers in
+                                               [*self.gates.values(), *self.deferred.values()])
+        others = {n: o.started + o.predicted_s - now for n, r in self.running.items()
+                  if n != job.name and r.phase == "train" and (o := self.states[n]).started is not None
+                  and o.predicted_s is not None}
+        # Looked up at each call (not a default argument): tests shorten the margin for their second-long jobs.
+        other = early_export(self.spec.leaderboard.export_top, waiting, others, margin=EARLY_EXPORT_MARGIN_S)
+        st.early_export = other or ""
+        if st.history:
+            st.history[-1]["early_export"] = bool(other)
+        if other:
+            log.info("export %s early (tail; %s still trains ~%.0f s)", job.name, other, others[other], extra=SHOW)
+        return other is not None
 
     def _job_log(self, name: str) -> Path:
         return self.run_dir / name / "logs" / ("fleet.log" if self.states[name].kind == "task" else "stdout.log")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -442,9 +443,19 @@ def _finish(spec: FleetSpec, run_dir: Path, console: Console) -> None:
     """Leaderboard, export of the top-k and registration (jobs that ended well only)."""
     from musubi.fleet.ship import ship
 
+    t0 = time.perf_counter()
+    early: list[str] = []
     try:
-        ship(spec, run_dir, console)
+        early = ship(spec, run_dir, console).early
     except ConfigError as e:  # the jobs' results stand; say what could not be shipped
         log.warning("leaderboard/export/registry: %s", e)
         console.print(f"leaderboard/export/registry: {e}", highlight=False, markup=False)
+    seconds = round(time.perf_counter() - t0, 2)
+    # The fleet's end phase after its last job, in fleet.json (bench/fleet.py's overhead) and fleet.log.
+    state = run_dir / RUN_FILES.fleet
+    if state.is_file():
+        write_json(state, {**read_json(state), "ship_s": seconds})
+    with fleet_logging(run_dir, console):
+        log.info("shipped in %.1f s%s", seconds, f" (export done early for: {', '.join(early)})" if early else "",
+                 extra=SHOW)
 
