@@ -22,7 +22,7 @@ Two more cases, each two fleet runs of its own file in one call (`--modes share`
 - share: small single-GPU jobs with machine.share_gpus off (one a GPU; their utilisation and peak memory
   recorded in the store), then auto beside it (the same store: the plan shares where the measurements
   allow). Reports both makespans, the gain, which jobs shared, each job's measured utilisation and peak,
-  and each job's seconds alone against shared (its real slowdown; the model predicts max(1, u1 + u2)).
+  and each job's seconds alone against shared (its real slowdown; the model predicts 1 + the other's utilisation).
 - pin: JPEG-decoding detectors side by side, machine.pin_cpus true then false, on JPEG files written first.
   Reports both makespans and each job's median samples/s in both runs.
 `--work DIR` keeps the runs, the store and each finished mode's figures (DIR/modes.json) in DIR, so the modes

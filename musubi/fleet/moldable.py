@@ -21,7 +21,8 @@ backfill, `after:`). The candidates:
 Priority and "previous best first" stay the first keys of every order; family
 grouping is kept only by the declared candidate. Under a SharePolicy (fleet/sharing.py) every candidate is
 judged with and without GPU sharing; sharing is kept only when it predicts a shorter makespan. On the
-virtual clock two jobs on one GPU progress max(1, u1 + u2) times slower (sharing.slowdown).
+virtual clock a job beside others on one GPU progresses 1 + (their utilisation) times slower
+(sharing.slowdown).
 """
 
 from __future__ import annotations
@@ -117,12 +118,10 @@ def advance(packer: Packer, clock: list[float], left: dict[str, float],
 
 
 def _slowdown(packer: Packer, name: str) -> float:
-    """How much slower `name` runs now: its GPUs' tenants' summed utilisation (1 alone on its GPUs)."""
+    """How much slower `name` runs now: 1 + the utilisation of the other jobs on its GPUs (1 alone on them)."""
     gpus = set(packer.busy[name])
-    tenants = [n for n, gs in packer.busy.items() if gpus & set(gs)]
-    if len(tenants) < 2:
-        return 1.0
-    return slowdown((packer.running[n].util or 0.0) if n in packer.running else 0.0 for n in tenants)
+    others = [n for n, gs in packer.busy.items() if n != name and gpus & set(gs)]
+    return slowdown((packer.running[n].util or 0.0) if n in packer.running else 0.0 for n in others)
 
 
 def makespan(bars: Sequence[Bar], remaining: Mapping[str, float] | None = None) -> float:

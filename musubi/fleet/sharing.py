@@ -8,19 +8,24 @@ auto, opt-in until a GPU run measures its gain; the default `off` never shares):
   ran, the mean over its training after the first tenth of the samples) and a recorded peak GPU memory
   (NVML's memory used on its GPU, CUDA context and allocator cache included), from an earlier run of the
   same job on this machine that held its GPU alone (fleet/durations.py); a job without them never shares;
-- u1 + u2 <= UTIL_LIMIT, and peak1 + peak2 + headroom <= the GPU's memory (headroom: the larger of
-  HEADROOM_GIB and HEADROOM_FRACTION of the GPU), so neither can run the other out of memory;
+- each utilisation is at most SMALL_UTIL and u1 + u2 <= UTIL_LIMIT, and peak1 + peak2 + headroom <= the GPU's
+  memory (headroom: the larger of HEADROOM_GIB and HEADROOM_FRACTION of the GPU), so neither can run the other
+  out of memory;
 - the second job takes the slot only when no GPU is free and no job before it in the queue waits for
   whole GPUs (a guest never delays a wider or earlier job: no starvation);
 - the fleet's plan (fleet/moldable.py) is simulated with and without sharing and sharing is kept only
   when it predicts a shorter makespan.
 
 The slowdown model. Without MPS, kernels of two processes do not run at once: the GPU time-slices between
-their contexts. A job that kept the GPU busy a fraction u of its time needs that much GPU time to go at
-full speed, so two jobs at u1, u2 both run max(1, u1 + u2) times slower than alone: not slower while the
-GPU has idle time for both, proportionally slower past it. The model ignores the cost of switching
-contexts and the host's cores the two jobs share (their loaders, the GPU's cores when pinned): bench/fleet.py
-`--modes share` measures both ways on real GPUs, and that figure is what says whether sharing paid.
+their contexts, and a job whose kernel is ready while the other context holds the GPU waits. A job beside
+others at utilisations u_j runs 1 + sum(u_j) times slower than alone: it loses the other's busy time,
+whatever its own utilisation. Measured on 4x H200 (2026-11-27, bench/fleet.py): a small external detector
+(u 0.14) beside fcos (u 0.63) took 178 s against 71-87 s alone, 2.0-2.5x (this model: 1.63x; the first model,
+max(1, u1 + u2), said 1.0x), and fcos ~1.17x (this model 1.14x). A latency-bound job (many short kernels, low
+utilisation) waits for a whole time slice each time, so beside a busy job it loses more than the model says:
+hence SMALL_UTIL, which keeps sharing to jobs that both leave the GPU mostly idle. The model still ignores
+the host cores the two jobs share (their loaders, the GPU's cores when pinned): bench/fleet.py
+`--modes fleet-unshared` measures the same fleet without sharing, and that figure says whether sharing paid.
 """
 
 from __future__ import annotations
@@ -30,6 +35,9 @@ from dataclasses import dataclass
 
 #: Most summed utilisation two jobs may have to share a GPU (below 1: some slack for the context switches).
 UTIL_LIMIT = 0.9
+#: Most utilisation either job may have: sharing is for small jobs. A 0.14 job beside a 0.63 one ran 2-2.5x
+#: slower on an H200 (2026-11-27): time slices of a busy neighbour stall a latency-bound job's short kernels.
+SMALL_UTIL = 0.5
 #: Memory kept free on a shared GPU beyond both jobs' recorded peaks (GiB), or this fraction of the GPU.
 HEADROOM_GIB = 2.0
 HEADROOM_FRACTION = 0.1
@@ -41,6 +49,7 @@ class SharePolicy:
 
     memory_gib: float  # one GPU's memory
     util_limit: float = UTIL_LIMIT
+    small_util: float = SMALL_UTIL
 
     @property
     def headroom_gib(self) -> float:
@@ -51,18 +60,21 @@ class SharePolicy:
         """Whether two measured jobs may share one GPU (an unmeasured one never may)."""
         if None in (a_util, a_peak, b_util, b_peak):
             return False
-        return (a_util + b_util <= self.util_limit + 1e-9  # type: ignore[operator]
+        return (max(a_util, b_util) <= self.small_util + 1e-9  # type: ignore[type-var]
+                and a_util + b_util <= self.util_limit + 1e-9  # type: ignore[operator]
                 and a_peak + b_peak + self.headroom_gib <= self.memory_gib + 1e-9)  # type: ignore[operator]
 
     def why(self, a_util: float, a_peak: float, b_util: float, b_peak: float) -> str:
         """The figures that allowed sharing, for the placement reason."""
-        return (f"utilisation {a_util:.2f}+{b_util:.2f} <= {self.util_limit:.2f}, memory {a_peak:.1f}+{b_peak:.1f}"
+        return (f"utilisation {a_util:.2f}+{b_util:.2f} <= {self.util_limit:.2f} (each <= {self.small_util:.2f}), "
+                f"memory {a_peak:.1f}+{b_peak:.1f}"
                 f"+{self.headroom_gib:.1f} <= {self.memory_gib:.1f} GiB")
 
 
-def slowdown(utils: Iterable[float]) -> float:
-    """How many times slower each job on one time-sliced GPU runs than alone: max(1, sum of utilisations)."""
-    return max(1.0, sum(utils))
+def slowdown(others: Iterable[float]) -> float:
+    """How many times slower a job runs on a time-sliced GPU than alone, beside jobs at utilisations `others`:
+    1 + their sum (see the model above)."""
+    return 1.0 + sum(others)
 
 
 def share_policy(mode: str, kind: str, gpu_memory_gib: float | None) -> SharePolicy | None:
@@ -81,6 +93,7 @@ def share_note(queue: Iterable, policy: SharePolicy) -> str:
     if len(unmeasured) == len(single):
         return ("GPU sharing: no job has a measured utilisation and peak memory yet (an earlier run of it alone "
                 "on one GPU records them)")
-    return (f"GPU sharing: no pair of measured jobs fits ({policy.util_limit:.2f} utilisation, "
+    return (f"GPU sharing: no pair of measured jobs fits (each <= {policy.small_util:.2f} utilisation, "
+            f"both <= {policy.util_limit:.2f}, "
             f"{policy.memory_gib:.0f} GiB less {policy.headroom_gib:.1f} GiB headroom) or sharing did not shorten "
             f"the predicted makespan" + (f"; unmeasured: {', '.join(unmeasured)}" if unmeasured else ""))

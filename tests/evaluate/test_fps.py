@@ -103,3 +103,26 @@ def test_unreadable_onnx_names_the_file(tmp_path: Path) -> None:
     bad.write_bytes(b"not a model")
     with pytest.raises(ConfigError, match="bad.onnx: ONNX Runtime cannot load it"):
         onnx_fps(bad, device="cpu")
+
+
+def test_onnx_sessions_keep_to_the_cores_the_process_is_pinned_to(tmp_path: Path) -> None:
+    """A fleet pins each job's evaluation to its GPU's cores; ONNX Runtime left at its default starts a thread
+    per physical core of the machine with affinities of its own (on 4x H200 an export's parity check kept all
+    64 cores busy): sessions take as many threads as the process has cores, and ORT's own pool no further."""
+    import subprocess
+    import sys
+
+    model = torch.nn.Linear(4, 2)
+    path = tmp_path / "m.onnx"
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model, (torch.randn(1, 4),), str(path), dynamo=False, input_names=["x"])
+    code = ("import os, sys, torch; os.sched_setaffinity(0, {0}); "
+            "from musubi.evaluate.fps import onnx_session, session_threads; "
+            f"s, _ = onnx_session(__import__('pathlib').Path({str(path)!r}), torch.device('cpu')); "
+            "o = s.get_session_options(); print(session_threads(), o.intra_op_num_threads, o.inter_op_num_threads)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["1", "1", "1"]

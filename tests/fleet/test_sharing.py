@@ -102,25 +102,38 @@ def test_no_sharing_without_measurements() -> None:
 
 
 def test_sharing_pays_and_the_plan_keeps_it_only_then() -> None:
-    """Four 30 %-utilisation jobs on 2 GPUs: shared, all four run at once (no slowdown at 0.6) and the fleet
-    takes one job's time; at 100 % each a shared GPU is twice as slow, no gain, and the plan does not share."""
+    """Four 30 %-utilisation jobs on 2 GPUs: shared, all four run at once, each 1.3x slower (it loses its
+    neighbour's 30 %), and the fleet takes 130 s against 200 s; at 100 % each a shared GPU is twice as slow,
+    no gain, and the plan does not share."""
     light = [small(f"s{i}", 100.0, 0.3, 10.0) for i in range(4)]
     plan = best_plan([0, 1], light, share=POLICY)
-    assert plan.share and plan.makespan == pytest.approx(100.0) and plan.unshared == pytest.approx(200.0)
+    assert plan.share and plan.makespan == pytest.approx(130.0) and plan.unshared == pytest.approx(200.0)
     heavy = [small(f"h{i}", 100.0, 1.0, 10.0) for i in range(4)]
-    loose = SharePolicy(GIB, util_limit=2.0)  # lets them share: the model must still say it does not pay
+    loose = SharePolicy(GIB, util_limit=2.0, small_util=1.0)  # lets them share: the model must say it does not pay
     shared = makespan(simulate([0, 1], heavy, {d.name: 1 for d in heavy}, share=loose))
     assert shared == pytest.approx(200.0)  # both at 2x: no faster than one after the other
     assert not best_plan([0, 1], heavy, share=loose).share  # a tie keeps the GPUs unshared
 
 
 def test_slowdown_model() -> None:
-    """max(1, u1 + u2): free while the GPU has idle time for both, proportional past it."""
-    assert slowdown([0.3, 0.5]) == 1.0 and slowdown([0.7, 0.6]) == pytest.approx(1.3) and slowdown([]) == 1.0
-    # A 0.7 and a 0.6 job of 100 s started together on one GPU: both run 1.3x slower until the first ends.
+    """1 + the neighbours' utilisation: a job loses the time the other context holds the GPU, whatever its own
+    utilisation (the first model, max(1, u1 + u2), said a 0.14 job beside a 0.63 one ran at full speed; on 4x
+    H200 it ran 2-2.5x slower)."""
+    assert slowdown([]) == 1.0 and slowdown([0.63]) == pytest.approx(1.63) and slowdown([0.3, 0.5]) == 1.8
+    # A 0.7 and a 0.6 job of 100 s started together on one GPU: 1.6x and 1.7x slower until the first ends.
     bars = simulate([0], [small("a", 100.0, 0.7, 5.0), small("b", 100.0, 0.6, 5.0)], {"a": 1, "b": 1},
-                    share=SharePolicy(GIB, util_limit=1.5))
-    assert [round(b.end, 6) for b in bars] == [130.0, 130.0]
+                    share=SharePolicy(GIB, util_limit=1.5, small_util=1.0))
+    assert [round(b.end, 3) for b in bars] == [160.0, round(160.0 + 100.0 - 160.0 / 1.7, 3)]
+
+
+def test_only_small_jobs_share() -> None:
+    """The pair measured on an H200 (an external detector at 0.14 beside fcos at 0.63) is refused: each job
+    must be at most SMALL_UTIL; two small detectors may share."""
+    from musubi.fleet.sharing import SMALL_UTIL
+
+    assert not POLICY.fits(0.63, 12.5, 0.14, 2.2) and 0.14 + 0.63 <= POLICY.util_limit
+    assert POLICY.fits(0.14, 2.2, 0.15, 2.0) and POLICY.fits(SMALL_UTIL, 1.0, 0.3, 1.0)
+    assert "each <= 0.50" in POLICY.why(0.14, 2.2, 0.15, 2.0)
 
 
 def test_memory_and_width_refusals() -> None:
