@@ -38,13 +38,38 @@ def _now() -> str:
     return dt.datetime.now(dt.timezone.utc).isoformat()
 
 
+def export_entry(exported: dict[str, Any]) -> dict[str, Any]:
+    """eval.json's "export" entry for an export record (export_loaded's): "record" is where the fleet's ship()
+    finds which checkpoint was exported, so it registers an export done early instead of exporting again."""
+    from musubi.evaluate.onnx_export import EXPORT_DIR, EXPORT_JSON
+
+    return {"file": f"{EXPORT_DIR}/{exported['file']}", "record": f"{EXPORT_DIR}/{EXPORT_JSON}",
+            "sha256": exported["sha256"], "opset": exported["opset"], "parity_ok": exported["parity"]["ok"]}
+
+
+def export_evaluated(job_dir: Path) -> dict[str, Any]:
+    """Export an evaluated task job exactly as the fleet's ship() does (export_job: ONNX and parity, no ONNX
+    Runtime FPS) and record it as eval.json's "export"; return that entry ({"error"} when it did not export)."""
+    from musubi.evaluate.onnx_export import export_job
+
+    path = job_dir / EVAL_FILE
+    try:
+        entry = export_entry(export_job(job_dir))
+    except ConfigError as e:  # parity failure or no exporter: recorded, and ship() tries (and reports) again
+        entry = {"error": str(e)}
+    record = _read_eval(path)
+    record["export"] = entry
+    write_json(path, record)
+    return entry
+
+
 def evaluate_task_job(job_dir: Path, device: str | None, export: bool, fps_runs: int | None,
                       fps_warmup: int | None) -> dict[str, Any]:
     """FPS (torch, then ONNX Runtime if exported) of a Musubi task job; eval.json updated."""
     from musubi.evaluate.export_plan import export_plan
     from musubi.evaluate.fps import onnx_fps, torch_fps
     from musubi.evaluate.model_io import load_job_model, sample_batch
-    from musubi.evaluate.onnx_export import EXPORT_DIR, EXPORT_JSON, ONNX_FILE, export_loaded
+    from musubi.evaluate.onnx_export import ONNX_FILE, export_loaded
 
     path = job_dir / EVAL_FILE
     record = _read_eval(path)
@@ -60,10 +85,7 @@ def evaluate_task_job(job_dir: Path, device: str | None, export: bool, fps_runs:
     if export:
         try:
             exported = export_loaded(job)
-            # "record": where the fleet's ship() finds which checkpoint was exported (it reuses an early export).
-            record["export"] = {"file": f"{EXPORT_DIR}/{exported['file']}", "record": f"{EXPORT_DIR}/{EXPORT_JSON}",
-                                "sha256": exported["sha256"], "opset": exported["opset"],
-                                "parity_ok": exported["parity"]["ok"]}
+            record["export"] = export_entry(exported)
         except ConfigError as e:  # a model that does not export is still measured and ranked
             record["export"] = {"error": str(e)}
     headline = torch_fps(job, device, fps_warmup, fps_runs)

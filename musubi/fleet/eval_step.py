@@ -3,9 +3,11 @@
 `--after FILE`: started early (while the job still trains), it imports torch and the evaluation code,
 then waits for FILE (the fleet writes it when training ends well), so the ~4 s of Python start and
 imports are off the critical path. It never touches CUDA before FILE exists, and it leaves when the
-process that started it is gone. FILE's `"export": true` (the fleet's early export, in the tail of the
-fleet) asks it to export the model to ONNX too; an export that fails is recorded and the job still ranks
-(the fleet exports again when it ships).
+process that started it is gone. FILE's "export" (the fleet's early export, in the tail of the fleet:
+its leaderboard settings, local.export_request) asks it to export the model to ONNX after evaluating it,
+exactly as ship() would (export and parity, no ONNX Runtime timing), if the job ranks within the top-k
+among the run's jobs evaluated so far. An export that fails is recorded and the job still ranks (the
+fleet exports again when it ships).
 """
 
 from __future__ import annotations
@@ -13,10 +15,14 @@ from __future__ import annotations
 import json
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from musubi.config.errors import ConfigError
 from musubi.config.run_files import RUN_FILES
+from musubi.evaluate.leaderboard import collect_jobs, rank_jobs
+from musubi.evaluate.score import ScoreRule
 from musubi.store.startup import mark, wait_for_file
 
 
@@ -26,13 +32,72 @@ def wait_for(path: Path) -> bool:
     return wait_for_file(path, lambda: os.getppid() == parent)
 
 
-def asks_export(marker: Path) -> bool:
-    """True when the fleet's trained marker asks for the model's export (an unreadable marker: no export)."""
+@dataclass(frozen=True)
+class ExportAsk:
+    """The fleet's early-export request: its top-k and how its leaderboard ranks jobs."""
+
+    top: int
+    rule: ScoreRule
+
+
+def export_ask(marker: Path) -> ExportAsk | None:
+    """The early-export request of the fleet's trained marker, or None (none asked, or unreadable: no export)."""
     try:
         data = json.loads(marker.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    return isinstance(data, dict) and data.get("export") is True
+        ask = data["export"]
+        if not ask:
+            return None
+        quality, fps = ask["weights"]
+        return ExportAsk(int(ask["top"]), ScoreRule(float(quality), float(fps), ask["fps_target"],
+                                                    float(ask["quality_floor"])))
+    except (OSError, ValueError, TypeError, KeyError, ConfigError) as e:
+        print(f"no early export: {marker} holds no readable export request ({type(e).__name__}: {e})",
+              file=sys.stderr, flush=True)
+        return None
+
+
+def ranks_for_export(job_dir: Path, ask: ExportAsk) -> tuple[bool, str]:
+    """Whether the job ranks within the fleet's top-k among its run's jobs evaluated so far, and why in words.
+
+    The leaderboard's own ranking (collect_jobs, rank_jobs; not build_leaderboard, which writes files).
+    A heuristic: jobs evaluated later can move this one (the FPS normalisation follows the fleet's fastest
+    job, the quality floor its best), so it may export a job that ends outside the top-k or skip one that
+    ends inside it; ship() exports whatever the final top-k is, so correctness never depends on it. On
+    4x H200 (2026-11-27) it would have saved the fleet's last 90 s: gpt-small exported early and finished
+    last, ranked 5th of 5 with only the top 1 shipped.
+    """
+    rows, _ = rank_jobs(collect_jobs(job_dir.parent), ask.rule)
+    ranked = sum(r["rank"] is not None for r in rows)
+    mine = next((r for r in rows if r["job"] == job_dir.name), None)
+    if mine is None:
+        return False, f"{job_dir.name} is not a job of {job_dir.parent}"
+    if mine["rank"] is None:
+        return False, f"not ranked among {ranked} evaluated ({mine['reason']})"
+    where = f"rank {mine['rank']} of {ranked} evaluated, the fleet exports the top {ask.top}"
+    return mine["rank"] <= ask.top, where
+
+
+def export_if_ranked(job_dir: Path, ask: ExportAsk) -> dict[str, Any] | None:
+    """The early export of an evaluated job that ranks within the top-k so far: eval.json's "export" entry, or
+    None when it did not export; one line says which and why."""
+    from musubi.evaluate.job_eval import export_evaluated
+
+    try:
+        ranks, why = ranks_for_export(job_dir, ask)
+    except ConfigError as e:
+        ranks, why = False, f"the run's jobs could not be ranked ({e})"
+    if not ranks:
+        print(f"no early export: {why}", flush=True)
+        return None
+    try:
+        entry = export_evaluated(job_dir)
+    except Exception as e:  # noqa: BLE001 - an early export is an optimisation: never fail the job for it
+        print(f"early export failed ({type(e).__name__}: {e}); ship() exports it if it ranks", file=sys.stderr,
+              flush=True)
+        return None
+    print(f"early export ({why}): " + (f"failed, {entry['error']}" if "error" in entry else entry["file"]),
+          flush=True)
+    return entry
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -64,21 +129,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: external job {NO_EVAL_JSON} ({job_dir}): the program exited 0 without writing it; "
               "see the contract in the README", file=sys.stderr, flush=True)
         return 3
-    export = after is not None and asks_export(after)
+    ask = export_ask(after) if after is not None else None
     try:
-        try:
-            result = evaluate_job(job_dir, export=export)
-        except ConfigError:
-            raise
-        except Exception as e:  # noqa: BLE001 - an early export is an optimisation: never fail the job for it
-            if not export:
-                raise
-            print(f"early export failed ({type(e).__name__}: {e}); evaluating without it", file=sys.stderr,
-                  flush=True)
-            result = evaluate_job(job_dir)
+        result = evaluate_job(job_dir)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if ask is not None and result.get("kind") == "task":
+        entry = export_if_ranked(job_dir, ask)
+        if entry is not None:
+            result["export"] = entry
     mark(job_dir, "evaluated")
     print(json.dumps(result, default=str)[:2000], flush=True)
     return 0

@@ -29,7 +29,7 @@ from rich.text import Text
 
 from musubi.checkpoint.checkpoint import latest_checkpoint
 from musubi.config.errors import ConfigError
-from musubi.config.fleet import CommandJob, FleetSpec, TaskJob
+from musubi.config.fleet import CommandJob, FleetSpec, LeaderboardSpec, TaskJob
 from musubi.config.run_files import RUN_FILES
 from musubi.fleet import jobs as J
 from musubi.fleet.durations import Estimate, demand_of, estimate, machine_of, record_run
@@ -171,6 +171,14 @@ def early_export(export_top: int, waiting: int, others_left: dict[str, float],
         return None
     name, left = max(others_left.items(), key=lambda kv: kv[1])
     return name if left >= margin else None
+
+
+def export_request(lb: LeaderboardSpec) -> dict[str, Any]:
+    """The trained marker's "export" entry that asks a job's evaluation step for an early export: the fleet's
+    leaderboard settings, so that step exports only a job ranking within the top `export_top` so far
+    (eval_step.export_ask reads it; no early export: `false`)."""
+    return {"top": lb.export_top, "weights": [lb.quality_weight, lb.fps_weight], "fps_target": lb.fps_target,
+            "quality_floor": lb.quality_floor}
 
 
 class LocalFleet:
@@ -357,7 +365,8 @@ class LocalFleet:
         st.state = "evaluating"
         mark(self.run_dir / job.name, "train_exit")
         trained = self._trained_marker(job.name)
-        export = self._export_early(job) if isinstance(job, TaskJob) else False
+        early = isinstance(job, TaskJob) and self._export_early(job)
+        export = export_request(self.spec.leaderboard) if early else False
         # A retry (or --resume) after a failed evaluation does not train again: its marker exists and only
         # the export decision is made again. Written atomically: the evaluation step reads it once it exists.
         marker: Any = {"attempt": st.attempts, "time": time.time()}
@@ -365,9 +374,9 @@ class LocalFleet:
             with contextlib.suppress(OSError, ValueError):
                 marker = read_json(trained)
         write_json(trained, {**(marker if isinstance(marker, dict) else {}), "export": export})
-        early, run.evaluator = run.evaluator, None
+        started, run.evaluator = run.evaluator, None
         # Started now, it finds the marker at once (and reads the export decision from it).
-        run.proc = early if early is not None and early.poll() is None else self._eval_process(run, trained)
+        run.proc = started if started is not None and started.poll() is None else self._eval_process(run, trained)
         run.phase = "eval"
         if self.overlap and release:
             # Its GPUs go back now: the next job starts beside this evaluation (and waits at a gate for it).
@@ -376,7 +385,8 @@ class LocalFleet:
             self.packer.release(job.name)
 
     def _export_early(self, job: TaskJob) -> bool:
-        """Whether `job`'s evaluation step also exports its model (early_export's rule), recorded and said."""
+        """Whether `job`'s evaluation step may also export its model (early_export's rule), recorded and said;
+        that step exports it only when the job ranks within the top-k so far (eval_step.export_if_ranked)."""
         st = self.states[job.name]
         now = time.time()
         waiting = len(self.packer.queue) + sum(job.name in blockers for _, blockers in
@@ -390,7 +400,8 @@ class LocalFleet:
         if st.history:
             st.history[-1]["early_export"] = bool(other)
         if other:
-            log.info("export %s early (tail; %s still trains ~%.0f s)", job.name, other, others[other], extra=SHOW)
+            log.info("export %s early if it ranks in the top %d so far (tail; %s still trains ~%.0f s)", job.name,
+                     self.spec.leaderboard.export_top, other, others[other], extra=SHOW)
         return other is not None
 
     def _job_log(self, name: str) -> Path:

@@ -1,10 +1,12 @@
-"""The fleet's early export in its tail: the decision rule, ship() reusing an export of the newest checkpoint, and
-a tiny CPU fleet whose job exports during its evaluation while another job still runs."""
+"""The fleet's early export in its tail: the decision rule, the evaluation step's rank check and export (as ship()
+exports), ship() reusing an export of the newest checkpoint, and a tiny CPU fleet whose job exports during its
+evaluation while another job still runs."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -14,9 +16,12 @@ from typer.testing import CliRunner
 
 from musubi.cli import app
 from musubi.config.errors import ConfigError
+from musubi.config.fleet import LeaderboardSpec
 from musubi.config.load import load_fleet
-from musubi.fleet import local
-from musubi.fleet.local import EARLY_EXPORT_MARGIN_S, early_export
+from musubi.evaluate.score import ScoreRule
+from musubi.fleet import eval_step, local
+from musubi.fleet.eval_step import ExportAsk, export_ask, ranks_for_export
+from musubi.fleet.local import EARLY_EXPORT_MARGIN_S, early_export, export_request
 from musubi.fleet.ship import exported_current, ship
 from musubi.store.rundir import write_json
 
@@ -29,6 +34,63 @@ def test_the_rule_exports_beside_a_long_job_only() -> None:
     assert early_export(1, 0, {"overdue": -5.0}) is None  # past its prediction: it may end any moment
     assert early_export(1, 1, {"resnet50": long}) is None  # a job waits for the freed GPUs: it goes first
     assert early_export(0, 0, {"resnet50": long}) is None  # the fleet exports nothing
+
+
+def _evaluated(run: Path, name: str, top1: float, fps: float) -> None:
+    """A job as its evaluation step leaves it: job.json, eval.json with metrics and FPS."""
+    write_json(run / name / "job.json", {"config": {"name": name, "task": "classification", "model": "resnet18"},
+                                         "status": "done"})
+    write_json(run / name / "eval.json", {"metrics": {"top1": top1}, "primary_metric": "top1", "kind": "task",
+                                          "fps": {"fps": fps, "runtime": "torch-cuda"}})
+
+
+def test_the_marker_carries_the_leaderboards_settings(tmp_path: Path) -> None:
+    marker = tmp_path / "trained.json"
+    lb = LeaderboardSpec(export_top=2, quality_weight=0.6, fps_weight=0.4, fps_target=30, quality_floor=0.3)
+    write_json(marker, {"attempt": 1, "export": export_request(lb)})
+    assert export_ask(marker) == ExportAsk(2, ScoreRule(0.6, 0.4, 30.0, 0.3))
+    for asked in (False, True, {"top": 1}, {**export_request(lb), "weights": [0, 0]}):  # one format; bad: none
+        write_json(marker, {"attempt": 1, "export": asked})
+        assert export_ask(marker) is None, asked
+
+
+def test_only_a_job_ranking_within_the_top_k_so_far_exports(tmp_path: Path) -> None:
+    run, ask = tmp_path / "run", ExportAsk(1, ScoreRule(0.7, 0.3, None, 0.5))
+    _evaluated(run, "gpt", 0.55, 20.0)
+    assert ranks_for_export(run / "gpt", ask) == (True, "rank 1 of 1 evaluated, the fleet exports the top 1")
+    _evaluated(run, "r18", 0.9, 900.0)
+    write_json(run / "late" / "job.json", {"config": {"name": "late", "task": "classification"},
+                                           "status": "running"})  # not evaluated yet: not counted
+    assert ranks_for_export(run / "gpt", ask) == (False, "rank 2 of 2 evaluated, the fleet exports the top 1")
+    assert ranks_for_export(run / "r18", ask)[0]
+    assert ranks_for_export(run / "gpt", ExportAsk(2, ask.rule))[0]
+    _evaluated(run, "fast", 0.1, 5000.0)  # fastest, but under the quality floor: never ranked, never exported
+    ok, why = ranks_for_export(run / "fast", ExportAsk(3, ask.rule))
+    assert not ok and why.startswith("not ranked among 2 evaluated (below the quality floor"), why
+
+
+def test_the_evaluation_step_exports_as_ship_does_within_the_top_k_only(tmp_path: Path,
+                                                                       capsys: pytest.CaptureFixture) -> None:
+    from tests.evaluate.jobs import CLASSIFY, make_task_job
+
+    run = tmp_path / "run"
+    job = make_task_job(run, CLASSIFY, steps=1, metrics={"top1": 0.5})
+    _evaluated(run, "rival", 0.9, 1e9)
+    marker = tmp_path / "trained.json"
+    write_json(marker, {"attempt": 1, "export": export_request(LeaderboardSpec(export_top=1))})
+    assert eval_step.main(["--after", str(marker), str(job)]) == 0
+    assert "no early export: rank 2 of 2 evaluated, the fleet exports the top 1" in capsys.readouterr().out
+    assert "export" not in json.loads((job / "eval.json").read_text()) and not (job / "export").exists()
+    shutil.rmtree(run / "rival")
+    assert eval_step.main(["--after", str(marker), str(job)]) == 0
+    assert "early export (rank 1 of 1 evaluated, the fleet exports the top 1): export/model.onnx" in \
+        capsys.readouterr().out
+    record = json.loads((job / "eval.json").read_text())
+    assert set(record["export"]) == {"file", "record", "sha256", "opset", "parity_ok"} and \
+        record["export"]["parity_ok"], record["export"]
+    # What ship() does, nothing more: no ONNX Runtime FPS (a GPT timed on its CPU provider ran 90 s).
+    assert not [k for k in record["fps_all"] if k.startswith("onnxruntime")], record["fps_all"]
+    assert exported_current(job)
 
 
 def test_a_parity_failure_is_a_recorded_export_error() -> None:
@@ -123,11 +185,16 @@ def test_fleet_exports_early_and_ships_without_a_second_export(tmp_path: Path,
     r18 = rec["jobs"]["r18"]
     assert r18["early_export"] == "ext" and r18["history"][-1]["early_export"], r18
     assert rec["jobs"]["ext"]["early_export"] == "" and isinstance(rec["ship_s"], float)
-    assert json.loads((out / "r18" / "logs" / "trained.json").read_text())["export"] is True
-    assert "export r18 early (tail; ext still trains" in res.output, res.output
-    # Exported once, in the evaluation step (before its FPS was measured), and registered as it was.
+    asked = json.loads((out / "r18" / "logs" / "trained.json").read_text())["export"]
+    assert asked == {"top": 1, "weights": [0.7, 0.3], "fps_target": None, "quality_floor": 0.5}, asked
+    assert "export r18 early if it ranks in the top 1 so far (tail; ext still trains" in res.output, res.output
+    # Exported once, in the evaluation step after its FPS was measured (rank 1 of 1: ext has no eval.json yet),
+    # as ship() exports (no ONNX Runtime timing), and registered as it was.
     export = json.loads((out / "r18" / "export" / "export.json").read_text())
     evaluated = json.loads((out / "r18" / "eval.json").read_text())
-    assert export["created"] < evaluated["evaluated"] and evaluated["export"]["parity_ok"], (export, evaluated)
+    assert export["created"] > evaluated["evaluated"] and evaluated["export"]["parity_ok"], (export, evaluated)
+    assert list(evaluated["fps_all"]) == ["torch-cpu"], evaluated["fps_all"]
+    assert "early export (rank 1 of 1 evaluated, the fleet exports the top 1): export/model.onnx" in \
+        (out / "r18" / "logs" / "fleet.log").read_text()
     assert "registered (exported early) r18" in res.output and "export done early for: r18" in res.output
     assert "export done early for: r18" in (out / "fleet.log").read_text()
