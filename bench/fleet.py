@@ -28,6 +28,12 @@ Two more cases, each two fleet runs of its own file in one call (`--modes share`
 `--work DIR` keeps the runs, the store and each finished mode's figures (DIR/modes.json) in DIR, so the modes
 of a time-limited GPU machine can be measured in separate calls on the same machine (a, then fleet, then b):
 the figures add up and the fleet plans from the history the earlier calls recorded.
+`--copies K`: the fleet modes run every job K times (NAME, NAME-c2, ...; copy c waits for copy c of what it
+waits for): a fleet of more jobs than GPUs, as teams run them (RGB and thermal variants of each model). The
+copies are the same work, so (a) and (b) measure each job once and count it K times (report
+"makespan_s_of_copies"; the speedups use them), and each measured run is the history of its copies too.
+Rehearsed on CPU (2 slots, a tiny task job and an external one, K = 2). bench/fleet_whatif.py --copies K predicts it
+from a GPU store first.
 `--small`: CPU rehearsal sizes (a few steps, small frames); on CPU slots no GPU is shared, so the share case
 only proves the plumbing there.
 
@@ -61,7 +67,7 @@ sys.path.insert(0, str(REPO))
 from musubi.config.fleet import CommandJob, TaskJob  # noqa: E402
 from musubi.config.load import load_fleet  # noqa: E402
 from musubi.diagnose.fleet_view import svg_timeline  # noqa: E402
-from musubi.fleet.durations import machine_of, record_run  # noqa: E402
+from musubi.fleet.durations import job_key, machine_of, record_run  # noqa: E402
 from musubi.fleet.gpu_watch import stop_watching, watch_command  # noqa: E402
 from musubi.fleet.jobs import gpu_env, pin_process, resolve_command, union_cpus  # noqa: E402
 from musubi.fleet.machine import cpus_value, device_cores  # noqa: E402
@@ -231,13 +237,47 @@ def case_pin(fleet: Path, tmp: Path, device: str, slots: int | None, small: bool
 
 
 def remember(job, out: Path, device: str, n: int, started: float, ended: float) -> None:
-    """A job's measured run as history for the fleet's duration model (the store the fleet run will read)."""
+    """A job's measured run as history for the fleet's duration model (the store the fleet run will read); with
+    --copies also as the history of each copy (the same work under another name: the same run alone)."""
     from musubi.store.rundir import env_record
 
     global MACHINE
     if MACHINE is None:
         MACHINE = machine_of(env_record())
-    record_run(db_path(out.parent / "fleet"), job, MACHINE, device, n, started, ended, alone_dir(job, out))
+    keys = set()  # an external command's copies are the same command: one history key, one record
+    for same in [job, *COPIES.get(job.name, [])]:
+        if (key := job_key(same, MACHINE, device)) not in keys:
+            keys.add(key)
+            record_run(db_path(out.parent / "fleet"), same, MACHINE, device, n, started, ended, alone_dir(job, out))
+
+
+#: --copies: each job's name -> its copies in the fleet file the fleet mode runs.
+COPIES: dict[str, list] = {}
+
+
+def with_copies(fleet: Path, copies: int) -> Path:
+    """A fleet file beside `fleet` holding each of its jobs `copies` times (copy c of a job named `x` is `x-c{c}`
+    from c = 2, and waits for copy c of the jobs it waits for): a fleet of more jobs than GPUs, as teams run
+    them (RGB and thermal variants of each model), from the measured jobs of `fleet`. The copies are the same
+    work, so their (a) and (b) are the originals' times (each measured once), and the originals' history is
+    recorded for them too (remember)."""
+    data = yaml.safe_load(fleet.read_text())
+    jobs = data["jobs"]
+
+    def named(name: str, c: int) -> str:
+        return name if c == 1 else f"{name}-c{c}"
+
+    data["jobs"] = [{**j, "name": named(j["name"], c),
+                     **({"after": [named(a, c) for a in j["after"]]} if j.get("after") else {})}
+                    for c in range(1, copies + 1) for j in jobs]
+    data["name"] = f"{data['name']}-x{copies}"
+    path = fleet.with_name(f".{fleet.stem}.x{copies}.yaml")
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    copied = {j.name: j for j in load_fleet(path).jobs}
+    COPIES.clear()
+    for j in jobs:
+        COPIES[j["name"]] = [copied[named(j["name"], c)] for c in range(2, copies + 1)]
+    return path
 
 
 def alone_dir(job, out: Path) -> Path:
@@ -437,12 +477,19 @@ def main() -> None:
     ap.add_argument("--small", action="store_true", help="share/pin cases at CPU rehearsal sizes")
     ap.add_argument("--a-parallel", action="store_true",
                     help="measure (a) as jobs alone on separate GPUs at once; (a) = the sum of their times")
+    ap.add_argument("--copies", type=int, default=1,
+                    help="the fleet modes run each job this many times (as NAME-cK): (a) and (b) measure each job "
+                    "once and count it that many times")
     ap.add_argument("--work", type=Path, default=None,
                     help="keep the runs and the store in WORK (not a new temporary folder) and each finished mode's "
                     "figures in WORK/modes.json: modes measured by earlier calls on this machine count, so a, fleet "
                     "and b can be measured in separate calls of a time-limited GPU machine")
     args = ap.parse_args()
+    if args.copies < 1:
+        raise SystemExit(f"--copies {args.copies}: give 1 or more")
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    # The fleet modes' file: the jobs `copies` times ((a) and (b) run the file's jobs once each).
+    fleet_file = with_copies(args.fleet, args.copies) if args.copies > 1 else args.fleet
     if args.device == "cuda":
         import torch
 
@@ -481,7 +528,7 @@ def main() -> None:
         if mode in ("fleet", "fleet-no-overlap", "fleet-unshared"):
             t0 = time.time()  # the clock of fleet.json's times: the fleet's overhead outside its jobs
             # fleet-unshared: the same fleet with machine.share_gpus off, for what sharing gained
-            result[mode] = run_fleet(args.fleet, tmp / mode, args.device, args.cpu_slots, mode != "fleet-no-overlap",
+            result[mode] = run_fleet(fleet_file, tmp / mode, args.device, args.cpu_slots, mode != "fleet-no-overlap",
                                      machine={"share_gpus": "off"} if mode == "fleet-unshared" else None)
             figures.setdefault("wall", {})[mode] = [t0, time.time()]
         elif mode == "a" and args.a_parallel:
@@ -513,11 +560,18 @@ def main() -> None:
             report["fleet_overhead"] = fleet_overhead(tmp / "fleet", *figures["wall"]["fleet"])
     if "fleet" in result and "fleet-unshared" in result:
         report["sharing_gain"] = round(result["fleet-unshared"] / result["fleet"], 3)
+    # (a) and (b) of a fleet of copies: each measured job counted once per copy (the same work).
+    k = args.copies
+    if k > 1:
+        report["copies"] = k
+        report["makespan_s_of_copies"] = {m: round(k * result[m], 1) for m in ("a", "b") if m in result}
     if "fleet" in result and "a" in result:
-        report["speedup_vs_a"] = round(result["a"] / result["fleet"], 2)
+        report["speedup_vs_a"] = round(k * result["a"] / result["fleet"], 2)
         report["target_vs_a"] = round(0.9 * n, 2)
     if "fleet" in result and "b" in result:
-        report["speedup_vs_b"] = round(result["b"] / result["fleet"], 2)
+        report["speedup_vs_b"] = round(k * result["b"] / result["fleet"], 2)
+    if fleet_file != args.fleet:
+        fleet_file.unlink(missing_ok=True)
     print(json.dumps(report), flush=True)
     if args.json:
         args.json.write_text(json.dumps(report, indent=1))
