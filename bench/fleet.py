@@ -34,6 +34,8 @@ copies are the same work, so (a) and (b) measure each job once and count it K ti
 "makespan_s_of_copies"; the speedups use them), and each measured run is the history of its copies too.
 Rehearsed on CPU (2 slots, a tiny task job and an external one, K = 2). bench/fleet_whatif.py --copies K predicts it
 from a GPU store first.
+Before the first mode every GPU gets an untimed warm-up (the imports of a job, a few seconds of matmuls;
+`--no-warm-up` skips it): on a freshly started machine the first (a) measured a cold machine (2026-11-27).
 `--small`: CPU rehearsal sizes (a few steps, small frames); on CPU slots no GPU is shared, so the share case
 only proves the plumbing there.
 
@@ -125,6 +127,28 @@ def run_fleet(fleet: Path, out: Path, device: str, slots: int | None, overlap: b
             copy.unlink(missing_ok=True)
 
 
+#: The warm-up each GPU gets before anything is timed: what a job imports, then bf16 matmuls for a few seconds.
+WARM_UP = ("import sys, time, torch, torchvision, onnxruntime, musubi.cli.app, musubi.tasks.detection\n"
+           "if sys.argv[2] == 'cuda':\n"
+           "    x = torch.randn(8192, 8192, device='cuda', dtype=torch.bfloat16); t = time.time()\n"
+           "    while time.time() - t < float(sys.argv[1]): x @ x\n"
+           "    torch.cuda.synchronize()")
+
+
+def warm_up(device: str, gpus: int = 1, seconds: float = 8.0) -> None:
+    """Untimed, before what is compared: one process per GPU (one on CPU) imports what a job imports and keeps its
+    GPU busy `seconds`, all at once. On a machine started minutes before (4x H200, 2026-11-27) the first (a)
+    ran with 35-54 s start-ups (the launcher's torch import 12 s, each rank's 8-9 s) against 11-17 s for the same
+    jobs in the fleet right after, and its training 4-20 % slower: a cold machine measured, not the jobs (on 2
+    CPU cores the second of two identical fleet runs was 1.46x faster without a warm-up)."""
+    t0 = time.perf_counter()
+    procs = [subprocess.Popen([sys.executable, "-c", WARM_UP, str(seconds), device], cwd=REPO,
+                              env={**os.environ, "CUDA_VISIBLE_DEVICES": str(g) if device == "cuda" else ""})
+             for g in range(gpus if device == "cuda" else 1)]
+    codes = [p.wait() for p in procs]
+    print(f"warm-up ({len(procs)} process(es)): {time.perf_counter() - t0:.1f} s, exit codes {codes}", flush=True)
+
+
 def shrink(data: dict) -> None:
     """CPU rehearsal sizes of a bench fleet: a few steps of small images (the plumbing, not the figures)."""
     d = data.setdefault("defaults", {})
@@ -159,21 +183,10 @@ def job_figures(run_dir: Path) -> dict[str, dict]:
     return out
 
 
-def warm_up(device: str) -> None:
-    """Import what every job imports and open each GPU once, so the first of two compared fleet runs does not
-    pay the cold page cache and driver start alone (on 2 CPU cores the second of two identical runs was
-    1.46x faster without it)."""
-    code = ("import torch, torchvision, musubi.cli, musubi.tasks.detection\n"
-            "[torch.zeros(1, device=f'cuda:{i}') for i in range(torch.cuda.device_count())]"
-            if device == "cuda" else "import torch, torchvision, musubi.cli, musubi.tasks.detection")
-    print(f"warm-up: {_run([sys.executable, '-c', code], dict(os.environ), REPO):.1f} s", flush=True)
-
-
 def case_share(fleet: Path, tmp: Path, device: str, slots: int | None, small: bool, svg: Path | None,
                devices: int) -> dict:
     """GPU sharing measured: the fleet with machine.share_gpus off, then auto (same store, so the second reads
-    the first's utilisation and peak memory)."""
-    warm_up(device)
+    the first's utilisation and peak memory; main's warm-up ran first)."""
     spans = {}
     for arm in ("off", "auto"):
         spans[arm] = run_fleet(fleet, tmp / f"share-{arm}", device, slots, machine={"share_gpus": arm},
@@ -218,7 +231,6 @@ def case_pin(fleet: Path, tmp: Path, device: str, slots: int | None, small: bool
     write_synthetic_coco(jpegs / "val", SyntheticFiles(images=4 if small else 16, width=w, height=h, seed=1,
                                                         min_object=8, max_object=40))
     print(f"wrote {images} JPEG frames {w}x{h} in {time.perf_counter() - t0:.1f} s", flush=True)
-    warm_up(device)
     spans, jobs = {}, {}
     for arm, pin in (("pinned", True), ("unpinned", False)):
         spans[arm] = run_fleet(fleet, tmp / f"pin-{arm}", device, slots, machine={"pin_cpus": pin},
@@ -477,6 +489,8 @@ def main() -> None:
     ap.add_argument("--small", action="store_true", help="share/pin cases at CPU rehearsal sizes")
     ap.add_argument("--a-parallel", action="store_true",
                     help="measure (a) as jobs alone on separate GPUs at once; (a) = the sum of their times")
+    ap.add_argument("--no-warm-up", action="store_true",
+                    help="skip the untimed warm-up (imports, and a GPU load on every GPU) before the first mode")
     ap.add_argument("--copies", type=int, default=1,
                     help="the fleet modes run each job this many times (as NAME-cK): (a) and (b) measure each job "
                     "once and count it that many times")
@@ -499,6 +513,8 @@ def main() -> None:
     # Absolute: an external job runs in its own folder with MUSUBI_JOB_DIR set from this path.
     tmp = (args.work or Path(tempfile.mkdtemp(prefix="fleet-bench-"))).resolve()
     tmp.mkdir(parents=True, exist_ok=True)
+    if not args.no_warm_up:
+        warm_up(args.device, n)
     # What is measured, as saved in WORK/modes.json after every job: earlier calls' figures count (--work).
     figures = {"makespan_s": {}, "job_s": {}, "a_measured": None, "wall": {}, **read_modes(tmp)}
     result: dict[str, float] = figures["makespan_s"]
