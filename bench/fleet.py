@@ -444,10 +444,12 @@ def fleet_overhead(run_dir: Path, started: float, ended: float) -> dict:
     ends = [h["ended"] for h in attempts if h.get("ended")]
     out = {"to_first_spawn_s": round(min(spawns) - started, 2) if spawns else None,
            "after_last_end_s": round(ended - max(ends), 2) if ends else None, "ship_s": rec.get("ship_s"),
-           "early_export": sorted(n for n, s in (rec.get("jobs") or {}).items() if s.get("early_export"))}
+           "early_export_asked": sorted(n for n, s in (rec.get("jobs") or {}).items() if s.get("early_export")),
+           "exported_early": rec.get("exported_early", [])}
     print(f"  fleet overhead: {out['to_first_spawn_s']} s to the first spawn, {out['after_last_end_s']} s after "
-          f"the last job (shipping {out['ship_s']} s; exported early: {', '.join(out['early_export']) or 'none'})",
-          flush=True)
+          f"the last job (shipping {out['ship_s']} s; early export asked of: "
+          f"{', '.join(out['early_export_asked']) or 'none'}; shipped from it: "
+          f"{', '.join(out['exported_early']) or 'none'})", flush=True)
     return out
 
 

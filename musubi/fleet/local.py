@@ -53,10 +53,11 @@ log = logging.getLogger("musubi.fleet")
 CONTEXT_GIB = 2.0
 
 #: Seconds another job must still be predicted to train for a job whose training just ended to export its model
-#: to ONNX in its evaluation step (the fleet's top-k are otherwise exported after the last job, ~16 s of a 267-s
-#: fleet on 4x H200). An export takes 5-15 s there (load, trace, ONNX Runtime parity): with this margin it ends
-#: while the other job still trains, off the critical path; nearer the end it could outlast the last job and
-#: lengthen the fleet for a model that may not rank in the top-k at all.
+#: to ONNX in its evaluation step (the fleet's top-k are otherwise exported after the last job). On 4x H200
+#: (2026-11-27) ship() exported and registered resnet18 in 2.7 s in all; a GPT-124M's export in the evaluation
+#: step (then with ONNX Runtime timing, since dropped) took 89 s. With this margin a CNN's export ends while the
+#: other job still trains, off the critical path; nearer the end it could outlast the last job and lengthen the
+#: fleet for a model that may not rank in the top-k at all.
 EARLY_EXPORT_MARGIN_S = 30.0
 
 
@@ -84,7 +85,8 @@ class JobState:
     predicted_s: float | None = None  # the duration model's seconds for the latest attempt on its GPUs
     estimate: str = ""  # where that prediction came from (history, probe, declared, fallback)
     precision: str = ""  # task jobs: the precision training ended in (after any numerical fallback)
-    early_export: str = ""  # task jobs: the job that still trained when this one exported in its evaluation
+    early_export: str = ""  # task jobs: the job still training when this one's evaluation was asked to export
+    # (it exports only if it ranks in the top-k so far: fleet.json's "exported_early" says which did)
     released: float | None = None  # GPUs back to the packer (training ended, with machine.overlap; else the end)
     startup: dict[str, float] = field(default_factory=dict)  # the latest attempt's start-up (store/startup.py)
     shared_with: list[str] = field(default_factory=list)  # jobs that shared its GPU during the latest attempt
@@ -369,11 +371,11 @@ class LocalFleet:
         export = export_request(self.spec.leaderboard) if early else False
         # A retry (or --resume) after a failed evaluation does not train again: its marker exists and only
         # the export decision is made again. Written atomically: the evaluation step reads it once it exists.
-        marker: Any = {"attempt": st.attempts, "time": time.time()}
+        marker = {"attempt": st.attempts, "time": time.time()}
         if trained.is_file():
-            with contextlib.suppress(OSError, ValueError):
-                marker = read_json(trained)
-        write_json(trained, {**(marker if isinstance(marker, dict) else {}), "export": export})
+            with contextlib.suppress(OSError, ValueError, TypeError):
+                marker = dict(read_json(trained))
+        write_json(trained, {**marker, "export": export})
         started, run.evaluator = run.evaluator, None
         # Started now, it finds the marker at once (and reads the export decision from it).
         run.proc = started if started is not None and started.poll() is None else self._eval_process(run, trained)

@@ -451,10 +451,11 @@ def _finish(spec: FleetSpec, run_dir: Path, console: Console) -> None:
         log.warning("leaderboard/export/registry: %s", e)
         console.print(f"leaderboard/export/registry: {e}", highlight=False, markup=False)
     seconds = round(time.perf_counter() - t0, 2)
-    # The fleet's end phase after its last job, in fleet.json (bench/fleet.py's overhead) and fleet.log.
+    # The fleet's end phase after its last job, in fleet.json (bench/fleet.py's overhead) and fleet.log, with
+    # the top-k whose early export ship() registered as it was.
     state = run_dir / RUN_FILES.fleet
     if state.is_file():
-        write_json(state, {**read_json(state), "ship_s": seconds})
+        write_json(state, {**read_json(state), "ship_s": seconds, "exported_early": early})
     with fleet_logging(run_dir, console):
         log.info("shipped in %.1f s%s", seconds, f" (export done early for: {', '.join(early)})" if early else "",
                  extra=SHOW)
