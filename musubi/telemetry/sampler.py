@@ -36,6 +36,13 @@ def throttle_names(mask: int) -> list[str]:
     return [name for bit, name in THROTTLE_BITS.items() if mask & bit and name != "gpu_idle"]
 
 
+#: One NVML caller at a time in this process. The fleet (and bench/fleet.py's parallel (a)) watch several external
+#: commands' GPUs from threads of one process; two threads starting their watch at the same moment (nvmlInit, GPM
+#: support query and first GPM sample) killed the process with a segmentation fault on 4x H200 (torch 2.11,
+#: nvidia-ml-py, 2026-11-27). A sample takes about a millisecond at 2 Hz, so serialising costs nothing.
+NVML_LOCK = threading.RLock()
+
+
 class NvmlDevice:
     """One GPU seen through NVML (located by UUID so CUDA_VISIBLE_DEVICES cannot mislead it)."""
 
@@ -43,7 +50,8 @@ class NvmlDevice:
         self.nvml, self.h, self.index = nvml, handle, index
         self._gpm_prev = None
         try:
-            self.gpm = bool(nvml.nvmlGpmQueryDeviceSupport(handle).isSupportedDevice)
+            with NVML_LOCK:
+                self.gpm = bool(nvml.nvmlGpmQueryDeviceSupport(handle).isSupportedDevice)
         except Exception:  # older driver or binding: no GPM
             self.gpm = False
 
@@ -56,6 +64,10 @@ class NvmlDevice:
 
     def read(self) -> dict[str, Any]:
         """One sample of this GPU."""
+        with NVML_LOCK:
+            return self._read()
+
+    def _read(self) -> dict[str, Any]:
         n, h = self.nvml, self.h
         out: dict[str, Any] = {"gpu_index": self.index}
         try:
@@ -124,6 +136,11 @@ def open_nvml_device(cuda_index: int | None) -> NvmlDevice | None:
     """NVML's view of CUDA device `cuda_index` (None: CPU run, or no NVML)."""
     if cuda_index is None:
         return None
+    with NVML_LOCK:
+        return _open_cuda_index(cuda_index)
+
+
+def _open_cuda_index(cuda_index: int) -> NvmlDevice | None:
     try:
         import pynvml
 
@@ -155,8 +172,9 @@ def open_nvml_index(index: int) -> NvmlDevice | None:
     try:
         import pynvml
 
-        pynvml.nvmlInit()
-        return NvmlDevice(pynvml, pynvml.nvmlDeviceGetHandleByIndex(index), index)
+        with NVML_LOCK:
+            pynvml.nvmlInit()
+            return NvmlDevice(pynvml, pynvml.nvmlDeviceGetHandleByIndex(index), index)
     except Exception as e:  # no driver, no binding, or an index NVML does not know
         log.info("NVML sees no GPU %s (%s): CPU figures only", index, e)
         return None
