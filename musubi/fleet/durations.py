@@ -30,7 +30,9 @@ The history also keeps what GPU sharing decides by (fleet/sharing.py): a job's m
 peak GPU memory, from its telemetry sampler (an external command's: the fleet's, fleet/gpu_watch.py),
 recorded only for a run on one GPU it held alone; the newest such
 run gives the estimate's `util` and `peak_gib` (None: never measured, so the job never shares). A run that
-shared its GPU is not recorded at all: its seconds are stretched by the other job.
+shared its GPU never counts as the job's duration (the other job stretched it): it is kept, marked SHARED, only
+for how many times slower the job ran while shared (record_shared_run), which the plan and the share policy
+then believe over their model (the estimate's `shared_slowdown`, the most of those measured).
 """
 
 from __future__ import annotations
@@ -44,10 +46,13 @@ from typing import Any
 from musubi.config.fleet import CommandJob, TaskJob
 from musubi.config.run_files import RUN_FILES
 from musubi.fleet.packer import Demand
+from musubi.fleet.sharing import measured_slowdown
 from musubi.records.evidence import gpu_peak_gib, gpu_utilisation, machine_key
 from musubi.store.db import baselines_of, cache_key, job_runs, store_job_run
 from musubi.store.rundir import read_jsonl
 
+#: The detail key marking a run that shared its GPU (its partners' names).
+SHARED = "shared_with"
 #: Start-up of one job, seconds: ~25 s measured per job on H200 (issue 19: import, torchrun, rendezvous, NCCL
 #: init, model build, cudnn autotuning); on CPU ranks the imports and the gloo group dominate.
 DEFAULT_STARTUP_S = {"cuda": 25.0, "cpu": 8.0}
@@ -72,6 +77,7 @@ class Estimate:
     comm: float
     util: float | None = None  # GPU utilisation alone on one GPU (0-1), from history; None: unmeasured
     peak_gib: float | None = None  # peak GPU memory alone on one GPU (GiB), from history
+    shared_slowdown: float | None = None  # the most it ran slower while sharing a GPU (history); None: never shared
 
     def at(self, width: int) -> float:
         """Predicted seconds on `width` GPUs."""
@@ -88,7 +94,7 @@ def demand_of(job: TaskJob | CommandJob, est: Estimate, widths: tuple[int, ...] 
     several = len(widths) > 1
     return Demand(name or job.name, gpus, job.priority, job.family, first=first, after=tuple(job.after),
                   widths=widths if several else (), seconds=tuple(est.at(w) for w in widths) if several
-                  else (est.at(gpus),), util=est.util, peak_gib=est.peak_gib)
+                  else (est.at(gpus),), util=est.util, peak_gib=est.peak_gib, shared_slowdown=est.shared_slowdown)
 
 
 def slowdown(width: int, comm: float) -> float:
@@ -152,7 +158,8 @@ def estimate(job: TaskJob | CommandJob, widths: tuple[int, ...], db: Path | None
     """The job's predicted seconds on each of `widths` (history, probe, declared, fallback: see above)."""
     startup, comm = DEFAULT_STARTUP_S.get(kind, 25.0), DEFAULT_COMM.get(kind, 0.05)
     shrinks = divides(job)
-    runs = job_runs(db, job_key(job, machine, kind)) if db is not None else []
+    recorded = job_runs(db, job_key(job, machine, kind)) if db is not None else []
+    runs = [r for r in recorded if not r["detail"].get(SHARED)]  # a shared run's seconds are not the job's own
     one_gpu: float | None = None
     source = "fallback"
     if runs:
@@ -178,7 +185,10 @@ def estimate(job: TaskJob | CommandJob, widths: tuple[int, ...], db: Path | None
         one_gpu = (FALLBACK_S.get(kind, 600.0) - startup) * (job.gpus if shrinks else 1) / slowdown(job.gpus, comm)
     seconds = tuple(round(seconds_on(w, one_gpu, startup, comm, shrinks), 3) for w in widths)
     util, peak = measured_alone(runs)
-    return Estimate(job.name, widths, seconds, source, round(startup, 3), round(comm, 4), util, peak)
+    slowed = [float(r["detail"]["shared_slowdown"]) for r in recorded
+              if r["detail"].get(SHARED) and isinstance(r["detail"].get("shared_slowdown"), (int, float))]
+    return Estimate(job.name, widths, seconds, source, round(startup, 3), round(comm, 4), util, peak,
+                    max(slowed) if slowed else None)
 
 
 def measured_alone(runs: list[dict[str, Any]]) -> tuple[float | None, float | None]:
@@ -206,6 +216,20 @@ def record_run(db: Path, job: TaskJob | CommandJob, machine: list[Any], kind: st
     if util and peak:  # what GPU sharing decides by (its GPU held alone: the caller records no shared run)
         detail.update(gpu_util=round(max(util.values()), 3), peak_gib=round(peak, 3))
     store_job_run(db, job_key(job, machine, kind), width, round(ended - started, 3), startup, detail)
+
+
+def record_shared_run(db: Path, job: TaskJob | CommandJob, machine: list[Any], kind: str, started: float,
+                      ended: float, alone_s: float, overlap_s: float, partners: list[str]) -> float | None:
+    """Keep what a clean run that shared its GPU for `overlap_s` seconds measured: how many times slower it ran
+    while shared against `alone_s` predicted alone (sharing.measured_slowdown); the row never counts as the job's
+    duration. The slowdown, or None when the overlap was too short to tell (nothing recorded)."""
+    slowed = measured_slowdown(ended - started, alone_s, overlap_s)
+    if slowed is None:
+        return None
+    store_job_run(db, job_key(job, machine, kind), 1, round(ended - started, 3), None,
+                  {SHARED: sorted(partners), "overlap_s": round(overlap_s, 3), "alone_s": round(alone_s, 3),
+                   "shared_slowdown": slowed, "recorded": time.time()})
+    return slowed
 
 
 def machine_of(env: dict[str, Any] | None) -> list[Any]:

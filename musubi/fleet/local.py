@@ -32,12 +32,12 @@ from musubi.config.errors import ConfigError
 from musubi.config.fleet import CommandJob, FleetSpec, LeaderboardSpec, TaskJob
 from musubi.config.run_files import RUN_FILES
 from musubi.fleet import jobs as J
-from musubi.fleet.durations import Estimate, demand_of, estimate, machine_of, record_run
+from musubi.fleet.durations import Estimate, demand_of, estimate, machine_of, record_run, record_shared_run
 from musubi.fleet.gpu_watch import stop_watching, watch_command
 from musubi.fleet.machine import SHOW, cpus_value, device_cores, fleet_topology
 from musubi.fleet.moldable import best_plan
 from musubi.fleet.packer import Demand, Packer, unplaceable
-from musubi.fleet.sharing import share_policy
+from musubi.fleet.sharing import overlap_s, share_policy
 from musubi.fleet.stop import FleetInterrupted, signals_flagged
 from musubi.launch.proctree import stop_trees
 from musubi.store.db import db_path
@@ -592,6 +592,7 @@ class LocalFleet:
         if st.attempts != 1 or st.restarts or st.interruptions or st.started is None or st.ended is None:
             return
         if st.shared_with:  # its seconds and utilisation mix with the other job's: not this job's alone
+            self._remember_shared(name, st)
             return
         try:
             # The GPUs' time: to the release (with machine.overlap the next job starts beside the evaluation).
@@ -599,6 +600,27 @@ class LocalFleet:
                        st.released or st.ended, self.run_dir / name)
         except Exception as e:  # noqa: BLE001 - an unwritable store only costs the next run's estimate
             log.warning("duration history of %s not recorded: %s", name, e)
+
+    def _remember_shared(self, name: str, st: JobState) -> None:
+        """A clean run that shared its GPU: how many times slower it ran while shared, against its duration alone
+        in the history (none known: nothing to compare, nothing kept). The plan believes it over the model."""
+        est = self.estimates[name]
+        if not est.source.startswith("history") or 1 not in est.widths or st.started is None:
+            return
+        end = st.released or st.ended or time.time()
+        partners = [self.states[p] for p in st.shared_with if p in self.states]
+        # A partner still running shared the GPU to this job's end.
+        overlap = overlap_s(st.started, end, [(o.started, o.released or o.ended or end) for o in partners
+                                              if o.started is not None])
+        try:
+            slowed = record_shared_run(self.db, self.jobs[name], self.machine, self.kind, st.started, end,
+                                       est.at(1), overlap, st.shared_with)
+        except Exception as e:  # noqa: BLE001 - an unwritable store only costs the next plan's figure
+            log.warning("shared run of %s not recorded: %s", name, e)
+            return
+        if slowed is not None:
+            log.info("%s ran %.2fx slower while sharing its GPU with %s (%.0f s of %.0f s shared); kept for the "
+                     "next plan", name, slowed, ", ".join(st.shared_with), overlap, end - st.started)
 
     def _say(self, text: str) -> None:
         if not self.console.is_terminal:

@@ -118,10 +118,13 @@ def advance(packer: Packer, clock: list[float], left: dict[str, float],
 
 
 def _slowdown(packer: Packer, name: str) -> float:
-    """How much slower `name` runs now: 1 + the utilisation of the other jobs on its GPUs (1 alone on them)."""
+    """How much slower `name` runs now: 1 + the utilisation of the other jobs on its GPUs (1 alone on them), or
+    what it measured while sharing before, when that is more."""
     gpus = set(packer.busy[name])
     others = [n for n, gs in packer.busy.items() if n != name and gpus & set(gs)]
-    return slowdown((packer.running[n].util or 0.0) if n in packer.running else 0.0 for n in others)
+    job = packer.running.get(name)
+    return slowdown(((packer.running[n].util or 0.0) if n in packer.running else 0.0 for n in others),
+                    job.shared_slowdown if job is not None else None)
 
 
 def makespan(bars: Sequence[Bar], remaining: Mapping[str, float] | None = None) -> float:

@@ -48,6 +48,7 @@ class Demand:
     seconds: tuple[float, ...] = ()  # predicted seconds on each of `allowed()`; () = unknown
     util: float | None = None  # recorded GPU utilisation alone on one GPU (0-1); None: unmeasured, never shares
     peak_gib: float | None = None  # recorded peak GPU memory alone on one GPU (GiB)
+    shared_slowdown: float | None = None  # measured: the most it ran slower sharing a GPU; None: never shared
 
     def allowed(self) -> tuple[int, ...]:
         """The GPU counts this job may run on."""
@@ -124,7 +125,8 @@ class Packer:
         for g, names in holders.items():
             host = self.running.get(names[0]) if len(names) == 1 else None
             if host is None or len(self.busy[host.name]) != 1 or \
-                    not self.share.fits(host.util, host.peak_gib, job.util, job.peak_gib):
+                    not self.share.fits(host.util, host.peak_gib, job.util, job.peak_gib,
+                                        (host.shared_slowdown, job.shared_slowdown)):
                 continue
             key = (host.util + job.util, g, host.name)  # type: ignore[operator]
             if best is None or key < best:

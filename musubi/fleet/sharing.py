@@ -26,6 +26,16 @@ utilisation) waits for a whole time slice each time, so beside a busy job it los
 hence SMALL_UTIL, which keeps sharing to jobs that both leave the GPU mostly idle. The model still ignores
 the host cores the two jobs share (their loaders, the GPU's cores when pinned): bench/fleet.py
 `--modes fleet-unshared` measures the same fleet without sharing, and that figure says whether sharing paid.
+
+Measured beats modelled. Two small external detectors (u 0.17 and 0.19, each keeping ~6.8 of its GPU's 16
+pinned cores busy) shared GPUs pairwise in a 12-job fleet on 4x H200 (2026-11-27): each ran 165-176 s against
+59-65 s alone, ~3x slower while shared (this model: 1.2x), while two GPUs idled: the fleet took 524 s where its
+unshared plan said 434 s. The cause was not traced (while shared each kept ~6.8 of the GPU's 16 pinned cores
+busy; their CPU use alone was not kept; oversubscribed intra-op threads and time slices of two launch-bound
+processes are both candidates). So a job that ran shared keeps what it measured: the fleet records such a run as its slowdown while
+shared (durations.record_shared_run), the plan simulates with the larger of the model and that figure, and a
+job measured at MAX_SHARED_SLOWDOWN or more never shares again (two jobs each that much slower finish no sooner
+than one after the other on the same GPU).
 """
 
 from __future__ import annotations
@@ -41,6 +51,9 @@ SMALL_UTIL = 0.5
 #: Memory kept free on a shared GPU beyond both jobs' recorded peaks (GiB), or this fraction of the GPU.
 HEADROOM_GIB = 2.0
 HEADROOM_FRACTION = 0.1
+#: A job measured this many times slower while sharing (or more) never shares again: two such jobs on one GPU
+#: end no earlier than one after the other.
+MAX_SHARED_SLOWDOWN = 2.0
 
 
 @dataclass(frozen=True)
@@ -56,9 +69,13 @@ class SharePolicy:
         """Memory left free on a shared GPU (GiB)."""
         return max(HEADROOM_GIB, HEADROOM_FRACTION * self.memory_gib)
 
-    def fits(self, a_util: float | None, a_peak: float | None, b_util: float | None, b_peak: float | None) -> bool:
-        """Whether two measured jobs may share one GPU (an unmeasured one never may)."""
+    def fits(self, a_util: float | None, a_peak: float | None, b_util: float | None, b_peak: float | None,
+             measured: Iterable[float | None] = ()) -> bool:
+        """Whether two measured jobs may share one GPU (an unmeasured one never may; nor one whose slowdown while
+        sharing was `measured` at MAX_SHARED_SLOWDOWN or more)."""
         if None in (a_util, a_peak, b_util, b_peak):
+            return False
+        if any(m is not None and m >= MAX_SHARED_SLOWDOWN for m in measured):
             return False
         return (max(a_util, b_util) <= self.small_util + 1e-9  # type: ignore[type-var]
                 and a_util + b_util <= self.util_limit + 1e-9  # type: ignore[operator]
@@ -71,10 +88,28 @@ class SharePolicy:
                 f"+{self.headroom_gib:.1f} <= {self.memory_gib:.1f} GiB")
 
 
-def slowdown(others: Iterable[float]) -> float:
+def slowdown(others: Iterable[float], measured: float | None = None) -> float:
     """How many times slower a job runs on a time-sliced GPU than alone, beside jobs at utilisations `others`:
-    1 + their sum (see the model above)."""
-    return 1.0 + sum(others)
+    1 + their sum (see the model above), or what it measured while shared when that is more."""
+    others = list(others)
+    model = 1.0 + sum(others)
+    return max(model, measured) if others and measured is not None else model
+
+
+def overlap_s(start: float, end: float, others: Iterable[tuple[float, float]]) -> float:
+    """Seconds of [start, end] that the intervals `others` (each partner's time on the GPU) cover, summed."""
+    return sum(max(0.0, min(end, b) - max(start, a)) for a, b in others)
+
+
+def measured_slowdown(seconds: float, alone_s: float, overlap_s: float) -> float | None:
+    """How many times slower a job ran during the `overlap_s` seconds it shared its GPU, from its run of `seconds`
+    against `alone_s` predicted alone: it lost (seconds - alone_s) in the overlap, so it progressed at
+    1 - lost/overlap of its speed there. None: too little overlap to tell; capped at 10 (it barely progressed)."""
+    if overlap_s < 1.0 or alone_s <= 0:
+        return None
+    lost = max(0.0, seconds - alone_s)
+    rate = 1.0 - lost / overlap_s
+    return round(1.0 / rate, 3) if rate > 0.1 else 10.0
 
 
 def share_policy(mode: str, kind: str, gpu_memory_gib: float | None) -> SharePolicy | None:

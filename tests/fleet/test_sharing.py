@@ -267,3 +267,62 @@ def test_an_external_command_is_measured_by_the_fleet_and_may_share(tmp_path: Pa
     done = subprocess.Popen([sys.executable, "-c", "pass"])
     done.wait(timeout=30)
     assert watch_command(tmp_path / "gone", done.pid + 10**6, [0], open_device=_FakeGpu) == []
+
+
+def test_measured_slowdown_from_a_shared_run() -> None:
+    """A job that lost L seconds while sharing its GPU for O seconds ran 1 / (1 - L/O) times slower there. The
+    4x H200 case (2026-11-27): an external detector took 175.7 s against 64.7 s alone, 164.9 s of it beside
+    another: ~3x (the utilisation model said 1.2x)."""
+    from musubi.fleet.sharing import measured_slowdown, overlap_s
+
+    assert measured_slowdown(175.7, 64.7, 164.9) == pytest.approx(3.06, abs=0.01)
+    assert measured_slowdown(100.0, 100.0, 50.0) == 1.0 and measured_slowdown(90.0, 100.0, 50.0) == 1.0
+    assert measured_slowdown(120.0, 100.0, 40.0) == 2.0  # lost half of the 40 s it shared
+    assert measured_slowdown(300.0, 100.0, 50.0) == 10.0  # barely progressed: capped
+    assert measured_slowdown(200.0, 100.0, 0.5) is None  # too little overlap to tell
+    assert overlap_s(333.7, 509.4, [(342.5, 507.4)]) == pytest.approx(164.9)
+    assert overlap_s(0.0, 100.0, [(-10.0, 20.0), (90.0, 200.0), (150.0, 160.0)]) == pytest.approx(30.0)
+    assert slowdown([0.19], measured=3.06) == 3.06 and slowdown([0.19], measured=1.1) == pytest.approx(1.19)
+    assert slowdown([], measured=3.06) == 1.0  # alone on its GPU: no slowdown, whatever it measured shared
+
+
+def test_a_job_measured_slow_while_shared_never_shares_again(tmp_path: Path) -> None:
+    """The shared run is kept apart: it never becomes the job's duration, its measured slowdown reaches the
+    estimate and the demand, the plan simulates with it, and at MAX_SHARED_SLOWDOWN or more the job never shares."""
+    from musubi.fleet.durations import demand_of, record_shared_run
+    from musubi.fleet.sharing import MAX_SHARED_SLOWDOWN
+
+    fleet = tmp_path / "f.yaml"
+    fleet.write_text("name: s\njobs:\n  - {name: e1, command: [x.py]}\n  - {name: e2, command: [y.py]}\n")
+    e1, e2 = load_fleet(fleet).jobs
+    db, machine = tmp_path / "musubi.db", ["host", "H200"]
+    for job in (e1, e2):
+        job_dir = tmp_path / "run" / job.name
+        (job_dir / "telemetry").mkdir(parents=True)
+        rows = [{"kind": "sample", "gpu_index": 0, "util": 17, "mem_used_gib": 2.2}] * 20
+        (job_dir / "telemetry" / "sampler-gpu0.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        record_run(db, job, machine, "cuda", 1, 0.0, 64.7, job_dir)
+    before = {j.name: estimate(j, (1,), db, machine, "cuda") for j in (e1, e2)}
+    assert before["e1"].shared_slowdown is None
+    queue = [demand_of(e1, before["e1"]), demand_of(e2, before["e2"]),
+             demand_of(e1, before["e1"], name="e1-c2"), demand_of(e2, before["e2"], name="e2-c2")]
+    assert best_plan([0, 1], queue, share=POLICY).share  # the model (1.17x) says sharing pays
+    assert record_shared_run(db, e1, machine, "cuda", 333.7, 509.4, 64.7, 164.9, ["e2"]) == pytest.approx(3.06,
+                                                                                                        abs=0.01)
+    assert record_shared_run(db, e2, machine, "cuda", 0.0, 70.0, 64.7, 0.4, ["e1"]) is None  # nothing kept
+    after = {j.name: estimate(j, (1,), db, machine, "cuda") for j in (e1, e2)}
+    assert after["e1"].seconds == before["e1"].seconds and after["e1"].source == "history (1 run)"
+    assert after["e1"].shared_slowdown >= MAX_SHARED_SLOWDOWN and after["e2"].shared_slowdown is None
+    d1 = demand_of(e1, after["e1"])
+    assert d1.shared_slowdown == after["e1"].shared_slowdown
+    assert not POLICY.fits(d1.util, d1.peak_gib, 0.1, 1.0, (d1.shared_slowdown, None))
+    queue = [d1, demand_of(e2, after["e2"]), demand_of(e1, after["e1"], name="e1-c2"),
+             demand_of(e2, after["e2"], name="e2-c2")]
+    p = Packer([0], list(queue), share=POLICY, keep_order=True)
+    p.place()
+    assert list(p.busy) == ["e1"] and p.place() == []  # e2 may not join e1, measured 3x slower shared
+    # A job measured only a little slower shared still shares, and the plan uses its measured figure.
+    mild = [small("m1", 100.0, 0.2, 2.0, shared_slowdown=1.5), small("m2", 100.0, 0.2, 2.0)]
+    bars = simulate([0], mild, {"m1": 1, "m2": 1}, share=POLICY)
+    # m2 at the model's 1.2x ends at 120 s; m1, 1.5x slower until then (80 s of its work), ends alone at 140 s.
+    assert {b.name: round(b.end, 6) for b in bars} == {"m2": 120.0, "m1": 140.0}
