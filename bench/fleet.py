@@ -445,7 +445,10 @@ def fleet_overhead(run_dir: Path, started: float, ended: float) -> dict:
     out = {"to_first_spawn_s": round(min(spawns) - started, 2) if spawns else None,
            "after_last_end_s": round(ended - max(ends), 2) if ends else None, "ship_s": rec.get("ship_s"),
            "early_export_asked": sorted(n for n, s in (rec.get("jobs") or {}).items() if s.get("early_export")),
-           "exported_early": rec.get("exported_early", [])}
+           "exported_early": rec.get("exported_early", []), "startup": rec.get("startup") or {}}
+    if out["startup"]:
+        print("  fleet start-up before its first job: " + ", ".join(f"{k} {v:.2f} s" for k, v in
+                                                                    out["startup"].items()), flush=True)
     print(f"  fleet overhead: {out['to_first_spawn_s']} s to the first spawn, {out['after_last_end_s']} s after "
           f"the last job (shipping {out['ship_s']} s; early export asked of: "
           f"{', '.join(out['early_export_asked']) or 'none'}; shipped from it: "

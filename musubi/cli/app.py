@@ -145,11 +145,13 @@ def run(
                                        "compare the makespans."),
 ) -> None:
     """Train a whole fleet: pack jobs onto the GPUs, retry failures, then rank, export and register."""
+    entered = time.time()  # Python started and the CLI imported: the fleet's first start-up part ends here
     from musubi.fleet.run import FleetRequest, plan_fleet, run_fleet
     from musubi.fleet.stop import FleetInterrupted
 
     req = FleetRequest(fleet_path=fleet, out=out, resume=resume, executor=executor, cpu_slots=cpu_slots,
-                       check=not no_check, device=device, dry_run=dry_run, gpus=gpus, replay=replay)
+                       check=not no_check, device=device, dry_run=dry_run, gpus=gpus, replay=replay,
+                       marks={"entered": entered})
     if replay is not None and not dry_run:
         _fail("--replay RUN_DIR simulates a recorded run: it goes with --dry-run", 2)
     if gpus is not None and not dry_run:

@@ -220,6 +220,7 @@ class LocalFleet:
         self.packer.done = {n for n, st in self.states.items() if st.state == "done"}
         self.running: dict[str, _Running] = {}
         self.predicted: dict[str, Any] | None = None  # the first plan: predicted makespan and timeline
+        self.startup: dict[str, float] = {}  # the fleet's own start-up before this (run.startup_parts)
         # CPU threads per rank: the machine's cores shared by every device's rank.
         self.threads = max(1, (os.cpu_count() or 1) // max(1, len(devices)))
         # Each device's own cores: a job's ranks are pinned to the cores of its GPUs (never another job's).
@@ -242,6 +243,8 @@ class LocalFleet:
         record: dict[str, Any] = {"fleet": self.spec.name, "jobs": {n: vars(s) for n, s in self.states.items()}}
         if self.predicted is not None:
             record["plan"] = self.predicted
+        if self.startup:
+            record["startup"] = self.startup
         write_json(self.state_path, record)
 
     # -- starting --------------------------------------------------------------

@@ -14,7 +14,7 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from rich.console import Console
@@ -50,6 +50,45 @@ class FleetRequest:
     replay: Path | None = None  # --dry-run --replay RUN: simulate RUN/fleet.json's measured attempts
     #: What started the fleet (`musubi data watch`: {"data_dir", "version"}), recorded in env.json.
     trigger: dict[str, str] | None = None
+    #: The fleet's own start-up, wall-clock marks in the order passed (FLEET_STARTUP): fleet.json and fleet.log.
+    marks: dict[str, float] = field(default_factory=dict)
+
+
+#: The fleet's own start-up before its first job: (component, the mark that ends it). `process` is the
+#: interpreter's start (psutil), `entered` the CLI command's first line, `imported` the fleet's modules (torch
+#: among them), `checked` every job's checks (validate_fleet), `machine` GPUs, topology and refusals,
+#: `recorded` run.json and env.json, `planned` the local executor built (durations from the history); the first
+#: plan and the first job's spawn follow (fleet.json's attempt history). On 4x H200 (2026-11-27) all of it took 8.8 s for 12 jobs, unexplained
+#: until these marks.
+FLEET_STARTUP: tuple[tuple[str, str], ...] = (
+    ("python + CLI import", "entered"),
+    ("fleet imports (torch)", "imported"),
+    ("job checks", "checked"),
+    ("GPUs, topology, refusals", "machine"),
+    ("run records", "recorded"),
+    ("estimates (history)", "planned"),
+)
+
+
+def startup_parts(marks: dict[str, float]) -> dict[str, float]:
+    """Seconds of each FLEET_STARTUP component whose marks are present (from `process`, the previous present
+    mark), and "in all"."""
+    out: dict[str, float] = {}
+    last = marks.get("process")
+    for name, mark in FLEET_STARTUP:
+        t = marks.get(mark)
+        if t is None:
+            continue
+        if last is not None:
+            out[name] = round(max(0.0, t - last), 3)
+        last = t
+    if "process" in marks and last is not None:
+        out["in all"] = round(last - marks["process"], 3)
+    return out
+
+
+def _mark(req: FleetRequest, name: str) -> None:
+    req.marks.setdefault(name, time.time())
 
 
 def validate_fleet(spec: FleetSpec, base: Path) -> None:
@@ -91,6 +130,13 @@ def run_fleet(req: FleetRequest, console: Console | None = None) -> tuple[Path, 
     console = console or Console()
     from musubi.fleet.slurm import recorded_executor
 
+    _mark(req, "imported")
+    try:
+        import psutil
+
+        req.marks.setdefault("process", psutil.Process().create_time())
+    except Exception:  # noqa: BLE001 - only the start-up figure is lost
+        pass
     earlier = recorded_executor(req.out) if req.resume and req.out is not None else None
     executor = req.executor or earlier or "local"
     if executor not in ("local", "slurm"):
@@ -100,6 +146,7 @@ def run_fleet(req: FleetRequest, console: Console | None = None) -> tuple[Path, 
     spec = load_fleet(req.fleet_path)
     base = req.fleet_path.resolve().parent
     validate_fleet(spec, base)
+    _mark(req, "checked")
     if executor == "slurm":
         from musubi.fleet.slurm import check_slurm, cluster_kind
 
@@ -119,6 +166,7 @@ def run_fleet(req: FleetRequest, console: Console | None = None) -> tuple[Path, 
     problems = refusals(spec, devices, kind) if executor == "local" else []
     if problems:  # before the preflight and before any file is written
         raise ConfigError(problems[0])
+    _mark(req, "machine")
     if req.resume:
         if req.out is None or not (req.out / RUN_FILES.fleet).is_file():
             raise ConfigError("--resume: give --out RUN_DIR of an earlier `musubi run` (it holds fleet.json)")
@@ -219,6 +267,7 @@ def _run_locked(req: FleetRequest, spec: FleetSpec, base: Path, executor: str, d
     if req.trigger:
         env["trigger"] = req.trigger
     write_json(run_dir / RUN_FILES.env, env)
+    _mark(req, "recorded")
     if executor == "slurm":
         from musubi.fleet.slurm import SlurmFleet
 
@@ -237,6 +286,10 @@ def _run_locked(req: FleetRequest, spec: FleetSpec, base: Path, executor: str, d
             measure_baselines(spec, run_dir, devices, kind, read_json(run_dir / RUN_FILES.env), console)
         fleet = LocalFleet(spec, run_dir, base, devices, kind, req.resume, console,
                            gpu_memory=gpu_memory_gib(devices) if kind == "cuda" else None)
+        _mark(req, "planned")
+        fleet.startup = startup_parts(req.marks)
+        log.info("fleet start-up: %s s in all (%s)", fleet.startup.get("in all", "?"),
+                 ", ".join(f"{k} {v:.1f}" for k, v in fleet.startup.items() if k != "in all"))
         topo = fleet.packer.topology
         if topo is None:
             log.info("placement without a topology: the lowest free %s", "GPUs" if kind == "cuda" else "CPU slots",

@@ -185,6 +185,10 @@ def test_fleet_exports_early_and_ships_without_a_second_export(tmp_path: Path,
     r18 = rec["jobs"]["r18"]
     assert r18["early_export"] == "ext" and r18["history"][-1]["early_export"], r18
     assert rec["jobs"]["ext"]["early_export"] == "" and isinstance(rec["ship_s"], float)
+    # The fleet's own start-up before its first job, by component (here in pytest's process: its "python" is long).
+    parts = rec["startup"]
+    assert list(parts)[1:] == ["fleet imports (torch)", "job checks", "GPUs, topology, refusals", "run records",
+                               "estimates (history)", "in all"] and all(v >= 0 for v in parts.values()), parts
     assert rec["exported_early"] == ["r18"], rec["exported_early"]
     asked = json.loads((out / "r18" / "logs" / "trained.json").read_text())["export"]
     assert asked == {"top": 1, "weights": [0.7, 0.3], "fps_target": None, "quality_floor": 0.5}, asked

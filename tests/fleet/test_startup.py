@@ -138,3 +138,15 @@ def test_a_fleet_members_launcher_imports_no_torch(tmp_path: Path) -> None:
 
     assert not imports_torch(True, "cuda")  # placed by the fleet: no GPU count, no torch, on this CPU machine too
     assert imports_torch(False, "cpu")  # alone: the task's checks build the model (torch)
+
+
+def test_the_fleets_own_start_up_in_parts() -> None:
+    """`musubi run` marks its start-up (fleet/run.py FLEET_STARTUP): each part runs from the previous mark
+    present (from the interpreter's start), and "in all" to the last."""
+    from musubi.fleet.run import startup_parts
+
+    marks = {"process": 100.0, "entered": 100.8, "imported": 103.0, "checked": 104.5, "recorded": 104.7,
+             "planned": 104.75}
+    assert startup_parts(marks) == {"python + CLI import": 0.8, "fleet imports (torch)": 2.2, "job checks": 1.5,
+                                    "run records": 0.2, "estimates (history)": 0.05, "in all": 4.75}
+    assert startup_parts({"entered": 1.0, "imported": 2.0}) == {"fleet imports (torch)": 1.0}  # no process start
