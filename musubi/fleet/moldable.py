@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from musubi.fleet.packer import Demand, Packer, order
-from musubi.fleet.sharing import SharePolicy, slowdown
+from musubi.fleet.sharing import SHARE_MARGIN, SharePolicy, slowdown
 
 #: Above this many queued jobs only the declared and longest-first candidates are simulated (each widening
 #: round simulates the whole queue again).
@@ -152,13 +152,13 @@ def best_plan(gpus: Sequence[int], queue: Sequence[Demand], busy: Mapping[str, S
               previous: Plan | None = None, share: SharePolicy | None = None,
               running: Mapping[str, Demand] | None = None) -> Plan:
     """The candidate plan with the shortest predicted makespan (ties: the previous plan, then as declared;
-    then without sharing: GPUs are shared only when that predicts a shorter fleet)."""
+    then without sharing: GPUs are shared only when that predicts a fleet shorter by SHARE_MARGIN or more)."""
     sharable = share is not None and any(d.util is not None and 1 in d.allowed() for d in queue)
     plain = _best_plan(gpus, queue, busy, remaining, set(done), previous, None, running)
     if not sharable:
         return plain
     shared = _best_plan(gpus, queue, busy, remaining, set(done), previous, share, running)
-    if shared.makespan < plain.makespan - 1e-6:
+    if shared.makespan < (1.0 - SHARE_MARGIN) * plain.makespan - 1e-6:
         shared.share, shared.unshared = True, plain.makespan
         return shared
     return plain
