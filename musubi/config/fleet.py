@@ -202,11 +202,12 @@ class MachineSpec(StrictModel):
         "Unset: on with GPUs, off on CPU slots (there the start-up and the evaluation take cores from the "
         "training beside them: on 2 idle cores, 2026-11-26, the demo fleet took 6 min 11 s with it, 5 min 30 s without; see BENCHMARKS.md).")
     share_gpus: Literal["auto", "off"] = Field(
-        "off", description="Local executor on GPUs (opt-in until its gain is measured on a GPU: "
-        "bench/fleet.py --modes share). auto: two single-GPU jobs may share one GPU when an earlier "
-        "run of each alone on this machine recorded a GPU utilisation summing to <= 0.9 and peak memories that fit "
-        "with headroom, no GPU is free, and the plan predicts a shorter fleet with it (unmeasured jobs never "
-        "share; see docs/guides/fleets.md, Two jobs on one GPU). off (or false): a job's GPUs are its own.")
+        "off", description="Local executor on GPUs (opt-in: on 4x H200 every fleet that shared ran slower, "
+        "2026-11-27, BENCHMARKS.md). auto: two single-GPU jobs may share one GPU when an earlier "
+        "run of each alone on this machine recorded utilisations of <= 0.5 each and <= 0.9 together and peak "
+        "memories that fit with headroom, no GPU is free, neither was measured 2x slower or more while sharing, "
+        "and the plan predicts a fleet at least 10 % shorter with it (unmeasured jobs never share; see "
+        "docs/guides/fleets.md, Two jobs on one GPU). off (or false): a job's GPUs are its own.")
 
 
     @field_validator("share_gpus", mode="before")
