@@ -16,7 +16,27 @@ equal shares of the machine's cores (MUSUBI_CPUS, as Musubi pins ranks); every c
 - p2p_off          - NCCL_P2P_DISABLE=1 for the job (NCCL falls back to SHM through host memory) on a GPT
                      made to be communication bound (COMM_GPT): expect `communication bound`.
                      `healthy_comm` (opt-in): the same job with P2P on.
-- healthy_fcos     - (opt-in) fcos_resnet50_fpn bs16; expect healthy.
+- healthy_fcos     - (opt-in) fcos_resnet50_fpn bs16 (examples/fcos-bench.yaml); expect healthy.
+- ckpt_sync        - (opt-in) CKPT_GPT with AdamW, a checkpoint every CKPT_EVERY steps, `async_mode: off`: the
+                     step waits for the whole write and commit; expect `periodic checkpoint stall`.
+- ckpt_async       - (opt-in) the same job, `async_mode: auto` (DCP's checkpoint process on GPUs, a writer
+                     thread on CPU): the step waits only for the copy to host memory; expect healthy (the
+                     table beside the verdicts gives each segment's checkpoint share and the saves' blocked
+                     and durable seconds from metrics.jsonl). Both train one warm segment first, judged and
+                     kept (`warm`) but not counted: the first asynchronous save starts the checkpoint process
+                     and the next waits for it (the CPU rehearsal's warm segment says checkpoint stall, the
+                     others healthy).
+
+The checkpoint cases on paper (CKPT_GPT: 4 layers x hidden 768, vocab 8192, seq 256, batch 384 = 98 k tokens a
+rank): 4 x 12 x 768^2 = 28 M + 6 M embedding = 34 M parameters, 12 bytes each with AdamW = 0.41 GB saved per
+rank. bench/checkpoint.py measured 3.05-3.85 s for a synchronous save of 1.918 GB per rank on 4 GPUs (H200,
+H100, 2026-11-26), 1.6-2.0 s/GB: ~0.7-0.8 s here, and an asynchronous one durable after about as long and
+blocking ~2.6 % of it. A step: 6 x 34 M x 98 k = 20 TFLOP a rank, 80-200 ms at 100-250 TFLOP/s; 12 steps
+between saves are 1.0-2.4 s. Synchronous: 0.75 s of every 1.7-3.2 s, a checkpoint share of 0.25-0.45
+(the label's bar CHECKPOINT_SHARE is 0.05). Asynchronous: the next save comes after the last is durable
+(1.0-2.4 s > ~0.8 s; were it not, the wait is blocked time and the share shows it), ~0.02-0.04 s blocked
+of 1.0-2.4 s, a share of ~0.01-0.04. Not the 1-2 B parameter model of a real stall (16-32 GB a rank, tens of
+seconds a save): ten verdicts of such a job would not fit one call.
 
 p2p_off on paper (COMM_GPT: 4 layers x hidden 1536, vocab 32768 tied, seq 256, batch 8 = 2048 tokens a rank):
 parameters 4 x 12 x 1536^2 = 113 M in the blocks + 50 M embedding/head = 164 M, so 0.66 GB of fp32
@@ -34,10 +54,17 @@ detector per segment; segment 0 also has the live flag), so 10 verdicts per case
 Per verdict: label, culprit rank and section, evidence (per-rank section means, NVML util / SM activity,
 loader and host CPU, how busy the culprit's cores are, the other processes NVML sees on its GPU), steps
 to flag, false alarms (a detector flag or a live flag on a rank that is not the culprit; a rank held back
-as host lag is neither), and host-lag notes; per job: where the wall time went (`time`). Overhead
-(`--part overhead`): resnet50-bench bs256, `musubi train` with telemetry on, off, and `plain_ddp.py ...
-wall` (the fair reference), interleaved, samples/s over steps 20-100 (musubi, from metrics.jsonl) and 80
-timed steps after 15 (plain).
+as host lag is neither), and host-lag notes; per job: where the wall time went (`time`).
+
+Overhead (`--part overhead`): per model of `--models` (resnet50: examples/resnet50-bench.yaml bs256; fcos:
+examples/fcos-bench.yaml bs16, the per-GPU batch read from the job file and given to plain_ddp.py) and GPU
+count of `--nprocs`: `musubi train` with telemetry on, off, and `plain_ddp.py MODEL BATCH STEPS wall` (the
+fair reference), interleaved (the modes rotate each repeat), samples/s over log steps 20-100 for resnet50,
+20-60 for fcos (musubi, from metrics.jsonl) and 80 / 40 timed steps after 15 (plain). The most GPUs run
+first, then each repeat of every model; a (model, nproc, repeat) group of runs is begun only when the whole
+group fits before --deadline-s (OvhModel.est_s, then the runs' measured times), and after the first group
+left out the rest are too. Per (model, nproc) the summary gives musubi_on_vs_plain_wall and
+telemetry_overhead_pct. `--plan` prints the runs, what the deadline holds and the expected seconds.
 
 GPU (4 GPUs), from the repo root: 10 verdicts of 30 steps per case, cases in the order healthy, p2p_off,
 gpu_hog, cpu_hog; on 4x H200 (2026-11-26, 7b6de92) the first three took 52 + 43 + 72 s (steps 55 / 46 / 124
@@ -48,10 +75,25 @@ when the budget still holds the longest case's time. The JSON is rewritten after
     NCCL_NVLS_ENABLE=0 python3 bench/watchtower.py --part scenarios --nproc 4 --runs 1 --segments 10 \
         --steps 30 --budget-s 250 --deadline-s 265 --json $OUT/watchtower.json
 
-CPU rehearsal (2 gloo ranks, resnet18 at 16 px and a tiny GPT; the GPU hog becomes a CPU matmul hog on
-rank 1's core, plain DDP is skipped):
+Next call for issue 21 (4 GPUs, <= 540 s; the repo root, `.ref` a copy of ../shared/reference/): the overhead
+of resnet50 and fcos on 4 GPUs, 2 interleaved repeats (12 runs, 324 s expected: 23 s a resnet50 run as
+measured, 31 s an fcos run predicted); then the checkpoint cases, 11 x 25 steps each (ckpt_sync 90 s,
+ckpt_async 72 s predicted), and healthy_fcos (10 x 25 steps, 64 s predicted) only if the time left holds it.
+Predicted 324 + 162 (+ 64) s; the deadlines stop it at 330 + 210 = 540 s (`;`: the scenarios run whatever
+the overhead part returned). The 1- and 2-GPU overhead runs do
+not fit (`--plan` says 2 x 324 s more): run `--nprocs 2,1` in a later call of ~330 s.
+
+    python3 bench/watchtower.py --part overhead --models resnet50,fcos --nprocs 4 --repeat 2 --ref .ref \
+        --deadline-s 330 --json $OUT/overhead.json; \
+    python3 bench/watchtower.py --part scenarios --nproc 4 --cases ckpt_sync,ckpt_async,healthy_fcos --runs 1 \
+        --segments 10 --steps 25 --budget-s 200 --deadline-s 210 --json $OUT/scenarios.json
+
+CPU rehearsal (2 gloo ranks, resnet18 at 16 px, fcos at 64 px, tiny GPTs; the GPU hog becomes a CPU matmul hog
+on rank 1's core, plain DDP is skipped):
 
     python bench/watchtower.py --cpu --part scenarios --runs 1 --segments 2 --steps 30 --json /tmp/watchtower-cpu.json
+    python bench/watchtower.py --cpu --part scenarios --cases ckpt_sync,ckpt_async --runs 1 --segments 2 --steps 25
+    python bench/watchtower.py --cpu --part overhead --models resnet50,fcos --nprocs 2 --repeat 1
 
 Tables are printed at the end.
 """
@@ -97,6 +139,21 @@ COMM_GPT = {"model_args": {"layers": 4, "hidden": 1536, "heads": 12},
 #: (the loader, sized for 2.5x, falls below what the GPU eats) and its launching thread enough not to
 #: become the bottleneck first (4 made the CPU rehearsal's rank 1 too slow to finish at all).
 CPU_HOG_PER_CORE = 2
+#: The checkpoint cases' GPT (the docstring works out its save and step): AdamW, DDP, a save every CKPT_EVERY
+#: steps, so a 25- or 30-step segment holds two saves (the label needs two).
+CKPT_GPT = {"model_args": {"layers": 4, "hidden": 768, "heads": 12},
+            "synthetic": {"seq_len": 256, "vocab": 8192}, "batch": 384}
+CKPT_GPT_CPU = {"model_args": {"layers": 2, "hidden": 256, "heads": 4},
+                "synthetic": {"seq_len": 32, "vocab": 4096}, "batch": 4}
+CKPT_EVERY = 12
+#: Seconds a case takes on 4x H200 for 10 segments of 30 steps (the scenario budget's prior, until the case
+#: has run): measured healthy 52, p2p_off 43, gpu_hog 72 (2026-11-26, 7b6de92), cpu_hog 82 (2026-11-27,
+#: d18e166); healthy_fcos ~30 s start-up + 300 x 138 ms; the ckpt cases ~30 s start-up + 330 steps x ~150 ms
+#: (+ 27 synchronous saves x ~0.8 s): predictions, not measured. Scaled by the steps asked (start-up kept).
+CASE_EST_S = {"healthy": 52.0, "p2p_off": 43.0, "gpu_hog": 72.0, "gpu_hog_light": 72.0, "cpu_hog": 82.0,
+              "healthy_cpu_data": 82.0, "healthy_comm": 43.0, "healthy_fcos": 71.0, "ckpt_sync": 102.0,
+              "ckpt_async": 80.0}
+CASE_STARTUP_S = 30.0
 OVH_WARMUP, OVH_STOP = 20, 100  # overhead: musubi's timed window (log records at both ends)
 PLAIN_STEPS = 80  # plain_ddp.py times 80 steps after its own 15 warm-up steps
 
@@ -111,6 +168,10 @@ class Case:
     expect: str  # the label
     rank: int | None = None  # the culprit
     sections: tuple[str, ...] = ()  # sections accepted as the culprit's
+    sets: tuple[str, ...] = ()  # the case's own overrides (after the job's)
+    #: leading segments trained but not counted (a first asynchronous save starts DCP's checkpoint process,
+    #: and the second save waits for that first one: not the steady state the case is about)
+    warm_segments: int = 0
 
 
 CASES = {c.name: c for c in (
@@ -122,6 +183,10 @@ CASES = {c.name: c for c in (
     Case("p2p_off", "comm", "p2p_off", "communication bound"),
     Case("healthy_comm", "comm", "", "healthy compute bound"),  # p2p_off's control: same batch, P2P on
     Case("healthy_fcos", "fcos", "", "healthy compute bound"),
+    Case("ckpt_sync", "ckpt", "", "periodic checkpoint stall", warm_segments=1,
+         sets=("checkpoint.enabled=true", f"checkpoint.every_steps={CKPT_EVERY}", "checkpoint.async_mode=off")),
+    Case("ckpt_async", "ckpt", "", "healthy compute bound", warm_segments=1,
+         sets=("checkpoint.enabled=true", f"checkpoint.every_steps={CKPT_EVERY}", "checkpoint.async_mode=auto")),
 )}
 DEFAULT_CASES = "healthy,p2p_off,gpu_hog,cpu_hog"  # the two unproven first: a short call keeps them
 
@@ -256,6 +321,9 @@ def judge(case: Case, job_dir: Path, first: int | None = None, last: int | None 
     others = "".join(p.read_text(encoding="utf-8", errors="replace") for p in (job_dir / "logs").glob("rank*.log")
                      if p.name != "rank0.log")
     bd = a.get("breakdown") or {}
+    ckpt = (a.get("figures") or {}).get("checkpoint") or {}
+    if ckpt.get("share") is not None:
+        ckpt = {**ckpt, "share": round(ckpt["share"], 4)}
     row: dict[str, Any] = {
         "case": case.name, "cause": case.cause, "label": a.get("label"), "expect": case.expect,
         "evidence": a.get("evidence"), "step_ms": a.get("step_ms_median"), "steps": a.get("steps"),
@@ -269,6 +337,7 @@ def judge(case: Case, job_dir: Path, first: int | None = None, last: int | None 
         # ranks behind only on their (quiet) host: named by the diagnosis, held back by the live watch
         "host_lag": sorted(int(x["rank"]) for x in strag.get("host_lag", [])),
         "live_host_lag": sorted({int(f["rank"]) for f in tele.flags if f.get("kind") == "host_lag"}),
+        "checkpoint": {k: ckpt.get(k) for k in ("count", "mean_ms", "every_steps", "share")} if ckpt else None,
         "straggler_now_lines": len(re.findall(r"straggler now", text)),
         "watch_lines_off_rank0": len(re.findall(r"straggler: rank|straggler now", others)),
     }
@@ -332,25 +401,27 @@ def timeline(job_dir: Path, wall: float) -> dict[str, float | None]:
 
 
 # -- scenario runs -------------------------------------------------------------------------------
-def gpt_job(work: Path, cpu: bool) -> Path:
-    """The p2p_off / healthy_comm job file: COMM_GPT on the GPU (a tiny one on CPU), tokens made on the device."""
+def gpt_job(work: Path, name: str, shape: dict[str, Any], cpu: bool, optimizer: str = "sgd") -> Path:
+    """A GPT job file of `shape` (COMM_GPT, CKPT_GPT, ...), tokens made on the device."""
     import yaml
 
-    shape = COMM_GPT if not cpu else {"model_args": {"layers": 2, "hidden": 64, "heads": 4},
-                                      "synthetic": {"seq_len": 32, "vocab": 512}, "batch": 4}
-    spec = {"name": "comm", "task": "lm", "model": "gpt", "model_args": shape["model_args"],
+    spec = {"name": name, "task": "lm", "model": "gpt", "model_args": shape["model_args"],
             "data": {"synthetic": {"train_size": 1_000_000, "val_size": 0, "on_device": True, **shape["synthetic"]}},
             "train": {"epochs": 1, "batch": shape["batch"], "lr": 1e-4, "base_batch": shape["batch"],
-                      "precision": "fp32" if cpu else "bf16", "log_every": 10},
+                      "optimizer": optimizer, "precision": "fp32" if cpu else "bf16", "log_every": 10},
             "checkpoint": {"enabled": False}}
-    p = work / "comm.yaml"
+    p = work / f"{name}.yaml"
     p.write_text(yaml.safe_dump(spec), encoding="utf-8")
     return p
 
 
 def jobs(cpu: bool, work: Path) -> dict[str, tuple[Path, tuple[str, ...]]]:
     """Job file and overrides of each job kind."""
-    comm = gpt_job(work, cpu)
+    comm = gpt_job(work, "comm", COMM_GPT if not cpu else {"model_args": {"layers": 2, "hidden": 64, "heads": 4},
+                                                            "synthetic": {"seq_len": 32, "vocab": 512}, "batch": 4},
+                   cpu)
+    # AdamW: two moments a parameter, so the saved state is 12 bytes a parameter (fp32 weights + moments)
+    ckpt = gpt_job(work, "ckpt", CKPT_GPT_CPU if cpu else CKPT_GPT, cpu, optimizer="adamw")
     if cpu:
         spec = {"name": "watch", "task": "classification", "model": "resnet18",
                 "data": {"synthetic": {"train_size": 100_000, "val_size": 0, "image_size": 16, "num_classes": 10},
@@ -361,12 +432,42 @@ def jobs(cpu: bool, work: Path) -> dict[str, tuple[Path, tuple[str, ...]]]:
 
         p = work / "watch.yaml"
         p.write_text(yaml.safe_dump(spec), encoding="utf-8")
-        return {"main": (p, ()), "cpu_data": (p, ("data.workers=1",)), "comm": (comm, ()), "fcos": (p, ())}
+        return {"main": (p, ()), "cpu_data": (p, ("data.workers=1",)), "comm": (comm, ()), "fcos": (p, ()),
+                "ckpt": (ckpt, ())}
     r50 = REPO / "examples/resnet50-bench.yaml"
     return {"main": (r50, ()),  # bs256 bf16 channels_last: GPU bound
             "cpu_data": (r50, (f"train.batch={CPU_DATA_BATCH}", "data.synthetic.on_device=false")),
             "comm": (comm, ()),
-            "fcos": (REPO / "examples/fcos-bench.yaml", ())}
+            "fcos": (REPO / "examples/fcos-bench.yaml", ()),
+            "ckpt": (ckpt, ())}
+
+
+def case_estimate(name: str, args: argparse.Namespace) -> float:
+    """Seconds a case not run yet is expected to take (CASE_EST_S scaled to the steps asked); 0 on CPU."""
+    if args.cpu:
+        return 0.0
+    case = CASES[name]
+    scale = args.steps * (case.warm_segments + args.segments) / (30 * (10 + case.warm_segments))
+    return round(CASE_STARTUP_S + (CASE_EST_S[name] - CASE_STARTUP_S) * scale, 1)
+
+
+def checkpoint_saves(job_dir: Path) -> dict[str, Any] | None:
+    """The job's saves as rank 0 recorded them (metrics.jsonl): mode, count, median blocked and durable seconds."""
+    path = job_dir / "metrics.jsonl"
+    if not path.is_file():
+        return None
+    recs = [json.loads(ln) for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()]
+    recs = [r for r in recs if r.get("kind") == "checkpoint"]
+    if not recs:
+        return None
+
+    def med(key: str) -> float | None:
+        xs = [float(r[key]) for r in recs if r.get(key) is not None]
+        return round(statistics.median(xs), 3) if xs else None
+
+    return {"mode": recs[-1].get("mode"), "count": len(recs), "blocked_s_median": med("blocked_s"),
+            "blocked_s_max": max((float(r.get("blocked_s") or 0) for r in recs), default=None),
+            "durable_s_median": med("durable_s"), "failed": sum(r.get("ok") is False for r in recs)}
 
 
 def run_scenarios(args: argparse.Namespace, work: Path, result: dict[str, Any], save: Any) -> None:
@@ -395,12 +496,12 @@ def run_scenarios(args: argparse.Namespace, work: Path, result: dict[str, Any], 
             case = CASES[name]
             # A case not run yet is expected to take as long as the longest case so far (a run cut at the
             # deadline loses all its verdicts: better not begun).
-            if time.monotonic() + took.get(name, max(took.values(), default=0.0)) > deadline:
+            if time.monotonic() + took.get(name, case_estimate(name, args)) > deadline:
                 rows.append({"case": name, "run": i, "ok": False, "label": "skipped (--budget-s spent)"})
                 continue
             began = time.monotonic()
             job, sets = js[case.job]
-            sets = (*sets, "checkpoint.enabled=false")
+            sets = (*sets, "checkpoint.enabled=false", *case.sets)
             if case.job == "cpu_data" and not args.cpu:
                 if workers is None:  # loader sized from the healthy step (this machine's GPU) and sample cost
                     step = next((r["step_ms"] for r in rows if r.get("case") == "healthy" and r.get("step_ms")),
@@ -417,7 +518,7 @@ def run_scenarios(args: argparse.Namespace, work: Path, result: dict[str, Any], 
             shutil.rmtree(out, ignore_errors=True)
             hogs: list[subprocess.Popen] = []
             procs_seen = None
-            steps = args.steps * args.segments
+            steps = args.steps * (case.warm_segments + args.segments)
             try:
                 hogs = start_hogs(case.cause, device, cpus, hog_index, args.light_duty, 2048 if args.cpu else 8192)
                 left = args.deadline - time.monotonic()  # a run past the hard deadline is stopped
@@ -436,11 +537,17 @@ def run_scenarios(args: argparse.Namespace, work: Path, result: dict[str, Any], 
             # One job, `--segments` judgements: each segment of --steps steps is diagnosed on its own (the
             # live watch flags a job once; later segments replay the same detector), so a start-up of
             # tens of seconds buys several judgements. Segment 0 includes the warm-up steps, as a fresh run.
-            for j in range(args.segments):
+            # A case's warm segments come first, judged and kept (marked `warm`) but not counted.
+            saves = checkpoint_saves(job_dir)
+            for j in range(case.warm_segments + args.segments):
                 row = judge(case, job_dir, j * args.steps + 1, (j + 1) * args.steps)
-                row.update(run=i, segment=j, wall_s=round(wall, 1), sets=list(sets), env=env)
-                if j == 0:
+                row.update(run=i, segment=j - case.warm_segments, wall_s=round(wall, 1), sets=list(sets), env=env)
+                if j < case.warm_segments:
+                    row["warm"] = True
+                if j == case.warm_segments:
                     row["time"] = spent
+                    if saves:
+                        row["saves"] = saves
                 if procs_seen is not None:
                     row["gpu_processes_on_culprit_gpu"] = procs_seen
                 rows.append(row)
@@ -464,7 +571,8 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per case: right labels, culprit and section right, live flag steps, false alarms."""
     out = []
     for name in dict.fromkeys(r["case"] for r in rows):
-        rs = [r for r in rows if r["case"] == name]
+        warm = [r for r in rows if r["case"] == name and r.get("warm")]
+        rs = [r for r in rows if r["case"] == name and not r.get("warm")]
         s: dict[str, Any] = {"case": name, "runs": len(rs), "jobs": len({r.get("run") for r in rs if "segment" in r}),
                              "right": sum(bool(r.get("ok")) for r in rs),
                              "labels": sorted({str(r.get("label")) for r in rs}),
@@ -477,6 +585,11 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             s["live_flagged_at"] = [r.get("live_flagged_at") for r in rs]
             s["steps_to_flag"] = [r.get("steps_to_flag") for r in rs]
             s["flagged_within_50"] = sum(1 for r in rs if r.get("steps_to_flag") and r["steps_to_flag"] <= 50)
+        if any(r.get("checkpoint") and r["checkpoint"].get("count") for r in rs):
+            s["checkpoint_share"] = [(r.get("checkpoint") or {}).get("share") for r in rs]
+            s["saves"] = [r["saves"] for r in rs if r.get("saves")]
+        if warm:
+            s["warm_labels"] = [r.get("label") for r in warm]
         times = [r["time"] for r in rs if r.get("time", {}).get("steps_s") is not None]
         if times:
             s["startup_s_median"] = statistics.median(r["before_rank_log_s"] + r["build_s"] + r["first_log_step_s"]
@@ -499,79 +612,240 @@ def markdown(summary: list[dict[str, Any]]) -> str:
         lines.append(f"| {s['case']} | {s['runs']} ({s['jobs']}) | {s['right']}/{s['runs']} | {', '.join(s['labels'])} "
                      f"| {sec} | {flag} | {s['false_alarms']} | {s.get('host_lag', 0)} | {round(statistics.median(steps), 1) if steps else '-'} "
                      f"| {s.get('startup_s_median', '-')} |")
+    ck = [s for s in summary if "checkpoint_share" in s]
+    if ck:
+        lines += ["", "| case | checkpoint share of step time (per segment) | saves: mode, count, blocked s (median / max), "
+                  "durable s (median) | warm segment's label |", "|---|---|---|---|"]
+        for s in ck:
+            sv = s["saves"][0] if s["saves"] else {}
+            lines.append(f"| {s['case']} | {', '.join(f'{x:.3f}' if x is not None else '-' for x in s['checkpoint_share'])} "
+                         f"| {sv.get('mode')}, {sv.get('count')}, {sv.get('blocked_s_median')} / {sv.get('blocked_s_max')}, "
+                         f"{sv.get('durable_s_median')} | {', '.join(map(str, s.get('warm_labels', []))) or '-'} |")
     return "\n".join(lines)
 
 
 # -- overhead ------------------------------------------------------------------------------------
-def musubi_rate(job_dir: Path, batch: int, world: int) -> dict[str, Any]:
-    """samples/s between rank 0's log records at OVH_WARMUP and OVH_STOP (metrics.jsonl)."""
+@dataclass(frozen=True)
+class OvhModel:
+    """One model of the overhead part: its job, musubi's timed window, plain_ddp.py's, the expected run time."""
+
+    job: str  # repo-relative job file (GPU); its train.batch is the per-GPU batch of both programs
+    warm: int  # musubi's window: samples/s between rank 0's log records at these steps (log_every 10)
+    stop: int
+    plain_steps: int  # plain_ddp.py times this many steps after its own 15 warm-up steps
+    est_s: float  # one run (musubi or plain) on 4x H200, start to end (OVH_MODELS says how it was found)
+
+
+#: resnet50: 137.7 s for 6 runs (on/off/plain x 2) on 4x H200 (2026-11-27, 83e1eef) = 23 s a run, of it
+#: 100 steps x 56 ms = 5.6 s and a 3.8 s first step. fcos (same start-up, 7.6 s first step as the fleet
+#: measured, 60 steps x 138 ms from 464.6 samples/s at bs16 x 4): 23 - 5.6 - 3.8 + 7.6 + 8.3 = 29.5 s, taken
+#: as 31 s. One figure for every GPU count (weak scaling: the step is the same at 1, 2 and 4 GPUs); once a
+#: (model, mode) has run, its own measured time replaces it.
+OVH_MODELS = {
+    "resnet50": OvhModel("examples/resnet50-bench.yaml", OVH_WARMUP, OVH_STOP, PLAIN_STEPS, 23.0),
+    # fcos's 138-ms step: 40 steps give a 5.5 s window, as long as resnet50's 80 x 56 ms (4.5 s)
+    "fcos": OvhModel("examples/fcos-bench.yaml", 20, 60, 40, 31.0),
+}
+OVH_MODES = ("on", "off", "plain")
+
+
+def ovh_cpu_jobs(work: Path) -> dict[str, tuple[Path, OvhModel]]:
+    """CPU rehearsal sizes of the overhead models: resnet18 at 16 px, fcos at 64 px (2 gloo ranks, 2 cores)."""
+    import yaml
+
+    fcos = {"name": "fcos-tiny", "task": "detection", "model": "fcos_resnet50_fpn",
+            "model_args": {"min_size": 64, "max_size": 64},
+            "data": {"synthetic": {"train_size": 10_000, "val_size": 0, "image_size": 64, "num_classes": 3,
+                                   "objects": 2, "min_object": 8, "max_object": 24}, "workers": 0},
+            "train": {"epochs": 1, "batch": 1, "lr": 0.01, "base_batch": 2, "log_every": 10},
+            "checkpoint": {"enabled": False}}
+    p = work / "fcos-tiny.yaml"
+    p.write_text(yaml.safe_dump(fcos), encoding="utf-8")
+    return {"resnet50": (jobs(True, work)["main"][0], OvhModel("", OVH_WARMUP, OVH_STOP, 0, 0.0)),
+            "fcos": (p, OvhModel("", 10, 30, 0, 0.0))}
+
+
+def job_batch(job: Path) -> int:
+    """The per-GPU batch of a job file (train.batch)."""
+    import yaml
+
+    return int(yaml.safe_load(job.read_text(encoding="utf-8"))["train"]["batch"])
+
+
+@dataclass(frozen=True)
+class OvhRun:
+    """One overhead run: a program (musubi on/off or plain) on `nproc` GPUs."""
+
+    model: str
+    nproc: int
+    repeat: int
+    mode: str
+
+
+def overhead_plan(models: list[str], nprocs: list[int], repeat: int, modes: tuple[str, ...]) -> list[OvhRun]:
+    """Every run in the order they are made: most GPUs first (the figures the issue asks first), then each
+    repeat of every model; within a (model, nproc, repeat) the modes rotate, so each mode runs first,
+    in the middle and last as often (on / off / plain interleaved)."""
+    out = []
+    for n in sorted(set(nprocs), reverse=True):
+        for i in range(repeat):
+            for j, m in enumerate(models):
+                k = (i + j) % len(modes)
+                out += [OvhRun(m, n, i, mode) for mode in modes[k:] + modes[:k]]
+    return out
+
+
+def fit_plan(plan: list[OvhRun], est: dict[tuple[str, str], float], left_s: float) -> tuple[list[OvhRun], float]:
+    """The runs a budget of `left_s` seconds holds, whole (model, nproc, repeat) groups only (an `on` without
+    its `plain` compares nothing), in the plan's order up to the first group that does not fit (a later,
+    shorter group is less important than the one left out); and their expected seconds."""
+    kept, total = [], 0.0
+    for g in plan_groups(plan):
+        t = sum(est[(r.model, r.mode)] for r in g)
+        if total + t > left_s:
+            break
+        kept += g
+        total += t
+    return kept, total
+
+
+def plan_groups(plan: list[OvhRun]) -> list[list[OvhRun]]:
+    """The plan's runs grouped by (model, nproc, repeat), in order."""
+    groups: dict[tuple[str, int, int], list[OvhRun]] = {}
+    for r in plan:
+        groups.setdefault((r.model, r.nproc, r.repeat), []).append(r)
+    return list(groups.values())
+
+
+def musubi_rate(job_dir: Path, batch: int, world: int, warm: int = OVH_WARMUP, stop: int = OVH_STOP) -> dict[str, Any]:
+    """samples/s between rank 0's log records at `warm` and `stop` (metrics.jsonl)."""
     recs = [json.loads(ln) for ln in (job_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines() if ln]
     times = {r["step"]: r["time"] for r in recs if r.get("kind") == "train"}
-    if OVH_WARMUP not in times or OVH_STOP not in times:
-        raise RuntimeError(f"log steps {OVH_WARMUP} and {OVH_STOP} missing: {sorted(times)}")
-    dt = times[OVH_STOP] - times[OVH_WARMUP]
-    steps = OVH_STOP - OVH_WARMUP
+    if warm not in times or stop not in times:
+        raise RuntimeError(f"log steps {warm} and {stop} missing: {sorted(times)}")
+    dt = times[stop] - times[warm]
+    steps = stop - warm
     return {"samples_per_s": round(batch * world * steps / dt, 1), "mean_step_ms": round(dt / steps * 1e3, 3)}
 
 
-def run_plain(ref: Path, nproc: int, batch: int) -> dict[str, Any]:
-    """plain_ddp.py resnet50 in `wall` mode under torchrun."""
+def run_plain(ref: Path, nproc: int, batch: int, model: str = "resnet50", steps: int = PLAIN_STEPS,
+              timeout_s: float = 600.0) -> dict[str, Any]:
+    """plain_ddp.py MODEL in `wall` mode under torchrun."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-           str(ref / "plain_ddp.py"), "resnet50", str(batch), str(PLAIN_STEPS), "wall"]
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+           str(ref / "plain_ddp.py"), model, str(batch), str(steps), "wall"]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
     if res.returncode != 0:
         raise RuntimeError(f"plain_ddp failed ({res.returncode}): {res.stderr[-2000:]}")
     line = next(ln for ln in reversed(res.stdout.splitlines()) if ln.strip().startswith("{"))
     return json.loads(line)
 
 
+def summarize_overhead(runs: list[dict[str, Any]], device: str) -> list[dict[str, Any]]:
+    """Per (model, nproc): median samples/s of each mode, telemetry's overhead and musubi vs plain `wall`."""
+    out = []
+    for model, n in dict.fromkeys((r.get("model", "resnet50"), r.get("world")) for r in runs):
+        rs = [r for r in runs if r.get("model", "resnet50") == model and r.get("world") == n and "samples_per_s" in r]
+        med = {m: statistics.median([r["samples_per_s"] for r in rs if r["mode"] == m])
+               for m in OVH_MODES if any(r["mode"] == m for r in rs)}
+        s: dict[str, Any] = {"model": model, "world": n, "device": device,
+                             "per_gpu_batch": next((r["per_gpu_batch"] for r in rs), None),
+                             "runs": {m: sum(r["mode"] == m for r in rs) for m in med}, "samples_per_s": med}
+        if "on" in med and "off" in med:
+            # the time telemetry adds to a step, as a share of the step without it
+            s["telemetry_overhead_pct"] = round(100 * (med["off"] / med["on"] - 1), 2)
+        for m in ("on", "off"):
+            if m in med and "plain" in med:
+                s[f"musubi_{m}_vs_plain_wall"] = round(med[m] / med["plain"], 4)
+        out.append(s)
+    return out
+
+
 def run_overhead(args: argparse.Namespace, work: Path, result: dict[str, Any], save: Any) -> None:
-    """musubi on / off / plain wall, interleaved (the order rotates each repeat)."""
+    """musubi on / off / plain `wall` per (model, nproc), interleaved, the runs the deadline holds."""
     device = "cpu" if args.cpu else "cuda"
-    if args.cpu:
-        job, sets, batch = jobs(True, work)["main"][0], (), 8
-    else:
-        job, sets, batch = REPO / "examples/resnet50-bench.yaml", (), 256
-    modes = ["on", "off"] + ([] if args.cpu or args.ref is None else ["plain"])
+    cpu_jobs = ovh_cpu_jobs(work) if args.cpu else {}
+    spec = {m: cpu_jobs[m] if args.cpu else (REPO / OVH_MODELS[m].job, OVH_MODELS[m]) for m in args.models}
+    modes = OVH_MODES if not (args.cpu or args.ref is None) else OVH_MODES[:2]
     if not args.cpu and args.ref is None:
         print("no --ref: plain_ddp.py wall mode skipped", flush=True)
+    plan = overhead_plan(args.models, args.nprocs, args.repeat, modes)
+    est = {(m, mode): OVH_MODELS[m].est_s for m in args.models for mode in modes}
+    result["overhead_plan"] = [{"model": r.model, "world": r.nproc, "repeat": r.repeat, "mode": r.mode,
+                                "est_s": est[(r.model, r.mode)]} for r in plan]
     runs: list[dict[str, Any]] = result.setdefault("overhead_runs", [])
-    for i in range(args.repeat):
-        k = i % len(modes)
-        for mode in modes[k:] + modes[:k]:
-            if time.monotonic() > args.deadline:
-                runs.append({"mode": mode, "repeat": i, "error": "skipped (--deadline-s spent)"})
-                continue
-            try:
-                if mode == "plain":
-                    r = run_plain(args.ref, args.nproc, batch)
-                    rate = {"samples_per_s": r["samples_per_s"], "mean_step_ms": r["mean_step_ms"]}
-                else:
-                    out = work / f"ovh-{mode}-{i}"
-                    shutil.rmtree(out, ignore_errors=True)
-                    jd, _ = drills.train_once(job, out, args.nproc, device, OVH_STOP, "",
-                                              (*sets, f"telemetry.enabled={'true' if mode == 'on' else 'false'}",
-                                               "train.log_every=10", "checkpoint.enabled=false"),
-                                              timeout_s=args.run_timeout_s)
-                    rate = musubi_rate(jd, batch, args.nproc)
-                    shutil.rmtree(out, ignore_errors=True)
-            except (RuntimeError, subprocess.TimeoutExpired, StopIteration) as e:
-                runs.append({"mode": mode, "repeat": i, "error": str(e)[-1500:]})
-                print(json.dumps({"mode": mode, "repeat": i, "error": str(e)[-300:]}), flush=True)
-                save()
-                continue
-            runs.append({"mode": mode, "repeat": i, **rate})
+    stopped = False
+    for group in plan_groups(plan):
+        # A (model, nproc, repeat) group is begun only when all of it fits before the deadline, with the
+        # estimates of now (a measured run replaces its prior): an `on` without its `plain` compares nothing.
+        # After the first group left out, the rest are too (the plan's order is the order of importance).
+        need = sum(est[(x.model, x.mode)] for x in group)
+        stopped = stopped or time.monotonic() + need > args.deadline
+        if stopped:
+            runs += [{"model": x.model, "world": x.nproc, "mode": x.mode, "repeat": x.repeat,
+                      "error": f"skipped (--deadline-s: {need:.0f} s expected)"} for x in group]
             print(json.dumps(runs[-1]), flush=True)
+            continue
+        for r in group:
+            run_one_overhead(args, r, spec[r.model], device, work, est, runs)
+            result["overhead"] = summarize_overhead(runs, device)
             save()
-    med = {m: statistics.median([r["samples_per_s"] for r in runs if r.get("mode") == m and "samples_per_s" in r])
-           for m in modes if any(r.get("mode") == m and "samples_per_s" in r for r in runs)}
-    s: dict[str, Any] = {"world": args.nproc, "device": device, "per_gpu_batch": batch, "samples_per_s": med}
-    if "on" in med and "off" in med:
-        s["telemetry_overhead_pct"] = round(100 * (med["off"] / med["on"] - 1), 2)
-    for m in ("on", "off"):
-        if m in med and "plain" in med:
-            s[f"musubi_{m}_vs_plain_wall"] = round(med[m] / med["plain"], 4)
-    result["overhead"] = s
+    result["overhead"] = summarize_overhead(runs, device)
+
+
+def run_one_overhead(args: argparse.Namespace, r: OvhRun, spec: tuple[Path, OvhModel], device: str, work: Path,
+                     est: dict[tuple[str, str], float], runs: list[dict[str, Any]]) -> None:
+    """One overhead run; its row (or error) into `runs`, its time into `est`."""
+    job, m = spec
+    batch = job_batch(job)
+    began = time.monotonic()
+    timeout = max(30.0, min(args.run_timeout_s, args.deadline - began))  # a run past the deadline is stopped
+    try:
+        if r.mode == "plain":
+            p = run_plain(args.ref, r.nproc, batch, r.model, m.plain_steps, timeout)
+            rate = {"samples_per_s": p["samples_per_s"], "mean_step_ms": p["mean_step_ms"]}
+        else:
+            out = work / f"ovh-{r.model}-{r.nproc}-{r.mode}-{r.repeat}"
+            shutil.rmtree(out, ignore_errors=True)
+            jd, _ = drills.train_once(job, out, r.nproc, device, m.stop, "",
+                                      (f"telemetry.enabled={'true' if r.mode == 'on' else 'false'}",
+                                       "train.log_every=10", "checkpoint.enabled=false"),
+                                      timeout_s=timeout)
+            rate = musubi_rate(jd, batch, r.nproc, m.warm, m.stop)
+            shutil.rmtree(out, ignore_errors=True)
+    except (RuntimeError, subprocess.TimeoutExpired, StopIteration) as e:
+        runs.append({"model": r.model, "world": r.nproc, "mode": r.mode, "repeat": r.repeat,
+                     "error": str(e)[-1500:]})
+        print(json.dumps({k: runs[-1][k] for k in ("model", "world", "mode", "repeat")} | {"error": str(e)[-300:]}),
+              flush=True)
+        return
+    took = round(time.monotonic() - began, 1)
+    est[(r.model, r.mode)] = took
+    runs.append({"model": r.model, "world": r.nproc, "mode": r.mode, "repeat": r.repeat, "per_gpu_batch": batch,
+                 "window": [m.warm, m.stop] if r.mode != "plain" else [15, 15 + m.plain_steps], **rate,
+                 "wall_s": took})
+    print(json.dumps(runs[-1]), flush=True)
+
+
+def print_plan(args: argparse.Namespace) -> None:
+    """The part's runs in order with their expected seconds on 4x H200, and which the deadline holds."""
+    if args.part in ("overhead", "all"):
+        modes = OVH_MODES if args.ref is not None else OVH_MODES[:2]
+        plan = overhead_plan(args.models, args.nprocs, args.repeat, modes)
+        est = {(m, mode): OVH_MODELS[m].est_s for m in args.models for mode in modes}
+        kept, total = fit_plan(plan, est, args.deadline_s)
+        for r in plan:
+            print(f"overhead {r.model:9s} {r.nproc} GPU(s) repeat {r.repeat} {r.mode:5s} {est[(r.model, r.mode)]:5.1f} s"
+                  f"{'' if r in kept else '  (skipped: past --deadline-s)'}")
+        print(f"overhead: {len(kept)} of {len(plan)} runs, {total:.0f} s expected (--deadline-s {args.deadline_s:g})")
+    if args.part in ("scenarios", "all"):
+        total = 0.0
+        for name in [n for n in args.cases.split(",") if n]:
+            t = case_estimate(name, args) * args.runs
+            fits = total + t <= min(args.budget_s, args.deadline_s)
+            total += t if fits else 0.0
+            print(f"scenario {name:14s} {args.runs} run(s) x {CASES[name].warm_segments + args.segments} segments of "
+                  f"{args.steps} steps {t:5.1f} s{'' if fits else '  (skipped: past --budget-s)'}")
+        print(f"scenarios: {total:.0f} s expected (--budget-s {args.budget_s:g}, --deadline-s {args.deadline_s:g})")
 
 
 def main() -> None:
@@ -580,6 +854,11 @@ def main() -> None:
     ap.add_argument("--cpu", action="store_true", help="rehearsal on CPU: 2 gloo ranks, tiny sizes")
     ap.add_argument("--part", default="all", choices=["scenarios", "overhead", "all"])
     ap.add_argument("--nproc", type=int, default=2, help="ranks (GPUs): 4 on the lent machine")
+    ap.add_argument("--nprocs", default=None,
+                    help="overhead: comma-separated GPU counts, most GPUs run first (default: --nproc)")
+    ap.add_argument("--models", default="resnet50", help=f"overhead: comma-separated, of: {', '.join(OVH_MODELS)}")
+    ap.add_argument("--plan", action="store_true",
+                    help="print the runs the deadline holds and their expected seconds (4x H200 figures); run nothing")
     ap.add_argument("--cases", default=DEFAULT_CASES, help=f"comma-separated, of: {', '.join(CASES)}")
     ap.add_argument("--runs", type=int, default=2, help="runs per case (interleaved)")
     ap.add_argument("--steps", type=int, default=STEPS, help="steps per scenario run")
@@ -598,7 +877,20 @@ def main() -> None:
     args = ap.parse_args()
     if args.segments < 1 or args.steps < WINDOW + WARMUP:
         ap.error(f"--segments must be >= 1 and --steps >= {WINDOW + WARMUP} (a judged window after the warm-up)")
+    args.models = [m for m in args.models.split(",") if m]
+    bad = [m for m in args.models if m not in OVH_MODELS]
+    if bad or not args.models:
+        ap.error(f"--models {','.join(bad) or '(empty)'}: choose from {', '.join(OVH_MODELS)}")
+    try:
+        args.nprocs = [int(n) for n in (args.nprocs or str(args.nproc)).split(",") if n]
+    except ValueError:
+        ap.error(f"--nprocs {args.nprocs!r}: give GPU counts separated by commas, e.g. 4,2,1")
+    if not args.nprocs or min(args.nprocs) < 1:
+        ap.error(f"--nprocs {args.nprocs}: give GPU counts >= 1, e.g. 4,2,1")
     args.deadline = time.monotonic() + args.deadline_s
+    if args.plan:
+        print_plan(args)
+        return
     if args.hog_gpu:
         hog_gpu(args.hog_gpu[0], float(args.hog_gpu[1]), int(args.hog_gpu[2]))
         return
@@ -636,7 +928,9 @@ def main() -> None:
             run_overhead(args, work, result, save)
             result["overhead_s"] = round(time.monotonic() - t1, 1)
             save()
-            print(f"\noverhead ({result['overhead_s']} s): {json.dumps(result['overhead'])}")
+            print(f"\noverhead ({result['overhead_s']} s):")
+            for s in result["overhead"]:
+                print(json.dumps(s))
     finally:
         save()
         shutil.rmtree(work, ignore_errors=True)

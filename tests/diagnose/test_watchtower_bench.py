@@ -1,0 +1,79 @@
+"""bench/watchtower.py's own logic: the overhead plan's order and deadline, its summaries, the checkpoint cases' jobs."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+from musubi.config.load import load_job
+from tests.conftest import REPO
+
+_spec = importlib.util.spec_from_file_location("watchtower_bench", REPO / "bench" / "watchtower.py")
+wt = importlib.util.module_from_spec(_spec)
+sys.modules[_spec.name] = wt  # its dataclasses look their module up there
+_spec.loader.exec_module(wt)
+
+
+def test_overhead_plan_runs_four_gpus_first_and_rotates_the_modes() -> None:
+    plan = wt.overhead_plan(["resnet50", "fcos"], [1, 4, 2], 2, wt.OVH_MODES)
+    assert len(plan) == 2 * 3 * 2 * 3
+    assert [r.nproc for r in plan[:12]] == [4] * 12 and plan[-1].nproc == 1
+    groups = wt.plan_groups(plan)
+    assert [(g[0].model, g[0].nproc, g[0].repeat) for g in groups[:4]] == [
+        ("resnet50", 4, 0), ("fcos", 4, 0), ("resnet50", 4, 1), ("fcos", 4, 1)]
+    assert all(sorted(r.mode for r in g) == sorted(wt.OVH_MODES) for g in groups)
+    # a model's repeats begin with different modes (no mode always runs first), the models' too
+    assert groups[0][0].mode != groups[2][0].mode and groups[1][0].mode != groups[3][0].mode
+    assert groups[0][0].mode != groups[1][0].mode
+
+
+def test_fit_plan_keeps_whole_groups_in_order_and_stops_at_the_first_that_does_not_fit() -> None:
+    plan = wt.overhead_plan(["resnet50", "fcos"], [4, 2], 2, wt.OVH_MODES)
+    est = {(m, mode): wt.OVH_MODELS[m].est_s for m in ("resnet50", "fcos") for mode in wt.OVH_MODES}
+    kept, total = wt.fit_plan(plan, est, 3 * 23 + 3 * 31 + 3 * 23 + 3 * 31 - 1)
+    # the 4-GPU fcos of the second repeat does not fit; the cheaper 2-GPU resnet50 after it is not run either
+    assert [(r.model, r.nproc, r.repeat) for r in kept[::3]] == [("resnet50", 4, 0), ("fcos", 4, 0),
+                                                                  ("resnet50", 4, 1)]
+    assert total == 3 * 23 + 3 * 31 + 3 * 23
+
+
+def test_overhead_summary_per_model_and_gpu_count() -> None:
+    runs = [{"model": m, "world": n, "mode": mode, "samples_per_s": v, "per_gpu_batch": 16}
+            for m, n, mode, v in [("fcos", 4, "on", 460.0), ("fcos", 4, "off", 462.3), ("fcos", 4, "plain", 464.6),
+                                  ("fcos", 4, "on", 462.0), ("resnet50", 1, "on", 4500.0),
+                                  ("resnet50", 1, "plain", 4400.0)]]
+    runs.append({"model": "fcos", "world": 4, "mode": "off", "error": "skipped"})
+    fcos, r50 = wt.summarize_overhead(runs, "cuda")
+    assert (fcos["model"], fcos["world"], fcos["runs"]) == ("fcos", 4, {"on": 2, "off": 1, "plain": 1})
+    assert fcos["samples_per_s"]["on"] == 461.0
+    assert fcos["telemetry_overhead_pct"] == round(100 * (462.3 / 461.0 - 1), 2)
+    assert fcos["musubi_on_vs_plain_wall"] == round(461.0 / 464.6, 4)
+    assert "telemetry_overhead_pct" not in r50 and r50["musubi_on_vs_plain_wall"] == round(4500 / 4400, 4)
+
+
+def test_checkpoint_cases_are_valid_jobs_that_save_twice_a_segment(tmp_path: Path) -> None:
+    for cpu in (False, True):
+        job, sets = wt.jobs(cpu, tmp_path)["ckpt"]
+        for name, mode in (("ckpt_sync", "off"), ("ckpt_async", "auto")):
+            case = wt.CASES[name]
+            spec = load_job(job, [*sets, "checkpoint.enabled=false", *case.sets])
+            assert spec.checkpoint.enabled and spec.checkpoint.async_mode == mode
+            assert spec.train.optimizer == "adamw"
+            # the label needs two saves in a judged segment, of 25 steps at the least
+            assert 2 * spec.checkpoint.every_steps < wt.WINDOW + wt.WARMUP
+    args = argparse.Namespace(cpu=False, steps=30, segments=10)
+    assert wt.case_estimate("ckpt_sync", args) == wt.CASE_EST_S["ckpt_sync"]
+
+
+def test_checkpoint_saves_read_from_metrics(tmp_path: Path) -> None:
+    recs = [{"kind": "train", "step": 10, "time": 1.0},
+            {"kind": "checkpoint", "step": 12, "mode": "process", "blocked_s": 0.05, "durable_s": 0.9, "ok": True},
+            {"kind": "checkpoint", "step": 24, "mode": "process", "blocked_s": 0.03, "durable_s": 1.1, "ok": True},
+            {"kind": "checkpoint", "step": 36, "mode": "process", "blocked_s": 0.04, "ok": False}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    assert wt.checkpoint_saves(tmp_path) == {"mode": "process", "count": 3, "blocked_s_median": 0.04,
+                                             "blocked_s_max": 0.05, "durable_s_median": 1.0, "failed": 1}
+    assert wt.checkpoint_saves(tmp_path / "none") is None
