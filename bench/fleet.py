@@ -449,8 +449,11 @@ def fleet_overhead(run_dir: Path, started: float, ended: float) -> dict:
     if out["startup"]:
         print("  fleet start-up before its first job: " + ", ".join(f"{k} {v:.2f} s" for k, v in
                                                                     out["startup"].items()), flush=True)
+    if ends and isinstance(rec.get("checked_at"), (int, float)):  # the rest: the process's exit
+        out["checklist_s"], out["exit_s"] = rec.get("checklist_s"), round(ended - rec["checked_at"], 2)
     print(f"  fleet overhead: {out['to_first_spawn_s']} s to the first spawn, {out['after_last_end_s']} s after "
-          f"the last job (shipping {out['ship_s']} s; early export asked of: "
+          f"the last job (shipping {out['ship_s']} s, checklist {out.get('checklist_s')} s, exit after it "
+          f"{out.get('exit_s')} s; early export asked of: "
           f"{', '.join(out['early_export_asked']) or 'none'}; shipped from it: "
           f"{', '.join(out['exported_early']) or 'none'})", flush=True)
     return out

@@ -146,7 +146,7 @@ def run(
 ) -> None:
     """Train a whole fleet: pack jobs onto the GPUs, retry failures, then rank, export and register."""
     entered = time.time()  # Python started and the CLI imported: the fleet's first start-up part ends here
-    from musubi.fleet.run import FleetRequest, plan_fleet, run_fleet
+    from musubi.fleet.run import FleetRequest, note_finish, plan_fleet, run_fleet
     from musubi.fleet.stop import FleetInterrupted
 
     req = FleetRequest(fleet_path=fleet, out=out, resume=resume, executor=executor, cpu_slots=cpu_slots,
@@ -166,7 +166,10 @@ def run(
     except FleetInterrupted as e:
         _fail(f"{e}: the running jobs were stopped and recorded as interrupted; continue with "
               f"`musubi run {fleet} --out {e.run_dir} --resume`", e.code)
+    t0 = time.perf_counter()
     met = _checklist(run_dir, console)
+    # The end phase in fleet.json (bench/fleet.py: the time after the last job, split).
+    note_finish(run_dir, checklist_s=round(time.perf_counter() - t0, 3), checked_at=round(time.time(), 3))
     failed = [s.name for s in states.values() if s.state != "done"]
     if failed:
         _fail(f"{len(failed)} job(s) failed: {', '.join(failed)} (causes in {run_dir / 'fleet.json'})", 1)

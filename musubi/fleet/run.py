@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 
@@ -87,6 +88,18 @@ def startup_parts(marks: dict[str, float]) -> dict[str, float]:
     return out
 
 
+def process_start() -> float | None:
+    """This process's start, wall clock, to ~10 ms: its age from /proc (uptime less its start in clock ticks).
+    psutil's create_time counts from the boot time in whole seconds, up to a second off (it put the start
+    0.6 s before the parent spawned it). None where /proc is not there."""
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        return time.time() - (uptime - ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def _mark(req: FleetRequest, name: str) -> None:
     req.marks.setdefault(name, time.time())
 
@@ -131,12 +144,9 @@ def run_fleet(req: FleetRequest, console: Console | None = None) -> tuple[Path, 
     from musubi.fleet.slurm import recorded_executor
 
     _mark(req, "imported")
-    try:
-        import psutil
-
-        req.marks.setdefault("process", psutil.Process().create_time())
-    except Exception:  # noqa: BLE001 - only the start-up figure is lost
-        pass
+    started = process_start()
+    if started is not None:
+        req.marks.setdefault("process", started)
     earlier = recorded_executor(req.out) if req.resume and req.out is not None else None
     executor = req.executor or earlier or "local"
     if executor not in ("local", "slurm"):
@@ -492,6 +502,14 @@ def _preflight(spec: FleetSpec, kind: str, run_dir: Path, console: Console) -> N
     write_json(run_dir / RUN_FILES.preflight, report.to_dict())
 
 
+def note_finish(run_dir: Path, **figures: Any) -> None:
+    """Add the fleet's end-phase figures to fleet.json (ship_s, exported_early; the CLI's checklist_s and
+    checked_at): bench/fleet.py splits the time after the last job by them."""
+    state = run_dir / RUN_FILES.fleet
+    if state.is_file():
+        write_json(state, {**read_json(state), **figures})
+
+
 def _finish(spec: FleetSpec, run_dir: Path, console: Console) -> None:
     """Leaderboard, export of the top-k and registration (jobs that ended well only)."""
     from musubi.fleet.ship import ship
@@ -506,9 +524,7 @@ def _finish(spec: FleetSpec, run_dir: Path, console: Console) -> None:
     seconds = round(time.perf_counter() - t0, 2)
     # The fleet's end phase after its last job, in fleet.json (bench/fleet.py's overhead) and fleet.log, with
     # the top-k whose early export ship() registered as it was.
-    state = run_dir / RUN_FILES.fleet
-    if state.is_file():
-        write_json(state, {**read_json(state), "ship_s": seconds, "exported_early": early})
+    note_finish(run_dir, ship_s=seconds, exported_early=early)
     with fleet_logging(run_dir, console):
         log.info("shipped in %.1f s%s", seconds, f" (export done early for: {', '.join(early)})" if early else "",
                  extra=SHOW)

@@ -189,6 +189,9 @@ def test_fleet_exports_early_and_ships_without_a_second_export(tmp_path: Path,
     parts = rec["startup"]
     assert list(parts)[1:] == ["fleet imports (torch)", "job checks", "GPUs, topology, refusals", "run records",
                                "estimates (history)", "in all"] and all(v >= 0 for v in parts.values()), parts
+    # ... and its end phase: the checklist after shipping (bench/fleet.py splits the time after the last job).
+    assert rec["checklist_s"] >= 0 and rec["checked_at"] >= max(h["ended"] for j in rec["jobs"].values()
+                                                                 for h in j["history"])
     assert rec["exported_early"] == ["r18"], rec["exported_early"]
     asked = json.loads((out / "r18" / "logs" / "trained.json").read_text())["export"]
     assert asked == {"top": 1, "weights": [0.7, 0.3], "fps_target": None, "quality_floor": 0.5}, asked
