@@ -56,18 +56,20 @@ class FleetRequest:
 
 
 #: The fleet's own start-up before its first job: (component, the mark that ends it). `process` is the
-#: interpreter's start (psutil), `entered` the CLI command's first line, `imported` the fleet's modules (torch
-#: among them), `checked` every job's checks (validate_fleet), `machine` GPUs, topology and refusals,
-#: `recorded` run.json and env.json, `planned` the local executor built (durations from the history); the first
-#: plan and the first job's spawn follow (fleet.json's attempt history). On 4x H200 (2026-11-27) all of it took 8.8 s for 12 jobs, unexplained
+#: interpreter's start (/proc), `entered` the CLI command's first line, `imported` the fleet's modules (torch
+#: among them), `checked` every job's checks (validate_fleet), `machine` the GPU count (NVML), a recorded
+#: topology's check and the refusals,
+#: `recorded` run.json and env.json (NVML, nvidia-smi's topology), `planned` the local executor built (durations
+#: from the history, the topology env.json holds, each GPU's cores); the first plan and the first job's spawn
+#: follow (fleet.json's attempt history). On 4x H200 (2026-11-27) all of it took 8.8 s for 12 jobs, unexplained
 #: until these marks.
 FLEET_STARTUP: tuple[tuple[str, str], ...] = (
     ("python + CLI import", "entered"),
     ("fleet imports (torch)", "imported"),
     ("job checks", "checked"),
-    ("GPUs, topology, refusals", "machine"),
+    ("GPU count, refusals", "machine"),
     ("run records", "recorded"),
-    ("estimates (history)", "planned"),
+    ("executor set-up (history, topology)", "planned"),
 )
 
 

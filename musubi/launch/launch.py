@@ -105,10 +105,13 @@ def _wait(proc: subprocess.Popen, deadline_s: float | None) -> tuple[int, bool]:
 
 
 def visible_gpus() -> int:
-    """GPUs this process may use (CUDA_VISIBLE_DEVICES applied)."""
+    """GPUs this process may use (CUDA_VISIBLE_DEVICES applied). torch counts them with NVML without starting
+    the CUDA driver in this process (falling back to the driver when NVML fails); `is_available()` would start it
+    (cudaGetDeviceCount), which a launcher or a fleet that never runs a kernel itself only waits for. Whether
+    CUDA really works is the preflight's question (and the ranks')."""
     import torch
 
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return torch.cuda.device_count()
 
 
 def resolve_world(nproc: int | None, device: str | None, oversubscribe: bool = False,

@@ -50,11 +50,28 @@ def project_git(cwd: Path | None = None) -> dict[str, Any] | None:
 
 
 def cudnn_version() -> str | None:
-    """cuDNN as torch loads it (None without CUDA)."""
+    """cuDNN as torch reports it (e.g. 91300 for 9.13.0; None without it). Where CUDA is not started yet (a
+    launcher, a fleet: they never run a kernel) from the cuDNN wheel torch loads, in torch's numbering:
+    torch.backends.cudnn.version() would start CUDA to check the GPUs' compute capability (torch 2.14)."""
     try:
         import torch
 
-        v = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+        if torch.cuda.is_initialized():
+            v = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+            return str(v) if v else None
     except (ImportError, RuntimeError):
         return None
-    return str(v) if v else None
+    versions = package_versions()
+    wheel = versions.get("nvidia-cudnn-cu13") or versions.get("nvidia-cudnn-cu12")
+    return cudnn_number(wheel) if wheel else None
+
+
+def cudnn_number(version: str) -> str | None:
+    """A cuDNN wheel's version (9.13.0.50) in torch's numbering: major x 10000 + minor x 100 + patch from cuDNN 9,
+    major x 1000 before; None when it is not a version."""
+    parts = version.split(".")
+    try:
+        major, minor, patch = (int(p) for p in (parts + ["0", "0"])[:3])
+    except ValueError:
+        return None
+    return str(major * (10000 if major >= 9 else 1000) + minor * 100 + patch)

@@ -101,7 +101,7 @@ def env_record() -> dict[str, Any]:
     tv = torchvision_version()
     if tv is not None:
         rec["torchvision"] = tv
-    if torch.cuda.is_available():
+    if torch.cuda.device_count() > 0:  # NVML's count: no CUDA driver start for a record (launch.visible_gpus)
         try:
             rec["nccl"] = ".".join(str(v) for v in torch.cuda.nccl.version())
         except (AttributeError, RuntimeError):

@@ -187,8 +187,8 @@ def test_fleet_exports_early_and_ships_without_a_second_export(tmp_path: Path,
     assert rec["jobs"]["ext"]["early_export"] == "" and isinstance(rec["ship_s"], float)
     # The fleet's own start-up before its first job, by component (here in pytest's process: its "python" is long).
     parts = rec["startup"]
-    assert list(parts)[1:] == ["fleet imports (torch)", "job checks", "GPUs, topology, refusals", "run records",
-                               "estimates (history)", "in all"] and all(v >= 0 for v in parts.values()), parts
+    assert list(parts)[1:] == ["fleet imports (torch)", "job checks", "GPU count, refusals", "run records",
+                               "executor set-up (history, topology)", "in all"] and all(v >= 0 for v in parts.values()), parts
     # ... and its end phase: the checklist after shipping (bench/fleet.py splits the time after the last job).
     assert rec["checklist_s"] >= 0 and rec["checked_at"] >= max(h["ended"] for j in rec["jobs"].values()
                                                                  for h in j["history"])

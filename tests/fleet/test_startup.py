@@ -148,7 +148,7 @@ def test_the_fleets_own_start_up_in_parts() -> None:
     marks = {"process": 100.0, "entered": 100.8, "imported": 103.0, "checked": 104.5, "recorded": 104.7,
              "planned": 104.75}
     assert startup_parts(marks) == {"python + CLI import": 0.8, "fleet imports (torch)": 2.2, "job checks": 1.5,
-                                    "run records": 0.2, "estimates (history)": 0.05, "in all": 4.75}
+                                    "run records": 0.2, "executor set-up (history, topology)": 0.05, "in all": 4.75}
     assert startup_parts({"entered": 1.0, "imported": 2.0}) == {"fleet imports (torch)": 1.0}  # no process start
 
 
@@ -166,3 +166,26 @@ def test_the_process_start_from_proc_is_close_to_psutils_and_in_the_past() -> No
     child = float(out.stdout.strip())
     assert before - 0.05 <= child <= time.time(), (before, child)
     assert process_start() <= before  # this test's own process started earlier
+
+
+def test_counting_gpus_and_recording_the_machine_never_start_the_cuda_driver(monkeypatch) -> None:
+    """The launcher and the fleet count GPUs (and env.json records them) without torch.cuda.is_available(), which
+    starts the CUDA driver (cudaGetDeviceCount) in a process that never runs a kernel: torch's device_count()
+    asks NVML first."""
+    import torch
+
+    from musubi.launch.launch import visible_gpus
+    from musubi.store.rundir import env_record
+
+    def driver_start() -> bool:
+        raise AssertionError("torch.cuda.is_available() starts the CUDA driver")
+
+    monkeypatch.setattr(torch.cuda, "is_available", driver_start)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert visible_gpus() == 2
+    rec = env_record()
+    assert "nccl" in rec and rec["torch"] == torch.__version__
+    from musubi.store.provenance import cudnn_number
+
+    # cuDNN from its wheel in torch's numbering (torch.backends.cudnn.version() would start CUDA to check the GPUs)
+    assert (cudnn_number("9.13.0.50"), cudnn_number("8.9.7.29"), cudnn_number("dev")) == ("91300", "8907", None)
