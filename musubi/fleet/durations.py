@@ -158,8 +158,9 @@ def estimate(job: TaskJob | CommandJob, widths: tuple[int, ...], db: Path | None
     """The job's predicted seconds on each of `widths` (history, probe, declared, fallback: see above)."""
     startup, comm = DEFAULT_STARTUP_S.get(kind, 25.0), DEFAULT_COMM.get(kind, 0.05)
     shrinks = divides(job)
-    recorded = job_runs(db, job_key(job, machine, kind)) if db is not None else []
-    runs = [r for r in recorded if not r["detail"].get(SHARED)]  # a shared run's seconds are not the job's own
+    # Shared runs count apart (their seconds are not the job's own): read past them for the newest ten alone.
+    recorded = job_runs(db, job_key(job, machine, kind), newest=30) if db is not None else []
+    runs = [r for r in recorded if not r["detail"].get(SHARED)][:10]
     one_gpu: float | None = None
     source = "fallback"
     if runs:

@@ -328,6 +328,9 @@ def test_a_job_measured_slow_while_shared_never_shares_again(tmp_path: Path) -> 
     after = {j.name: estimate(j, (1,), db, machine, "cuda") for j in (e1, e2)}
     assert after["e1"].seconds == before["e1"].seconds and after["e1"].source == "history (1 run)"
     assert after["e1"].shared_slowdown >= MAX_SHARED_SLOWDOWN and after["e2"].shared_slowdown is None
+    for _ in range(12):  # many shared runs later, the run alone still sets the duration
+        record_shared_run(db, e1, machine, "cuda", 0.0, 80.0, 64.7, 60.0, ["e2"])
+    assert estimate(e1, (1,), db, machine, "cuda").seconds == before["e1"].seconds
     d1 = demand_of(e1, after["e1"])
     assert d1.shared_slowdown == after["e1"].shared_slowdown
     assert not POLICY.fits(d1.util, d1.peak_gib, 0.1, 1.0, (d1.shared_slowdown, None))
