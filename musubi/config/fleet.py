@@ -202,8 +202,8 @@ class MachineSpec(StrictModel):
         "Unset: on with GPUs, off on CPU slots (there the start-up and the evaluation take cores from the "
         "training beside them: on 2 idle cores, 2026-11-26, the demo fleet took 6 min 11 s with it, 5 min 30 s without; see BENCHMARKS.md).")
     share_gpus: Literal["auto", "off"] = Field(
-        "off", description="Local executor on GPUs (opt-in: on 4x H200 every job measured sharing a GPU "
-        "ran 2-3x slower than alone, 2026-11-27, BENCHMARKS.md). auto: two single-GPU jobs may share one GPU when an earlier "
+        "off", description="Local executor on GPUs (opt-in: on 4x H200 the small jobs measured sharing a "
+        "GPU ran 2-3x slower than alone, the model said 1.2-1.6x, 2026-11-27, BENCHMARKS.md). auto: two single-GPU jobs may share one GPU when an earlier "
         "run of each alone on this machine recorded utilisations of <= 0.5 each and <= 0.9 together and peak "
         "memories that fit with headroom, no GPU is free, neither was measured 2x slower or more while sharing, "
         "and the plan predicts a fleet at least 10 % shorter with it (unmeasured jobs never share; see "
