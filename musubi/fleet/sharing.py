@@ -30,9 +30,10 @@ the host cores the two jobs share (their loaders, the GPU's cores when pinned): 
 Measured beats modelled. Two small external detectors (u 0.17 and 0.19, each keeping ~6.8 of its GPU's 16
 pinned cores busy) shared GPUs pairwise in a 12-job fleet on 4x H200 (2026-11-27): each ran 165-176 s against
 59-65 s alone, ~3x slower while shared (this model: 1.2x), while two GPUs idled: the fleet took 524 s where its
-unshared plan said 434 s. The cause was not traced (while shared each kept ~6.8 of the GPU's 16 pinned cores
-busy; their CPU use alone was not kept; oversubscribed intra-op threads and time slices of two launch-bound
-processes are both candidates). So a job that ran shared keeps what it measured: the fleet records such a run as its slowdown while
+unshared plan said 434 s. The cause was not traced. The leading suspect is the host cores: a job that joins a
+GPU gets that GPU's cores and thread count (fleet/local.py), so each pair ran 2 x 16 intra-op threads on the
+same 16 pinned cores, and each kept ~6.8 of them busy (their CPU use alone was not kept); time slices of two
+launch-bound processes are the other candidate. So a job that ran shared keeps what it measured: the fleet records such a run as its slowdown while
 shared (durations.record_shared_run), the plan simulates with the larger of the model and that figure, and a
 job measured at MAX_SHARED_SLOWDOWN or more never shares again (two jobs each that much slower finish no sooner
 than one after the other on the same GPU).
