@@ -31,6 +31,7 @@ from musubi.fleet.machine import SHOW, check_topology
 from musubi.fleet.stop import FleetInterrupted, check_unlocked, run_lock
 from musubi.store.db import db_path
 from musubi.store.rundir import default_run_dir, env_record, read_json, run_record, write_json
+from musubi.store.startup import chain
 
 log = logging.getLogger("musubi.fleet")
 
@@ -61,8 +62,8 @@ class FleetRequest:
 #: topology's check and the refusals,
 #: `recorded` run.json and env.json (NVML, nvidia-smi's topology), `planned` the local executor built (durations
 #: from the history, the topology env.json holds, each GPU's cores); the first plan and the first job's spawn
-#: follow (fleet.json's attempt history). On 4x H200 (2026-11-27) all of it took 8.8 s for 12 jobs, unexplained
-#: until these marks.
+#: follow (fleet.json's attempt history). On 4x H200 (2026-11-27) bench/fleet.py measured 8.8 s from spawning
+#: `musubi run` (12 jobs) to its first job's spawn, unexplained until these marks.
 FLEET_STARTUP: tuple[tuple[str, str], ...] = (
     ("python + CLI import", "entered"),
     ("fleet imports (torch)", "imported"),
@@ -74,19 +75,19 @@ FLEET_STARTUP: tuple[tuple[str, str], ...] = (
 
 
 def startup_parts(marks: dict[str, float]) -> dict[str, float]:
-    """Seconds of each FLEET_STARTUP component whose marks are present (from `process`, the previous present
-    mark), and "in all"."""
+    """Seconds of each FLEET_STARTUP component whose marks are present (store/startup.chain: from the previous
+    mark present, the first from the interpreter's start `process`), and "in all". Without `process` the parts
+    count from the first mark present."""
     out: dict[str, float] = {}
-    last = marks.get("process")
-    for name, mark in FLEET_STARTUP:
-        t = marks.get(mark)
-        if t is None:
-            continue
-        if last is not None:
-            out[name] = round(max(0.0, t - last), 3)
-        last = t
-    if "process" in marks and last is not None:
-        out["in all"] = round(last - marks["process"], 3)
+    start, parts = marks.get("process"), FLEET_STARTUP
+    if start is None:
+        first = next((i for i, (_, to) in enumerate(parts) if to in marks), None)
+        if first is None:
+            return out
+        start, parts = marks[parts[first][1]], parts[first + 1:]
+    last = chain(marks, start, parts, out)
+    if "process" in marks:
+        out["in all"] = round(last - start, 3)
     return out
 
 

@@ -6,8 +6,9 @@ seconds), so the start-up of an attempt reads as the gaps between consecutive ma
     spawned      the fleet started `musubi train` (or the external command); kept in fleet.json's
                  attempt history, not in the file (the job's folder must not exist before `musubi train`)
     entered      `musubi train`'s command began: Python started, the CLI imported (the API: launch_train called)
-    admitted     the job's checks passed: config, resume, world size (the device count: torch, the CUDA
-                 driver), the task's own checks (the model built on the meta device: torch, torchvision);
+    admitted     the job's checks passed: config, resume, world size (the device count: torch, NVML; the
+                 CUDA driver is left to the ranks), the task's own checks (the model built on the meta device:
+                 torch, torchvision);
                  a fleet's job skips the last two, which the fleet made before starting it
     prepared     the preflight (unless --no-check) and the run's records (env.json: NVML, topology) written
     launcher     `musubi train` is about to start torchrun (interpreter, CLI imports, job.json)
@@ -110,15 +111,15 @@ def components(marks: Mapping[str, float]) -> dict[str, float]:
     out: dict[str, float] = {}
     if "spawned" not in marks:
         return out
-    last = _chain(marks, marks["spawned"], COMPONENTS, out)
+    last = chain(marks, marks["spawned"], COMPONENTS, out)
     if out:  # an external command passes none of these marks: its start-up is its own
         out["to first step"] = round(last - marks["spawned"], 3)
         # What the GPUs spent on it: from the gate (the previous job's evaluation over) when there is one.
         out["start-up on the GPUs"] = round(last - max(marks["spawned"], marks.get("gate", marks["spawned"])), 3)
     if "launcher" in marks and any(to in marks for _, to in LAUNCHER[:-1]):
-        _chain(marks, marks["spawned"], LAUNCHER, out)
+        chain(marks, marks["spawned"], LAUNCHER, out)
     if "fit" in marks and "first_step" in marks and any(to in marks for _, to in FIRST_STEP[:-1]):
-        _chain(marks, marks["fit"], FIRST_STEP, out)
+        chain(marks, marks["fit"], FIRST_STEP, out)
     if "trained" in marks and "train_exit" in marks:
         out["teardown"] = round(max(0.0, marks["train_exit"] - marks["trained"]), 3)
     if "train_exit" in marks and "eval_ready" in marks:  # a pre-started step was ready before: 0
@@ -129,10 +130,11 @@ def components(marks: Mapping[str, float]) -> dict[str, float]:
 
 
 
-def _chain(marks: Mapping[str, float], start: float, parts: tuple[tuple[str, str], ...],
-           out: dict[str, float]) -> float:
+def chain(marks: Mapping[str, float], start: float, parts: tuple[tuple[str, str], ...],
+          out: dict[str, float]) -> float:
     """Seconds of each part present, from the mark before it (a missing mark is skipped: the next part runs
-    from the last one present), into `out`; returns the last mark's time."""
+    from the last one present), into `out`; returns the last mark's time. A job's start-up and `musubi run`'s
+    own (fleet/run.py startup_parts) read their marks this way."""
     last = start
     for name, to in parts:
         if to in marks:
