@@ -29,14 +29,14 @@ the host cores the two jobs share (their loaders, the GPU's cores when pinned): 
 
 Measured beats modelled. Two small external detectors (u 0.17 and 0.19, each keeping ~6.8 of its GPU's 16
 pinned cores busy) shared GPUs pairwise in a 12-job fleet on 4x H200 (2026-11-27): each ran 165-176 s against
-59-65 s alone, ~3x slower while shared (this model: 1.2x), while two GPUs idled: the fleet took 524 s where its
-unshared plan said 434 s. The cause was not traced. The leading suspect is the host cores: a job that joins a
-GPU gets that GPU's cores and thread count (fleet/local.py), so each pair ran 2 x 16 intra-op threads on the
-same 16 pinned cores, and each kept ~6.8 of them busy (their CPU use alone was not kept); time slices of two
-launch-bound processes are the other candidate. So a job that ran shared keeps what it measured: the fleet records such a run as its slowdown while
-shared (durations.record_shared_run), the plan simulates with the larger of the model and that figure, and a
-job measured at MAX_SHARED_SLOWDOWN or more never shares again (two jobs each that much slower finish no sooner
-than one after the other on the same GPU).
+59-65 s alone, ~3x slower while shared (this model: 1.2x), while two GPUs idled: the fleet's jobs ended at 511 s
+where its unshared plan said 434 s. The cause was not traced. The leading suspect is the host cores: a job that
+joins a GPU gets that GPU's cores and thread count (fleet/local.py), so each pair ran 2 x 16 intra-op threads on
+the same 16 pinned cores (their CPU use alone was not kept); time slices of two launch-bound processes are the
+other candidate. So a job that ran shared keeps what it measured: the fleet records its slowdown while shared
+(durations.record_shared_run), the plan simulates it with the larger of the model and that figure, and a job
+measured at MAX_SHARED_SLOWDOWN or more never shares again (two jobs each that much slower finish no sooner than
+one after the other on the same GPU).
 """
 
 from __future__ import annotations
@@ -52,9 +52,10 @@ SMALL_UTIL = 0.5
 #: Memory kept free on a shared GPU beyond both jobs' recorded peaks (GiB), or this fraction of the GPU.
 HEADROOM_GIB = 2.0
 HEADROOM_FRACTION = 0.1
-#: Sharing must predict a fleet (the rest of it, when re-planning) this much shorter than not sharing. The model
-#: erred by +3 % (fcos), +30-50 % (a detector beside fcos) and +150 % (two detectors) on 4x H200 (2026-11-27);
-#: there the re-plan shared for a predicted gain of about a second, and the fleet lost 90 s.
+#: Sharing must predict a fleet (the rest of it, when re-planning) this much shorter than not sharing. On 4x H200
+#: (2026-11-27) the model's slowdowns were short by 3 % (fcos: 1.14x against 1.17x), 23-53 % (a detector beside
+#: fcos: 1.63x against 2.0-2.5x) and 157 % (two detectors: 1.19x against 3.06x); the re-plan that shared for a
+#: predicted gain of about a second left the fleet's jobs ending 78 s after its unshared plan.
 SHARE_MARGIN = 0.1
 #: A job measured this many times slower while sharing (or more) never shares again: two such jobs on one GPU
 #: end no earlier than one after the other.
@@ -106,14 +107,14 @@ def overlap_s(start: float, end: float, others: Iterable[tuple[float, float]]) -
     return sum(max(0.0, min(end, b) - max(start, a)) for a, b in others)
 
 
-def measured_slowdown(seconds: float, alone_s: float, overlap_s: float) -> float | None:
-    """How many times slower a job ran during the `overlap_s` seconds it shared its GPU, from its run of `seconds`
-    against `alone_s` predicted alone: it lost (seconds - alone_s) in the overlap, so it progressed at
-    1 - lost/overlap of its speed there. None: too little overlap to tell; capped at 10 (it barely progressed)."""
-    if overlap_s < 1.0 or alone_s <= 0:
+def measured_slowdown(seconds: float, alone_s: float, shared_s: float) -> float | None:
+    """How many times slower a job ran during the `shared_s` seconds it shared its GPU, from its run of `seconds`
+    against `alone_s` predicted alone: it lost (seconds - alone_s) while shared, so it progressed at
+    1 - lost/shared_s of its speed there. None: too little sharing to tell; capped at 10 (it barely progressed)."""
+    if shared_s < 1.0 or alone_s <= 0:
         return None
     lost = max(0.0, seconds - alone_s)
-    rate = 1.0 - lost / overlap_s
+    rate = 1.0 - lost / shared_s
     return round(1.0 / rate, 3) if rate > 0.1 else 10.0
 
 

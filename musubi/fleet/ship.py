@@ -61,17 +61,16 @@ def ship(spec: FleetSpec, run_dir: Path, console: Console) -> Shipped:
         if (job_dir / "export" / "registered.json").is_file():
             shipped += 1
             continue  # exported and registered by an earlier pass of this run (--resume)
-        reused = False
         try:
+            # A task job exported early, by its evaluation step, is registered as it is.
+            reused = row.get("kind") != "external" and exported_current(job_dir)
             if row.get("kind") == "external":
                 if not (job_dir / "model.onnx").is_file():
                     console.print(f"{row['job']}: external job wrote no model.onnx: nothing to register",
                                   highlight=False, markup=False)
                     continue
-            elif not exported_current(job_dir):  # else exported early, by its evaluation step
+            elif not reused:
                 export_job(job_dir)
-            else:
-                reused = True
             entry = register(job_dir)
             if lb.promote:
                 promote(entry["name"], entry["version"], run_dir=run_dir)

@@ -49,10 +49,11 @@ def project_git(cwd: Path | None = None) -> dict[str, Any] | None:
             "changed_files": len(status.splitlines()) if status else 0}
 
 
-def cudnn_version() -> str | None:
+def cudnn_version(packages: dict[str, str] | None = None) -> str | None:
     """cuDNN as torch reports it (e.g. 91300 for 9.13.0; None without it). Where CUDA is not started yet (a
     launcher, a fleet: they never run a kernel) from the cuDNN wheel torch loads, in torch's numbering:
-    torch.backends.cudnn.version() would start CUDA to check the GPUs' compute capability (torch 2.14)."""
+    torch.backends.cudnn.version() would start CUDA to check the GPUs' compute capability (torch 2.14).
+    `packages`: package_versions() when the caller has it already."""
     try:
         import torch
 
@@ -61,7 +62,7 @@ def cudnn_version() -> str | None:
             return str(v) if v else None
     except (ImportError, RuntimeError):
         return None
-    versions = package_versions()
+    versions = packages if packages is not None else package_versions()
     wheel = versions.get("nvidia-cudnn-cu13") or versions.get("nvidia-cudnn-cu12")
     return cudnn_number(wheel) if wheel else None
 

@@ -111,8 +111,9 @@ def env_record() -> dict[str, Any]:
     from musubi.store.provenance import cudnn_version, package_versions, project_git
 
     rec["musubi"] = VERSION
-    rec["cudnn"] = cudnn_version()
-    rec["packages"] = package_versions()
+    packages = package_versions()
+    rec["cudnn"] = cudnn_version(packages)
+    rec["packages"] = packages
     rec["project"] = project_git()
     rec["env"] = relevant_env()
     return rec

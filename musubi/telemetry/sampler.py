@@ -37,9 +37,10 @@ def throttle_names(mask: int) -> list[str]:
 
 
 #: One NVML caller at a time in this process. The fleet (and bench/fleet.py's parallel (a)) watch several external
-#: commands' GPUs from threads of one process; two threads starting their watch at the same moment (nvmlInit, GPM
-#: support query and first GPM sample) killed the process with a segmentation fault on 4x H200 (torch 2.11,
-#: nvidia-ml-py, 2026-11-27). A sample takes about a millisecond at 2 Hz, so serialising costs nothing.
+#: commands' GPUs from threads of one process; on 4x H200 (torch 2.11, nvidia-ml-py, 2026-11-27) two threads
+#: starting their watches at the same moment (nvmlInit, the GPM support query, the first samples) killed the
+#: process with a segmentation fault within 2 s, twice; with this lock the same start ran without one. A sample
+#: is a handful of NVML queries per GPU at 2 Hz, so callers rarely wait (not timed).
 NVML_LOCK = threading.RLock()
 
 

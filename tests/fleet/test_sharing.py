@@ -118,7 +118,8 @@ def test_sharing_pays_and_the_plan_keeps_it_only_then() -> None:
 def test_sharing_needs_a_clear_predicted_gain() -> None:
     """A short job could join a long one now (the model: done at 12 s, the long one 2 s later) instead of waiting
     for a GPU: 102 s against 110 s, 7 % shorter, under SHARE_MARGIN: the GPUs stay unshared (the model erred by
-    up to 3x on an H200, and such a re-plan lost a fleet 90 s). Twice as many short jobs: 20 % shorter, shared."""
+    up to 3x on an H200, where such a re-plan left a fleet's jobs ending 78 s after its unshared plan). Four
+    light jobs on two GPUs: 120 s against 200 s, 40 % shorter, shared."""
     from musubi.fleet.sharing import SHARE_MARGIN
 
     queue = [small("a", 100.0, 0.2, 2.0), small("b", 100.0, 0.2, 2.0), small("c", 10.0, 0.2, 2.0)]
@@ -239,6 +240,13 @@ def test_policy_only_on_gpus_with_known_memory(tmp_path: Path) -> None:
     assert load_fleet(fleet).machine.share_gpus == "off"  # YAML reads a bare off as false
 
 
+def two_commands(tmp_path: Path) -> list:
+    """The two external commands (e1, e2) of a fleet file written into `tmp_path`."""
+    fleet = tmp_path / "f.yaml"
+    fleet.write_text("name: s\njobs:\n  - {name: e1, command: [x.py]}\n  - {name: e2, command: [y.py]}\n")
+    return load_fleet(fleet).jobs
+
+
 class _FakeGpu:
     """Stands in for NVML's view of one GPU (CI has none): a busy-then-idle utilisation and a memory peak."""
 
@@ -260,9 +268,7 @@ def test_an_external_command_is_measured_by_the_fleet_and_may_share(tmp_path: Pa
 
     from musubi.fleet.gpu_watch import stop_watching, watch_command
 
-    fleet = tmp_path / "f.yaml"
-    fleet.write_text("name: s\njobs:\n  - {name: e1, command: [x.py]}\n  - {name: e2, command: [y.py]}\n")
-    e1, e2 = load_fleet(fleet).jobs
+    e1, e2 = two_commands(tmp_path)
     db, machine = tmp_path / "musubi.db", ["host", "H100"]
     for job in (e1, e2):
         job_dir = tmp_path / "run" / job.name
@@ -307,9 +313,7 @@ def test_a_job_measured_slow_while_shared_never_shares_again(tmp_path: Path) -> 
     from musubi.fleet.durations import demand_of, record_shared_run
     from musubi.fleet.sharing import MAX_SHARED_SLOWDOWN
 
-    fleet = tmp_path / "f.yaml"
-    fleet.write_text("name: s\njobs:\n  - {name: e1, command: [x.py]}\n  - {name: e2, command: [y.py]}\n")
-    e1, e2 = load_fleet(fleet).jobs
+    e1, e2 = two_commands(tmp_path)
     db, machine = tmp_path / "musubi.db", ["host", "H200"]
     for job in (e1, e2):
         job_dir = tmp_path / "run" / job.name
