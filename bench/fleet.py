@@ -54,6 +54,7 @@ import argparse
 import json
 import os
 import queue
+import re
 import subprocess
 import sys
 import tempfile
@@ -435,6 +436,42 @@ def compare(run_dir: Path, devices: int, svg: Path | None) -> dict:
     return out
 
 
+def against_alone(rec: dict, alone: dict[str, float]) -> dict:
+    """Where each fleet job's time went, against its run alone (`alone`: (a)'s seconds by job; a copy NAME-cK
+    is NAME's work). Its last attempt's parts: `waited`, from the GPU's assignment to the spawn (an external
+    command waits there for the evaluation step of the job before it on its GPU; a task job is spawned at
+    once and its start-up overlaps that step); `ran`, the process from spawn to exit (start-up, training and
+    teardown: what (a) times); `evaluation`, the fleet's evaluation step after it, which (a) does not run.
+    `ran_vs_alone` above 1: the job itself ran slower in the fleet than alone (4x H200, 2026-11-27: the
+    launch-bound jobs ran slower, fcos 1.09-1.12x and the external detectors 1.13-1.26x, the GPU-bound ones
+    0.99-1.01x)."""
+    rows: dict[str, dict] = {}
+    for name, st in (rec.get("jobs") or {}).items():
+        att = (st.get("history") or [{}])[-1]
+        started, ended = att.get("started"), att.get("ended")
+        spawned = att["spawned"] if att.get("spawned") is not None else started
+        released = att["released"] if att.get("released") is not None else ended
+        if started is None or ended is None:  # never started, or did not end
+            continue
+        base = name if name in alone else re.sub(r"-c\d+$", "", name)
+        ran = released - spawned
+        rows[name] = {"waited_s": round(spawned - started, 1), "ran_s": round(ran, 1),
+                      "evaluation_s": round(ended - released, 1), "alone_s": alone.get(base),
+                      "ran_vs_alone": round(ran / alone[base], 3) if alone.get(base) else None}
+        r = rows[name]
+        print(f"  {name}: waited {r['waited_s']} s, ran {r['ran_s']} s (alone {r['alone_s']} s: "
+              f"{r['ran_vs_alone']}x), evaluation {r['evaluation_s']} s", flush=True)
+    known = [r for r in rows.values() if r["alone_s"]]
+    extra = {"waited_s": round(sum(r["waited_s"] for r in known), 1),
+             "ran_beyond_alone_s": round(sum(r["ran_s"] - r["alone_s"] for r in known), 1),
+             "evaluation_s": round(sum(r["evaluation_s"] for r in known), 1)}
+    # An external command's wait is mostly the evaluation step before it on its GPU: the two overlap.
+    print(f"  the fleet's jobs against their runs alone: {extra['ran_beyond_alone_s']} GPU-s longer processes, "
+          f"{extra['evaluation_s']} GPU-s of evaluation steps; external commands waited {extra['waited_s']} s in "
+          f"all to spawn (behind the evaluation step before them on their GPU)", flush=True)
+    return {"jobs": rows, "sums": extra}
+
+
 def fleet_overhead(run_dir: Path, started: float, ended: float) -> dict:
     """The fleet's time outside its jobs: from `musubi run`'s start (`started`, this script's wall clock) to
     the first job's spawn, and from the last job's end to the exit (`ended`), of which shipping (ship_s)."""
@@ -580,6 +617,9 @@ def main() -> None:
     if "fleet" in result:
         print("fleet:", flush=True)
         report["prediction"] = compare(tmp / "fleet", n, args.svg)
+        if jobs.get("a"):  # each job in the fleet against its run alone: slower, evaluation, waiting
+            report["against_alone"] = against_alone(json.loads((tmp / "fleet" / "fleet.json").read_text()),
+                                                    jobs["a"])
         if "fleet" in figures.get("wall", {}):
             report["fleet_overhead"] = fleet_overhead(tmp / "fleet", *figures["wall"]["fleet"])
     if "fleet" in result and "fleet-unshared" in result:
