@@ -32,6 +32,12 @@ the figures add up and the fleet plans from the history the earlier calls record
 waits for): a fleet of more jobs than GPUs, as teams run them (RGB and thermal variants of each model). The
 copies are the same work, so (a) and (b) measure each job once and count it K times (report
 "makespan_s_of_copies"; the speedups use them), and each measured run is the history of its copies too.
+`--only NAME,...`: every mode runs only these jobs of the file (what waits for a job left out no longer does).
+`--modes ...,a-again`: (a) once more, after the fleet, into its own folder: each job's second run alone against
+its first says how far the machine drifted between them, so a job slower in the fleet than in (a) is told apart
+from a machine that got slower (4x H200, 2026-11-27: fcos and the external detectors ran 1.09-1.26x slower in the
+fleet, the GPU-bound jobs 0.99-1.01x, with (a) and the fleet in separate calls). Both also split each fleet job
+against the second (a).
 Rehearsed on CPU (2 slots, a tiny task job and an external one, K = 2). bench/fleet_whatif.py --copies K predicts it
 from a GPU store first.
 Before the first mode every GPU gets an untimed warm-up (the imports of a job, a few seconds of matmuls;
@@ -293,6 +299,26 @@ def with_copies(fleet: Path, copies: int) -> Path:
     return path
 
 
+def with_only(fleet: Path, names: list[str]) -> Path:
+    """A fleet file beside `fleet` holding only the jobs `names` (in the file's order; a job's `after` keeps
+    only the jobs kept): part of the bench fleet, for a call of a time-limited machine."""
+    data = yaml.safe_load(fleet.read_text())
+    known = [j["name"] for j in data["jobs"]]
+    unknown = sorted(set(names) - set(known))
+    if unknown:
+        raise SystemExit(f"--only {','.join(unknown)}: no such job in {fleet} (its jobs: {', '.join(known)})")
+    kept = [j for j in data["jobs"] if j["name"] in names]
+    for j in kept:
+        if j.get("after"):
+            j["after"] = [a for a in j["after"] if a in names]
+            if not j["after"]:
+                del j["after"]
+    data["jobs"] = kept
+    path = fleet.with_name(f".{fleet.stem}.only.yaml")
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
 def alone_dir(job, out: Path) -> Path:
     """The job folder of a job run alone into `out` (`musubi train --out OUT/NAME` makes OUT/NAME/NAME)."""
     return out / job.name / job.name if isinstance(job, TaskJob) else out / job.name
@@ -441,7 +467,8 @@ def against_alone(rec: dict, alone: dict[str, float]) -> dict:
     is NAME's work). Its last attempt's parts: `waited`, from the GPU's assignment to the spawn (an external
     command waits there for the evaluation step of the job before it on its GPU; a task job is spawned at
     once and its start-up overlaps that step); `ran`, the process from spawn to exit (start-up, training and
-    teardown: what (a) times); `evaluation`, the fleet's evaluation step after it, which (a) does not run.
+    teardown: what (a) times); `evaluation`, the fleet's evaluation step after it, which (a) does not run
+    (with machine.overlap off, CPU slots' default, the GPUs go back after that step: `ran` holds it too).
     `ran_vs_alone` above 1: the job itself ran slower in the fleet than alone (4x H200, 2026-11-27: the
     launch-bound jobs ran slower, fcos 1.09-1.12x and the external detectors 1.13-1.26x, the GPU-bound ones
     0.99-1.01x)."""
@@ -539,6 +566,7 @@ def main() -> None:
     ap.add_argument("--copies", type=int, default=1,
                     help="the fleet modes run each job this many times (as NAME-cK): (a) and (b) measure each job "
                     "once and count it that many times")
+    ap.add_argument("--only", default=None, help="run only these jobs of the fleet file (comma-separated names)")
     ap.add_argument("--work", type=Path, default=None,
                     help="keep the runs and the store in WORK (not a new temporary folder) and each finished mode's "
                     "figures in WORK/modes.json: modes measured by earlier calls on this machine count, so a, fleet "
@@ -547,6 +575,9 @@ def main() -> None:
     if args.copies < 1:
         raise SystemExit(f"--copies {args.copies}: give 1 or more")
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    given = args.fleet
+    if args.only:
+        args.fleet = with_only(args.fleet, [n.strip() for n in args.only.split(",") if n.strip()])
     # The fleet modes' file: the jobs `copies` times ((a) and (b) run the file's jobs once each).
     fleet_file = with_copies(args.fleet, args.copies) if args.copies > 1 else args.fleet
     if args.device == "cuda":
@@ -576,7 +607,7 @@ def main() -> None:
             print(f"{mode}: {result[mode]:.1f} s (measured by an earlier call)", flush=True)
             continue
         jobs.setdefault(mode, {})  # the jobs an earlier call measured (--work) are not run again
-        if mode == "a":
+        if mode in ("a", "a-again"):
             figures["a_measured"] = "in parallel, one job per GPU, summed" if args.a_parallel else "sequential"
         if mode == "share":
             report_extra["share"] = case_share(args.share_fleet, tmp, args.device, args.cpu_slots, args.small,
@@ -592,10 +623,10 @@ def main() -> None:
             result[mode] = run_fleet(fleet_file, tmp / mode, args.device, args.cpu_slots, mode != "fleet-no-overlap",
                                      machine={"share_gpus": "off"} if mode == "fleet-unshared" else None)
             figures.setdefault("wall", {})[mode] = [t0, time.time()]
-        elif mode == "a" and args.a_parallel:
-            result[mode] = run_solo_parallel(args.fleet, tmp / "a", args.device, n, jobs[mode], saved)
-        elif mode == "a":
-            result[mode] = run_sequential(args.fleet, tmp / "a", args.device, n, False, jobs[mode], saved=saved)
+        elif mode in ("a", "a-again") and args.a_parallel:
+            result[mode] = run_solo_parallel(args.fleet, tmp / mode, args.device, n, jobs[mode], saved)
+        elif mode in ("a", "a-again"):
+            result[mode] = run_sequential(args.fleet, tmp / mode, args.device, n, False, jobs[mode], saved=saved)
         elif mode == "b":
             result[mode] = run_sequential(args.fleet, tmp / "b", args.device, n, True, jobs[mode], jobs.get("a"),
                                           saved)
@@ -617,11 +648,18 @@ def main() -> None:
     if "fleet" in result:
         print("fleet:", flush=True)
         report["prediction"] = compare(tmp / "fleet", n, args.svg)
+        rec = json.loads((tmp / "fleet" / "fleet.json").read_text())
         if jobs.get("a"):  # each job in the fleet against its run alone: slower, evaluation, waiting
-            report["against_alone"] = against_alone(json.loads((tmp / "fleet" / "fleet.json").read_text()),
-                                                    jobs["a"])
+            report["against_alone"] = against_alone(rec, jobs["a"])
+        if jobs.get("a-again"):
+            print("fleet against the second (a):", flush=True)
+            report["against_alone_again"] = against_alone(rec, jobs["a-again"])
         if "fleet" in figures.get("wall", {}):
             report["fleet_overhead"] = fleet_overhead(tmp / "fleet", *figures["wall"]["fleet"])
+    if jobs.get("a") and jobs.get("a-again"):  # the machine's drift between the two runs alone of each job
+        report["a_again_over_a"] = {k: round(v / jobs["a"][k], 3) for k, v in jobs["a-again"].items()
+                                    if jobs["a"].get(k)}
+        print(f"(a) again over (a): {json.dumps(report['a_again_over_a'])}", flush=True)
     if "fleet" in result and "fleet-unshared" in result:
         report["sharing_gain"] = round(result["fleet-unshared"] / result["fleet"], 3)
     # (a) and (b) of a fleet of copies: each measured job counted once per copy (the same work).
@@ -636,6 +674,8 @@ def main() -> None:
         report["speedup_vs_b"] = round(k * result["b"] / result["fleet"], 2)
     if fleet_file != args.fleet:
         fleet_file.unlink(missing_ok=True)
+    if args.fleet != given:
+        args.fleet.unlink(missing_ok=True)
     print(json.dumps(report), flush=True)
     if args.json:
         args.json.write_text(json.dumps(report, indent=1))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 
 import pytest
+import yaml
 
 from tests.conftest import REPO
 
@@ -46,3 +47,18 @@ def test_a_job_named_like_a_copy_but_measured_alone_keeps_its_own_time() -> None
     rec = {"jobs": {"yolo-c2": _attempt(0.0, 0.0, 50.0, 51.0)}}
     out = fleet_bench.against_alone(rec, {"yolo-c2": 40.0, "yolo": 100.0})
     assert out["jobs"]["yolo-c2"]["alone_s"] == 40.0
+
+
+def test_only_keeps_the_named_jobs_and_their_waits_on_kept_jobs(tmp_path) -> None:
+    fleet = tmp_path / "f.yaml"
+    fleet.write_text("name: f\njobs:\n"
+                     "  - {name: a, command: [x.py], gpus: 1}\n"
+                     "  - {name: b, command: [x.py], gpus: 1, after: [a]}\n"
+                     "  - {name: c, command: [x.py], gpus: 1, after: [a, b]}\n")
+    only = fleet_bench.with_only(fleet, ["b", "c"])
+    assert only.parent == fleet.parent  # beside the file: its relative commands resolve as before
+    jobs = yaml.safe_load(only.read_text())["jobs"]
+    assert [j["name"] for j in jobs] == ["b", "c"]
+    assert "after" not in jobs[0] and jobs[1]["after"] == ["b"]
+    with pytest.raises(SystemExit, match="--only nope: no such job"):
+        fleet_bench.with_only(fleet, ["b", "nope"])
