@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import sys
 
 import pytest
 import yaml
@@ -62,3 +63,18 @@ def test_only_keeps_the_named_jobs_and_their_waits_on_kept_jobs(tmp_path) -> Non
     assert "after" not in jobs[0] and jobs[1]["after"] == ["b"]
     with pytest.raises(SystemExit, match="--only nope: no such job"):
         fleet_bench.with_only(fleet, ["b", "nope"])
+
+
+def test_a_fleet_that_missed_its_criteria_with_every_job_done_still_counts(tmp_path) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "fleet.json").write_text('{"jobs": {"a": {"state": "done"}, "b": {"state": "done"}}}')
+    assert fleet_bench.all_done(run)
+    (run / "fleet.json").write_text('{"jobs": {"a": {"state": "done"}, "b": {"state": "failed"}}}')
+    assert not fleet_bench.all_done(run)
+    assert not fleet_bench.all_done(tmp_path / "absent")
+    # The command's exit decides: accepted, it is timed; refused, it raises with its output.
+    argv = [sys.executable, "-c", "import sys; print('criteria not met'); sys.exit(1)", "x"]
+    assert fleet_bench._run(argv, {}, tmp_path, accept=lambda code: code in (0, 1)) > 0
+    with pytest.raises(RuntimeError, match="criteria not met"):
+        fleet_bench._run(argv, {}, tmp_path)
