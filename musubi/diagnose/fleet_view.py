@@ -14,7 +14,7 @@ from typing import Any, Protocol
 from musubi.config.run_files import RUN_FILES
 from musubi.records.attempts import attempts_of
 from musubi.store.rundir import read_json
-from musubi.store.startup import COMPONENTS, EVAL_START, FIRST_STEP, LAUNCHER
+from musubi.store.startup import COMPONENTS, EVAL_START, EVALUATION, FIRST_STEP, LAUNCHER
 
 PALETTE = ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7", "#9c755f"]
 
@@ -114,7 +114,7 @@ def fleet_section(run: Path) -> str:
 
 def _startup_table(record: dict[str, Any]) -> str:
     names = [c for c, _ in COMPONENTS] + [c for c, _ in LAUNCHER] + [c for c, _ in FIRST_STEP] + [
-        "to first step", "start-up on the GPUs", "teardown", EVAL_START, "evaluation"]
+        "to first step", "start-up on the GPUs", "teardown", EVAL_START, "evaluation"] + [c for c, _ in EVALUATION]
     jobs = [(n, st.get("startup") or {}) for n, st in (record.get("jobs") or {}).items()]
     jobs = [(n, c) for n, c in jobs if c.get("to first step") is not None]
     if not jobs:

@@ -10,6 +10,7 @@ measured with ONNX Runtime on their model.onnx only when they reported none.
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -64,8 +65,10 @@ def export_evaluated(job_dir: Path) -> dict[str, Any]:
 
 
 def evaluate_task_job(job_dir: Path, device: str | None, export: bool, fps_runs: int | None,
-                      fps_warmup: int | None) -> dict[str, Any]:
-    """FPS (torch, then ONNX Runtime if exported) of a Musubi task job; eval.json updated."""
+                      fps_warmup: int | None, reached: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """FPS (torch, then ONNX Runtime if exported) of a Musubi task job; eval.json updated. `reached(mark)`:
+    told "eval_loaded" once the model is on its device and "eval_fps" once its FPS is measured (the fleet's
+    evaluation step marks them: where the step's seconds go)."""
     from musubi.evaluate.export_plan import export_plan
     from musubi.evaluate.fps import onnx_fps, torch_fps
     from musubi.evaluate.model_io import load_job_model, sample_batch
@@ -74,6 +77,8 @@ def evaluate_task_job(job_dir: Path, device: str | None, export: bool, fps_runs:
     path = job_dir / EVAL_FILE
     record = _read_eval(path)
     job = load_job_model(job_dir)
+    if reached is not None:
+        reached("eval_loaded")
     record.setdefault("metrics", {})
     record.setdefault("primary_metric", job.task.primary_metric)
     record["kind"] = "task"
@@ -89,6 +94,8 @@ def evaluate_task_job(job_dir: Path, device: str | None, export: bool, fps_runs:
         except ConfigError as e:  # a model that does not export is still measured and ranked
             record["export"] = {"error": str(e)}
     headline = torch_fps(job, device, fps_warmup, fps_runs)
+    if reached is not None:
+        reached("eval_fps")
     fps_all[headline["runtime"]] = headline
     if exported is not None:
         plan = export_plan(job)
@@ -139,7 +146,7 @@ def evaluate_external_job(job_dir: Path, device: str | None, fps_runs: int | Non
 
 
 def evaluate_job(job_dir: Path, device: str | None = None, export: bool = False, fps_runs: int | None = None,
-                 fps_warmup: int | None = None) -> dict[str, Any]:
+                 fps_warmup: int | None = None, reached: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Evaluate one finished job (task or external) and rewrite its eval.json with "fps"; return the record.
 
     `device`: cpu, cuda or cuda:N (default: a GPU if visible). `fps_runs`/`fps_warmup`: timed and
@@ -152,7 +159,7 @@ def evaluate_job(job_dir: Path, device: str | None = None, export: bool = False,
     if not job_dir.is_dir():
         raise ConfigError(f"{job_dir}: no such job directory")
     if is_task_job(job_dir):
-        return evaluate_task_job(job_dir, device, export, fps_runs, fps_warmup)
+        return evaluate_task_job(job_dir, device, export, fps_runs, fps_warmup, reached)
     if not any((job_dir / f).is_file() for f in (EVAL_FILE, RUN_FILES.job, RUN_FILES.metrics_from)):
         raise ConfigError(f"{job_dir}: neither job.json nor eval.json; not a job directory")
     return evaluate_external_job(job_dir, device, fps_runs, fps_warmup)

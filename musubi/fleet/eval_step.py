@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         return 3
     ask = export_ask(after) if after is not None else None
     try:
-        result = evaluate_job(job_dir)
+        result = evaluate_job(job_dir, reached=lambda name: mark(job_dir, name))
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -139,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         entry = export_if_ranked(job_dir, ask)
         if entry is not None:
             result["export"] = entry
+            mark(job_dir, "eval_exported")
     mark(job_dir, "evaluated")
     print(json.dumps(result, default=str)[:2000], flush=True)
     return 0

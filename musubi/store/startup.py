@@ -75,6 +75,15 @@ LAUNCHER: tuple[tuple[str, str], ...] = (
 )
 #: The evaluation step's Python start and imports after training ended (0 when it was pre-started).
 EVAL_START = "evaluation start (python, imports)"
+#: The evaluation step's parts (from its start: the later of ready and training's end), where it marked them:
+#: reported beside "evaluation", which holds them all. A task job's step loads the model (checkpoint, build,
+#: onto the GPU), times it (the FPS protocol), exports it when the fleet asked and it ranks, and writes eval.json.
+EVALUATION: tuple[tuple[str, str], ...] = (
+    ("evaluation: model load", "eval_loaded"),
+    ("evaluation: FPS", "eval_fps"),
+    ("evaluation: export", "eval_exported"),
+    ("evaluation: the rest", "evaluated"),
+)
 #: The components that ran while the job's GPUs were still busy with the previous job's evaluation.
 OVERLAPPED = "waiting for the GPU (overlapped)"
 
@@ -125,7 +134,10 @@ def components(marks: Mapping[str, float]) -> dict[str, float]:
     if "train_exit" in marks and "eval_ready" in marks:  # a pre-started step was ready before: 0
         out[EVAL_START] = round(max(0.0, marks["eval_ready"] - marks["train_exit"]), 3)
         if "evaluated" in marks:
-            out["evaluation"] = round(max(0.0, marks["evaluated"] - max(marks["eval_ready"], marks["train_exit"])), 3)
+            begun = max(marks["eval_ready"], marks["train_exit"])
+            out["evaluation"] = round(max(0.0, marks["evaluated"] - begun), 3)
+            if any(to in marks for _, to in EVALUATION[:-1]):
+                chain(marks, begun, EVALUATION, out)
     return out
 
 
@@ -148,13 +160,16 @@ def summary_line(comp: Mapping[str, float]) -> str:
     if "to first step" not in comp:
         return "no start-up marks"
     skip = {"to first step", "start-up on the GPUs", "teardown", EVAL_START, "evaluation",
-            *(k for k, _ in FIRST_STEP), *(k for k, _ in LAUNCHER)}
+            *(k for k, _ in FIRST_STEP), *(k for k, _ in LAUNCHER), *(k for k, _ in EVALUATION)}
     parts = ", ".join(f"{k} {v:.1f}" for k, v in comp.items() if k not in skip and v >= 0.05)
     for group, label in ((LAUNCHER, "launcher"), (FIRST_STEP, "first step")):
         inside = ", ".join(f"{k.split(': ', 1)[1]} {comp[k]:.1f}" for k, _ in group if k in comp)
         if inside:
             parts += f" ({label}: {inside})"
     tail = ", ".join(f"{k} {comp[k]:.1f}" for k in ("teardown", EVAL_START, "evaluation") if k in comp)
+    inside = ", ".join(f"{k.split(': ', 1)[1]} {comp[k]:.1f}" for k, _ in EVALUATION if k in comp)
+    if inside:
+        tail += f" ({inside})"
     return (f"{comp['to first step']:.1f} s to the first step ({comp['start-up on the GPUs']:.1f} s of it on the "
             f"GPUs): {parts}" + (f"; after training: {tail}" if tail else ""))
 

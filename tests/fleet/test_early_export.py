@@ -92,6 +92,10 @@ def test_the_evaluation_step_exports_as_ship_does_within_the_top_k_only(tmp_path
     # timing together, ran 89 s on 4x H200, 2026-11-27).
     assert not [k for k in record["fps_all"] if k.startswith("onnxruntime")], record["fps_all"]
     assert exported_current(job)
+    # Where the step's seconds went: model load, FPS, then the export only where it exported (the second run).
+    marks = [json.loads(line)["mark"] for line in (job / "startup.jsonl").read_text().splitlines()]
+    assert marks == ["eval_ready", "eval_loaded", "eval_fps", "evaluated",
+                     "eval_ready", "eval_loaded", "eval_fps", "eval_exported", "evaluated"], marks
 
 
 def test_a_parity_failure_is_a_recorded_export_error() -> None:

@@ -48,6 +48,21 @@ def test_the_first_step_in_parts_where_the_worker_marked_them(tmp_path: Path) ->
     assert not any(k.startswith("first step:") for k in components(MARKS))  # older runs: no parts
 
 
+def test_the_evaluation_step_in_parts_where_it_marked_them() -> None:
+    """model load, FPS, export, the rest: inside "evaluation", from the later of ready and training's end."""
+    c = components({**MARKS, "eval_loaded": 152.2, "eval_fps": 153.1, "eval_exported": 153.8})
+    parts = [c["evaluation: model load"], c["evaluation: FPS"], c["evaluation: export"], c["evaluation: the rest"]]
+    assert [round(p, 3) for p in parts] == [1.2, 0.9, 0.7, 0.2] and abs(sum(parts) - c["evaluation"]) < 1e-9
+    # Not exported (no early export asked, or it did not rank): "the rest" runs from the FPS mark.
+    plain = components({**MARKS, "eval_loaded": 152.2, "eval_fps": 153.1})
+    assert "evaluation: export" not in plain and round(plain["evaluation: the rest"], 3) == 0.9
+    # Started after training ended: its parts run from its own start, not from the end of training.
+    late = components({**MARKS, "eval_ready": 155.0, "eval_loaded": 156.0, "eval_fps": 157.5, "evaluated": 158.0})
+    assert late["evaluation: model load"] == 1.0 and late["evaluation"] == 3.0
+    assert "(model load 1.2, FPS 0.9, export 0.7, the rest 0.2)" in summary_line(c)
+    assert not any(k.startswith("evaluation:") for k in components(MARKS))  # older runs: no parts
+
+
 def test_the_launcher_in_parts_where_musubi_train_marked_them() -> None:
     """python and imports, the job's checks, preflight and records, the rest: inside "python + CLI import"."""
     c = components({**MARKS, "entered": 100.6, "admitted": 101.1, "prepared": 101.7})
