@@ -65,6 +65,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -103,7 +104,7 @@ def _run(argv: list[str], env: dict[str, str], cwd: Path, pin: tuple[int, ...] =
     if not accept(proc.returncode):
         raise RuntimeError(f"{argv[:6]} failed ({proc.returncode}):\n{stdout[-1500:]}\n{stderr[-1500:]}")
     if proc.returncode != 0:
-        print(f"  {argv[3]} exited {proc.returncode} (counted): {(stdout + stderr).strip()[-300:]}", flush=True)
+        print(f"  exit {proc.returncode}, counted: {(stdout + stderr).strip()[-300:]}", flush=True)
     return time.perf_counter() - t0
 
 
@@ -133,8 +134,7 @@ def run_fleet(fleet: Path, out: Path, device: str, slots: int | None, overlap: b
             data["machine"]["overlap"] = False
         if small:
             shrink(data)
-        copy = fleet.with_name(f".{fleet.stem}.{out.name}.yaml")
-        copy.write_text(yaml.safe_dump(data, sort_keys=False))
+        copy = derived_fleet(fleet, out.name, data)
     argv = [sys.executable, "-m", "musubi.cli", "run", str(copy or fleet), "--out", str(out), "--device", device,
             "--no-check"]
     if slots:
@@ -287,6 +287,25 @@ def remember(job, out: Path, device: str, n: int, started: float, ended: float) 
 COPIES: dict[str, list] = {}
 
 
+def derived_fleet(fleet: Path, tag: str, data: dict) -> Path:
+    """`data` written as a fleet file beside `fleet` (.STEM.TAG.yaml), so its relative commands resolve as in
+    `fleet`; the caller removes it."""
+    path = fleet.with_name(f".{fleet.stem}.{tag}.yaml")
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def copy_name(name: str, c: int) -> str:
+    """Copy `c` of the job `name` in a fleet of copies (--copies): the first keeps the name, then NAME-c2, ..."""
+    return name if c == 1 else f"{name}-c{c}"
+
+
+def original_name(name: str, known: Iterable[str]) -> str:
+    """The job a fleet job's name stands for: itself when `known` holds it, else the job it is a copy of."""
+    known = set(known)
+    return name if name in known else re.sub(r"-c\d+$", "", name)
+
+
 def with_copies(fleet: Path, copies: int) -> Path:
     """A fleet file beside `fleet` holding each of its jobs `copies` times (copy c of a job named `x` is `x-c{c}`
     from c = 2, and waits for copy c of the jobs it waits for): a fleet of more jobs than GPUs, as teams run
@@ -295,20 +314,15 @@ def with_copies(fleet: Path, copies: int) -> Path:
     recorded for them too (remember)."""
     data = yaml.safe_load(fleet.read_text())
     jobs = data["jobs"]
-
-    def named(name: str, c: int) -> str:
-        return name if c == 1 else f"{name}-c{c}"
-
-    data["jobs"] = [{**j, "name": named(j["name"], c),
-                     **({"after": [named(a, c) for a in j["after"]]} if j.get("after") else {})}
+    data["jobs"] = [{**j, "name": copy_name(j["name"], c),
+                     **({"after": [copy_name(a, c) for a in j["after"]]} if j.get("after") else {})}
                     for c in range(1, copies + 1) for j in jobs]
     data["name"] = f"{data['name']}-x{copies}"
-    path = fleet.with_name(f".{fleet.stem}.x{copies}.yaml")
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    path = derived_fleet(fleet, f"x{copies}", data)
     copied = {j.name: j for j in load_fleet(path).jobs}
     COPIES.clear()
     for j in jobs:
-        COPIES[j["name"]] = [copied[named(j["name"], c)] for c in range(2, copies + 1)]
+        COPIES[j["name"]] = [copied[copy_name(j["name"], c)] for c in range(2, copies + 1)]
     return path
 
 
@@ -327,9 +341,7 @@ def with_only(fleet: Path, names: list[str]) -> Path:
             if not j["after"]:
                 del j["after"]
     data["jobs"] = kept
-    path = fleet.with_name(f".{fleet.stem}.only.yaml")
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-    return path
+    return derived_fleet(fleet, "only", data)
 
 
 def alone_dir(job, out: Path) -> Path:
@@ -484,7 +496,7 @@ def against_alone(rec: dict, alone: dict[str, float]) -> dict:
     (with machine.overlap off, CPU slots' default, the GPUs go back after that step: `ran` holds it too).
     `ran_vs_alone` above 1: the job itself ran slower in the fleet than alone (4x H200, 2026-11-27: the
     launch-bound jobs ran slower, fcos 1.09-1.12x and the external detectors 1.13-1.26x, the GPU-bound ones
-    0.99-1.01x)."""
+    0.99-1.01x). Only a run on one GPU compares with (a): a moldable job the fleet widened has no `alone_s`."""
     rows: dict[str, dict] = {}
     for name, st in (rec.get("jobs") or {}).items():
         att = (st.get("history") or [{}])[-1]
@@ -493,14 +505,16 @@ def against_alone(rec: dict, alone: dict[str, float]) -> dict:
         released = att["released"] if att.get("released") is not None else ended
         if started is None or ended is None:  # never started, or did not end
             continue
-        base = name if name in alone else re.sub(r"-c\d+$", "", name)
+        width = len(att.get("gpus") or st.get("gpus") or [0])
+        alone_s = alone.get(original_name(name, alone)) if width == 1 else None
         ran = released - spawned
-        rows[name] = {"waited_s": round(spawned - started, 1), "ran_s": round(ran, 1),
-                      "evaluation_s": round(ended - released, 1), "alone_s": alone.get(base),
-                      "ran_vs_alone": round(ran / alone[base], 3) if alone.get(base) else None}
+        rows[name] = {"width": width, "waited_s": round(spawned - started, 1), "ran_s": round(ran, 1),
+                      "evaluation_s": round(ended - released, 1), "alone_s": alone_s,
+                      "ran_vs_alone": round(ran / alone_s, 3) if alone_s else None}
         r = rows[name]
-        print(f"  {name}: waited {r['waited_s']} s, ran {r['ran_s']} s (alone {r['alone_s']} s: "
-              f"{r['ran_vs_alone']}x), evaluation {r['evaluation_s']} s", flush=True)
+        vs = f"alone {r['alone_s']:.1f} s: {r['ran_vs_alone']}x" if r["alone_s"] else f"on {width} GPU(s), not (a)'s one"
+        print(f"  {name}: waited {r['waited_s']} s, ran {r['ran_s']} s ({vs}), evaluation {r['evaluation_s']} s",
+              flush=True)
     known = [r for r in rows.values() if r["alone_s"]]
     extra = {"waited_s": round(sum(r["waited_s"] for r in known), 1),
              "ran_beyond_alone_s": round(sum(r["ran_s"] - r["alone_s"] for r in known), 1),

@@ -32,7 +32,7 @@ def test_parts_of_each_job_against_its_run_alone() -> None:
     }}
     out = fleet_bench.against_alone(rec, {"fcos": 147.5, "ext-detector-b": 53.5})
     jobs = out["jobs"]
-    assert jobs["fcos"] == {"waited_s": 0.0, "ran_s": 163.6, "evaluation_s": 5.5, "alone_s": 147.5,
+    assert jobs["fcos"] == {"width": 1, "waited_s": 0.0, "ran_s": 163.6, "evaluation_s": 5.5, "alone_s": 147.5,
                             "ran_vs_alone": pytest.approx(1.109, abs=1e-3)}
     assert jobs["ext-detector-b"]["waited_s"] == 5.8 and jobs["ext-detector-b"]["ran_s"] == 60.7
     assert jobs["ext-detector-b"]["ran_vs_alone"] == pytest.approx(1.135, abs=1e-3)
@@ -42,6 +42,14 @@ def test_parts_of_each_job_against_its_run_alone() -> None:
     # Sums over the jobs with a run alone: 16.1 + 7.2 + 13.8 s longer, 5.5 + 1.0 + 6.2 s of evaluation.
     assert out["sums"] == {"waited_s": 5.8, "ran_beyond_alone_s": pytest.approx(37.1, abs=0.05),
                            "evaluation_s": pytest.approx(12.7, abs=0.05)}
+
+
+def test_a_job_the_fleet_widened_is_not_compared_with_its_one_gpu_run() -> None:
+    rec = {"jobs": {"r50": {"history": [{"attempt": 1, "gpus": [0, 1], "started": 0.0, "spawned": 0.0,
+                                         "released": 100.0, "ended": 104.0}]}}}
+    out = fleet_bench.against_alone(rec, {"r50": 190.0})
+    assert out["jobs"]["r50"]["width"] == 2 and out["jobs"]["r50"]["alone_s"] is None
+    assert out["jobs"]["r50"]["ran_vs_alone"] is None and out["sums"]["ran_beyond_alone_s"] == 0
 
 
 def test_a_job_named_like_a_copy_but_measured_alone_keeps_its_own_time() -> None:
