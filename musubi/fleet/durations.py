@@ -83,6 +83,12 @@ class Estimate:
         """Predicted seconds on `width` GPUs."""
         return self.seconds[self.widths.index(width)]
 
+    @property
+    def from_history(self) -> bool:
+        """Whether the figures are this machine's measured runs of the job (not a probe, a declaration or the
+        fallback)."""
+        return self.source.startswith("history")
+
 
 def demand_of(job: TaskJob | CommandJob, est: Estimate, widths: tuple[int, ...] | None = None,
               name: str | None = None, first: bool = False) -> Demand:

@@ -608,7 +608,7 @@ class LocalFleet:
         """A clean run that shared its GPU: how many times slower it ran while shared, against its duration alone
         in the history (none known: nothing to compare, nothing kept). The plan believes it over the model."""
         est = self.estimates[name]
-        if not est.source.startswith("history") or 1 not in est.widths or st.started is None or st.ended is None:
+        if not est.from_history or 1 not in est.widths or st.started is None or st.ended is None:
             return
         end = st.released or st.ended
         partners = [self.states[p] for p in st.shared_with if p in self.states]

@@ -125,10 +125,10 @@ def components(marks: Mapping[str, float]) -> dict[str, float]:
         out["to first step"] = round(last - marks["spawned"], 3)
         # What the GPUs spent on it: from the gate (the previous job's evaluation over) when there is one.
         out["start-up on the GPUs"] = round(last - max(marks["spawned"], marks.get("gate", marks["spawned"])), 3)
-    if "launcher" in marks and any(to in marks for _, to in LAUNCHER[:-1]):
-        chain(marks, marks["spawned"], LAUNCHER, out)
-    if "fit" in marks and "first_step" in marks and any(to in marks for _, to in FIRST_STEP[:-1]):
-        chain(marks, marks["fit"], FIRST_STEP, out)
+    if "launcher" in marks:
+        _inner(marks, marks["spawned"], LAUNCHER, out)
+    if "fit" in marks and "first_step" in marks:
+        _inner(marks, marks["fit"], FIRST_STEP, out)
     if "trained" in marks and "train_exit" in marks:
         out["teardown"] = round(max(0.0, marks["train_exit"] - marks["trained"]), 3)
     if "train_exit" in marks and "eval_ready" in marks:  # a pre-started step was ready before: 0
@@ -136,9 +136,16 @@ def components(marks: Mapping[str, float]) -> dict[str, float]:
         if "evaluated" in marks:
             begun = max(marks["eval_ready"], marks["train_exit"])
             out["evaluation"] = round(max(0.0, marks["evaluated"] - begun), 3)
-            if any(to in marks for _, to in EVALUATION[:-1]):
-                chain(marks, begun, EVALUATION, out)
+            _inner(marks, begun, EVALUATION, out)
     return out
+
+
+def _inner(marks: Mapping[str, float], start: float, parts: tuple[tuple[str, str], ...],
+           out: dict[str, float]) -> None:
+    """The parts of a component whose last mark ends it (LAUNCHER, FIRST_STEP, EVALUATION), when its process
+    marked any part inside (older runs did not: no parts)."""
+    if any(to in marks for _, to in parts[:-1]):
+        chain(marks, start, parts, out)
 
 
 
@@ -155,6 +162,12 @@ def chain(marks: Mapping[str, float], start: float, parts: tuple[tuple[str, str]
     return last
 
 
+def _inside(comp: Mapping[str, float], group: tuple[tuple[str, str], ...], label: str) -> str:
+    """" (LABEL: part s, ...)" of a group's parts present in `comp`, each named without its group prefix."""
+    inside = ", ".join(f"{k.split(': ', 1)[1]} {comp[k]:.1f}" for k, _ in group if k in comp)
+    return f" ({label}{inside})" if inside else ""
+
+
 def summary_line(comp: Mapping[str, float]) -> str:
     """One line: seconds to the first step, on the GPUs, each component, and the evaluation step."""
     if "to first step" not in comp:
@@ -162,14 +175,9 @@ def summary_line(comp: Mapping[str, float]) -> str:
     skip = {"to first step", "start-up on the GPUs", "teardown", EVAL_START, "evaluation",
             *(k for k, _ in FIRST_STEP), *(k for k, _ in LAUNCHER), *(k for k, _ in EVALUATION)}
     parts = ", ".join(f"{k} {v:.1f}" for k, v in comp.items() if k not in skip and v >= 0.05)
-    for group, label in ((LAUNCHER, "launcher"), (FIRST_STEP, "first step")):
-        inside = ", ".join(f"{k.split(': ', 1)[1]} {comp[k]:.1f}" for k, _ in group if k in comp)
-        if inside:
-            parts += f" ({label}: {inside})"
+    parts += _inside(comp, LAUNCHER, "launcher: ") + _inside(comp, FIRST_STEP, "first step: ")
     tail = ", ".join(f"{k} {comp[k]:.1f}" for k in ("teardown", EVAL_START, "evaluation") if k in comp)
-    inside = ", ".join(f"{k.split(': ', 1)[1]} {comp[k]:.1f}" for k, _ in EVALUATION if k in comp)
-    if inside:
-        tail += f" ({inside})"
+    tail += _inside(comp, EVALUATION, "")
     return (f"{comp['to first step']:.1f} s to the first step ({comp['start-up on the GPUs']:.1f} s of it on the "
             f"GPUs): {parts}" + (f"; after training: {tail}" if tail else ""))
 
