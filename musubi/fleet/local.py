@@ -54,10 +54,10 @@ CONTEXT_GIB = 2.0
 
 #: Seconds another job must still be predicted to train for a job whose training just ended to export its model
 #: to ONNX in its evaluation step (the fleet's top-k are otherwise exported after the last job). On 4x H200
-#: (2026-11-27) ship() exported and registered resnet18 in 2.7 s in all; a GPT-124M's export in the evaluation
-#: step (then with ONNX Runtime timing, since dropped) took 89 s. With this margin a CNN's export ends while the
-#: other job still trains, off the critical path; nearer the end it could outlast the last job and lengthen the
-#: fleet for a model that may not rank in the top-k at all.
+#: (2026-11-27) ship() exported and registered resnet18 in 2.7 s in all (4.0-4.1 s in session 12's fleets); a
+#: GPT-124M's export in the evaluation step (then with ONNX Runtime timing, since dropped) took 89 s. With this
+#: margin a CNN's export ends while the other job still trains, off the critical path; nearer the end it could
+#: outlast the last job and lengthen the fleet for a model that may not rank in the top-k at all.
 EARLY_EXPORT_MARGIN_S = 30.0
 
 
