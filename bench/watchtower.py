@@ -140,19 +140,24 @@ COMM_GPT = {"model_args": {"layers": 4, "hidden": 1536, "heads": 12},
 #: become the bottleneck first (4 made the CPU rehearsal's rank 1 too slow to finish at all).
 CPU_HOG_PER_CORE = 2
 #: The checkpoint cases' GPT (the docstring works out its save and step): AdamW, DDP, a save every CKPT_EVERY
-#: steps, so a 25- or 30-step segment holds two saves (the label needs two).
+#: steps, so a segment of --steps >= 2 x CKPT_EVERY holds two saves (the label needs two). Measured on 4x H200
+#: (2026-11-27, 2792591): a step 69.6 ms (not the 80-200 predicted), a synchronous save blocked 1.03 s, an
+#: asynchronous one durable after 1.52 s. At a save every 12 steps (0.84 s) each asynchronous save waited for
+#: the one before (blocked median 0.44 s, checkpoint share 0.22-0.33 a segment): the watchtower said "periodic
+#: checkpoint stall" 10 of 10 times, rightly. Every 30 steps (2.1 s) the write has ~0.6 s to spare.
 CKPT_GPT = {"model_args": {"layers": 4, "hidden": 768, "heads": 12},
             "synthetic": {"seq_len": 256, "vocab": 8192}, "batch": 384}
 CKPT_GPT_CPU = {"model_args": {"layers": 2, "hidden": 256, "heads": 4},
                 "synthetic": {"seq_len": 32, "vocab": 4096}, "batch": 4}
-CKPT_EVERY = 12
+CKPT_EVERY = 30
 #: Seconds a case takes on 4x H200 for 10 segments of 30 steps (the scenario budget's prior, until the case
 #: has run): measured healthy 52, p2p_off 43, gpu_hog 72 (2026-11-26, 7b6de92), cpu_hog 82 (2026-11-27,
-#: d18e166); healthy_fcos ~30 s start-up + 300 x 138 ms; the ckpt cases ~30 s start-up + 330 steps x ~150 ms
-#: (+ 27 synchronous saves x ~0.8 s): predictions, not measured. Scaled by the steps asked (start-up kept).
+#: d18e166); healthy_fcos ~30 s start-up + 300 x 138 ms (predicted); the ckpt cases from their run of 11 x 25
+#: steps (2026-11-27, 2792591: ckpt_sync 57.0 s, ckpt_async 47.8 s, ~16 s of it start-up and teardown) at a save
+#: every 30 steps. Scaled by the steps asked (start-up kept).
 CASE_EST_S = {"healthy": 52.0, "p2p_off": 43.0, "gpu_hog": 72.0, "gpu_hog_light": 72.0, "cpu_hog": 82.0,
-              "healthy_cpu_data": 82.0, "healthy_comm": 43.0, "healthy_fcos": 71.0, "ckpt_sync": 102.0,
-              "ckpt_async": 80.0}
+              "healthy_cpu_data": 82.0, "healthy_comm": 43.0, "healthy_fcos": 71.0, "ckpt_sync": 58.0,
+              "ckpt_async": 46.0}
 CASE_STARTUP_S = 30.0
 OVH_WARMUP, OVH_STOP = 20, 100  # overhead: musubi's timed window (log records at both ends)
 PLAIN_STEPS = 80  # plain_ddp.py times 80 steps after its own 15 warm-up steps
@@ -877,6 +882,10 @@ def main() -> None:
     args = ap.parse_args()
     if args.segments < 1 or args.steps < WINDOW + WARMUP:
         ap.error(f"--segments must be >= 1 and --steps >= {WINDOW + WARMUP} (a judged window after the warm-up)")
+    if args.part != "overhead" and any(CASES[n].job == "ckpt" for n in args.cases.split(",") if n in CASES) \
+            and args.steps < 2 * CKPT_EVERY:
+        ap.error(f"--steps {args.steps}: the checkpoint cases save every {CKPT_EVERY} steps and judge two saves a "
+                 f"segment; use --steps {2 * CKPT_EVERY} or more")
     args.models = [m for m in args.models.split(",") if m]
     bad = [m for m in args.models if m not in OVH_MODELS]
     if bad or not args.models:

@@ -150,8 +150,9 @@ class SafeLoadPlanner(DefaultLoadPlanner):
             self.state_dict[read_item.dest_index.fqn] = obj
 
 
-def full_state(ckpt_dir: Path) -> dict[str, Any]:
-    """Every entry of a DCP checkpoint as one nested dict on the CPU, without a process group, read safely."""
+def full_state(ckpt_dir: Path, keys: frozenset[str] | None = None) -> dict[str, Any]:
+    """Every entry of a DCP checkpoint (or only the top-level entries `keys`: an evaluation needs "model", not
+    the optimizer's two moments) as one nested dict on the CPU, without a process group, read safely."""
     # What DCP's own dcp_to_torch_save does (same private helpers), with the safe reader and planner.
     from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
@@ -162,7 +163,8 @@ def full_state(ckpt_dir: Path) -> dict[str, Any]:
     state: dict[str, Any] = {}
     reader = SafeFileSystemReader(str(ckpt_dir))
     try:
-        _load_state_dict(state, storage_reader=reader, planner=_SafeFullLoadPlanner(), no_dist=True)
+        planner = _SafeFullLoadPlanner(keys=None if keys is None else set(keys))
+        _load_state_dict(state, storage_reader=reader, planner=planner, no_dist=True)
     except (Exception, CheckpointException):  # CheckpointException is a BaseException
         if reader.refused:
             raise ConfigError(reader.refused) from None

@@ -71,7 +71,7 @@ def load_job_model(job_dir: Path) -> JobModel:
         )
     task = build_task(spec)
     model = task.build_model()
-    state = read_full_state(ckpt.path).get("model")
+    state = read_full_state(ckpt.path, verified=True, keys=frozenset({"model"})).get("model")
     if not isinstance(state, dict):
         raise ConfigError(f"{ckpt.path}: holds no model state; pick another checkpoint")
     try:

@@ -23,7 +23,7 @@ from musubi.config.errors import ConfigError
 from musubi.config.run_files import RUN_FILES
 from musubi.evaluate.leaderboard import collect_jobs, rank_jobs
 from musubi.evaluate.score import ScoreRule
-from musubi.store.startup import mark, wait_for_file
+from musubi.store.startup import EVAL_GPU_DONE, mark, wait_for_file
 
 
 def wait_for(path: Path) -> bool:
@@ -135,6 +135,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    # The GPUs are no longer needed: the fleet lets the next job on them past its gate (or spawns it) now, and
+    # an export below (ONNX on the CPU) runs beside that job's start instead of before it.
+    mark(job_dir, EVAL_GPU_DONE)
     if ask is not None and result.get("kind") == "task":
         entry = export_if_ranked(job_dir, ask)
         if entry is not None:

@@ -42,7 +42,7 @@ from musubi.fleet.stop import FleetInterrupted, signals_flagged
 from musubi.launch.proctree import stop_trees
 from musubi.store.db import db_path
 from musubi.store.rundir import read_json, write_json
-from musubi.store.startup import components, mark, marks_of, summary_line
+from musubi.store.startup import EVAL_GPU_DONE, components, mark, marks_of, summary_line
 from musubi.telemetry.watch import current_stragglers, describe
 
 log = logging.getLogger("musubi.fleet")
@@ -85,7 +85,7 @@ class JobState:
     predicted_s: float | None = None  # the duration model's seconds for the latest attempt on its GPUs
     estimate: str = ""  # where that prediction came from (history, probe, declared, fallback)
     precision: str = ""  # task jobs: the precision training ended in (after any numerical fallback)
-    early_export: str = ""  # task jobs: the job still training when this one's evaluation was asked to export
+    early_export: str = ""  # task jobs: what this one's export ran beside when its evaluation was asked to export
     # (it exports only if it ranks in the top-k so far: fleet.json's "exported_early" says which did)
     released: float | None = None  # GPUs back to the packer (training ended, with machine.overlap; else the end)
     startup: dict[str, float] = field(default_factory=dict)  # the latest attempt's start-up (store/startup.py)
@@ -161,18 +161,26 @@ def estimates(spec: FleetSpec, capacity: int, db: Path | None, machine: list[Any
 
 
 def early_export(export_top: int, waiting: int, others_left: dict[str, float],
-                 margin: float = EARLY_EXPORT_MARGIN_S) -> str | None:
-    """Whether a job whose training just ended exports its model during its evaluation step: the other job
-    predicted to train longest (the export runs beside it), else None.
+                 margin: float = EARLY_EXPORT_MARGIN_S, gpus_back_first: bool = False) -> str | None:
+    """Whether a job whose training just ended exports its model during its evaluation step: what the export
+    runs beside, in words, else None.
 
-    Only when the fleet exports at all (`export_top` > 0), no job waits for the freed GPUs/cores (`waiting`:
-    queued jobs and jobs gated on this one's evaluation) and another job is predicted to train `margin` s
-    more (`others_left`: seconds left per other training job); so the job that ends last never does.
+    Only when the fleet exports at all (`export_top` > 0), and then:
+    - jobs wait for the freed GPUs/cores (`waiting`: queued jobs and jobs gated on this one's evaluation):
+      only when the step gives its GPUs back before exporting (`gpus_back_first`: machine.overlap, the
+      fleet opens the gate at the step's EVAL_GPU_DONE mark), so the export (on the CPU) runs beside the
+      next job's start instead of before it; the fleet then lasts at least that job longer;
+    - none waits: another job is predicted to train `margin` s more (`others_left`: seconds left per other
+      training job), so the job that ends last never does.
     """
-    if export_top <= 0 or waiting or not others_left:
+    if export_top <= 0:
+        return None
+    if waiting:
+        return "beside the next job on its GPUs, which it no longer holds back" if gpus_back_first else None
+    if not others_left:
         return None
     name, left = max(others_left.items(), key=lambda kv: kv[1])
-    return name if left >= margin else None
+    return f"tail; {name} still trains ~{left:.0f} s" if left >= margin else None
 
 
 def export_request(lb: LeaderboardSpec) -> dict[str, Any]:
@@ -277,7 +285,8 @@ class LocalFleet:
     def _tails(self, job: TaskJob | CommandJob, gpus: list[int]) -> set[str]:
         """Jobs still evaluating on `gpus` (their GPUs went back at the end of training) that `job` must wait
         for before it builds its model; none when both declare memory_gib and one GPU holds both."""
-        tails = {n for n, r in self.running.items() if r.phase == "eval" and set(self.states[n].gpus) & set(gpus)}
+        tails = {n for n, r in self.running.items() if r.phase == "eval" and set(self.states[n].gpus) & set(gpus)
+                 and not self._gpus_done(n)}
         need = [self.jobs[n].memory_gib for n in tails] + [job.memory_gib]
         if tails and self.kind == "cuda" and self.gpu_memory and all(need) and \
                 max(need[:-1]) + need[-1] + CONTEXT_GIB <= self.gpu_memory:  # type: ignore[operator]
@@ -352,8 +361,9 @@ class LocalFleet:
                 run.evaluator = self._eval_process(run, self._trained_marker(name))
 
     def _open_gates(self) -> None:
-        """Hand over GPUs whose previous job finished its evaluation: open gates, spawn deferred jobs."""
-        evaluating = {n for n, r in self.running.items() if r.phase == "eval"}
+        """Hand over GPUs whose previous job's evaluation no longer needs them (its FPS measured, or the step
+        ended): open gates, spawn deferred jobs."""
+        evaluating = {n for n, r in self.running.items() if r.phase == "eval" and not self._gpus_done(n)}
         for name, (gate, blockers) in list(self.gates.items()):
             if not blockers & evaluating:
                 gate.parent.mkdir(parents=True, exist_ok=True)
@@ -363,6 +373,12 @@ class LocalFleet:
             if not blockers & evaluating:
                 del self.deferred[name]
                 self._spawn(self.jobs[name], gpus, set())
+
+    def _gpus_done(self, name: str) -> bool:
+        """Whether `name`'s evaluation step of this attempt has used its GPUs for the last time (eval_step marks
+        it after the FPS measurement): the rest (eval.json, an early export on the CPU) need not hold back the
+        job behind it. On 4x H200 (2026-11-27) an external command waited 3.7-6.4 s for the whole step."""
+        return EVAL_GPU_DONE in marks_of(self.run_dir / name, self.states[name].started)
 
     def _start_eval(self, run: _Running, release: bool = True) -> None:
         job = run.job
@@ -400,14 +416,15 @@ class LocalFleet:
                   if n != job.name and r.phase == "train" and (o := self.states[n]).started is not None
                   and o.predicted_s is not None}
         # Looked up at each call (not a default argument): tests shorten the margin for their second-long jobs.
-        other = early_export(self.spec.leaderboard.export_top, waiting, others, margin=EARLY_EXPORT_MARGIN_S)
-        st.early_export = other or ""
+        beside = early_export(self.spec.leaderboard.export_top, waiting, others, margin=EARLY_EXPORT_MARGIN_S,
+                              gpus_back_first=self.overlap)
+        st.early_export = beside or ""
         if st.history:
-            st.history[-1]["early_export"] = bool(other)
-        if other:
-            log.info("export %s early if it ranks in the top %d so far (tail; %s still trains ~%.0f s)", job.name,
-                     self.spec.leaderboard.export_top, other, others[other], extra=SHOW)
-        return other is not None
+            st.history[-1]["early_export"] = bool(beside)
+        if beside:
+            log.info("export %s early if it ranks in the top %d so far (%s)", job.name,
+                     self.spec.leaderboard.export_top, beside, extra=SHOW)
+        return beside is not None
 
     def _job_log(self, name: str) -> Path:
         return self.run_dir / name / "logs" / ("fleet.log" if self.states[name].kind == "task" else "stdout.log")

@@ -84,6 +84,9 @@ EVALUATION: tuple[tuple[str, str], ...] = (
     ("evaluation: export", "eval_exported"),
     ("evaluation: the rest", "evaluated"),
 )
+#: The evaluation step's last use of the GPU (its FPS measured, eval.json written): the fleet hands the job's GPUs to
+#: the job gated behind it from here, so what follows (an early export, on the CPU) runs beside that job's start.
+EVAL_GPU_DONE = "eval_gpu_done"
 #: The components that ran while the job's GPUs were still busy with the previous job's evaluation.
 OVERLAPPED = "waiting for the GPU (overlapped)"
 

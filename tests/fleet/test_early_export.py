@@ -19,21 +19,29 @@ from musubi.config.errors import ConfigError
 from musubi.config.fleet import LeaderboardSpec
 from musubi.config.load import load_fleet
 from musubi.evaluate.score import ScoreRule
-from musubi.fleet import eval_step, local
+from musubi.fleet import eval_step
 from musubi.fleet.eval_step import ExportAsk, export_ask, ranks_for_export
 from musubi.fleet.local import EARLY_EXPORT_MARGIN_S, early_export, export_request
 from musubi.fleet.ship import exported_current, ship
 from musubi.store.rundir import write_json
+from musubi.store.startup import EVAL_GPU_DONE, marks_of
 
 
-def test_the_rule_exports_beside_a_long_job_only() -> None:
+def test_the_rule_exports_beside_a_long_job_or_the_next_one_only() -> None:
     long = EARLY_EXPORT_MARGIN_S + 30.0
-    assert early_export(1, 0, {"resnet50": long, "mlp": 2.0}) == "resnet50"  # the longest other job is named
+    # the longest other job is named
+    assert early_export(1, 0, {"resnet50": long, "mlp": 2.0}) == f"tail; resnet50 still trains ~{long:.0f} s"
     assert early_export(1, 0, {}) is None  # the last job to end: its export could lengthen the fleet
     assert early_export(1, 0, {"mlp": EARLY_EXPORT_MARGIN_S - 1}) is None  # the other job ends too soon
     assert early_export(1, 0, {"overdue": -5.0}) is None  # past its prediction: it may end any moment
     assert early_export(1, 1, {"resnet50": long}) is None  # a job waits for the freed GPUs: it goes first
+    # ... unless the step hands its GPUs over before exporting (machine.overlap): the export runs beside that job
+    for others in ({}, {"resnet50": long}):
+        assert early_export(1, 2, others, gpus_back_first=True) == \
+            "beside the next job on its GPUs, which it no longer holds back"
+    assert early_export(1, 0, {}, gpus_back_first=True) is None  # nothing after it: still the last job
     assert early_export(0, 0, {"resnet50": long}) is None  # the fleet exports nothing
+    assert early_export(0, 1, {}, gpus_back_first=True) is None
 
 
 def _evaluated(run: Path, name: str, top1: float, fps: float) -> None:
@@ -94,8 +102,9 @@ def test_the_evaluation_step_exports_as_ship_does_within_the_top_k_only(tmp_path
     assert exported_current(job)
     # Where the step's seconds went: model load, FPS, then the export only where it exported (the second run).
     marks = [json.loads(line)["mark"] for line in (job / "startup.jsonl").read_text().splitlines()]
-    assert marks == ["eval_ready", "eval_loaded", "eval_fps", "evaluated",
-                     "eval_ready", "eval_loaded", "eval_fps", "eval_exported", "evaluated"], marks
+    # The GPUs' last use is marked before the export (the fleet hands them to the next job there).
+    assert marks == ["eval_ready", "eval_loaded", "eval_fps", "eval_gpu_done", "evaluated",
+                     "eval_ready", "eval_loaded", "eval_fps", "eval_gpu_done", "eval_exported", "evaluated"], marks
 
 
 def test_a_parity_failure_is_a_recorded_export_error() -> None:
@@ -170,25 +179,31 @@ while not record.is_file() and time.time() < deadline:
 @pytest.mark.timeout(600)
 def test_fleet_exports_early_and_ships_without_a_second_export(tmp_path: Path,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    # Jobs of seconds: any job still training counts as long enough (the rule itself is tested above).
-    monkeypatch.setattr(local, "EARLY_EXPORT_MARGIN_S", -1e9)
     (tmp_path / "ext.py").write_text(EXTERNAL)
     data = {"name": "tail", "leaderboard": {"export_top": 1, "promote": False},
             "defaults": {"task": "classification", "model": "resnet18",
                          "data": {"synthetic": {"train_size": 16, "val_size": 8, "image_size": 32,
                                                 "num_classes": 4}, "workers": 0},
                          "train": {"max_steps": 2, "batch": 8, "log_every": 1}},
-            "jobs": [{"name": "r18"}, {"name": "ext", "command": ["ext.py"]}]}
+            "machine": {"overlap": True},
+            # r18 first (its priority), ext waits for its slot
+            "jobs": [{"name": "r18", "priority": 1}, {"name": "ext", "command": ["ext.py"]}]}
     fleet = tmp_path / "fleet.yaml"
     fleet.write_text(yaml.safe_dump(data))
     out = tmp_path / "run"
-    # CPU slots: machine.overlap is off, so the evaluation step starts after training and reads the decision
-    # from the trained marker at once (the path GPUs take, pre-started, reads it after its wait).
-    res = CliRunner().invoke(app, ["run", str(fleet), "--out", str(out), "--device", "cpu", "--cpu-slots", "2"])
+    # One slot with machine.overlap on (the GPUs' default): ext is placed on r18's slot when r18's training ends
+    # and is spawned once r18's evaluation step has measured FPS (eval_gpu_done), so r18's export, asked because
+    # ext waits, runs beside ext: ext waits for that export (EXTERNAL above), which never comes if the step
+    # held the slot to its end or the rule still refused to export while a job waits.
+    res = CliRunner().invoke(app, ["run", str(fleet), "--out", str(out), "--device", "cpu", "--cpu-slots", "1"])
     assert res.exit_code == 0, res.output
     rec = json.loads((out / "fleet.json").read_text())
     r18 = rec["jobs"]["r18"]
-    assert r18["early_export"] == "ext" and r18["history"][-1]["early_export"], r18
+    assert r18["early_export"] == "beside the next job on its GPUs, which it no longer holds back" and \
+        r18["history"][-1]["early_export"], r18
+    marks = marks_of(out / "r18")
+    spawned = rec["jobs"]["ext"]["history"][-1]["spawned"]
+    assert marks["eval_fps"] <= marks[EVAL_GPU_DONE] <= spawned < marks["eval_exported"], (marks, spawned)
     assert rec["jobs"]["ext"]["early_export"] == "" and isinstance(rec["ship_s"], float)
     # The fleet's own start-up before its first job, by component (here in pytest's process: its "python" is long).
     parts = rec["startup"]
@@ -200,7 +215,7 @@ def test_fleet_exports_early_and_ships_without_a_second_export(tmp_path: Path,
     assert rec["exported_early"] == ["r18"], rec["exported_early"]
     asked = json.loads((out / "r18" / "logs" / "trained.json").read_text())["export"]
     assert asked == {"top": 1, "weights": [0.7, 0.3], "fps_target": None, "quality_floor": 0.5}, asked
-    assert "export r18 early if it ranks in the top 1 so far (tail; ext still trains" in res.output, res.output
+    assert "export r18 early if it ranks in the top 1 so far (beside the next job" in res.output, res.output
     # Exported once, in the evaluation step after its FPS was measured (rank 1 of 1: ext has no eval.json yet),
     # as ship() exports (no ONNX Runtime timing), and registered as it was.
     export = json.loads((out / "r18" / "export" / "export.json").read_text())
