@@ -13,8 +13,8 @@ from PIL import Image
 from musubi.config.errors import ConfigError
 from musubi.evaluate import export_job
 from musubi.evaluate.export_plan import export_plan
-from musubi.evaluate.model_io import load_job_model, sample_batch
-from musubi.evaluate.onnx_export import check_parity
+from musubi.evaluate.model_io import JobModel, load_job_model, sample_batch
+from musubi.evaluate.onnx_export import check_parity, export_loaded
 from tests.data.sets import small_set
 from tests.evaluate.jobs import make_task_job
 
@@ -54,34 +54,37 @@ def assert_detector_export(record: dict) -> None:
     assert parity["map"]["onnx"] == parity["map"]["torch"]  # ONNX predictions score the same mAP
 
 
-def assert_dynamo_refused(job: Path) -> None:
-    """dynamo cannot trace torchvision detectors: refused in one line, and nothing is left behind."""
+def assert_dynamo_refused(job: Path, loaded: JobModel | None = None) -> None:
+    """dynamo cannot trace torchvision detectors: refused in one line, and nothing is left behind
+    (through `export_job`, or `export_loaded` where the test holds the loaded model already)."""
     with pytest.raises(ConfigError, match="--exporter torchscript") as info:
-        export_job(job, exporter="dynamo")
+        export_job(job, exporter="dynamo") if loaded is None else export_loaded(loaded, exporter="dynamo")
     assert "\n" not in str(info.value) and not (job / "export").exists()
 
 
 @pytest.mark.slow
 def test_detector_from_png_files_exports_with_parity(tmp_path: Path) -> None:
-    """PNG frames; the JPEG detector is the torchrun test's below (trained on 2 ranks, exported the same way)."""
+    """PNG frames; the JPEG detector is the torchrun test's below (trained on 2 ranks, exported the same way).
+    The model is loaded once for the three checks, as the evaluation step does (`export_loaded`): a load reads
+    the checkpoint and builds the detector, seconds on a CPU; `export_job`'s own load is the torchrun test's."""
     job = detector_job(tmp_path, "png")
-    assert_dynamo_refused(job)
-    assert_detector_export(export_job(job, exporter="torchscript"))
-    assert_altered_graph_refused(job, tmp_path / "altered.onnx")
+    loaded = load_job_model(job)
+    assert_dynamo_refused(job, loaded)
+    assert_detector_export(export_loaded(loaded, exporter="torchscript"))
+    assert_altered_graph_refused(loaded, tmp_path / "altered.onnx")
 
 
-def assert_altered_graph_refused(job: Path, altered: Path) -> None:
+def assert_altered_graph_refused(loaded: JobModel, altered: Path) -> None:
     """The job's export with its box head weights scaled by 2 fails the parity check."""
     import onnx
 
-    model = onnx.load(str(job / "export" / "model.onnx"))
+    model = onnx.load(str(loaded.job_dir / "export" / "model.onnx"))
     changed = [t for t in model.graph.initializer if "box_predictor" in t.name and t.data_type == 1]
     assert changed
     for t in changed:
         values = onnx.numpy_helper.to_array(t) * np.float32(2.0)
         t.CopyFrom(onnx.numpy_helper.from_array(values, t.name))
     onnx.save(model, str(altered))
-    loaded = load_job_model(job)
     batches = [sample_batch(loaded.task, 1, start=i) for i in range(2)]
     verdict = check_parity(export_plan(loaded), altered, batches)
     assert not verdict["ok"] and "score differently" in verdict["problem"], verdict
