@@ -8,6 +8,8 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 from musubi.config.load import load_job
 from tests.conftest import REPO
 
@@ -62,10 +64,24 @@ def test_checkpoint_cases_are_valid_jobs_that_save_twice_a_segment(tmp_path: Pat
             spec = load_job(job, [*sets, "checkpoint.enabled=false", *case.sets])
             assert spec.checkpoint.enabled and spec.checkpoint.async_mode == mode
             assert spec.train.optimizer == "adamw"
-            # the label needs two saves in a judged segment, of 25 steps at the least
-            assert 2 * spec.checkpoint.every_steps < wt.WINDOW + wt.WARMUP
+            assert spec.checkpoint.every_steps == wt.CKPT_EVERY
     args = argparse.Namespace(cpu=False, steps=30, segments=10)
     assert wt.case_estimate("ckpt_sync", args) == wt.CASE_EST_S["ckpt_sync"]
+
+
+def test_checkpoint_cases_refuse_segments_without_two_saves(monkeypatch: pytest.MonkeyPatch,
+                                                            capsys: pytest.CaptureFixture) -> None:
+    # The label needs two saves in a judged segment: fewer steps than that is refused before anything runs.
+    base = ["watchtower.py", "--part", "scenarios", "--nproc", "4", "--cases", "healthy,ckpt_async", "--plan"]
+    monkeypatch.setattr(sys, "argv", [*base, "--steps", str(2 * wt.CKPT_EVERY - 1)])
+    with pytest.raises(SystemExit) as e:
+        wt.main()
+    assert e.value.code == 2 and f"use --steps {2 * wt.CKPT_EVERY} or more" in capsys.readouterr().err
+    monkeypatch.setattr(sys, "argv", [*base, "--steps", str(2 * wt.CKPT_EVERY)])
+    wt.main()  # --plan: prints the runs, starts none
+    assert "scenario ckpt_async" in capsys.readouterr().out
+    monkeypatch.setattr(sys, "argv", [*base[:-2], "healthy", "--plan", "--steps", "25"])  # no checkpoint case
+    wt.main()
 
 
 def test_checkpoint_saves_read_from_metrics(tmp_path: Path) -> None:
