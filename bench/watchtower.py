@@ -119,6 +119,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.provenance import commit  # noqa: E402
+from bench.warm_up import warm_up  # noqa: E402
 from musubi.diagnose import drills  # noqa: E402
 from musubi.diagnose.classify import analyze  # noqa: E402
 from musubi.diagnose.timeline import load_job  # noqa: E402
@@ -778,6 +779,10 @@ def run_overhead(args: argparse.Namespace, work: Path, result: dict[str, Any], s
     result["overhead_plan"] = [{"model": r.model, "world": r.nproc, "repeat": r.repeat, "mode": r.mode,
                                 "est_s": est[(r.model, r.mode)]} for r in plan]
     runs: list[dict[str, Any]] = result.setdefault("overhead_runs", [])
+    if not args.cpu:  # the first timed run on a fresh machine was 3.3 % slower than its repeat (bench/warm_up.py)
+        t0 = time.monotonic()
+        warm_up(device, max(args.nprocs))
+        result["warm_up_s"] = round(time.monotonic() - t0, 1)
     stopped = False
     for group in plan_groups(plan):
         # A (model, nproc, repeat) group is begun only when all of it fits before the deadline, with the
