@@ -75,24 +75,25 @@ when the budget still holds the longest case's time. The JSON is rewritten after
     NCCL_NVLS_ENABLE=0 python3 bench/watchtower.py --part scenarios --nproc 4 --runs 1 --segments 10 \
         --steps 30 --budget-s 250 --deadline-s 265 --json $OUT/watchtower.json
 
-Next call for issue 21 (4 GPUs, <= 540 s; the repo root, `.ref` a copy of ../shared/reference/): the overhead
-of resnet50 and fcos on 4 GPUs, 2 interleaved repeats (12 runs, 324 s expected: 23 s a resnet50 run as
-measured, 31 s an fcos run predicted); then the checkpoint cases, 11 x 25 steps each (ckpt_sync 90 s,
-ckpt_async 72 s predicted), and healthy_fcos (10 x 25 steps, 64 s predicted) only if the time left holds it.
-Predicted 324 + 162 (+ 64) s; the deadlines stop it at 330 + 210 = 540 s (`;`: the scenarios run whatever
-the overhead part returned). The 1- and 2-GPU overhead runs do
-not fit (`--plan` says 2 x 324 s more): run `--nprocs 2,1` in a later call of ~330 s.
+Next call for issue 21 (4 GPUs, <= 580 s; the repo root, `.ref` a copy of ../shared/reference/): the overhead
+of resnet50 and fcos on 4 GPUs after an untimed warm-up (bench/warm_up.py, ~15-20 s), 2 interleaved repeats
+(12 runs, 324 s expected: 23 s a resnet50 run as measured, 31 s an fcos run predicted); then the checkpoint
+cases, 11 x 60 steps each (ckpt_sync 86 s, ckpt_async 62 s expected from their 25-step runs), then
+healthy_fcos (10 x 30 steps, 71 s predicted) if the time left holds it. Measured on 2x H200 (2026-11-27,
+40e01f5): the 2- and 1-GPU overhead, all but fcos on 1 GPU (BENCHMARKS.md session 13).
 
     python3 bench/watchtower.py --part overhead --models resnet50,fcos --nprocs 4 --repeat 2 --ref .ref \
-        --deadline-s 330 --json $OUT/overhead.json; \
-    python3 bench/watchtower.py --part scenarios --nproc 4 --cases ckpt_sync,ckpt_async,healthy_fcos --runs 1 \
-        --segments 10 --steps 25 --budget-s 200 --deadline-s 210 --json $OUT/scenarios.json
+        --deadline-s 345 --json $OUT/overhead.json; \
+    python3 bench/watchtower.py --part scenarios --nproc 4 --cases ckpt_sync,ckpt_async --runs 1 \
+        --segments 10 --steps 60 --budget-s 150 --deadline-s 155 --json $OUT/scenarios-ckpt.json; \
+    python3 bench/watchtower.py --part scenarios --nproc 4 --cases healthy_fcos --runs 1 \
+        --segments 10 --steps 30 --budget-s 75 --deadline-s 80 --json $OUT/scenarios-fcos.json
 
 CPU rehearsal (2 gloo ranks, resnet18 at 16 px, fcos at 64 px, tiny GPTs; the GPU hog becomes a CPU matmul hog
 on rank 1's core, plain DDP is skipped):
 
     python bench/watchtower.py --cpu --part scenarios --runs 1 --segments 2 --steps 30 --json /tmp/watchtower-cpu.json
-    python bench/watchtower.py --cpu --part scenarios --cases ckpt_sync,ckpt_async --runs 1 --segments 2 --steps 25
+    python bench/watchtower.py --cpu --part scenarios --cases ckpt_sync,ckpt_async --runs 1 --segments 2 --steps 60
     python bench/watchtower.py --cpu --part overhead --models resnet50,fcos --nprocs 2 --repeat 1
 
 Tables are printed at the end.
