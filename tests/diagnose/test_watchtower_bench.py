@@ -35,11 +35,12 @@ def test_overhead_plan_runs_four_gpus_first_and_rotates_the_modes() -> None:
 def test_fit_plan_keeps_whole_groups_in_order_and_stops_at_the_first_that_does_not_fit() -> None:
     plan = wt.overhead_plan(["resnet50", "fcos"], [4, 2], 2, wt.OVH_MODES)
     est = {(m, mode): wt.OVH_MODELS[m].est_s for m in ("resnet50", "fcos") for mode in wt.OVH_MODES}
-    kept, total = wt.fit_plan(plan, est, 3 * 23 + 3 * 31 + 3 * 23 + 3 * 31 - 1)
+    r50, fcos = est[("resnet50", "on")], est[("fcos", "on")]
+    kept, total = wt.fit_plan(plan, est, 3 * r50 + 3 * fcos + 3 * r50 + 3 * fcos - 1)
     # the 4-GPU fcos of the second repeat does not fit; the cheaper 2-GPU resnet50 after it is not run either
     assert [(r.model, r.nproc, r.repeat) for r in kept[::3]] == [("resnet50", 4, 0), ("fcos", 4, 0),
                                                                   ("resnet50", 4, 1)]
-    assert total == 3 * 23 + 3 * 31 + 3 * 23
+    assert total == 3 * r50 + 3 * fcos + 3 * r50
 
 
 def test_overhead_summary_per_model_and_gpu_count() -> None:
