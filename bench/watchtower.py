@@ -652,7 +652,7 @@ class OvhModel:
 OVH_MODELS = {
     "resnet50": OvhModel("examples/resnet50-bench.yaml", OVH_WARMUP, OVH_STOP, PLAIN_STEPS, 23.0),
     # fcos's ~136-ms step: 100 steps, a 13.6 s window. With 40 (5.5 s), two runs of one mode on 2x H200
-    # (2026-11-27, 40e01f5) differed by 1.3-2.5 % (on 230.7 / 236.4, off 232.8 / 235.7, plain 234.6 /
+    # (2026-11-27, 40e01f5) differed by 1.2-2.5 % (on 230.7 / 236.4, off 232.8 / 235.7, plain 234.6 /
     # 238.8 samples/s): more than the 1 % the criterion asks to tell. Runs took 37-48 s (musubi) and 27-28 s
     # (plain) there; 60 steps more add ~8 s: ~42 s a run.
     "fcos": OvhModel("examples/fcos-bench.yaml", 20, 120, 100, 42.0),
