@@ -12,6 +12,7 @@ fleet exports again when it ships).
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import sys
@@ -112,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     job_dir = Path(args[0])
     # Everything the evaluation imports, imported now (before the wait when started early): torch,
     # torchvision, the task registry, model loading, FPS timing and ONNX export. No CUDA call here.
-    import torch  # noqa: F401
+    import torch
     import torchvision  # noqa: F401
 
     from musubi.evaluate import evaluate_job, fps, model_io, onnx_export  # noqa: F401
@@ -136,7 +137,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     # The GPUs are no longer needed: the fleet lets the next job on them past its gate (or spawns it) now, and
-    # an export below (ONNX on the CPU) runs beside that job's start instead of before it.
+    # an export below (ONNX on the CPU) runs beside that job's start instead of before it. What the model and
+    # the FPS runs left in the caching allocator goes back to the GPU first: the next job builds its model and
+    # probes its batch while this process may still export (only its CUDA context stays, until it exits).
+    gc.collect()
+    if torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
     mark(job_dir, EVAL_GPU_DONE)
     if ask is not None and result.get("kind") == "task":
         entry = export_if_ranked(job_dir, ask)
