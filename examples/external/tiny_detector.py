@@ -14,7 +14,7 @@ The demo fleet runs it at batch 2 for 160 steps, LR 7e-4, 8 warm-up steps: the
 same 320 images as 80 steps at batch 4 and LR 1.4e-3, twice the updates at a lower
 LR. Over seeds 0-5 on CPU (--seed stands in for a GPU's nondeterminism) mAP50 on 32
 validation images went from 0.14 / 0.22 / 0.37 (min / median / max, then on 16) to
-0.20 / 0.28 / 0.33, in the same CPU time; LR 1e-3 gave 0.17 / 0.32 / 0.40, 5e-4
+0.20 / 0.28 / 0.33, at +1 % CPU time (66.4 -> 67.0 s a run, two pairs side by side, 2026-11-27); LR 1e-3 gave 0.17 / 0.32 / 0.40, 5e-4
 0.18 / 0.24 / 0.32.
 """
 

@@ -363,6 +363,8 @@ class LocalFleet:
     def _open_gates(self) -> None:
         """Hand over GPUs whose previous job's evaluation no longer needs them (its FPS measured, or the step
         ended): open gates, spawn deferred jobs."""
+        if not self.gates and not self.deferred:  # nothing waits: no evaluation's marks to read this round
+            return
         evaluating = {n for n, r in self.running.items() if r.phase == "eval" and not self._gpus_done(n)}
         for name, (gate, blockers) in list(self.gates.items()):
             if not blockers & evaluating:
@@ -415,9 +417,7 @@ class LocalFleet:
         others = {n: o.started + o.predicted_s - now for n, r in self.running.items()
                   if n != job.name and r.phase == "train" and (o := self.states[n]).started is not None
                   and o.predicted_s is not None}
-        # Looked up at each call (not a default argument): tests shorten the margin for their second-long jobs.
-        beside = early_export(self.spec.leaderboard.export_top, waiting, others, margin=EARLY_EXPORT_MARGIN_S,
-                              gpus_back_first=self.overlap)
+        beside = early_export(self.spec.leaderboard.export_top, waiting, others, gpus_back_first=self.overlap)
         st.early_export = beside or ""
         if st.history:
             st.history[-1]["early_export"] = bool(beside)

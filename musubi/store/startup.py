@@ -151,7 +151,6 @@ def _inner(marks: Mapping[str, float], start: float, parts: tuple[tuple[str, str
         chain(marks, start, parts, out)
 
 
-
 def chain(marks: Mapping[str, float], start: float, parts: tuple[tuple[str, str], ...],
           out: dict[str, float]) -> float:
     """Seconds of each part present, from the mark before it (a missing mark is skipped: the next part runs
