@@ -60,7 +60,9 @@ class SpanRecorder:
     def _boundary(self) -> Boundary:
         ev = None
         if self.cuda:
-            ev = torch.cuda.Event(enable_timing=True)
+            # blocking: the writer thread's Event.synchronize sleeps until the GPU is there instead of spinning
+            # a core for most of every GPU-bound step (CUDA's default), a core a launch-bound rank may need.
+            ev = torch.cuda.Event(enable_timing=True, blocking=True)
             ev.record()
         return time.perf_counter_ns(), ev
 

@@ -1,0 +1,227 @@
+"""Telemetry's cost inside one process: blocks of steps with each part of it on or off, interleaved.
+
+Why: `bench/watchtower.py --part overhead` compares separate runs (musubi with telemetry on, off, plain DDP).
+On 2x H200 (2026-11-27) two runs of one program differed by up to 11 % for fcos (1 GPU, 100-step windows), so
+two repeats could not tell a 1 % cost from none, and the median said 3.4-3.8 %. Here one process trains the
+reference step (plain_ddp.py's model, data and optimizer: resnet50 bs256 or fcos bs16, bf16, data on the
+GPU) and turns telemetry's parts on and off between blocks of --block steps, so the run's own speed (its
+cuDNN choices, clocks, memory layout) is the same for every mode. Each cycle runs every mode once, in a
+rotating order; a mode's cost is its block time over the `off` block of the same cycle (paired), the
+median and spread over --cycles cycles.
+
+Modes (the classes musubi's loop uses, musubi/telemetry):
+- off         - no telemetry.
+- spans_spin  - SpanRecorder sections data, h2d, forward, backward, optimizer and a step record, with CUDA
+                events made as musubi made them before 2026-11-27 (default flags: the writer thread's
+                `Event.synchronize` spin-waits a core for most of every step).
+- spans       - the same with the recorder as it is now.
+- sampler     - the NVML/psutil sampler thread at the job default (2 Hz).
+- on          - spans + sampler, and at 2+ ranks rank 0's straggler watch reading every rank's records (a
+                `musubi train` with telemetry on, less the DDP comm hook that marks the last gradient
+                bucket: a DDP model takes one hook, for the whole run, so it cannot be turned off between
+                blocks; it calls DDP's own all-reduce once per bucket, a few buckets a step).
+
+A block begins and ends with one `torch.cuda.synchronize()` (the same for every mode); the sampler is
+started before and closed after the timed block. Run under torchrun, one rank per GPU:
+
+    torchrun --nproc-per-node 1 bench/telemetry_ab.py fcos --cycles 8 --json $OUT/ab-fcos.json
+
+CPU rehearsal (resnet18 at 32 px, gloo): `torchrun --nproc-per-node 1 bench/telemetry_ab.py resnet50 --cpu`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torchvision
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from musubi.telemetry.sampler import Sampler, open_nvml_device  # noqa: E402
+from musubi.telemetry.spans import SpanRecorder  # noqa: E402
+from musubi.telemetry.straggler import default_threshold  # noqa: E402
+from musubi.telemetry.watch import StragglerWatch  # noqa: E402
+
+MODES = ("off", "spans_spin", "spans", "sampler", "on")
+SAMPLE_HZ = 2.0  # the job default (telemetry.sample_hz)
+
+
+class SpinEventRecorder(SpanRecorder):
+    """The recorder with default-flag CUDA events, as musubi made them before 2026-11-27."""
+
+    def _boundary(self):  # noqa: ANN202 - SpanRecorder's Boundary
+        ev = None
+        if self.cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+        return time.perf_counter_ns(), ev
+
+
+def build(model: str, batch: int | None, device: torch.device, cpu: bool):
+    """plain_ddp.py's model, data and loss (smaller on CPU); returns (module, step_loss, per-GPU batch)."""
+    amp = torch.autocast("cuda", dtype=torch.bfloat16) if not cpu else torch.autocast("cpu", dtype=torch.bfloat16)
+    if model == "resnet50":
+        batch = batch or (8 if cpu else 256)
+        side = 32 if cpu else 224
+        m = (torchvision.models.resnet18() if cpu else torchvision.models.resnet50())
+        m = m.to(device, memory_format=torch.channels_last)
+        x = torch.randn(batch, 3, side, side, device=device).to(memory_format=torch.channels_last)
+        y = torch.randint(0, 1000, (batch,), device=device)
+        lossf = torch.nn.CrossEntropyLoss()
+
+        def step_loss(mod):
+            with amp:
+                return lossf(mod(x), y)
+        return m, step_loss, batch
+    batch = batch or (2 if cpu else 16)
+    side = 64 if cpu else 640
+    kw = {"min_size": 64, "max_size": 64} if cpu else {}
+    m = torchvision.models.detection.fcos_resnet50_fpn(weights=None, weights_backbone=None, num_classes=8,
+                                                       **kw).to(device)
+    imgs = [torch.rand(3, side, side, device=device) for _ in range(batch)]
+    tg = []
+    for _ in range(batch):
+        xy = torch.rand(6, 2, device=device) * (side * 0.78)
+        wh = torch.rand(6, 2, device=device) * (side * 0.19) + 8
+        tg.append({"boxes": torch.cat([xy, xy + wh], 1), "labels": torch.randint(1, 8, (6,), device=device)})
+
+    def step_loss(mod):
+        with amp:
+            return sum(mod(imgs, tg).values())
+    return m, step_loss, batch
+
+
+def pin_share(rank: int, world: int) -> list[int]:
+    """This rank's equal share of the allowed cores (what MUSUBI_CPUS gives a rank), and torch's threads."""
+    allowed = sorted(os.sched_getaffinity(0))
+    per = max(1, len(allowed) // world)
+    mine = allowed[rank * per:(rank + 1) * per] or allowed
+    os.sched_setaffinity(0, mine)
+    torch.set_num_threads(len(mine))
+    return mine
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("model", choices=("resnet50", "fcos"))
+    ap.add_argument("--batch", type=int, default=None, help="per-GPU batch (default: the reference's)")
+    ap.add_argument("--warmup", type=int, default=20, help="untimed steps first (cuDNN autotuning)")
+    ap.add_argument("--block", type=int, default=15, help="steps a block")
+    ap.add_argument("--cycles", type=int, default=8, help="cycles; each runs every mode once")
+    ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--cpu", action="store_true", help="rehearsal on CPU (gloo)")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    modes = [m for m in args.modes.split(",") if m]
+    if "off" not in modes or any(m not in MODES for m in modes):
+        raise SystemExit(f"--modes must include off and come from {', '.join(MODES)}")
+
+    local = int(os.environ.get("LOCAL_RANK", 0))
+    if args.cpu:
+        device = torch.device("cpu")
+        dist.init_process_group("gloo")
+    else:
+        device = torch.device("cuda", local)
+        torch.cuda.set_device(device)
+        dist.init_process_group("nccl", device_id=device)
+        torch.backends.cudnn.benchmark = True
+    rank, world = dist.get_rank(), dist.get_world_size()
+    cores = pin_share(local, int(os.environ.get("LOCAL_WORLD_SIZE", world)))
+    torch.manual_seed(rank)
+    model, step_loss, batch = build(args.model, args.batch, device, args.cpu)
+    ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=None if args.cpu else [local])
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
+    sync = (lambda: None) if args.cpu else torch.cuda.synchronize
+    work = Path(tempfile.mkdtemp(prefix="musubi-ab-"))
+    tele = work / "telemetry"  # the layout the straggler watch reads: rank{r}.jsonl, sampler-rank{r}.jsonl
+    recorders = {"spans_spin": SpinEventRecorder(work / "spin" / f"rank{rank}.jsonl", rank, device),
+                 "spans": SpanRecorder(tele / f"rank{rank}.jsonl", rank, device)}
+    recorders["on"] = recorders["spans"]
+    nvml = None if args.cpu else open_nvml_device(local)
+
+    def train(n: int, rec: SpanRecorder | None, first: int) -> None:
+        for k in range(first, first + n):
+            if rec is not None:
+                rec.section("data")
+                rec.section("h2d")
+                rec.section("forward")
+            opt.zero_grad(set_to_none=True)
+            loss = step_loss(ddp)
+            if rec is not None:
+                rec.section("backward")
+            loss.backward()
+            if rec is not None:
+                rec.section("optimizer")
+            opt.step()
+            if rec is not None:
+                rec.step_done(k)
+
+    t_start = time.perf_counter()
+    train(args.warmup, None, 0)
+    sync()
+    step = args.warmup
+    per_mode: dict[str, list[float]] = {m: [] for m in modes}
+    for c in range(args.cycles):
+        order = modes[c % len(modes):] + modes[:c % len(modes)]  # each mode takes each place in turn
+        for m in order:
+            sampler = watch = None
+            if m in ("sampler", "on"):
+                folder = tele if m == "on" else work / "sampler"
+                sampler = Sampler(folder / f"sampler-rank{rank}.jsonl", rank, SAMPLE_HZ, nvml)
+            if m == "on" and rank == 0 and world > 1:
+                watch = StragglerWatch(tele, world, default_threshold(None, not args.cpu))
+            rec = recorders.get(m)
+            if rec is not None:
+                rec.section("log")  # a block starts mid-stream, as every step after the first does
+            sync()
+            t0 = time.perf_counter()
+            train(args.block, rec, step)
+            sync()
+            dt = torch.tensor([time.perf_counter() - t0], device=device)
+            dist.all_reduce(dt, op=dist.ReduceOp.MAX)
+            per_mode[m].append(dt.item() / args.block * 1e3)
+            if rec is not None:
+                rec.pause()
+            if sampler is not None:
+                sampler.close(last_sample=False)
+            if watch is not None:
+                watch.close()
+            step += args.block
+    for r in {id(r): r for r in recorders.values()}.values():
+        r.close()
+    if rank == 0:
+        off = per_mode["off"]
+        rows = {}
+        for m in modes:
+            ratios = [v / o for v, o in zip(per_mode[m], off)]
+            rows[m] = {"step_ms_median": round(statistics.median(per_mode[m]), 3),
+                       "cost_pct_median": round((statistics.median(ratios) - 1) * 100, 2),
+                       "cost_pct_mean": round((statistics.fmean(ratios) - 1) * 100, 2),
+                       "cost_pct_min_max": [round((min(ratios) - 1) * 100, 2), round((max(ratios) - 1) * 100, 2)],
+                       "block_ms": [round(v, 3) for v in per_mode[m]]}
+        out = {"model": args.model, "world": world, "per_gpu_batch": batch, "block_steps": args.block,
+               "cycles": args.cycles, "warmup": args.warmup, "cores_per_rank": len(cores),
+               "device": torch.cuda.get_device_name(device) if not args.cpu else "cpu",
+               "torch": torch.__version__, "commit": os.environ.get("MUSUBI_COMMIT", ""),
+               "wall_s": round(time.perf_counter() - t_start, 1), "modes": rows}
+        for m, r in rows.items():
+            print(f"{args.model} x{world} {m:11s} step {r['step_ms_median']:8.2f} ms  cost median "
+                  f"{r['cost_pct_median']:+6.2f} %  mean {r['cost_pct_mean']:+6.2f} %  range "
+                  f"{r['cost_pct_min_max'][0]:+.2f}..{r['cost_pct_min_max'][1]:+.2f} %", flush=True)
+        print(json.dumps(out), flush=True)
+        if args.json:
+            Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
+    del ddp  # before destroy_process_group (gloo)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
