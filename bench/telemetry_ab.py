@@ -17,9 +17,11 @@ Modes (the classes musubi's loop uses, musubi/telemetry):
 - spans       - the same with the recorder as it is now.
 - sampler     - the NVML/psutil sampler thread at the job default (2 Hz).
 - on          - spans + sampler, and at 2+ ranks rank 0's straggler watch reading every rank's records (a
-                `musubi train` with telemetry on, less the DDP comm hook that marks the last gradient
-                bucket: a DDP model takes one hook, for the whole run, so it cannot be turned off between
-                blocks; it calls DDP's own all-reduce once per bucket, a few buckets a step).
+                `musubi train` with telemetry on, less the DDP comm hook that marks the last gradient bucket).
+- hook        - musubi's comm hook alone (telemetry/comm_hook.attach: DDP's all-reduce called from Python once
+                per bucket, a CUDA event at the last). A DDP model takes one hook for its whole life, so these
+                blocks train a second DDP model, a copy of the first (same weights, data and optimizer).
+- full        - the copy with its hook, spans, sampler and watch: all of `musubi train`'s telemetry.
 
 A block begins and ends with one `torch.cuda.synchronize()` (the same for every mode); the sampler is
 started before and closed after the timed block. Run under torchrun, one rank per GPU:
@@ -32,6 +34,7 @@ CPU rehearsal (resnet18 at 32 px, gloo): `torchrun --nproc-per-node 1 bench/tele
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import statistics
@@ -45,12 +48,13 @@ import torch.distributed as dist
 import torchvision
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from musubi.telemetry.comm_hook import attach  # noqa: E402
 from musubi.telemetry.sampler import Sampler, open_nvml_device  # noqa: E402
 from musubi.telemetry.spans import SpanRecorder  # noqa: E402
 from musubi.telemetry.straggler import default_threshold  # noqa: E402
 from musubi.telemetry.watch import StragglerWatch  # noqa: E402
 
-MODES = ("off", "spans_spin", "spans", "sampler", "on")
+MODES = ("off", "spans_spin", "spans", "sampler", "on", "hook", "full")
 SAMPLE_HZ = 2.0  # the job default (telemetry.sample_hz)
 
 
@@ -137,35 +141,49 @@ def main() -> None:
     cores = pin_share(local, int(os.environ.get("LOCAL_WORLD_SIZE", world)))
     torch.manual_seed(rank)
     model, step_loss, batch = build(args.model, args.batch, device, args.cpu)
-    ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=None if args.cpu else [local])
+    twin = copy.deepcopy(model) if {"hook", "full"} & set(modes) else None
+    ids = None if args.cpu else [local]
+    ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
     sync = (lambda: None) if args.cpu else torch.cuda.synchronize
-    work = Path(tempfile.mkdtemp(prefix="musubi-ab-"))
+    # One folder for every rank (one node), as a job's telemetry/ is: rank 0's watch reads all ranks' files.
+    where = [tempfile.mkdtemp(prefix="musubi-ab-") if rank == 0 else None]
+    dist.broadcast_object_list(where, src=0)
+    work = Path(where[0])
     tele = work / "telemetry"  # the layout the straggler watch reads: rank{r}.jsonl, sampler-rank{r}.jsonl
     recorders = {"spans_spin": SpinEventRecorder(work / "spin" / f"rank{rank}.jsonl", rank, device),
                  "spans": SpanRecorder(tele / f"rank{rank}.jsonl", rank, device)}
     recorders["on"] = recorders["spans"]
+    hooked = None  # (DDP model, optimizer) of the copy with musubi's comm hook
+    if twin is not None:
+        recorders["full"] = SpanRecorder(work / "full" / f"rank{rank}.jsonl", rank, device)
+        hooked = (torch.nn.parallel.DistributedDataParallel(twin, device_ids=ids), None)
+        attach(hooked[0], recorders["full"])  # "hook" blocks: the hook marks, nobody opens sections
+        hooked = (hooked[0], torch.optim.SGD(hooked[0].parameters(), lr=0.01, momentum=0.9))
     nvml = None if args.cpu else open_nvml_device(local)
 
-    def train(n: int, rec: SpanRecorder | None, first: int) -> None:
+    def train(n: int, rec: SpanRecorder | None, first: int, net: tuple | None = None) -> None:
+        ddp_, opt_ = net or (ddp, opt)
         for k in range(first, first + n):
             if rec is not None:
                 rec.section("data")
                 rec.section("h2d")
                 rec.section("forward")
-            opt.zero_grad(set_to_none=True)
-            loss = step_loss(ddp)
+            opt_.zero_grad(set_to_none=True)
+            loss = step_loss(ddp_)
             if rec is not None:
                 rec.section("backward")
             loss.backward()
             if rec is not None:
                 rec.section("optimizer")
-            opt.step()
+            opt_.step()
             if rec is not None:
                 rec.step_done(k)
 
     t_start = time.perf_counter()
     train(args.warmup, None, 0)
+    if hooked is not None:
+        train(args.warmup, None, 0, hooked)
     sync()
     step = args.warmup
     per_mode: dict[str, list[float]] = {m: [] for m in modes}
@@ -173,17 +191,17 @@ def main() -> None:
         order = modes[c % len(modes):] + modes[:c % len(modes)]  # each mode takes each place in turn
         for m in order:
             sampler = watch = None
-            if m in ("sampler", "on"):
-                folder = tele if m == "on" else work / "sampler"
+            folder = {"on": tele, "full": work / "full", "sampler": work / "sampler"}.get(m)
+            if folder is not None:
                 sampler = Sampler(folder / f"sampler-rank{rank}.jsonl", rank, SAMPLE_HZ, nvml)
-            if m == "on" and rank == 0 and world > 1:
-                watch = StragglerWatch(tele, world, default_threshold(None, not args.cpu))
+            if m in ("on", "full") and rank == 0 and world > 1:
+                watch = StragglerWatch(folder, world, default_threshold(None, not args.cpu))
             rec = recorders.get(m)
             if rec is not None:
                 rec.section("log")  # a block starts mid-stream, as every step after the first does
             sync()
             t0 = time.perf_counter()
-            train(args.block, rec, step)
+            train(args.block, rec, step, hooked if m in ("hook", "full") else None)
             sync()
             dt = torch.tensor([time.perf_counter() - t0], device=device)
             dist.all_reduce(dt, op=dist.ReduceOp.MAX)
@@ -219,7 +237,7 @@ def main() -> None:
         print(json.dumps(out), flush=True)
         if args.json:
             Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
-    del ddp  # before destroy_process_group (gloo)
+    del ddp, hooked  # before destroy_process_group (gloo)
     dist.destroy_process_group()
 
 

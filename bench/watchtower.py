@@ -88,7 +88,7 @@ overhead, all but fcos on 1 GPU (BENCHMARKS.md session 13).
     python3 bench/watchtower.py --part scenarios --nproc 4 --cases ckpt_sync,ckpt_async --runs 1 \
         --segments 10 --steps 60 --budget-s 150 --deadline-s 155 --json $OUT/scenarios-ckpt.json; \
     python3 bench/watchtower.py --part scenarios --nproc 4 --cases healthy_fcos --runs 1 \
-        --segments 10 --steps 30 --budget-s 75 --deadline-s 80 --json $OUT/scenarios-fcos.json
+        --segments 10 --steps 30 --budget-s 110 --deadline-s 115 --json $OUT/scenarios-fcos.json
 
 CPU rehearsal (2 gloo ranks, resnet18 at 16 px, fcos at 64 px, tiny GPTs; the GPU hog becomes a CPU matmul hog
 on rank 1's core, plain DDP is skipped):
@@ -155,12 +155,14 @@ CKPT_GPT_CPU = {"model_args": {"layers": 2, "hidden": 256, "heads": 4},
 CKPT_EVERY = 30
 #: Seconds a case takes on 4x H200 for 10 segments of 30 steps (the scenario budget's prior, until the case
 #: has run): measured healthy 52, p2p_off 43, gpu_hog 72 (2026-11-26, 7b6de92), cpu_hog 82 (2026-11-27,
-#: d18e166); healthy_fcos ~30 s start-up + 300 x 138 ms (predicted); the ckpt cases from their run of 11 x 25
-#: steps (2026-11-27, 2792591: ckpt_sync 57.0 s, ckpt_async 47.8 s, ~16 s of it start-up and teardown) at a save
-#: every 30 steps. Scaled by the steps asked (start-up kept).
+#: d18e166); ckpt_async 93.1 s for 11 x 60 steps (2026-11-27, 9a94a66: 34 s of it start-up and teardown), so 62
+#: at this scale; ckpt_sync that plus its ~1 s blocked in each of 22 saves; healthy_fcos more than 83 s: its
+#: first run, allowed 84 s (71 predicted from ~30 s start-up + 300 x 138 ms), was stopped at the deadline
+#: (fcos starts slower: torchvision's detection model, cuDNN autotuning at each FPN level). Scaled by the
+#: steps asked (start-up kept).
 CASE_EST_S = {"healthy": 52.0, "p2p_off": 43.0, "gpu_hog": 72.0, "gpu_hog_light": 72.0, "cpu_hog": 82.0,
-              "healthy_cpu_data": 82.0, "healthy_comm": 43.0, "healthy_fcos": 71.0, "ckpt_sync": 58.0,
-              "ckpt_async": 46.0}
+              "healthy_cpu_data": 82.0, "healthy_comm": 43.0, "healthy_fcos": 100.0, "ckpt_sync": 73.0,
+              "ckpt_async": 62.0}
 CASE_STARTUP_S = 30.0
 OVH_WARMUP, OVH_STOP = 20, 100  # overhead: musubi's timed window (log records at both ends)
 PLAIN_STEPS = 80  # plain_ddp.py times 80 steps after its own 15 warm-up steps

@@ -1,0 +1,53 @@
+"""bench/telemetry_ab.py on 2 gloo ranks: every mode timed every cycle, the hooked copy's records split at the
+gradient sync, the off blocks with no records, and a refusal of modes without `off`."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
+
+BENCH = REPO / "bench" / "telemetry_ab.py"
+
+
+def _run(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "TMPDIR": str(tmp_path), "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           str(BENCH), "resnet50", "--cpu", "--warmup", "1", "--block", "2", *extra],
+                          capture_output=True, text=True, env=env, timeout=150, cwd=REPO)
+
+
+def test_every_mode_is_timed_each_cycle_and_the_hooked_copy_times_its_gradient_sync(tmp_path: Path) -> None:
+    out = tmp_path / "ab.json"
+    proc = _run(tmp_path, "--cycles", "2", "--json", str(out))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    res = json.loads(out.read_text())
+    assert (res["world"], res["cycles"], res["block_steps"]) == (2, 2, 2)
+    assert set(res["modes"]) == {"off", "spans_spin", "spans", "sampler", "on", "hook", "full"}
+    for mode, row in res["modes"].items():
+        assert len(row["block_ms"]) == 2 and all(ms > 0 for ms in row["block_ms"]), mode
+    assert res["modes"]["off"]["cost_pct_median"] == 0.0
+    (work,) = tmp_path.glob("musubi-ab-*")  # one folder for both ranks
+    assert (work / "full" / "rank1.jsonl").exists()
+    full = [json.loads(line) for line in (work / "full" / "rank0.jsonl").read_text().splitlines()]
+    steps = [r for r in full if r["kind"] == "step"]
+    # the full blocks' steps (2 cycles x 2), each split at the last bucket by the comm hook
+    assert len(steps) == 4 and all("grad_comm" in r["host"] and "backward" in r["host"] for r in steps)
+    spans = [json.loads(line) for line in (work / "telemetry" / "rank0.jsonl").read_text().splitlines()]
+    # spans and on blocks only (4 blocks of 2 steps); the plain model has no hook: no grad_comm
+    assert len([r for r in spans if r["kind"] == "step"]) == 8
+    assert not any("grad_comm" in r.get("host", {}) for r in spans)
+    assert (work / "telemetry" / "sampler-rank1.jsonl").exists()
+
+
+def test_modes_without_off_are_refused(tmp_path: Path) -> None:
+    proc = _run(tmp_path, "--cycles", "1", "--modes", "spans,on")
+    assert proc.returncode != 0 and "--modes must include off" in proc.stderr
