@@ -183,6 +183,12 @@ def open_nvml_index(index: int) -> NvmlDevice | None:
 
 FIRST_SAMPLE_S = 0.2  # the first sample, after start
 MAX_FAILURES = 10  # failed samples in a row after which the sampler stops
+#: The rank's process tree is scanned (every pid on the machine read) at most this often; a child started
+#: since (DCP's checkpoint process at the first save) is counted from the next scan. A loader worker the
+#: feed names that no scan has seen brings the next scan forward, but not sooner than MIN_RESCAN_S after the
+#: last (a worker pid that is not a child must not make every sample scan).
+RESCAN_S = 10.0
+MIN_RESCAN_S = 1.0
 
 
 class Sampler:
@@ -204,6 +210,7 @@ class Sampler:
         self.cores = mine if len(mine) < (psutil.cpu_count() or 0) else []
         psutil.cpu_percent(None, percpu=True)
         self._children: dict[int, psutil.Process] = {}
+        self._last_scan = float("-inf")  # time.monotonic() of the last scan of the process tree
         self._failures = 0  # failed samples in a row
         self.writer = TelemetryWriter(path)
         self._stop = threading.Event()
@@ -211,28 +218,45 @@ class Sampler:
         self._thread.start()
 
     def _children_cpu(self) -> dict[int, float]:
-        """CPU % of each child process of this rank (0 at the first sight of a child)."""
+        """CPU % of each child process of this rank (0 at the first sight of a child).
+
+        Finding the children means reading every process's /proc/PID/stat (psutil's children(): a Python loop
+        over all the machine's pids, kernel threads included, ~11 us each: ~10 ms of the GIL a sample on a host
+        of ~1000 pids, which a launch-bound training thread waits for). So the tree is scanned every RESCAN_S,
+        or sooner when the loader names a worker not seen yet; between scans only the known children are read."""
+        now = time.monotonic()
+        unseen = False
+        if self.worker_pids is not None and now - self._last_scan >= MIN_RESCAN_S:
+            try:
+                unseen = bool(set(self.worker_pids()) - set(self._children))
+            except Exception:  # the loader between epochs
+                unseen = False
+        first: set[int] = set()
+        if now - self._last_scan >= RESCAN_S or unseen:
+            self._last_scan = now
+            try:
+                kids = {k.pid: k for k in self.proc.children(recursive=True)}
+            except psutil.Error:
+                kids = None
+            if kids is not None:
+                for pid in [p for p in self._children if p not in kids]:
+                    del self._children[pid]
+                for pid, k in kids.items():
+                    if pid not in self._children:
+                        self._children[pid] = k
+                        first.add(pid)
+                        try:
+                            k.cpu_percent(None)
+                        except psutil.Error:
+                            pass
         cpu: dict[int, float] = {}
-        try:
-            kids = self.proc.children(recursive=True)
-        except psutil.Error:
-            return cpu
-        for k in kids:
-            cpu[k.pid] = 0.0
-            p = self._children.get(k.pid)
-            if p is None:
-                self._children[k.pid] = k
-                try:
-                    k.cpu_percent(None)
-                except psutil.Error:
-                    pass
+        for pid, p in list(self._children.items()):
+            if pid in first:
+                cpu[pid] = 0.0
                 continue
             try:
-                cpu[k.pid] = p.cpu_percent(None)
-            except psutil.Error:
-                pass
-        for pid in list(self._children):
-            if pid not in cpu:
+                cpu[pid] = p.cpu_percent(None)
+            except psutil.Error:  # ended since the last scan
                 del self._children[pid]
         return cpu
 
@@ -251,7 +275,8 @@ class Sampler:
         return round(sum(workers), 1), len(workers), round(sum(others), 1), len(others)
 
     def sample(self) -> dict[str, Any]:
-        """One record: time, CPU figures, and the GPU's when there is one."""
+        """One record: time, CPU figures, the GPU's when there is one, and what the sample cost this thread."""
+        t_cpu = time.thread_time()
         workers, n, others, n_others = self._workers_cpu()
         rec: dict[str, Any] = {
             "kind": "sample", "rank": self.rank, "t": round(time.time(), 3),
@@ -273,6 +298,9 @@ class Sampler:
             pass
         if self.device is not None:
             rec.update(self.device.read())
+        # The sampler's own CPU time for this record (mostly holding the GIL the training thread also needs):
+        # telemetry's cost, measured where it runs.
+        rec["self_ms"] = round((time.thread_time() - t_cpu) * 1e3, 3)
         return rec
 
     def _run(self) -> None:
