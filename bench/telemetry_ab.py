@@ -219,7 +219,7 @@ def main() -> None:
         off = per_mode["off"]
         rows = {}
         for m in modes:
-            ratios = [v / o for v, o in zip(per_mode[m], off)]
+            ratios = [v / o for v, o in zip(per_mode[m], off, strict=True)]
             rows[m] = {"step_ms_median": round(statistics.median(per_mode[m]), 3),
                        "cost_pct_median": round((statistics.median(ratios) - 1) * 100, 2),
                        "cost_pct_mean": round((statistics.fmean(ratios) - 1) * 100, 2),
@@ -237,7 +237,7 @@ def main() -> None:
         print(json.dumps(out), flush=True)
         if args.json:
             Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
-    del ddp, hooked  # before destroy_process_group (gloo)
+    ddp = hooked = None  # the DDP wrappers go before destroy_process_group (gloo)
     dist.destroy_process_group()
 
 

@@ -880,9 +880,9 @@ def main() -> None:
     ap.add_argument("--cases", default=DEFAULT_CASES, help=f"comma-separated, of: {', '.join(CASES)}")
     ap.add_argument("--runs", type=int, default=2, help="runs per case (interleaved)")
     ap.add_argument("--steps", type=int, default=STEPS, help="steps per scenario run")
-    # 0.1: the hog's 4 matmuls (~7 ms alone on an H200) then 9x as long asleep; time-sliced with the job they
-    # cost its steps ~10 %, issue 21's "a 10 % slower GPU flagged within 50 steps" (the measured slowdown is
-    # the case's step_ms against healthy's; not yet run on a GPU)
+    # 0.1: the hog's 4 matmuls (~7 ms alone on an H200, estimated), then 9x as long asleep; time-sliced with the
+    # job they are expected to cost its steps ~10 %, issue 21's "a 10 % slower GPU flagged within 50 steps" (the
+    # slowdown they give is the case's step_ms against healthy's; not yet run on a GPU)
     ap.add_argument("--light-duty", type=float, default=0.1, help="gpu_hog_light: share of time the hog is busy")
     ap.add_argument("--repeat", type=int, default=2, help="overhead: runs per mode (interleaved)")
     ap.add_argument("--ref", type=Path, default=None, help="folder holding plain_ddp.py (GPU overhead)")
