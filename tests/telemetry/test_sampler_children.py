@@ -1,12 +1,15 @@
-"""The sampler reads the machine's process table rarely: every RESCAN_S, or sooner for a loader worker it has not
-seen; between scans it reads only the children it knows, and drops those that ended."""
+"""The sampler's view of a rank's child processes: loader workers apart from other children; the machine's process
+table read rarely (every RESCAN_S, or sooner for a loader worker not seen yet), between scans only the children it
+knows, those that ended dropped."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -24,6 +27,45 @@ def _records(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+@contextlib.contextmanager
+def busy_children(n: int) -> Iterator[list[subprocess.Popen]]:
+    """`n` child processes spinning a core each (up to 30 s), killed on the way out."""
+    procs = [subprocess.Popen([sys.executable, "-c", BUSY]) for _ in range(n)]
+    try:
+        yield procs
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+
+
+def test_sampler_counts_only_the_loaders_workers_as_workers(tmp_path: Path) -> None:
+    """Other children (DCP's checkpoint process, compile workers) are reported apart from loader workers."""
+    from musubi.worker.feed.loaders import TrainFeed
+
+    with busy_children(2) as (worker, _other):
+        s = Sampler(tmp_path / "sampler-rank0.jsonl", 0, 5.0, None, worker_pids=lambda: [worker.pid])
+        time.sleep(1.0)
+        s.close()
+    last = _records(tmp_path / "sampler-rank0.jsonl")[-1]
+    # In a full suite the test process has children of its own (multiprocessing's resource tracker,
+    # left by earlier tests): at least our one other child, never the worker.
+    assert last["workers"] == 1 and last["other_children"] >= 1, last
+    # Both spin for the whole second; on a loaded machine (two pytest workers on 2 cores) each got 9-18 %
+    # of a core, so the bar is "measured busy", well above an idle process's ~0 %.
+    assert last["workers_cpu"] > 2 and last["other_children_cpu"] > 2, last
+    # the feed names its loader's workers (a real DataLoader with 2 worker processes)
+    from torch.utils.data import DataLoader
+
+    feed = TrainFeed.__new__(TrainFeed)
+    feed._batches = iter(DataLoader(list(range(8)), batch_size=2, num_workers=2))
+    pids = feed.worker_pids()
+    assert len(pids) == 2 and all(isinstance(p, int) for p in pids)
+    feed._batches = None  # before the first epoch, or an on-device feed
+    assert feed.worker_pids() == []
+
+
 @pytest.fixture
 def scans(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     """Times psutil's children() (the scan of every pid) was called."""
@@ -39,14 +81,10 @@ def scans(monkeypatch: pytest.MonkeyPatch) -> list[float]:
 
 
 def test_samples_between_scans_do_not_read_the_process_table(tmp_path: Path, scans: list[float]) -> None:
-    worker = subprocess.Popen([sys.executable, "-c", BUSY])
-    try:
+    with busy_children(1) as (worker,):
         s = Sampler(tmp_path / "s.jsonl", 0, 20.0, None, worker_pids=lambda: [worker.pid])
         time.sleep(1.3)
         s.close()
-    finally:
-        worker.kill()
-        worker.wait()
     recs = _records(tmp_path / "s.jsonl")
     assert len(recs) >= 10  # ~20 a second
     assert len(scans) == 1, f"{len(scans)} scans for {len(recs)} samples"  # before: one per sample
@@ -61,8 +99,7 @@ def test_a_new_worker_brings_the_scan_forward_and_an_ended_one_is_dropped(
     pids: list[int] = []
     s = Sampler(tmp_path / "s.jsonl", 0, 20.0, None, worker_pids=lambda: list(pids))
     time.sleep(0.25)  # the first scan (at 0.05 s) finds no worker
-    worker = subprocess.Popen([sys.executable, "-c", BUSY])
-    try:
+    with busy_children(1) as (worker,):
         pids.append(worker.pid)  # the loader names its new worker (a new epoch)
         time.sleep(1.0)
         named = len(scans)
@@ -71,10 +108,6 @@ def test_a_new_worker_brings_the_scan_forward_and_an_ended_one_is_dropped(
         pids.clear()  # the epoch's workers are gone
         time.sleep(0.5)
         s.close()
-    finally:
-        if worker.poll() is None:
-            worker.kill()
-            worker.wait()
     recs = _records(tmp_path / "s.jsonl")
     # the first scan, then one brought forward by the named worker; not one per sample (~20 since)
     assert named == 2, scans
