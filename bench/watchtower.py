@@ -23,10 +23,9 @@ equal shares of the machine's cores (MUSUBI_CPUS, as Musubi pins ranks); every c
 - ckpt_async       - (opt-in) the same job, `async_mode: auto` (DCP's checkpoint process on GPUs, a writer
                      thread on CPU): the step waits only for the copy to host memory; expect healthy (the
                      table beside the verdicts gives each segment's checkpoint share and the saves' blocked
-                     and durable seconds from metrics.jsonl). Both train one warm segment first, judged and
-                     kept (`warm`) but not counted: the first asynchronous save starts the checkpoint process
-                     and the next waits for it (the CPU rehearsal's warm segment says checkpoint stall, the
-                     others healthy).
+                     and durable seconds from metrics.jsonl). Both train warm segments first, judged and
+                     kept (`warm`) but not counted, as many as hold the first two saves (Case.warm_segments):
+                     the first asynchronous save starts the checkpoint process and the next waits for it.
 
 The checkpoint cases on paper (CKPT_GPT: 4 layers x hidden 768, vocab 8192, seq 256, batch 384 = 98 k tokens a
 rank): 4 x 12 x 768^2 = 28 M + 6 M embedding = 34 M parameters, 12 bytes each with AdamW = 0.41 GB saved per
@@ -76,9 +75,9 @@ when the budget still holds the longest case's time. The JSON is rewritten after
     NCCL_NVLS_ENABLE=0 python3 bench/watchtower.py --part scenarios --nproc 4 --runs 1 --segments 10 \
         --steps 30 --budget-s 250 --deadline-s 265 --json $OUT/watchtower.json
 
-Next call for issue 21 (4 GPUs, ~510 s; the repo root). Done on 4x H200 by 2026-11-27: healthy, gpu_hog,
+Next call for issue 21 (4 GPUs, ~520 s; the repo root). Done on 4x H200 by 2026-11-27: healthy, gpu_hog,
 cpu_hog, p2p_off, ckpt_sync (a save every 12 steps) 10/10 each; ckpt_async 9/10 at a save every 30 steps;
-the overhead in separate runs (BENCHMARKS.md sessions 10-14). Left: ckpt_sync at a save every 30 steps (~116 s),
+the overhead in separate runs (BENCHMARKS.md sessions 10-14). Left: ckpt_sync at a save every 30 steps (~122 s),
 healthy_fcos (~100 s: its first try was stopped at an 84-s deadline), gpu_hog_light (a GPU ~10 % slower,
 ~72 s), and telemetry's cost in one process with the comm hook (bench/telemetry_ab.py, ~200 s):
 
@@ -87,7 +86,7 @@ healthy_fcos (~100 s: its first try was stopped at an 84-s deadline), gpu_hog_li
     python3 bench/watchtower.py --part scenarios --nproc 4 --cases healthy_fcos,gpu_hog_light --runs 1 \
         --segments 10 --steps 30 --budget-s 180 --deadline-s 185 --json $OUT/scenarios.json
     python3 bench/watchtower.py --part scenarios --nproc 4 --cases ckpt_sync --runs 1 \
-        --segments 10 --steps 60 --budget-s 125 --deadline-s 130 --json $OUT/scenarios-ckpt.json
+        --segments 10 --steps 60 --budget-s 130 --deadline-s 135 --json $OUT/scenarios-ckpt.json
 
 The device returns at most 8 files from $OUT: pack the rest into one archive.
 
@@ -156,14 +155,14 @@ CKPT_GPT_CPU = {"model_args": {"layers": 2, "hidden": 256, "heads": 4},
 CKPT_EVERY = 30
 #: Seconds a case takes on 4x H200 for 10 segments of 30 steps (the scenario budget's prior, until the case
 #: has run): measured healthy 52, p2p_off 43, gpu_hog 72 (2026-11-26, 7b6de92), cpu_hog 82 (2026-11-27,
-#: d18e166); ckpt_async 93.1 s for 11 x 60 steps (2026-11-27, 9a94a66: 34 s of it start-up and teardown), so 62
-#: at this scale; ckpt_sync that plus its ~1 s blocked in each of 22 saves; healthy_fcos more than 83 s: its
-#: first run, allowed 84 s (71 predicted from ~30 s start-up + 300 x 138 ms), was stopped at the deadline
-#: (fcos starts slower: torchvision's detection model, cuDNN autotuning at each FPN level). Scaled by the
-#: steps asked (start-up kept).
+#: d18e166); ckpt_async 93.1 s for 11 x 60 steps (2026-11-27, 9a94a66: 34 s of it start-up and teardown), so 67
+#: at this scale with the 3 warm segments of 30 steps that hold its first two saves; ckpt_sync that plus its ~1 s
+#: blocked in each save; healthy_fcos more than 83 s: its first run, allowed 84 s (71 predicted from ~30 s
+#: start-up + 300 x 138 ms), was stopped at the deadline (fcos starts slower: torchvision's detection model,
+#: cuDNN autotuning at each FPN level). Scaled by the steps asked (start-up kept).
 CASE_EST_S = {"healthy": 52.0, "p2p_off": 43.0, "gpu_hog": 72.0, "gpu_hog_light": 72.0, "cpu_hog": 82.0,
-              "healthy_cpu_data": 82.0, "healthy_comm": 43.0, "healthy_fcos": 100.0, "ckpt_sync": 73.0,
-              "ckpt_async": 62.0}
+              "healthy_cpu_data": 82.0, "healthy_comm": 43.0, "healthy_fcos": 100.0, "ckpt_sync": 80.0,
+              "ckpt_async": 67.0}
 CASE_STARTUP_S = 30.0
 OVH_WARMUP, OVH_STOP = 20, 100  # overhead: musubi's timed window (log records at both ends)
 PLAIN_STEPS = 80  # plain_ddp.py times 80 steps after its own 15 warm-up steps
@@ -180,9 +179,17 @@ class Case:
     rank: int | None = None  # the culprit
     sections: tuple[str, ...] = ()  # sections accepted as the culprit's
     sets: tuple[str, ...] = ()  # the case's own overrides (after the job's)
-    #: leading segments trained but not counted (a first asynchronous save starts DCP's checkpoint process,
-    #: and the second save waits for that first one: not the steady state the case is about)
-    warm_segments: int = 0
+    #: saves trained through before the segments that count (a first asynchronous save starts DCP's checkpoint
+    #: process, and the second save waits for that first one: not the steady state the case is about)
+    warm_saves: int = 0
+
+    def warm_segments(self, steps: int) -> int:
+        """Leading segments of `steps` steps trained, judged and kept, but not counted: those that hold the
+        first `warm_saves` saves. A save after step k is timed in step k + 1's record (the bookkeeping after a
+        step belongs to the next one), so the second save every 30 steps lands in step 61: a first segment of 60
+        steps does not hold it. On 4x H200 (2026-11-27) it did not, and that save, blocked 8.0 s waiting for the
+        first (DCP's checkpoint process starting), made ckpt_async's first counted segment a stall."""
+        return math.ceil((self.warm_saves * CKPT_EVERY + 1) / steps) if self.warm_saves else 0
 
 
 CASES = {c.name: c for c in (
@@ -194,9 +201,9 @@ CASES = {c.name: c for c in (
     Case("p2p_off", "comm", "p2p_off", "communication bound"),
     Case("healthy_comm", "comm", "", "healthy compute bound"),  # p2p_off's control: same batch, P2P on
     Case("healthy_fcos", "fcos", "", "healthy compute bound"),
-    Case("ckpt_sync", "ckpt", "", "periodic checkpoint stall", warm_segments=1,
+    Case("ckpt_sync", "ckpt", "", "periodic checkpoint stall", warm_saves=2,
          sets=("checkpoint.enabled=true", f"checkpoint.every_steps={CKPT_EVERY}", "checkpoint.async_mode=off")),
-    Case("ckpt_async", "ckpt", "", "healthy compute bound", warm_segments=1,
+    Case("ckpt_async", "ckpt", "", "healthy compute bound", warm_saves=2,
          sets=("checkpoint.enabled=true", f"checkpoint.every_steps={CKPT_EVERY}", "checkpoint.async_mode=auto")),
 )}
 DEFAULT_CASES = "healthy,p2p_off,gpu_hog,cpu_hog"  # the two unproven first: a short call keeps them
@@ -458,7 +465,7 @@ def case_estimate(name: str, args: argparse.Namespace) -> float:
     if args.cpu:
         return 0.0
     case = CASES[name]
-    scale = args.steps * (case.warm_segments + args.segments) / (30 * (10 + case.warm_segments))
+    scale = args.steps * (case.warm_segments(args.steps) + args.segments) / (30 * (10 + case.warm_segments(30)))
     return round(CASE_STARTUP_S + (CASE_EST_S[name] - CASE_STARTUP_S) * scale, 1)
 
 
@@ -529,7 +536,8 @@ def run_scenarios(args: argparse.Namespace, work: Path, result: dict[str, Any], 
             shutil.rmtree(out, ignore_errors=True)
             hogs: list[subprocess.Popen] = []
             procs_seen = None
-            steps = args.steps * (case.warm_segments + args.segments)
+            warm = case.warm_segments(args.steps)
+            steps = args.steps * (warm + args.segments)
             try:
                 hogs = start_hogs(case.cause, device, cpus, hog_index, args.light_duty, 2048 if args.cpu else 8192)
                 left = args.deadline - time.monotonic()  # a run past the hard deadline is stopped
@@ -550,12 +558,12 @@ def run_scenarios(args: argparse.Namespace, work: Path, result: dict[str, Any], 
             # tens of seconds buys several judgements. Segment 0 includes the warm-up steps, as a fresh run.
             # A case's warm segments come first, judged and kept (marked `warm`) but not counted.
             saves = checkpoint_saves(job_dir)
-            for j in range(case.warm_segments + args.segments):
+            for j in range(warm + args.segments):
                 row = judge(case, job_dir, j * args.steps + 1, (j + 1) * args.steps)
-                row.update(run=i, segment=j - case.warm_segments, wall_s=round(wall, 1), sets=list(sets), env=env)
-                if j < case.warm_segments:
+                row.update(run=i, segment=j - warm, wall_s=round(wall, 1), sets=list(sets), env=env)
+                if j < warm:
                     row["warm"] = True
-                if j == case.warm_segments:
+                if j == warm:
                     row["time"] = spent
                     if saves:
                         row["saves"] = saves
@@ -861,7 +869,8 @@ def print_plan(args: argparse.Namespace) -> None:
             t = case_estimate(name, args) * args.runs
             fits = total + t <= min(args.budget_s, args.deadline_s)
             total += t if fits else 0.0
-            print(f"scenario {name:14s} {args.runs} run(s) x {CASES[name].warm_segments + args.segments} segments of "
+            segs = CASES[name].warm_segments(args.steps) + args.segments
+            print(f"scenario {name:14s} {args.runs} run(s) x {segs} segments of "
                   f"{args.steps} steps {t:5.1f} s{'' if fits else '  (skipped: past --budget-s)'}")
         print(f"scenarios: {total:.0f} s expected (--budget-s {args.budget_s:g}, --deadline-s {args.deadline_s:g})")
 

@@ -70,6 +70,15 @@ def test_checkpoint_cases_are_valid_jobs_that_save_twice_a_segment(tmp_path: Pat
     assert wt.case_estimate("ckpt_sync", args) == wt.CASE_EST_S["ckpt_sync"]
 
 
+def test_checkpoint_cases_train_through_their_first_two_saves_before_counting() -> None:
+    # A save after step k is timed in step k + 1: the second save (every 30 steps) is in step 61, so 60-step
+    # segments need two warm ones (4x H200, 2026-11-27: with one, that save's 8-s wait for the first was counted)
+    case = wt.CASES["ckpt_async"]
+    assert wt.CKPT_EVERY == 30
+    assert [case.warm_segments(n) for n in (25, 30, 60, 61, 120)] == [3, 3, 2, 1, 1]
+    assert wt.CASES["healthy"].warm_segments(60) == 0
+
+
 def test_checkpoint_cases_refuse_segments_without_two_saves(monkeypatch: pytest.MonkeyPatch,
                                                             capsys: pytest.CaptureFixture) -> None:
     # The label needs two saves in a judged segment: fewer steps than that is refused before anything runs.
