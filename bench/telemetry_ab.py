@@ -22,6 +22,9 @@ Modes (the classes musubi's loop uses, musubi/telemetry):
                 per bucket, a CUDA event at the last). A DDP model takes one hook for its whole life, so these
                 blocks train a second DDP model, a copy of the first (same weights, data and optimizer).
 - full        - the copy with its hook, spans, sampler and watch: all of `musubi train`'s telemetry.
+- copy        - (opt-in) a third copy of the model, no hook, no telemetry: the control for `hook`, whose blocks
+                train other tensors than `off`'s (on 2 CPU ranks `hook` read +2.1 % over 30 cycles: the hook,
+                or the copy?).
 
 A block begins and ends with one `torch.cuda.synchronize()` (the same for every mode); the sampler is
 started before and closed after the timed block. Run under torchrun, one rank per GPU:
@@ -54,7 +57,8 @@ from musubi.telemetry.spans import SpanRecorder  # noqa: E402
 from musubi.telemetry.straggler import default_threshold  # noqa: E402
 from musubi.telemetry.watch import StragglerWatch  # noqa: E402
 
-MODES = ("off", "spans_spin", "spans", "sampler", "on", "hook", "full")
+MODES = ("off", "spans_spin", "spans", "sampler", "on", "hook", "full", "copy")
+DEFAULT_MODES = MODES[:-1]
 SAMPLE_HZ = 2.0  # the job default (telemetry.sample_hz)
 
 
@@ -120,7 +124,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=20, help="untimed steps first (cuDNN autotuning)")
     ap.add_argument("--block", type=int, default=15, help="steps a block")
     ap.add_argument("--cycles", type=int, default=8, help="cycles; each runs every mode once")
-    ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--modes", default=",".join(DEFAULT_MODES))
     ap.add_argument("--cpu", action="store_true", help="rehearsal on CPU (gloo)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
@@ -142,6 +146,7 @@ def main() -> None:
     torch.manual_seed(rank)
     model, step_loss, batch = build(args.model, args.batch, device, args.cpu)
     twin = copy.deepcopy(model) if {"hook", "full"} & set(modes) else None
+    control = copy.deepcopy(model) if "copy" in modes else None
     ids = None if args.cpu else [local]
     ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
@@ -155,6 +160,10 @@ def main() -> None:
                  "spans": SpanRecorder(tele / f"rank{rank}.jsonl", rank, device)}
     recorders["on"] = recorders["spans"]
     hooked = None  # (DDP model, optimizer) of the copy with musubi's comm hook
+    plain_copy = None  # (DDP model, optimizer) of the copy without it
+    if control is not None:
+        plain_copy = torch.nn.parallel.DistributedDataParallel(control, device_ids=ids)
+        plain_copy = (plain_copy, torch.optim.SGD(plain_copy.parameters(), lr=0.01, momentum=0.9))
     if twin is not None:
         recorders["full"] = SpanRecorder(work / "full" / f"rank{rank}.jsonl", rank, device)
         hooked = (torch.nn.parallel.DistributedDataParallel(twin, device_ids=ids), None)
@@ -182,8 +191,9 @@ def main() -> None:
 
     t_start = time.perf_counter()
     train(args.warmup, None, 0)
-    if hooked is not None:
-        train(args.warmup, None, 0, hooked)
+    for net in (hooked, plain_copy):
+        if net is not None:
+            train(args.warmup, None, 0, net)
     sync()
     step = args.warmup
     per_mode: dict[str, list[float]] = {m: [] for m in modes}
@@ -201,7 +211,7 @@ def main() -> None:
                 rec.section("log")  # a block starts mid-stream, as every step after the first does
             sync()
             t0 = time.perf_counter()
-            train(args.block, rec, step, hooked if m in ("hook", "full") else None)
+            train(args.block, rec, step, hooked if m in ("hook", "full") else plain_copy if m == "copy" else None)
             sync()
             dt = torch.tensor([time.perf_counter() - t0], device=device)
             dist.all_reduce(dt, op=dist.ReduceOp.MAX)
@@ -237,7 +247,7 @@ def main() -> None:
         print(json.dumps(out), flush=True)
         if args.json:
             Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
-    ddp = hooked = None  # the DDP wrappers go before destroy_process_group (gloo)
+    ddp = hooked = plain_copy = None  # the DDP wrappers go before destroy_process_group (gloo)
     dist.destroy_process_group()
 
 

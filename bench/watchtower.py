@@ -79,10 +79,10 @@ Next call for issue 21 (4 GPUs, ~520 s; the repo root). Done on 4x H200 by 2026-
 cpu_hog, p2p_off, ckpt_sync (a save every 12 steps) 10/10 each; ckpt_async 9/10 at a save every 30 steps;
 the overhead in separate runs (BENCHMARKS.md sessions 10-14). Left: ckpt_sync at a save every 30 steps (~122 s),
 healthy_fcos (~100 s: its first try was stopped at an 84-s deadline), gpu_hog_light (a GPU ~10 % slower,
-~72 s), and telemetry's cost in one process with the comm hook (bench/telemetry_ab.py, ~200 s):
+~72 s), and telemetry's cost in one process with the comm hook and its control (bench/telemetry_ab.py, ~240 s):
 
-    torchrun --nproc-per-node 4 bench/telemetry_ab.py resnet50 --modes off,on,hook,full --cycles 20 --json $OUT/ab-r50.json
-    torchrun --nproc-per-node 4 bench/telemetry_ab.py fcos --modes off,on,hook,full --cycles 10 --json $OUT/ab-fcos.json
+    torchrun --nproc-per-node 4 bench/telemetry_ab.py resnet50 --modes off,on,hook,full,copy --cycles 20 --json $OUT/ab-r50.json
+    torchrun --nproc-per-node 4 bench/telemetry_ab.py fcos --modes off,on,hook,full,copy --cycles 10 --json $OUT/ab-fcos.json
     python3 bench/watchtower.py --part scenarios --nproc 4 --cases healthy_fcos,gpu_hog_light --runs 1 \
         --segments 10 --steps 30 --budget-s 180 --deadline-s 185 --json $OUT/scenarios.json
     python3 bench/watchtower.py --part scenarios --nproc 4 --cases ckpt_sync --runs 1 \
@@ -740,14 +740,20 @@ def plan_groups(plan: list[OvhRun]) -> list[list[OvhRun]]:
 
 
 def musubi_rate(job_dir: Path, batch: int, world: int, warm: int = OVH_WARMUP, stop: int = OVH_STOP) -> dict[str, Any]:
-    """samples/s between rank 0's log records at `warm` and `stop` (metrics.jsonl)."""
+    """samples/s between rank 0's log records at `warm` and `stop` (metrics.jsonl), and the mean step of each
+    log interval between them: a run slower all through (its own cuDNN choices, a cost of every step) reads
+    differently from one slowed for a while (another process, a clock dip). Two runs of one program differed by
+    up to 11 % on 2x H200 (fcos, 2026-11-27); these say which kind of difference it was."""
     recs = [json.loads(ln) for ln in (job_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines() if ln]
     times = {r["step"]: r["time"] for r in recs if r.get("kind") == "train"}
     if warm not in times or stop not in times:
         raise RuntimeError(f"log steps {warm} and {stop} missing: {sorted(times)}")
     dt = times[stop] - times[warm]
     steps = stop - warm
-    return {"samples_per_s": round(batch * world * steps / dt, 1), "mean_step_ms": round(dt / steps * 1e3, 3)}
+    marks = sorted(k for k in times if warm <= k <= stop)
+    intervals = [round((times[b] - times[a]) / (b - a) * 1e3, 2) for a, b in zip(marks, marks[1:], strict=False)]
+    return {"samples_per_s": round(batch * world * steps / dt, 1), "mean_step_ms": round(dt / steps * 1e3, 3),
+            "interval_step_ms": intervals}
 
 
 def run_plain(ref: Path, nproc: int, batch: int, model: str = "resnet50", steps: int = PLAIN_STEPS,

@@ -27,11 +27,12 @@ def _run(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess:
 
 def test_every_mode_is_timed_each_cycle_and_the_hooked_copy_times_its_gradient_sync(tmp_path: Path) -> None:
     out = tmp_path / "ab.json"
-    proc = _run(tmp_path, "--cycles", "2", "--json", str(out))
+    proc = _run(tmp_path, "--cycles", "2", "--json", str(out), "--modes",
+                "off,spans_spin,spans,sampler,on,hook,full,copy")
     assert proc.returncode == 0, proc.stderr[-2000:]
     res = json.loads(out.read_text())
     assert (res["world"], res["cycles"], res["block_steps"]) == (2, 2, 2)
-    assert set(res["modes"]) == {"off", "spans_spin", "spans", "sampler", "on", "hook", "full"}
+    assert set(res["modes"]) == {"off", "spans_spin", "spans", "sampler", "on", "hook", "full", "copy"}
     for mode, row in res["modes"].items():
         assert len(row["block_ms"]) == 2 and all(ms > 0 for ms in row["block_ms"]), mode
     assert res["modes"]["off"]["cost_pct_median"] == 0.0

@@ -94,6 +94,17 @@ def test_checkpoint_cases_refuse_segments_without_two_saves(monkeypatch: pytest.
     wt.main()
 
 
+def test_musubi_rate_over_the_window_and_each_log_interval(tmp_path: Path) -> None:
+    recs = [{"kind": "train", "step": k, "time": t} for k, t in ((10, 0.0), (20, 1.0), (30, 2.0), (40, 3.5),
+                                                                 (50, 4.5))]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    rate = wt.musubi_rate(tmp_path, batch=16, world=2, warm=20, stop=50)
+    assert rate["samples_per_s"] == round(16 * 2 * 30 / 3.5, 1) and rate["mean_step_ms"] == round(3.5 / 30 * 1e3, 3)
+    assert rate["interval_step_ms"] == [100.0, 150.0, 100.0]  # the slow interval shows, the window's mean hides it
+    with pytest.raises(RuntimeError, match="log steps 20 and 60 missing"):
+        wt.musubi_rate(tmp_path, batch=16, world=2, warm=20, stop=60)
+
+
 def test_checkpoint_saves_read_from_metrics(tmp_path: Path) -> None:
     recs = [{"kind": "train", "step": 10, "time": 1.0},
             {"kind": "checkpoint", "step": 12, "mode": "process", "blocked_s": 0.05, "durable_s": 0.9, "ok": True},
