@@ -148,7 +148,13 @@ def main() -> None:
     twin = copy.deepcopy(model) if {"hook", "full"} & set(modes) else None
     control = copy.deepcopy(model) if "copy" in modes else None
     ids = None if args.cpu else [local]
-    ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)
+
+    def wrap(m: torch.nn.Module) -> torch.nn.parallel.DistributedDataParallel:
+        # As musubi wraps a model (worker/wrap.py): gradients inside the buckets. Without a comm hook DDP then
+        # divides them by the world size in place, and with one the hook does: one pass either way. (With
+        # DDP's default, a copy into the buckets, DDP fuses that division into the copy and a hook adds a pass.)
+        return torch.nn.parallel.DistributedDataParallel(m, device_ids=ids, gradient_as_bucket_view=True)
+    ddp = wrap(model)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
     sync = (lambda: None) if args.cpu else torch.cuda.synchronize
     # One folder for every rank (one node), as a job's telemetry/ is: rank 0's watch reads all ranks' files.
@@ -162,11 +168,11 @@ def main() -> None:
     hooked = None  # (DDP model, optimizer) of the copy with musubi's comm hook
     plain_copy = None  # (DDP model, optimizer) of the copy without it
     if control is not None:
-        plain_copy = torch.nn.parallel.DistributedDataParallel(control, device_ids=ids)
+        plain_copy = wrap(control)
         plain_copy = (plain_copy, torch.optim.SGD(plain_copy.parameters(), lr=0.01, momentum=0.9))
     if twin is not None:
         recorders["full"] = SpanRecorder(work / "full" / f"rank{rank}.jsonl", rank, device)
-        hooked = (torch.nn.parallel.DistributedDataParallel(twin, device_ids=ids), None)
+        hooked = (wrap(twin), None)
         attach(hooked[0], recorders["full"])  # "hook" blocks: the hook marks, nobody opens sections
         hooked = (hooked[0], torch.optim.SGD(hooked[0].parameters(), lr=0.01, momentum=0.9))
     nvml = None if args.cpu else open_nvml_device(local)
