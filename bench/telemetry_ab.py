@@ -3,11 +3,11 @@
 Why: `bench/watchtower.py --part overhead` compares separate runs (musubi with telemetry on, off, plain DDP).
 On 2x H200 (2026-11-27) two runs of one program differed by up to 11 % for fcos (1 GPU, 100-step windows), so
 two repeats could not tell a 1 % cost from none, and the median said 3.4-3.8 %. Here one process trains the
-reference step (plain_ddp.py's model, data and optimizer: resnet50 bs256 or fcos bs16, bf16, data on the
-GPU) and turns telemetry's parts on and off between blocks of --block steps, so the run's own speed (its
-cuDNN choices, clocks, memory layout) is the same for every mode. Each cycle runs every mode once, in a
-rotating order; a mode's cost is its block time over the `off` block of the same cycle (paired), the
-median and spread over --cycles cycles.
+reference step (plain_ddp.py's model, data and optimizer: resnet50 bs256 or fcos bs16, bf16, data on the GPU;
+DDP wrapped as musubi wraps it, gradients inside the buckets) and turns telemetry's parts on and off between
+blocks of --block steps, so the run's own speed (its cuDNN choices, clocks, memory layout) is the same for
+every mode. Each cycle runs every mode once, in a rotating order; a mode's cost is its block time over the
+`off` block of the same cycle (paired), the median and spread over --cycles cycles.
 
 Modes (the classes musubi's loop uses, musubi/telemetry):
 - off         - no telemetry.
@@ -22,9 +22,11 @@ Modes (the classes musubi's loop uses, musubi/telemetry):
                 per bucket, a CUDA event at the last). A DDP model takes one hook for its whole life, so these
                 blocks train a second DDP model, a copy of the first (same weights, data and optimizer).
 - full        - the copy with its hook, spans, sampler and watch: all of `musubi train`'s telemetry.
-- copy        - (opt-in) a third copy of the model, no hook, no telemetry: the control for `hook`, whose blocks
-                train other tensors than `off`'s (on 2 CPU ranks `hook` read +2.1 % over 30 cycles: the hook,
-                or the copy?).
+- copy        - (opt-in) a third copy of the model, no hook, no telemetry: the control for `hook`, whose
+                blocks train other tensors than `off`'s. On 2 CPU ranks (2026-11-27, 30 cycles) hook +3.1 %,
+                copy +0.4 %: any comm hook makes DDP leave the division by the world size to the hook, a scan
+                of the gradients that DDP otherwise folds into copying them into its buckets (BENCHMARKS.md,
+                session 14).
 
 A block begins and ends with one `torch.cuda.synchronize()` (the same for every mode); the sampler is
 started before and closed after the timed block. Run under torchrun, one rank per GPU:
