@@ -217,41 +217,40 @@ class Sampler:
         self._thread = threading.Thread(target=self._run, name=f"musubi-sampler-rank{rank}", daemon=True)
         self._thread.start()
 
-    def _children_cpu(self) -> dict[int, float]:
-        """CPU % of each child process of this rank (0 at the first sight of a child).
+    def _scan(self) -> set[int]:
+        """Read the rank's process tree: drop the children gone, add the new ones (their CPU measurement starts
+        now); the pids added."""
+        self._last_scan = time.monotonic()
+        try:
+            kids = {k.pid: k for k in self.proc.children(recursive=True)}
+        except psutil.Error:
+            return set()
+        for pid in [p for p in self._children if p not in kids]:
+            del self._children[pid]
+        added = set(kids) - set(self._children)
+        for pid in added:
+            self._children[pid] = kids[pid]
+            try:
+                kids[pid].cpu_percent(None)
+            except psutil.Error:
+                pass
+        return added
+
+    def _children_cpu(self, named: set[int]) -> dict[int, float]:
+        """CPU % of each child process of this rank (0 at the first sight of a child); `named`: the loader's
+        workers now.
 
         Finding the children means reading every process's /proc/PID/stat (psutil's children(): a Python loop
-        over all the machine's pids, kernel threads included, ~11 us each: ~10 ms of the GIL a sample on a host
-        of ~1000 pids, which a launch-bound training thread waits for). So the tree is scanned every RESCAN_S,
-        or sooner when the loader names a worker not seen yet; between scans only the known children are read."""
-        now = time.monotonic()
-        unseen = False
-        if self.worker_pids is not None and now - self._last_scan >= MIN_RESCAN_S:
-            try:
-                unseen = bool(set(self.worker_pids()) - set(self._children))
-            except Exception:  # the loader between epochs
-                unseen = False
-        first: set[int] = set()
-        if now - self._last_scan >= RESCAN_S or unseen:
-            self._last_scan = now
-            try:
-                kids = {k.pid: k for k in self.proc.children(recursive=True)}
-            except psutil.Error:
-                kids = None
-            if kids is not None:
-                for pid in [p for p in self._children if p not in kids]:
-                    del self._children[pid]
-                for pid, k in kids.items():
-                    if pid not in self._children:
-                        self._children[pid] = k
-                        first.add(pid)
-                        try:
-                            k.cpu_percent(None)
-                        except psutil.Error:
-                            pass
+        over all the machine's pids, kernel threads included; 0.6 ms a scan of 70 pids on the 2-core CI
+        machine, more on a host with more processes), time the training thread may wait for the GIL. So the
+        tree is scanned every RESCAN_S, or sooner (not before MIN_RESCAN_S) when the loader names a worker not
+        seen yet; between scans only the known children are read."""
+        since = time.monotonic() - self._last_scan
+        unseen = bool(named - set(self._children))
+        added = self._scan() if since >= RESCAN_S or (unseen and since >= MIN_RESCAN_S) else set()
         cpu: dict[int, float] = {}
         for pid, p in list(self._children.items()):
-            if pid in first:
+            if pid in added:
                 cpu[pid] = 0.0
                 continue
             try:
@@ -263,15 +262,17 @@ class Sampler:
     def _workers_cpu(self) -> tuple[float, int, float, int]:
         """CPU % summed and count of the loader's workers, then of the other children (DCP's checkpoint
         process, compile workers): only the workers are evidence of the input pipeline's load."""
-        cpu = self._children_cpu()
+        named: set[int] = set()
+        if self.worker_pids is not None:
+            try:
+                named = set(self.worker_pids())
+            except Exception:  # the loader between epochs
+                named = set()
+        cpu = self._children_cpu(named)
         if self.worker_pids is None:
             return round(sum(cpu.values()), 1), len(cpu), 0.0, 0
-        try:
-            mine = set(self.worker_pids())
-        except Exception:  # the loader between epochs
-            mine = set()
-        workers = [v for pid, v in cpu.items() if pid in mine]
-        others = [v for pid, v in cpu.items() if pid not in mine]
+        workers = [v for pid, v in cpu.items() if pid in named]
+        others = [v for pid, v in cpu.items() if pid not in named]
         return round(sum(workers), 1), len(workers), round(sum(others), 1), len(others)
 
     def sample(self) -> dict[str, Any]:
