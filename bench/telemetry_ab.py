@@ -47,21 +47,25 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
 import torchvision
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.watchtower import rank_cpus  # noqa: E402
+from musubi.config.job import TelemetrySpec  # noqa: E402
 from musubi.telemetry.comm_hook import attach  # noqa: E402
 from musubi.telemetry.sampler import Sampler, open_nvml_device  # noqa: E402
 from musubi.telemetry.spans import SpanRecorder  # noqa: E402
 from musubi.telemetry.straggler import default_threshold  # noqa: E402
 from musubi.telemetry.watch import StragglerWatch  # noqa: E402
+from musubi.worker.pinning import CPUS_ENV, intra_op_threads, pin_rank  # noqa: E402
 
 MODES = ("off", "spans_spin", "spans", "sampler", "on", "hook", "full", "copy")
 DEFAULT_MODES = MODES[:-1]
-SAMPLE_HZ = 2.0  # the job default (telemetry.sample_hz)
+SAMPLE_HZ = TelemetrySpec().sample_hz  # the job default
 
 
 class SpinEventRecorder(SpanRecorder):
@@ -109,14 +113,15 @@ def build(model: str, batch: int | None, device: torch.device, cpu: bool):
     return m, step_loss, batch
 
 
-def pin_share(rank: int, world: int) -> list[int]:
-    """This rank's equal share of the allowed cores (what MUSUBI_CPUS gives a rank), and torch's threads."""
-    allowed = sorted(os.sched_getaffinity(0))
-    per = max(1, len(allowed) // world)
-    mine = allowed[rank * per:(rank + 1) * per] or allowed
-    os.sched_setaffinity(0, mine)
-    torch.set_num_threads(len(mine))
-    return mine
+def pin(local: int) -> int:
+    """Pin this rank as `musubi train` pins it, before any thread pool or process group: its equal share of the
+    allowed cores (bench/watchtower.py's rank_cpus, the sets MUSUBI_CPUS gets), every thread; torch's intra-op
+    threads from that share. The cores it got."""
+    sets = rank_cpus(int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    pinned = pin_rank(local, {CPUS_ENV: ";".join(sets)})
+    cores = pinned.cores if pinned is not None else len(os.sched_getaffinity(0))
+    torch.set_num_threads(intra_op_threads(cores, 0))
+    return cores
 
 
 def main() -> None:
@@ -135,6 +140,7 @@ def main() -> None:
         raise SystemExit(f"--modes must include off and come from {', '.join(MODES)}")
 
     local = int(os.environ.get("LOCAL_RANK", 0))
+    cores = pin(local)
     if args.cpu:
         device = torch.device("cpu")
         dist.init_process_group("gloo")
@@ -144,20 +150,20 @@ def main() -> None:
         dist.init_process_group("nccl", device_id=device)
         torch.backends.cudnn.benchmark = True
     rank, world = dist.get_rank(), dist.get_world_size()
-    cores = pin_share(local, int(os.environ.get("LOCAL_WORLD_SIZE", world)))
     torch.manual_seed(rank)
     model, step_loss, batch = build(args.model, args.batch, device, args.cpu)
-    twin = copy.deepcopy(model) if {"hook", "full"} & set(modes) else None
-    control = copy.deepcopy(model) if "copy" in modes else None
     ids = None if args.cpu else [local]
 
-    def wrap(m: torch.nn.Module) -> torch.nn.parallel.DistributedDataParallel:
-        # As musubi wraps a model (worker/wrap.py): gradients inside the buckets. Without a comm hook DDP then
-        # divides them by the world size in place, and with one the hook does: one pass either way. (With
-        # DDP's default, a copy into the buckets, DDP fuses that division into the copy and a hook adds a pass.)
-        return torch.nn.parallel.DistributedDataParallel(m, device_ids=ids, gradient_as_bucket_view=True)
-    ddp = wrap(model)
-    opt = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
+    def net(m: torch.nn.Module, hook: SpanRecorder | None = None) -> tuple[Any, torch.optim.Optimizer]:
+        """(DDP model, optimizer) of `m`, wrapped as musubi wraps a model (worker/wrap.py: gradients inside the
+        buckets), with musubi's comm hook marking on `hook` when given. The loop below clears gradients to None
+        as musubi's does, so each backward's fresh gradients are copied into the buckets: without a hook DDP
+        divides by the world size in that copy, with one the hook divides in a pass of its own."""
+        ddp_ = torch.nn.parallel.DistributedDataParallel(m, device_ids=ids, gradient_as_bucket_view=True)
+        if hook is not None:
+            attach(ddp_, hook)
+        return ddp_, torch.optim.SGD(ddp_.parameters(), lr=0.01, momentum=0.9)
+
     sync = (lambda: None) if args.cpu else torch.cuda.synchronize
     # One folder for every rank (one node), as a job's telemetry/ is: rank 0's watch reads all ranks' files.
     where = [tempfile.mkdtemp(prefix="musubi-ab-") if rank == 0 else None]
@@ -167,20 +173,21 @@ def main() -> None:
     recorders = {"spans_spin": SpinEventRecorder(work / "spin" / f"rank{rank}.jsonl", rank, device),
                  "spans": SpanRecorder(tele / f"rank{rank}.jsonl", rank, device)}
     recorders["on"] = recorders["spans"]
-    hooked = None  # (DDP model, optimizer) of the copy with musubi's comm hook
-    plain_copy = None  # (DDP model, optimizer) of the copy without it
-    if control is not None:
-        plain_copy = wrap(control)
-        plain_copy = (plain_copy, torch.optim.SGD(plain_copy.parameters(), lr=0.01, momentum=0.9))
+    # The copies are made before any is wrapped: the same weights. "hook" blocks: the hook marks on the "full"
+    # recorder, which nobody opens sections on then.
+    twin = copy.deepcopy(model) if {"hook", "full"} & set(modes) else None
+    control = copy.deepcopy(model) if "copy" in modes else None
+    plain = net(model)
+    hooked = plain_copy = None
     if twin is not None:
         recorders["full"] = SpanRecorder(work / "full" / f"rank{rank}.jsonl", rank, device)
-        hooked = (wrap(twin), None)
-        attach(hooked[0], recorders["full"])  # "hook" blocks: the hook marks, nobody opens sections
-        hooked = (hooked[0], torch.optim.SGD(hooked[0].parameters(), lr=0.01, momentum=0.9))
+        hooked = net(twin, recorders["full"])
+    if control is not None:
+        plain_copy = net(control)
     nvml = None if args.cpu else open_nvml_device(local)
 
-    def train(n: int, rec: SpanRecorder | None, first: int, net: tuple | None = None) -> None:
-        ddp_, opt_ = net or (ddp, opt)
+    def train(n: int, rec: SpanRecorder | None, first: int, pair: tuple[Any, torch.optim.Optimizer]) -> None:
+        ddp_, opt_ = pair
         for k in range(first, first + n):
             if rec is not None:
                 rec.section("data")
@@ -198,10 +205,9 @@ def main() -> None:
                 rec.step_done(k)
 
     t_start = time.perf_counter()
-    train(args.warmup, None, 0)
-    for net in (hooked, plain_copy):
-        if net is not None:
-            train(args.warmup, None, 0, net)
+    for pair in (plain, hooked, plain_copy):
+        if pair is not None:
+            train(args.warmup, None, 0, pair)
     sync()
     step = args.warmup
     per_mode: dict[str, list[float]] = {m: [] for m in modes}
@@ -219,7 +225,7 @@ def main() -> None:
                 rec.section("log")  # a block starts mid-stream, as every step after the first does
             sync()
             t0 = time.perf_counter()
-            train(args.block, rec, step, hooked if m in ("hook", "full") else plain_copy if m == "copy" else None)
+            train(args.block, rec, step, hooked if m in ("hook", "full") else plain_copy if m == "copy" else plain)
             sync()
             dt = torch.tensor([time.perf_counter() - t0], device=device)
             dist.all_reduce(dt, op=dist.ReduceOp.MAX)
@@ -244,7 +250,7 @@ def main() -> None:
                        "cost_pct_min_max": [round((min(ratios) - 1) * 100, 2), round((max(ratios) - 1) * 100, 2)],
                        "block_ms": [round(v, 3) for v in per_mode[m]]}
         out = {"model": args.model, "world": world, "per_gpu_batch": batch, "block_steps": args.block,
-               "cycles": args.cycles, "warmup": args.warmup, "cores_per_rank": len(cores),
+               "cycles": args.cycles, "warmup": args.warmup, "cores_per_rank": cores,
                "device": torch.cuda.get_device_name(device) if not args.cpu else "cpu",
                "torch": torch.__version__, "commit": os.environ.get("MUSUBI_COMMIT", ""),
                "wall_s": round(time.perf_counter() - t_start, 1), "modes": rows}
@@ -255,7 +261,7 @@ def main() -> None:
         print(json.dumps(out), flush=True)
         if args.json:
             Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
-    ddp = hooked = plain_copy = None  # the DDP wrappers go before destroy_process_group (gloo)
+    plain = hooked = plain_copy = None  # the DDP wrappers go before destroy_process_group (gloo)
     dist.destroy_process_group()
 
 
