@@ -25,7 +25,9 @@ def warm_up(device: str, gpus: int = 1, seconds: float = 8.0) -> None:
     jobs in the fleet right after, and its training 4-20 % slower: a cold machine measured, not the jobs (on 2
     CPU cores the second of two identical fleet runs was 1.46x faster without a warm-up). The same day on 2x
     H200 the first timed run of bench/watchtower.py's overhead part (resnet50, telemetry on) was 3.3 % slower
-    than the same mode's second run: it had no warm-up."""
+    than the same mode's second run: it had no warm-up. With this warm-up, on 4x H200 later that day, the first
+    timed run (resnet50, telemetry on) was still 3.45 % slower than the next (off): what the warm-up removes is
+    not measured."""
     t0 = time.perf_counter()
     procs = [subprocess.Popen([sys.executable, "-c", WARM_UP, str(seconds), device], cwd=REPO,
                               env={**os.environ, "CUDA_VISIBLE_DEVICES": str(g) if device == "cuda" else ""})

@@ -9,7 +9,7 @@ equal shares of the machine's cores (MUSUBI_CPUS, as Musubi pins ranks); every c
 - gpu_hog          - the same job; a second CUDA process runs back-to-back bf16 matmuls on rank 1's GPU only
                      (time-sliced with the job: a slower GPU, not a sleep); expect straggler rank 1 in
                      forward/backward. `gpu_hog_light` (opt-in): the hog busy --light-duty (0.1) of the
-                     time: a GPU ~10 % slower, not 2x.
+                     time, meant as a GPU ~10 % slower (not yet run on a GPU: its step_ms will say).
 - cpu_hog          - resnet50 bs128 fed by CPU loader workers (synthetic images made on the CPU, workers sized
                      for LOADER_HEADROOM x what the GPU eats at the healthy step) and CPU_HOG_PER_CORE
                      spinning processes pinned to rank 1's cores; expect straggler rank 1, section data: input
@@ -187,8 +187,9 @@ class Case:
         """Leading segments of `steps` steps trained, judged and kept, but not counted: those that hold the
         first `warm_saves` saves. A save after step k is timed in step k + 1's record (the bookkeeping after a
         step belongs to the next one), so the second save every 30 steps lands in step 61: a first segment of 60
-        steps does not hold it. On 4x H200 (2026-11-27) it did not, and that save, blocked 8.0 s waiting for the
-        first (DCP's checkpoint process starting), made ckpt_async's first counted segment a stall."""
+        steps does not hold it. On 4x H200 (2026-11-27) ckpt_async's first counted segment was a stall, one
+        save blocked 8.0 s: most likely that one, waiting for the first while DCP's checkpoint process started
+        (seen so on 2 CPU ranks in process mode: the second save blocked 1.25 s, in step 61's record)."""
         return math.ceil((self.warm_saves * CKPT_EVERY + 1) / steps) if self.warm_saves else 0
 
 

@@ -72,7 +72,7 @@ def test_checkpoint_cases_are_valid_jobs_that_save_twice_a_segment(tmp_path: Pat
 
 def test_checkpoint_cases_train_through_their_first_two_saves_before_counting() -> None:
     # A save after step k is timed in step k + 1: the second save (every 30 steps) is in step 61, so 60-step
-    # segments need two warm ones (4x H200, 2026-11-27: with one, that save's 8-s wait for the first was counted)
+    # segments need two warm ones (4x H200, 2026-11-27: with one, a save blocked 8 s was counted, most likely that one)
     case = wt.CASES["ckpt_async"]
     assert wt.CKPT_EVERY == 30
     assert [case.warm_segments(n) for n in (25, 30, 60, 61, 120)] == [3, 3, 2, 1, 1]
