@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import statistics
 import subprocess
 import sys
 import time
@@ -88,8 +89,12 @@ def test_samples_between_scans_do_not_read_the_process_table(tmp_path: Path, sca
     recs = _records(tmp_path / "s.jsonl")
     assert len(recs) >= 10  # ~20 a second
     assert len(scans) == 1, f"{len(scans)} scans for {len(recs)} samples"  # before: one per sample
-    # the worker found by that one scan is read at every later sample, and measured busy
-    assert all(r["workers"] == 1 for r in recs) and recs[-1]["workers_cpu"] > 2, recs[-1]
+    # the worker found by that one scan is read at every later sample, and measured busy between them. Not
+    # judged on the last record alone: close() samples again at once, and over those few milliseconds a
+    # spinning child on a loaded 2-core machine may have had no CPU (a full suite saw 0.0 there once).
+    assert all(r["workers"] == 1 for r in recs)
+    busy = [r["workers_cpu"] for r in recs[1:-1]]
+    assert statistics.median(busy) > 2, busy
     assert all(r["self_ms"] >= 0 for r in recs)
 
 
