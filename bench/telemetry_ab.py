@@ -124,6 +124,25 @@ def pin(local: int) -> int:
     return cores
 
 
+def sampler_cost(work: Path) -> dict[str, Any] | None:
+    """What one sample cost the sampler thread (its `self_ms`: CPU time of its own thread), over every rank's
+    sampler files of the run: the sampler's price on this host, beside the block times that include it."""
+    vals = []
+    for f in sorted(work.rglob("sampler-rank*.jsonl")):
+        for line in f.read_text().splitlines():
+            try:
+                v = json.loads(line).get("self_ms")
+            except ValueError:
+                continue
+            if isinstance(v, (int, float)):
+                vals.append(float(v))
+    if not vals:
+        return None
+    vals.sort()
+    return {"samples": len(vals), "median": round(statistics.median(vals), 3),
+            "p95": round(vals[min(len(vals) - 1, int(0.95 * len(vals)))], 3), "max": round(vals[-1], 3)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("model", choices=("resnet50", "fcos"))
@@ -253,7 +272,8 @@ def main() -> None:
                "cycles": args.cycles, "warmup": args.warmup, "cores_per_rank": cores,
                "device": torch.cuda.get_device_name(device) if not args.cpu else "cpu",
                "torch": torch.__version__, "commit": os.environ.get("MUSUBI_COMMIT", ""),
-               "wall_s": round(time.perf_counter() - t_start, 1), "modes": rows}
+               "wall_s": round(time.perf_counter() - t_start, 1), "modes": rows,
+               "sampler_self_ms": sampler_cost(work)}
         for m, r in rows.items():
             print(f"{args.model} x{world} {m:11s} step {r['step_ms_median']:8.2f} ms  cost median "
                   f"{r['cost_pct_median']:+6.2f} %  mean {r['cost_pct_mean']:+6.2f} %  range "
