@@ -27,6 +27,10 @@ Modes (the classes musubi's loop uses, musubi/telemetry):
                 copy +0.4 %: any comm hook makes DDP leave the division by the world size to the hook, a scan
                 of the gradients that DDP otherwise folds into copying them into its buckets (BENCHMARKS.md,
                 session 14).
+- sampler_proc - (opt-in) the sampler in a process of its own, sampling this rank from outside (the class's pid
+                mode, as the fleet samples an external command): its Python takes no GIL of the training process.
+- watch       - (opt-in) spans + rank 0's straggler watch, no sampler (at 2+ ranks).
+- on_proc     - (opt-in) `on` with the sampler in its own process.
 
 A block begins and ends with one `torch.cuda.synchronize()` (the same for every mode); the sampler is
 started before and closed after the timed block. Run under torchrun, one rank per GPU:
@@ -63,8 +67,21 @@ from musubi.telemetry.straggler import default_threshold  # noqa: E402
 from musubi.telemetry.watch import StragglerWatch  # noqa: E402
 from musubi.worker.pinning import CPUS_ENV, intra_op_threads, pin_rank  # noqa: E402
 
-MODES = ("off", "spans_spin", "spans", "sampler", "on", "hook", "full", "copy")
-DEFAULT_MODES = MODES[:-1]
+MODES = ("off", "spans_spin", "spans", "sampler", "on", "hook", "full", "copy", "sampler_proc", "watch", "on_proc")
+DEFAULT_MODES = MODES[:7]
+#: The sampler in a process of its own (opt-in `sampler_proc`, `on_proc`): the same class sampling this rank from
+#: outside (pid mode, as the fleet samples an external command), so its Python never takes this process's GIL.
+#: Stops when its stdin closes.
+SAMPLER_CHILD = """
+import sys
+from pathlib import Path
+from musubi.telemetry.sampler import Sampler, open_nvml_index
+path, rank, hz, index, pid = Path(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+s = Sampler(path, rank, hz, open_nvml_index(index) if index >= 0 else None, pid=pid)
+print("ready", flush=True)
+sys.stdin.read()
+s.close(last_sample=False)
+"""
 SAMPLE_HZ = TelemetrySpec().sample_hz  # the job default
 
 
@@ -124,11 +141,35 @@ def pin(local: int) -> int:
     return cores
 
 
-def sampler_cost(work: Path) -> dict[str, Any] | None:
-    """What one sample cost the sampler thread (its `self_ms`: CPU time of its own thread), over every rank's
-    sampler files of the run: the sampler's price on this host, beside the block times that include it."""
+class SamplerProcess:
+    """`SAMPLER_CHILD` started for one block: sampling this process and its GPU from outside."""
+
+    def __init__(self, path: Path, rank: int, hz: float, nvml_index: int) -> None:
+        import subprocess
+
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.p = subprocess.Popen([sys.executable, "-c", SAMPLER_CHILD, str(path), str(rank), str(hz),
+                                   str(nvml_index), str(os.getpid())], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, text=True)
+        if "ready" not in (self.p.stdout.readline() if self.p.stdout else ""):
+            raise RuntimeError(f"sampler process did not start (exit {self.p.poll()})")
+
+    def close(self, last_sample: bool = False) -> None:
+        if self.p.stdin:
+            self.p.stdin.close()
+        self.p.wait(10)
+
+
+def sampler_cost(work: Path) -> dict[str, Any]:
+    """What one sample cost the sampler (its `self_ms`: CPU time of the sampling thread), per folder (`telemetry`,
+    `full`, `sampler`: a thread of the rank; `sproc`: a process of its own), over every rank's sampler files."""
+    return {d.name: cost for d in sorted(p for p in work.iterdir() if p.is_dir())
+            if (cost := _sampler_cost(d)) is not None}
+
+
+def _sampler_cost(folder: Path) -> dict[str, Any] | None:
     vals = []
-    for f in sorted(work.rglob("sampler-rank*.jsonl")):
+    for f in sorted(folder.glob("sampler-rank*.jsonl")):
         for line in f.read_text().splitlines():
             try:
                 v = json.loads(line).get("self_ms")
@@ -191,7 +232,7 @@ def main() -> None:
     tele = work / "telemetry"  # the layout the straggler watch reads: rank{r}.jsonl, sampler-rank{r}.jsonl
     recorders = {"spans_spin": SpinEventRecorder(work / "spin" / f"rank{rank}.jsonl", rank, device),
                  "spans": SpanRecorder(tele / f"rank{rank}.jsonl", rank, device)}
-    recorders["on"] = recorders["spans"]
+    recorders["on"] = recorders["watch"] = recorders["on_proc"] = recorders["spans"]
     # The copies are made before any is wrapped: the same weights. "hook" blocks: the hook marks on the "full"
     # recorder, which nobody opens sections on then.
     twin = copy.deepcopy(model) if {"hook", "full"} & set(modes) else None
@@ -234,10 +275,14 @@ def main() -> None:
         order = modes[c % len(modes):] + modes[:c % len(modes)]  # each mode takes each place in turn
         for m in order:
             sampler = watch = None
-            folder = {"on": tele, "full": work / "full", "sampler": work / "sampler"}.get(m)
-            if folder is not None:
+            folder = {"on": tele, "full": work / "full", "sampler": work / "sampler", "watch": tele,
+                      "sampler_proc": work / "sproc", "on_proc": tele}.get(m)
+            if m in ("sampler_proc", "on_proc"):
+                sampler = SamplerProcess((work / "sproc") / f"sampler-rank{rank}.jsonl", rank, SAMPLE_HZ,
+                                         nvml.index if nvml is not None else -1)
+            elif folder is not None and m != "watch":
                 sampler = Sampler(folder / f"sampler-rank{rank}.jsonl", rank, SAMPLE_HZ, nvml)
-            if m in ("on", "full") and rank == 0 and world > 1:
+            if m in ("on", "full", "watch", "on_proc") and rank == 0 and world > 1:
                 watch = StragglerWatch(folder, world, default_threshold(None, not args.cpu))
             rec = recorders.get(m)
             if rec is not None:
