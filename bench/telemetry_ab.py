@@ -49,6 +49,7 @@ import os
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -141,6 +142,24 @@ def pin(local: int) -> int:
     return cores
 
 
+class BlockWatch(StragglerWatch):
+    """Rank 0's straggler watch whose thread can be stopped between blocks and started again, its state kept."""
+
+    def __init__(self, folder: Path, world: int, threshold: float) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        super().__init__(folder, world, threshold)
+        self.pause()
+
+    def pause(self) -> None:
+        """The block's last records read, the thread stopped (StragglerWatch.close)."""
+        self.close()
+
+    def resume(self) -> None:
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="musubi-straggler-watch", daemon=True)
+        self._thread.start()
+
+
 class SamplerProcess:
     """`SAMPLER_CHILD` started for one block: sampling this process and its GPU from outside."""
 
@@ -161,8 +180,8 @@ class SamplerProcess:
 
 
 def sampler_cost(work: Path) -> dict[str, Any]:
-    """What one sample cost the sampler (its `self_ms`: CPU time of the sampling thread), per folder (`telemetry`,
-    `full`, `sampler`: a thread of the rank; `sproc`: a process of its own), over every rank's sampler files."""
+    """What one sample cost the sampler (its `self_ms`: CPU time of the sampling thread), per mode's folder (`on`,
+    `full`, `sampler`: a thread of the rank; `sampler_proc`, `on_proc`: a process of its own), every rank's files."""
     return {d.name: cost for d in sorted(p for p in work.iterdir() if p.is_dir())
             if (cost := _sampler_cost(d)) is not None}
 
@@ -229,10 +248,12 @@ def main() -> None:
     where = [tempfile.mkdtemp(prefix="musubi-ab-") if rank == 0 else None]
     dist.broadcast_object_list(where, src=0)
     work = Path(where[0])
-    tele = work / "telemetry"  # the layout the straggler watch reads: rank{r}.jsonl, sampler-rank{r}.jsonl
-    recorders = {"spans_spin": SpinEventRecorder(work / "spin" / f"rank{rank}.jsonl", rank, device),
-                 "spans": SpanRecorder(tele / f"rank{rank}.jsonl", rank, device)}
-    recorders["on"] = recorders["watch"] = recorders["on_proc"] = recorders["spans"]
+    # Each mode that records writes a folder of its own, in the layout the straggler watch reads (rank{r}.jsonl,
+    # sampler-rank{r}.jsonl): a watch reads only its own mode's records.
+    folders = {m: work / m for m in ("spans", "on", "full", "sampler", "watch", "sampler_proc", "on_proc")}
+    recorders = {"spans_spin": SpinEventRecorder(work / "spin" / f"rank{rank}.jsonl", rank, device)}
+    recorders.update({m: SpanRecorder(folders[m] / f"rank{rank}.jsonl", rank, device)
+                      for m in ("spans", "on", "watch", "on_proc") if m in modes})
     # The copies are made before any is wrapped: the same weights. "hook" blocks: the hook marks on the "full"
     # recorder, which nobody opens sections on then.
     twin = copy.deepcopy(model) if {"hook", "full"} & set(modes) else None
@@ -240,7 +261,7 @@ def main() -> None:
     plain = net(model)
     hooked = plain_copy = None
     if twin is not None:
-        recorders["full"] = SpanRecorder(work / "full" / f"rank{rank}.jsonl", rank, device)
+        recorders["full"] = SpanRecorder(folders["full"] / f"rank{rank}.jsonl", rank, device)
         hooked = net(twin, recorders["full"])
     if control is not None:
         plain_copy = net(control)
@@ -264,6 +285,12 @@ def main() -> None:
             if rec is not None:
                 rec.step_done(k)
 
+    # One watch per mode for the whole run, its thread running during that mode's blocks only: it reads each
+    # block's new records and its detector holds a full window across blocks, as a job's watch does in steady
+    # state. (A new watch each block re-read its folder from the start and fed every step again: its cost grew
+    # with the run, from 0 to +30 % of fcos's step at 4 ranks by the 14th cycle, 4x H200, 2026-11-27.)
+    watches = {m: BlockWatch(folders[m], world, default_threshold(None, not args.cpu))
+               for m in ("on", "full", "watch", "on_proc") if m in modes and rank == 0 and world > 1}
     t_start = time.perf_counter()
     for pair in (plain, hooked, plain_copy):
         if pair is not None:
@@ -274,16 +301,15 @@ def main() -> None:
     for c in range(args.cycles):
         order = modes[c % len(modes):] + modes[:c % len(modes)]  # each mode takes each place in turn
         for m in order:
-            sampler = watch = None
-            folder = {"on": tele, "full": work / "full", "sampler": work / "sampler", "watch": tele,
-                      "sampler_proc": work / "sproc", "on_proc": tele}.get(m)
+            sampler = None
             if m in ("sampler_proc", "on_proc"):
-                sampler = SamplerProcess((work / "sproc") / f"sampler-rank{rank}.jsonl", rank, SAMPLE_HZ,
+                sampler = SamplerProcess(folders[m] / f"sampler-rank{rank}.jsonl", rank, SAMPLE_HZ,
                                          nvml.index if nvml is not None else -1)
-            elif folder is not None and m != "watch":
-                sampler = Sampler(folder / f"sampler-rank{rank}.jsonl", rank, SAMPLE_HZ, nvml)
-            if m in ("on", "full", "watch", "on_proc") and rank == 0 and world > 1:
-                watch = StragglerWatch(folder, world, default_threshold(None, not args.cpu))
+            elif m in ("on", "full", "sampler"):
+                sampler = Sampler(folders[m] / f"sampler-rank{rank}.jsonl", rank, SAMPLE_HZ, nvml)
+            watch = watches.get(m)
+            if watch is not None:
+                watch.resume()
             rec = recorders.get(m)
             if rec is not None:
                 rec.section("log")  # a block starts mid-stream, as every step after the first does
@@ -299,7 +325,7 @@ def main() -> None:
             if sampler is not None:
                 sampler.close(last_sample=False)
             if watch is not None:
-                watch.close()
+                watch.pause()
             step += args.block
     for r in {id(r): r for r in recorders.values()}.values():
         r.close()
@@ -318,7 +344,9 @@ def main() -> None:
                "device": torch.cuda.get_device_name(device) if not args.cpu else "cpu",
                "torch": torch.__version__, "commit": os.environ.get("MUSUBI_COMMIT", ""),
                "wall_s": round(time.perf_counter() - t_start, 1), "modes": rows,
-               "sampler_self_ms": sampler_cost(work)}
+               "sampler_self_ms": sampler_cost(work),
+               # windows the detector scored and steps it skipped (a complete window needs WARMUP + WINDOW steps)
+               "watch": {m: {"windows": w.detector.windows, "skipped": w.skipped} for m, w in watches.items()}}
         for m, r in rows.items():
             print(f"{args.model} x{world} {m:11s} step {r['step_ms_median']:8.2f} ms  cost median "
                   f"{r['cost_pct_median']:+6.2f} %  mean {r['cost_pct_mean']:+6.2f} %  range "

@@ -435,11 +435,11 @@ def gpt_job(work: Path, name: str, shape: dict[str, Any], cpu: bool, optimizer: 
     """A GPT job file of `shape` (COMM_GPT, CKPT_GPT, ...), tokens made on the device."""
     # One epoch must hold every step asked for: at 1 M samples the checkpoint job (384 a rank x 4 ranks a step)
     # ended after 651 of 720 steps and its last segment was judged on nothing (4x H200, 2026-11-27). On-device
-    # batches are made, not indexed, so the size costs nothing.
+    # batches are made, not indexed, so the size costs nothing (the config allows at most 50 M).
     import yaml
 
     spec = {"name": name, "task": "lm", "model": "gpt", "model_args": shape["model_args"],
-            "data": {"synthetic": {"train_size": 100_000_000, "val_size": 0, "on_device": True, **shape["synthetic"]}},
+            "data": {"synthetic": {"train_size": 50_000_000, "val_size": 0, "on_device": True, **shape["synthetic"]}},
             "train": {"epochs": 1, "batch": shape["batch"], "lr": 1e-4, "base_batch": shape["batch"],
                       "optimizer": optimizer, "precision": "fp32" if cpu else "bf16", "log_every": 10},
             "checkpoint": {"enabled": False}}
