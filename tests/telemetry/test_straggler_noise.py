@@ -8,11 +8,12 @@ clearly above the step-to-step noise, for PERSIST windows in a row and over the 
 from __future__ import annotations
 
 import random
+import statistics
 from collections.abc import Iterator
 
 import pytest
 
-from musubi.telemetry.straggler import LONG, PERSIST, WARMUP, WINDOW, StragglerDetector, detect
+from musubi.telemetry.straggler import LONG, PERSIST, WARMUP, WINDOW, StragglerDetector, detect, score, view
 
 BAR = 0.05
 SEEDS = 25
@@ -133,3 +134,55 @@ def test_a_slowdown_that_starts_mid_run_is_flagged_and_cleared() -> None:
     # The long window must hold a clear majority of slow steps first (26 of 40): within LONG steps.
     assert len(flagged) == 1 and flagged[0][1] == 1 and 80 + PERSIST <= flagged[0][0] <= 80 + LONG
     assert len(cleared) == 1 and 140 < cleared[0][0] <= 140 + WINDOW + PERSIST
+
+
+class _EagerLongWindow(StragglerDetector):
+    """The detector's update as it was before 2026-11-27 (a copy): the longer window scored at every step."""
+
+    def update(self, step: int, recs: dict[int, dict]) -> list:
+        if step <= self.warmup or len(recs) < 2:
+            return []
+        self.views.append(view(step, recs))
+        if len(self.views) < self.window:
+            return []
+        held = list(self.views)
+        views = held[-self.window:]
+        if self.baseline is None:
+            self.baseline = {r: statistics.median(v.work[r] for v in views) for r in views[0].work}
+        longer = {s.rank: s for s in score(held, self.threshold)} if len(held) > self.window else None
+        new = []
+        self.cleared_now = []
+        self.windows += 1
+        self.scored_at = step
+        for s in score(views, self.threshold, self.baseline):
+            s.flagged = s.flagged and (longer is None or longer[s.rank].flagged)
+            self.latest[s.rank] = s
+            self.streak[s.rank] = self.streak.get(s.rank, 0) + 1 if s.flagged else 0
+            self.clean[s.rank] = 0 if s.over else self.clean.get(s.rank, 0) + 1
+            self.flagged_windows[s.rank] = self.flagged_windows.get(s.rank, 0) + int(s.flagged)
+            if s.flagged and self.streak[s.rank] >= PERSIST and s.rank not in self.active:
+                s.flagged_at = step
+                self.active.add(s.rank)
+                self.first_flag.setdefault(s.rank, s)
+                new.append(s)
+            elif s.rank in self.active and self.clean[s.rank] >= PERSIST:
+                self.active.discard(s.rank)
+                self.cleared_now.append(s.rank)
+        return new
+
+
+@pytest.mark.parametrize("kw", [*NOISE, pytest.param({"slow": {1: 0.10}}, id="slow-10pct"),
+                                pytest.param({"cv": 0.02, "hiccup": (1, 0.6, 0.09)}, id="hiccup-burst")])
+def test_scoring_the_long_window_only_on_a_short_flag_changes_no_flag(kw: dict) -> None:
+    """The longer window confirms a flag of the 20-step one and decides nothing else, so the live detector
+    scores it only then (the watch's work on rank 0 halved): flags, their steps and every rank's latest scores
+    are those of scoring it at every step."""
+    for seed in range(8):
+        steps = list(stream(seed, steps=150, **kw))
+        lazy, eager = StragglerDetector(BAR), _EagerLongWindow(BAR)
+        a = [(s.rank, s.flagged_at) for k, recs in steps for s in lazy.update(k, recs)]
+        b = [(s.rank, s.flagged_at) for k, recs in steps for s in eager.update(k, recs)]
+        assert a == b
+        assert {r: s.to_dict() for r, s in lazy.latest.items()} == {r: s.to_dict() for r, s in eager.latest.items()}
+        assert lazy.active == eager.active and lazy.streak == eager.streak
+        assert lazy.flagged_windows == eager.flagged_windows
