@@ -28,11 +28,12 @@ def _run(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess:
 def test_every_mode_is_timed_each_cycle_and_the_hooked_copy_times_its_gradient_sync(tmp_path: Path) -> None:
     out = tmp_path / "ab.json"
     proc = _run(tmp_path, "--cycles", "2", "--json", str(out), "--modes",
-                "off,spans_spin,spans,sampler,on,hook,full,copy")
+                "off,spans_spin,spans,sampler,on,hook,full,copy,sampler_proc,watch,on_proc")
     assert proc.returncode == 0, proc.stderr[-2000:]
     res = json.loads(out.read_text())
     assert (res["world"], res["cycles"], res["block_steps"]) == (2, 2, 2)
-    assert set(res["modes"]) == {"off", "spans_spin", "spans", "sampler", "on", "hook", "full", "copy"}
+    assert set(res["modes"]) == {"off", "spans_spin", "spans", "sampler", "on", "hook", "full", "copy", "sampler_proc",
+                                 "watch", "on_proc"}
     for mode, row in res["modes"].items():
         assert len(row["block_ms"]) == 2 and all(ms > 0 for ms in row["block_ms"]), mode
     assert res["modes"]["off"]["cost_pct_median"] == 0.0
@@ -42,13 +43,21 @@ def test_every_mode_is_timed_each_cycle_and_the_hooked_copy_times_its_gradient_s
     steps = [r for r in full if r["kind"] == "step"]
     # the full blocks' steps (2 cycles x 2), each split at the last bucket by the comm hook
     assert len(steps) == 4 and all("grad_comm" in r["host"] and "backward" in r["host"] for r in steps)
-    spans = [json.loads(line) for line in (work / "telemetry" / "rank0.jsonl").read_text().splitlines()]
-    # spans and on blocks only (4 blocks of 2 steps); the plain model has no hook: no grad_comm
-    assert len([r for r in spans if r["kind"] == "step"]) == 8
-    assert not any("grad_comm" in r.get("host", {}) for r in spans)
-    assert (work / "telemetry" / "sampler-rank1.jsonl").exists()
+    # Each recording mode in a folder of its own (a mode's watch reads only its blocks): 2 blocks of 2 steps
+    # each; the plain model has no hook, so no grad_comm
+    for mode in ("spans", "on", "watch", "on_proc"):
+        recs = [json.loads(line) for line in (work / mode / "rank0.jsonl").read_text().splitlines()]
+        assert len([r for r in recs if r["kind"] == "step"]) == 4, mode
+        assert not any("grad_comm" in r.get("host", {}) for r in recs), mode
+    assert (work / "on" / "sampler-rank1.jsonl").exists()
+    # the sampler process samples the rank from outside, into the mode's folder
+    assert (work / "sampler_proc" / "sampler-rank1.jsonl").exists()
+    # one watch a mode (rank 0, 2+ ranks), kept for the whole run
+    assert set(res["watch"]) == {"on", "full", "watch", "on_proc"}
 
 
 def test_modes_without_off_are_refused(tmp_path: Path) -> None:
-    proc = _run(tmp_path, "--cycles", "1", "--modes", "spans,on")
+    # refused before any process group: no torchrun needed
+    proc = subprocess.run([sys.executable, str(BENCH), "resnet50", "--cpu", "--modes", "spans,on"],
+                          capture_output=True, text=True, timeout=120, cwd=REPO)
     assert proc.returncode != 0 and "--modes must include off" in proc.stderr

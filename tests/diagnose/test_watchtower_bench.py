@@ -32,6 +32,23 @@ def test_overhead_plan_runs_four_gpus_first_and_rotates_the_modes() -> None:
     assert groups[0][0].mode != groups[1][0].mode
 
 
+def test_side_by_side_rounds_use_disjoint_gpus_and_cores_and_swap_the_programs() -> None:
+    cores = [str(c) for c in range(8)]  # one cpulist a rank of all slots
+    one = wt.side_by_side(1, 4, 0, cores=cores[:4])
+    assert wt.concurrent(one)
+    assert [(s.mode, s.gpus, s.cpus) for s in one] == [("on", (0,), ("0",)), ("plain", (1,), ("1",)),
+                                                      ("on", (2,), ("2",)), ("plain", (3,), ("3",))]
+    two = [wt.side_by_side(2, 4, r, cores=cores[:4]) for r in (0, 1)]
+    assert [(s.mode, s.gpus, s.cpus) for s in two[0]] == [("on", (0, 1), ("0", "1")), ("plain", (2, 3), ("2", "3"))]
+    assert [s.mode for s in two[1]] == ["plain", "on"]  # the next round swaps places
+    # one slot (a run needs every GPU): both programs on the same GPUs, one after the other, the first swapping
+    four = [wt.side_by_side(4, 4, r, cores=cores[:4]) for r in (0, 1)]
+    assert not wt.concurrent(four[0]) and all(s.gpus == (0, 1, 2, 3) for s in four[0])
+    assert [s.mode for s in four[0]] == ["on", "plain"] and [s.mode for s in four[1]] == ["plain", "on"]
+    # more GPUs than two slots of 3: the one left over stays idle
+    assert [s.gpus for s in wt.side_by_side(3, 7, 0, cores=cores[:6])] == [(0, 1, 2), (3, 4, 5)]
+
+
 def test_fit_plan_keeps_whole_groups_in_order_and_stops_at_the_first_that_does_not_fit() -> None:
     plan = wt.overhead_plan(["resnet50", "fcos"], [4, 2], 2, wt.OVH_MODES)
     est = {(m, mode): wt.OVH_MODELS[m].est_s for m in ("resnet50", "fcos") for mode in wt.OVH_MODES}
