@@ -355,3 +355,26 @@ def test_host_lag_rule_on_the_recorded_2xh200_segments() -> None:
             else:
                 assert lag is None and rank == 1, (row["case"], row["segment"], lag)
     assert seen == {"healthy": 4, "gpu_hog": 10, "cpu_hog": 10}
+
+
+def test_a_gpu_shared_with_another_process_is_said_under_the_bar_and_in_a_stragglers_evidence(tmp_path: Path) -> None:
+    """4x H200 (2026-11-27): a process busy 10 % of the time on rank 1's GPU made the job 10.6 % slower and rank
+    1's own work only 3.3-5.8 %, under the straggler bar: the label stays healthy, but a `gpu shared` finding
+    (evidence, not an alarm) names the rank and the process NVML saw; a flagged rank's evidence starts with it."""
+    others = {1: {"util": 99.0, "gpu_others": 1, "gpu_others_mib": 1094}, 0: {"util": 99.0, "gpu_others": 0,
+                                                                            "gpu_others_mib": 0}}
+    a = analyze(load_job(write_job(tmp_path / "light", gpu=True, busy=95.0, cpu=others)))
+    assert a["label"] == "healthy compute bound"
+    assert "rank(s) 1 share their GPU with another process" in a["evidence"]
+    (f,) = [f for f in a["findings"] if f["label"] == "gpu shared"]
+    assert f["rank"] == 1 and f["alarm"] is False
+    assert "NVML saw 1 other process(es) on rank 1's GPU in 100.0 % of the samples (up to 1094 MiB" in f["evidence"]
+    assert a["figures"]["hardware"][1]["gpu_shared"] == 1.0 and a["figures"]["hardware"][0]["gpu_shared"] == 0.0
+    b = analyze(load_job(write_job(tmp_path / "hog", gpu=True, busy=95.0, cpu=others, slow_rank=1, factor=1.5)))
+    assert b["label"] == "straggler" and b["culprit"]["rank"] == 1 and b["culprit"]["cause"] == "GPU shared"
+    assert b["evidence"].startswith("NVML saw 1 other process(es) on rank 1's GPU")
+    assert b["text"].endswith(": its GPU is shared with another process")
+    assert all(f["label"] != "gpu shared" for f in b["findings"])
+    # without the process figures (older runs, NVML unable to list): nothing said
+    c = analyze(load_job(write_job(tmp_path / "old", gpu=True, busy=95.0)))
+    assert "gpu_shared" not in c["figures"]["hardware"][1] and all(f["label"] != "gpu shared" for f in c["findings"])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
@@ -158,6 +159,38 @@ def test_nvml_sample_fields() -> None:
     assert second == {"gpu_index": 3, "util": 97, "mem_util": 40, "mem_used_gib": 60.0, "mem_total_gib": 80.0,
                       "power_w": 612.0, "sm_clock_mhz": 1980, "mem_clock_mhz": 2619, "temp_c": 61,
                       "throttle": ["sw_power_cap"], "sm_active": 71.25}
+
+
+class ProcsNvml(FakeNvml):
+    """FakeNvml whose GPU runs the given (pid, bytes) compute processes."""
+
+    def __init__(self, procs: list[tuple[int, int | None]] | None) -> None:
+        self.procs = procs
+
+    def nvmlDeviceGetComputeRunningProcesses(self, h):  # noqa: N802, ANN001, ANN201
+        if self.procs is None:
+            raise RuntimeError("NVML_ERROR_NOT_SUPPORTED")
+        return [self._S(pid=pid, usedGpuMemory=used) for pid, used in self.procs]
+
+
+@pytest.mark.parametrize(("procs", "want"), [
+    ("alone", (0, 0)),
+    ("hog", (1, 1094)),  # another process beside the rank (the bench's GPU hog: 1094 MiB)
+    ("container", (1, 1094)),  # another pid namespace: the rank's pid is not listed, the largest is taken as it
+    ("unsupported", None),  # NVML cannot list processes: no figure, not 0
+])
+def test_sampler_counts_other_processes_on_the_rank_gpu(tmp_path: Path, procs: str, want: tuple | None) -> None:
+    from musubi.telemetry.sampler import NvmlDevice
+
+    me, big, hog = os.getpid(), 20 * 2**30, 1094 * 2**20
+    listed = {"alone": [(me, big)], "hog": [(me, big), (424242, hog)],
+              "container": [(900001, big), (900002, hog)], "unsupported": None}[procs]
+    s = Sampler(tmp_path / "sampler-rank0.jsonl", 0, 0.1, NvmlDevice(ProcsNvml(listed), object(), 0))
+    try:
+        rec = s.sample()
+    finally:
+        s.close(last_sample=False)
+    assert (rec.get("gpu_others"), rec.get("gpu_others_mib")) == (want or (None, None))
 
 
 def test_sampler_samples_soon_at_close_and_survives_a_failed_read(tmp_path: Path, monkeypatch) -> None:
