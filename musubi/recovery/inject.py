@@ -247,22 +247,22 @@ class Injector:
             end.synchronize()  # once per run, in a drill
             self._matmul = (a, max(start.elapsed_time(end) / 20 / 1e3, 1e-6))
         a, per = self._matmul
-        # Re-calibrated from the last burst once its events are done (never waited for): one timing at first use
-        # overrated a product 1.7x on 4x H200 (2026-11-27), so `slow:factor=1.1` stretched rank 1's work by 5.5 %.
+        # Re-timed from a past burst once its events are done (never waited for): on 4x H200 (2026-11-27)
+        # `slow:factor=1.1` stretched rank 1's work by 5.5 %, not 10 %, with only the one timing at first use.
         if self._burst is not None and self._burst[1].query():
             start, end, n = self._burst
             per = 0.5 * per + 0.5 * max(start.elapsed_time(end) / n / 1e3, 1e-6)
             self._matmul = (a, per)
             self._burst = None
         n = int(seconds / per)
-        if n <= 0:
-            return
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
+        timed = n > 0 and self._burst is None  # one burst in flight is timed at a time
+        if timed:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
         for _ in range(n):
             torch.mm(a, a)
-        end.record()
-        if self._burst is None:
+        if timed:
+            end.record()
             self._burst = (start, end, n)
 
     def data_delay(self) -> None:

@@ -296,9 +296,8 @@ class Sampler:
         process busy 10 % of the time made the job 10.6 % slower, rank 1's own work 3.3-5.8 %, under the
         straggler bar). NVML lists the host's pids: inside a container (another pid namespace) the rank's pid
         is not among them, and the process with the most memory is taken as the rank."""
-        # A stand-in device without a process list (the fleet's tests): no figure, and never a failed sample
-        list_procs = getattr(self.device, "processes", None)
-        procs = list_procs() if list_procs is not None else None
+        assert self.device is not None
+        procs = self.device.processes()
         if procs is None:
             return None
         mine = {self.proc.pid, *self._children}

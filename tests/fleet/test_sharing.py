@@ -257,6 +257,9 @@ class _FakeGpu:
         self.n += 1
         return {"gpu_index": self.index, "util": 25 if self.n > 1 else 0, "mem_used_gib": 3.5 if self.n == 3 else 3.0}
 
+    def processes(self) -> None:
+        return None  # NVML's process list, as when it cannot list them
+
 
 def test_an_external_command_is_measured_by_the_fleet_and_may_share(tmp_path: Path) -> None:
     """An external command has no sampler of its own: the fleet's watch of its GPU (fleet/gpu_watch.py) writes
