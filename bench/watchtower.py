@@ -172,6 +172,8 @@ CKPT_GPT = {"model_args": {"layers": 4, "hidden": 768, "heads": 12},
 CKPT_GPT_CPU = {"model_args": {"layers": 2, "hidden": 256, "heads": 4},
                 "synthetic": {"seq_len": 32, "vocab": 4096}, "batch": 4}
 CKPT_EVERY = 30
+#: Cases whose first job's report --keep-report writes (the real stragglers, and the shared GPU below the bar).
+KEEP_REPORT = ("gpu_hog", "cpu_hog", "gpu_hog_light", "gpu_slow10")
 #: Seconds a case takes on 4x H200 for 10 segments of 30 steps (the scenario budget's prior, until the case
 #: has run): measured healthy 52, p2p_off 43, gpu_hog 72 (2026-11-26, 7b6de92), cpu_hog 82 (2026-11-27,
 #: d18e166); ckpt_async 93.1 s for 11 x 60 steps (2026-11-27, 9a94a66: 34 s of it start-up and teardown), so 67
@@ -611,7 +613,7 @@ def run_scenarios(args: argparse.Namespace, work: Path, result: dict[str, Any], 
                                                           "section", "steps_to_flag", "false_alarms", "step_ms")}),
                       flush=True)
             print(json.dumps({"case": name, "run": i, "wall_s": round(wall, 1), **spent}), flush=True)
-            if args.keep_report and name in ("gpu_hog", "cpu_hog") and i == 0:
+            if args.keep_report and name in KEEP_REPORT and i == 0:
                 from musubi.diagnose.command import build_report
 
                 args.keep_report.mkdir(parents=True, exist_ok=True)
@@ -1063,7 +1065,7 @@ def main() -> None:
     ap.add_argument("--deadline-s", type=float, default=540.0,
                     help="no run (scenario or overhead) started after this many s from the start")
     ap.add_argument("--run-timeout-s", type=float, default=240.0)
-    ap.add_argument("--keep-report", type=Path, default=None, help="write report.html of gpu_hog/cpu_hog run 0 here")
+    ap.add_argument("--keep-report", type=Path, default=None, help=f"write report.html of run 0 of {', '.join(KEEP_REPORT)} here")
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--hog-gpu", nargs=3, metavar=("DEVICE", "DUTY", "N"), help=argparse.SUPPRESS)
     args = ap.parse_args()
