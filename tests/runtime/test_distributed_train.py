@@ -1,4 +1,4 @@
-"""End-to-end: real torchrun + gloo process groups on CPU (2 and 4 ranks)."""
+"""End-to-end: real torchrun + gloo process groups on CPU (2 and 4 ranks), under DDP and FSDP2."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 
 #: The job of the module's two reference runs (1 rank x 16 and 2 ranks x 8, deterministic): the 2-rank run is at once
-#: the DDP test's 2-rank case, the uninterrupted run of the resume test and the run whose files the shared-files test
-#: reads (one launch, not three). 31 validation samples: 16 + 15 over 2 ranks.
+#: the DDP test's 2-rank case, the uninterrupted run of the resume test, the DDP run FSDP2 must match and the run whose
+#: files the shared-files test reads (one launch, not four). 31 validation samples: 16 + 15 over 2 ranks.
 REFERENCE = {"train": {"deterministic": True, "epochs": 2}, "data": {"workers": 1, "synthetic": {"val_size": 31}},
              "checkpoint": {"every_steps": 5}}
 
@@ -116,3 +116,28 @@ def test_rank0_owns_shared_files(two_ranks: tuple[Path, Path]) -> None:
     # Present, not necessarily > 0: the checks can take well under the marks' 1-ms rounding once warm.
     assert parts["launcher: job checks"] >= 0, parts
     assert abs(sum(launcher) - (marks["launcher"] - marks["entered"])) < 0.01, parts
+
+
+def test_fsdp_matches_ddp_and_resumes_exactly(two_ranks: tuple[Path, Path], tmp_path: Path) -> None:
+    """FSDP2 (fully_shard) on 2 gloo ranks: same weights as the module's DDP run; stop/resume is bitwise exact.
+
+    No loader worker under FSDP2 (the batches are the same; a validation loader's worker forked beside FSDP2's
+    gloo threads is the unconfirmed suspect of the resume matrix's INTERMITTENT case)."""
+    job, ddp_dir = two_ranks
+    fsdp = ["--set", "train.strategy=fsdp", "--set", "data.workers=0"]
+    code, out = train(str(job), "--nproc", "2", "--out", str(tmp_path / "fsdp"), *fsdp)
+    assert code == 0, out
+    code, out = train(str(job), "--nproc", "2", "--out", str(tmp_path / "cut"), *fsdp, "--max-steps", "11")
+    assert code == 0, out
+    assert json.loads((tmp_path / "cut" / "tiny" / "summary.json").read_text())["steps"] == 11
+    code, out = train(str(job), "--nproc", "2", "--out", str(tmp_path / "cut"), *fsdp, "--resume")
+    assert code == 0, out
+    assert "strategy fsdp" in (tmp_path / "fsdp" / "tiny" / "logs" / "rank0.log").read_text()
+    ddp, fsdp_state, cut = (final_state(d) for d in (ddp_dir, tmp_path / "fsdp" / "tiny", tmp_path / "cut" / "tiny"))
+    model_keys = [k for k in ddp if k.startswith("model.")]
+    assert model_keys
+    for k in model_keys:
+        torch.testing.assert_close(fsdp_state[k], ddp[k], rtol=1e-5, atol=1e-6, msg=k)
+    assert set(fsdp_state) == set(cut)
+    for k in fsdp_state:
+        assert torch.equal(fsdp_state[k], cut[k]), f"{k} differs after FSDP resume"
