@@ -84,25 +84,21 @@ a device second, each pair under the same machine at the same time: two runs of 
 11 % (fcos, 2x H200, 2026-11-27), so what settles 1 % is many runs, not long ones. Its windows are not aligned
 (musubi starts ~10 s slower than plain), so a run partly overlaps its neighbour's start-up or end.
 
-Done on 4x H200 by 2026-11-27 (BENCHMARKS.md sessions 10-15): healthy, gpu_hog, cpu_hog, p2p_off, healthy_fcos,
-gpu_slow10, gpu_hog_light at a 0.2 duty 10/10 each; ckpt_sync 9/9 at a save every 30 steps, ckpt_async 9/10;
-telemetry's parts in one process for resnet50 (4 and 1 GPUs) and fcos (1 GPU). Left for issue 21 (three calls,
-the repo root):
+Done on 4x H200 by 2026-11-27 (BENCHMARKS.md sessions 10-16): healthy, gpu_hog, cpu_hog, p2p_off, healthy_fcos,
+gpu_slow10 (twice), gpu_hog_light at a 0.2 duty, ckpt_async 10/10 each; ckpt_sync 9/9; gpu_hog_light at 0.1
+0/10 flagged, its GPU named shared 10/10; telemetry's parts in one process (fcos at 4 GPUs: on -0.20 %, full
++0.91 %, watch +0.12 %). Against plain DDP `wall` (session 16, one call each): fcos 0.975x (4 GPUs, in turn),
+0.990x (2), 0.993x (1); resnet50 0.969x (4), 0.995x (2); fcos at 4 GPUs with telemetry off 0.980x. Each resnet50
+run at 4 GPUs had one 10-step interval 110-145 ms long, plain's pace otherwise. Left for issue 21 (two calls):
 
-    # 1 (~490 s): fcos's watch at 4 GPUs with one watch a mode (5482e73), then fcos side by side
-    torchrun --nproc-per-node 4 bench/telemetry_ab.py fcos --modes off,on,full,watch --cycles 12 --json $OUT/ab-fcos.json
-    python3 bench/watchtower.py --part overhead --side-by-side --models fcos --nprocs 4,2,1 --repeat 2 --ref .ref \
-        --deadline-s 330 --json $OUT/sbs-fcos.json
-    # 2 (~460 s): resnet50 side by side, ckpt_async with its warm segments, gpu_slow10 with the re-timed fault
-    python3 bench/watchtower.py --part overhead --side-by-side --models resnet50 --nprocs 4,2,1 --repeat 3 --ref .ref \
-        --deadline-s 290 --json $OUT/sbs-r50.json
-    python3 bench/watchtower.py --part scenarios --nproc 4 --cases ckpt_async --runs 1 --segments 10 --steps 60 \
-        --budget-s 100 --deadline-s 110 --json $OUT/scenarios-ckpt.json
-    python3 bench/watchtower.py --part scenarios --nproc 4 --cases gpu_slow10 --runs 1 --segments 10 --steps 30 \
-        --budget-s 60 --deadline-s 65 --json $OUT/scenarios-slow.json
-    # 3 (~340 s): the GPU tier, make gpu-test GPU_TIER_ARGS="--budget-s 385" -- first, in fact: the sampler's
-    # gpu_others, the detector's lazy long window and the `slow` fault's re-timing changed after its last run
-    # (a97314f)
+    # 1 (~430 s): where fcos's 4-GPU step loses 2 % with telemetry off, and resnet50's one-off stall: the runs now
+    # record their slowest steps (`stalls`: rank, section)
+    python3 bench/watchtower.py --part overhead --models fcos,resnet50 --nprocs 4 --repeat 2 --ref .ref \
+        --deadline-s 420 --json $OUT/ovh-x4.json
+    # 2 (~480 s): the 1/2/4-GPU table of both models in one call, after the fix
+    python3 bench/watchtower.py --part overhead --side-by-side --models resnet50,fcos --nprocs 4,2,1 --repeat 2 \
+        --ref .ref --deadline-s 560 --json $OUT/sbs.json
+    # and the GPU tier first if the fix changes code that runs on GPUs: make gpu-test GPU_TIER_ARGS="--budget-s 385"
 
 The device returns at most 8 files from $OUT: pack the rest into one archive.
 
@@ -223,8 +219,9 @@ CASES = {c.name: c for c in (
     Case("gpu_hog_light", "main", "gpu_hog_light", "straggler", CULPRIT, ("forward", "backward", "optimizer")),
     # The issue's "10 % slower GPU": rank 1's compute meant to be stretched by 10 % with real kernels on its
     # stream (the `slow` fault: 0.1 x its recent step of matrix products in backward, before the gradient sync),
-    # the way a GPU with 10 % less throughput loses its time. On 4x H200 (2026-11-27, a97314f) it delivered 5.5 %
-    # (the fault now re-times its products). A co-tenant process is not that: gpu_hog_light at a 0.1 duty made the
+    # the way a GPU with 10 % less throughput loses its time. On 4x H200 (2026-11-27, a97314f and e81c0f3) rank 1's
+    # backward took 34.8-35.1 ms against the healthy run's 29.4 (+10 % of the step), but the waiting ranks'
+    # backward grew 2.2 ms too, so its excess over them read 5.3-5.5 %. A co-tenant process is not that: gpu_hog_light at a 0.1 duty made the
     # job 10.6 % slower but rank 1's own work only 3.3-5.8 %: time-slicing delays its collectives too, which shows
     # as the other ranks waiting, not as its work.
     Case("gpu_slow10", "main", "", "straggler", CULPRIT, ("forward", "backward", "optimizer"),
@@ -795,6 +792,50 @@ def musubi_rate(job_dir: Path, batch: int, world: int, warm: int = OVH_WARMUP, s
             "interval_step_ms": intervals}
 
 
+#: A step of an overhead run counts as a stall when its slowest rank took this many times the window's median step.
+STALL_RATIO = 1.5
+
+
+def stalls(job_dir: Path, warm: int, stop: int, top: int = 3) -> list[dict[str, Any]]:
+    """The `top` slowest steps in (warm, stop] of a run with telemetry on that took STALL_RATIO x the median
+    step or more, each with every rank's step time and the sections that ran longest over that rank's median
+    (GPU times where recorded, else the host's). On 4x H200 (2026-11-27) each resnet50 run had one 10-step log
+    interval ~110-145 ms longer than the others, plain DDP's pace otherwise: this says which rank and section."""
+    tele = load_job(job_dir)
+    per_step: dict[int, dict[int, dict[str, Any]]] = {}
+    for rank, recs in tele.steps.items():
+        for r in recs:
+            if warm < r["step"] <= stop and isinstance(r.get("wall_ms"), (int, float)):
+                per_step.setdefault(r["step"], {})[rank] = r
+    if not per_step:
+        return []
+    slowest = {k: max(float(v["wall_ms"]) for v in ranks.values()) for k, ranks in per_step.items()}
+    median = statistics.median(slowest.values())
+
+    def sections(r: dict[str, Any]) -> dict[str, float]:
+        return {k: float(v) for k, v in (r.get("gpu") or r.get("host") or {}).items() if isinstance(v, (int, float))}
+
+    medians: dict[int, dict[str, float]] = {}
+    for rank in tele.steps:
+        cols: dict[str, list[float]] = {}
+        for ranks in per_step.values():
+            if rank in ranks:
+                for k, v in sections(ranks[rank]).items():
+                    cols.setdefault(k, []).append(v)
+        medians[rank] = {k: statistics.median(v) for k, v in cols.items()}
+    out = []
+    for step in sorted(slowest, key=slowest.__getitem__, reverse=True)[:top]:
+        if slowest[step] < STALL_RATIO * median:
+            break
+        ranks = per_step[step]
+        out.append({"step": step, "median_step_ms": round(median, 2),
+                    "wall_ms": {r: round(float(v["wall_ms"]), 2) for r, v in sorted(ranks.items())},
+                    "over_median_ms": {r: {k: round(x - medians[r].get(k, 0.0), 2) for k, x in sections(v).items()
+                                           if x - medians[r].get(k, 0.0) >= 0.1 * median}
+                                       for r, v in sorted(ranks.items())}})
+    return out
+
+
 def run_plain(ref: Path, nproc: int, batch: int, model: str = "resnet50", steps: int = PLAIN_STEPS,
               timeout_s: float = 600.0, env: dict[str, str] | None = None,
               cores: set[int] | None = None) -> dict[str, Any]:
@@ -902,6 +943,8 @@ def measure(args: argparse.Namespace, model: str, n: int, mode: str, job: Path, 
                                       timeout_s=timeout,
                                       env_extra={**(env or {}), **({"MUSUBI_CPUS": ";".join(cpus)} if cpus else {})})
             rate = musubi_rate(jd, batch, n, m.warm, m.stop)
+            if mode == "on":
+                rate["stalls"] = stalls(jd, m.warm, m.stop)
             window = [m.warm, m.stop]
             shutil.rmtree(out, ignore_errors=True)
     except (RuntimeError, subprocess.TimeoutExpired, StopIteration) as e:

@@ -247,8 +247,10 @@ class Injector:
             end.synchronize()  # once per run, in a drill
             self._matmul = (a, max(start.elapsed_time(end) / 20 / 1e3, 1e-6))
         a, per = self._matmul
-        # Re-timed from a past burst once its events are done (never waited for): on 4x H200 (2026-11-27)
-        # `slow:factor=1.1` stretched rank 1's work by 5.5 %, not 10 %, with only the one timing at first use.
+        # Re-timed from a past burst once its events are done (never waited for), so clocks that change during
+        # the run (power caps, a co-tenant) keep the delay at the factor asked for. On 4x H200 (2026-11-27)
+        # `slow:factor=1.1` took rank 1's backward from 29.4 to 34.8 ms (10 % of the 55-ms step) with either
+        # timing; the watch's excess reads ~5.3 % because the waiting ranks' backward grows as well.
         if self._burst is not None and self._burst[1].query():
             start, end, n = self._burst
             per = 0.5 * per + 0.5 * max(start.elapsed_time(end) / n / 1e3, 1e-6)

@@ -131,3 +131,27 @@ def test_checkpoint_saves_read_from_metrics(tmp_path: Path) -> None:
     assert wt.checkpoint_saves(tmp_path) == {"mode": "process", "count": 3, "blocked_s_median": 0.04,
                                              "blocked_s_max": 0.05, "durable_s_median": 1.0, "failed": 1}
     assert wt.checkpoint_saves(tmp_path / "none") is None
+
+
+def test_stalls_name_the_slow_step_its_rank_and_section(tmp_path: Path) -> None:
+    tele = tmp_path / "telemetry"
+    tele.mkdir()
+    for rank in range(2):
+        lines = []
+        for step in range(1, 41):
+            gpu = {"forward": 20.0, "backward": 30.0, "grad_comm": 1.0}
+            if step == 33 and rank == 1:
+                gpu["backward"] += 90.0  # rank 1 stalls once, in backward
+            if step == 33 and rank == 0:
+                gpu["grad_comm"] += 90.0  # rank 0 waits for it
+            if step == 5:
+                gpu["forward"] += 500.0  # before the window: not counted
+            lines.append(json.dumps({"kind": "step", "step": step, "rank": rank, "wall_ms": sum(gpu.values()),
+                                     "gpu": gpu}))
+        (tele / f"rank{rank}.jsonl").write_text("\n".join(lines) + "\n")
+    found = wt.stalls(tmp_path, warm=20, stop=40)
+    assert [s["step"] for s in found] == [33]
+    (s,) = found
+    assert s["median_step_ms"] == 51.0 and s["wall_ms"] == {0: 141.0, 1: 141.0}
+    assert s["over_median_ms"] == {0: {"grad_comm": 90.0}, 1: {"backward": 90.0}}
+    assert wt.stalls(tmp_path, warm=33, stop=40) == []  # a steady window: nothing
