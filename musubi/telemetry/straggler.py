@@ -229,12 +229,8 @@ class StragglerDetector:
         self.windows += 1
         self.scored_at = step
         scores = score(views, self.threshold, self.baseline)
-        # Both windows must pass: a burst that fills one short window is not in the longer one. The longer window
-        # is scored only when the short one flags a rank: it decides nothing else, and scoring it every step
-        # doubled the watch's Python on rank 0, GIL time its training thread may wait for (0.220 against 0.105 ms
-        # a step, 4 ranks, this project's 2-core machine, 2026-11-27).
-        longer = ({s.rank: s for s in score(held, self.threshold)}
-                  if len(held) > self.window and any(s.flagged for s in scores) else None)
+        # Both windows must pass: a burst that fills one short window is not in the longer one.
+        longer = self._longer_window(held, scores)
         for s in scores:
             s.flagged = s.flagged and (longer is None or longer[s.rank].flagged)
             self.latest[s.rank] = s
@@ -251,6 +247,16 @@ class StragglerDetector:
                 self.active.discard(s.rank)
                 self.cleared_now.append(s.rank)
         return new
+
+    def _longer_window(self, held: list[StepView], scores: list[RankScore]) -> dict[int, RankScore] | None:
+        """Every rank's scores over all the steps held, when they can confirm a flag of the short window; None
+        when there is no longer window yet or nothing to confirm. Scored only when the short window flags a rank:
+        it decides nothing else, and scoring it every step doubled the watch's Python on rank 0, GIL time its
+        training thread may wait for (0.220 against 0.105 ms a step, 4 ranks, this project's 2-core machine,
+        2026-11-27)."""
+        if len(held) <= self.window or not any(s.flagged for s in scores):
+            return None
+        return {s.rank: s for s in score(held, self.threshold)}
 
 
 def detect(aligned: list[tuple[int, dict[int, dict]]], threshold: float, window: int = WINDOW,

@@ -8,12 +8,11 @@ clearly above the step-to-step noise, for PERSIST windows in a row and over the 
 from __future__ import annotations
 
 import random
-import statistics
 from collections.abc import Iterator
 
 import pytest
 
-from musubi.telemetry.straggler import LONG, PERSIST, WARMUP, WINDOW, StragglerDetector, detect, score, view
+from musubi.telemetry.straggler import LONG, PERSIST, WARMUP, WINDOW, StragglerDetector, detect, score
 
 BAR = 0.05
 SEEDS = 25
@@ -137,38 +136,10 @@ def test_a_slowdown_that_starts_mid_run_is_flagged_and_cleared() -> None:
 
 
 class _EagerLongWindow(StragglerDetector):
-    """The detector's update as it was before 2026-11-27 (a copy): the longer window scored at every step."""
+    """The detector as it was before 2026-11-27: the longer window scored at every step, flag or not."""
 
-    def update(self, step: int, recs: dict[int, dict]) -> list:
-        if step <= self.warmup or len(recs) < 2:
-            return []
-        self.views.append(view(step, recs))
-        if len(self.views) < self.window:
-            return []
-        held = list(self.views)
-        views = held[-self.window:]
-        if self.baseline is None:
-            self.baseline = {r: statistics.median(v.work[r] for v in views) for r in views[0].work}
-        longer = {s.rank: s for s in score(held, self.threshold)} if len(held) > self.window else None
-        new = []
-        self.cleared_now = []
-        self.windows += 1
-        self.scored_at = step
-        for s in score(views, self.threshold, self.baseline):
-            s.flagged = s.flagged and (longer is None or longer[s.rank].flagged)
-            self.latest[s.rank] = s
-            self.streak[s.rank] = self.streak.get(s.rank, 0) + 1 if s.flagged else 0
-            self.clean[s.rank] = 0 if s.over else self.clean.get(s.rank, 0) + 1
-            self.flagged_windows[s.rank] = self.flagged_windows.get(s.rank, 0) + int(s.flagged)
-            if s.flagged and self.streak[s.rank] >= PERSIST and s.rank not in self.active:
-                s.flagged_at = step
-                self.active.add(s.rank)
-                self.first_flag.setdefault(s.rank, s)
-                new.append(s)
-            elif s.rank in self.active and self.clean[s.rank] >= PERSIST:
-                self.active.discard(s.rank)
-                self.cleared_now.append(s.rank)
-        return new
+    def _longer_window(self, held: list, scores: list) -> dict | None:
+        return {s.rank: s for s in score(held, self.threshold)} if len(held) > self.window else None
 
 
 @pytest.mark.parametrize("kw", [*NOISE, pytest.param({"slow": {1: 0.10}}, id="slow-10pct"),
