@@ -42,7 +42,6 @@ import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from musubi.config.errors import ConfigError
 
@@ -141,7 +140,6 @@ class Injector:
         self._slept_s = 0.0
         self._batches = 0
         self._matmul: tuple[object, float] | None = None  # (operand, seconds per product) on this GPU
-        self._burst: tuple[Any, Any, int] | None = None  # (start, end event, products) of a burst not yet read
 
     @classmethod
     def from_env(cls, rank: int, state_dir: Path | None) -> Injector:
@@ -247,25 +245,11 @@ class Injector:
             end.synchronize()  # once per run, in a drill
             self._matmul = (a, max(start.elapsed_time(end) / 20 / 1e3, 1e-6))
         a, per = self._matmul
-        # Re-timed from a past burst once its events are done (never waited for), so clocks that change during
-        # the run (power caps, a co-tenant) keep the delay at the factor asked for. On 4x H200 (2026-11-27)
-        # `slow:factor=1.1` took rank 1's backward from 29.4 to 34.8 ms (10 % of the 55-ms step) with either
-        # timing; the watch's excess reads ~5.3 % because the waiting ranks' backward grows as well.
-        if self._burst is not None and self._burst[1].query():
-            start, end, n = self._burst
-            per = 0.5 * per + 0.5 * max(start.elapsed_time(end) / n / 1e3, 1e-6)
-            self._matmul = (a, per)
-            self._burst = None
-        n = int(seconds / per)
-        timed = n > 0 and self._burst is None  # one burst in flight is timed at a time
-        if timed:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-        for _ in range(n):
+        # One timing is enough: on 4x H200 (2026-11-27, a97314f) `slow:factor=1.1` took rank 1's backward from
+        # 29.4 to 35.1 ms, 10 % of the 55-ms step. (The watch's excess read 5.5 %: the waiting ranks' backward
+        # grew too. Re-timing each burst, tried in e81c0f3, gave 34.8 ms and was taken out.)
+        for _ in range(int(seconds / per)):
             torch.mm(a, a)
-        if timed:
-            end.record()
-            self._burst = (start, end, n)
 
     def data_delay(self) -> None:
         """`data_stall`: delay a batch."""
