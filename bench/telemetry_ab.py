@@ -49,7 +49,6 @@ import os
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -143,21 +142,18 @@ def pin(local: int) -> int:
 
 
 class BlockWatch(StragglerWatch):
-    """Rank 0's straggler watch whose thread can be stopped between blocks and started again, its state kept."""
+    """Rank 0's straggler watch whose thread runs during its mode's blocks only, its state kept between them."""
 
     def __init__(self, folder: Path, world: int, threshold: float) -> None:
         folder.mkdir(parents=True, exist_ok=True)
-        super().__init__(folder, world, threshold)
-        self.pause()
+        super().__init__(folder, world, threshold, start=False)
 
     def pause(self) -> None:
         """The block's last records read, the thread stopped (StragglerWatch.close)."""
         self.close()
 
     def resume(self) -> None:
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="musubi-straggler-watch", daemon=True)
-        self._thread.start()
+        self.start()
 
 
 class SamplerProcess:

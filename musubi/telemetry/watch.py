@@ -52,7 +52,7 @@ MIN_SAMPLES = 2
 class StragglerWatch:
     """Tail `rank{r}.jsonl` of `world` ranks in `folder`; flag stragglers as they appear."""
 
-    def __init__(self, folder: Path, world: int, threshold: float) -> None:
+    def __init__(self, folder: Path, world: int, threshold: float, start: bool = True) -> None:
         self.folder, self.world = folder, world
         self.detector = StragglerDetector(threshold)
         self._offsets: dict[str, int] = {}  # per file name: bytes read
@@ -66,6 +66,11 @@ class StragglerWatch:
         self._seen = [0] * world  # per rank: the last step read
         self.skipped = 0  # steps passed over with a rank's record missing
         self._last_line = float("-inf")  # time.monotonic() of the last flag or `straggler now` line
+        if start:
+            self.start()
+
+    def start(self) -> None:
+        """Start (or, after close, start again) the thread that polls the files; the detector's state is kept."""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="musubi-straggler-watch", daemon=True)
         self._thread.start()

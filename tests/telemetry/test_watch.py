@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -152,3 +153,31 @@ def test_a_rank_behind_only_on_its_quiet_host_is_not_flagged(tmp_path: Path, mon
         assert flags[-1]["step"] >= 60 and watch.current_stragglers(live)[0]["rank"] == 1
     elif kinds[0][0] == "host_lag":
         assert "busy 85 % of the time against 99 %" in flags[0]["evidence"] and not watch.current_stragglers(live)
+
+
+def test_a_watch_stopped_and_started_again_keeps_its_state(tmp_path: Path, monkeypatch) -> None:
+    """start=False, then start / close around each half of the records (bench/telemetry_ab.py's blocks): the
+    detector reads on from where it stopped and flags as a watch running all along would."""
+    monkeypatch.setattr(watch, "POLL_S", 0.01)
+    src = write_job(tmp_path / "src", ranks=2, steps=120, slow_rank=1, factor=1.3)
+    dst = tmp_path / "live"
+    dst.mkdir()
+    w = StragglerWatch(dst, 2, 0.05, start=False)
+    assert not hasattr(w, "_thread")  # nothing polls before start()
+    lines = {r: _lines(src, r) for r in (0, 1)}
+    half = len(lines[0]) // 2
+    for part in (slice(0, half), slice(half, None)):
+        w.start()
+        for r in (0, 1):
+            with open(dst / f"rank{r}.jsonl", "a", encoding="utf-8") as f:
+                f.writelines(lines[r][part])
+        last = json.loads(lines[0][part][-1])["step"]
+        deadline = time.monotonic() + 10
+        while min(w._seen) < last and time.monotonic() < deadline:  # the started thread reads them, not close()
+            time.sleep(0.01)
+        assert min(w._seen) == last
+        w.close()
+        assert not w._thread.is_alive()
+    assert w._next == 121 and w.skipped == 0
+    flags = [json.loads(x) for x in (dst / "stragglers.jsonl").read_text().splitlines()]
+    assert [(f["kind"], f["rank"]) for f in flags if f["kind"] == "straggler"] == [("straggler", 1)]
