@@ -49,6 +49,16 @@ def test_side_by_side_rounds_use_disjoint_gpus_and_cores_and_swap_the_programs()
     assert [s.gpus for s in wt.side_by_side(3, 7, 0, cores=cores[:6])] == [(0, 1, 2), (3, 4, 5)]
 
 
+def test_a_rounds_time_is_its_longest_run_or_with_one_slot_the_sum_measured_times_first() -> None:
+    cores = [str(c) for c in range(4)]
+    side, turns = wt.side_by_side(1, 4, 0, cores=cores), wt.side_by_side(4, 4, 0, cores=cores)
+    assert wt.round_seconds("fcos", 50.0, side, {}) == 50.0 and wt.round_seconds("fcos", 50.0, turns, {}) == 100.0
+    measured = {("fcos", "on"): 53.0, ("fcos", "plain"): 38.0}
+    assert wt.round_seconds("fcos", 50.0, side, measured) == 53.0
+    assert wt.round_seconds("fcos", 50.0, turns, measured) == 91.0
+    assert wt.round_seconds("fcos", 50.0, turns, {("fcos", "on"): 53.0}) == 103.0  # plain not yet run: the prior
+
+
 def test_fit_plan_keeps_whole_groups_in_order_and_stops_at_the_first_that_does_not_fit() -> None:
     plan = wt.overhead_plan(["resnet50", "fcos"], [4, 2], 2, wt.OVH_MODES)
     est = {(m, mode): wt.OVH_MODELS[m].est_s for m in ("resnet50", "fcos") for mode in wt.OVH_MODES}
