@@ -1,0 +1,236 @@
+"""Musubi's training loop against plain DDP's, inside one process: blocks of steps, each way in turn, interleaved.
+
+Why: at 4x H200 (2026-11-27) `musubi train` ran fcos at 0.975x and resnet50 at 0.969x plain_ddp.py `wall` with
+telemetry on, fcos 0.980x with it off, while telemetry's own cost measured under 1 % (bench/telemetry_ab.py).
+Separate runs differ by more than the gap (their own cuDNN choices, clocks), so they cannot say which part of
+the loop costs it. Here one process builds the job as a rank of `musubi train` builds it (the job file, its
+task, musubi's DDP wrapping, optimizer, feed and Trainer; telemetry and checkpoints off) and trains it in
+blocks of --block steps, each mode once a cycle in a rotating order; a mode's cost is its block time over the
+`plain` block of the same cycle (paired), the median and spread over --cycles cycles.
+
+Modes (all on the same model, optimizer and device batches):
+- plain      - plain_ddp.py's loop: zero_grad, the task's loss under autocast, backward, step; ONE batch every
+               step (the reference's data: one fixed batch a rank).
+- pool       - the same loop over the feed's device pool (DEVICE_POOL batches a rank, cycled as musubi cycles
+               them): what different batches every step cost, each step waiting for the slowest rank's.
+- loop       - musubi's Trainer.train_step over its feed (events, heartbeat, LR schedule, scaler, the log line
+               every train.log_every steps with its all-reduce and host sync, metrics.jsonl on rank 0).
+- loop_fixed - `loop` fed the one batch of `plain`: loop less pool is the loop's own cost.
+- loop_nolog - `loop` without the log line (no all-reduce or host sync every log_every steps).
+- job        - `loop` with what else runs in a `musubi train` rank with telemetry off: the watchdog thread
+               (heartbeat file each interval, peers' files read) and rank 0's progress log (a line a step).
+
+Python's garbage collector is timed too (gc.callbacks): collections and their milliseconds per mode, every
+rank, so a collection inside a block (a pause of the host that the GPU waits on) is seen, not guessed.
+
+    torchrun --nproc-per-node 2 bench/loop_ab.py examples/fcos-bench.yaml --cycles 8 --json $OUT/loop-fcos.json
+
+CPU rehearsal (gloo): `torchrun --nproc-per-node 2 bench/loop_ab.py examples/fcos-bench.yaml --cpu`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+MODES = ("plain", "pool", "loop", "loop_fixed", "loop_nolog", "job")
+#: Sizes that make the CPU rehearsal take seconds, not hours (2 gloo ranks on 2 cores).
+CPU_SETS = {
+    "detection": ["data.synthetic.image_size=64", "data.synthetic.max_object=24", "model_args.min_size=64",
+                  "model_args.max_size=64", "train.batch=2", "train.precision=fp32"],
+    "classification": ["data.synthetic.image_size=32", "train.batch=8", "train.precision=fp32",
+                       "model=resnet18"],
+}
+
+
+class GcClock:
+    """Garbage collections seen through gc.callbacks: count and milliseconds, summed until read."""
+
+    def __init__(self) -> None:
+        self.count = [0, 0, 0]
+        self.ms = 0.0
+        self._t0 = 0.0
+        gc.callbacks.append(self._cb)
+
+    def _cb(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._t0 = time.perf_counter()
+        else:
+            self.count[info["generation"]] += 1
+            self.ms += (time.perf_counter() - self._t0) * 1e3
+
+    def take(self) -> tuple[list[int], float]:
+        """(collections per generation, ms) since the last take."""
+        out = (self.count, self.ms)
+        self.count, self.ms = [0, 0, 0], 0.0
+        return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("job", type=Path, help="a job file with data.synthetic.on_device (examples/*-bench.yaml)")
+    ap.add_argument("--set", action="append", default=[], help="an override, as `musubi train --set`")
+    ap.add_argument("--warmup", type=int, default=20, help="untimed steps of each way first (cuDNN autotuning)")
+    ap.add_argument("--block", type=int, default=20, help="steps a block")
+    ap.add_argument("--cycles", type=int, default=8, help="cycles; each runs every mode once")
+    ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--cpu", action="store_true", help="rehearsal on CPU (gloo), at the CPU_SETS sizes")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    modes = [m for m in args.modes.split(",") if m]
+    if "plain" not in modes or any(m not in MODES for m in modes):
+        raise SystemExit(f"--modes must include plain and come from {', '.join(MODES)}")
+
+    from musubi.worker.pinning import pin_rank
+
+    pinned = pin_rank(int(os.environ.get("LOCAL_RANK", "0")))  # as the worker: first thing, MUSUBI_CPUS if set
+    import torch
+
+    from musubi.config.load import load_job, read_yaml
+    from musubi.recovery.goodput import ProgressLog
+    from musubi.recovery.watchdog import Heartbeat, Watchdog
+    from musubi.tasks.registry import build_task
+    from musubi.worker.feed.loaders import DEVICE_POOL
+    from musubi.worker.loop import RunOptions, Trainer
+    from musubi.worker.pinning import configure_threads
+    from musubi.worker.precision import autocast
+    from musubi.worker.reporting import MetricsWriter, ProgressBar
+    from musubi.worker.step_events import STEP_END
+    from musubi.worker.world import init_world, shutdown_world
+
+    if args.cpu:
+        os.environ["MUSUBI_DEVICE"] = "cpu"
+    task_kind = read_yaml(args.job).get("task", "")
+    sets = (CPU_SETS.get(task_kind, []) if args.cpu else []) + args.set + [
+        "telemetry.enabled=false", "checkpoint.enabled=false", "train.max_steps=1000000",
+        "data.synthetic.train_size=50000000"]
+    spec = load_job(args.job, sets)
+    if not (spec.data.synthetic and spec.data.synthetic.on_device):
+        raise SystemExit(f"{args.job}: needs data.synthetic.on_device (the reference's data lives on the device)")
+    world = init_world(spec.train.timeout_s)
+    configure_threads(spec, pinned)
+    where = [tempfile.mkdtemp(prefix="musubi-loop-ab-") if world.is_main else None]
+    torch.distributed.broadcast_object_list(where, src=0)
+    job_dir = Path(where[0]) / "job"
+    (job_dir / "logs").mkdir(parents=True, exist_ok=True)
+    task = build_task(spec)
+    task.use_device(world.device)
+    task.validate()
+    hb = Heartbeat()
+    trainer = Trainer(spec, task, world, job_dir, RunOptions(), None, heartbeat=hb)
+    model, opt, dev = trainer.model, trainer.optimizer, world.device
+    sync = torch.cuda.synchronize if world.is_cuda else (lambda: None)
+    metrics = MetricsWriter(job_dir, None, spec.tracking, spec.name, {}) if world.is_main else None
+    bar = ProgressBar(None, trainer.total_steps, 0, spec.name)
+    logging_on = [True]
+    trainer.events.on(STEP_END, lambda s: trainer.log_step(s, metrics, bar) if logging_on[0] else None)
+    pool = list(trainer.feed.pool)
+    fixed = [pool[0]] * DEVICE_POOL
+    batches = trainer.feed.epoch(0, 0)
+    trainer.model.train()
+    k = [0]  # the reference loops' position in the pool
+
+    def reference(n: int, cycle_pool: bool) -> None:
+        for _ in range(n):
+            batch = pool[k[0] % DEVICE_POOL] if cycle_pool else pool[0]
+            k[0] += 1
+            opt.zero_grad(set_to_none=True)
+            with autocast(trainer.precision, dev):
+                loss, _ = task.loss(model, batch)
+            loss.backward()
+            opt.step()
+
+    def musubi(n: int) -> None:
+        for _ in range(n):
+            if not trainer.train_step(batches):
+                raise RuntimeError("the feed ended inside the benchmark: raise data.synthetic.train_size")
+
+    def run(mode: str, n: int) -> None:
+        if mode in ("plain", "pool"):
+            reference(n, mode == "pool")
+            return
+        trainer.feed.pool = fixed if mode == "loop_fixed" else pool
+        logging_on[0] = mode != "loop_nolog"
+        watchdog = None
+        if mode == "job":
+            hb.progress = ProgressLog(job_dir, f"b{k[0]}", time.time()) if world.is_main else None
+            watchdog = Watchdog(job_dir, world.rank, world.size, spec.watchdog, float(spec.train.timeout_s), hb)
+            watchdog.start()
+        try:
+            musubi(n)
+        finally:
+            if watchdog is not None:
+                sync()  # the thread runs to the block's end, as in a job
+                watchdog.stop()
+                if hb.progress is not None:
+                    hb.progress.end(trainer.step)
+                hb.progress = None
+
+    t_start = time.perf_counter()
+    for m in ("plain", "loop"):
+        run(m, args.warmup)
+    sync()
+    clock = GcClock()
+    per_mode: dict[str, list[float]] = {m: [] for m in modes}
+    gcs: dict[str, dict[str, Any]] = {m: {"collections": [0, 0, 0], "ms": 0.0, "max_block_ms": 0.0} for m in modes}
+    for c in range(args.cycles):
+        order = modes[c % len(modes):] + modes[:c % len(modes)]  # each mode takes each place in turn
+        for m in order:
+            sync()
+            clock.take()
+            t0 = time.perf_counter()
+            run(m, args.block)
+            sync()
+            dt = time.perf_counter() - t0
+            counts, ms = clock.take()
+            # the block's time is its slowest rank's; so is its collector's
+            v = torch.tensor([dt, ms, *counts], device=dev, dtype=torch.float64)
+            torch.distributed.all_reduce(v, op=torch.distributed.ReduceOp.MAX)
+            per_mode[m].append(v[0].item() / args.block * 1e3)
+            g = gcs[m]
+            g["collections"] = [a + int(b) for a, b in zip(g["collections"], v[2:].tolist(), strict=True)]
+            g["ms"] = round(g["ms"] + v[1].item(), 2)
+            g["max_block_ms"] = round(max(g["max_block_ms"], v[1].item()), 2)
+    gc.callbacks.remove(clock._cb)
+    if world.is_main:
+        base = per_mode["plain"]
+        rows = {}
+        for m in modes:
+            ratios = [v / b for v, b in zip(per_mode[m], base, strict=True)]
+            rows[m] = {"step_ms_median": round(statistics.median(per_mode[m]), 3),
+                       "cost_pct_median": round((statistics.median(ratios) - 1) * 100, 2),
+                       "cost_pct_mean": round((statistics.fmean(ratios) - 1) * 100, 2),
+                       "cost_pct_min_max": [round((min(ratios) - 1) * 100, 2), round((max(ratios) - 1) * 100, 2)],
+                       "gc": gcs[m], "block_ms": [round(v, 3) for v in per_mode[m]]}
+        out = {"job": str(args.job), "sets": sets, "world": world.size, "per_rank_batch": trainer.plan.per_rank,
+               "block_steps": args.block, "cycles": args.cycles, "warmup": args.warmup,
+               "cores_per_rank": pinned.cores if pinned is not None else len(os.sched_getaffinity(0)),
+               "device": torch.cuda.get_device_name(dev) if world.is_cuda else "cpu",
+               "torch": torch.__version__, "commit": os.environ.get("MUSUBI_COMMIT", ""),
+               "gc_thresholds": gc.get_threshold(), "gc_frozen": gc.get_freeze_count(),
+               "wall_s": round(time.perf_counter() - t_start, 1), "modes": rows}
+        for m, r in rows.items():
+            print(f"{spec.name} x{world.size} {m:10s} step {r['step_ms_median']:8.2f} ms  vs plain median "
+                  f"{r['cost_pct_median']:+6.2f} %  mean {r['cost_pct_mean']:+6.2f} %  range "
+                  f"{r['cost_pct_min_max'][0]:+.2f}..{r['cost_pct_min_max'][1]:+.2f} %  gc {r['gc']}", flush=True)
+        print(json.dumps(out), flush=True)
+        if args.json:
+            Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
+    if metrics is not None:
+        metrics.close()
+    trainer.close()  # the DDP wrapper goes before the process group (gloo)
+    shutdown_world()
+
+
+if __name__ == "__main__":
+    main()
