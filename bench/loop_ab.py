@@ -16,16 +16,21 @@ Modes (all on the same model, optimizer and device batches):
 - loop       - musubi's Trainer.train_step over its feed (events, heartbeat, LR schedule, scaler, the log line
                every train.log_every steps with its all-reduce and host sync, metrics.jsonl on rank 0).
 - loop_fixed - `loop` fed the one batch of `plain`: loop less pool is the loop's own cost.
-- loop_nolog - `loop` without the log line (no all-reduce or host sync every log_every steps).
+- loop_nolog - `loop` without the log line (no all-reduce or copy every log_every steps).
+- loop_sync  - `loop` reading each log line at its own step (`.item()`: the host waits for the GPU), as the loop
+               did before 2026-11-27 (worker/log_window.py).
 - job        - `loop` with what else runs in a `musubi train` rank with telemetry off: the watchdog thread
                (heartbeat file each interval, peers' files read) and rank 0's progress log (a line a step).
 
 Python's garbage collector is timed too (gc.callbacks): collections and their milliseconds per mode, every
-rank, so a collection inside a block (a pause of the host that the GPU waits on) is seen, not guessed.
+rank, so a collection inside a block (a pause of the host that the GPU waits on) is seen, not guessed. The
+heap is settled after the warm-up as Trainer.fit settles it (loop.settle_heap: collected, then frozen); with
+--no-settle it is not, as before 2026-11-27 (a 139 ms generation-2 collection inside a block on one H200).
 
     torchrun --nproc-per-node 2 bench/loop_ab.py examples/fcos-bench.yaml --cycles 8 --json $OUT/loop-fcos.json
 
 CPU rehearsal (gloo): `torchrun --nproc-per-node 2 bench/loop_ab.py examples/fcos-bench.yaml --cpu`.
+The GPU tier runs it with --forbid-sync (tests/gpu/test_loop_gpu.py): musubi's loop never waits on the GPU.
 """
 
 from __future__ import annotations
@@ -43,7 +48,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-MODES = ("plain", "pool", "loop", "loop_fixed", "loop_nolog", "job")
+MODES = ("plain", "pool", "loop", "loop_fixed", "loop_nolog", "loop_sync", "job")
 #: Sizes that make the CPU rehearsal take seconds, not hours (2 gloo ranks on 2 cores).
 CPU_SETS = {
     "detection": ["data.synthetic.image_size=64", "data.synthetic.max_object=24", "model_args.min_size=64",
@@ -85,6 +90,10 @@ def main() -> None:
     ap.add_argument("--cycles", type=int, default=8, help="cycles; each runs every mode once")
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--cpu", action="store_true", help="rehearsal on CPU (gloo), at the CPU_SETS sizes")
+    ap.add_argument("--forbid-sync", action="store_true",
+                    help="CUDA: the loop's blocks (not loop_sync's) raise on any host sync "
+                         "(torch.cuda.set_sync_debug_mode): a model that syncs by itself, as fcos does, fails it")
+    ap.add_argument("--no-settle", action="store_true", help="leave the heap unfrozen (the loop before 2026-11-27)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     modes = [m for m in args.modes.split(",") if m]
@@ -101,7 +110,7 @@ def main() -> None:
     from musubi.recovery.watchdog import Heartbeat, Watchdog
     from musubi.tasks.registry import build_task
     from musubi.worker.feed.loaders import DEVICE_POOL
-    from musubi.worker.loop import RunOptions, Trainer
+    from musubi.worker.loop import RunOptions, Trainer, settle_heap
     from musubi.worker.pinning import configure_threads
     from musubi.worker.precision import autocast
     from musubi.worker.reporting import MetricsWriter, ProgressBar
@@ -131,9 +140,16 @@ def main() -> None:
     model, opt, dev = trainer.model, trainer.optimizer, world.device
     sync = torch.cuda.synchronize if world.is_cuda else (lambda: None)
     metrics = MetricsWriter(job_dir, None, spec.tracking, spec.name, {}) if world.is_main else None
-    bar = ProgressBar(None, trainer.total_steps, 0, spec.name)
-    logging_on = [True]
-    trainer.events.on(STEP_END, lambda s: trainer.log_step(s, metrics, bar) if logging_on[0] else None)
+    trainer.metrics, trainer.bar = metrics, ProgressBar(None, trainer.total_steps, 0, spec.name)
+    log_mode = ["queued"]  # "queued" (the loop's own), "sync" (read at its step) or "off"
+
+    def log_line(step: int) -> None:
+        if log_mode[0] != "off":
+            trainer.log_step(step)
+        if log_mode[0] == "sync":
+            trainer.flush_line()
+
+    trainer.events.on(STEP_END, log_line)
     pool = list(trainer.feed.pool)
     fixed = [pool[0]] * DEVICE_POOL
     batches = trainer.feed.epoch(0, 0)
@@ -155,20 +171,27 @@ def main() -> None:
             if not trainer.train_step(batches):
                 raise RuntimeError("the feed ended inside the benchmark: raise data.synthetic.train_size")
 
-    def run(mode: str, n: int) -> None:
+    def run(mode: str, n: int, warm: bool = False) -> None:
         if mode in ("plain", "pool"):
             reference(n, mode == "pool")
             return
         trainer.feed.pool = fixed if mode == "loop_fixed" else pool
-        logging_on[0] = mode != "loop_nolog"
+        trainer.flush_line()  # the last block's queued line: its copy ended with that block (a record written)
+        log_mode[0] = {"loop_nolog": "off", "loop_sync": "sync"}.get(mode, "queued")
         watchdog = None
         if mode == "job":
             hb.progress = ProgressLog(job_dir, f"b{k[0]}", time.time()) if world.is_main else None
             watchdog = Watchdog(job_dir, world.rank, world.size, spec.watchdog, float(spec.train.timeout_s), hb)
             watchdog.start()
+        # not in the warm-up: its first step waits for the GPU once, on purpose (Trainer.log_step)
+        forbid = args.forbid_sync and world.is_cuda and mode != "loop_sync" and not warm
+        if forbid:
+            torch.cuda.set_sync_debug_mode("error")
         try:
             musubi(n)
         finally:
+            if forbid:
+                torch.cuda.set_sync_debug_mode("default")
             if watchdog is not None:
                 sync()  # the thread runs to the block's end, as in a job
                 watchdog.stop()
@@ -178,8 +201,11 @@ def main() -> None:
 
     t_start = time.perf_counter()
     for m in ("plain", "loop"):
-        run(m, args.warmup)
+        run(m, args.warmup, warm=True)
     sync()
+    trainer.flush_line()
+    if not args.no_settle:
+        settle_heap()
     clock = GcClock()
     per_mode: dict[str, list[float]] = {m: [] for m in modes}
     gcs: dict[str, dict[str, Any]] = {m: {"collections": [0, 0, 0], "ms": 0.0, "max_block_ms": 0.0} for m in modes}
@@ -217,7 +243,7 @@ def main() -> None:
                "cores_per_rank": pinned.cores if pinned is not None else len(os.sched_getaffinity(0)),
                "device": torch.cuda.get_device_name(dev) if world.is_cuda else "cpu",
                "torch": torch.__version__, "commit": os.environ.get("MUSUBI_COMMIT", ""),
-               "gc_thresholds": gc.get_threshold(), "gc_frozen": gc.get_freeze_count(),
+               "gc_thresholds": gc.get_threshold(), "gc_frozen": gc.get_freeze_count(), "settled": not args.no_settle,
                "wall_s": round(time.perf_counter() - t_start, 1), "modes": rows}
         for m, r in rows.items():
             print(f"{spec.name} x{world.size} {m:10s} step {r['step_ms_median']:8.2f} ms  vs plain median "

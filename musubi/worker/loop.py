@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import gc
 import logging
-import math
 import random
 import time
 from collections.abc import Iterator
@@ -28,6 +28,7 @@ from musubi.recovery.watchdog import Heartbeat
 from musubi.store.startup import mark
 from musubi.tasks.base import Task
 from musubi.worker.feed.loaders import TrainFeed, ValFeed
+from musubi.worker.log_window import LogWindow, PendingLine, check_finite, queue_line
 from musubi.worker.ordered_reduce import needs_ordered_reduce, ordered_allreduce_hook
 from musubi.worker.precision import autocast, make_scaler, resolve_precision
 from musubi.worker.reporting import MetricsWriter, ProgressBar
@@ -87,6 +88,21 @@ def configure_determinism(deterministic: bool, world: World) -> None:
         torch.use_deterministic_algorithms(True, warn_only=True)
 
 
+def settle_heap() -> None:
+    """Collect the garbage of setup (or of a validation), then freeze what lives on out of the collector's reach.
+
+    A rank holds millions of long-lived Python objects (torch, the task's libraries, the model's modules); a
+    full (generation-2) collection walks them all. One took 139 ms inside a training block on one H200
+    (2026-11-27, bench/loop_ab.py, fcos), the 110-145 ms stall seen once per resnet50 run at 4 GPUs, where every
+    rank waits for the paused one. Frozen objects are still freed by reference counting; only cycles among
+    them are left, until fit() ends and unfreezes (gc.unfreeze): a process that trains more than once (tests,
+    the API) gets its cycles collected again. The data loader's workers, forked after it, also share more
+    memory pages (CPython's gc.freeze docs).
+    """
+    gc.collect()
+    gc.freeze()
+
+
 def build_optimizer(model: torch.nn.Module, spec: JobSpec, lr: float) -> torch.optim.Optimizer:
     """SGD or AdamW over the (possibly sharded) parameters."""
     t = spec.train
@@ -94,26 +110,6 @@ def build_optimizer(model: torch.nn.Module, spec: JobSpec, lr: float) -> torch.o
     if t.optimizer == "adamw":
         return torch.optim.AdamW(params, lr=lr, betas=(t.momentum, 0.999), weight_decay=t.weight_decay)
     return torch.optim.SGD(params, lr=lr, momentum=t.momentum, weight_decay=t.weight_decay)
-
-
-class LogWindow:
-    """Loss and throughput since the last log line: summed on the device, read once per log interval."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.loss_sum = torch.zeros((), device=device, dtype=torch.float64)
-        self.micro = 0  # micro-batch losses in loss_sum
-        self.samples = 0  # samples of all ranks since t0
-        self.t0 = time.perf_counter()
-
-    def add(self, loss: torch.Tensor, samples: int) -> None:
-        """One micro-batch's loss (no host sync) and its samples over all ranks."""
-        self.loss_sum += loss.detach().double()
-        self.micro += 1
-        self.samples += samples
-
-    def restart(self, now: float) -> None:
-        """Throughput counts from `now` (perf_counter seconds)."""
-        self.t0, self.samples = now, 0
 
 
 class Trainer:
@@ -187,6 +183,9 @@ class Trainer:
         self.last_eval: dict[str, float] = {}
         self.last_eval_step = -1  # the step whose weights `last_eval` measured
         self.window = LogWindow(world.device)  # what the next log line averages
+        self.pending_line: PendingLine | None = None  # the last log step's line, not yet read (log_window.py)
+        self.metrics: MetricsWriter | None = None  # rank 0's sink and bar, while fit runs
+        self.bar: ProgressBar | None = None
 
     @property
     def phase(self) -> str:
@@ -220,6 +219,7 @@ class Trainer:
         """Collective checkpoint of the current state (asynchronous unless checkpoint.async_mode is off)."""
         if self.checkpointer is None:
             return
+        self.flush_line()  # a non-finite loss of the last interval read stops the run before it is saved
         self.phase = "checkpoint"
         # keep_best ranks a checkpoint by the evaluation of its own weights, never an earlier step's.
         metric = self.last_eval if self.last_eval_step == self.step else {}
@@ -309,29 +309,33 @@ class Trainer:
         self._announce()
         self.model.train()
         bar = ProgressBar(self.console, self.total_steps, self.step, self.spec.name)
+        self.metrics, self.bar = metrics, bar
         t_start, step_start = time.perf_counter(), self.step
         self.window.restart(t_start)
         self.fit_start_step = self.step
         self.last_finite_step = self.step  # a resumed checkpoint's state was good
         # After the injection, heartbeat and telemetry hooks: a step is logged, then saved if due.
-        self.events.on(STEP_END, lambda step: self.log_step(step, metrics, bar))
+        self.events.on(STEP_END, self.log_step)
         self.events.on(STEP_END, self.save_after_step)
         self.events.on(EPOCH_END, self.save_at_epoch_end)
         if self.world.is_main:
             FirstStepMarks(self.job_dir, self.world.device, self.step + 1).attach(self.events)
         self.events.fire(FIT_START, self.step)
         try:
+            settle_heap()
             while self.epoch < self.spec.train.epochs and self.step < self.stop_step:
                 batches = self.tele.timed(self.feed.epoch(self.epoch, self.micro))
                 while self.step < self.stop_step and self.train_step(batches):
                     pass
                 self.end_epoch(metrics)
             self.phase = "finish"
+            self.flush_line()
             if self.checkpointer is not None:
                 self.checkpointer.wait()  # the last checkpoint is durable and committed before the summary
             self.flush_checkpoint_records(metrics)
         finally:
             bar.close()
+            gc.unfreeze()
         elapsed = time.perf_counter() - t_start
         return {
             "steps": self.step,
@@ -420,8 +424,9 @@ class Trainer:
         self.step += 1
 
     # -- the trainer's own step_end / epoch_end listeners ------------------------
-    def log_step(self, step: int, metrics: MetricsWriter | None, bar: ProgressBar) -> None:
-        """The log line of a log step (loss all-reduced: one host sync per log interval); else the bar moves."""
+    def log_step(self, step: int) -> None:
+        """A log step queues its line (loss all-reduced, copied to the host without waiting) and writes the one
+        before it; other steps move the bar. log_window.py says why the line is read an interval late."""
         t, w, win = self.spec.train, self.world, self.window
         due = step % t.log_every == 0 or step == self.stop_step
         if step == self.fit_start_step + 1:
@@ -433,29 +438,42 @@ class Trainer:
                 mark(self.job_dir, "first_step")
             if not due:
                 win.restart(time.perf_counter())
+        if self.bar is not None:
+            self.bar.update(step)
         if not due:
-            bar.update(step)
             return
         self.phase = "log"
-        w.all_reduce_sum(win.loss_sum)
-        mean_loss = win.loss_sum.item() / (win.micro * w.size)
-        if not math.isfinite(mean_loss):
-            raise FloatingPointError(f"loss is {mean_loss} at step {step}")
-        self.last_finite_step = step
-        now = time.perf_counter()
-        rate = win.samples / max(now - win.t0, 1e-9)
-        mem = self._memory_record()
+        # this interval's memory peak, read now: the allocator's counters are the host's, no sync
+        values = {"lr": self.scheduler.get_last_lr()[0], "epoch": self.epoch, "total_steps": self.total_steps,
+                  **self._memory_record()}
+        earlier, self.pending_line = self.pending_line, queue_line(win, step, w.size, w.all_reduce_sum,
+                                                                   time.perf_counter(), values)
+        if earlier is not None:
+            self.write_line(earlier)
+        if step >= self.stop_step:
+            self.flush_line()
+        self.flush_checkpoint_records(self.metrics)
+
+    def flush_line(self) -> None:
+        """Write the queued log line now (waits for its copy): before a checkpoint, a validation, the end."""
+        line, self.pending_line = self.pending_line, None
+        if line is not None:
+            self.write_line(line)
+
+    def write_line(self, line: PendingLine) -> None:
+        """A log line's record and console line; NonFiniteLoss (a FloatingPointError) for a NaN or inf loss."""
+        mean_loss = line.mean_loss()
+        check_finite(mean_loss, line.step)
+        self.last_finite_step = line.step
+        metrics, bar = self.metrics, self.bar
         if metrics is not None:
-            metrics.write(step, {"loss": round(mean_loss, 6), "lr": self.scheduler.get_last_lr()[0],
-                                 "samples_per_s": round(rate, 2), "epoch": self.epoch,
-                                 "total_steps": self.total_steps, **mem})
-        bar.update(step, rate, mean_loss)
+            metrics.write(line.step, {"loss": round(mean_loss, 6), "samples_per_s": round(line.samples_per_s, 2),
+                                      **line.values}, at=line.wall_time)
+        if bar is not None:
+            bar.figures(line.samples_per_s, mean_loss)
         if self.console is not None and not self.console.is_terminal:
-            log.info("step %d/%d loss %.4f %.1f samples/s", step, self.total_steps, mean_loss, rate)
-        win.loss_sum.zero_()
-        win.micro = 0
-        win.restart(now)
-        self.flush_checkpoint_records(metrics)
+            log.info("step %d/%d loss %.4f %.1f samples/s", line.step, self.total_steps, mean_loss,
+                     line.samples_per_s)
 
     def save_after_step(self, step: int) -> None:
         """Save when the checkpointer's cadence says so (a step that ends a validated epoch may wait for it)."""
@@ -489,6 +507,7 @@ class Trainer:
 
     def run_eval(self, metrics: MetricsWriter | None) -> None:
         """Validate, log on rank 0, and remember the result for the checkpoint."""
+        self.flush_line()  # the train line of this step goes before its validation's
         self.phase = "eval"
         values = self.evaluate()
         if not values:
@@ -501,6 +520,7 @@ class Trainer:
             metrics.write(self.step, values, kind="val")
         log.info("validation at step %d: %s", self.step,
                  ", ".join(f"{k} {v:.4g}" for k, v in values.items()))
+        settle_heap()  # the validation's garbage (its metric, its batches) out of training's way
 
     def close(self) -> None:
         """Drop the wrapper before the process group goes (gloo can hang at exit otherwise)."""

@@ -75,9 +75,10 @@ class MetricsWriter:
 
             self._mlflow = MlflowSink(job_dir, tracking, job_name, config or {})
 
-    def write(self, step: int, values: dict[str, Any], kind: str = "train") -> None:
-        """Append one record and mirror its numbers to TensorBoard."""
-        rec = {"step": step, "kind": kind, "time": round(time.time(), 3), **values}
+    def write(self, step: int, values: dict[str, Any], kind: str = "train", at: float | None = None) -> None:
+        """Append one record and mirror its numbers to TensorBoard. `at`: the record's time (time.time()) when
+        it is not now (a log line is written an interval after its step: log_window.py)."""
+        rec = {"step": step, "kind": kind, "time": round(time.time() if at is None else at, 3), **values}
         self._f.write(json.dumps(rec) + "\n")
         self._f.flush()
         if self._tb is not None:
@@ -128,6 +129,11 @@ class ProgressBar:
         if loss is not None:
             fields["loss"] = f"{loss:.4f}"
         self._p.update(self._task, completed=step, **fields)
+
+    def figures(self, samples_per_s: float, loss: float) -> None:
+        """Show a log line's figures (the bar stays where it is)."""
+        if self._p is not None:
+            self._p.update(self._task, rate=f"{samples_per_s:,.1f}", loss=f"{loss:.4f}")
 
     def close(self) -> None:
         """Stop the live display."""

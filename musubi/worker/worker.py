@@ -263,7 +263,8 @@ def main(argv: list[str] | None = None) -> int:
             # Every rank saw the same non-finite all-reduced loss at the same step (see numerics.py).
             from musubi.recovery.numerics import EXIT_NUMERICS, record_nonfinite, safer_precision
 
-            step = trainer.step if trainer is not None else 0
+            # the log line's step that read it (log_window.NonFiniteLoss), read up to an interval later
+            step = getattr(e, "step", trainer.step if trainer is not None else 0)
             last_good = trainer.last_finite_step if trainer is not None else 0
             if safer_precision(precision, True) is None:
                 raise FloatingPointError(f"{e} in fp32 (nothing safer to fall back to): lower train.lr, add "

@@ -80,15 +80,25 @@ class Musubi:
 
     def __call__(self, *args: str, gpus: int, inject: str | None = None, timeout: int = 300,
                  expect: int = 0) -> subprocess.CompletedProcess:
+        cpu_flag = ["--device", "cpu"] if args[0] in ("train", "run") else []
+        return self.run([sys.executable, "-m", "musubi.cli", *args], cpu_flag, gpus, inject, timeout, expect)
+
+    def torchrun(self, script: str, *args: str, gpus: int, timeout: int = 300) -> subprocess.CompletedProcess:
+        """`script` (a path in the repository) under torchrun, one rank a GPU; `--cpu` added in a rehearsal."""
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={gpus}",
+               str(REPO / script), *args]
+        return self.run(cmd, ["--cpu"], gpus, None, timeout, 0)
+
+    def run(self, cmd: list[str], cpu_args: list[str], gpus: int, inject: str | None, timeout: int,
+            expect: int) -> subprocess.CompletedProcess:
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
         env.pop("MUSUBI_INJECT", None)
         if inject:
             env["MUSUBI_INJECT"] = inject
-        cmd = [sys.executable, "-m", "musubi.cli", *args]
         with lease(gpus, max(GPUS, 1)) as ids:
             if REHEARSAL:
                 env.update(MUSUBI_DEVICE="cpu", CUDA_VISIBLE_DEVICES="")
-                cmd += ["--device", "cpu"] if args[0] in ("train", "run") else []
+                cmd = cmd + cpu_args
             else:
                 env.pop("MUSUBI_DEVICE", None)
                 env["CUDA_VISIBLE_DEVICES"] = ",".join(str(_physical(i)) for i in ids)
