@@ -40,6 +40,7 @@ from musubi.data.synthetic_detection import (
 )
 from musubi.tasks import detr, efficientdet
 from musubi.tasks.base import Metric, Reducer, Task, move_to
+from musubi.tasks.coco_map import coco_map
 from musubi.tasks.pretrained import check_start_weights, load_start_weights
 from musubi.tasks.stem import adapt_stem
 
@@ -113,9 +114,7 @@ def set_bn_momentum(model: nn.Module, momentum: float) -> None:
 
 
 def map_backend() -> str:
-    """The COCO-eval backend torchmetrics should use; ConfigError when the eval extra is missing."""
-    if find_spec("torchmetrics") is None:
-        raise ConfigError(EVAL_EXTRA_MESSAGE)
+    """The COCO-eval backend that scores mAP (coco_map): faster-coco-eval, else pycocotools; ConfigError if neither."""
     for backend, module in (("faster_coco_eval", "faster_coco_eval"), ("pycocotools", "pycocotools")):
         if find_spec(module) is not None:
             return backend
@@ -211,27 +210,8 @@ class DetectionMetric(Metric):
             target_list.append({"boxes": gt[:, :4].float(), "labels": gt[:, 4].long()})
         if not target_list:
             return {"map50": -1.0, "map": -1.0}
-        from torchmetrics.detection import MeanAveragePrecision
-
-        # Built on the gathered data, so torchmetrics' own sync must stay off: it gathers per image and
-        # per state and deadlocks (gloo: aborts) when ranks hold different numbers of images.
-        metric = MeanAveragePrecision(
-            box_format="xyxy", iou_type="bbox", backend=self.backend, sync_on_compute=False
-        )
         # COCO scores the top 100 detections per image; SSD emits up to 200 and the rest are ignored by design.
-        metric.warn_on_many_detections = False
-        metric.update(pred_list, target_list)
-        result = metric.compute()
-        names = {
-            "map_50": "map50",
-            "map": "map",
-            "map_75": "map75",
-            "map_small": "map_small",
-            "map_medium": "map_medium",
-            "map_large": "map_large",
-            "mar_100": "mar100",
-        }
-        return {ours: float(result[theirs]) for theirs, ours in names.items()}
+        return coco_map(pred_list, target_list, self.backend)
 
 
 class DetectionTask(Task):
