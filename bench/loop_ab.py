@@ -37,9 +37,7 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -105,6 +103,7 @@ def main() -> None:
     pinned = pin_rank(int(os.environ.get("LOCAL_RANK", "0")))  # as the worker: first thing, MUSUBI_CPUS if set
     import torch
 
+    from bench.telemetry_ab import paired_rows, report
     from musubi.config.load import load_job, read_yaml
     from musubi.recovery.goodput import ProgressLog
     from musubi.recovery.watchdog import Heartbeat, Watchdog
@@ -229,15 +228,9 @@ def main() -> None:
             g["max_block_ms"] = round(max(g["max_block_ms"], v[1].item()), 2)
     gc.callbacks.remove(clock._cb)
     if world.is_main:
-        base = per_mode["plain"]
-        rows = {}
-        for m in modes:
-            ratios = [v / b for v, b in zip(per_mode[m], base, strict=True)]
-            rows[m] = {"step_ms_median": round(statistics.median(per_mode[m]), 3),
-                       "cost_pct_median": round((statistics.median(ratios) - 1) * 100, 2),
-                       "cost_pct_mean": round((statistics.fmean(ratios) - 1) * 100, 2),
-                       "cost_pct_min_max": [round((min(ratios) - 1) * 100, 2), round((max(ratios) - 1) * 100, 2)],
-                       "gc": gcs[m], "block_ms": [round(v, 3) for v in per_mode[m]]}
+        rows = paired_rows(per_mode, "plain")
+        for m, row in rows.items():
+            row["gc"] = gcs[m]
         out = {"job": str(args.job), "sets": sets, "world": world.size, "per_rank_batch": trainer.plan.per_rank,
                "block_steps": args.block, "cycles": args.cycles, "warmup": args.warmup,
                "cores_per_rank": pinned.cores if pinned is not None else len(os.sched_getaffinity(0)),
@@ -245,13 +238,7 @@ def main() -> None:
                "torch": torch.__version__, "commit": os.environ.get("MUSUBI_COMMIT", ""),
                "gc_thresholds": gc.get_threshold(), "gc_frozen": gc.get_freeze_count(), "settled": not args.no_settle,
                "wall_s": round(time.perf_counter() - t_start, 1), "modes": rows}
-        for m, r in rows.items():
-            print(f"{spec.name} x{world.size} {m:10s} step {r['step_ms_median']:8.2f} ms  vs plain median "
-                  f"{r['cost_pct_median']:+6.2f} %  mean {r['cost_pct_mean']:+6.2f} %  range "
-                  f"{r['cost_pct_min_max'][0]:+.2f}..{r['cost_pct_min_max'][1]:+.2f} %  gc {r['gc']}", flush=True)
-        print(json.dumps(out), flush=True)
-        if args.json:
-            Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
+        report(f"{spec.name} x{world.size}", rows, out, args.json)  # cost: over `plain`
     if metrics is not None:
         metrics.close()
     trainer.close()  # the DDP wrapper goes before the process group (gloo)

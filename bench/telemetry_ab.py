@@ -199,6 +199,32 @@ def _sampler_cost(folder: Path) -> dict[str, Any] | None:
             "p95": round(vals[min(len(vals) - 1, int(0.95 * len(vals)))], 3), "max": round(vals[-1], 3)}
 
 
+def paired_rows(per_mode: dict[str, list[float]], base: str) -> dict[str, dict[str, Any]]:
+    """Per mode: its median block step (ms) and its cost over the `base` mode's block of the same cycle (paired
+    ratios: median, mean, range, in %), and the blocks themselves."""
+    rows = {}
+    for m, blocks in per_mode.items():
+        ratios = [v / b for v, b in zip(blocks, per_mode[base], strict=True)]
+        rows[m] = {"step_ms_median": round(statistics.median(blocks), 3),
+                   "cost_pct_median": round((statistics.median(ratios) - 1) * 100, 2),
+                   "cost_pct_mean": round((statistics.fmean(ratios) - 1) * 100, 2),
+                   "cost_pct_min_max": [round((min(ratios) - 1) * 100, 2), round((max(ratios) - 1) * 100, 2)],
+                   "block_ms": [round(v, 3) for v in blocks]}
+    return rows
+
+
+def report(label: str, rows: dict[str, dict[str, Any]], out: dict[str, Any], path: str | None) -> None:
+    """One console line a mode (what `paired_rows` found, and the row's "gc" where recorded), then the whole
+    result as one JSON line, and into `path` when given."""
+    for m, r in rows.items():
+        print(f"{label} {m:11s} step {r['step_ms_median']:8.2f} ms  cost median {r['cost_pct_median']:+6.2f} %  "
+              f"mean {r['cost_pct_mean']:+6.2f} %  range {r['cost_pct_min_max'][0]:+.2f}.."
+              f"{r['cost_pct_min_max'][1]:+.2f} %" + (f"  gc {r['gc']}" if "gc" in r else ""), flush=True)
+    print(json.dumps(out), flush=True)
+    if path:
+        Path(path).write_text(json.dumps(out, indent=1) + "\n")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("model", choices=("resnet50", "fcos"))
@@ -326,15 +352,7 @@ def main() -> None:
     for r in {id(r): r for r in recorders.values()}.values():
         r.close()
     if rank == 0:
-        off = per_mode["off"]
-        rows = {}
-        for m in modes:
-            ratios = [v / o for v, o in zip(per_mode[m], off, strict=True)]
-            rows[m] = {"step_ms_median": round(statistics.median(per_mode[m]), 3),
-                       "cost_pct_median": round((statistics.median(ratios) - 1) * 100, 2),
-                       "cost_pct_mean": round((statistics.fmean(ratios) - 1) * 100, 2),
-                       "cost_pct_min_max": [round((min(ratios) - 1) * 100, 2), round((max(ratios) - 1) * 100, 2)],
-                       "block_ms": [round(v, 3) for v in per_mode[m]]}
+        rows = paired_rows(per_mode, "off")
         out = {"model": args.model, "world": world, "per_gpu_batch": batch, "block_steps": args.block,
                "cycles": args.cycles, "warmup": args.warmup, "cores_per_rank": cores,
                "device": torch.cuda.get_device_name(device) if not args.cpu else "cpu",
@@ -343,13 +361,7 @@ def main() -> None:
                "sampler_self_ms": sampler_cost(work),
                # windows the detector scored and steps it skipped (a complete window needs WARMUP + WINDOW steps)
                "watch": {m: {"windows": w.detector.windows, "skipped": w.skipped} for m, w in watches.items()}}
-        for m, r in rows.items():
-            print(f"{args.model} x{world} {m:11s} step {r['step_ms_median']:8.2f} ms  cost median "
-                  f"{r['cost_pct_median']:+6.2f} %  mean {r['cost_pct_mean']:+6.2f} %  range "
-                  f"{r['cost_pct_min_max'][0]:+.2f}..{r['cost_pct_min_max'][1]:+.2f} %", flush=True)
-        print(json.dumps(out), flush=True)
-        if args.json:
-            Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
+        report(f"{args.model} x{world}", rows, out, args.json)
     plain = hooked = plain_copy = None  # the DDP wrappers go before destroy_process_group (gloo)
     dist.destroy_process_group()
 

@@ -13,7 +13,7 @@ from typing import Any
 
 #: Distributions whose version changes training results or speed (recorded when installed).
 PACKAGES = ("musubi-train", "torch", "torchvision", "numpy", "pillow", "pydantic", "pyyaml", "typer", "rich",
-            "nvidia-ml-py", "psutil", "torchmetrics", "faster-coco-eval", "onnx", "onnxruntime", "onnxscript",
+            "nvidia-ml-py", "psutil", "torchmetrics", "faster-coco-eval", "pycocotools", "onnx", "onnxruntime", "onnxscript",
             "tensorboard", "mlflow-skinny", "mlflow", "lightning", "nvidia-nccl-cu12", "nvidia-nccl-cu13",
             "nvidia-cudnn-cu12", "nvidia-cudnn-cu13", "triton")
 
