@@ -20,7 +20,9 @@ Modes (all on the same model, optimizer and device batches):
 - loop_sync  - `loop` reading each log line at its own step (`.item()`: the host waits for the GPU), as the loop
                did before 2026-11-27 (worker/log_window.py).
 - job        - `loop` with what else runs in a `musubi train` rank with telemetry off: the watchdog thread
-               (heartbeat file each interval, peers' files read) and rank 0's progress log (a line a step).
+               (heartbeat file each interval, peers' files read) and rank 0's progress log (a line a step),
+               started before and stopped after the timed steps. (On 2x H200 on 2026-11-27 they were started
+               and stopped inside them: part of that run's job - loop of ~0.16 % was the bench's own.)
 
 Python's garbage collector is timed too (gc.callbacks): collections and their milliseconds per mode, every
 rank, so a collection inside a block (a pause of the host that the GPU waits on) is seen, not guessed. The
@@ -36,11 +38,13 @@ The GPU tier runs it with --forbid-sync (tests/gpu/test_loop_gpu.py): musubi's l
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import os
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -170,9 +174,12 @@ def main() -> None:
             if not trainer.train_step(batches):
                 raise RuntimeError("the feed ended inside the benchmark: raise data.synthetic.train_size")
 
-    def run(mode: str, n: int, warm: bool = False) -> None:
+    @contextlib.contextmanager
+    def prepared(mode: str, warm: bool = False) -> Iterator[None]:
+        """Set up a musubi mode's block around its timed steps, and undo it after: the feed's batches, the log
+        line's way, the job mode's watchdog thread and progress log (started and stopped outside the timing)."""
         if mode in ("plain", "pool"):
-            reference(n, mode == "pool")
+            yield
             return
         trainer.feed.pool = fixed if mode == "loop_fixed" else pool
         trainer.flush_line()  # the last block's queued line: its copy ended with that block (a record written)
@@ -187,20 +194,26 @@ def main() -> None:
         if forbid:
             torch.cuda.set_sync_debug_mode("error")
         try:
-            musubi(n)
+            yield
         finally:
             if forbid:
                 torch.cuda.set_sync_debug_mode("default")
             if watchdog is not None:
-                sync()  # the thread runs to the block's end, as in a job
                 watchdog.stop()
                 if hb.progress is not None:
                     hb.progress.end(trainer.step)
                 hb.progress = None
 
+    def train(mode: str, n: int) -> None:
+        if mode in ("plain", "pool"):
+            reference(n, mode == "pool")
+        else:
+            musubi(n)
+
     t_start = time.perf_counter()
     for m in ("plain", "loop"):
-        run(m, args.warmup, warm=True)
+        with prepared(m, warm=True):
+            train(m, args.warmup)
     sync()
     trainer.flush_line()
     if not args.no_settle:
@@ -211,13 +224,14 @@ def main() -> None:
     for c in range(args.cycles):
         order = modes[c % len(modes):] + modes[:c % len(modes)]  # each mode takes each place in turn
         for m in order:
-            sync()
-            clock.take()
-            t0 = time.perf_counter()
-            run(m, args.block)
-            sync()
-            dt = time.perf_counter() - t0
-            counts, ms = clock.take()
+            with prepared(m):
+                sync()
+                clock.take()
+                t0 = time.perf_counter()
+                train(m, args.block)
+                sync()
+                dt = time.perf_counter() - t0
+                counts, ms = clock.take()
             # the block's time is its slowest rank's; so is its collector's
             v = torch.tensor([dt, ms, *counts], device=dev, dtype=torch.float64)
             torch.distributed.all_reduce(v, op=torch.distributed.ReduceOp.MAX)
