@@ -72,8 +72,9 @@ def queue_line(win: LogWindow, step: int, world_size: int, reduce: Callable[[tor
                values: dict[str, Any]) -> PendingLine:
     """Queue the all-reduce of `win`'s loss sum and its copy to the host; restart the window at `now`.
 
-    `values`: the record's other figures as they are at this step (LR, epoch, memory). `reduce` sums a tensor over ranks in place (World.all_reduce_sum). The window's sum is cleared after the copy
-    on the same stream, so the next interval starts from zero without waiting for it.
+    `values`: the record's other figures as they are at this step (LR, epoch, memory). `reduce` sums a tensor
+    over ranks in place (World.all_reduce_sum). The window's sum is cleared after the copy on the same stream,
+    so the next interval starts from zero without waiting for it.
     """
     reduce(win.loss_sum)
     cuda = win.loss_sum.is_cuda

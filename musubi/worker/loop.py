@@ -184,7 +184,7 @@ class Trainer:
         self.last_eval_step = -1  # the step whose weights `last_eval` measured
         self.window = LogWindow(world.device)  # what the next log line averages
         self.pending_line: PendingLine | None = None  # the last log step's line, not yet read (log_window.py)
-        self.metrics: MetricsWriter | None = None  # rank 0's sink and bar, while fit runs
+        self.metrics: MetricsWriter | None = None  # rank 0's sink (metrics.jsonl) and bar, set by fit
         self.bar: ProgressBar | None = None
 
     @property
@@ -226,10 +226,11 @@ class Trainer:
         self.checkpointer.save(self.step, self.model, self.optimizer, self.trainer_state(),
                                capture_rng(self.world.device), metric=metric)
 
-    def flush_checkpoint_records(self, metrics: MetricsWriter | None) -> None:
+    def flush_checkpoint_records(self) -> None:
         """Finished saves (time the step was blocked, time to durable) into metrics.jsonl (rank 0)."""
         if self.checkpointer is None:
             return
+        metrics = self.metrics
         for rec in self.checkpointer.drain():
             if metrics is not None:
                 step = rec.pop("step")
@@ -327,12 +328,12 @@ class Trainer:
                 batches = self.tele.timed(self.feed.epoch(self.epoch, self.micro))
                 while self.step < self.stop_step and self.train_step(batches):
                     pass
-                self.end_epoch(metrics)
+                self.end_epoch()
             self.phase = "finish"
             self.flush_line()
             if self.checkpointer is not None:
                 self.checkpointer.wait()  # the last checkpoint is durable and committed before the summary
-            self.flush_checkpoint_records(metrics)
+            self.flush_checkpoint_records()
         finally:
             bar.close()
             gc.unfreeze()
@@ -378,7 +379,7 @@ class Trainer:
                 return True
         return False
 
-    def end_epoch(self, metrics: MetricsWriter | None) -> None:
+    def end_epoch(self) -> None:
         """Validate where an epoch ended (or training stopped inside one), then fire epoch_end."""
         if self.step >= self.stop_step and self.micro < self.usable_micro:
             # Training ended inside an epoch (train.max_steps, --max-steps): the weights it leaves are validated
@@ -389,7 +390,7 @@ class Trainer:
             self.micro = 0
             due = self._eval_due(self.epoch)
         if due:
-            self.run_eval(metrics)
+            self.run_eval()
         self.events.fire(EPOCH_END, self.epoch)
 
     # -- the step: forward/backward of one micro-batch, then the optimizer ---------
@@ -452,7 +453,7 @@ class Trainer:
             self.write_line(earlier)
         if step >= self.stop_step:
             self.flush_line()
-        self.flush_checkpoint_records(self.metrics)
+        self.flush_checkpoint_records()
 
     def flush_line(self) -> None:
         """Write the queued log line now (waits for its copy): before a checkpoint, a validation, the end."""
@@ -505,7 +506,7 @@ class Trainer:
         t = self.spec.train
         return epochs_done % t.eval_every == 0 or epochs_done == t.epochs or self.step >= self.stop_step
 
-    def run_eval(self, metrics: MetricsWriter | None) -> None:
+    def run_eval(self) -> None:
         """Validate, log on rank 0, and remember the result for the checkpoint."""
         self.flush_line()  # the train line of this step goes before its validation's
         self.phase = "eval"
@@ -516,8 +517,8 @@ class Trainer:
             self.checkpointer.check_metric(values)
         self.last_eval = values
         self.last_eval_step = self.step
-        if metrics is not None:
-            metrics.write(self.step, values, kind="val")
+        if self.metrics is not None:
+            self.metrics.write(self.step, values, kind="val")
         log.info("validation at step %d: %s", self.step,
                  ", ".join(f"{k} {v:.4g}" for k, v in values.items()))
         settle_heap()  # the validation's garbage (its metric, its batches) out of training's way

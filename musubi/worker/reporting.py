@@ -119,16 +119,10 @@ class ProgressBar:
         self._task = self._p.add_task(desc, total=total_steps, completed=done, rate="-", loss="-")
         self._p.start()
 
-    def update(self, step: int, samples_per_s: float | None = None, loss: float | None = None) -> None:
-        """Move the bar to `step` and refresh its figures."""
-        if self._p is None:
-            return
-        fields: dict[str, Any] = {}
-        if samples_per_s is not None:
-            fields["rate"] = f"{samples_per_s:,.1f}"
-        if loss is not None:
-            fields["loss"] = f"{loss:.4f}"
-        self._p.update(self._task, completed=step, **fields)
+    def update(self, step: int) -> None:
+        """Move the bar to `step`."""
+        if self._p is not None:
+            self._p.update(self._task, completed=step)
 
     def figures(self, samples_per_s: float, loss: float) -> None:
         """Show a log line's figures (the bar stays where it is)."""

@@ -262,9 +262,10 @@ def main(argv: list[str] | None = None) -> int:
         except FloatingPointError as e:
             # Every rank saw the same non-finite all-reduced loss at the same step (see numerics.py).
             from musubi.recovery.numerics import EXIT_NUMERICS, record_nonfinite, safer_precision
+            from musubi.worker.log_window import NonFiniteLoss
 
-            # the log line's step that read it (log_window.NonFiniteLoss), read up to an interval later
-            step = getattr(e, "step", trainer.step if trainer is not None else 0)
+            # a log line's loss is read up to an interval after its step: the step is the line's, not the loop's
+            step = e.step if isinstance(e, NonFiniteLoss) else trainer.step if trainer is not None else 0
             last_good = trainer.last_finite_step if trainer is not None else 0
             if safer_precision(precision, True) is None:
                 raise FloatingPointError(f"{e} in fp32 (nothing safer to fall back to): lower train.lr, add "
