@@ -98,9 +98,13 @@ def settle_heap() -> None:
     freed by reference counting; only cycles among them are left, until fit() ends and unfreezes
     (gc.unfreeze): a process that trains more than once (tests, the API) gets its cycles collected again. The
     data loader's workers, forked after it, also share more memory pages (CPython's gc.freeze docs).
+
+    The collector is on afterwards, whoever turned it off: a rank's start-up runs without it (worker.main), the
+    training loop never does.
     """
     gc.collect()
     gc.freeze()
+    gc.enable()
 
 
 def build_optimizer(model: torch.nn.Module, spec: JobSpec, lr: float) -> torch.optim.Optimizer:
