@@ -125,6 +125,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         install()
         from torch.distributed.run import main as torchrun_main
+
+        gc.freeze()  # torch's modules live as long as the agent: its later collections need not walk them
     finally:
         gc.enable()
 
