@@ -14,7 +14,8 @@ Modes (all on the same model, optimizer and device batches):
 - pool       - the same loop over the feed's device pool (DEVICE_POOL batches a rank, cycled as musubi cycles
                them): what different batches every step cost, each step waiting for the slowest rank's.
 - loop       - musubi's Trainer.train_step over its feed (events, heartbeat, LR schedule, scaler, the log line
-               every train.log_every steps with its all-reduce and host sync, metrics.jsonl on rank 0).
+               every train.log_every steps: its all-reduce and copy to the host queued, the line read at the
+               next log step; metrics.jsonl on rank 0).
 - loop_fixed - `loop` fed the one batch of `plain`: loop less pool is the loop's own cost.
 - loop_nolog - `loop` without the log line (no all-reduce or copy every log_every steps).
 - loop_sync  - `loop` reading each log line at its own step (`.item()`: the host waits for the GPU), as the loop
@@ -49,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.paired_blocks import add_block_options, chosen_modes, paired_rows, report  # noqa: E402
 
 MODES = ("plain", "pool", "loop", "loop_fixed", "loop_nolog", "loop_sync", "job")
 #: Sizes that make the CPU rehearsal take seconds, not hours (2 gloo ranks on 2 cores).
@@ -76,6 +78,10 @@ class GcClock:
             self.count[info["generation"]] += 1
             self.ms += (time.perf_counter() - self._t0) * 1e3
 
+    def close(self) -> None:
+        """Stop timing collections."""
+        gc.callbacks.remove(self._cb)
+
     def take(self) -> tuple[list[int], float]:
         """(collections per generation, ms) since the last take."""
         out = (self.count, self.ms)
@@ -87,27 +93,19 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("job", type=Path, help="a job file with data.synthetic.on_device (examples/*-bench.yaml)")
     ap.add_argument("--set", action="append", default=[], help="an override, as `musubi train --set`")
-    ap.add_argument("--warmup", type=int, default=20, help="untimed steps of each way first (cuDNN autotuning)")
-    ap.add_argument("--block", type=int, default=20, help="steps a block")
-    ap.add_argument("--cycles", type=int, default=8, help="cycles; each runs every mode once")
-    ap.add_argument("--modes", default=",".join(MODES))
-    ap.add_argument("--cpu", action="store_true", help="rehearsal on CPU (gloo), at the CPU_SETS sizes")
+    add_block_options(ap, MODES, MODES, block=20, cpu_help="rehearsal on CPU (gloo), at the CPU_SETS sizes")
     ap.add_argument("--forbid-sync", action="store_true",
                     help="CUDA: the loop's blocks (not loop_sync's) raise on any host sync "
                          "(torch.cuda.set_sync_debug_mode): a model that syncs by itself, as fcos does, fails it")
     ap.add_argument("--no-settle", action="store_true", help="leave the heap unfrozen (the loop before 2026-11-27)")
-    ap.add_argument("--json", default=None)
     args = ap.parse_args()
-    modes = [m for m in args.modes.split(",") if m]
-    if "plain" not in modes or any(m not in MODES for m in modes):
-        raise SystemExit(f"--modes must include plain and come from {', '.join(MODES)}")
+    modes = chosen_modes(args.modes, "plain", MODES)
 
     from musubi.worker.pinning import pin_rank
 
     pinned = pin_rank(int(os.environ.get("LOCAL_RANK", "0")))  # as the worker: first thing, MUSUBI_CPUS if set
     import torch
 
-    from bench.telemetry_ab import paired_rows, report
     from musubi.config.load import load_job, read_yaml
     from musubi.recovery.goodput import ProgressLog
     from musubi.recovery.watchdog import Heartbeat, Watchdog
@@ -240,7 +238,7 @@ def main() -> None:
             g["collections"] = [a + int(b) for a, b in zip(g["collections"], v[2:].tolist(), strict=True)]
             g["ms"] = round(g["ms"] + v[1].item(), 2)
             g["max_block_ms"] = round(max(g["max_block_ms"], v[1].item()), 2)
-    gc.callbacks.remove(clock._cb)
+    clock.close()
     if world.is_main:
         rows = paired_rows(per_mode, "plain")
         for m, row in rows.items():

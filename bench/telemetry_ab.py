@@ -58,6 +58,7 @@ import torch.distributed as dist
 import torchvision
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.paired_blocks import add_block_options, chosen_modes, paired_rows, report  # noqa: E402
 from bench.watchtower import rank_cpus  # noqa: E402
 from musubi.config.job import TelemetrySpec  # noqa: E402
 from musubi.telemetry.comm_hook import attach  # noqa: E402
@@ -199,46 +200,13 @@ def _sampler_cost(folder: Path) -> dict[str, Any] | None:
             "p95": round(vals[min(len(vals) - 1, int(0.95 * len(vals)))], 3), "max": round(vals[-1], 3)}
 
 
-def paired_rows(per_mode: dict[str, list[float]], base: str) -> dict[str, dict[str, Any]]:
-    """Per mode: its median block step (ms) and its cost over the `base` mode's block of the same cycle (paired
-    ratios: median, mean, range, in %), and the blocks themselves."""
-    rows = {}
-    for m, blocks in per_mode.items():
-        ratios = [v / b for v, b in zip(blocks, per_mode[base], strict=True)]
-        rows[m] = {"step_ms_median": round(statistics.median(blocks), 3),
-                   "cost_pct_median": round((statistics.median(ratios) - 1) * 100, 2),
-                   "cost_pct_mean": round((statistics.fmean(ratios) - 1) * 100, 2),
-                   "cost_pct_min_max": [round((min(ratios) - 1) * 100, 2), round((max(ratios) - 1) * 100, 2)],
-                   "block_ms": [round(v, 3) for v in blocks]}
-    return rows
-
-
-def report(label: str, rows: dict[str, dict[str, Any]], out: dict[str, Any], path: str | None) -> None:
-    """One console line a mode (what `paired_rows` found, and the row's "gc" where recorded), then the whole
-    result as one JSON line, and into `path` when given."""
-    for m, r in rows.items():
-        print(f"{label} {m:11s} step {r['step_ms_median']:8.2f} ms  cost median {r['cost_pct_median']:+6.2f} %  "
-              f"mean {r['cost_pct_mean']:+6.2f} %  range {r['cost_pct_min_max'][0]:+.2f}.."
-              f"{r['cost_pct_min_max'][1]:+.2f} %" + (f"  gc {r['gc']}" if "gc" in r else ""), flush=True)
-    print(json.dumps(out), flush=True)
-    if path:
-        Path(path).write_text(json.dumps(out, indent=1) + "\n")
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("model", choices=("resnet50", "fcos"))
     ap.add_argument("--batch", type=int, default=None, help="per-GPU batch (default: the reference's)")
-    ap.add_argument("--warmup", type=int, default=20, help="untimed steps first (cuDNN autotuning)")
-    ap.add_argument("--block", type=int, default=15, help="steps a block")
-    ap.add_argument("--cycles", type=int, default=8, help="cycles; each runs every mode once")
-    ap.add_argument("--modes", default=",".join(DEFAULT_MODES))
-    ap.add_argument("--cpu", action="store_true", help="rehearsal on CPU (gloo)")
-    ap.add_argument("--json", default=None)
+    add_block_options(ap, MODES, DEFAULT_MODES, block=15, cpu_help="rehearsal on CPU (gloo)")
     args = ap.parse_args()
-    modes = [m for m in args.modes.split(",") if m]
-    if "off" not in modes or any(m not in MODES for m in modes):
-        raise SystemExit(f"--modes must include off and come from {', '.join(MODES)}")
+    modes = chosen_modes(args.modes, "off", MODES)
 
     local = int(os.environ.get("LOCAL_RANK", 0))
     cores = pin(local)
