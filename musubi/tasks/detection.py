@@ -208,9 +208,8 @@ class DetectionMetric(Metric):
                 {"boxes": pred[:, :4].float(), "scores": pred[:, 4].float(), "labels": pred[:, 5].long()}
             )
             target_list.append({"boxes": gt[:, :4].float(), "labels": gt[:, 4].long()})
-        if not target_list:
-            return {"map50": -1.0, "map": -1.0}
-        # COCO scores the top 100 detections per image; SSD emits up to 200 and the rest are ignored by design.
+        # No image: every value -1 (coco_map). COCO scores the top 100 detections of an image (SSD emits up to
+        # 200; the rest are ignored by design).
         return coco_map(pred_list, target_list, self.backend)
 
 

@@ -96,3 +96,9 @@ def test_detection_metric_equals_torchmetrics(backend: str) -> None:
     ids = [*range(10), 0]  # image 0 again, as a DistributedSampler pads
     metric.update([preds[i] for i in ids], ([], [{**targets[i], "image_id": torch.tensor(i)} for i in ids]))
     assert metric.compute(lambda t: t) == _torchmetrics(preds, targets, backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_detection_metric_of_no_image_is_every_value_minus_one(backend: str) -> None:
+    """A validation that saw no image (a rank's empty shard, merged): every value -1, as torchmetrics says."""
+    assert DetectionMetric(torch.device("cpu"), backend).compute(lambda t: t) == _torchmetrics([], [], backend)
