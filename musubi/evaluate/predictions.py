@@ -41,7 +41,7 @@ def _val_frames(job: Any) -> CocoDetection:
     train = job.task.train_dataset()
     return CocoDetection(data.val.path, data.val.annotations, image_size=data.image_size,
                          category_ids=train.category_ids, as_uint8=True, max_image_pixels=data.max_image_pixels,
-                         classes=data.classes)
+                         classes=data.classes, channels=data.channels)
 
 
 def coco_results(image_id: int, out: dict[str, torch.Tensor], category_ids: tuple[int, ...],

@@ -85,3 +85,44 @@ def test_evaluate_writes_a_results_file_that_coco_tools_read(tmp_path: Path) -> 
     assert 0.0 <= _map50(truth, rows) <= 1.0  # loadRes accepts it and COCO eval runs on it
     bad = CliRunner().invoke(app, ["evaluate", str(job), "--predictions", str(tmp_path / "no" / "p.json")])
     assert bad.exit_code == 2 and "does not exist; create it first" in bad.output
+
+
+@pytest.mark.slow  # a 1-channel detector built, checkpointed, loaded and run on the CPU: ~10 s
+@pytest.mark.timeout(300)
+def test_predictions_of_a_one_channel_job_are_its_validation_predictions(tmp_path: Path) -> None:
+    """16-bit single-channel frames (data.channels 1): the results file holds what the job's own validation
+    predicts (frames read as 1 channel and standardised as in training), not a crash on 3-channel frames."""
+    import torch
+
+    from musubi.data.synthetic_files import SyntheticFiles, write_synthetic_coco
+    from musubi.evaluate.model_io import load_job_model
+
+    ann = write_synthetic_coco(tmp_path / "set", SyntheticFiles(
+        images=3, width=96, height=96, num_classes=2, objects=3, min_object=20, max_object=40, thermal=True),
+        workers=1)
+    split = {"path": str(ann.parent / "images"), "annotations": str(ann)}
+    job = make_task_job(tmp_path / "run", {
+        "name": "thermal", "task": "detection", "model": "fasterrcnn_mobilenet_v3_large_320_fpn",
+        "model_args": {"min_size": 96, "max_size": 96, "rpn_pre_nms_top_n_test": 50,
+                       "rpn_post_nms_top_n_test": 20, "box_score_thresh": 0.0},
+        "data": {"train": split, "val": split, "channels": 1, "workers": 0}}, steps=1)
+    out = tmp_path / "preds.json"
+    res = CliRunner().invoke(app, ["evaluate", str(job), "--predictions", str(out), "--device", "cpu"])
+    assert res.exit_code == 0, res.output
+    rows = json.loads(out.read_text())
+    loaded = load_job_model(job)
+    val = loaded.task.val_dataset()
+    expected = []
+    with torch.no_grad():
+        for i in range(len(val)):
+            image, target = val[i]
+            assert image.shape[0] == 1  # the job's frames are single-channel
+            pred = loaded.task.predict(loaded.model, loaded.task.to_device(loaded.task.collate([val[i]]),
+                                                                           torch.device("cpu")))[0]
+            expected += coco_results(int(target["image_id"]), pred, val.category_ids, (1.0, 1.0))
+    assert rows and len(rows) == len(expected)
+    key = lambda r: (r["image_id"], r["category_id"], r["score"], *r["bbox"])  # noqa: E731
+    for got, want in zip(sorted(rows, key=key), sorted(expected, key=key), strict=True):
+        assert got["image_id"] == want["image_id"] and got["category_id"] == want["category_id"]
+        assert got["score"] == pytest.approx(want["score"], abs=2e-5)
+        assert got["bbox"] == pytest.approx(want["bbox"], abs=2e-3)
