@@ -245,18 +245,34 @@ _PLAIN_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.@-]{0,31}")
 _VAL_COLORS = ("#f58518", "#54a24b", "#e45756", "#b279a2", "#72b7b2", "#9d755d")  # never the train loss's blue
 
 
-@_plots
-def curves(records: list[dict[str, Any]]) -> str | None:
-    """Training loss per step (left) and every validation metric per step (right), from metrics.jsonl."""
+#: Keys of a training record that are not a loss part (worker/log_window.py: parts are logged as loss_<name>).
+_NOT_PARTS = frozenset({"loss", "step", "time", "kind"})
+
+
+def loss_part_names(records: list[dict[str, Any]]) -> list[str]:
+    """The loss parts in the training records of metrics.jsonl (loss_<name>, as the log line writes them)."""
+    return [k for k in dict.fromkeys(k for r in records if r.get("kind") == "train" for k, v in r.items()
+                                     if k.startswith("loss_") and isinstance(v, (int, float))
+                                     and not isinstance(v, bool)) if k not in _NOT_PARTS]
+
+
+def draw_curves(records: list[dict[str, Any]]) -> Any:
+    """The figure of `curves`: training loss (left), its named parts when the task logs them (middle, e.g. a
+    detector's box, class and objectness terms), validation metrics (right); None with nothing to draw."""
     train = [(r["step"], r["loss"]) for r in records if r.get("kind") == "train"
              and isinstance(r.get("step"), int) and isinstance(r.get("loss"), (int, float))]
     val = [r for r in records if r.get("kind") == "val" and isinstance(r.get("step"), int)]
     names = [k for k in dict.fromkeys(k for r in val for k, v in r.items() if isinstance(v, (int, float))
                                       and not isinstance(v, bool)) if k not in ("step", "time", "eval_s", "epoch")]
+    parts = loss_part_names(records)
     if not train and not names:
         return None
     plt = _plt()
-    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3))
+    if parts:
+        fig, (left, middle, right) = plt.subplots(1, 3, figsize=(12, 3))
+    else:
+        fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3))
+        middle = None
     if train:
         left.plot([k for k, _ in train], [v for _, v in train], lw=1.2, marker=".", color="#4c78a8",
                   label="train loss (rank 0)")
@@ -267,6 +283,17 @@ def curves(records: list[dict[str, Any]]) -> str | None:
         ax = left if "loss" in name.lower() else right
         ax.plot([k for k, _ in xs], [v for _, v in xs], lw=1.2, marker="o", ms=3, label=f"val {shown}",
                 color=_VAL_COLORS[i % len(_VAL_COLORS)])
+    part_values: list[float] = []
+    if middle is not None:
+        for i, name in enumerate(parts):
+            xs = [(r["step"], float(r[name])) for r in records if r.get("kind") == "train"
+                  and isinstance(r.get("step"), int) and isinstance(r.get(name), (int, float))]
+            part_values += [v for _, v in xs]
+            shown = name if _PLAIN_NAME.fullmatch(name) else f"part {i + 1}"
+            middle.plot([k for k, _ in xs], [v for _, v in xs], lw=1.2, marker=".", label=shown)
+        middle.set_title("Loss parts (train, all ranks)")
+        if part_values and min(part_values) > 0 and max(part_values) / min(part_values) > 50:
+            middle.set_yscale("log")  # an objectness term 100x below the class term would lie flat on 0
     left.set_title("Loss")
     right.set_title("Validation metrics")
     if not right.lines:  # a run that never validated: say so rather than draw empty axes
@@ -274,7 +301,9 @@ def curves(records: list[dict[str, Any]]) -> str | None:
                    transform=right.transAxes, color="#666666")
         right.set_xticks([])
         right.set_yticks([])
-    for ax in (left, right):
+    for ax in (left, middle, right):
+        if ax is None:
+            continue
         ax.set_xlabel("optimizer step")
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
@@ -283,4 +312,12 @@ def curves(records: list[dict[str, Any]]) -> str | None:
                                       and isinstance(r.get(n), (int, float))]
     if losses and min(losses) > 0 and max(losses) / min(losses) > 50:
         left.set_yscale("log")  # a first validation loss 100x the last would flatten the curve
-    return _svg(fig)
+    return fig
+
+
+@_plots
+def curves(records: list[dict[str, Any]]) -> str | None:
+    """Training loss per step, its named parts where logged, and every validation metric per step, from
+    metrics.jsonl."""
+    fig = draw_curves(records)
+    return None if fig is None else _svg(fig)

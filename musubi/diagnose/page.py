@@ -278,8 +278,9 @@ def render(run: Path, jobs: list[tuple[JobTelemetry, dict[str, Any]]], trace_nam
     for tele, a in jobs:
         parts.append(f'<h2 class="job">Job {esc(tele.name)}</h2>')
         parts.append("<h3>Diagnosis</h3>" + _diagnosis(a))
-        parts.append("<h3>Training curves</h3>" + _figure(figures.curves(metric_records(run / tele.name)),
-                                                          "Loss and validation metrics per step (metrics.jsonl)"))
+        parts.append("<h3>Training curves</h3>" + _figure(figures.curves(metric_records(tele.path)),
+                                                          "Loss and validation metrics per step (metrics.jsonl; "
+                                                          "the loss's parts where the task names them)"))
         parts.append(_figure(figures.utilisation(tele), "Utilisation over time, per GPU (per rank on CPU runs)"))
         parts.append("<h3>Step-time breakdown per rank</h3>" + _figure(figures.breakdown(a), "Mean ms per step")
                      + (_breakdown_table(a) if a.get("breakdown") else ""))
@@ -290,8 +291,8 @@ def render(run: Path, jobs: list[tuple[JobTelemetry, dict[str, Any]]], trace_nam
         hw = _hardware_table(a)
         if hw:
             parts.append("<h3>Hardware (means over the analysed steps)</h3>" + hw)
-        parts.append(_planner(run / tele.name))
-        parts.append(_reliability(run / tele.name))
+        parts.append(_planner(tele.path))
+        parts.append(_reliability(tele.path))
     parts.append(_checklist(run))
     parts.append(_leaderboard(run))
     parts.append(_preflight(run))

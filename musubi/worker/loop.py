@@ -28,7 +28,7 @@ from musubi.recovery.watchdog import Heartbeat
 from musubi.store.startup import mark
 from musubi.tasks.base import Task
 from musubi.worker.feed.loaders import TrainFeed, ValFeed
-from musubi.worker.log_window import LogWindow, PendingLine, check_finite, queue_line
+from musubi.worker.log_window import LogWindow, PendingLine, agree_parts, check_finite, queue_line
 from musubi.worker.ordered_reduce import needs_ordered_reduce, ordered_allreduce_hook
 from musubi.worker.precision import autocast, make_scaler, resolve_precision
 from musubi.worker.reporting import MetricsWriter, ProgressBar
@@ -374,8 +374,8 @@ class Trainer:
             if self.micro >= self.usable_micro:
                 return False  # leftover micro-batches that do not fill an optimizer step
             sync = (self.micro + 1) % self.plan.accumulation == 0
-            loss = self.forward_backward(batch, sync)
-            self.window.add(loss, self.task.batch_size_of(batch) * self.world.size)
+            loss, parts = self.forward_backward(batch, sync)
+            self.window.add(loss, self.task.batch_size_of(batch) * self.world.size, parts)
             self.micro += 1
             if sync:
                 self.optimizer_step()
@@ -398,14 +398,15 @@ class Trainer:
         self.events.fire(EPOCH_END, self.epoch)
 
     # -- the step: forward/backward of one micro-batch, then the optimizer ---------
-    def forward_backward(self, batch: Any, sync: bool) -> torch.Tensor:
-        """Loss of one micro-batch and its scaled gradients (all-reduced only when `sync`)."""
+    def forward_backward(self, batch: Any, sync: bool) -> tuple[torch.Tensor, dict[str, Any]]:
+        """Loss of one micro-batch (and its named parts, for the log) and its scaled gradients (all-reduced only
+        when `sync`)."""
         step = self.step + 1  # the optimizer step this micro-batch belongs to
         self.phase = "forward"
         self.events.fire(BEFORE_FORWARD, step, batch)
         with gradient_sync(self.model, sync):
             with autocast(self.precision, self.world.device):
-                loss, _parts = self.task.loss(self.model, batch)
+                loss, parts = self.task.loss(self.model, batch)
             loss = self.events.pipe(LOSS, loss, step)
             self.phase = "backward"
             self.events.fire(BEFORE_BACKWARD, step)
@@ -413,7 +414,7 @@ class Trainer:
                 self.scaler.scale(loss / self.plan.accumulation).backward()
             finally:
                 self.events.fire(AFTER_BACKWARD, step)
-        return loss
+        return loss, parts
 
     def optimizer_step(self) -> None:
         """Clip, step, zero the gradients, advance the LR schedule: one optimizer step is done."""
@@ -441,6 +442,7 @@ class Trainer:
                 torch.cuda.synchronize(w.device)
             if w.is_main:
                 mark(self.job_dir, "first_step")
+            self.agree_loss_parts()
             if not due:
                 win.restart(time.perf_counter())
         if self.bar is not None:
@@ -459,6 +461,14 @@ class Trainer:
             self.flush_line()
         self.flush_checkpoint_records()
 
+    def agree_loss_parts(self) -> None:
+        """The ranks agree once, at the first step, on the loss parts they log (the log line's all-reduce needs
+        the same parts everywhere); any disagreement, and every rank logs the total alone."""
+        names = self.window.part_names
+        if not agree_parts(self.window, self.world.all_reduce_min, self.world.all_reduce_max) and self.world.is_main:
+            log.warning("loss parts differ between ranks (rank 0: %s): only the total loss is logged",
+                        ", ".join(names or ()) or "none")
+
     def flush_line(self) -> None:
         """Write the queued log line now (waits for its copy): before a checkpoint, a validation, the end."""
         line, self.pending_line = self.pending_line, None
@@ -472,8 +482,10 @@ class Trainer:
         self.last_finite_step = line.step
         metrics, bar = self.metrics, self.bar
         if metrics is not None:
-            metrics.write(line.step, {"loss": round(mean_loss, 6), "samples_per_s": round(line.samples_per_s, 2),
-                                      **line.values}, at=line.wall_time)
+            parts = {k: round(v, 6) for k, v in line.mean_parts().items()}
+            metrics.write(line.step, {"loss": round(mean_loss, 6), **parts,
+                                      "samples_per_s": round(line.samples_per_s, 2), **line.values},
+                          at=line.wall_time)
         if bar is not None:
             bar.figures(line.samples_per_s, mean_loss)
         if self.console is not None and not self.console.is_terminal:

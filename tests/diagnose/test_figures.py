@@ -60,3 +60,22 @@ def test_a_run_without_validation_says_so_instead_of_empty_axes() -> None:
     assert "no validation metric in this run" in figures.curves(train)
     val = [{"kind": "val", "step": 8, "top1": 0.5}]
     assert "no validation metric in this run" not in figures.curves(train + val)
+
+
+def test_a_detectors_loss_parts_get_a_panel_of_their_own() -> None:
+    """A detection job's metrics.jsonl has loss_<part> beside the total: the curves plot each part."""
+    parts = {"loss_classifier": 0.6, "loss_box_reg": 0.3, "loss_objectness": 0.05, "loss_rpn_box_reg": 0.02}
+    recs = [{"kind": "train", "step": k, "loss": 1.0 / k, "lr": 0.01, "samples_per_s": 4.0,
+             **{n: v / k for n, v in parts.items()}} for k in range(1, 9)]
+    recs.append({"kind": "val", "step": 8, "map50": 0.4, "map": 0.2, "eval_s": 0.3})
+    assert figures.loss_part_names(recs) == list(parts)
+    fig = figures.draw_curves(recs)
+    left, middle, right = fig.axes
+    assert [ln.get_label() for ln in middle.get_lines()] == list(parts)
+    assert list(middle.get_lines()[1].get_ydata()) == [0.3 / k for k in range(1, 9)]
+    assert [ln.get_label() for ln in left.get_lines()] == ["train loss (rank 0)"]
+    assert [ln.get_label() for ln in right.get_lines()] == ["val map50", "val map"]
+    svg = figures.curves(recs)
+    assert all(n in svg for n in parts)  # the legend's text (drawn as paths, named in the SVG's comments)
+    # Without parts (a classifier): two panels, as before.
+    assert len(figures.draw_curves([{k: v for k, v in r.items() if k not in parts} for r in recs]).axes) == 2

@@ -139,6 +139,16 @@ def test_torchrun_detector_stopped_mid_epoch_is_validated_and_exports(tmp_path: 
     assert evals["step"] == 1 and {"map50", "map"} <= set(evals["metrics"])
     checklist = json.loads((tmp_path / "run" / "checklist.json").read_text())
     assert [i["status"] for i in checklist["items"] if i["check"] == "eval"] == ["PASS"]
+    # The loss's parts are logged beside the total (averaged over both ranks), and the report plots them.
+    (line,) = [r for r in map(json.loads, (job_dir / "metrics.jsonl").read_text().splitlines()) if r["kind"] == "train"]
+    parts = ("loss_classifier", "loss_box_reg", "loss_objectness", "loss_rpn_box_reg")
+    assert all(isinstance(line.get(p), float) and line[p] >= 0 for p in parts), line
+    assert abs(sum(line[p] for p in parts) - line["loss"]) < 1e-4 * max(1.0, line["loss"]), line
+    res = CliRunner().invoke(app, ["report", str(job_dir), "--html", str(tmp_path / "report.html")])
+    assert res.exit_code == 0, res.output
+    html = (tmp_path / "report.html").read_text(encoding="utf-8")
+    curves = html[html.index("<h3>Training curves</h3>"):html.index("<h3>Step-time breakdown")]
+    assert all(p in curves for p in parts) and "Loss parts" in curves
     assert_dynamo_refused(job_dir)
     res = CliRunner().invoke(app, ["export", str(job_dir)])
     assert res.exit_code == 0, res.output
