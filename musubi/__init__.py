@@ -7,7 +7,7 @@ from typing import Any
 from musubi.config.version import VERSION as __version__
 
 #: The Python API (musubi/api.py), imported on first use: `import musubi` stays cheap (no torch).
-_API = ("train", "run", "RunResult", "JobOutcome")
+_API = ("train", "run", "predict", "RunResult", "JobOutcome")
 
 __all__ = ["__version__", *_API]
 

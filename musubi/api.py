@@ -1,4 +1,5 @@
-"""The Python API: `musubi.train` and `musubi.run`, the two launching commands as functions.
+"""The Python API: `musubi.train` and `musubi.run`, the two launching commands as functions, and
+`musubi.predict` (a trained, exported or registered model on images, folders, videos or arrays).
 
 Each call does what the command line does (validation, preflight, torchrun, the
 run checklist) and returns a `RunResult` read back from the run directory, so a
@@ -178,3 +179,15 @@ def run(fleet: str | Path, *, out: str | Path | None = None, resume: bool = Fals
     best = ranked[0] if ranked else (done[0] if done else next(iter(jobs), None))
     return RunResult(run_dir=run_dir, jobs=dict(sorted(jobs.items(), key=lambda kv: kv[0] != best)), best=best,
                      ok=len(done) == len(jobs) and cl.ok)
+
+
+def predict(model: str | Path, source: Any, *, out: str | Path | None = None, checkpoint: str | int | None = None,
+            conf: float | None = None, save_images: bool = False, device: str | None = None,
+            db: str | Path | None = None) -> Any:
+    """`musubi predict`: MODEL (job dir, .onnx/.pt export or registry NAME[:VERSION]) on SOURCE (image, folder,
+    glob, video, a numpy array or a list); a PredictResult: per image boxes in file pixels, class names, and the
+    COCO results rows (written to OUT/predictions.json when `out` is given)."""
+    from musubi.evaluate.predict import predict as run
+
+    return run(model, source, out=out, checkpoint=checkpoint, conf=conf, save_images=save_images, device=device,
+               db=db)

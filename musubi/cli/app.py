@@ -275,6 +275,7 @@ def env(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> No
 def _register_optional_commands() -> None:
     """Commands owned by their packages (thin wrappers live there; logic never here)."""
     from musubi.cli.data import data_app
+    from musubi.cli.predict import predict_command
     from musubi.diagnose.command import report_command
     from musubi.evaluate.commands import evaluate_command, export_command, leaderboard_command, registry_app
     from musubi.launch.commands import drill_command, goodput_command
@@ -287,6 +288,8 @@ def _register_optional_commands() -> None:
         export_command)
     app.command("evaluate", help="Evaluate one finished job: metrics and FPS by the documented protocol.")(
         evaluate_command)
+    app.command("predict", help="Run a job's checkpoint, an export or a registered model on images, a folder, a "
+                "glob or a video: COCO results with class names.")(predict_command)
     app.add_typer(registry_app, name="registry", help="The model registry: list, register, promote, manifest.")
     app.command("check", help="Preflight: stack, GPUs, binding, NCCL bandwidth, disk, data, environment; "
                 "exit 1 on any FAIL.")(check_command)

@@ -24,6 +24,11 @@ from musubi.config.errors import ConfigError
 
 Window = tuple[int, int, int, int]  # x0, y0, x1, y1 in frame pixels
 
+#: Detections a merged frame keeps (sliced_predict), and the best boxes that take part in a merge (greedy_merge):
+#: part of the merge rule a deployment reproduces (the export records both).
+MAX_MERGED_DETECTIONS = 300
+MERGE_LIMIT = 3000
+
 
 @dataclass(frozen=True)
 class SliceParams:
@@ -118,7 +123,7 @@ def worst_case_tiles(width: int, height: int, tile: int, overlap: float) -> int:
 
 
 def greedy_merge(boxes: Tensor, scores: Tensor, labels: Tensor, threshold: float, metric: str = "ios",
-                 limit: int = 3000) -> tuple[Tensor, Tensor, Tensor]:
+                 limit: int = MERGE_LIMIT) -> tuple[Tensor, Tensor, Tensor]:
     """Greedy non-maximum merging per class (SAHI's NMM): the best box absorbs every same-class box that
     overlaps it by `threshold` (`ios`: intersection over the smaller box; `iou`) and grows to their union.
 
@@ -162,7 +167,7 @@ def greedy_merge(boxes: Tensor, scores: Tensor, labels: Tensor, threshold: float
 
 
 def sliced_predict(predict: Callable[[list[Tensor]], list[dict[str, Tensor]]], image: Tensor, tile: int,
-                   overlap: float, batch: int = 8, iou: float = 0.5, max_detections: int = 300,
+                   overlap: float, batch: int = 8, iou: float = 0.5, max_detections: int = MAX_MERGED_DETECTIONS,
                    merge: str = "nmm", match_metric: str = "ios") -> dict[str, Tensor]:
     """Detections of one full image [3, H, W] from its tiles, in frame pixels, merged per class.
 

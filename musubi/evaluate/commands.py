@@ -26,6 +26,10 @@ registry_app = typer.Typer(add_completion=False, no_args_is_help=True,
 _DB_HELP = "Registry database, an existing one (default runs/musubi.db: the one beside the default run directories)."
 
 
+_CKPT_HELP = ("Which committed checkpoint: best (the best validation primary metric, or checkpoint.best_metric, "
+              "recorded at save time), last (the newest, the default) or a step number.")
+
+
 def _fail(message: str, code: int = 2) -> None:
     err = Console(stderr=True, soft_wrap=True)
     err.print(Text("error: ", style="bold red") + Text(message), highlight=False)
@@ -197,6 +201,7 @@ def export_command(
                                 "(plain state_dict: torch.load(weights_only=True) into the model weights.json names)."),
     opset: int = typer.Option(17, "--opset", help="ONNX opset."),
     exporter: str = typer.Option("auto", "--exporter", help="auto, torchscript (dynamo=False) or dynamo."),
+    checkpoint: str = typer.Option("last", "--checkpoint", help=_CKPT_HELP),
 ) -> None:
     """Export a job's model to JOB/export/model.onnx, checked against torch with ONNX Runtime; exit 1 if they differ."""
     from musubi.evaluate.onnx_export import ParityError, export_job
@@ -204,10 +209,10 @@ def export_command(
     if format_ not in ("onnx", "pt"):
         _fail(f"--format {format_!r}: use onnx or pt")
     if format_ == "pt":
-        _export_pt(job_dir)
+        _export_pt(job_dir, checkpoint)
         return
     try:
-        record = export_job(job_dir, opset=opset, exporter=exporter)
+        record = export_job(job_dir, opset=opset, exporter=exporter, checkpoint=checkpoint)
     except ParityError as e:
         _fail(str(e), 1)
         return
@@ -221,17 +226,18 @@ def export_command(
     maps = parity.get("map")
     if maps:
         figures += f", sample mAP50 torch {_fmt(maps['torch']['map50'])} / onnx {_fmt(maps['onnx']['map50'])}"
-    Console().print(Text(f"{job_dir / 'export' / record['file']}  opset {record['opset']} ({record['exporter']}), "
+    Console().print(Text(f"{job_dir / 'export' / record['file']}  step {record['step']}, opset {record['opset']} "
+                         f"({record['exporter']}), "
                          f"sha256 {record['sha256'][:16]}..., parity ok on {parity.get('inputs')} input(s): "
                          f"{figures}"), highlight=False)
 
 
-def _export_pt(job_dir: Path) -> None:
+def _export_pt(job_dir: Path, checkpoint: str = "last") -> None:
     """`--format pt`: JOB/export/model.pt and the line that says how to load it."""
     from musubi.evaluate.weights_export import export_weights
 
     try:
-        record = export_weights(job_dir)
+        record = export_weights(job_dir, checkpoint)
     except ConfigError as e:
         _fail(str(e))
         return
@@ -250,6 +256,7 @@ def evaluate_command(
     predictions: Path | None = typer.Option(
         None, "--predictions", help="Instead of FPS: write the model's predictions on the validation file as COCO "
                                     "results JSON (image_id, category_id, bbox xywh, score) to this file."),
+    checkpoint: str = typer.Option("last", "--checkpoint", help=_CKPT_HELP),
 ) -> None:
     """Measure a job's FPS by the documented protocol and update its eval.json (or write --predictions)."""
     from musubi.evaluate.job_eval import evaluate_job
@@ -258,7 +265,7 @@ def evaluate_command(
         from musubi.evaluate.predictions import write_predictions
 
         try:
-            done = write_predictions(job_dir, predictions, device)
+            done = write_predictions(job_dir, predictions, device, checkpoint)
         except ConfigError as e:
             _fail(str(e))
             return
@@ -266,7 +273,8 @@ def evaluate_command(
                              f"(COCO results; ground truth: {done['annotations']})"), highlight=False)
         return
     try:
-        record = evaluate_job(job_dir, device=device, export=export, fps_runs=runs, fps_warmup=warmup)
+        record = evaluate_job(job_dir, device=device, export=export, fps_runs=runs, fps_warmup=warmup,
+                              checkpoint=checkpoint)
     except ConfigError as e:
         _fail(str(e))
         return

@@ -65,7 +65,8 @@ def export_evaluated(job_dir: Path) -> dict[str, Any]:
 
 
 def evaluate_task_job(job_dir: Path, device: str | None, export: bool, fps_runs: int | None,
-                      fps_warmup: int | None, reached: Callable[[str], None] | None = None) -> dict[str, Any]:
+                      fps_warmup: int | None, reached: Callable[[str], None] | None = None,
+                      checkpoint: str | int | None = None) -> dict[str, Any]:
     """FPS (torch, then ONNX Runtime if exported) of a Musubi task job; eval.json updated. `reached(mark)`:
     told "eval_loaded" once the model is on its device and "eval_fps" once its FPS is measured (the fleet's
     evaluation step marks them: where the step's seconds go)."""
@@ -73,10 +74,12 @@ def evaluate_task_job(job_dir: Path, device: str | None, export: bool, fps_runs:
     from musubi.evaluate.fps import onnx_fps, torch_fps
     from musubi.evaluate.model_io import load_job_model, sample_batch
     from musubi.evaluate.onnx_export import ONNX_FILE, export_loaded
+    from musubi.evaluate.recipe import slice_rule
+    from musubi.evaluate.sliced_fps import fps_unit, tiled_onnx_fps
 
     path = job_dir / EVAL_FILE
     record = _read_eval(path)
-    job = load_job_model(job_dir)
+    job = load_job_model(job_dir, checkpoint)
     if reached is not None:
         reached("eval_loaded")
     record.setdefault("metrics", {})
@@ -94,13 +97,18 @@ def evaluate_task_job(job_dir: Path, device: str | None, export: bool, fps_runs:
         except ConfigError as e:  # a model that does not export is still measured and ranked
             record["export"] = {"error": str(e)}
     headline = torch_fps(job, device, fps_warmup, fps_runs)
+    headline["unit"] = fps_unit(job, headline.get("input_shape"))  # a whole image, or a whole frame from tiles
     if reached is not None:
         reached("eval_fps")
     fps_all[headline["runtime"]] = headline
     if exported is not None:
-        plan = export_plan(job)
-        feeds = {plan.input_name: plan.to_input(sample_batch(job.task, 1)).numpy()}
-        ort = onnx_fps(job_dir / "export" / ONNX_FILE, feeds, device, fps_warmup, fps_runs)
+        if slice_rule(job.spec) is not None:  # the one-tile graph timed as deployed: tiled and merged
+            ort = tiled_onnx_fps(job, job_dir / "export" / ONNX_FILE, device, fps_warmup, fps_runs)
+        else:
+            plan = export_plan(job)
+            feeds = {plan.input_name: plan.to_input(sample_batch(job.task, 1)).numpy()}
+            ort = onnx_fps(job_dir / "export" / ONNX_FILE, feeds, device, fps_warmup, fps_runs)
+            ort["unit"] = headline["unit"]
         fps_all[ort["runtime"]] = ort
     record.update(fps=headline, fps_all=fps_all, checkpoint_step=job.step, evaluated=_now())
     write_json(path, record)
@@ -146,12 +154,14 @@ def evaluate_external_job(job_dir: Path, device: str | None, fps_runs: int | Non
 
 
 def evaluate_job(job_dir: Path, device: str | None = None, export: bool = False, fps_runs: int | None = None,
-                 fps_warmup: int | None = None, reached: Callable[[str], None] | None = None) -> dict[str, Any]:
+                 fps_warmup: int | None = None, reached: Callable[[str], None] | None = None,
+                 checkpoint: str | int | None = None) -> dict[str, Any]:
     """Evaluate one finished job (task or external) and rewrite its eval.json with "fps"; return the record.
 
     `device`: cpu, cuda or cuda:N (default: a GPU if visible). `fps_runs`/`fps_warmup`: timed and
     untimed runs (default 100/10 on a GPU, 10/3 on the CPU). `export`: also write export/model.onnx
-    (parity-checked) and time it with ONNX Runtime.
+    (parity-checked) and time it with ONNX Runtime. `checkpoint`: best, last or a step (task jobs; default the
+    newest).
     """
     from musubi.evaluate.model_io import is_task_job
 
@@ -159,7 +169,10 @@ def evaluate_job(job_dir: Path, device: str | None = None, export: bool = False,
     if not job_dir.is_dir():
         raise ConfigError(f"{job_dir}: no such job directory")
     if is_task_job(job_dir):
-        return evaluate_task_job(job_dir, device, export, fps_runs, fps_warmup, reached)
+        return evaluate_task_job(job_dir, device, export, fps_runs, fps_warmup, reached, checkpoint)
     if not any((job_dir / f).is_file() for f in (EVAL_FILE, RUN_FILES.job, RUN_FILES.metrics_from)):
         raise ConfigError(f"{job_dir}: neither job.json nor eval.json; not a job directory")
+    if checkpoint not in (None, "last"):
+        raise ConfigError(f"--checkpoint {checkpoint}: {job_dir.name} is an external job (its program keeps its own "
+                          "weights); evaluate it without --checkpoint")
     return evaluate_external_job(job_dir, device, fps_runs, fps_warmup)

@@ -9,7 +9,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from musubi.checkpoint.checkpoint import latest_checkpoint, read_full_state
+from musubi.checkpoint.checkpoint import STATE_FILE, read_full_state
+from musubi.checkpoint.select import select_checkpoint
 from musubi.config.errors import ConfigError
 from musubi.config.job import JobSpec
 from musubi.config.load import job_from_dict
@@ -29,6 +30,8 @@ class JobModel:
     model: nn.Module
     checkpoint: Path
     step: int
+    #: The class names the checkpoint recorded (state.json "classes"), or None for one written before they were.
+    classes: list[str] | None = None
 
 
 def is_task_job(job_dir: Path) -> bool:
@@ -58,18 +61,16 @@ def read_job_spec(job_dir: Path) -> JobSpec:
     return job_from_dict(config, source=str(path))
 
 
-def load_job_model(job_dir: Path) -> JobModel:
-    """The job's model with the newest committed checkpoint's weights, loaded strictly, in eval mode."""
+def load_job_model(job_dir: Path, checkpoint: str | int | None = None) -> JobModel:
+    """The job's model with a committed checkpoint's weights (`checkpoint`: best, last or a step; default
+    the newest), loaded strictly, in eval mode."""
     job_dir = Path(job_dir)
     spec = read_job_spec(job_dir)
+    task = build_task(spec)
     # Sizes and SHA-256 checksums: a damaged newer checkpoint is skipped for the previous good one, with
     # a warning naming it (as training's resume does), so evaluate/export/registry never load broken weights.
-    ckpt = latest_checkpoint(job_dir / "checkpoints", checksums=True)
-    if ckpt is None:
-        raise ConfigError(
-            f"{job_dir / 'checkpoints'}: no committed checkpoint; train the job (checkpoint.enabled: true) first"
-        )
-    task = build_task(spec)
+    ckpt = select_checkpoint(job_dir / "checkpoints", checkpoint, spec.checkpoint.best_metric or task.primary_metric,
+                             spec.checkpoint.best_mode)
     model = task.build_model()
     state = read_full_state(ckpt.path, verified=True, keys=frozenset({"model"})).get("model")
     if not isinstance(state, dict):
@@ -82,7 +83,16 @@ def load_job_model(job_dir: Path) -> JobModel:
             f"{ckpt.path}: does not fit the model of job.json ({first}); was job.json edited after training?"
         ) from None
     model.eval()
-    return JobModel(job_dir, spec, task, model, ckpt.path, ckpt.step)
+    return JobModel(job_dir, spec, task, model, ckpt.path, ckpt.step, _recorded_classes(ckpt.path))
+
+
+def _recorded_classes(ckpt_dir: Path) -> list[str] | None:
+    """The class names a checkpoint's state.json records (training writes them since issue 42), or None."""
+    try:
+        names = read_json(ckpt_dir / STATE_FILE).get("classes")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return [str(n) for n in names] if isinstance(names, list) else None
 
 
 def sample_batch(task: Task, count: int = 1, start: int = 0) -> Any:

@@ -24,8 +24,10 @@ from musubi.config.errors import ConfigError, one_line
 from musubi.evaluate.export_plan import DetectorForExport, ExportPlan, export_plan
 from musubi.evaluate.model_io import JobModel, load_job_model, sample_batch
 from musubi.evaluate.parity import compare_detections, compare_tensors, judge_detections, merge
+from musubi.evaluate.recipe import inference_recipe, stamp_onnx
 from musubi.store.registry import file_sha256
 from musubi.store.rundir import write_json
+from musubi.tasks.rebuild import model_recipe
 
 #: ONNX opset: 17 is what TensorRT 8.5+ (JetPack 5) and ONNX Runtime >= 1.14 all read.
 DEFAULT_OPSET = 17
@@ -203,13 +205,14 @@ def _all_scores_parity(plan: ExportPlan, batches: list[Any], opset: int, exporte
 
 
 def export_job(job_dir: Path, opset: int = DEFAULT_OPSET, parity_inputs: int = DEFAULT_PARITY_INPUTS,
-               exporter: str = "auto") -> dict[str, Any]:
-    """Export JOB's newest checkpoint to JOB/export/model.onnx, check parity, write export.json; return it."""
+               exporter: str = "auto", checkpoint: str | int | None = None) -> dict[str, Any]:
+    """Export JOB's checkpoint (`checkpoint`: best, last or a step; default the newest) to JOB/export/model.onnx,
+    check parity, write export.json; return it."""
     if exporter not in ("auto", "torchscript", "dynamo"):
         raise ConfigError(f"export: exporter {exporter!r}: use auto, torchscript or dynamo")
     if not 7 <= opset <= 23:
         raise ConfigError(f"export: opset {opset}: use 7..23 (17 is the default)")
-    return export_loaded(load_job_model(Path(job_dir)), opset, parity_inputs, exporter)
+    return export_loaded(load_job_model(Path(job_dir), checkpoint), opset, parity_inputs, exporter)
 
 
 def export_loaded(job: JobModel, opset: int = DEFAULT_OPSET, parity_inputs: int = DEFAULT_PARITY_INPUTS,
@@ -228,6 +231,8 @@ def export_loaded(job: JobModel, opset: int = DEFAULT_OPSET, parity_inputs: int 
     tmp = out_dir / f".{ONNX_FILE}.{os.getpid()}.tmp"
     try:
         used = _export(plan, example, tmp, opset, exporters)
+        recipe = inference_recipe(job)
+        stamp_onnx(tmp, recipe)  # class names and preprocessing travel inside the file (metadata_props)
         inputs, outputs, real_opset = _graph_io(tmp)
         samples = _parity_batches(job, plan, max(1, parity_inputs))
         parity = check_parity(plan, tmp, samples)
@@ -268,6 +273,9 @@ def export_loaded(job: JobModel, opset: int = DEFAULT_OPSET, parity_inputs: int 
         "model": job.spec.model,
         "checkpoint": str(job.checkpoint),
         "step": job.step,
+        "classes": recipe["classes"],
+        "recipe": recipe,
+        "build": model_recipe(job.task),
         "versions": {"torch": torch.__version__, "onnx": onnx.__version__, "onnxruntime": onnxruntime.__version__},
         "created": dt.datetime.now(dt.timezone.utc).isoformat(),
         "seconds": round(time.perf_counter() - t0, 2),

@@ -60,14 +60,15 @@ def coco_results(image_id: int, out: dict[str, torch.Tensor], category_ids: tupl
 
 
 @torch.no_grad()
-def write_predictions(job_dir: Path, out: Path, device: str | None = None) -> dict[str, Any]:
+def write_predictions(job_dir: Path, out: Path, device: str | None = None,
+                      checkpoint: str | int | None = None) -> dict[str, Any]:
     """Predict every image of the job's validation file and write COCO results JSON to `out`; return a summary."""
     out = Path(out)
     if out.exists() and not out.is_file():
         raise ConfigError(f"--predictions {out}: is a folder; give a file name such as predictions.json")
     if not out.parent.is_dir():
         raise ConfigError(f"--predictions {out}: folder {out.parent} does not exist; create it first")
-    job = load_job_model(job_dir)
+    job = load_job_model(job_dir, checkpoint)
     frames = _val_frames(job)
     dev = resolve_device(device)
     model = job.model.to(dev)

@@ -165,7 +165,7 @@ def _fps_summary(evaluation: dict[str, Any]) -> dict[str, Any] | None:
     if not isinstance(fps, dict):
         return {"fps": fps} if isinstance(fps, (int, float)) and not isinstance(fps, bool) else None
     others = evaluation.get("fps_all") if isinstance(evaluation.get("fps_all"), dict) else {}
-    by_runtime = {rt: {k: v.get(k) for k in ("fps", "median_ms", "device_name")}
+    by_runtime = {rt: {k: v.get(k) for k in ("fps", "median_ms", "device_name", "unit")}
                   for rt, v in others.items() if isinstance(v, dict) and rt != fps.get("runtime")}
     return {**fps, "by_runtime": by_runtime} if by_runtime else dict(fps)
 
@@ -202,8 +202,13 @@ def register(job_dir: Path, name: str | None = None, db: Path | None = None) -> 
         dataset = evaluation.get("dataset_hash")
     input_spec = _input_spec(model_file, export, evaluation)
     trained = evaluation.get("precision") if isinstance(evaluation.get("precision"), dict) else {}
+    recipe = export.get("recipe") if isinstance(export.get("recipe"), dict) else None
+    classes = export.get("classes") or evaluation.get("classes")
+    # Class names and the inference recipe (preprocessing; a sliced job's tile, overlap and merge) ship with the
+    # model: the manifest is all an edge consumer reads.
     input_spec.update(task=config.get("task") or "external", model=config.get("model"),
-                      precision=trained.get("final"))
+                      precision=trained.get("final"), classes=classes if isinstance(classes, list) else None,
+                      recipe=recipe)
     with _connect(path) as con:
         con.execute("BEGIN IMMEDIATE")  # version numbers: one writer at a time
         cur = con.execute("SELECT * FROM registry WHERE name = ? AND job_dir = ?", (name, str(job_dir)))
@@ -304,12 +309,19 @@ def manifest(db: Path | None = None, run_dir: Path | None = None, base: Path | N
                 item["relpath"] = os.path.relpath(f["path"], base)
             files.append(item)
         env = e["env"] or {}
+        recipe = e["input"].get("recipe") or {}
         models.append({
             "name": e["name"],
             "version": e["version"],
+            "rank": _leaderboard_rank(Path(e["run_dir"]), Path(e["job_dir"]).name),
             "task": e["input"].get("task"),
             "model": e["input"].get("model"),
+            "classes": e["input"].get("classes"),
             "files": files,
+            "recipe": recipe or None,
+            # A sliced job: the tile, overlap and merge its whole-frame figures were measured with (None: whole images).
+            "slice": recipe.get("slice"),
+            "measured": recipe.get("measured"),
             "input": {k: e["input"].get(k) for k in ("inputs", "outputs", "info", "opset")},
             "fps": e["fps"],
             "metrics": e["metrics"],
@@ -323,6 +335,18 @@ def manifest(db: Path | None = None, run_dir: Path | None = None, base: Path | N
         })
     return {"format": MANIFEST_FORMAT, "created": dt.datetime.now(dt.timezone.utc).isoformat(),
             "registry": str(path), "models": models, "skipped": skipped}
+
+
+def _leaderboard_rank(run_dir: Path, job: str) -> int | None:
+    """The job's rank in its run's leaderboard.json (None when unranked or the file is gone)."""
+    try:
+        board = _read_optional_json(run_dir / RUN_FILES.leaderboard)
+    except ConfigError:  # a damaged leaderboard never breaks a manifest
+        return None
+    for row in board.get("rows") or []:
+        if isinstance(row, dict) and row.get("job") == job and isinstance(row.get("rank"), int):
+            return int(row["rank"])
+    return None
 
 
 def demote(name: str, version: int | None = None, db: Path | None = None,

@@ -55,6 +55,14 @@ class Task(abc.ABC):
         """
         return None
 
+    def class_names(self) -> list[str] | None:
+        """The name of each output class in label order, or None when the task has no classes.
+
+        Detection: names[i] is label i + 1 (0 is background); classification: names[i] is label i.
+        Recorded with every checkpoint, export and registry entry, so predictions can say what they found.
+        """
+        return None
+
     # -- model -------------------------------------------------------------
     @abc.abstractmethod
     def build_model(self) -> nn.Module:

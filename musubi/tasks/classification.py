@@ -248,6 +248,11 @@ class ClassificationTask(Task):
                     raise ConfigError(f"data.val: {data.val.path} holds no images; add some or drop data.val")
         probe = self._meta_model()
         if self.spec.weights:
+    def class_names(self) -> list[str]:
+        """Label i's name at i: the class folders (sorted, as ImageFolder numbers them); synthetic: class0..."""
+        syn = self.spec.data.synthetic
+        return [f"class{i}" for i in range(syn.num_classes)] if syn is not None else list(self.classes())
+
             check_start_weights(self.spec.weights, self.spec.model, probe)
 
     def _meta_model(self) -> nn.Module | None:

@@ -273,6 +273,26 @@ class DetectionTask(Task):
     def normalization(self) -> tuple[float, float]:
         """(mean, std) of single-channel pixels: data.normalize, else the train split's statistics (computed here)."""
         norm = self.spec.data.normalize
+    def class_names(self) -> list[str]:
+        """Label i + 1's name at i: the COCO category names (after data.classes); synthetic: class1..classK,
+        as `musubi data synth` names its categories."""
+        synthetic = self.spec.data.synthetic
+        if synthetic is not None:
+            return [f"class{c}" for c in range(1, synthetic.num_classes + 1)]
+        frames = self.train_dataset()
+        frames = frames.frames if isinstance(frames, SlicedCocoDetection) else frames
+        assert isinstance(frames, CocoDetection)
+        return [frames.category_names[c] for c in frames.category_ids]
+
+    def category_ids(self) -> list[int]:
+        """The annotation file's category id of each label 1..K (synthetic: 1..K), for COCO results."""
+        synthetic = self.spec.data.synthetic
+        if synthetic is not None:
+            return list(range(1, synthetic.num_classes + 1))
+        train = self.train_dataset()
+        assert isinstance(train, (CocoDetection, SlicedCocoDetection))
+        return list(train.category_ids)
+
         if norm is not None:
             return norm.mean, norm.std
         if self._norm is None:

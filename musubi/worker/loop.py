@@ -223,6 +223,8 @@ class Trainer:
         """Collective checkpoint of the current state (asynchronous unless checkpoint.async_mode is off)."""
         if self.checkpointer is None:
             return
+            # The output classes in label order: a checkpoint says what its weights name (export and predict).
+            "classes": self.task.class_names(),
         self.flush_line()  # a non-finite loss of the last interval read stops the run before it is saved
         self.phase = "checkpoint"
         # keep_best ranks a checkpoint by the evaluation of its own weights, never an earlier step's.

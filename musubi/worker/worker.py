@@ -332,7 +332,7 @@ def _main(argv: list[str] | None) -> int:
             if summary["val"]:
                 (job_dir / RUN_FILES.eval).write_text(
                     json.dumps({"metrics": summary["val"], "step": summary["steps"],
-                                "primary_metric": task.primary_metric,
+                                "primary_metric": task.primary_metric, "classes": task.class_names(),
                                 "how": "validation split, each sample counted once over all ranks"
                                 + _merge_how(task)}, indent=1),
                     encoding="utf-8")

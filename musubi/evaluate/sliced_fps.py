@@ -1,0 +1,52 @@
+"""FPS labelled by what one timed call covers, and the ONNX FPS of a sliced job measured as it is deployed.
+
+A job trained on slices is scored on whole frames (tiles predicted, shifted and
+merged); its torch FPS times the same whole-frame path. Its exported graph takes
+one tile, so feeding it a whole frame (resized inside the graph to the tile side)
+would time something no deployment runs: its ONNX Runtime FPS is timed on a whole
+validation frame through the recipe's tiling and merge, one graph call a tile.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from musubi.data.slicing import tile_grid
+from musubi.evaluate.fps import PROTOCOL, device_name, resolve_device, run_counts, summarise, time_runs
+from musubi.evaluate.model_io import JobModel, sample_batch
+from musubi.evaluate.recipe import slice_rule
+
+
+def fps_unit(job: JobModel, frame_shape: list[int] | None = None) -> str:
+    """What one timed call of the job's FPS covers: a whole image, or a whole frame cut into tiles and merged."""
+    rule = slice_rule(job.spec)
+    if rule is None:
+        return "whole image"
+    tiles = ""
+    if frame_shape and len(frame_shape) >= 2:
+        h, w = int(frame_shape[-2]), int(frame_shape[-1])
+        tiles = f" ({len(tile_grid(w, h, rule['tile'], rule['overlap']))} tiles of {w}x{h})"
+    return f"whole frame{tiles}: {rule['tile']} px tiles, overlap {rule['overlap']:g}, merged by {rule['merge']}"
+
+
+def tiled_onnx_fps(job: JobModel, path: Path, device: str | None, warmup: int | None,
+                   runs: int | None) -> dict[str, Any]:
+    """ONNX Runtime FPS of a sliced job's one-tile graph on a whole validation frame, tiling and merge included."""
+    from musubi.evaluate.predict_sources import HostImage
+    from musubi.evaluate.predictors import OnnxPredictor
+
+    dev = resolve_device(device)
+    warmup, runs = run_counts(dev, warmup, runs)
+    predictor = OnnxPredictor(Path(path), dev)
+    frame = sample_batch(job.task, 1)[0][0]  # uint8 [3, H, W]: a whole validation frame, as evaluation reads it
+    host = HostImage(frame, int(frame.shape[-1]), int(frame.shape[-2]), frame.permute(1, 2, 0).numpy())
+    times = time_runs(lambda: predictor.detect([host]), warmup, runs)
+    runtime = predictor.described.rsplit("(", 1)[-1].rstrip(")")
+    protocol = PROTOCOL.format(warmup=warmup, runs=runs).replace(
+        "forward only (input already on the device for torch)",
+        "session.run once a tile with host inputs and outputs, tiles shifted and merged on the host")
+    used = dev if runtime.endswith("cuda") else resolve_device("cpu")
+    return {**summarise(times, warmup), "input_shape": [1, *frame.shape], "device": str(used),
+            "device_name": device_name(used), "runtime": runtime, "precision": "float32", "threads": None,
+            "protocol": protocol, "unit": fps_unit(job, list(frame.shape))}
