@@ -13,24 +13,33 @@ from musubi.config.errors import ConfigError
 from musubi.config.job import JobSpec
 
 
-def scale_lr(base_lr: float, global_batch: int, base_batch: int, rule: str) -> float:
+def scale_lr(base_lr: float, global_batch: int, base_batch: int | None, rule: str) -> float:
     """The LR for `global_batch` samples, from one tuned at `base_batch` (linear, sqrt or none)."""
+    if rule == "none" or base_batch is None:
+        return base_lr
     ratio = global_batch / base_batch
-    if rule == "linear":
-        return base_lr * ratio
-    if rule == "sqrt":
-        return base_lr * math.sqrt(ratio)
-    return base_lr
+    return base_lr * (ratio if rule == "linear" else math.sqrt(ratio))
 
 
-def lr_line(lr: float, base_lr: float, base_batch: int, global_batch: int, rule: str) -> str:
+def lr_line(lr: float, base_lr: float, base_batch: int | None, global_batch: int, rule: str) -> str:
     """The LR in force, the rule and the figures it came from, for the log's first lines."""
-    if rule == "none":
+    if rule == "none" or base_batch is None:
         return f"lr {lr:.4g} (lr_rule none: train.lr as given, not scaled with the global batch {global_batch})"
     factor = f"{global_batch}/{base_batch}" if rule == "linear" else f"sqrt({global_batch}/{base_batch})"
-    return (f"lr {lr:.4g} ({rule} rule from {base_lr:.4g} at {base_batch}) = {base_lr:.4g} x {factor} for global "
-            f"batch {global_batch}")
+    return f"lr {lr:.4g} = {base_lr:.4g} x {factor} ({rule} rule, base_batch {base_batch}) for global batch {global_batch}"
 
+
+def rule_line(spec: JobSpec, world_size: int) -> str | None:
+    """The launcher's first line when an LR scaling rule applies (None: train.lr is used as written)."""
+    t = spec.train
+    if t.lr_rule == "none" or t.base_batch is None:
+        return None
+    if t.batch == "auto":
+        factor = "G" if t.lr_rule == "linear" else "sqrt(G"
+        return (f"lr = {t.lr:.4g} x {factor}/{t.base_batch}{')' if t.lr_rule == 'sqrt' else ''} ({t.lr_rule} rule, "
+                f"base_batch {t.base_batch}) once the batch probe fixes the global batch G")
+    g = plan_batch(spec, world_size).global_batch
+    return lr_line(scale_lr(t.lr, g, t.base_batch, t.lr_rule), t.lr, t.base_batch, g, t.lr_rule)
 
 
 @dataclass

@@ -273,14 +273,17 @@ class TrainSpec(StrictModel):
     )
     accumulation: int = Field(1, ge=1, le=4096, description="Micro-batches per optimizer step.")
     optimizer: Literal["sgd", "adamw"] = Field("sgd", description="Optimizer.")
-    lr: float = Field(0.01, gt=0, le=10, description="Learning rate at `base_batch` global samples.")
-    base_batch: int = Field(
-        64, ge=1, le=1_000_000_000, description="The global batch `lr` was tuned for; the LR rule scales from it."
+    lr: float = Field(0.01, gt=0, le=10, description="Learning rate: the one used, unless a scaling rule is "
+                      "opted into (base_batch or lr_rule), then the one tuned at `base_batch` global samples.")
+    base_batch: int | None = Field(
+        None, ge=1, le=1_000_000_000, description="The global batch `lr` was tuned for. Setting it opts into "
+        "scaling the LR with the global batch (lr_rule linear unless lr_rule says sqrt or none); None: `lr` is "
+        "used as written at any global batch.",
     )
     lr_rule: Literal["linear", "sqrt", "none"] = Field(
-        "linear", description="How the LR follows the global batch: lr x (G/base)^1, ^0.5 or unchanged. A job "
-        "that sets none of lr, base_batch, lr_rule trains at lr 0.01 unscaled (rule none): a default was tuned "
-        "at no batch.",
+        "none", description="How the LR follows the global batch G: lr x (G/base_batch)^1 (linear), ^0.5 (sqrt) "
+        "or unchanged (none). Default: none, or linear when `base_batch` is given; linear and sqrt need "
+        "`base_batch`. When a rule applies, the first line `musubi train` prints says the arithmetic.",
     )
     warmup_steps: int = Field(0, ge=0, le=MAX_COUNT, description="Linear LR warmup, in optimizer steps.")
     schedule: Literal["cosine", "constant"] = Field("cosine", description="LR after warmup.")
@@ -303,8 +306,24 @@ class TrainSpec(StrictModel):
         False,
         description="Deterministic kernels; a run stopped and resumed gives bitwise the same weights.",
     )
-    log_every: int = Field(10, ge=1, le=MAX_COUNT, description="Log scalars every N optimizer steps.")
+    log_every: int | None = Field(
+        None, ge=1, le=MAX_COUNT, description="Log scalars (metrics.jsonl, console) every N optimizer steps. None: "
+        "every total_steps // 20 steps, 1 to 10, so a short run's curve still has 20 points (or one a step) and a "
+        "long one logs every 10 steps.",
+    )
     eval_every: int = Field(1, ge=1, le=MAX_COUNT, description="Validate every N epochs (and at the end).")
+    early_stop: EarlyStopSpec | None = Field(
+        None, description="Stop early when the validation metric has not improved for `patience` validations, "
+        "e.g. {patience: 5, min_delta: 0.001}; every rank takes rank 0's value, so all stop at the same step. "
+        "Unless checkpoint.keep_best is set it becomes 1 (ranked by the watched metric): the best weights stay."
+    )
+    bn_recalibrate: int = Field(
+        16, ge=0, le=100_000, description="Before each validation, recompute BatchNorm running statistics at the "
+        "current weights from this many training micro-batches per rank (forward only, averaged over ranks; "
+        "the checkpoint keeps them): the running averages lag the weights, and a short or high-LR run "
+        "validated at chance without it. 0: validate with the running averages as trained. Models without "
+        "BatchNorm skip it.",
+    )
     timeout_s: int = Field(600, ge=10, le=86_400, description="Timeout of collectives, in seconds.")
     headroom: float = Field(
         0.10, ge=0.0, lt=0.9, description="`batch: auto`: fraction of GPU memory left free by the probed batch."
@@ -333,11 +352,16 @@ class TrainSpec(StrictModel):
         return v
 
     @model_validator(mode="after")
-    def _default_lr_unscaled(self) -> TrainSpec:
-        # Scaling the default 0.01 "from 64" gave 0.00125 at a global batch of 8, and a loss that did not fall:
-        # an LR nobody tuned is used as it is. The resolved config (job.json) records the rule in force.
-        if not {"lr", "base_batch", "lr_rule"} & self.model_fields_set:
-            self.lr_rule = "none"
+    def _lr_as_written_unless_scaled(self) -> TrainSpec:
+        # The LR a user writes is the LR used: the old default (linear from base_batch 64) trained
+        # `lr: 1e-3` at 5e-4 on a global batch of 32 and said so only in --dry-run. Naming base_batch
+        # opts into the linear rule; a rule without base_batch has nothing to scale from.
+        if "base_batch" in self.model_fields_set and self.base_batch is not None and \
+                "lr_rule" not in self.model_fields_set:
+            self.lr_rule = "linear"
+        if self.lr_rule != "none" and self.base_batch is None:
+            raise ValueError(f"lr_rule {self.lr_rule} scales lr from the global batch it was tuned at: set "
+                             "train.base_batch to that batch, or lr_rule: none to train at lr as written")
         return self
 
     @model_validator(mode="after")

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from musubi.config.batch_plan import rule_line
 from musubi.config.errors import ConfigError
 from musubi.config.job import JobSpec
 from musubi.config.load import load_job
@@ -292,6 +293,9 @@ def prepare(req: TrainRequest) -> tuple[Path, Path, dict, int, str]:
         if taken or (not req.fleet_member and (run_dir / RUN_FILES.run).exists()):
             raise ConfigError(f"{run_dir} already holds a run; pass --resume to continue it or choose another --out")
         attempts = 1
+    rule = rule_line(spec, nproc)
+    if rule is not None:  # the first line: an LR other than the one written must be seen (config/job.py lr_rule)
+        _say(req, rule)
     if req.check:  # last: it takes seconds, and every refusal above is cheaper
         _say(req, "preflight: machine, disk and data checks...")
     preflight = run_preflight(req, spec, nproc, kind) if req.check else None

@@ -27,11 +27,12 @@ from musubi.recovery.memory import memory_figures
 from musubi.recovery.watchdog import Heartbeat
 from musubi.store.startup import mark
 from musubi.tasks.base import Task
+from musubi.worker.bn_stats import recalibrate_bn, restore_bn, snapshot_bn
 from musubi.worker.feed.loaders import TrainFeed, ValFeed
 from musubi.worker.log_window import LogWindow, PendingLine, agree_parts, check_finite, queue_line
 from musubi.worker.ordered_reduce import needs_ordered_reduce, ordered_allreduce_hook
 from musubi.worker.precision import autocast, make_scaler, resolve_precision
-from musubi.worker.reporting import MetricsWriter, ProgressBar
+from musubi.worker.reporting import MetricsWriter, ProgressBar, log_interval
 from musubi.worker.rng import capture_rng, restore_rng, rng_template
 from musubi.worker.schedule import lr_factor
 from musubi.worker.step_events import (
@@ -157,6 +158,8 @@ class Trainer:
         self.total_steps = min(total, t.max_steps) if t.max_steps else total
         #: Where this process stops: the end of training, or an earlier stop point (--max-steps).
         self.stop_step = min(self.total_steps, opts.stop_at_step or self.total_steps)
+        if t.log_every is None:  # unset: from the run's length (reporting.log_interval), for every reader of the spec
+            t.log_every = log_interval(self.total_steps)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lr_factor(t.warmup_steps, self.total_steps, t.schedule)
         )
@@ -286,6 +289,15 @@ class Trainer:
         # last batch's until DDP's next forward, and FSDP2 never broadcasts them.
         agree_buffers(self.model, self.world)
         net = eval_module(self.model)
+        # BatchNorm statistics at these weights (worker/bn_stats.py says why). A stop point that a resume continues
+        # from (--max-steps) gives them back afterwards: the resumed run stays the uninterrupted one.
+        n_bn = self.spec.train.bn_recalibrate
+        stop = self.opts.stop_at_step
+        stop_point = stop is not None and stop <= self.step < self.total_steps  # not an early stop: that one ends the run
+        trained_bn = snapshot_bn(net) if n_bn and stop_point else None
+        if n_bn:
+            with autocast(self.precision, self.world.device):
+                recalibrate_bn(net, self.feed.calibration_batches(n_bn), self.task.loss, self.world)
         net.eval()
         metric = self.task.make_metric(self.world.device)
         n_local = len(self.val)
@@ -306,6 +318,8 @@ class Trainer:
                 metric.update(out, batch)
                 last = batch
         values = metric.compute(self.world.all_reduce_sum)
+        if trained_bn is not None:
+            restore_bn(net, trained_bn)
         net.train()
         values["eval_s"] = round(time.perf_counter() - t0, 3)
         return values

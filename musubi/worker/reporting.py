@@ -49,6 +49,17 @@ def setup_logging(world: World, logs_dir: Path) -> Console | None:
     return console
 
 
+#: Log records `train.log_every: null` aims at over a run, and the interval it never exceeds (steps).
+CURVE_POINTS = 20
+LONGEST_LOG_INTERVAL = 10
+
+
+def log_interval(total_steps: int) -> int:
+    """`train.log_every` when left unset: a curve of CURVE_POINTS records on a short run, every 10 steps on a long
+    one (a 16-step run logged once at the old fixed 10: a curve of one point)."""
+    return max(1, min(LONGEST_LOG_INTERVAL, total_steps // CURVE_POINTS))
+
+
 class MetricsWriter:
     """Rank 0's scalar sink: `metrics.jsonl` (one JSON object per line) and TensorBoard when installed."""
 

@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, Subset
 
 from musubi.config.errors import ConfigError
 from musubi.tasks.base import Task
@@ -129,6 +129,28 @@ class TrainFeed:
             self.before_batch()
             self.section("h2d")  # on a CUDA rank: the training stream's wait for the batch prepared ahead
             yield b
+
+    def calibration_batches(self, count: int) -> Iterator[Any]:
+        """The first `count` micro-batches of epoch 0 on this rank (fewer if an epoch has fewer), made ready as
+        for training (worker/bn_stats.py's batches).
+
+        Read apart from the training stream, in this process (no loader workers to start): the training
+        loader's position, workers, clocks and injected stalls stay as they are, and the same weights always
+        meet the same batches (a stopped and resumed run validates like an uninterrupted one).
+        """
+        count = min(count, self.micro_per_epoch)
+        if self.on_device:
+            for i in range(count):
+                yield self.pool[i % DEVICE_POOL]
+            return
+        ds = self.loader.dataset
+        order = ResumableDistributedSampler(ds, self.world.size, self.world.rank, self.seed)
+        order.set_position(0, 0)
+        picked = list(order)[: count * self.batch]
+        loader = DataLoader(Subset(ds, picked), batch_size=self.batch, collate_fn=self.task.collate, drop_last=True)
+        for host in loader:
+            b = self.task.train_batch(host, self.world.device, 0)
+            yield channels_last(b) if self.nhwc else b
 
     def times(self) -> dict[str, dict[str, float]]:
         """Per-batch time of each stage, in the order a batch meets them (summary.json's loader.times).
