@@ -9,8 +9,8 @@ and puts two files into OUT, which it creates (a device call returns only a few 
 
 - `zoo-leaderboard.json`: RUN/leaderboard.json (the fleet's ranking: mAP50, FPS, score per job) with this
   bench's summary under "zoo": seconds of each phase, each job's state, GPU, seconds, mAP50, FPS, whether it
-  learned (the checklist's loss item PASS, i.e. rank 0's loss falling from the first third of its logged
-  steps to the last, and mAP50 > 0), the checklist's counts;
+  learned (the checklist's `learned` item PASS: judged by mAP50, musubi/records/learning.py; the loss is
+  reported beside it, not judged: a two-stage detector's loss climbs as it gets better), the checklist's counts;
 - `zoo-run.tgz`: the run's small files (fleet.json, fleet.log, checklist.json, leaderboard.json, run.json,
   env.json, each job's job/summary/eval/metrics/goodput/startup files, telemetry) with the console of
   `musubi run`, the printed leaderboard (leaderboard.txt) and the summary (zoo.json); no checkpoint, weights
@@ -177,12 +177,14 @@ def checklist(run_dir: Path) -> dict[str, Any]:
 
 
 def job_rows(run_dir: Path, board: dict[str, Any], cl: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """Per job: state, GPUs, seconds held, mAP50, FPS, rank, the checklist's loss finding, learned or not."""
+    """Per job: state, GPUs, seconds held, mAP50, FPS, rank, the checklist's loss finding, learned or not (its
+    `learned` item)."""
     from musubi.records.evidence import eval_metrics
 
     fleet = json.loads((run_dir / RUN_FILES.fleet).read_text(encoding="utf-8"))
     ranked = {r.get("job"): r for r in board.get("rows", [])}
     loss = {i["job"]: i for i in cl.get("items", []) if i.get("check") == "loss"}
+    learned = {i["job"]: i for i in cl.get("items", []) if i.get("check") == "learned"}
     rows = {}
     for name, st in (fleet.get("jobs") or {}).items():
         metrics = eval_metrics(run_dir / name)
@@ -194,7 +196,7 @@ def job_rows(run_dir: Path, board: dict[str, Any], cl: dict[str, Any]) -> dict[s
             "seconds": round(end - start, 1) if start and end else None, "map50": map50,
             "map": metrics.get("map"), "fps": ranked.get(name, {}).get("fps"), "rank": ranked.get(name, {}).get("rank"),
             "score": ranked.get(name, {}).get("score"), "loss": item.get("found"),
-            "learned": item.get("status") == "PASS" and map50 is not None and map50 > 0,
+            "learned": learned.get(name, {}).get("status") == "PASS", "learned_why": learned.get(name, {}).get("found"),
         }
     return rows
 
@@ -286,7 +288,8 @@ def main() -> int:
     where = "GPU" if args.device == "cuda" else "CPU slot"
     for name, j in summary["jobs"].items():
         print(f"zoo: {name}: {j['state']} on {where} {j['gpus']}, {j['seconds']} s, mAP50 {j['map50']}, "
-              f"fps {j['fps']}, loss {j['loss']} -> {'learned' if j['learned'] else 'DID NOT LEARN'}")
+              f"fps {j['fps']}, loss {j['loss']} -> {'learned' if j['learned'] else 'DID NOT LEARN'} "
+              f"({j['learned_why']})")
     if summary.get("error"):
         print(f"zoo: {summary['error']}")
         print((work / "console.txt").read_text(encoding="utf-8", errors="replace")[-3000:])

@@ -272,6 +272,11 @@ class CocoDetection(Dataset):
         with Image.open(self.image_dir / self._file_names[index]) as im:
             return im.size
 
+    def most_boxes(self) -> int:
+        """The most boxes any one image holds (0 without boxes): what a detector must return to score them all."""
+        counts = self._offsets[1:] - self._offsets[:-1]
+        return int(counts.max()) if len(counts) else 0
+
     def jpeg_share(self) -> float:
         """Share of the images whose file name says JPEG (what `data.gpu_decode: auto` decides on)."""
         names = self._file_names

@@ -22,6 +22,7 @@ from typing import Any
 from musubi.config.run_files import RUN_FILES
 from musubi.config.success import YOURS, SuccessSpec
 from musubi.records import evidence as E
+from musubi.records.learning import Verdict, judge
 
 CHECKLIST_FILE = RUN_FILES.checklist
 
@@ -82,8 +83,14 @@ class Checklist:
                 "run_dir": self.run_dir}
 
 
-def _loss_item(job: str, records: list[dict[str, Any]]) -> Item:
-    losses = [r["loss"] for r in records if isinstance(r.get("loss"), (int, float))]
+def _losses(records: list[dict[str, Any]]) -> list[float]:
+    return [float(r["loss"]) for r in records if isinstance(r.get("loss"), (int, float))]
+
+
+def _loss_item(job: str, records: list[dict[str, Any]], learned: Verdict) -> Item:
+    """The loss finite, and its trend; a trend that is not falling warns only where no validation metric
+    judges learning (records/learning.py: a two-stage detector's loss climbs as it gets better)."""
+    losses = _losses(records)
     if any(not math.isfinite(v) for v in losses):
         return Item("during", "loss", "FAIL", "a non-finite loss was logged", job)
     if len(losses) < 2:
@@ -92,7 +99,29 @@ def _loss_item(job: str, records: list[dict[str, Any]]) -> Item:
     first, last = statistics.fmean(losses[:third]), statistics.fmean(losses[-third:])
     if last < first:
         return Item("during", "loss", "PASS", f"finite and falling on rank 0 ({first:.4g} -> {last:.4g})", job)
+    if learned.basis == "metric":
+        return Item("during", "loss", "PASS", f"finite, not falling on rank 0 ({first:.4g} -> {last:.4g}); "
+                    "whether it learned is judged by the validation metric (see 'learned')", job)
     return Item("during", "loss", "WARN", f"finite but not falling on rank 0 ({first:.4g} -> {last:.4g})", job)
+
+
+def learning_verdict(job_dir: Path, records: list[dict[str, Any]] | None = None) -> Verdict:
+    """Whether the job in `job_dir` learned (records/learning.py): by its headline validation metric at its
+    validations (eval.json's figure where metrics.jsonl has none), else by rank 0's training loss."""
+    metric = E.headline_metric(job_dir)
+    vals = E.val_records(job_dir)
+    if metric and not any(metric in r for r in vals):  # validated outside the loop (an external job, evaluate)
+        ev = E.eval_metrics(job_dir)
+        if metric in ev:
+            step = (E.read_json_or_none(job_dir / RUN_FILES.eval) or {}).get("step")
+            vals = [{"step": step if isinstance(step, int) else 0, metric: ev[metric]}]
+    train = E.train_records(job_dir) if records is None else records
+    return judge(metric, vals, _losses(train), E.num_classes(job_dir))
+
+
+def _learned_item(job: str, verdict: Verdict) -> Item:
+    status = {True: "PASS", False: "WARN", None: "SKIP"}[verdict.learned]
+    return Item("after", "learned", status, verdict.found, job)
 
 
 def _oom_item(job: str, job_dir: Path, ended_well: bool) -> Item:
@@ -243,7 +272,8 @@ def job_items(name: str, job_dir: Path, state: str, gpus: int, kind: str, succes
         items.append(Item("during", "finished", "FAIL", f"the job ended {state}", name))
     if kind == "task":
         records = E.train_records(job_dir)
-        items.append(_loss_item(name, records))
+        learned = learning_verdict(job_dir, records)
+        items.append(_loss_item(name, records, learned))
         items.append(_oom_item(name, job_dir, ended_well))
         fallbacks = E.precision_fallbacks(job_dir)
         if fallbacks:
@@ -267,6 +297,9 @@ def job_items(name: str, job_dir: Path, state: str, gpus: int, kind: str, succes
                               f"eval.json: {', '.join(f'{k} {v:.4g}' for k, v in list(ev.items())[:3])}", name))
         else:
             items.append(_no_metrics_item(name, job_dir, in_fleet))
+        verdict = learned if kind == "task" else learning_verdict(job_dir, [])
+        if verdict.learned is not None or kind == "task":
+            items.append(_learned_item(name, verdict))
     return items
 
 

@@ -128,6 +128,41 @@ def train_records(job_dir: Path) -> list[dict[str, Any]]:
     return [r for r in metric_records(job_dir) if r.get("kind") == "train"]
 
 
+def val_records(job_dir: Path) -> list[dict[str, Any]]:
+    """Rank 0's validation records (metrics.jsonl, kind 'val'), in step order."""
+    return [r for r in metric_records(job_dir) if r.get("kind") == "val"]
+
+
+#: The headline metric of each built-in task (musubi/tasks: `Task.primary_metric`), for a job without eval.json.
+TASK_PRIMARY = {"classification": "top1", "detection": "map50", "lm": "val_acc"}
+
+
+def job_config(job_dir: Path) -> dict[str, Any]:
+    """job.json's resolved config ({} when absent)."""
+    rec = read_json_or_none(job_dir / RUN_FILES.job)
+    config = rec.get("config") if isinstance(rec, dict) else None
+    return config if isinstance(config, dict) else {}
+
+
+def headline_metric(job_dir: Path) -> str | None:
+    """The metric the job is judged by: eval.json's primary metric, else its built-in task's."""
+    return primary_metric(job_dir) or TASK_PRIMARY.get(str(job_config(job_dir).get("task")))
+
+
+def num_classes(job_dir: Path) -> int | None:
+    """Classes the model tells apart: the synthetic set's num_classes, else the newest checkpoint's class
+    names (state.json "classes"); None when neither says."""
+    data = job_config(job_dir).get("data")
+    synthetic = data.get("synthetic") if isinstance(data, dict) else None
+    if isinstance(synthetic, dict) and isinstance(synthetic.get("num_classes"), int):
+        return synthetic["num_classes"]
+    for state in sorted((job_dir / "checkpoints").glob("step-*/state.json"), reverse=True):
+        classes = (read_json_or_none(state) or {}).get("classes")
+        if isinstance(classes, list) and classes:
+            return len(classes)
+    return None
+
+
 def median_rate(records: list[dict[str, Any]], warmup_fraction: float = 0.0) -> float | None:
     """Median samples/s over the log records after warm-up (None: fewer than two records).
 

@@ -129,6 +129,11 @@ class Task(abc.ABC):
     def make_metric(self, device: torch.device) -> Metric:
         """A fresh metric accumulator for one validation pass."""
 
+    def eval_notes(self, model: nn.Module) -> dict[str, Any]:
+        """What eval.json records beside the metrics about how `model` was scored (detection: the detections
+        kept per image by the model and by the metric); {} by default."""
+        return {}
+
 
 def move_to(obj: Any, device: torch.device) -> Any:
     """Recursively move tensors in lists/tuples/dicts to `device`."""

@@ -6,6 +6,13 @@ image, text; scipy, transformers checks): 2.1 s per process on top of torch and 
 2-core test machine (2026-11-27), paid by every rank of every detection validation (faster-coco-eval's
 and pycocotools' own imports: 0.01 s). That metric only builds the two COCO datasets below and runs the
 backend's COCOeval; tests/tasks/test_coco_map.py compares every returned value with it.
+
+One difference, on purpose: mAP scores every detection of an image by default, not COCO's top 100. A dense
+scene (an aerial frame with 279 trees) scored with its own ground truth as predictions gets mAP50 0.356
+under the top 100 and 1.0 here. `max_detections` (the job's eval.max_detections) brings a cap back;
+with at most 100 detections an image, or max_detections=100, the numbers are torchmetrics' exactly.
+The summary is read from the backend's precision/recall tables as pycocotools' `summarize` reads them
+(the two backends' `summarize` disagree on which column a cap other than 100 reads).
 """
 
 from __future__ import annotations
@@ -22,10 +29,24 @@ from torch import Tensor
 # not COCO's float64 ones; kept so that the numbers stay those of torchmetrics and of earlier runs.
 IOU_THRESHOLDS: list[float] = torch.linspace(0.5, 0.95, 10).tolist()
 RECALL_THRESHOLDS: list[float] = torch.linspace(0.0, 1.0, 101).tolist()
-#: Detections per image scored by the mAR entries (COCO's); mAP uses the last, the top 100 by score.
+#: COCO's detections per image (mAR at 1, 10, 100; its mAP keeps the top 100 by score).
 MAX_DETECTIONS = [1, 10, 100]
-#: Our name of each entry of COCOeval.stats that we report, by index.
-STATS = {0: "map", 1: "map50", 2: "map75", 3: "map_small", 4: "map_medium", 5: "map_large", 8: "mar100"}
+#: Our names of the values we report, in COCOeval.stats' order.
+STATS = ("map", "map50", "map75", "map_small", "map_medium", "map_large", "mar100")
+#: How each is read from the precision [T, R, K, A, M] or recall [T, K, A, M] table: (precision?, IoU
+#: threshold or None for all, area range, "cap" for mAP's detections per image or 100 for mAR100).
+_READS: dict[str, tuple[bool, float | None, str, str | int]] = {
+    "map": (True, None, "all", "cap"), "map50": (True, 0.5, "all", "cap"), "map75": (True, 0.75, "all", "cap"),
+    "map_small": (True, None, "small", "cap"), "map_medium": (True, None, "medium", "cap"),
+    "map_large": (True, None, "large", "cap"), "mar100": (False, None, "all", 100),
+}
+
+
+def map_detections_cap(preds: list[dict[str, Tensor]], max_detections: int | None) -> int:
+    """Detections per image that mAP scores: `max_detections`, or (None) the most any image has, at least 100."""
+    if max_detections is not None:
+        return int(max_detections)
+    return max([100, *(len(p["scores"]) for p in preds)])
 
 
 def coco_dataset(boxes: list[Tensor], labels: list[Tensor], categories: list[int],
@@ -55,17 +76,19 @@ def coco_dataset(boxes: list[Tensor], labels: list[Tensor], categories: list[int
     }
 
 
-def coco_map(preds: list[dict[str, Tensor]], targets: list[dict[str, Tensor]], backend: str) -> dict[str, float]:
+def coco_map(preds: list[dict[str, Tensor]], targets: list[dict[str, Tensor]], backend: str,
+             max_detections: int | None = None) -> dict[str, float]:
     """mAP (50-95, 50, 75, by size) and mAR100 of `preds` ({"boxes" xyxy, "scores", "labels"} per image) against
     `targets` ({"boxes" xyxy, "labels"}); -1 where COCO eval has no ground truth, every value -1 without images.
 
-    `backend` is "faster_coco_eval" or "pycocotools" (detection.map_backend). Values are rounded to float32,
-    as torchmetrics returns them.
+    `backend` is "faster_coco_eval" or "pycocotools" (detection.map_backend). mAP scores the top
+    `max_detections` detections of each image by score, every detection when None; mAR100 the top 100.
+    Values are rounded to float32, as torchmetrics returns them.
     """
     if len(preds) != len(targets):
         raise ValueError(f"coco_map: {len(preds)} prediction entries for {len(targets)} images")
     if not targets:
-        return dict.fromkeys(STATS.values(), -1.0)
+        return dict.fromkeys(STATS, -1.0)
     if backend == "faster_coco_eval":
         from faster_coco_eval import COCO
         from faster_coco_eval import COCOeval_faster as COCOeval
@@ -87,8 +110,27 @@ def coco_map(preds: list[dict[str, Tensor]], targets: list[dict[str, Tensor]], b
         evaluator = COCOeval(coco_target, coco_preds, iouType="bbox")
         evaluator.params.iouThrs = np.array(IOU_THRESHOLDS, dtype=np.float64)
         evaluator.params.recThrs = np.array(RECALL_THRESHOLDS, dtype=np.float64)
-        evaluator.params.maxDets = MAX_DETECTIONS
+        cap = map_detections_cap(preds, max_detections)
+        # Ascending: the backends evaluate each image's top maxDets[-1] and accumulate each column apart.
+        # Matching is greedy in score order, so the column of 100 is the same whatever the larger cap.
+        evaluator.params.maxDets = sorted({*MAX_DETECTIONS, cap})
         evaluator.evaluate()
         evaluator.accumulate()
-        evaluator.summarize()
-    return {name: float(np.float32(evaluator.stats[i])) for i, name in STATS.items()}
+    return summary(evaluator.eval, evaluator.params, cap)
+
+
+def summary(tables: dict[str, Any], params: Any, cap: int) -> dict[str, float]:
+    """Our values from COCOeval's accumulated tables, each the mean of its entries that are not -1 (-1 when
+    none is), as pycocotools' `summarize` computes them; mAP at `cap` detections per image, mAR at 100."""
+    iou = np.asarray(params.iouThrs)
+    areas, caps = list(params.areaRngLbl), list(params.maxDets)
+    out = {}
+    for name, (precision, threshold, area, dets) in _READS.items():
+        m = caps.index(cap if dets == "cap" else dets)
+        a = areas.index(area)
+        s = tables["precision"][:, :, :, a, m] if precision else tables["recall"][:, :, a, m]
+        if threshold is not None:
+            s = s[np.where(threshold == iou)[0]]
+        value = np.mean(s[s > -1]) if (s > -1).any() else -1.0
+        out[name] = float(np.float32(value))
+    return out

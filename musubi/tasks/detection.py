@@ -41,6 +41,7 @@ from musubi.data.synthetic_detection import (
 from musubi.tasks import detr, efficientdet
 from musubi.tasks.base import Metric, Reducer, Task, move_to
 from musubi.tasks.coco_map import coco_map
+from musubi.tasks.detection_cap import max_detections_record
 from musubi.tasks.pretrained import check_start_weights, load_start_weights
 from musubi.tasks.stem import adapt_stem
 
@@ -124,9 +125,11 @@ def map_backend() -> str:
 class DetectionMetric(Metric):
     """mAP50 and mAP50-95 over the whole validation set, whichever ranks hold its shards."""
 
-    def __init__(self, device: torch.device, backend: str) -> None:
+    def __init__(self, device: torch.device, backend: str, max_detections: int | None = None) -> None:
         self.device = torch.device(device)
         self.backend = backend
+        #: Detections per image and class that mAP scores (eval.max_detections); None: every one (coco_map).
+        self.max_detections = max_detections
         # Per image, on the host: (image_id or -1, pred boxes [P,4], scores [P], labels [P], gt boxes [G,4], labels [G]).
         self._images: list[tuple[int, Tensor, Tensor, Tensor, Tensor, Tensor]] = []
 
@@ -208,9 +211,9 @@ class DetectionMetric(Metric):
                 {"boxes": pred[:, :4].float(), "scores": pred[:, 4].float(), "labels": pred[:, 5].long()}
             )
             target_list.append({"boxes": gt[:, :4].float(), "labels": gt[:, 4].long()})
-        # No image: every value -1 (coco_map). COCO scores the top 100 detections of an image (SSD emits up to
-        # 200; the rest are ignored by design).
-        return coco_map(pred_list, target_list, self.backend)
+        # No image: every value -1 (coco_map). Every detection the model returned is scored unless
+        # eval.max_detections caps them (COCO's 100 scored a frame of 279 trees' own boxes mAP50 0.356).
+        return coco_map(pred_list, target_list, self.backend, self.max_detections)
 
 
 class DetectionTask(Task):
@@ -617,4 +620,14 @@ class DetectionTask(Task):
 
     def make_metric(self, device: torch.device) -> Metric:
         """A fresh mAP accumulator (ConfigError if the eval extra is not installed)."""
-        return DetectionMetric(device, map_backend())
+        return DetectionMetric(device, map_backend(), self.spec.eval.max_detections)
+
+    def eval_notes(self, model: nn.Module) -> dict[str, Any]:
+        """eval.json's "max_detections": the model's cap and the metric's, and a warning when a validation frame
+        holds more objects than either keeps (then mAP cannot reach 1)."""
+        val = self.val_dataset()
+        synthetic = self.spec.data.synthetic
+        # Whole frames (and sliced eval's) know their boxes; tiles scored as tiles are not counted here.
+        most = val.most_boxes() if isinstance(val, CocoDetection) else (
+            synthetic.objects if synthetic is not None and val is not None else None)
+        return {"max_detections": max_detections_record(model, self.spec.eval.max_detections, most)}

@@ -334,7 +334,7 @@ def _main(argv: list[str] | None) -> int:
                     json.dumps({"metrics": summary["val"], "step": summary["steps"],
                                 "primary_metric": task.primary_metric, "classes": task.class_names(),
                                 "how": "validation split, each sample counted once over all ranks"
-                                + _merge_how(task)}, indent=1),
+                                + _merge_how(task), **task.eval_notes(trainer.model)}, indent=1),
                     encoding="utf-8")
             log.info("done: %d/%d steps, %.1fs", summary["steps"], summary["total_steps"], summary["train_s"])
         if progress is not None:

@@ -102,3 +102,64 @@ def test_detection_metric_equals_torchmetrics(backend: str) -> None:
 def test_detection_metric_of_no_image_is_every_value_minus_one(backend: str) -> None:
     """A validation that saw no image (a rank's empty shard, merged): every value -1, as torchmetrics says."""
     assert DetectionMetric(torch.device("cpu"), backend).compute(lambda t: t) == _torchmetrics([], [], backend)
+
+
+def _dense(images: int = 3, objects: int = 320, seed: int = 0) -> list[dict[str, Tensor]]:
+    """Images crowded with `objects` boxes of one class (an aerial frame of trees): 8-16 px boxes on a grid."""
+    g = torch.Generator().manual_seed(seed)
+    side = int(objects**0.5) + 1
+    out = []
+    for _ in range(images):
+        cells = torch.randperm(side * side, generator=g)[:objects]
+        xy = torch.stack([cells % side, cells // side], 1).float() * 20 + torch.rand(objects, 2, generator=g) * 3
+        wh = 8 + torch.rand(objects, 2, generator=g) * 8
+        out.append({"boxes": torch.cat([xy, xy + wh], 1), "labels": torch.ones(objects, dtype=torch.long)})
+    return out
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_dense_ground_truth_scored_as_predictions_is_one(backend: str) -> None:
+    """320 objects an image: the ground truth itself scores mAP50 1.0 (COCO's top-100 cap would give ~0.31)."""
+    targets = _dense()
+    g = torch.Generator().manual_seed(1)
+    preds = [{**t, "scores": torch.rand(len(t["labels"]), generator=g)} for t in targets]
+    ours = coco_map(preds, targets, backend)
+    assert ours["map50"] == 1.0 and ours["map"] == 1.0
+    assert ours["mar100"] < 0.35  # mAR100 keeps COCO's meaning: the top 100 of 320
+    capped = coco_map(preds, targets, backend, max_detections=100)
+    assert capped["map50"] < 0.35 and capped == _torchmetrics(preds, targets, backend)  # COCO's cap, as theirs
+    # Through the validation metric, as the trainer computes it (eval.max_detections unset).
+    metric = DetectionMetric(torch.device("cpu"), backend)
+    metric.update(preds, ([], [{**t, "image_id": torch.tensor(i)} for i, t in enumerate(targets)]))
+    assert metric.compute(lambda t: t)["map50"] == 1.0
+    metric = DetectionMetric(torch.device("cpu"), backend, max_detections=100)
+    metric.update(preds, ([], [{**t, "image_id": torch.tensor(i)} for i, t in enumerate(targets)]))
+    assert metric.compute(lambda t: t)["map50"] == capped["map50"]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_more_than_100_detections_of_a_class_scored_to_the_cap(backend: str) -> None:
+    """An image with 150 detections of one class (COCO caps per image and class): the default scores all of
+    them, max_detections=100 gives torchmetrics' numbers, and the uncapped numbers are torchmetrics' with
+    its cap raised (faster-coco-eval: torchmetrics reads pycocotools' "map" at 100 only)."""
+    preds, targets = _case(3, images=12)
+    g = torch.Generator().manual_seed(9)
+    many = _boxes(150, g)
+    preds[4] = {"boxes": torch.cat([targets[4]["boxes"], many]),
+                "scores": torch.rand(len(targets[4]["boxes"]) + 150, generator=g),
+                "labels": torch.cat([targets[4]["labels"], torch.full((150,), 1)])}
+    ours = coco_map(preds, targets, backend)
+    capped = coco_map(preds, targets, backend, max_detections=100)
+    assert capped == _torchmetrics(preds, targets, backend)
+    assert ours != capped and ours["mar100"] == capped["mar100"]
+    cap = max(len(p["scores"]) for p in preds)
+    if backend == "faster_coco_eval":
+        metric = MeanAveragePrecision(box_format="xyxy", iou_type="bbox", backend=backend,
+                                      max_detection_thresholds=[1, 10, cap])
+        metric.warn_on_many_detections = False
+        metric.update(preds, targets)
+        theirs = metric.compute()
+        assert {k: v for k, v in ours.items() if k != "mar100"} == {
+            ours_name: float(theirs[name]) for name, ours_name in NAMES.items() if ours_name != "mar100"}
+    else:
+        assert ours == coco_map(preds, targets, "faster_coco_eval")
