@@ -16,7 +16,10 @@ DETECT = {"name": "d", "task": "detection", "model": "fasterrcnn_mobilenet_v3_la
 
 
 def test_each_family_reports_the_cap_its_model_args_set() -> None:
-    from torchvision.models.detection import fasterrcnn_mobilenet_v3_large_320_fpn, ssdlite320_mobilenet_v3_large
+    from torchvision.models.detection import (
+        fasterrcnn_mobilenet_v3_large_320_fpn,
+        ssdlite320_mobilenet_v3_large,
+    )
 
     rcnn = fasterrcnn_mobilenet_v3_large_320_fpn(weights=None, weights_backbone=None, num_classes=3,
                                                  box_detections_per_img=300)
