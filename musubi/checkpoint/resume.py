@@ -33,6 +33,7 @@ class Resumed:
     rank_state: dict[str, torch.Tensor]  # this rank's RNG states, to restore
     last_eval: dict[str, float] = field(default_factory=dict)
     last_eval_step: int = -1
+    early_stop: dict[str, Any] | None = None  # train.early_stop's count (best value, validations since it)
 
 
 def find_agreed(root: Path, world: World, automatic: bool) -> ckpt.Committed | None:
@@ -75,4 +76,4 @@ def resume_latest(root: Path, model: torch.nn.Module, optimizer: torch.optim.Opt
     scheduler.load_state_dict(state["scheduler"])
     scaler.load_state_dict(state["scaler"])
     return Resumed(found.path, state["step"], state["epoch"], samples // per_rank, rank_state,
-                   state.get("last_eval", {}), int(state.get("last_eval_step", -1)))
+                   state.get("last_eval", {}), int(state.get("last_eval_step", -1)), state.get("early_stop"))

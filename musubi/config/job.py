@@ -133,21 +133,49 @@ class PixelNorm(StrictModel):
                                "content version and its statistics).")
 
 
+#: What `data.augment` gives a classifier for each colour field left unset: torchvision's reference recipe and
+#: timm's default (ColorJitter 0.4); detection's default is 0 (off), as its earlier releases had it.
+CLASSIFY_COLOUR = 0.4
+#: The random resized crop's area range a classifier gets when crop_scale is left unset (torchvision, timm).
+CLASSIFY_CROP_SCALE = (0.08, 1.0)
+#: The crop's aspect-ratio range (width / height) by default (torchvision, timm).
+CROP_RATIO = (0.75, 4 / 3)
+
+
 class AugmentSpec(StrictModel):
-    """Detection training augmentations on the device batch (each off at 0 / null)."""
+    """Training augmentations on the device batch (each off at 0 / null); a field left unset takes the task's
+    default, and the resolved config (job.json) records the values used."""
 
     hflip: float = Field(0.5, ge=0.0, le=1.0, description="Probability of a horizontal flip.")
+    crop_scale: tuple[float, float] | None = Field(
+        None, description="Classification: random resized crop, a crop of [low, high] of the image's area (and an "
+        "aspect ratio in crop_ratio) resized back to the image's size. Unset: [0.08, 1] (torchvision, timm); "
+        "null: no crop. Not for detection (a crop cuts boxes): use scale."
+    )
+    crop_ratio: tuple[float, float] = Field(
+        CROP_RATIO, description="Classification: the crop's aspect ratio range (width / height), drawn "
+        "log-uniformly."
+    )
     scale: tuple[float, float] | None = Field(
-        None, description="Scale jitter: each image (and its boxes) resized by a factor drawn uniformly from "
-        "[low, high], e.g. [0.75, 1.25]."
+        None, description="Detection: scale jitter, each image (and its boxes) resized by a factor drawn uniformly "
+        "from [low, high], e.g. [0.75, 1.25]."
     )
     mosaic: float = Field(
-        0.0, ge=0.0, le=1.0, description="Probability that a sample becomes a mosaic of itself and the next three "
-        "of its batch, one per quadrant around a random centre, at its own size."
+        0.0, ge=0.0, le=1.0, description="Detection: probability that a sample becomes a mosaic of itself and the "
+        "next three of its batch, one per quadrant around a random centre, at its own size."
     )
-    brightness: float = Field(0.0, ge=0.0, lt=1.0, description="Colour jitter: brightness x a factor in [1-b, 1+b].")
-    contrast: float = Field(0.0, ge=0.0, lt=1.0, description="Colour jitter: contrast x a factor in [1-c, 1+c].")
-    saturation: float = Field(0.0, ge=0.0, lt=1.0, description="Colour jitter: saturation x a factor in [1-s, 1+s].")
+    brightness: float | None = Field(
+        None, ge=0.0, lt=1.0, description="Colour jitter: brightness x a factor in [1-b, 1+b]. Unset: 0.4 for "
+        "classification, 0 for detection. channels 1: a gain on the stored units (0.02 is +-6 K at 300 K)."
+    )
+    contrast: float | None = Field(
+        None, ge=0.0, lt=1.0, description="Colour jitter: contrast about the image's mean x a factor in [1-c, 1+c]. "
+        "Unset: 0.4 for classification, 0 for detection."
+    )
+    saturation: float | None = Field(
+        None, ge=0.0, lt=1.0, description="Colour jitter: saturation x a factor in [1-s, 1+s]. Unset: 0.4 for "
+        "classification, 0 for detection; refused for channels 1 (one channel has no colour)."
+    )
 
     @field_validator("scale")
     @classmethod
@@ -155,6 +183,39 @@ class AugmentSpec(StrictModel):
         if v is not None and not 0.1 <= v[0] <= v[1] <= 10.0:
             raise ValueError(f"scale must be [low, high] with 0.1 <= low <= high <= 10, not {list(v)}")
         return v
+
+    @field_validator("crop_scale")
+    @classmethod
+    def _crop_scale_range(cls, v: tuple[float, float] | None) -> tuple[float, float] | None:
+        if v is not None and not 0.0 < v[0] <= v[1] <= 1.0:
+            raise ValueError(f"crop_scale must be [low, high] with 0 < low <= high <= 1 (fractions of the image's "
+                             f"area), not {list(v)}")
+        return v
+
+    @field_validator("crop_ratio")
+    @classmethod
+    def _crop_ratio_range(cls, v: tuple[float, float]) -> tuple[float, float]:
+        if not 0.1 <= v[0] <= v[1] <= 10.0:
+            raise ValueError(f"crop_ratio must be [low, high] with 0.1 <= low <= high <= 10, not {list(v)}")
+        return v
+
+    def for_task(self, task: str) -> None:
+        """Fill the fields left unset with `task`'s defaults; ValueError for a field the task cannot use."""
+        if task == "classification":
+            if self.scale is not None or self.mosaic > 0:
+                raise ValueError("data.augment.scale and mosaic are detection augmentations (boxes follow the "
+                                 "pixels); a classifier crops: use crop_scale (and crop_ratio)")
+            if "crop_scale" not in self.model_fields_set:
+                self.crop_scale = CLASSIFY_CROP_SCALE
+            colour = CLASSIFY_COLOUR
+        else:
+            if self.crop_scale is not None or self.crop_ratio != CROP_RATIO:
+                raise ValueError("data.augment.crop_scale and crop_ratio are classification augmentations (a crop "
+                                 "cuts boxes); detection jitters the scale: use scale, e.g. [0.75, 1.25]")
+            colour = 0.0
+        for name in ("brightness", "contrast", "saturation"):
+            if getattr(self, name) is None:
+                setattr(self, name, colour)
 
 
 class DataSpec(StrictModel):
@@ -186,9 +247,9 @@ class DataSpec(StrictModel):
         "on CUDA and most files are JPEG; false: workers decode (PIL)."
     )
     augment: AugmentSpec | None = Field(
-        None, description="Detection training augmentations, applied to the batch on the rank's device "
-        "(box-correct; seeded per sample from train.seed, the epoch and the sample, so a resumed run sees the "
-        "same batches)."
+        None, description="Training augmentations (classification, detection), applied to the batch on the rank's "
+        "device (box-correct; seeded per sample from train.seed, the epoch and the sample, so a resumed run sees "
+        "the same batches). Off unless given; `augment: {}` is the task's default recipe."
     )
     cache: Literal["off", "auto", "on"] = Field(
         "auto", description="With slice: keep decoded tiles in shared RAM (auto: when they fit in half of the "
@@ -238,9 +299,9 @@ class DataSpec(StrictModel):
             if self.gpu_decode is True:
                 raise ValueError("gpu_decode decodes JPEG (RGB); single-channel frames (channels 1) are PNG/TIFF: "
                                  "set gpu_decode: false")
-            if self.augment is not None:
-                raise ValueError("data.augment works on RGB batches (its colour jitter too); single-channel frames "
-                                 "(channels 1) are not augmented yet: remove data.augment")
+            if self.augment is not None and self.augment.saturation:
+                raise ValueError("data.augment.saturation needs colour; single-channel frames (channels 1) have "
+                                 "one channel: remove saturation (brightness and contrast apply)")
             if self.slice is not None and self.slice.inline_train:
                 raise ValueError("channels 1 with inline slicing: cut the tiles offline (`musubi data slice` keeps "
                                  "16-bit pixels) and set slice.inline_train: false")
@@ -250,6 +311,30 @@ class DataSpec(StrictModel):
             raise ValueError("augment needs a data loader; synthetic.on_device cycles fixed batches: set "
                              "synthetic.on_device: false or remove data.augment")
         return self
+
+
+class EarlyStopSpec(StrictModel):
+    """Stop training when the validation metric stops improving (patience counted in validations)."""
+
+    patience: int = Field(
+        ge=1, le=100_000, description="Validations in a row without improvement after which training stops (one a "
+        "epoch under eval_every 1). Training ends with that validation and a checkpoint of its weights."
+    )
+    min_delta: float = Field(
+        0.0, ge=0.0, le=1e9, description="An improvement is a change beyond the best value so far by more than this, "
+        "in the metric's units (e.g. 0.005 top1)."
+    )
+    metric: ShortStr | None = Field(
+        None, description="Validation metric watched; default: the task's primary metric (top1, map50, val_acc, a "
+        "user task's primary_metric)."
+    )
+    mode: Literal["max", "min"] | None = Field(
+        None, description="Whether larger or smaller is better; default: min for a metric named ...loss, else max."
+    )
+
+    def mode_for(self, metric: str) -> str:
+        """The direction of improvement of `metric`: `mode`, else min for a loss and max otherwise."""
+        return self.mode or ("min" if metric.endswith("loss") else "max")
 
 
 class TrainSpec(StrictModel):
@@ -489,9 +574,31 @@ class JobSpec(StrictModel):
         if self.data.classes is not None and self.task in ("classification", "lm"):
             raise ValueError(f"data.classes maps COCO categories (detection); task {self.task} does not read "
                              "them: remove data.classes")
-        if self.data.augment is not None and self.task != "detection":
-            raise ValueError(f"data.augment is for detection (boxes follow the pixels); task {self.task} does "
-                             "not use it: remove data.augment")
+        if self.data.augment is not None:
+            if self.task not in ("classification", "detection"):
+                raise ValueError(f"data.augment is for the built-in classification and detection tasks; task "
+                                 f"{self.task} does not use it: remove data.augment")
+            self.data.augment.for_task(self.task)
+        return self
+
+    @model_validator(mode="after")
+    def _early_stop_needs_validation(self) -> JobSpec:
+        early = self.train.early_stop
+        if early is None:
+            return self
+        data = self.data
+        no_val = (data.synthetic.val_size == 0) if data.synthetic is not None else data.val is None
+        if no_val and self.task in ("classification", "detection", "lm"):
+            raise ValueError("train.early_stop watches a validation metric and this job has no validation split: "
+                             "add data.val (or synthetic.val_size > 0) or remove train.early_stop")
+        ck = self.checkpoint
+        # Patience means the last weights are not the best ones: keep the best checkpoint unless told otherwise.
+        if "keep_best" not in ck.model_fields_set:
+            ck.keep_best = max(ck.keep_best, 1)
+        if early.metric is not None and "best_metric" not in ck.model_fields_set:
+            ck.best_metric = early.metric
+            if "best_mode" not in ck.model_fields_set:
+                ck.best_mode = early.mode_for(early.metric)  # type: ignore[assignment]
         return self
 
     @model_validator(mode="after")

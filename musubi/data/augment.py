@@ -1,7 +1,9 @@
 """Detection augmentations on a batch already on the device: mosaic, scale jitter, horizontal flip, colour jitter.
 
 Images are float [3, H, W] in [0, 1] on any device (the GPU in training, the
-CPU in tests); boxes [N, 4] xyxy in image pixels follow every geometric change.
+CPU in tests), or [1, H, W] single-channel frames in their stored units (counts,
+centikelvin) with the range of their type as `bounds`; boxes [N, 4] xyxy in
+image pixels follow every geometric change.
 Each sample draws its parameters from its own CPU generator seeded by (seed,
 epoch, sample key), so the stream does not depend on the batch it lands in, on
 the device, or on what ran before: a run resumed at step k sees exactly the
@@ -24,6 +26,10 @@ MIN_BOX_SIDE = 1.0
 LUMA = (0.299, 0.587, 0.114)
 
 Target = dict[str, Tensor]
+#: A pixel range kept after a change (low, high), or None for unbounded values (float frames).
+Bounds = tuple[float, float] | None
+#: The range of RGB images in [0, 1].
+UNIT = (0.0, 1.0)
 
 
 def sample_seed(seed: int, epoch: int, key: int) -> int:
@@ -77,8 +83,11 @@ class Augment:
                     saturation=1.0 + self.saturation * (2 * u[7] - 1))
 
     def __call__(self, images: list[Tensor], targets: list[Target], keys: list[int], seed: int,
-                 epoch: int) -> tuple[list[Tensor], list[Target]]:
-        """The augmented batch (new lists; `keys`: one stable integer per sample, e.g. its image_id)."""
+                 epoch: int, bounds: Bounds = UNIT) -> tuple[list[Tensor], list[Target]]:
+        """The augmented batch (new lists; `keys`: one stable integer per sample, e.g. its image_id).
+
+        `bounds`: the pixels' range, kept after every change (None: unbounded, e.g. float thermal frames).
+        """
         draws = [self.draw(seed, epoch, k) for k in keys]
         out_images, out_targets = [], []
         n = len(images)
@@ -88,13 +97,13 @@ class Augment:
             if d.mosaic:
                 picks = [(i + j) % n for j in range(4)]
                 img, boxes, labels = mosaic([images[p] for p in picks], [targets[p]["boxes"] for p in picks],
-                                            [targets[p]["labels"] for p in picks], d.centre)
+                                            [targets[p]["labels"] for p in picks], d.centre, bounds)
             if d.scale != 1.0:
-                img, boxes, labels = rescale(img, boxes, labels, d.scale)
+                img, boxes, labels = rescale(img, boxes, labels, d.scale, bounds)
             if d.flip:
                 img, boxes = hflip(img, boxes)
             if (d.brightness, d.contrast, d.saturation) != (1.0, 1.0, 1.0):
-                img = colour(img, d.brightness, d.contrast, d.saturation)
+                img = colour(img, d.brightness, d.contrast, d.saturation, bounds)
             t["boxes"], t["labels"] = boxes, labels
             out_images.append(img)
             out_targets.append(t)
@@ -107,28 +116,29 @@ def hflip(img: Tensor, boxes: Tensor) -> tuple[Tensor, Tensor]:
     return img.flip(-1), torch.stack([w - boxes[:, 2], boxes[:, 1], w - boxes[:, 0], boxes[:, 3]], 1)
 
 
-def resize(img: Tensor, boxes: Tensor, labels: Tensor | None, h: int, w: int
+def resize(img: Tensor, boxes: Tensor, labels: Tensor | None, h: int, w: int, bounds: Bounds = UNIT
            ) -> tuple[Tensor, Tensor, Tensor | None]:
     """Image resized to h x w (bilinear, antialiased), boxes scaled per axis; boxes under MIN_BOX_SIDE dropped."""
     _, h0, w0 = img.shape
     if (h, w) != (h0, w0):
         img = F.interpolate(img[None], size=(h, w), mode="bilinear", align_corners=False, antialias=True)[0]
-        img = img.clamp_(0.0, 1.0)
+        img = clamp(img, bounds)
         boxes = boxes * torch.tensor([w / w0, h / h0, w / w0, h / h0], device=boxes.device, dtype=boxes.dtype)
     keep = ((boxes[:, 2] - boxes[:, 0]) >= MIN_BOX_SIDE) & ((boxes[:, 3] - boxes[:, 1]) >= MIN_BOX_SIDE)
     return img, boxes[keep], None if labels is None else labels[keep]
 
 
-def rescale(img: Tensor, boxes: Tensor, labels: Tensor, factor: float) -> tuple[Tensor, Tensor, Tensor]:
+def rescale(img: Tensor, boxes: Tensor, labels: Tensor, factor: float, bounds: Bounds = UNIT
+            ) -> tuple[Tensor, Tensor, Tensor]:
     """Scale jitter: the image and its boxes by `factor` (sizes rounded, at least 1 pixel), labels kept alike."""
     _, h, w = img.shape
-    out, b, kept = resize(img, boxes, labels, max(1, round(h * factor)), max(1, round(w * factor)))
+    out, b, kept = resize(img, boxes, labels, max(1, round(h * factor)), max(1, round(w * factor)), bounds)
     assert kept is not None
     return out, b, kept
 
 
-def mosaic(images: list[Tensor], boxes: list[Tensor], labels: list[Tensor], centre: tuple[float, float]
-           ) -> tuple[Tensor, Tensor, Tensor]:
+def mosaic(images: list[Tensor], boxes: list[Tensor], labels: list[Tensor], centre: tuple[float, float],
+           bounds: Bounds = UNIT) -> tuple[Tensor, Tensor, Tensor]:
     """Four images in the quadrants around `centre` (fractions) of the first one's canvas, each resized to fit.
 
     Quadrant k (0 top-left, 1 top-right, 2 bottom-left, 3 bottom-right) holds images[k]; its boxes are
@@ -142,7 +152,7 @@ def mosaic(images: list[Tensor], boxes: list[Tensor], labels: list[Tensor], cent
     canvas = images[0].new_zeros((c, h, w))
     out_boxes, out_labels = [], []
     for k, (x0, y0, x1, y1) in enumerate(quadrants(w, h, cx, cy)):
-        img, b, lab = resize(images[k], boxes[k], labels[k], y1 - y0, x1 - x0)
+        img, b, lab = resize(images[k], boxes[k], labels[k], y1 - y0, x1 - x0, bounds)
         canvas[:, y0:y1, x0:x1] = img
         out_boxes.append(b + torch.tensor([x0, y0, x0, y0], device=b.device, dtype=b.dtype))
         assert lab is not None
@@ -155,8 +165,11 @@ def quadrants(w: int, h: int, cx: int, cy: int) -> list[tuple[int, int, int, int
     return [(0, 0, cx, cy), (cx, 0, w, cy), (0, cy, cx, h), (cx, cy, w, h)]
 
 
-def colour(img: Tensor, brightness: float, contrast: float, saturation: float) -> Tensor:
-    """Brightness (scale), contrast (about the mean grey) and saturation (about each pixel's grey), clamped."""
+def colour(img: Tensor, brightness: float, contrast: float, saturation: float, bounds: Bounds = UNIT) -> Tensor:
+    """Brightness (scale), contrast (about the mean grey) and saturation (about each pixel's grey), clamped.
+
+    A 1-channel image is its own grey: saturation leaves it unchanged.
+    """
     out = img * brightness
     if contrast != 1.0:
         mean = grey_of(out).mean()
@@ -164,11 +177,19 @@ def colour(img: Tensor, brightness: float, contrast: float, saturation: float) -
     if saturation != 1.0:
         grey = grey_of(out)[None]
         out = (out - grey) * saturation + grey
-    return out.clamp_(0.0, 1.0)
+    return clamp(out, bounds)
+
+
+def clamp(img: Tensor, bounds: Bounds) -> Tensor:
+    """`img` clamped in place to `bounds` (None: unchanged)."""
+    return img if bounds is None else img.clamp_(*bounds)
 
 
 def grey_of(img: Tensor) -> Tensor:
-    """[H, W] luma of a [3, H, W] image, weighted by scalars (a weight tensor on a CUDA stream would wait for it)."""
+    """[H, W] luma of a [3, H, W] image, weighted by scalars (a weight tensor on a CUDA stream would wait for it);
+    a [1, H, W] image's only channel."""
+    if img.shape[0] == 1:
+        return img[0]
     r, g, b = LUMA
     return img[0] * r + img[1] * g + img[2] * b
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from PIL import Image
@@ -27,7 +28,7 @@ from torchvision.transforms.functional import pil_to_tensor
 from musubi.config.errors import ConfigError
 from musubi.data import guards
 from musubi.data.classmap import ClassMap, apply_class_map
-from musubi.data.pixels import read_single_channel
+from musubi.data.pixels import SINGLE_CHANNEL_MODES, read_single_channel
 
 log = logging.getLogger(__name__)
 
@@ -271,6 +272,19 @@ class CocoDetection(Dataset):
         """(width, height) of image `index` as stored (the pixels its annotation boxes refer to), from its header."""
         with Image.open(self.image_dir / self._file_names[index]) as im:
             return im.size
+
+    def stored_range(self, sample: int = 8) -> tuple[float, float] | None:
+        """The range of the single-channel frames' stored type (0..255, 0..65535; the widest of up to `sample`
+        frames spread over the set, read from their headers), or None for signed and float frames."""
+        n = len(self._file_names)
+        widest = 0.0
+        for i in sorted({k * n // sample for k in range(sample)} if n else ()):
+            with Image.open(self.image_dir / self._file_names[i]) as im:
+                dtype = SINGLE_CHANNEL_MODES.get(im.mode)
+            if dtype not in (np.uint8, np.uint16):
+                return None
+            widest = max(widest, float(np.iinfo(dtype).max))
+        return (0.0, widest) if widest else None
 
     def most_boxes(self) -> int:
         """The most boxes any one image holds (0 without boxes): what a detector must return to score them all."""

@@ -545,6 +545,10 @@ def launch_train(req: TrainRequest) -> TrainResult:
     history = record.get("history", [])
     entry: dict = {"attempt": record["attempts"], "exit_code": code, "status": status, "error": err,
                    "started": round(started, 3), "ended": round(time.time(), 3)}
+    if status == "done" and summary_path.is_file():
+        early = read_json(summary_path).get("early_stop")
+        if early and early.get("stopped_step") is not None:  # train.early_stop ended it: where, and why
+            entry["early_stop"] = early
     # torchrun restarts of this launch: one progress file per attempt (a failed launch writes no summary).
     attempts_here = list((job_dir / "progress").glob(f"a{record['attempts']}.*.jsonl")) \
         if (job_dir / "progress").is_dir() else []

@@ -20,7 +20,8 @@ from musubi.config.errors import ConfigError, one_line
 from musubi.config.job import JobSpec
 from musubi.data import guards
 from musubi.data import synthetic_classification as synth
-from musubi.tasks.base import Metric, Reducer, Task
+from musubi.data.classify_augment import ClassifyAugment
+from musubi.tasks.base import Metric, Reducer, Task, move_to
 from musubi.tasks.pretrained import check_start_weights, load_start_weights
 
 #: Model names with this prefix are built by timm (when it is installed).
@@ -122,28 +123,49 @@ def _image_in(root: str, path: str) -> bool:
 
 
 def image_folder(path: str, classes: list[str] | None, image_size: int,
-                 max_pixels: int | None = None) -> ImageFolder:
+                 max_pixels: int | None = None, raw: bool = False) -> ImageFolder:
     """An ImageFolder with deterministic resize + centre crop + normalise (no random augmentation).
 
-    Images are opened by `guards.open_image` (pixel limit from the header, one-line errors) and
-    the scan refuses any file that a symlink takes outside `path`.
+    `raw`: stop before the normalisation, as uint8 [3, S, S] (a quarter of float32's bytes to the device, where
+    the batch is augmented and normalised). Images are opened by `guards.open_image` (pixel limit from the
+    header, one-line errors) and the scan refuses any file that a symlink takes outside `path`.
     """
     guarded = {"loader": partial(guards.open_image, max_pixels=max_pixels),
                "is_valid_file": partial(_image_in, path)}
-    tf = transforms.Compose(
-        [
-            transforms.Resize(image_size),
-            transforms.CenterCrop(image_size),
-            transforms.ToTensor(),
-            transforms.Normalize(IMAGENET_MEAN, IMAGENET_STD),
-        ]
-    )
+    tail = [transforms.PILToTensor()] if raw else [transforms.ToTensor(),
+                                                   transforms.Normalize(IMAGENET_MEAN, IMAGENET_STD)]
+    tf = transforms.Compose([transforms.Resize(image_size), transforms.CenterCrop(image_size), *tail])
     try:
         if classes is None:
             return ImageFolder(path, transform=tf, **guarded)
         return _FolderWithClasses(path, classes, transform=tf, **guarded)
     except FileNotFoundError as e:
         raise ConfigError(f"data: {path}: {one_line(e)}") from None
+
+
+class IndexedSamples(Dataset):
+    """Sample i of a data set as (image, label, i): the index seeds sample i's augmentation on the device."""
+
+    def __init__(self, base: Dataset) -> None:
+        self.base = base
+
+    def __len__(self) -> int:
+        return len(self.base)  # type: ignore[arg-type]
+
+    def __getitem__(self, index: int) -> tuple[Any, Any, int]:
+        image, label = self.base[index]
+        return image, label, index
+
+
+def imagenet_normalise(images: torch.Tensor) -> torch.Tensor:
+    """[B, 3, S, S] in [0, 1] -> (x - mean) / std with ImageNet's statistics (the host path's Normalize), in place.
+
+    Scalars per channel, not a statistics tensor: a host tensor copied to a CUDA stream per batch is a copy the
+    prefetch thread would queue for nothing.
+    """
+    for c, (m, sd) in enumerate(zip(IMAGENET_MEAN, IMAGENET_STD, strict=True)):
+        images[:, c].sub_(m).div_(sd)
+    return images
 
 
 # -- metric ----------------------------------------------------------------
@@ -196,6 +218,12 @@ class ClassificationTask(Task):
         super().__init__(spec)
         self._classes: list[str] | None = None
         self._max_pixels = spec.data.max_image_pixels
+        self.device: torch.device | None = None  # the rank's device (use_device), for the feed's start line
+        aug = spec.data.augment
+        #: data.augment on the device batch (training only), or None.
+        self.augment = ClassifyAugment(
+            crop_scale=aug.crop_scale, crop_ratio=aug.crop_ratio, hflip=aug.hflip, brightness=aug.brightness or 0.0,
+            contrast=aug.contrast or 0.0, saturation=aug.saturation or 0.0) if aug else None
 
     # -- facts from the spec ----------------------------------------------
     def model_args(self) -> dict[str, Any]:
@@ -219,6 +247,11 @@ class ClassificationTask(Task):
             assert self.spec.data.train is not None
             self._classes = folder_classes(self.spec.data.train.path)
         return self._classes
+
+    def class_names(self) -> list[str]:
+        """Label i's name at i: the class folders (sorted, as ImageFolder numbers them); synthetic: class0..."""
+        syn = self.spec.data.synthetic
+        return [f"class{i}" for i in range(syn.num_classes)] if syn is not None else list(self.classes())
 
     def num_classes(self) -> int:
         """Number of classes, from the data."""
@@ -248,11 +281,6 @@ class ClassificationTask(Task):
                     raise ConfigError(f"data.val: {data.val.path} holds no images; add some or drop data.val")
         probe = self._meta_model()
         if self.spec.weights:
-    def class_names(self) -> list[str]:
-        """Label i's name at i: the class folders (sorted, as ImageFolder numbers them); synthetic: class0..."""
-        syn = self.spec.data.synthetic
-        return [f"class{i}" for i in range(syn.num_classes)] if syn is not None else list(self.classes())
-
             check_start_weights(self.spec.weights, self.spec.model, probe)
 
     def _meta_model(self) -> nn.Module | None:
@@ -274,14 +302,18 @@ class ClassificationTask(Task):
         return model
 
     def train_dataset(self) -> Dataset:
-        """Synthetic samples or the training image folder."""
+        """Synthetic samples or the training image folder; under data.augment (image, label, index) samples, the
+        images of a folder left as uint8 (train_batch augments and normalises them on the device)."""
         syn = self.spec.data.synthetic
         if syn is not None:
-            return synth.SyntheticClassification(
+            ds: Dataset = synth.SyntheticClassification(
                 syn.train_size, syn.image_size, syn.num_classes, syn.seed, synth.TRAIN_STREAM
             )
-        assert self.spec.data.train is not None
-        return image_folder(self.spec.data.train.path, None, self.image_size(), self._max_pixels)
+        else:
+            assert self.spec.data.train is not None
+            ds = image_folder(self.spec.data.train.path, None, self.image_size(), self._max_pixels,
+                              raw=self.augment is not None)
+        return ds if self.augment is None else IndexedSamples(ds)
 
     def val_dataset(self) -> Dataset | None:
         """Synthetic validation samples, the validation image folder, or None."""
@@ -295,6 +327,48 @@ class ClassificationTask(Task):
         if self.spec.data.val is None:
             return None
         return image_folder(self.spec.data.val.path, self.classes(), self.image_size(), self._max_pixels)
+
+    def use_device(self, device: torch.device) -> None:
+        """Remember the rank's device (the feed's start line names where the batch is augmented)."""
+        self.device = torch.device(device)
+
+    def feed_path(self) -> dict[str, str]:
+        """Decode and resize in the loader workers; augmentations (if any) on the rank's device, batched."""
+        path = super().feed_path()
+        if self.augment is not None and self.augment.active():
+            on = str(self.device) if self.device is not None else "the rank's device"
+            path["augment"] = f"{', '.join(self.augment.active())} on {on}, batch (seeded per sample)"
+        return path
+
+    def to_device(self, batch: Any, device: torch.device) -> Any:
+        """(images, labels) on `device`; a training batch under data.augment (uint8 images, sample indices)
+        arrives as the host path would have made it: float, normalised, not augmented."""
+        if len(batch) == 2:
+            return move_to(batch, device)
+        images, labels = self.unit_images(batch[0], device), batch[1].to(device, non_blocking=True)
+        return self.finish_images(images), labels
+
+    def train_batch(self, batch: Any, device: torch.device, epoch: int) -> Any:
+        """(images, labels) on `device`, augmented per sample, seeded by (train.seed, epoch, sample index)."""
+        if self.augment is None:
+            return self.to_device(batch, device)
+        device = torch.device(device)
+        images, labels, index = batch
+        keys = index.tolist()  # a host tensor: no device sync
+        raw = self.unit_images(images, device)
+        # Pixels from files are in [0, 1] until normalised; synthetic images are zero-centred, unbounded.
+        bounds = (0.0, 1.0) if images.dtype == torch.uint8 else None
+        out = self.augment(raw, keys, self.spec.train.seed, epoch, bounds)
+        return self.finish_images(out), labels.to(device, non_blocking=True)
+
+    def unit_images(self, images: torch.Tensor, device: torch.device) -> torch.Tensor:
+        """Images on `device` as float: uint8 (a folder's, under data.augment) to [0, 1], floats as they are."""
+        images = images.to(device, non_blocking=True)
+        return images.float().div_(255.0) if images.dtype == torch.uint8 else images
+
+    def finish_images(self, images: torch.Tensor) -> torch.Tensor:
+        """Images as the model takes them: a folder's normalised with ImageNet's statistics (synthetic: as made)."""
+        return images if self.spec.data.synthetic is not None else imagenet_normalise(images)
 
     def device_batch(self, batch_size: int, device: torch.device, generator: torch.Generator) -> Any:
         """Synthetic (images [B,3,S,S], labels [B]) made on `device`."""

@@ -8,6 +8,7 @@ targets): detectors take images of different sizes, so nothing is stacked.
 
 from __future__ import annotations
 
+import difflib
 import inspect
 from collections.abc import Callable
 from importlib.util import find_spec
@@ -26,7 +27,7 @@ from torchvision.models.detection.transform import GeneralizedRCNNTransform
 
 from musubi.config.errors import ConfigError
 from musubi.config.job import DataSplit, JobSpec
-from musubi.data.augment import Augment, keep_inside
+from musubi.data.augment import UNIT, Augment, Bounds, keep_inside
 from musubi.data.coco import CocoDetection
 from musubi.data.gpu_decode import DecodeStats, PackedBytes, decode_batch, pack_bytes, targets_to, unit_float
 from musubi.data.gpu_tiles import TileCutter
@@ -45,15 +46,29 @@ from musubi.tasks.detection_cap import max_detections_record
 from musubi.tasks.pretrained import check_start_weights, load_start_weights
 from musubi.tasks.stem import adapt_stem
 
-#: Model name -> (torchvision builder, model class whose keyword arguments the builder forwards).
+#: Model name -> (torchvision builder, model class whose keyword arguments the builder forwards): every box
+#: detector of torchvision.models.detection (tests/tasks/test_detection_builders.py builds and steps each).
 MODELS: dict[str, tuple[Callable[..., nn.Module], type[nn.Module]]] = {
     "fasterrcnn_mobilenet_v3_large_fpn": (tvd.fasterrcnn_mobilenet_v3_large_fpn, tvd.FasterRCNN),
     "fasterrcnn_mobilenet_v3_large_320_fpn": (tvd.fasterrcnn_mobilenet_v3_large_320_fpn, tvd.FasterRCNN),
     "fasterrcnn_resnet50_fpn": (tvd.fasterrcnn_resnet50_fpn, tvd.FasterRCNN),
+    "fasterrcnn_resnet50_fpn_v2": (tvd.fasterrcnn_resnet50_fpn_v2, tvd.FasterRCNN),
     "fcos_resnet50_fpn": (tvd.fcos_resnet50_fpn, FCOS),
     "retinanet_resnet50_fpn": (tvd.retinanet_resnet50_fpn, RetinaNet),
+    "retinanet_resnet50_fpn_v2": (tvd.retinanet_resnet50_fpn_v2, RetinaNet),
+    "ssd300_vgg16": (tvd.ssd300_vgg16, SSD),
     "ssdlite320_mobilenet_v3_large": (tvd.ssdlite320_mobilenet_v3_large, SSD),
 }
+#: torchvision detection builders that are not box detectors, and why each is refused (with the box detector
+#: of the same architecture).
+REFUSED = {
+    "maskrcnn_resnet50_fpn": ("Mask R-CNN trains on instance masks", "fasterrcnn_resnet50_fpn"),
+    "maskrcnn_resnet50_fpn_v2": ("Mask R-CNN trains on instance masks", "fasterrcnn_resnet50_fpn_v2"),
+    "keypointrcnn_resnet50_fpn": ("Keypoint R-CNN trains on keypoints", "fasterrcnn_resnet50_fpn"),
+}
+#: SSD resizes every image to its fixed input size (300 px for ssd300_vgg16, 320 for SSDlite) itself; these
+#: GeneralizedRCNNTransform arguments are set by SSD, not by model_args.
+SSD_FIXED_ARGS = frozenset({"min_size", "max_size", "fixed_size", "size_divisible"})
 #: Models that resize their input between min_size and max_size (SSD has a fixed input size instead).
 RESIZING_MODELS = frozenset(name for name, (_, cls) in MODELS.items() if cls is not SSD)
 # Set by musubi itself, or not expressible as a YAML scalar.
@@ -103,7 +118,27 @@ def accepted_model_args(model: str) -> frozenset[str]:
     names: set[str] = set()
     for fn in (builder, cls.__init__, GeneralizedRCNNTransform.__init__):
         names.update(inspect.signature(fn).parameters)
-    return frozenset((names - _RESERVED_ARGS) | OWN_MODEL_ARGS)
+    fixed = SSD_FIXED_ARGS if cls is SSD else frozenset()
+    return frozenset((names - _RESERVED_ARGS - fixed) | OWN_MODEL_ARGS)
+
+
+def check_detection_model(name: str) -> None:
+    """ConfigError unless `name` is a built-in detector: why a torchvision builder is refused, else the close
+    names (did you mean) and every known one."""
+    if name in known_models():
+        return
+    if name in REFUSED:
+        why, boxes = REFUSED[name]
+        raise ConfigError(f"model: {name} is refused: {why}, which the detection task (boxes only) does not "
+                          f"read; did you mean {boxes}, the same model's box detector?")
+    import torchvision
+
+    if name in torchvision.models.list_models(module=torchvision.models):
+        raise ConfigError(f"model: {name} is a classification model; set task: classification, or pick a "
+                          f"detector (e.g. fasterrcnn_resnet50_fpn_v2, retinanet_resnet50_fpn_v2)")
+    close = difflib.get_close_matches(name, known_models(), n=3, cutoff=0.6)
+    hint = f" (did you mean {', '.join(close)}?)" if close else ""
+    raise ConfigError(f"model: unknown detection model {name!r}{hint}; known: {', '.join(known_models())}")
 
 
 def set_bn_momentum(model: nn.Module, momentum: float) -> None:
@@ -232,6 +267,7 @@ class DetectionTask(Task):
         self._val: Dataset | None = None
         self._val_built = False
         self._norm: tuple[float, float] | None = None
+        self._frame_range: Bounds | bool = False  # frame_range(), once read
         #: The rank's device (use_device); None: not told (launcher-side checks), files decode in workers.
         self.device: torch.device | None = None
         #: Whether COCO files cross the loader as bytes and are decoded on the device (set with the train set).
@@ -242,8 +278,8 @@ class DetectionTask(Task):
         sl = spec.data.slice
         self.cutter = TileCutter(sl.tile, self.decode_stats) if sl is not None else None
         aug = spec.data.augment
-        self.augment = Augment(hflip=aug.hflip, scale=aug.scale, mosaic=aug.mosaic, brightness=aug.brightness,
-                               contrast=aug.contrast, saturation=aug.saturation) if aug is not None else None
+        self.augment = Augment(hflip=aug.hflip, scale=aug.scale, mosaic=aug.mosaic, brightness=aug.brightness or 0.0,
+                               contrast=aug.contrast or 0.0, saturation=aug.saturation or 0.0) if aug else None
 
     # -- shape of the problem ----------------------------------------------
     @property
@@ -272,10 +308,6 @@ class DetectionTask(Task):
         assert isinstance(train, (CocoDetection, SlicedCocoDetection))
         return train.num_classes
 
-    @property
-    def normalization(self) -> tuple[float, float]:
-        """(mean, std) of single-channel pixels: data.normalize, else the train split's statistics (computed here)."""
-        norm = self.spec.data.normalize
     def class_names(self) -> list[str]:
         """Label i + 1's name at i: the COCO category names (after data.classes); synthetic: class1..classK,
         as `musubi data synth` names its categories."""
@@ -296,6 +328,10 @@ class DetectionTask(Task):
         assert isinstance(train, (CocoDetection, SlicedCocoDetection))
         return list(train.category_ids)
 
+    @property
+    def normalization(self) -> tuple[float, float]:
+        """(mean, std) of single-channel pixels: data.normalize, else the train split's statistics (computed here)."""
+        norm = self.spec.data.normalize
         if norm is not None:
             return norm.mean, norm.std
         if self._norm is None:
@@ -364,10 +400,7 @@ class DetectionTask(Task):
 
     # -- model -------------------------------------------------------------
     def _check_model_name(self) -> None:
-        if self.spec.model not in known_models():
-            raise ConfigError(
-                f"model: unknown detection model {self.spec.model!r}; known: {', '.join(known_models())}"
-            )
+        check_detection_model(self.spec.model)
 
     def _construct(self) -> nn.Module:
         if detr.is_detr_model(self.spec.model):
@@ -546,18 +579,34 @@ class DetectionTask(Task):
         with timed(clock, "h2d", device):
             images = [im.to(device, non_blocking=True) for im in images]
         if self.spec.data.channels == 1:
-            # [1, H, W] in stored units (counts, centikelvin) -> standardised by the data set's statistics.
-            mean, std = self.normalization
-            images = [im.float().sub_(mean).div_(std) for im in images]
-            if self.spec.data.one_channel == "replicate":
-                images = [im.expand(3, -1, -1) for im in images]
-            return images, move_to(targets, device)
+            # [1, H, W] in stored units (counts, centikelvin) as float32, exact for 8- and 16-bit values.
+            images = [im.float() for im in images]
+            if not move_targets:
+                return images, targets  # train_batch augments them in stored units, then standardises
+            return self.standardise(images), move_to(targets, device)
         with timed(clock, "convert", device):
             images = unit_float(images) if images and images[0].dtype == torch.uint8 else images
         if not move_targets:
             return images, targets
         return images, targets_to(targets, device) if targets and isinstance(targets[0], dict) else move_to(
             targets, device)
+
+    def frame_range(self) -> Bounds:
+        """The pixel range single-channel frames keep when augmented: their stored type's, read once from the
+        train split's headers (None for signed and float frames)."""
+        if self._frame_range is False:
+            train = self.train_dataset()
+            self._frame_range = train.stored_range() if isinstance(train, CocoDetection) else None
+        return self._frame_range
+
+    def standardise(self, images: list[Tensor]) -> list[Tensor]:
+        """Single-channel frames (float, stored units) -> (x - mean) / std by the data set's statistics, in place;
+        copied to 3 channels under one_channel: replicate."""
+        mean, std = self.normalization
+        images = [im.sub_(mean).div_(std) for im in images]
+        if self.spec.data.one_channel == "replicate":
+            images = [im.expand(3, -1, -1) for im in images]
+        return images
 
     def train_batch(self, batch: Any, device: torch.device, epoch: int) -> Any:
         """to_device, then data.augment on the device batch, seeded per sample by (train.seed, epoch, image_id).
@@ -569,10 +618,15 @@ class DetectionTask(Task):
         if self.augment is None:
             return self._on_device(batch, device, clock, move_targets=True)
         keys = [int(t["image_id"]) for t in batch[1]]  # read on the host: no device sync
+        one = self.spec.data.channels == 1
+        # Single-channel frames keep their stored type's range (16-bit counts saturate at 65535), not [0, 1].
+        bounds = self.frame_range() if one else UNIT
         images, targets = self._on_device(batch, device, clock, move_targets=False)
         with timed(clock, "augment", device):
-            images, targets = self.augment(images, targets, keys, self.spec.train.seed, epoch)
+            images, targets = self.augment(images, targets, keys, self.spec.train.seed, epoch, bounds)
             targets = [keep_inside(img, t) for img, t in zip(images, targets, strict=True)]
+            if one:
+                images = self.standardise(images)
         with timed(clock, "h2d", device):
             return images, targets_to(targets, device)
 

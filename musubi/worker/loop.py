@@ -28,6 +28,7 @@ from musubi.recovery.watchdog import Heartbeat
 from musubi.store.startup import mark
 from musubi.tasks.base import Task
 from musubi.worker.bn_stats import recalibrate_bn, restore_bn, snapshot_bn
+from musubi.worker.early_stop import EarlyStop
 from musubi.worker.feed.loaders import TrainFeed, ValFeed
 from musubi.worker.log_window import LogWindow, PendingLine, agree_parts, check_finite, queue_line
 from musubi.worker.ordered_reduce import needs_ordered_reduce, ordered_allreduce_hook
@@ -193,6 +194,11 @@ class Trainer:
         self.pending_line: PendingLine | None = None  # the last log step's line, not yet read (log_window.py)
         self.metrics: MetricsWriter | None = None  # rank 0's sink (metrics.jsonl) and bar, set by fit
         self.bar: ProgressBar | None = None
+        #: train.early_stop: patience on a validation metric (rank 0's value decides on every rank), or None.
+        self.early = EarlyStop.from_spec(t.early_stop, task.primary_metric) if t.early_stop else None
+        if self.early is not None and not self.val:
+            raise ConfigError("train.early_stop watches a validation metric and this task has no validation set; "
+                              "give it one or remove train.early_stop")
 
     @property
     def phase(self) -> str:
@@ -217,17 +223,19 @@ class Trainer:
             "signature": self.signature,
             "task": self.spec.task,
             "model": self.spec.model,
+            # The output classes in label order: a checkpoint says what its weights name (export and predict).
+            "classes": self.task.class_names(),
             "global_batch": self.plan.global_batch,
             "last_eval": self.last_eval,
             "last_eval_step": self.last_eval_step,
+            # The patience count: a resumed run stops where one that never stopped would.
+            "early_stop": self.early.state_dict() if self.early is not None else None,
         }
 
     def save(self) -> None:
         """Collective checkpoint of the current state (asynchronous unless checkpoint.async_mode is off)."""
         if self.checkpointer is None:
             return
-            # The output classes in label order: a checkpoint says what its weights name (export and predict).
-            "classes": self.task.class_names(),
         self.flush_line()  # a non-finite loss of the last interval read stops the run before it is saved
         self.phase = "checkpoint"
         # keep_best ranks a checkpoint by the evaluation of its own weights, never an earlier step's.
@@ -258,6 +266,9 @@ class Trainer:
             return False
         self.step, self.epoch, self.micro = got.step, got.epoch, got.micro
         self.last_eval, self.last_eval_step = got.last_eval, got.last_eval_step
+        if self.early is not None and got.early_stop and not self.early.load_state_dict(got.early_stop):
+            log.warning("train.early_stop watches %s (%s), the checkpoint's count watched %s (%s): counting afresh",
+                        self.early.metric, self.early.mode, got.early_stop.get("metric"), got.early_stop.get("mode"))
         restore_rng(got.rank_state, self.world.device)
         self.hb.resumed_step = self.step
         self.hb.step = self.step
@@ -361,7 +372,8 @@ class Trainer:
         return {
             "steps": self.step,
             "total_steps": self.total_steps,
-            "finished": self.step >= self.total_steps,
+            # An early stop ends the job as its last step would: nothing is left to resume.
+            "finished": self.step >= self.total_steps or self.stopped_early,
             "epoch": self.epoch,
             "global_batch": self.plan.global_batch,
             "lr": self.plan.lr,
@@ -370,6 +382,7 @@ class Trainer:
             "train_s": round(elapsed, 3),
             "steps_per_s": round((self.step - step_start) / max(elapsed, 1e-9), 4),
             "val": self.last_eval,
+            **({"early_stop": self.early.record()} if self.early is not None else {}),
         }
 
     def _announce(self) -> None:
@@ -401,7 +414,8 @@ class Trainer:
 
     def end_epoch(self) -> None:
         """Validate where an epoch ended (or training stopped inside one), then fire epoch_end."""
-        if self.step >= self.stop_step and self.micro < self.usable_micro:
+        inside = self.step >= self.stop_step and self.micro < self.usable_micro
+        if inside:
             # Training ended inside an epoch (train.max_steps, --max-steps): the weights it leaves are validated
             # like an epoch's end, so eval.json always has the final step's metrics.
             due = bool(self.val) and self.last_eval_step != self.step
@@ -411,6 +425,8 @@ class Trainer:
             due = self._eval_due(self.epoch)
         if due:
             self.run_eval()
+            if not inside:
+                self.watch_patience()
         self.events.fire(EPOCH_END, self.epoch)
 
     # -- the step: forward/backward of one micro-batch, then the optimizer ---------
@@ -537,6 +553,35 @@ class Trainer:
         """Whether validation runs once `epochs_done` epochs are complete."""
         t = self.spec.train
         return epochs_done % t.eval_every == 0 or epochs_done == t.epochs or self.step >= self.stop_step
+
+    @property
+    def stopped_early(self) -> bool:
+        """Whether train.early_stop ended training (before its last step)."""
+        return self.early is not None and self.early.stopped_step is not None
+
+    def watch_patience(self) -> None:
+        """train.early_stop counts an epoch's scheduled validation; where patience runs out, training stops here.
+
+        Only the validations every run makes count: not the one where --max-steps stopped inside an epoch, so a
+        stopped and resumed run counts what one that never stopped counts. Every rank takes rank 0's value.
+        """
+        early, t = self.early, self.spec.train
+        if early is None or self.last_eval_step != self.step or not (
+                self.epoch % t.eval_every == 0 or self.epoch == t.epochs):
+            return
+        if early.metric not in self.last_eval:
+            raise ConfigError(f"train.early_stop.metric {early.metric!r} is not a validation metric of this task (it "
+                              f"reports {', '.join(sorted(self.last_eval))}); fix it")
+        value = self.world.broadcast_from_main([self.last_eval[early.metric]])[0]
+        if not early.observe(value, self.step) or self.step >= self.total_steps:
+            return
+        early.stopped_step = self.step
+        if self.step < self.stop_step and self.step % t.log_every and self.step > self.fit_start_step + 1:
+            self.stop_step = self.step
+            self.log_step(self.step)  # the interval since the last log line, which the stop cut short
+        self.stop_step = self.step
+        log.info("early stop at step %d of %d (epoch %d): %s", self.step, self.total_steps, self.epoch,
+                 early.reason())
 
     def run_eval(self) -> None:
         """Validate, log on rank 0, and remember the result for the checkpoint."""

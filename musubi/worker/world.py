@@ -59,6 +59,13 @@ class World:
         """The maximum of an integer over ranks."""
         return -self.all_reduce_min(-value)
 
+    def broadcast_from_main(self, values: list[float]) -> list[float]:
+        """Rank 0's floats on every rank (float64): an input every rank then decides on alike."""
+        t = torch.tensor(values, dtype=torch.float64, device=self.device)
+        if dist.is_initialized() and self.size > 1:
+            dist.broadcast(t, src=0)
+        return t.tolist()
+
 
 def _env_int(name: str, default: int) -> int:
     raw = os.environ.get(name)

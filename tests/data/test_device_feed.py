@@ -182,9 +182,10 @@ def test_the_stage_clock_gives_means_a_batch_and_forgets_on_reset() -> None:
     assert clock.record() == {}
 
 
-def test_augment_is_refused_outside_detection() -> None:
+def test_augment_is_refused_outside_classification_and_detection() -> None:
     from pydantic import ValidationError
 
-    with pytest.raises(ValidationError, match="data.augment is for detection"):
-        JobSpec(name="c", task="classification", model="resnet18",
-                data={"synthetic": {}, "augment": {"hflip": 0.5}})
+    with pytest.raises(ValidationError, match="data.augment is for the built-in classification and detection"):
+        JobSpec(name="c", task="lm", model="gpt", data={"synthetic": {}, "augment": {"hflip": 0.5}})
+    assert JobSpec(name="c", task="classification", model="resnet18",
+                   data={"synthetic": {}, "augment": {"hflip": 0.5}}).data.augment is not None

@@ -13,7 +13,9 @@ import yaml
 
 from musubi.config.errors import ConfigError
 from musubi.config.load import job_from_dict
+from musubi.data.augment import Augment
 from musubi.data.synthetic_files import SyntheticFiles, write_synthetic_coco
+from musubi.tasks.detection import DetectionTask
 from musubi.tasks.stem import adapt_stem
 from tests.runtime.helpers import train
 
@@ -62,6 +64,52 @@ def test_stem_on_grey_equals_rgb_model_on_replicated_grey(build: Any) -> None:
 def _flat(out: Any) -> torch.Tensor:
     """A classifier's logits, or a backbone's feature maps (an OrderedDict) as one vector."""
     return torch.cat([v.flatten() for v in out.values()]) if isinstance(out, dict) else out
+
+
+def test_augment_on_16_bit_frames_works_in_stored_units_then_standardises(tmp_path: Path) -> None:
+    """data.augment on channels 1: the frames are flipped, scaled and jittered as 16-bit counts (their range kept,
+    not [0, 1]), then standardised; each sample's draw is a function of (seed, epoch, image id)."""
+    ann = write_synthetic_coco(tmp_path / "set", SyntheticFiles(
+        images=4, width=48, height=40, num_classes=2, objects=2, min_object=10, max_object=20, thermal=True),
+        workers=1)
+    data = {"train": {"path": str(ann.parent / "images"), "annotations": str(ann)}, "channels": 1,
+            "normalize": {"mean": 29_500.0, "std": 400.0}}
+    plain = DetectionTask(job_from_dict(_job(data), source="job.yaml"))
+    augmented = DetectionTask(job_from_dict(_job({**data, "augment": {
+        "hflip": 1.0, "scale": [0.5, 0.5], "brightness": 0.01, "contrast": 0.2}}), source="job.yaml"))
+    assert augmented.spec.data.augment.saturation == 0.0  # detection's default: off
+    ds = plain.train_dataset()
+    assert ds.stored_range() == (0.0, 65535.0) and augmented.frame_range() == (0.0, 65535.0)  # 16-bit PNG
+    cpu = torch.device("cpu")
+    ref, ref_t = plain.train_batch(plain.collate([ds[i] for i in range(4)]), cpu, 0)
+    out, out_t = augmented.train_batch(augmented.collate([augmented.train_dataset()[i] for i in range(4)]), cpu, 0)
+    for r, o, rt, ot in zip(ref, out, ref_t, out_t, strict=True):
+        assert o.shape == (1, r.shape[1] // 2, r.shape[2] // 2)  # scale 0.5 in stored units
+        assert o.dtype == torch.float32 and torch.isfinite(o).all()
+        # standardised counts, not [0, 1] pixels: the brightness gain moved the mean by at most 1 % of ~29,500
+        assert abs(float(o.mean()) - float(r.mean())) < 0.015 * 29_500 / 400 + 1.0
+        assert float(o.std()) > 0.5 * float(r.std())
+        # boxes halved and mirrored (hflip 1.0): x1' = W' - x2 / 2
+        w = o.shape[2]
+        torch.testing.assert_close(ot["boxes"][:, 0], w - rt["boxes"][:, 2] / 2, atol=0.6, rtol=0)
+    again, _ = augmented.train_batch(augmented.collate([augmented.train_dataset()[i] for i in range(4)]), cpu, 0)
+    assert all(torch.equal(a, b) for a, b in zip(out, again, strict=True))
+    other, _ = augmented.train_batch(augmented.collate([augmented.train_dataset()[i] for i in range(4)]), cpu, 1)
+    assert not all(torch.equal(a, b) for a, b in zip(out, other, strict=True))
+    assert "colour" in augmented.feed_path()["augment"]
+
+
+def test_single_channel_counts_keep_their_range_in_every_augmentation() -> None:
+    """16-bit counts near the top of their range: scale, mosaic and a brightness gain clamp at 65535, not 1."""
+    img = torch.full((1, 32, 32), 60_000.0)
+    boxes = torch.tensor([[4.0, 4.0, 20.0, 20.0]])
+    aug = Augment(hflip=0.5, scale=(0.7, 1.3), mosaic=1.0, brightness=0.3)
+    keys = list(range(8))
+    out, _ = aug([img] * 8, [{"boxes": boxes, "labels": torch.tensor([1])}] * 8, keys, 0, 0, (0.0, 65535.0))
+    gains = [aug.draw(0, 0, k).brightness for k in keys]
+    assert min(gains) < 1.0 < 1.09 < max(gains)  # these draws both darken and saturate
+    for o, gain in zip(out, gains, strict=True):  # a flat frame stays flat through mosaic and scale
+        assert o.shape[0] == 1 and torch.allclose(o, torch.full_like(o, min(65_535.0, 60_000.0 * gain)))
 
 
 @pytest.mark.slow
