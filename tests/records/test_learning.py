@@ -102,3 +102,21 @@ def test_the_recorded_zoo_run_every_job_learned_by_its_map50(tmp_path: Path) -> 
     frcnn = items[("frcnn-mbv3-rgb", "loss")].found
     assert "not falling" in frcnn and "judged by the validation metric" in frcnn
     assert learning_verdict(run / "frcnn-mbv3-rgb").found.startswith("learned: map50 0.6021")
+
+
+def test_the_recorded_cpu_rehearsal_did_not_learn_in_three_steps(tmp_path: Path) -> None:
+    """`python bench/zoo.py OUT --small --device cpu` on this 2-core machine (2026-11-28, 3 steps a job; its small
+    files in tests/records/data): every job's mAP50 0; RT-DETR's, D-FINE's and the Faster R-CNN's losses fell,
+    so the loss rule called them learning, the opposite of the metric. Judged by mAP50 now, all four did not."""
+    with tarfile.open(Path(__file__).with_name("data") / "zoo-small-cpu-2026-11-28.tgz") as tar:
+        tar.extractall(tmp_path, filter="data")
+    run = tmp_path / "run"
+    items = {(i.job, i.check): i for i in build_checklist(run).items}
+    falling = [job for (job, check), i in items.items() if check == "loss" and "and falling" in i.found]
+    assert sorted(falling) == ["dfine-n-thermal", "frcnn-mbv3-rgb", "rtdetr-r18-rgb"]
+    learned = {job: i for (job, check), i in items.items() if check == "learned"}
+    assert len(learned) == 4
+    assert all(i.status == "WARN" and i.found.startswith("did not learn: map50 0 ") for i in learned.values())
+    # the loss parts of a DETR-family detector were logged beside the total
+    first = json.loads((run / "dfine-n-thermal" / "metrics.jsonl").read_text().splitlines()[0])
+    assert {"loss_vfl", "loss_bbox", "loss_giou"} <= set(first)
