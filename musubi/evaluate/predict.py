@@ -113,7 +113,7 @@ def _draw(result: ImageResult, host: HostImage, folder: Path) -> Path:
     """The frame with its boxes (or its class) drawn, as OUT/images/<name>.png."""
     from PIL import Image, ImageDraw
 
-    image = torch.from_numpy(np.ascontiguousarray(host.rgb)).permute(2, 0, 1)
+    image = torch.from_numpy(np.array(host.rgb, dtype=np.uint8)).permute(2, 0, 1)  # a writable copy
     if len(result.boxes):
         from torchvision.utils import draw_bounding_boxes
 
