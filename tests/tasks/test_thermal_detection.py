@@ -115,7 +115,8 @@ def test_single_channel_counts_keep_their_range_in_every_augmentation() -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_one_channel_detector_learns_on_two_ranks(tmp_path: Path) -> None:
-    """16-bit thermal frames, 1-channel stem, 2 gloo ranks: the loss falls; job.json records the statistics."""
+    """16-bit thermal frames, 1-channel stem, augmented (flip, gain, contrast), 2 gloo ranks: the loss falls;
+    job.json records the statistics."""
     ann = write_synthetic_coco(tmp_path / "set", SyntheticFiles(
         images=8, width=96, height=96, num_classes=2, objects=3, min_object=20, max_object=40, thermal=True),
         workers=1)
@@ -123,7 +124,7 @@ def test_one_channel_detector_learns_on_two_ranks(tmp_path: Path) -> None:
         "name": "thermal", "task": "detection", "model": DETECTOR,
         "model_args": {"min_size": 96, "max_size": 96},
         "data": {"train": {"path": str(ann.parent / "images"), "annotations": str(ann)}, "channels": 1,
-                 "workers": 0},
+                 "workers": 0, "augment": {"hflip": 0.5, "brightness": 0.01, "contrast": 0.1}},
         "train": {"epochs": 4, "batch": 2, "lr": 0.02, "lr_rule": "none", "schedule": "constant", "log_every": 1,
                   "seed": 1},
         "checkpoint": {"enabled": False}, "telemetry": {"enabled": False},
@@ -133,6 +134,7 @@ def test_one_channel_detector_learns_on_two_ranks(tmp_path: Path) -> None:
     code, out = train(str(path), "--nproc", "2", "--out", str(tmp_path / "run"), "--no-check")
     assert code == 0, out[-3000:]
     job_dir = tmp_path / "run" / "thermal"
+    assert "augment hflip, colour on cpu, batch (seeded per sample)" in (job_dir / "logs" / "rank0.log").read_text()
     losses = [r["loss"] for r in map(json.loads, (job_dir / "metrics.jsonl").read_text().splitlines())
               if r.get("kind") == "train"]
     assert len(losses) == 8

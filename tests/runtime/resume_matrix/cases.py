@@ -38,10 +38,11 @@ _RCNN_ARGS = {"rpn_pre_nms_top_n_train": 100, "rpn_post_nms_top_n_train": 50, "r
 #: case -> (job, stops). Every job: 2 ranks, 1 loader worker per rank, deterministic, saves kept.
 CASES: dict[str, tuple[dict[str, Any], list[int]]] = {
     # BatchNorm under DDP, gradient accumulation, stopped mid-epoch (a stop at an epoch's end would not
-    # test the save: the validation before it already made the ranks agree).
+    # test the save: the validation before it already made the ranks agree); the classifier's default
+    # augmentation (crop, flip, colour on the device, seeded per sample and epoch) across the epoch boundary.
     "classification-resnet18-ddp-accumulation": ({
         "task": "classification", "model": "resnet18",
-        "data": {"synthetic": {"train_size": 48, "val_size": 16, "image_size": 32, "num_classes": 4}},
+        "data": {"synthetic": {"train_size": 48, "val_size": 16, "image_size": 32, "num_classes": 4}, "augment": {}},
         "train": {"epochs": 2, "batch": 4, "accumulation": 2, "lr": 0.05, "base_batch": 16, "warmup_steps": 1},
         "checkpoint": {"every_steps": 2},
     }, [2]),
