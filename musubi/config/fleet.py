@@ -173,6 +173,11 @@ class LeaderboardSpec(StrictModel):
     quality_floor: float = Field(0.5, ge=0, le=1, description="Rank a job only when its quality is above 0 and at "
                                  "least this share of the best quality (same metric); the others are listed "
                                  "unranked, so speed alone never wins.")
+    min_quality: dict[Annotated[str, Field(min_length=1, max_length=64)], Annotated[float, Field(ge=0, le=1)]] = Field(
+        default_factory=dict, max_length=64, description="Absolute quality floor by metric: a job below it is listed "
+        "unranked whatever its speed or the other jobs, e.g. {map50: 0.1}. Defaults: map50 0.05, map 0.02; top1 "
+        "(top5) a tenth of the way from chance, 1/classes (5/classes), to 1 (10 classes: 0.19); any other metric "
+        "only needs to be above 0. Given here, a metric's floor replaces its default.")
     export_top: int = Field(1, ge=0, le=100, description="Export (ONNX) and register the top-k jobs.")
     promote: bool = Field(True, description="Promote the exported top-k for deployment (each supersedes the "
                           "promoted version of its model name); false: register only, promote by hand.")

@@ -54,17 +54,26 @@ def _print_json(data: Any) -> None:
 
 
 # -- leaderboard ----------------------------------------------------------------
-def leaderboard_table(board: dict[str, Any]) -> Table:
-    """A rich table of leaderboard rows (every cell plain Text: no markup from job names)."""
+def leaderboard_table(board: dict[str, Any], table_of: dict[str, Any] | None = None) -> Table:
+    """A rich table of leaderboard rows (every cell plain Text: no markup from job names): those of one metric's
+    table (`table_of`, an entry of the board's "tables"), or of the whole board."""
     floor = board.get("quality_floor") if isinstance(board.get("quality_floor"), dict) else {}
-    title = "; ".join(str(x) for x in (board.get("formula"), board.get("fps_normalisation"), floor.get("rule")) if x)
+    if table_of is not None:
+        title = "; ".join(str(x) for x in (
+            f"{table_of.get('metric')}: {board.get('formula')}", table_of.get("fps_normalisation"),
+            f"fps: {table_of['fps_protocol']}" if table_of.get("fps_protocol") else None) if x)
+        rows = [r for r in board.get("rows", []) if r.get("table") == table_of.get("metric")]
+    else:
+        title = "; ".join(str(x) for x in (board.get("formula"), board.get("fps_normalisation"), floor.get("rule"))
+                          if x)
+        rows = board.get("rows", [])
     table = Table(title=Text(title),
                   title_justify="left")
     for col in ("rank", "job", "model", "metric", "quality", "fps", "runtime", "fps_norm", "score", "note"):
         # fold, never `…`: a narrow terminal wraps a score rather than cutting its digits
         table.add_column(col, justify="right" if col in ("rank", "quality", "fps", "fps_norm", "score") else "left",
                          overflow="fold")
-    for r in board.get("rows", []):
+    for r in rows:
         cells = [_fmt(r.get("rank")), r.get("job"), r.get("model") or r.get("kind"), r.get("metric"),
                  _fmt(r.get("quality")), _fmt(r.get("fps")), r.get("fps_runtime"), _fmt(r.get("fps_norm"), 3),
                  _fmt(r.get("score")), r.get("reason") or ""]
@@ -78,7 +87,18 @@ def print_leaderboard(run_dir: Path, console: Console | None = None, board: dict
 
     console = console or _out_console()
     board = board if board is not None else read_leaderboard(run_dir)
-    console.print(leaderboard_table(board))
+    tables = board.get("tables") if isinstance(board.get("tables"), list) else []
+    if not tables:  # nothing scored, or a board written before tables: one table of every row
+        console.print(leaderboard_table(board))
+    for entry in tables:  # one table per quality metric: a top-1 and an mAP50 are not one scale
+        console.print(leaderboard_table(board, entry))
+    rest = [r for r in board.get("rows", []) if not r.get("table")]
+    if tables and rest:
+        console.print(leaderboard_table({**board, "formula": "not scored", "fps_normalisation": None,
+                                         "quality_floor": {}, "rows": rest}))
+    floor = board.get("quality_floor") if isinstance(board.get("quality_floor"), dict) else {}
+    if tables and floor.get("rule"):
+        console.print(Text(f"quality floors: {floor['rule']}"), highlight=False)
     if board.get("warning"):
         console.print(Text(f"warning: {board['warning']}", style="yellow"))
 
@@ -98,18 +118,33 @@ def _weights(text: str) -> tuple[float, float]:
     return q, f
 
 
-def fleet_rule(run_dir: Path) -> tuple[tuple[float, float], float | None, float | None] | None:
-    """The fleet's own leaderboard weights, FPS target and quality floor (RUN/run.json; the floor None when
-    the run predates it), or None for a run without them."""
+def fleet_rule(run_dir: Path) -> tuple[tuple[float, float], float | None, float | None, dict[str, float]] | None:
+    """The fleet's own leaderboard weights, FPS target, quality floor and absolute floors by metric (RUN/run.json;
+    the floor None and the absolute ones {} when the run predates them), or None for a run without them."""
     from musubi.store.rundir import read_json
 
     try:
         lb = read_json(Path(run_dir) / RUN_FILES.run)["config"]["leaderboard"]
         floor = lb.get("quality_floor")
         return ((float(lb["quality_weight"]), float(lb["fps_weight"])), lb.get("fps_target"),
-                float(floor) if floor is not None else None)
-    except (OSError, ValueError, KeyError, TypeError, RecursionError):
+                float(floor) if floor is not None else None,
+                {str(k): float(v) for k, v in (lb.get("min_quality") or {}).items()})
+    except (OSError, ValueError, KeyError, TypeError, RecursionError, AttributeError):
         return None
+
+
+def _min_quality(items: list[str]) -> dict[str, float]:
+    """--min-quality METRIC=VALUE options as a dict (ConfigError naming a malformed one)."""
+    out = {}
+    for item in items:
+        metric, _, value = item.partition("=")
+        try:
+            out[metric.strip()] = float(value)
+        except ValueError:
+            raise ConfigError(f"--min-quality {item!r}: give METRIC=VALUE, e.g. map50=0.1") from None
+        if not metric.strip():
+            raise ConfigError(f"--min-quality {item!r}: give METRIC=VALUE, e.g. map50=0.1")
+    return out
 
 
 def leaderboard_command(
@@ -122,6 +157,10 @@ def leaderboard_command(
     quality_floor: float | None = typer.Option(None, "--quality-floor", help="Rank only jobs whose quality is "
                                                "above 0 and at least this share of the best (same metric); "
                                                "default: the fleet's own, else 0.5."),
+    min_quality: list[str] = typer.Option([], "--min-quality", help="Absolute floor of a metric, METRIC=VALUE "
+                                          "(repeatable), e.g. map50=0.1: below it a job is not ranked. Default: "
+                                          "the fleet's own, else map50 0.05, map 0.02, top1/top5 a tenth of the way "
+                                          "from chance to 1."),
     write: bool = typer.Option(False, "--write", help="Write the ranking to RUN/leaderboard.json and the "
                                "store's history (without it the command only shows)."),
     history: bool = typer.Option(False, "--history", help="Show every ranking of this run the store kept "
@@ -147,11 +186,12 @@ def leaderboard_command(
         target = fps_target if fps_target is not None else (own[1] if own and weights is None else None)
         floor = quality_floor if quality_floor is not None else (
             own[2] if own and own[2] is not None else DEFAULT_QUALITY_FLOOR)
-        rule = ScoreRule(chosen[0], chosen[1], target, floor)  # checked before anything is written
+        absolute = {**(own[3] if own else {}), **_min_quality(min_quality)}
+        rule = ScoreRule(chosen[0], chosen[1], target, floor, absolute)  # checked before anything is written
         if write:
-            build_leaderboard(run_dir, weights=chosen, fps_target=target, quality_floor=floor)
+            build_leaderboard(run_dir, weights=chosen, fps_target=target, quality_floor=floor, min_quality=absolute)
             board = read_leaderboard(run_dir)
-        elif weights is None and fps_target is None and quality_floor is None and \
+        elif weights is None and fps_target is None and quality_floor is None and not min_quality and \
                 (Path(run_dir) / LEADERBOARD_FILE).is_file():
             board = read_leaderboard(run_dir)  # the board the fleet wrote: shown as it is
         else:

@@ -9,7 +9,9 @@ one-off stalls); p90 is reported beside it. fp32, eval mode, no autograd.
 Only the model's forward is timed: data loading and the host-to-device copy of
 the input are not (ONNX Runtime's CUDA provider does include that copy, as a
 deployed session would). The runtime is named: torch-cuda, torch-cpu,
-onnxruntime-cuda or onnxruntime-cpu.
+onnxruntime-cuda or onnxruntime-cpu. On the CPU every job is timed at the same
+CPU_FPS_THREADS intra-op threads, stated in the record: timed with the cores a fleet
+pinned each job to, jobs were compared at different thread counts.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ import os
 import platform
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +34,11 @@ from musubi.evaluate.model_io import JobModel, sample_batch
 
 #: (warm-up, timed runs) by device type: a GPU run costs milliseconds, a CPU detector ~0.1 s.
 DEFAULT_RUNS: dict[str, tuple[int, int]] = {"cuda": (10, 100), "cpu": (3, 10)}
+
+#: Intra-op threads of every CPU timing (torch and ONNX Runtime), the same for every job so that their CPU FPS
+#: compare. One: a fleet gives each job's evaluation at least one core of its own (its slots' cores), and more
+#: threads than a job's cores would time the crowding, not the model.
+CPU_FPS_THREADS = 1
 
 PROTOCOL = (
     "batch 1, fixed input (one real validation sample at the job's input size), {warmup} untimed warm-up runs, "
@@ -116,6 +124,25 @@ def summarise(times_ms: list[float], warmup: int) -> dict[str, Any]:
     }
 
 
+@contextmanager
+def timing_threads(device: torch.device) -> Iterator[int | None]:
+    """torch's intra-op threads set to CPU_FPS_THREADS while timing on the CPU (restored after); yields the
+    count in force (None on a GPU, where it does not shape the figure)."""
+    if device.type != "cpu":
+        yield None
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(CPU_FPS_THREADS)
+    try:
+        yield CPU_FPS_THREADS
+    finally:
+        torch.set_num_threads(before)
+
+
+def _threads_said(threads: int | None) -> str:
+    return f", {threads} CPU thread{'s' if threads != 1 else ''} (CPU_FPS_THREADS)" if threads else ""
+
+
 def _versions() -> dict[str, str | None]:
     try:
         import onnxruntime
@@ -135,7 +162,7 @@ def torch_fps(job: JobModel, device: str | None = None, warmup: int | None = Non
     model = job.model.to(dev).eval()
     sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else None
     try:
-        with torch.inference_mode():
+        with torch.inference_mode(), timing_threads(dev) as threads:
             times = time_runs(lambda: job.task.predict(model, batch), warmup, runs, sync)
     finally:
         job.model.to("cpu")
@@ -146,8 +173,8 @@ def torch_fps(job: JobModel, device: str | None = None, warmup: int | None = Non
         "device_name": device_name(dev),
         "runtime": f"torch-{dev.type}",
         "precision": "fp32",
-        "threads": torch.get_num_threads() if dev.type == "cpu" else None,
-        "protocol": PROTOCOL.format(warmup=warmup, runs=runs),
+        "threads": threads,
+        "protocol": PROTOCOL.format(warmup=warmup, runs=runs) + _threads_said(threads),
         **_versions(),
     }
 
@@ -181,16 +208,16 @@ def session_threads() -> int:
     return max(1, len(cores))
 
 
-def onnx_session(path: Path, device: torch.device) -> tuple[Any, str]:
-    """An inference session on `device` with session_threads() threads (ConfigError naming the file if it
-    cannot be opened)."""
+def onnx_session(path: Path, device: torch.device, threads: int | None = None) -> tuple[Any, str]:
+    """An inference session on `device` with `threads` intra-op threads (default session_threads()); ConfigError
+    naming the file if it cannot be opened."""
     try:
         import onnxruntime as ort
     except ImportError:
         raise ConfigError("onnxruntime is not installed; pip install 'musubi-train[eval]'") from None
     providers, runtime = ort_providers(device)
     options = ort.SessionOptions()
-    options.intra_op_num_threads = session_threads()
+    options.intra_op_num_threads = threads or session_threads()
     options.inter_op_num_threads = 1  # operators in sequence (ORT's default execution mode): no second pool
     try:
         return ort.InferenceSession(str(path), sess_options=options, providers=providers), runtime
@@ -238,14 +265,16 @@ def onnx_fps(path: Path, feeds: dict[str, np.ndarray] | None = None, device: str
     """FPS of an ONNX file through ONNX Runtime on `device` (random inputs unless `feeds` are given)."""
     dev = resolve_device(device)
     warmup, runs = run_counts(dev, warmup, runs)
-    session, runtime = onnx_session(Path(path), dev)
+    session, runtime = onnx_session(Path(path), dev, CPU_FPS_THREADS)
+    threads = CPU_FPS_THREADS if runtime.endswith("cpu") else None
     real = feeds is not None
     feeds = feeds if feeds is not None else random_feeds(session, shape_hint)
     times = time_runs(lambda: session.run(None, feeds), warmup, runs)  # run() returns host arrays: synchronous
     first = next(iter(feeds.values()))
     used = torch.device("cpu") if runtime.endswith("cpu") else dev
     protocol = PROTOCOL.format(warmup=warmup, runs=runs).replace(
-        "forward only (input already on the device for torch)", "session.run with host inputs and outputs")
+        "forward only (input already on the device for torch)", "session.run with host inputs and outputs"
+    ) + _threads_said(threads)
     if not real:
         protocol = protocol.replace("one real validation sample", "uniform random values")
     return {
@@ -255,7 +284,7 @@ def onnx_fps(path: Path, feeds: dict[str, np.ndarray] | None = None, device: str
         "device_name": device_name(used),
         "runtime": runtime,
         "precision": str(first.dtype),
-        "threads": None,
+        "threads": threads,
         "protocol": protocol,
         **_versions(),
     }

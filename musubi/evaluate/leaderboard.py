@@ -1,10 +1,12 @@
 """The fleet's leaderboard: every job of a run directory, scored and ranked, written to RUN/leaderboard.json.
 
-Jobs that cannot be scored (failed, no metrics, no FPS while FPS has weight)
-are listed after the ranked ones with `rank: null` and a `reason`; so are jobs
-below the quality floor (score.py), right after the ranked ones, with
-`below_floor: true`. Equal
-scores share a rank (1, 2, 2, 4), ties listed by quality then name. No torch.
+Jobs are ranked in one table per quality metric (`table`: map50, top1, ...), each
+with its own FPS normalisation and FPS protocol (runtime, device, CPU threads; a
+warning where its jobs were timed unlike). Jobs below a quality floor (score.py) are
+listed after the ranked ones of their table with `rank: null`, `below_floor: true`
+and a `reason`; jobs that cannot be scored (failed, no metrics, no FPS while FPS has
+weight) come last, each with its reason. Equal scores share a rank (1, 2, 2, 4),
+ties listed by quality then name. No torch.
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ from typing import Any
 from musubi.config.errors import ConfigError
 from musubi.config.run_files import RUN_FILES
 from musubi.evaluate.score import (
+    DEFAULT_MIN_QUALITY,
     DEFAULT_QUALITY_FLOOR,
+    KNOWN_PRIMARY,
     QUALITY_BY_TASK,
     ScoreRule,
     Unscorable,
@@ -107,15 +111,17 @@ def _job_result(job_dir: Path, state: dict[str, Any] | None) -> JobResult:
 
 
 def rank_jobs(jobs: list[JobResult], rule: ScoreRule) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Score and rank jobs: (rows, header stating the formula and the FPS normalisation)."""
+    """Score and rank jobs, one table per quality metric: (rows, header stating the formula, the floors and
+    each table's FPS normalisation and protocol)."""
     rows: list[dict[str, Any]] = []
     for j in jobs:
         row: dict[str, Any] = {"rank": None, "job": j.job, "kind": j.kind, "task": j.task, "model": j.model,
-                               "status": j.status, "metric": None, "quality": None, "fps": fps_value(j.record),
-                               "fps_norm": None, "score": None, "reason": j.problem}
+                               "status": j.status, "table": None, "metric": None, "quality": None,
+                               "fps": fps_value(j.record), "fps_norm": None, "score": None, "reason": j.problem}
         fps = j.record.get("fps")
         if isinstance(fps, dict):
             row["fps_runtime"], row["fps_device"] = fps.get("runtime"), fps.get("device_name") or fps.get("device")
+            row["fps_threads"] = fps.get("threads")
         row["metrics"] = j.record.get("metrics") if isinstance(j.record.get("metrics"), dict) else {}
         trained = j.record.get("precision")
         row["precision"] = trained.get("final") if isinstance(trained, dict) else None
@@ -123,13 +129,53 @@ def rank_jobs(jobs: list[JobResult], rule: ScoreRule) -> tuple[list[dict[str, An
             try:
                 row["metric"] = quality_metric(j.task, j.record)
                 row["quality"] = quality_value(row["metric"], j.record)
+                row["floor"], row["floor_from"] = rule.absolute_floor(row["metric"], j.record)
                 if rule.fps_weight > 0 and row["fps"] is None:
                     raise Unscorable(str(j.record.get("fps_missing") or "no FPS measured (run the evaluation step)"))
+                row["table"] = row["metric"]  # scored: ranked (or below a floor) in its metric's table
             except Unscorable as e:
                 row["reason"] = str(e)
         rows.append(row)
-    below = _below_floor([r for r in rows if r["reason"] is None], rule)
-    scorable = [r for r in rows if r["reason"] is None]
+    tables: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        if r["reason"] is None:
+            tables.setdefault(r["metric"], []).append(r)
+    ordered: list[dict[str, Any]] = []
+    described = []
+    # Known headline metrics first (mAP50, top-1, ...), then the rest by name.
+    for metric in sorted(tables, key=lambda m: (KNOWN_PRIMARY.index(m) if m in KNOWN_PRIMARY else len(KNOWN_PRIMARY),
+                                                 m)):
+        ranked, below, about = _rank_table(tables[metric], rule)
+        ordered += ranked + below
+        described.append({"metric": metric, **about})
+    unscored = sorted((r for r in rows if r["reason"] is not None and not r.get("below_floor")),
+                      key=lambda r: r["job"])
+    header: dict[str, Any] = {
+        "formula": rule.formula,
+        "weights": {"quality": rule.quality_weight, "fps": rule.fps_weight},
+        "fps_target": rule.fps_target,
+        "fps_base": described[0]["fps_base"] if len(described) == 1 else None,
+        "fps_normalisation": described[0]["fps_normalisation"] if len(described) == 1 else
+        "per table: " + "; ".join(f"{t['metric']}: {t['fps_normalisation']}" for t in described)
+        if described else rule.normalisation(None),
+        "quality_floor": {"share": rule.quality_floor, "rule": rule.floor_rule,
+                          "min_quality": {**DEFAULT_MIN_QUALITY, **rule.min_quality}},
+        "quality_metrics": {**QUALITY_BY_TASK, "other": "the job's primary_metric (a fraction in [0, 1])"},
+        "tables": described,
+    }
+    warnings = [f"{t['metric']} table: {t['warning']}" if len(described) > 1 else t["warning"]
+                for t in described if t.get("warning")]
+    if warnings:
+        header["warning"] = "; ".join(warnings)
+    return ordered + unscored, header
+
+
+def _rank_table(rows: list[dict[str, Any]], rule: ScoreRule) -> tuple[list[dict[str, Any]], list[dict[str, Any]],
+                                                                     dict[str, Any]]:
+    """Rank the scorable rows of one metric: (ranked, below a floor, the table's FPS base, normalisation,
+    protocol and warning)."""
+    below = _below_floor(rows, rule)
+    scorable = [r for r in rows if not r.get("below_floor")]
     with_fps = [r for r in scorable if r["fps"] is not None]
     base = fps_base(rule, [r["fps"] for r in with_fps])
     best = max(with_fps, key=lambda r: r["fps"])["job"] if with_fps and rule.fps_target is None else None
@@ -144,52 +190,63 @@ def rank_jobs(jobs: list[JobResult], rule: ScoreRule) -> tuple[list[dict[str, An
         r["rank"] = previous[1] if previous is not None and previous[0] == key else position
         previous = (key, r["rank"])
     below.sort(key=lambda r: (-r["quality"], r["job"]))
-    unscored = sorted((r for r in rows if r["reason"] is not None and not r.get("below_floor")),
-                      key=lambda r: r["job"])
-    runtimes = sorted({str(r.get("fps_runtime")) for r in scorable if r["fps"] is not None})
-    header: dict[str, Any] = {
-        "formula": rule.formula,
-        "weights": {"quality": rule.quality_weight, "fps": rule.fps_weight},
-        "fps_target": rule.fps_target,
-        "fps_base": base,
-        "fps_normalisation": rule.normalisation(base, best),
-        "quality_floor": {"share": rule.quality_floor, "rule": rule.floor_rule},
-        "quality_metrics": {**QUALITY_BY_TASK, "other": "the job's primary_metric (a fraction in [0, 1])"},
-    }
+    about: dict[str, Any] = {"jobs": len(rows), "ranked": len(scorable), "fps_base": base,
+                             "fps_normalisation": rule.normalisation(base, best)}
+    timed = [r for r in scorable if r["fps"] is not None]
+    protocols = sorted({fps_protocol(r) for r in timed})
+    about["fps_protocol"] = protocols[0] if len(protocols) == 1 else None
+    runtimes = sorted({str(r.get("fps_runtime")) for r in timed})
     if rule.fps_weight > 0 and len(runtimes) > 1:
-        header["warning"] = f"FPS measured with different runtimes ({', '.join(runtimes)}): the FPS term compares " \
-                            "unlike figures"
-    return scorable + below + unscored, header
+        about["warning"] = f"FPS measured with different runtimes ({', '.join(runtimes)}): the FPS term compares " \
+                           "unlike figures"
+    elif rule.fps_weight > 0 and len(protocols) > 1:
+        about["warning"] = f"FPS timed on different devices or CPU thread counts ({' | '.join(protocols)}): the " \
+                           "FPS term compares unlike figures; evaluate them again on one device"
+    return scorable, below, about
+
+
+def fps_protocol(row: dict[str, Any]) -> str:
+    """How a row's FPS was timed, in words: runtime, device and (on a CPU) the threads."""
+    threads = row.get("fps_threads")
+    cpu = str(row.get("fps_runtime") or "").endswith("cpu")
+    return (f"{row.get('fps_runtime') or 'unknown runtime'} on {row.get('fps_device') or 'an unstated device'}"
+            + (f", {threads} CPU thread{'s' if threads != 1 else ''}" if cpu and threads else
+               ", CPU threads not stated" if cpu else ""))
 
 
 def _below_floor(rows: list[dict[str, Any]], rule: ScoreRule) -> list[dict[str, Any]]:
-    """Mark (reason, below_floor) and return the rows whose quality is 0 or under the floor of their metric:
-    listed, never ranked, so no speed makes up for a model that does not do the job."""
-    best: dict[str, dict[str, Any]] = {}
-    for r in rows:
-        if r["metric"] not in best or r["quality"] > best[r["metric"]]["quality"]:
-            best[r["metric"]] = r
+    """Mark (reason, below_floor) and return the rows of one metric whose quality is 0, under the metric's
+    absolute floor or under the relative floor: listed, never ranked, so no speed makes up for a model that
+    does not do the job."""
+    if not rows:
+        return []
+    top = max(rows, key=lambda r: r["quality"])
+    floor = rule.floor(top["quality"])
     below = []
     for r in rows:
-        top = best[r["metric"]]
-        floor = rule.floor(top["quality"])
-        if r["quality"] > 0 and r["quality"] >= floor:
+        if r["quality"] <= 0:
+            r["reason"] = f"{r['metric']} is 0: not ranked, whatever its speed"
+        elif r["quality"] < r["floor"]:
+            r["reason"] = (f"below the absolute floor: {r['metric']} {r['quality']:.4g} < {r['floor']:.4g} "
+                           f"({r['floor_from']}): not ranked, whatever its speed")
+        elif r["quality"] < floor:
+            r["reason"] = (f"below the quality floor: {r['metric']} {r['quality']:.4g} < {rule.quality_floor:g} x "
+                           f"{top['quality']:.4g} (best, {top['job']})")
+        else:
             continue
         r["below_floor"] = True
-        r["reason"] = (f"{r['metric']} is 0: not ranked, whatever its speed" if r["quality"] <= 0 else
-                       f"below the quality floor: {r['metric']} {r['quality']:.4g} < {rule.quality_floor:g} x "
-                       f"{top['quality']:.4g} (best, {top['job']})")
         below.append(r)
     return below
 
 
 def build_leaderboard(run_dir: Path, weights: tuple[float, float] = (0.7, 0.3), fps_target: float | None = None,
-                      history: bool = True, quality_floor: float = DEFAULT_QUALITY_FLOOR) -> list[dict[str, Any]]:
+                      history: bool = True, quality_floor: float = DEFAULT_QUALITY_FLOOR,
+                      min_quality: dict[str, float] | None = None) -> list[dict[str, Any]]:
     """Rank a run's jobs, write RUN/leaderboard.json (and the store's history); return the rows."""
     run_dir = Path(run_dir)
     if len(weights) != 2:
         raise ConfigError(f"leaderboard: weights {weights!r}: give two numbers (quality, fps)")
-    rule = ScoreRule(float(weights[0]), float(weights[1]), fps_target, quality_floor)
+    rule = ScoreRule(float(weights[0]), float(weights[1]), fps_target, quality_floor, dict(min_quality or {}))
     rows, header = rank_jobs(collect_jobs(run_dir), rule)
     header["created"] = dt.datetime.now(dt.timezone.utc).isoformat()
     write_json(run_dir / LEADERBOARD_FILE, {**header, "rows": rows})
@@ -201,6 +258,12 @@ def build_leaderboard(run_dir: Path, weights: tuple[float, float] = (0.7, 0.3), 
         except (ConfigError, OSError, sqlite3.Error) as e:  # the file is the result; history a convenience
             log.warning("leaderboard history not recorded: %s", e)
     return rows
+
+
+def nothing_to_ship(job_dir: Path, kind: str | None) -> bool:
+    """An external job that left no model.onnx: Musubi has no model of it to export or register (not a failure:
+    the fleet ships the next model of its table, and a fleet of such jobs ships nothing)."""
+    return kind == "external" and not (Path(job_dir) / "model.onnx").is_file()
 
 
 def read_leaderboard(run_dir: Path) -> dict[str, Any]:

@@ -7,16 +7,23 @@ FPS_norm is FPS / the best FPS among the ranked jobs (default), or
 min(1, FPS / target) when a target FPS is configured (meeting it earns full
 credit: a model faster than needed gains nothing more).
 
-The quality floor keeps speed from winning alone: a job is ranked only when its
-quality is above 0 and at least `quality_floor` x the best quality of the jobs
-measured by the same metric; the others are listed, unranked, with the reason,
-and their FPS does not set the FPS normalisation.
+Two quality floors keep speed from winning alone. The absolute one: a job is ranked
+only when its quality reaches the floor of its metric (mAP50 >= 0.05, mAP50-95 >= 0.02;
+top-1 a tenth of the way from chance, 1/classes, to perfect: 0.19 with 10 classes; top-5
+alike from 5/classes; `leaderboard.min_quality` sets any metric's, and a metric without
+one only needs to be above 0): a model with mAP50 0.00028 ranked first of a fleet where
+every model was as poor, because 99.9 % of its score was speed. The relative one: at least
+`quality_floor` x the best quality of the jobs measured by the same metric. The others
+are listed, unranked, with the reason, and their FPS does not set the FPS normalisation.
+Jobs of different metrics are ranked in separate tables (a top-1 and an mAP50 are not
+one scale), each with its own FPS normalisation.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from musubi.config.errors import ConfigError
@@ -28,6 +35,12 @@ DEFAULT_WEIGHTS = (0.7, 0.3)
 DEFAULT_QUALITY_FLOOR = 0.5
 #: Headline metrics, in the order they are picked when a job names no primary_metric.
 KNOWN_PRIMARY = ("map50", "top1", "val_acc")
+#: Absolute quality floors by metric (leaderboard.min_quality overrides or adds): below, never ranked.
+DEFAULT_MIN_QUALITY: dict[str, float] = {"map50": 0.05, "map": 0.02}
+#: Accuracies judged against chance: metric -> how many guesses count (chance = that / classes).
+CHANCE_GUESSES = {"top1": 1, "top5": 5}
+#: An accuracy's floor: this share of the way from chance to perfect (10 classes: top1 >= 0.19).
+CHANCE_MARGIN = 0.1
 
 
 class Unscorable(Exception):
@@ -42,6 +55,8 @@ class ScoreRule:
     fps_weight: float = DEFAULT_WEIGHTS[1]
     fps_target: float | None = None
     quality_floor: float = DEFAULT_QUALITY_FLOOR
+    #: Absolute floors by metric that replace or add to DEFAULT_MIN_QUALITY (and the chance rule).
+    min_quality: Mapping[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for name, w in (("quality weight", self.quality_weight), ("fps weight", self.fps_weight)):
@@ -54,11 +69,40 @@ class ScoreRule:
         if not (isinstance(self.quality_floor, (int, float)) and 0 <= self.quality_floor <= 1):
             raise ConfigError(f"leaderboard: quality floor {self.quality_floor!r}: must be a share in [0, 1] of the "
                               f"best quality (default {DEFAULT_QUALITY_FLOOR})")
+        for metric, value in self.min_quality.items():
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+                raise ConfigError(f"leaderboard: min_quality {metric} {value!r}: must be a fraction in [0, 1] "
+                                  f"(e.g. map50: {DEFAULT_MIN_QUALITY['map50']})")
 
     @property
     def floor_rule(self) -> str:
-        """The quality floor in words."""
-        return f"ranked when quality > 0 and >= {self.quality_floor:g} x the best quality of the same metric"
+        """The quality floors in words."""
+        floors = {**DEFAULT_MIN_QUALITY, **self.min_quality}
+        named = ", ".join(f"{m} >= {v:g}" for m, v in floors.items() if m not in CHANCE_GUESSES)
+        chance = ", ".join(f"{m} >= chance + {CHANCE_MARGIN:g} x (1 - chance), chance = {k}/classes"
+                           for m, k in CHANCE_GUESSES.items() if m not in self.min_quality)
+        mine = ", ".join(f"{m} >= {v:g}" for m, v in self.min_quality.items() if m in CHANCE_GUESSES)
+        absolute = "; ".join(x for x in (named, chance, mine) if x)
+        return (f"ranked when quality reaches its metric's absolute floor ({absolute}; other metrics: > 0) and "
+                f">= {self.quality_floor:g} x the best quality of the same metric")
+
+    def absolute_floor(self, metric: str, record: Mapping[str, Any]) -> tuple[float, str]:
+        """The lowest quality of `metric` that may rank whatever the other jobs did, and where it comes from
+        (leaderboard.min_quality, the default, or chance for `record`'s number of classes); (0, ...) where
+        there is none (then quality must only be above 0)."""
+        if metric in self.min_quality:
+            return float(self.min_quality[metric]), "leaderboard.min_quality"
+        if metric in DEFAULT_MIN_QUALITY:
+            return DEFAULT_MIN_QUALITY[metric], "default; leaderboard.min_quality sets it"
+        if metric in CHANCE_GUESSES:
+            classes = class_count(record)
+            if classes is None:
+                return CHANCE_MARGIN, "default with the number of classes unknown; leaderboard.min_quality sets it"
+            chance = min(1.0, CHANCE_GUESSES[metric] / classes)
+            return (chance + CHANCE_MARGIN * (1 - chance),
+                    f"chance {chance:.3g} ({CHANCE_GUESSES[metric]}/{classes} classes) + {CHANCE_MARGIN:g} x "
+                    "(1 - chance); leaderboard.min_quality sets it")
+        return 0.0, "none for this metric (quality must be above 0); leaderboard.min_quality sets one"
 
     def floor(self, best: float) -> float:
         """The lowest quality that is ranked, given the best of its metric (always above 0)."""
@@ -78,6 +122,16 @@ class ScoreRule:
         if base is None:
             return "fps_norm = fps / best fps of the ranked jobs (no job was ranked)"
         return f"fps_norm = fps / {base:.4g} (best fps of the ranked jobs: {best_job})"
+
+
+def class_count(record: Mapping[str, Any]) -> int | None:
+    """The number of classes eval.json states ("classes": names, or "num_classes"), or None."""
+    classes, count = record.get("classes"), record.get("num_classes")
+    if isinstance(classes, list) and classes:
+        return len(classes)
+    if isinstance(count, int) and not isinstance(count, bool) and count > 0:
+        return count
+    return None
 
 
 def quality_metric(task: str | None, record: dict[str, Any]) -> str:

@@ -50,7 +50,7 @@ def export_ask(marker: Path) -> ExportAsk | None:
             return None
         quality, fps = ask["weights"]
         return ExportAsk(int(ask["top"]), ScoreRule(float(quality), float(fps), ask["fps_target"],
-                                                    float(ask["quality_floor"])))
+                                                    float(ask["quality_floor"]), dict(ask.get("min_quality") or {})))
     except (OSError, ValueError, TypeError, KeyError, ConfigError) as e:
         print(f"no early export: {marker} holds no readable export request ({type(e).__name__}: {e})",
               file=sys.stderr, flush=True)

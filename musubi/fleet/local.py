@@ -188,7 +188,7 @@ def export_request(lb: LeaderboardSpec) -> dict[str, Any]:
     leaderboard settings, so that step exports only a job ranking within the top `export_top` so far
     (eval_step.export_ask reads it; no early export: `false`)."""
     return {"top": lb.export_top, "weights": [lb.quality_weight, lb.fps_weight], "fps_target": lb.fps_target,
-            "quality_floor": lb.quality_floor}
+            "quality_floor": lb.quality_floor, "min_quality": lb.min_quality}
 
 
 class LocalFleet:

@@ -12,6 +12,7 @@ from musubi.checkpoint.checkpoint import latest_checkpoint
 from musubi.config.errors import ConfigError, one_line
 from musubi.config.fleet import FleetSpec
 from musubi.config.run_files import RUN_FILES
+from musubi.evaluate.leaderboard import nothing_to_ship
 from musubi.store.rundir import read_json
 
 log = logging.getLogger("musubi.fleet")
@@ -44,54 +45,88 @@ def exported_current(job_dir: Path) -> bool:
 
 
 def ship(spec: FleetSpec, run_dir: Path, console: Console) -> Shipped:
-    """Rank the fleet, export (unless done early) and register its top-k."""
-    from musubi.evaluate import build_leaderboard, export_job
-    from musubi.evaluate.commands import print_leaderboard
-    from musubi.store.registry import promote, register, write_manifest
+    """Rank the fleet, export (unless done early) and register the top-k of each leaderboard table, and say
+    per table who won and what was shipped."""
+    from musubi.evaluate import build_leaderboard
 
     lb = spec.leaderboard
     rows = build_leaderboard(run_dir, weights=(lb.quality_weight, lb.fps_weight), fps_target=lb.fps_target,
-                             quality_floor=lb.quality_floor)
-    ranked = [r for r in rows if r.get("rank") is not None]
-    shipped, early = 0, []
+                             quality_floor=lb.quality_floor, min_quality=lb.min_quality)
+    tables: dict[str, list[dict]] = {}
+    for row in rows:  # ranked rows, best first, one list per quality metric (leaderboard table)
+        if row.get("rank") is not None:
+            tables.setdefault(str(row.get("table") or row.get("metric")), []).append(row)
+    early: list[str] = []
+    verdicts = [_ship_table(metric, ranked, spec, run_dir, console, early) for metric, ranked in tables.items()]
+    _print_board_and_manifest(run_dir, console)
+    for line in verdicts:  # last: who won and what left the fleet is what a reader looks for
+        console.print(line, highlight=False, markup=False)
+    return Shipped(rows, early)
+
+
+def _ship_table(metric: str, ranked: list[dict], spec: FleetSpec, run_dir: Path, console: Console,
+                early: list[str]) -> str:
+    """Ship the top-k of one table (a model that cannot be exported passes to the next); the verdict line."""
+    from musubi.evaluate import export_job
+    from musubi.store.registry import promote, register
+
+    lb = spec.leaderboard
+    shipped: list[str] = []
+    skipped: list[str] = []
     for row in ranked:  # the top-k that export cleanly: a parity failure passes to the next
-        if shipped >= lb.export_top:
+        if len(shipped) >= lb.export_top:
             break
-        job_dir = run_dir / row["job"]
+        job, job_dir, where = row["job"], run_dir / row["job"], f"rank {row['rank']} of {metric}"
         if (job_dir / "export" / "registered.json").is_file():
-            shipped += 1
+            shipped.append(f"{job} ({where}, registered earlier)")
             continue  # exported and registered by an earlier pass of this run (--resume)
+        if nothing_to_ship(job_dir, row.get("kind")):
+            skipped.append(f"{job} (external, wrote no model.onnx)")
+            console.print(f"{job} ({where}): an external job that wrote no model.onnx: Musubi has no model of it "
+                          "to export or register", highlight=False, markup=False)
+            continue
         try:
             # A task job exported early, by its evaluation step, is registered as it is.
-            reused = row.get("kind") != "external" and exported_current(job_dir)
-            if row.get("kind") == "external":
-                if not (job_dir / "model.onnx").is_file():
-                    console.print(f"{row['job']}: external job wrote no model.onnx: nothing to register",
-                                  highlight=False, markup=False)
-                    continue
-            elif not reused:
+            external = row.get("kind") == "external"
+            reused = not external and exported_current(job_dir)
+            if not external and not reused:
                 export_job(job_dir)
             entry = register(job_dir)
             if lb.promote:
                 promote(entry["name"], entry["version"], run_dir=run_dir)
-            shipped += 1
             if reused:
-                early.append(row["job"])
-            done = "registered (exported early)" if reused else "exported and registered"
-            console.print(f"{done} {entry['name']} v{entry['version']} (rank {row['rank']})"
+                early.append(job)
+            done = ("registered its own model.onnx (external job)" if external else
+                    "registered (exported early)" if reused else "exported and registered")
+            shipped.append(f"{entry['name']} v{entry['version']} ({where})")
+            console.print(f"{job}: {done} as {entry['name']} v{entry['version']} ({where})"
                           + ("; promoted" if lb.promote else ""), highlight=False, markup=False)
         except Exception as e:  # noqa: BLE001 - one model that cannot be exported does not sink the fleet
             what = one_line(e) if isinstance(e, ConfigError) else f"{type(e).__name__}: {one_line(e)}"
-            log.warning("export/registration of %s failed: %s", row["job"], what)
-            console.print(f"export of {row['job']} failed ({what}); trying the next model", highlight=False,
+            log.warning("export/registration of %s failed: %s", job, what)
+            skipped.append(f"{job} (export failed)")
+            console.print(f"export of {job} failed ({what}); trying the next model", highlight=False,
                           markup=False)
-    print_leaderboard(run_dir, console)  # first: a registry problem never hides the ranking
+    top = ranked[0]
+    winner = f"{metric}: the best is {top['job']} ({top.get('kind') or 'task'} job, score {top['score']:.4f})"
+    if not shipped:
+        why = ("no built-in model to export (the ranked jobs are external and wrote no model.onnx)"
+               if skipped and all("wrote no model.onnx" in s for s in skipped) else "nothing could be exported")
+        return f"{winner}; nothing shipped: {why}" + (f" [{'; '.join(skipped)}]" if skipped else "")
+    return f"{winner}; shipped: {', '.join(shipped)}" + (f"; not shipped: {', '.join(skipped)}" if skipped else "")
+
+
+def _print_board_and_manifest(run_dir: Path, console: Console) -> None:
+    """The leaderboard tables, then the deployment manifest written (a registry problem never hides the ranking)."""
+    from musubi.evaluate.commands import print_leaderboard
+    from musubi.store.registry import write_manifest
+
+    print_leaderboard(run_dir, console)
     try:
         data = write_manifest(run_dir / "manifest.json", run_dir=run_dir)
     except ConfigError as e:
         console.print(f"manifest: {one_line(e)}", highlight=False, markup=False)
-        return Shipped(rows, early)
+        return
     from musubi.store.registry import warn_skipped
 
     warn_skipped(data, console)
-    return Shipped(rows, early)

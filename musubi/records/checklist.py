@@ -21,6 +21,7 @@ from typing import Any
 
 from musubi.config.run_files import RUN_FILES
 from musubi.config.success import YOURS, SuccessSpec
+from musubi.evaluate.leaderboard import nothing_to_ship
 from musubi.records import evidence as E
 from musubi.records.learning import Verdict, judge
 
@@ -370,11 +371,7 @@ def _fleet_after(run_dir: Path, run: E.RunEvidence, success: SuccessSpec, cl: Ch
         cl.items.append(Item("after", "leaderboard", "PASS" if ranked else "FAIL" if run.export_top else "WARN",
                              f"{len(ranked)} of {len(board)} job(s) ranked"
                              + (f"; best {top['job']} score {top['score']:.4f}" if top else "")))
-    exported = [r["job"] for r in ranked if (run_dir / r["job"] / "export" / "registered.json").is_file()]
-    want = min(run.export_top, len(ranked))
-    cl.items.append(Item("after", "export", "PASS" if len(exported) >= want else "FAIL",
-                         f"{len(exported)} of the top {want} exported and registered"
-                         + (f" ({', '.join(exported)})" if exported else "")))
+    cl.items.append(_export_item(run_dir, ranked, run.export_top))
     manifest = E.read_json_or_none(run_dir / "manifest.json")
     cl.items.append(Item("after", "manifest", "PASS" if manifest is not None else "FAIL",
                          f"manifest.json lists {len(manifest.get('models', []))} model(s)"
@@ -385,6 +382,32 @@ def _fleet_after(run_dir: Path, run: E.RunEvidence, success: SuccessSpec, cl: Ch
         cl.items.append(Item("criteria", "score", "PASS" if ok else "FAIL",
                              f"best score {best:.4f} {'>=' if ok else '<'} {success.min_score}" if best is not None
                              else f"no ranked job to compare with success.min_score {success.min_score}", None, YOURS))
+
+
+def _export_item(run_dir: Path, ranked: list[dict[str, Any]], export_top: int) -> Item:
+    """Whether each leaderboard table shipped its top-k, saying who won it and what was shipped. An external job
+    that wrote no model.onnx has nothing to ship: not counted against the fleet (the next model of its table
+    is), and a fleet of only such jobs passes with the reason said."""
+    tables: dict[str, list[dict[str, Any]]] = {}
+    for r in ranked:
+        tables.setdefault(str(r.get("table") or r.get("metric")), []).append(r)
+    want = exported = 0
+    said, unshippable = [], []
+    for metric, rows in tables.items():
+        shippable = [r for r in rows if not nothing_to_ship(run_dir / r["job"], r.get("kind"))]
+        unshippable += [r["job"] for r in rows if r not in shippable]
+        done = [r["job"] for r in rows if (run_dir / r["job"] / "export" / "registered.json").is_file()]
+        want += min(export_top, len(shippable))
+        exported += len(done)
+        best = rows[0]
+        won = f"{metric}: best {best['job']}" + (" (external, no model.onnx: not shipped)"
+                                                  if nothing_to_ship(run_dir / best["job"], best.get("kind")) else "")
+        said.append(won + (f", shipped {', '.join(done)}" if done else ", nothing shipped"))
+    if export_top and ranked and want == 0:
+        return Item("after", "export", "PASS", "no built-in model to export: the ranked jobs are external and "
+                    f"wrote no model.onnx ({', '.join(unshippable)}); nothing to ship is not a failure")
+    return Item("after", "export", "PASS" if exported >= want else "FAIL",
+                f"{exported} of the top {want} exported and registered" + (f" ({'; '.join(said)})" if said else ""))
 
 
 def checklist_target(path: Path) -> tuple[Path, str | None]:

@@ -137,6 +137,10 @@ def test_torchrun_detector_stopped_mid_epoch_is_validated_and_exports(tmp_path: 
     job_dir = tmp_path / "run" / "det"
     evals = json.loads((job_dir / "eval.json").read_text())
     assert evals["step"] == 1 and {"map50", "map"} <= set(evals["metrics"])
+    # Every detection scored (no metric cap), the model's own cap stated with the setting that moves it.
+    caps = evals["max_detections"]
+    assert (caps["metric"], caps["model"], caps["model_set_by"]) == ("all", 100, "model_args.box_detections_per_img")
+    assert caps["most_objects_in_a_validation_image"] >= 1 and "warning" not in caps
     checklist = json.loads((tmp_path / "run" / "checklist.json").read_text())
     assert [i["status"] for i in checklist["items"] if i["check"] == "eval"] == ["PASS"]
     # The loss's parts are logged beside the total (averaged over both ranks), and the report plots them.

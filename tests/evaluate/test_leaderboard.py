@@ -26,20 +26,25 @@ def test_default_score_hand_computed(tmp_path: Path) -> None:
     task_job(run, "c", task="classification", metrics={"top1": 0.9, "val_loss": 2.0}, fps=25.0)
     rows = build_leaderboard(run)
     r = by_job(rows)
-    # best fps 100: a = .7*.5 + .3*1 = .65; b = .7*.8 + .3*.5 = .71; c = .7*.9 + .3*.25 = .705
+    # One table per metric, each normalised by its own best fps. mAP50 (best fps 100): a = .7*.5 + .3*1 = .65,
+    # b = .7*.8 + .3*.5 = .71; top-1 (alone, best fps 25): c = .7*.9 + .3*1 = .93.
     assert r["a"]["score"] == pytest.approx(0.65)
     assert r["b"]["score"] == pytest.approx(0.71)
-    assert r["c"]["score"] == pytest.approx(0.705)
-    assert [x["job"] for x in rows] == ["b", "c", "a"]
-    assert [x["rank"] for x in rows] == [1, 2, 3]
+    assert r["c"]["score"] == pytest.approx(0.93)
+    assert [(x["job"], x["table"], x["rank"]) for x in rows] == [("b", "map50", 1), ("a", "map50", 2),
+                                                                 ("c", "top1", 1)]
     assert r["c"]["metric"] == "top1" and r["a"]["metric"] == "map50"
     assert r["b"]["fps_norm"] == pytest.approx(0.5)
     board = json.loads((run / "leaderboard.json").read_text())
     assert board["formula"] == "score = 0.7 x quality + 0.3 x fps_norm"
-    assert board["fps_normalisation"] == "fps_norm = fps / 100 (best fps of the ranked jobs: a)"
+    assert [(t["metric"], t["ranked"], t["fps_normalisation"]) for t in board["tables"]] == [
+        ("map50", 2, "fps_norm = fps / 100 (best fps of the ranked jobs: a)"),
+        ("top1", 1, "fps_norm = fps / 25 (best fps of the ranked jobs: c)")]
+    assert board["fps_normalisation"].startswith("per table: map50: fps_norm = fps / 100")
+    assert board["tables"][0]["fps_protocol"] == "torch-cpu on cpu, CPU threads not stated"
     assert board["quality_floor"]["share"] == 0.5
     assert board["quality_metrics"]["lm"] == "val_acc"
-    assert [x["job"] for x in board["rows"]] == ["b", "c", "a"]
+    assert [x["job"] for x in board["rows"]] == ["b", "a", "c"]
 
 
 def test_ties_share_a_rank(tmp_path: Path) -> None:
@@ -60,13 +65,16 @@ def test_speed_alone_never_wins(tmp_path: Path) -> None:
     task_job(run, "weak", metrics={"map50": 0.2}, fps=500.0)  # 0.2 < 0.5 x 0.6
     task_job(run, "good", metrics={"map50": 0.6}, fps=20.0)
     task_job(run, "ok", metrics={"map50": 0.3}, fps=40.0)  # exactly at the floor: ranked
-    task_job(run, "cls", task="classification", metrics={"top1": 0.05}, fps=900.0)  # its own metric's best
+    # Its own metric's best, but under the absolute floor (top1 0.1 when the number of classes is unknown).
+    task_job(run, "cls", task="classification", metrics={"top1": 0.05}, fps=900.0)
     rows = build_leaderboard(run)
     assert [(r["job"], r["rank"]) for r in rows] == [
-        ("good", 1), ("cls", 2), ("ok", 3), ("weak", None), ("zero", None)]
+        ("good", 1), ("ok", 2), ("weak", None), ("zero", None), ("cls", None)]
     r = by_job(rows)
-    # FPS normalised among the ranked jobs only: cls's 900 is the base, not zero's 1000.
-    assert r["ok"]["fps_norm"] == pytest.approx(40 / 900) and r["cls"]["fps_norm"] == 1.0
+    # FPS normalised among the ranked jobs of the table only: ok's 40 is the base, not zero's 1000.
+    assert r["ok"]["fps_norm"] == 1.0 and r["good"]["fps_norm"] == pytest.approx(0.5)
+    assert r["cls"]["reason"].startswith("below the absolute floor: top1 0.05 < 0.1 (default with the number of "
+                                         "classes unknown")
     assert r["zero"]["below_floor"] and r["zero"]["score"] is None and "map50 is 0" in r["zero"]["reason"]
     assert r["weak"]["reason"] == "below the quality floor: map50 0.2 < 0.5 x 0.6 (best, good)"
     # Whatever the weights and the floor, quality 0 is never ranked.
@@ -238,3 +246,52 @@ def test_cli_shows_the_fleets_own_weights_and_writes_only_when_asked(tmp_path: P
     assert len(leaderboard_history("accurate", run_dir=run)) == 1
     res = cli.invoke(app, ["leaderboard", str(run), "--history", "--json"])
     assert [(h["job"], h["rank"]) for h in json.loads(res.output)] == [("accurate", 1), ("fast", 2)]
+
+
+def test_absolute_floor_ranks_no_model_that_does_not_do_the_job(tmp_path: Path) -> None:
+    """The issue's fleet: every detector near mAP50 0, the fastest (0.00028) ranked first and shipped on speed.
+    Now none is ranked, each says why; a classifier is judged against chance for its classes."""
+    run = tmp_path / "run"
+    task_job(run, "fast-blind", metrics={"map50": 0.00028}, fps=1000.0)
+    task_job(run, "slow-blind", metrics={"map50": 0.0002}, fps=10.0)
+    for name, top1 in (("at-chance", 0.15), ("learned", 0.25)):
+        d = task_job(run, name, task="classification", metrics={"top1": top1}, fps=50.0)
+        record = json.loads((d / "eval.json").read_text())
+        write_json(d / "eval.json", {**record, "classes": [f"c{i}" for i in range(10)]})
+    rows = by_job(build_leaderboard(run))
+    assert rows["fast-blind"]["rank"] is None and rows["slow-blind"]["rank"] is None
+    assert rows["fast-blind"]["reason"] == ("below the absolute floor: map50 0.00028 < 0.05 (default; "
+                                            "leaderboard.min_quality sets it): not ranked, whatever its speed")
+    # 10 classes: chance 0.1, floor 0.1 + 0.1 x 0.9 = 0.19.
+    assert rows["at-chance"]["rank"] is None and "top1 0.15 < 0.19 (chance 0.1 (1/10 classes)" in \
+        rows["at-chance"]["reason"]
+    assert rows["learned"]["rank"] == 1
+    board = json.loads((run / "leaderboard.json").read_text())
+    assert [(t["metric"], t["jobs"], t["ranked"]) for t in board["tables"]] == [("map50", 2, 0), ("top1", 2, 1)]
+    assert "map50 >= 0.05" in board["quality_floor"]["rule"] and board["quality_floor"]["min_quality"]["map50"] == 0.05
+    # A floor of the user's: raised for mAP50, lowered to let the blind models in (then the relative one rules).
+    rows = by_job(build_leaderboard(run, min_quality={"map50": 0.0001}, history=False))
+    assert rows["fast-blind"]["rank"] == 1 and rows["slow-blind"]["rank"] == 2
+    rows = by_job(build_leaderboard(run, min_quality={"top1": 0.3}, history=False))
+    assert rows["learned"]["rank"] is None and "(leaderboard.min_quality)" in rows["learned"]["reason"]
+    with pytest.raises(ConfigError, match="min_quality map50 2"):
+        ScoreRule(min_quality={"map50": 2})
+
+
+def test_unlike_fps_protocols_warned_per_table(tmp_path: Path) -> None:
+    """CPU FPS timed at different thread counts (or on different devices) is stated and warned."""
+    run = tmp_path / "run"
+    for name, threads in (("one", 1), ("four", 4)):
+        d = task_job(run, name, metrics={"map50": 0.5}, fps=10.0)
+        record = json.loads((d / "eval.json").read_text())
+        write_json(d / "eval.json", {**record, "fps": {**record["fps"], "threads": threads}})
+    build_leaderboard(run)
+    board = json.loads((run / "leaderboard.json").read_text())
+    assert board["tables"][0]["fps_protocol"] is None
+    assert "torch-cpu on cpu, 1 CPU thread | torch-cpu on cpu, 4 CPU threads" in board["warning"]
+    d = task_job(run, "four", metrics={"map50": 0.5}, fps=10.0)
+    record = json.loads((d / "eval.json").read_text())
+    write_json(d / "eval.json", {**record, "fps": {**record["fps"], "threads": 1}})
+    build_leaderboard(run)
+    board = json.loads((run / "leaderboard.json").read_text())
+    assert board["tables"][0]["fps_protocol"] == "torch-cpu on cpu, 1 CPU thread" and "warning" not in board
