@@ -126,3 +126,17 @@ def test_onnx_sessions_keep_to_the_cores_the_process_is_pinned_to(tmp_path: Path
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["1", "1", "1"]
+
+
+def test_cpu_timings_run_at_one_stated_thread_count() -> None:
+    """Every job's CPU FPS at CPU_FPS_THREADS (not the cores its slots pinned), torch's count restored after."""
+    import torch
+
+    from musubi.evaluate.fps import CPU_FPS_THREADS, timing_threads
+
+    before = torch.get_num_threads()
+    with timing_threads(torch.device("cpu")) as threads:
+        assert threads == CPU_FPS_THREADS == torch.get_num_threads()
+    assert torch.get_num_threads() == before
+    with timing_threads(torch.device("meta")) as threads:  # not a CPU: the count does not shape the figure
+        assert threads is None
