@@ -1,0 +1,604 @@
+"""Quality parity (issue 43): Musubi trains a model as well as a plain PyTorch loop does.
+
+The same model, data, seed, schedule and number of samples, trained three ways, over >= 3 seeds each:
+- the plain loop: bench/plain_quality_loop.py, one process, one GPU (no Musubi import; torchvision
+  references' style);
+- `musubi train` on 1 GPU, and with DDP on N GPUs (default 4; on CPU: 1 and 2 gloo ranks).
+Models: (a) a classifier, torchvision resnet18 at 32 px; (b) a CNN detector, torchvision Faster R-CNN
+MobileNetV3-Large FPN (the 320 variant's builder) at 160 px; (c) a DETR-family detector, transformers'
+RT-DETR with ResNet-18 (Musubi's `rtdetr_r18` preset; the plain loop builds the same config from
+transformers directly), at 160 px. All from random weights (nothing downloaded).
+
+Data (bench/quality_data.py): REAL handwritten digits, the UCI "Optical Recognition of Handwritten Digits"
+set (Alpaydin & Kaynak 1998; CC BY 4.0, UCI ML Repository), its 1797-digit test part as bundled with
+scikit-learn (`sklearn.datasets.load_digits`, offline), split 80/20 by digit. The classifier reads them as
+an image folder (PNG, 32 px); the detectors read scenes COMPOSED here from those real digits: 2-5 digits
+upscaled to 24-56 px on a black 160 px canvas, exact boxes, COCO JSON (train scenes from train digits,
+validation scenes from validation digits). Both sides read the same PNG files.
+
+What is held equal: model and its constructor arguments; initial weights (both seed torch with the run's
+seed before building it: tests/tasks/test_quality_parity.py checks that they are bit-identical); data order
+(a seeded permutation per epoch: Musubi's DistributedSampler, the plain loop's DistributedSampler of one
+replica, same seed); the GLOBAL batch (Musubi at N GPUs: global / N per rank, so N GPUs see the same samples
+per step as one; BatchNorm then normalises over global / N samples a rank, as DDP does without SyncBatchNorm);
+epochs, so the number of samples and steps; optimizer, LR, warm-up and cosine schedule (Musubi's
+`lr_rule: none`, `base_batch` = the global batch: the LR written is the LR used, which the bench checks from
+each run's summary and its logged LR curve); weight decay, gradient clipping; precision (bf16 autocast on
+GPU, fp32 on CPU, train and validation); no augmentation on either side; validation once, at the end, on the
+whole validation split: top1, or COCO mAP50 by COCOeval (faster-coco-eval where installed, else
+pycocotools: the same backend on both sides). Musubi runs as a user would run it (telemetry on), less
+checkpoints and TensorBoard (time, not quality) and CPU pinning (several runs share the machine at once).
+
+Runs are independent, so they share the machine: up to K processes a GPU (a 4-GPU run takes a slot on each),
+K the smallest that the --budget-s plan fits (from an estimate of each run's time: per-step and start-up
+figures below, or the times measured by an earlier result file, --calibrate). What the plan cannot fit is
+refused before anything starts; what the budget cuts is killed and reported as cut, not judged.
+
+On the lent 4-GPU machine (no network; pydantic and faster-coco-eval carried as wheels, see
+docs/gpu-tier.md; scikit-learn, transformers, scipy and matplotlib are in its image):
+
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+        .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD && \
+    PYTHONUNBUFFERED=1 python3 bench/quality.py --device cuda --nprocs 1,4 --seeds 0,1,2 --budget-s 450 \
+        --work /tmp/quality --out-dir $OUT
+
+CPU rehearsal (here; tiny: proves the plumbing, not quality):
+
+    python bench/quality.py --device cpu --nprocs 1,2 --seeds 0 --max-steps 4 --data-scale smoke
+
+Writes quality-DATE-CARD-COMMIT.json (every run's record, the rows, the verdicts), .md (the table for
+BENCHMARKS.md) and .png (loss curves side by side and every seed's final metric) to --out-dir (default
+bench/results) and, where $OUT is set, copies them there with the runs' logs (-logs.tgz).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import heapq
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from bench import quality_data, quality_report  # noqa: E402
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """One model's training, identical on both sides; the cost figures only plan the time."""
+
+    key: str
+    label: str
+    task: str
+    model: str
+    model_args: dict[str, Any]
+    image_size: int
+    epochs: int
+    global_batch: int
+    optimizer: str
+    lr: float
+    weight_decay: float
+    warmup_steps: int
+    metric: str
+    floor: float  # the plain loop's mean must reach this for the comparison to mean anything
+    momentum: float = 0.9
+    grad_clip: float | None = None
+    log_every: int = 10
+    #: Planning only, seconds on one H100 with the GPU to itself: a training step, and the start (process,
+    #: imports, data sets, model; Musubi's launcher, torchrun and first step) plus the validation.
+    gpu_step_s: float = 0.1
+    gpu_fixed_s: dict[str, float] = field(default_factory=lambda: {"plain": 15.0, "musubi": 30.0})
+    cpu_step_s: float = 1.0  # per step on one CPU rank of this (2-core) machine, rehearsal sizes
+
+
+RECIPES: dict[str, Recipe] = {r.key: r for r in (
+    # 1438 train digits / 64 = 22 steps an epoch x 15 = 330 steps
+    Recipe("classifier", "resnet18 classifier, digits 32 px", "classification", "resnet18", {}, 32, epochs=15,
+           global_batch=64, optimizer="sgd", lr=0.1, weight_decay=5e-4, warmup_steps=20, metric="top1",
+           floor=0.9, gpu_step_s=0.015, gpu_fixed_s={"plain": 12.0, "musubi": 28.0}, cpu_step_s=0.5),
+    # 1600 scenes / 32 = 50 steps an epoch x 6 = 300 steps. The zoo's Faster R-CNN recipe (RPN and RoI
+    # sampling sizes of examples/fleet-zoo-4gpu.yaml; AdamW, clipping at 10): 0.60 mAP50 there.
+    Recipe("cnn_detector", "Faster R-CNN MobileNetV3 FPN, digit scenes 160 px", "detection",
+           "fasterrcnn_mobilenet_v3_large_320_fpn",
+           {"rpn_pre_nms_top_n_train": 300, "rpn_post_nms_top_n_train": 100, "rpn_pre_nms_top_n_test": 150,
+            "rpn_post_nms_top_n_test": 100, "rpn_batch_size_per_image": 64, "box_batch_size_per_image": 64},
+           160, epochs=6, global_batch=32, optimizer="adamw", lr=2e-3, weight_decay=1e-4, warmup_steps=30,
+           metric="map50", floor=0.3, grad_clip=10.0, gpu_step_s=0.15,
+           gpu_fixed_s={"plain": 20.0, "musubi": 35.0}, cpu_step_s=6.0),
+    # The zoo's RT-DETR recipe (AdamW 4e-4, clipping at 0.1 as DETR recipes do): 0.73 mAP50 there.
+    Recipe("detr", "RT-DETR r18 (transformers), digit scenes 160 px", "detection", "rtdetr_r18",
+           {"num_queries": 100}, 160, epochs=6, global_batch=32, optimizer="adamw", lr=4e-4, weight_decay=1e-4,
+           warmup_steps=30, metric="map50", floor=0.3, grad_clip=0.1, gpu_step_s=0.25,
+           gpu_fixed_s={"plain": 30.0, "musubi": 45.0}, cpu_step_s=10.0),
+)}
+
+#: Data-set sizes: `full` for the comparison, `smoke` for a CPU rehearsal of the plumbing.
+DATA_SCALES = {"full": quality_data.DataParams(),
+               "smoke": quality_data.DataParams(train_scenes=64, val_scenes=16)}
+#: Assumed slow-down of a run for each other process sharing its GPU (planning only; --calibrate replaces
+#: the estimates with measured times). These models are launch-bound: one rank of the model zoo's small
+#: detectors kept an H200 15-25 % busy (BENCHMARKS.md, session 5), so a few share a GPU at little cost.
+SHARE_SLOWDOWN = 0.25
+
+
+# -- the runs and their plan --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Run:
+    """One training: a model, a side (plain | musubi), its ranks, a seed."""
+
+    model: str
+    side: str
+    nproc: int
+    seed: int
+
+    @property
+    def name(self) -> str:
+        """The run's folder and label, e.g. detr-musubi4-s1."""
+        return f"{self.model}-{self.side}{self.nproc if self.side == 'musubi' else ''}-s{self.seed}"
+
+
+def plan_runs(models: list[str], seeds: list[int], nprocs: list[int]) -> list[Run]:
+    """Every run: per model and seed, the plain loop and Musubi at each rank count."""
+    return [Run(m, side, n, s) for m in models for s in seeds
+            for side, n in [("plain", 1)] + [("musubi", n) for n in nprocs]]
+
+
+def steps_of(recipe: Recipe, params: quality_data.DataParams, max_steps: int | None) -> int:
+    """Optimizer steps of a run (the same on both sides: same global batch, last partial batch dropped)."""
+    n = (params.train_scenes if recipe.task == "detection"
+         else round(quality_data.DIGITS * (1 - params.val_fraction)))
+    total = n // recipe.global_batch * recipe.epochs
+    return min(total, max_steps) if max_steps else total
+
+
+def estimate_s(run: Run, recipe: Recipe, steps: int, device: str, calibration: dict[str, float]) -> float:
+    """Seconds the run takes with its GPU (or the CPU) to itself: measured earlier where known, else the
+    recipe's figures."""
+    key = f"{run.model}/{run.side}/{run.nproc}"
+    if key in calibration:
+        return calibration[key]
+    if device == "cpu":
+        return 20.0 + 10.0 * (run.side == "musubi") + steps * recipe.cpu_step_s
+    return recipe.gpu_fixed_s[run.side] + steps * recipe.gpu_step_s
+
+
+def simulate(runs: list[Run], est: dict[Run, float], devices: int, per_device: int) -> tuple[float, list[Run]]:
+    """Makespan of list scheduling: runs in the given order, each started as soon as it has a free slot on
+    `nproc` devices (the least loaded; on the CPU, the one device); a run sharing a device with k others takes (1 + SHARE_SLOWDOWN x k)
+    times its estimate (the load it starts under). Also the order runs would start in."""
+    load = [0] * devices
+    running: list[tuple[float, int, list[int]]] = []  # (end, tie-break, devices)
+    now, started, queue, n = 0.0, [], list(runs), 0
+    while queue:
+        fit = next((r for r in queue if sum(c < per_device for c in load) >= min(r.nproc, devices)), None)
+        if fit is None:
+            now, _, devs = heapq.heappop(running)
+            for d in devs:
+                load[d] -= 1
+            continue
+        devs = sorted(range(devices), key=lambda d: load[d])[: min(fit.nproc, devices)]
+        sharing = max(load[d] for d in devs)
+        for d in devs:
+            load[d] += 1
+        n += 1
+        heapq.heappush(running, (now + est[fit] * (1 + SHARE_SLOWDOWN * sharing), n, devs))
+        queue.remove(fit)
+        started.append(fit)
+    end = max((e for e, _, _ in running), default=now)
+    return end, started
+
+
+def choose_per_device(runs: list[Run], est: dict[Run, float], devices: int, budget_s: float, max_per: int
+                      ) -> tuple[int | None, dict[int, float]]:
+    """The fewest processes a device whose simulated makespan fits the budget (None: none does), and the
+    makespan of each tried."""
+    tried = {}
+    for k in range(1, max_per + 1):
+        tried[k] = simulate(runs, est, devices, k)[0]
+        if tried[k] <= budget_s:
+            return k, tried
+    return None, tried
+
+
+def order_runs(runs: list[Run], est: dict[Run, float]) -> list[Run]:
+    """Seed by seed (a budget cut then costs the last seed's runs, not one side's), and within a seed the
+    widest first (they need every device at once), then the longest."""
+    return sorted(runs, key=lambda r: (r.seed, -r.nproc, -est[r]))
+
+
+# -- one run: its command ------------------------------------------------------------------------------
+def split_paths(recipe: Recipe, data: Path) -> dict[str, str]:
+    """The train/val folders (and COCO files) of the recipe's set."""
+    if recipe.task == "classification":
+        return {"train": str(data / "cls" / "train"), "val": str(data / "cls" / "val")}
+    det = data / "det"
+    return {"train": str(det / "train" / "images"), "train_ann": str(det / "train" / "annotations.json"),
+            "val": str(det / "val" / "images"), "val_ann": str(det / "val" / "annotations.json")}
+
+
+def plain_argv(recipe: Recipe, run: Run, data: Path, device: str, precision: str, workers: int,
+               max_steps: int | None, output: Path) -> list[str]:
+    """bench/plain_quality_loop.py's command line for this run."""
+    p = split_paths(recipe, data)
+    argv = [sys.executable, str(REPO / "bench" / "plain_quality_loop.py"), "--task", recipe.task,
+            "--model", recipe.model, "--model-args", json.dumps(recipe.model_args), "--train", p["train"],
+            "--val", p["val"], "--image-size", str(recipe.image_size), "--epochs", str(recipe.epochs),
+            "--batch-size", str(recipe.global_batch), "--opt", recipe.optimizer, "--lr", repr(recipe.lr),
+            "--momentum", repr(recipe.momentum), "--wd", repr(recipe.weight_decay),
+            "--lr-warmup-steps", str(recipe.warmup_steps), "--precision", precision, "--seed", str(run.seed),
+            "--workers", str(workers), "--log-every", str(recipe.log_every), "--device", device,
+            "--output", str(output)]
+    if recipe.task == "detection":
+        argv += ["--train-ann", p["train_ann"], "--val-ann", p["val_ann"]]
+    if recipe.grad_clip:
+        argv += ["--clip-grad-norm", repr(recipe.grad_clip)]
+    if max_steps:
+        argv += ["--max-steps", str(max_steps)]
+    return argv
+
+
+def musubi_job(recipe: Recipe, run: Run, data: Path, precision: str, workers: int,
+               max_steps: int | None) -> dict[str, Any]:
+    """The Musubi job of this run: the recipe's settings with every default that could differ made explicit."""
+    p = split_paths(recipe, data)
+    splits = {"train": {"path": p["train"]}, "val": {"path": p["val"]}}
+    if recipe.task == "detection":
+        splits["train"]["annotations"], splits["val"]["annotations"] = p["train_ann"], p["val_ann"]
+    data_spec: dict[str, Any] = {**splits, "image_size": recipe.image_size, "workers": workers, "augment": None}
+    if recipe.task == "detection":
+        data_spec["gpu_decode"] = False  # PNG: decoded by the loader workers, as the plain loop's
+    train: dict[str, Any] = {
+        "epochs": recipe.epochs, "global_batch": recipe.global_batch, "optimizer": recipe.optimizer,
+        "lr": recipe.lr, "base_batch": recipe.global_batch, "lr_rule": "none", "warmup_steps": recipe.warmup_steps,
+        "schedule": "cosine", "momentum": recipe.momentum, "weight_decay": recipe.weight_decay,
+        "grad_clip": recipe.grad_clip, "precision": precision, "seed": run.seed, "log_every": recipe.log_every,
+        "eval_every": recipe.epochs, "deterministic": False, "channels_last": False, "accumulation": 1,
+        "pin_cpus": False, "max_restarts": 0,
+    }
+    if max_steps:
+        train["max_steps"] = max_steps
+    return {"name": run.name, "task": recipe.task, "model": recipe.model, "model_args": dict(recipe.model_args),
+            "data": data_spec, "train": train, "checkpoint": {"enabled": False},
+            "tracking": {"tensorboard": False}}
+
+
+def musubi_argv(job_file: Path, run: Run, device: str, out: Path) -> list[str]:
+    """`musubi train` of the job (the preflight skipped: the machine is checked once, not 27 times)."""
+    return [sys.executable, "-m", "musubi.cli", "train", str(job_file), "--nproc", str(run.nproc), "--out",
+            str(out), "--device", device, "--no-check"]
+
+
+# -- reading a finished run ------------------------------------------------------------------------------
+def read_plain(path: Path) -> dict[str, Any]:
+    """The plain loop's record: final metrics, loss log, LR, steps."""
+    rec = json.loads(path.read_text())
+    return {"final": rec["final"], "log": rec["log"], "steps": rec["steps"], "lr": rec["lr"],
+            "global_batch": rec["global_batch"], "train_s": rec["train_s"]}
+
+
+def read_musubi(job_dir: Path) -> dict[str, Any]:
+    """Musubi's metrics.jsonl (train lines: loss, lr; the last val line: the metrics) and summary.json."""
+    lines = [json.loads(ln) for ln in (job_dir / "metrics.jsonl").read_text().splitlines() if ln.strip()]
+    log = [{"step": r["step"], "loss": r["loss"], "lr": r["lr"]} for r in lines if r.get("kind") == "train"]
+    vals = [r for r in lines if r.get("kind") == "val"]
+    summary = json.loads((job_dir / "summary.json").read_text()) if (job_dir / "summary.json").is_file() else {}
+    final = {k: v for k, v in vals[-1].items() if k not in ("step", "kind", "time")} if vals else {}
+    return {"final": final, "log": log, "steps": summary.get("steps"), "lr": summary.get("lr"),
+            "global_batch": summary.get("global_batch"), "train_s": summary.get("train_s")}
+
+
+def lr_check(rec: dict[str, Any], recipe: Recipe, plain_log: list[dict[str, Any]] | None) -> dict[str, Any]:
+    """Whether a run used the recipe's LR, global batch and step count, and its logged LR curve the plain
+    loop's (max relative difference over the steps both logged)."""
+    out = {"lr_as_written": rec.get("lr") is not None and abs(rec["lr"] - recipe.lr) <= 1e-12 * recipe.lr,
+           "global_batch_equal": rec.get("global_batch") == recipe.global_batch}
+    if plain_log:
+        ref = {p["step"]: p["lr"] for p in plain_log}
+        diffs = [abs(p["lr"] - ref[p["step"]]) / recipe.lr for p in rec.get("log", []) if p["step"] in ref]
+        out["lr_curve_max_rel_diff"] = max(diffs) if diffs else None
+    return out
+
+
+# -- running them ---------------------------------------------------------------------------------------
+@dataclass
+class Launched:
+    """A started run: its process (a session of its own, so its whole tree can be stopped), devices, times."""
+
+    run: Run
+    proc: subprocess.Popen
+    devices: list[int]
+    start: float
+    sharing: int
+    log: Any
+
+
+def child_env(devices: list[int], device: str, threads: int) -> dict[str, str]:
+    """The environment of a run: its GPUs, thread count, the repo importable, nothing fetched, no NVLS."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [env.get("PYTHONPATH")])])
+    env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, devices)) if device == "cuda" else ""
+    env["OMP_NUM_THREADS"] = str(threads)
+    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONUNBUFFERED="1")
+    for k in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS"):
+        env.setdefault(k, "0" if k == "NCCL_NVLS_ENABLE" else "1")  # keep NVLink multicast off (shared hosts)
+    return env
+
+
+def stop(proc: subprocess.Popen) -> None:
+    """End a run's process group (the run and everything it started), politely first."""
+    for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 5)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def execute(runs: list[Run], args: argparse.Namespace, data: Path, work: Path, devices: int, per_device: int,
+            deadline: float) -> dict[Run, dict[str, Any]]:
+    """Start runs as slots free up (list scheduling, as `simulate`); stop what is running at the deadline."""
+    load = [0] * devices
+    queue, running, outcome = list(runs), [], {}
+    threads = max(1, (os.cpu_count() or 2) // max(1, devices * per_device)) if args.device == "cuda" else \
+        max(1, (os.cpu_count() or 2) // 2)
+    while queue or running:
+        for item in list(running):
+            if item.proc.poll() is not None:
+                running.remove(item)
+                for d in item.devices:
+                    load[d] -= 1
+                outcome[item.run] = finish(item, args, work, "ok" if item.proc.returncode == 0 else
+                                           f"exit {item.proc.returncode}")
+        if time.monotonic() > deadline:
+            for item in running:
+                stop(item.proc)
+                for d in item.devices:
+                    load[d] -= 1
+                outcome[item.run] = finish(item, args, work, "cut by the budget")
+            for run in queue:
+                outcome[run] = {"status": "not started (budget)", "wall_s": 0.0}
+            break
+        fit = next((r for r in queue if sum(c < per_device for c in load) >= min(r.nproc, devices)), None)
+        if fit is None:
+            time.sleep(0.5)
+            continue
+        queue.remove(fit)
+        devs = sorted(range(devices), key=lambda d: load[d])[: min(fit.nproc, devices)]
+        sharing = max(load[d] for d in devs)
+        for d in devs:
+            load[d] += 1
+        running.append(launch(fit, args, data, work, devs, sharing, threads))
+        print(f"[{time.strftime('%H:%M:%S')}] start {fit.name} on {args.device} {devs} (sharing with {sharing})",
+              flush=True)
+    return outcome
+
+
+def launch(run: Run, args: argparse.Namespace, data: Path, work: Path, devs: list[int], sharing: int,
+           threads: int) -> Launched:
+    """Start one run in its own folder and process session."""
+    recipe = RECIPES[run.model]
+    folder = work / "runs" / run.name
+    if folder.exists():
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True)
+    precision = "bf16" if args.device == "cuda" else "fp32"
+    if run.side == "plain":
+        argv = plain_argv(recipe, run, data, args.device, precision, args.workers, args.max_steps,
+                          folder / "plain.json")
+    else:
+        job = folder / "job.yaml"
+        job.write_text(yaml.safe_dump(musubi_job(recipe, run, data, precision, args.workers, args.max_steps)))
+        argv = musubi_argv(job, run, args.device, folder / "run")
+    (folder / "command.txt").write_text(" ".join(argv) + "\n")
+    log = open(folder / "output.log", "w")
+    proc = subprocess.Popen(argv, cwd=REPO, env=child_env(devs, args.device, threads), stdout=log,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    return Launched(run, proc, devs, time.monotonic(), sharing, log)
+
+
+def finish(item: Launched, args: argparse.Namespace, work: Path, status: str) -> dict[str, Any]:
+    """The run's record: what it measured (where it got that far) and how it ended."""
+    item.log.close()
+    run, folder = item.run, work / "runs" / item.run.name
+    rec: dict[str, Any] = {"status": status, "wall_s": round(time.monotonic() - item.start, 1),
+                           "sharing": item.sharing, "devices": item.devices}
+    try:
+        got = read_plain(folder / "plain.json") if run.side == "plain" else read_musubi(folder / "run" / run.name)
+    except (OSError, ValueError, KeyError) as e:
+        got = {"read_error": f"{type(e).__name__}: {e}"}
+    rec.update(got)
+    if run.side == "musubi" and status.startswith("exit") and rec.get("final"):
+        # `musubi train` exits 1 when its checklist is not met (e.g. a loss judged not falling) after a
+        # complete run: the run is measured all the same, and its status says so.
+        rec["status"], rec["musubi_exit"] = "ok", status
+    if not rec.get("final") and rec["status"] == "ok":
+        rec["status"] = "no validation"
+    if rec["status"] != "ok":
+        tail = (folder / "output.log").read_text(errors="replace").splitlines()[-15:]
+        rec["output_tail"] = tail
+        print(f"  {run.name}: {rec['status']}\n    " + "\n    ".join(tail), flush=True)
+    else:
+        print(f"[{time.strftime('%H:%M:%S')}] done {run.name} in {rec['wall_s']} s: "
+              f"{RECIPES[run.model].metric} {rec['final'].get(RECIPES[run.model].metric)}", flush=True)
+    return rec
+
+
+# -- the whole bench ------------------------------------------------------------------------------------------
+def device_count(device: str) -> int:
+    """GPUs visible (cuda), or 1 (the CPU, one run at a time)."""
+    if device == "cpu":
+        return 1
+    import torch
+
+    return torch.cuda.device_count()
+
+
+def read_calibration(path: Path | None) -> dict[str, float]:
+    """model/side/nproc -> the mean wall time of those runs in an earlier result file, corrected to a GPU
+    to itself by the sharing each ran under."""
+    if path is None:
+        return {}
+    times: dict[str, list[float]] = {}
+    for r in json.loads(path.read_text())["records"]:
+        if r["status"] == "ok":
+            times.setdefault(f"{r['model']}/{r['side']}/{r['nproc']}", []).append(
+                r["wall_s"] / (1 + SHARE_SLOWDOWN * r.get("sharing", 0)))
+    return {k: sum(v) / len(v) for k, v in times.items()}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    ap.add_argument("--nprocs", default=None, help="Musubi's rank counts besides the plain loop (default 1,4 on "
+                    "cuda, 1,2 on cpu)")
+    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--models", default=",".join(RECIPES), help=f"from {', '.join(RECIPES)}")
+    ap.add_argument("--budget-s", type=float, default=None, help="wall time for all the runs (default 450 on "
+                    "cuda, 7200 on cpu); a plan that does not fit is refused, the runs still going at its end are "
+                    "stopped")
+    ap.add_argument("--gpus", type=int, default=None, help="GPUs to use, 0..N-1 (default: every visible one; "
+                    "with --dry-run, plan for N GPUs on a machine without them)")
+    ap.add_argument("--max-per-device", type=int, default=6, help="most runs sharing one GPU")
+    ap.add_argument("--per-device", type=int, default=None, help="runs a GPU at once (default: the fewest that "
+                    "fit the budget)")
+    ap.add_argument("--max-steps", type=int, default=None, help="cap every run's steps (rehearsals); the "
+                    "cosine ends there on both sides")
+    ap.add_argument("--data-scale", choices=sorted(DATA_SCALES), default="full")
+    ap.add_argument("--workers", type=int, default=2, help="data-loader workers a rank, both sides")
+    ap.add_argument("--work", type=Path, default=None, help="data and run folders (default a temporary folder)")
+    ap.add_argument("--out-dir", type=Path, default=REPO / "bench" / "results")
+    ap.add_argument("--calibrate", type=Path, default=None, help="an earlier result JSON: plan with its times")
+    ap.add_argument("--dry-run", action="store_true", help="print the plan and stop")
+    a = ap.parse_args(argv)
+    a.nprocs = [int(n) for n in (a.nprocs or ("1,4" if a.device == "cuda" else "1,2")).split(",")]
+    a.seeds = [int(s) for s in a.seeds.split(",")]
+    a.models = [m for m in a.models.split(",") if m]
+    unknown = sorted(set(a.models) - set(RECIPES))
+    if unknown:
+        ap.error(f"--models: unknown {', '.join(unknown)}; choose from {', '.join(RECIPES)}")
+    if a.budget_s is None:
+        a.budget_s = 450.0 if a.device == "cuda" else 7200.0
+    return a
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse_args(argv)
+    t0 = time.monotonic()
+    params = DATA_SCALES[a.data_scale]
+    visible = device_count(a.device)
+    devices = a.gpus if a.device == "cuda" and a.gpus else visible
+    if a.device == "cuda" and devices > visible and not a.dry_run:
+        raise SystemExit(f"--gpus {devices}: only {visible} GPUs visible")
+    if a.device == "cuda" and max(a.nprocs) > devices:
+        raise SystemExit(f"--nprocs {max(a.nprocs)} needs {max(a.nprocs)} GPUs; {devices} visible")
+    for m in a.models:
+        r = RECIPES[m]
+        for n in a.nprocs:
+            if r.global_batch % n:
+                raise SystemExit(f"{m}: global batch {r.global_batch} does not split over {n} ranks; change --nprocs")
+    runs = plan_runs(a.models, a.seeds, a.nprocs)
+    calibration = read_calibration(a.calibrate)
+    est = {r: estimate_s(r, RECIPES[r.model], steps_of(RECIPES[r.model], params, a.max_steps), a.device,
+                         calibration) for r in runs}
+    runs = order_runs(runs, est)
+    if a.device == "cpu":
+        per, tried = 1, {1: simulate(runs, est, 1, 1)[0]}
+        fits = tried[1] <= a.budget_s
+    elif a.per_device:
+        per, tried = a.per_device, {a.per_device: simulate(runs, est, devices, a.per_device)[0]}
+        fits = tried[per] <= a.budget_s
+    else:
+        chosen, tried = choose_per_device(runs, est, devices, a.budget_s, a.max_per_device)
+        per, fits = chosen or a.max_per_device, chosen is not None
+    print(f"plan: {len(runs)} runs ({', '.join(a.models)}; seeds {a.seeds}; plain + Musubi x{a.nprocs}) on "
+          f"{devices} {'GPU' if a.device == 'cuda' else 'CPU'}; estimated makespan by runs per device: "
+          + ", ".join(f"{k}: {v:.0f} s" for k, v in tried.items()) + f"; budget {a.budget_s:.0f} s", flush=True)
+    if not fits:
+        raise SystemExit(f"the plan does not fit --budget-s {a.budget_s:.0f} (estimate {min(tried.values()):.0f} s "
+                         "at best): fewer --seeds or --models, or a larger budget")
+    print(f"running {per} a device at once", flush=True)
+    if a.dry_run:
+        return 0
+    work = a.work or Path(os.environ.get("TMPDIR", "/tmp")) / f"musubi-quality-{os.getpid()}"
+    data = work / f"data-{a.data_scale}"
+    record = quality_data.write_sets(data, params)
+    print(f"data: {data} ({record['classification']}, {record['detection']}; {time.monotonic() - t0:.1f} s)",
+          flush=True)
+    deadline = t0 + a.budget_s
+    outcome = execute(runs, a, data, work, devices, per, deadline)
+    return report(a, runs, outcome, record, per, tried, time.monotonic() - t0, work)
+
+
+def report(a: argparse.Namespace, runs: list[Run], outcome: dict[Run, dict[str, Any]], data_record: dict,
+           per: int, tried: dict[int, float], wall: float, work: Path) -> int:
+    """Records, rows, verdicts; the JSON, the table and the plot; a copy under $OUT."""
+    from bench.gpu_tier import card, versions
+    from bench.provenance import commit
+
+    records = []
+    plain_logs = {(r.model, r.seed): outcome[r].get("log") for r in runs if r.side == "plain"}
+    for r in runs:
+        rec = {**asdict(r), "name": r.name, **outcome[r]}
+        if r.side == "musubi" and "lr" in rec:
+            rec["lr_check"] = lr_check(rec, RECIPES[r.model], plain_logs.get((r.model, r.seed)))
+        records.append(rec)
+    models = {m: {**asdict(RECIPES[m]), "label": RECIPES[m].label} for m in a.models}
+    rows = quality_report.summarise(records, models, a.nprocs)
+    tag, card_text = card() if a.device == "cuda" else ("cpu", f"{os.cpu_count()} CPU cores")
+    word = "GPU" + ("s" if max(a.nprocs) > 1 else "") if a.device == "cuda" else "CPU rank(s)"
+    sha = commit()
+    stem = f"quality-{dt.date.today().isoformat()}-{tag}-{sha.replace('+dirty', '-dirty')}"
+    a.out_dir.mkdir(parents=True, exist_ok=True)
+    result = {"bench": "quality", "commit": sha, "card": card_text, "versions": versions(),
+              "command": " ".join(sys.argv), "device": a.device, "nprocs": a.nprocs, "seeds": a.seeds,
+              "runs_per_device": per, "estimated_makespan_s": tried, "wall_s": round(wall, 1),
+              "budget_s": a.budget_s, "max_steps": a.max_steps, "data": data_record,
+              "recipes": models, "rows": rows, "records": records}
+    json_path = a.out_dir / f"{stem}.json"
+    json_path.write_text(json.dumps(result, indent=1, default=str) + "\n")
+    table = quality_report.markdown(rows, word)
+    head = (f"Quality parity, {card_text}, commit {sha}, {dt.date.today().isoformat()}: `{' '.join(sys.argv)}` "
+            f"({len(a.seeds)} seeds, {per} runs a device at once, {wall:.0f} s)\n\n")
+    (a.out_dir / f"{stem}.md").write_text(head + table)
+    png = a.out_dir / f"{stem}.png"
+    quality_report.plot(records, models, a.nprocs, png, f"quality parity, {card_text}, {sha}", word)
+    print("\n" + head + table, flush=True)
+    print(f"wrote {json_path}, {stem}.md, {stem}.png", flush=True)
+    if os.environ.get("OUT"):
+        out = Path(os.environ["OUT"])
+        for p in (json_path, a.out_dir / f"{stem}.md", png):
+            shutil.copy(p, out / p.name)
+        archive_logs(work, out / f"{stem}-logs.tgz")
+    judged = [r for r in rows if r["side"] == "musubi"]
+    return 0 if judged and all(r["verdict"] == "PASS" for r in judged) else 1
+
+
+def archive_logs(work: Path, path: Path) -> None:
+    """Each run's command, output and (Musubi) job files, no weights or telemetry."""
+    keep = {"command.txt", "output.log", "plain.json", "job.yaml", "metrics.jsonl", "summary.json", "job.json",
+            "eval.json"}
+    with tarfile.open(path, "w:gz") as tar:
+        for p in sorted((work / "runs").rglob("*")):
+            if p.is_file() and p.name in keep and "telemetry" not in p.parts:
+                tar.add(p, arcname=str(p.relative_to(work)))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

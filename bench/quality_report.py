@@ -1,0 +1,164 @@
+"""bench/quality.py's judgement and report: the verdict per model and GPU count, the markdown table, the plot.
+
+Pure (no torch, no musubi; matplotlib only for the plot): it reads the run records bench/quality.py collects,
+one per training run: {"model", "side" ("plain" | "musubi"), "nproc", "seed", "status", "final": {metric: v},
+"log": [{"step", "loss", "lr"}], ...}.
+
+The verdict (issue 43), per model and Musubi GPU count, over the seeds both sides finished:
+- within the spread: Musubi's mean over seeds lies inside the plain loop's seed-to-seed range [min, max];
+- within 1 point: |Musubi's mean - the plain loop's mean| <= 0.01 of top1 / mAP50;
+- PASS when both hold, FAIL when either does not, and "too few seeds" below MIN_SEEDS (no verdict).
+The plain loop's own mean must reach the model's floor (top1 0.9, mAP50 0.3), else the comparison is of
+models that did not learn, and the row says so.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+#: Seeds a side needs before a verdict is given (issue 43: ">= 3 seeds each").
+MIN_SEEDS = 3
+#: "Within 1 point" of top1 / mAP50 (fractions in [0, 1]).
+TOLERANCE = 0.01
+
+
+def mean_sd(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (0 for one value)."""
+    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
+
+
+def verdict(plain: Sequence[float], musubi: Sequence[float], tol: float = TOLERANCE,
+            min_seeds: int = MIN_SEEDS) -> dict[str, Any]:
+    """Musubi's final metrics against the plain loop's (one value a seed each): the figures and the verdict."""
+    if not plain or not musubi:
+        return {"verdict": "no runs", "within_spread": None, "within_1pt": None}
+    pm, psd = mean_sd(plain)
+    mm, msd = mean_sd(musubi)
+    spread = min(plain) <= mm <= max(plain)
+    close = abs(mm - pm) <= tol
+    if min(len(plain), len(musubi)) < min_seeds:
+        word = "too few seeds"
+    else:
+        word = "PASS" if spread and close else "FAIL"
+    return {"plain_mean": pm, "plain_sd": psd, "plain_min": min(plain), "plain_max": max(plain),
+            "mean": mm, "sd": msd, "delta": mm - pm, "within_spread": spread, "within_1pt": close,
+            "seeds": [len(plain), len(musubi)], "verdict": word}
+
+
+def finished(records: list[dict[str, Any]], model: str, side: str, nproc: int, metric: str) -> dict[int, float]:
+    """seed -> final metric of the runs of (model, side, nproc) that ended with a validation."""
+    return {r["seed"]: r["final"][metric] for r in records
+            if r["model"] == model and r["side"] == side and r["nproc"] == nproc and r["status"] == "ok"
+            and metric in r.get("final", {})}
+
+
+def summarise(records: list[dict[str, Any]], models: dict[str, dict[str, Any]], nprocs: Sequence[int]
+              ) -> list[dict[str, Any]]:
+    """One row per model and configuration (the plain loop, then Musubi at each GPU count), verdicts on Musubi's."""
+    rows = []
+    for key, m in models.items():
+        metric = m["metric"]
+        plain = finished(records, key, "plain", 1, metric)
+        configs = [("plain", 1)] + [("musubi", n) for n in nprocs]
+        for side, n in configs:
+            got = finished(records, key, side, n, metric)
+            runs = [r for r in records if r["model"] == key and r["side"] == side and r["nproc"] == n]
+            row = {"model": key, "label": m["label"], "metric": metric, "side": side, "nproc": n,
+                   "per_seed": dict(sorted(got.items())), "runs": len(runs),
+                   "not_ok": sorted(f"seed {r['seed']}: {r['status']}" for r in runs if r["status"] != "ok"),
+                   "final_loss": _mean_last_loss(runs),
+                   "wall_s": round(statistics.fmean(r["wall_s"] for r in runs), 1) if runs else None}
+            if got:
+                row["mean"], row["sd"] = mean_sd(list(got.values()))
+            if side == "plain":
+                row["reaches_floor"] = bool(got) and row["mean"] >= m["floor"]
+                row["floor"] = m["floor"]
+            else:
+                common = sorted(set(plain) & set(got))
+                row.update(verdict([plain[s] for s in common], [got[s] for s in common]))
+                row["paired_delta"] = mean_sd([got[s] - plain[s] for s in common]) if common else None
+            rows.append(row)
+    return rows
+
+
+def _mean_last_loss(runs: list[dict[str, Any]]) -> float | None:
+    last = [r["log"][-1]["loss"] for r in runs if r.get("log")]
+    return round(statistics.fmean(last), 4) if last else None
+
+
+def _fmt(v: float | None, digits: int = 3) -> str:
+    return "-" if v is None else f"{v:.{digits}f}"
+
+
+def markdown(rows: list[dict[str, Any]], device_word: str) -> str:
+    """The table for BENCHMARKS.md: one line per model and configuration."""
+    lines = ["| model | run | metric | per seed | mean ± sd | Δ mean vs plain | in plain's range | within 1 pt | "
+             "verdict | last logged loss | run s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        run = "plain loop" if r["side"] == "plain" else f"Musubi {r['nproc']} {device_word}"
+        seeds = ", ".join(f"{v:.3f}" for v in r["per_seed"].values()) or "-"
+        if r["not_ok"]:
+            seeds += f" ({'; '.join(r['not_ok'])})"
+        spread = f"{_fmt(r.get('mean'))} ± {_fmt(r.get('sd'))}" if "mean" in r else "-"
+        if r["side"] == "plain":
+            floor = "reaches" if r["reaches_floor"] else "BELOW"
+            cells = ["-", f"[{_fmt(min(r['per_seed'].values()))}, {_fmt(max(r['per_seed'].values()))}]"
+                     if r["per_seed"] else "-", "-", f"{floor} floor {r['floor']}"]
+        else:
+            yes = {True: "yes", False: "no", None: "-"}
+            cells = [f"{r['delta']:+.3f}" if "delta" in r else "-", yes[r["within_spread"]], yes[r["within_1pt"]],
+                     r["verdict"]]
+        lines.append(f"| {r['label']} | {run} | {r['metric']} | {seeds} | {spread} | " + " | ".join(cells)
+                     + f" | {_fmt(r['final_loss'], 4)} | {_fmt(r['wall_s'], 0)} |")
+    return "\n".join(lines) + "\n"
+
+
+def mean_curve(runs: list[dict[str, Any]]) -> tuple[list[int], list[float], list[float], list[float]]:
+    """Steps logged by every run, and the loss's mean, min and max over the runs at each."""
+    logs = [{p["step"]: p["loss"] for p in r["log"]} for r in runs if r.get("log")]
+    if not logs:
+        return [], [], [], []
+    steps = sorted(set.intersection(*(set(lg) for lg in logs)))
+    vals = [[lg[s] for lg in logs] for s in steps]
+    return steps, [statistics.fmean(v) for v in vals], [min(v) for v in vals], [max(v) for v in vals]
+
+
+def plot(records: list[dict[str, Any]], models: dict[str, dict[str, Any]], nprocs: Sequence[int], path: Path,
+         title: str, device_word: str) -> None:
+    """A PNG: per model, the training loss (mean over seeds, band min..max) of each configuration, and the
+    final metric of every seed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    configs = [("plain", 1, "plain loop", "black")] + [
+        ("musubi", n, f"Musubi {n} {device_word}", c) for n, c in zip(nprocs, ("tab:blue", "tab:orange", "tab:green", "tab:red"), strict=False)]
+    fig, axes = plt.subplots(len(models), 2, figsize=(11, 3.2 * len(models)), squeeze=False,
+                             gridspec_kw={"width_ratios": [3, 1]})
+    for row, (key, m) in enumerate(models.items()):
+        ax, dots = axes[row]
+        for x, (side, n, label, colour) in enumerate(configs):
+            runs = [r for r in records if r["model"] == key and r["side"] == side and r["nproc"] == n]
+            steps, mean, lo, hi = mean_curve(runs)
+            if steps:
+                ax.plot(steps, mean, color=colour, label=f"{label} ({len(runs)} seeds)", lw=1.4)
+                ax.fill_between(steps, lo, hi, color=colour, alpha=0.15, lw=0)
+            got = finished(records, key, side, n, m["metric"])
+            dots.scatter([x] * len(got), list(got.values()), color=colour, s=18)
+            if got:
+                dots.hlines(statistics.fmean(got.values()), x - 0.3, x + 0.3, color=colour)
+        ax.set_title(f"{m['label']}: training loss", fontsize=10)
+        ax.set_xlabel(f"optimizer step (global batch {m['global_batch']})")
+        ax.legend(fontsize=8)
+        dots.set_title(f"final {m['metric']}", fontsize=10)
+        dots.set_xticks(range(len(configs)), [c[2].replace("Musubi ", "M ") for c in configs], fontsize=7)
+        dots.set_xlim(-0.6, len(configs) - 0.4)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,177 @@
+"""bench/quality.py's pure parts: the composed scenes' exact boxes, the split, the verdict, the plan, the jobs."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from PIL import Image
+
+from musubi.config.batch_plan import plan_batch
+from musubi.config.job import JobSpec
+from tests.conftest import REPO
+
+
+def _load(name: str):
+    sys.path.insert(0, str(REPO))
+    spec = importlib.util.spec_from_file_location(f"quality_bench_{name}", REPO / "bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+quality = _load("quality")
+data, report = quality.quality_data, quality.quality_report
+
+
+def fake_digits(n: int = 30, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """8x8 uint8 'digits' with ink in a random sub-rectangle (zero margins), labels 0..9."""
+    rng = np.random.default_rng(seed)
+    images = np.zeros((n, 8, 8), dtype=np.uint8)
+    for im in images:
+        r0, c0 = rng.integers(0, 3, 2)
+        r1, c1 = rng.integers(5, 9, 2)
+        im[r0:r1, c0:c1] = rng.integers(40, 256, (r1 - r0, c1 - c0))
+    return images, rng.integers(0, 10, n)
+
+
+def test_composed_scene_boxes_are_the_exact_extent_of_each_digits_ink() -> None:
+    images, labels = fake_digits()
+    p = data.DataParams(canvas=96, min_digit=16, max_digit=40, min_objects=3, max_objects=6)
+    rng = np.random.default_rng(1)
+    for _ in range(20):
+        canvas, boxes = data.compose_scene(rng, images, labels, p)
+        assert canvas.shape == (96, 96) and canvas.dtype == np.uint8 and boxes
+        outside = np.ones_like(canvas, dtype=bool)
+        for i, (x, y, w, h, label) in enumerate(boxes):
+            assert 0 <= x and 0 <= y and x + w <= 96 and y + h <= 96 and 0 <= label <= 9
+            crop = canvas[y : y + h, x : x + w]
+            # tight: ink on the first and last row and column of the box
+            assert crop[0].any() and crop[-1].any() and crop[:, 0].any() and crop[:, -1].any()
+            assert crop.min() == 0 or crop.all()  # a real patch, not a filled rectangle by accident
+            outside[y : y + h, x : x + w] = False
+            for bx, by, bw, bh, _ in boxes[i + 1 :]:  # apart by at least the 2-px gap
+                assert x + w + 2 <= bx or bx + bw + 2 <= x or y + h + 2 <= by or by + bh + 2 <= y
+        assert not canvas[outside].any()  # no ink outside the boxes
+
+
+def test_ink_patch_drops_the_interpolation_halo_and_crops_to_ink() -> None:
+    digit = np.zeros((8, 8), dtype=np.uint8)
+    digit[2:6, 3:5] = 255
+    patch = data.ink_patch(digit, 32)
+    assert patch.min() == 0 or patch.all()
+    assert (patch[patch > 0] >= data.INK).all()
+    big = data.upscale(digit, 32).copy()
+    big[big < data.INK] = 0
+    rows, cols = np.flatnonzero(big.any(1)), np.flatnonzero(big.any(0))
+    assert patch.shape == (rows[-1] - rows[0] + 1, cols[-1] - cols[0] + 1)
+
+
+def test_coco_scenes_on_disk_match_their_annotations(tmp_path: Path) -> None:
+    images, labels = fake_digits()
+    p = data.DataParams(canvas=64, min_digit=12, max_digit=28)
+    counts = data.coco_scenes(tmp_path, images, labels, 6, seed=3, p=p)
+    coco = json.loads((tmp_path / "annotations.json").read_text())
+    assert counts == {"images": 6, "boxes": len(coco["annotations"])}
+    assert [c["id"] for c in coco["categories"]] == list(range(1, 11))
+    rng = np.random.default_rng(3)  # the same draws give the same scenes: compare pixels and boxes
+    for info in coco["images"]:
+        canvas, boxes = data.compose_scene(rng, images, labels, p)
+        on_disk = np.asarray(Image.open(tmp_path / "images" / info["file_name"]))
+        assert (on_disk == canvas).all() and info["width"] == info["height"] == 64
+        anns = [a for a in coco["annotations"] if a["image_id"] == info["id"]]
+        assert [(a["bbox"], a["category_id"], a["area"]) for a in anns] == [
+            ([x, y, w, h], d + 1, w * h) for x, y, w, h, d in boxes]
+
+
+def test_split_is_stratified_disjoint_and_complete() -> None:
+    labels = np.repeat(np.arange(10), [20, 30, 10, 15, 25, 20, 20, 20, 20, 20])
+    train, val = data.stratified_split(labels, 0.2, seed=0)
+    assert not set(train) & set(val) and sorted([*train, *val]) == list(range(len(labels)))
+    for c, n in zip(range(10), [20, 30, 10, 15, 25, 20, 20, 20, 20, 20], strict=True):
+        assert (labels[val] == c).sum() == round(0.2 * n)
+    assert (data.stratified_split(labels, 0.2, seed=0)[1] == val).all()
+
+
+def test_verdict_needs_the_mean_inside_the_spread_and_within_one_point() -> None:
+    plain = [0.500, 0.520, 0.540]
+    ok = report.verdict(plain, [0.515, 0.525, 0.530])
+    assert ok["verdict"] == "PASS" and ok["within_spread"] and ok["within_1pt"]
+    assert ok["delta"] == pytest.approx(0.0033333, abs=1e-6)
+    # inside the range, 1.5 points off the mean
+    off = report.verdict(plain, [0.535, 0.535, 0.535])
+    assert off["verdict"] == "FAIL" and off["within_spread"] and not off["within_1pt"]
+    # within 1 point of the mean but outside a narrow range
+    narrow = report.verdict([0.800, 0.801, 0.802], [0.808, 0.808, 0.808])
+    assert narrow["verdict"] == "FAIL" and not narrow["within_spread"] and narrow["within_1pt"]
+    assert report.verdict(plain, [0.52, 0.52])["verdict"] == "too few seeds"
+    assert report.verdict([], [0.5])["verdict"] == "no runs"
+
+
+def _record(model: str, side: str, nproc: int, seed: int, value: float, status: str = "ok") -> dict:
+    return {"model": model, "side": side, "nproc": nproc, "seed": seed, "status": status, "wall_s": 10.0,
+            "final": {"top1": value}, "log": [{"step": 10, "loss": 1.0 - value, "lr": 0.1},
+                                              {"step": 20, "loss": 0.5 - value / 2, "lr": 0.05}]}
+
+
+def test_summary_rows_judge_musubi_per_gpu_count_and_the_table_says_so(tmp_path: Path) -> None:
+    recs = [_record("c", "plain", 1, s, v) for s, v in enumerate([0.95, 0.96, 0.97])]
+    recs += [_record("c", "musubi", 1, s, v) for s, v in enumerate([0.955, 0.96, 0.965])]
+    recs += [_record("c", "musubi", 4, s, v) for s, v in enumerate([0.90, 0.91, 0.92])]
+    recs += [_record("c", "musubi", 4, 3, 0.0, status="cut by the budget")]
+    models = {"c": {"metric": "top1", "label": "clf", "floor": 0.9, "global_batch": 64}}
+    rows = report.summarise(recs, models, [1, 4])
+    by = {(r["side"], r["nproc"]): r for r in rows}
+    assert by[("plain", 1)]["reaches_floor"] and by[("plain", 1)]["mean"] == pytest.approx(0.96)
+    assert by[("musubi", 1)]["verdict"] == "PASS"
+    assert by[("musubi", 4)]["verdict"] == "FAIL" and by[("musubi", 4)]["not_ok"] == ["seed 3: cut by the budget"]
+    assert by[("musubi", 4)]["paired_delta"][0] == pytest.approx(-0.05)
+    table = report.markdown(rows, "GPUs")
+    assert "| clf | Musubi 4 GPUs | top1 |" in table and "PASS" in table and "FAIL" in table
+    steps, mean, lo, hi = report.mean_curve([r for r in recs if r["side"] == "plain"])
+    assert steps == [10, 20] and lo[0] <= mean[0] <= hi[0]
+    report.plot(recs, models, [1, 4], tmp_path / "q.png", "t", "GPUs")
+    assert (tmp_path / "q.png").stat().st_size > 1000
+
+
+def test_plan_shares_devices_and_refuses_what_does_not_fit() -> None:
+    runs = quality.plan_runs(["classifier"], [0], [1, 2])
+    assert [r.name for r in runs] == ["classifier-plain-s0", "classifier-musubi1-s0", "classifier-musubi2-s0"]
+    est = dict.fromkeys(runs, 10.0)
+    ordered = quality.order_runs(runs, est)
+    assert ordered[0].nproc == 2
+    # one at a time on 2 devices: the wide run, then the two narrow ones side by side
+    assert quality.simulate(ordered, est, devices=2, per_device=1)[0] == pytest.approx(20.0)
+    # two a device: all three at once, slowed by sharing
+    assert quality.simulate(ordered, est, 2, 2)[0] == pytest.approx(10.0 * (1 + quality.SHARE_SLOWDOWN))
+    assert quality.choose_per_device(ordered, est, 2, budget_s=15.0, max_per=4)[0] == 2
+    assert quality.choose_per_device(ordered, est, 2, budget_s=5.0, max_per=4)[0] is None
+    with pytest.raises(SystemExit, match="does not fit"):
+        quality.main(["--device", "cpu", "--models", "detr", "--budget-s", "10", "--dry-run"])
+
+
+@pytest.mark.parametrize("key", ["classifier", "cnn_detector", "detr"])
+@pytest.mark.parametrize("nproc", [1, 4])
+def test_musubi_job_trains_at_the_recipes_lr_and_global_batch(key: str, nproc: int, tmp_path: Path) -> None:
+    recipe = quality.RECIPES[key]
+    run = quality.Run(key, "musubi", nproc, 2)
+    job = yaml.safe_load(yaml.safe_dump(quality.musubi_job(recipe, run, tmp_path, "bf16", 2, None)))
+    spec = JobSpec.model_validate(job)
+    plan = plan_batch(spec, nproc)
+    assert plan.lr == recipe.lr and plan.global_batch == recipe.global_batch
+    assert plan.per_rank == recipe.global_batch // nproc and spec.train.lr_rule == "none"
+    assert spec.train.seed == 2 and spec.train.schedule == "cosine" and spec.data.augment is None
+    assert spec.train.warmup_steps == recipe.warmup_steps and spec.train.grad_clip == recipe.grad_clip
+    # the plain loop's options carry the same settings
+    argv = quality.plain_argv(recipe, quality.Run(key, "plain", 1, 2), tmp_path, "cuda", "bf16", 2, None,
+                              tmp_path / "p.json")
+    opts = dict(zip(argv[2::2], argv[3::2], strict=False))
+    assert float(opts["--lr"]) == recipe.lr and int(opts["--batch-size"]) == recipe.global_batch
+    assert int(opts["--lr-warmup-steps"]) == recipe.warmup_steps and opts["--seed"] == "2"
+    assert json.loads(opts["--model-args"]) == dict(spec.model_args)
