@@ -66,9 +66,10 @@ class EarlyStop:
         """Continue from a checkpoint's state; False (and nothing loaded) when it watched another metric or mode."""
         if state.get("metric") != self.metric or state.get("mode") != self.mode:
             return False
-        best = state.get("best")
+        best, stopped = state.get("best"), state.get("stopped_step")
         self.best = None if best is None else float(best)
         self.best_step, self.bad = int(state.get("best_step", -1)), int(state.get("bad", 0))
+        self.stopped_step = None if stopped is None else int(stopped)  # the checkpoint of the stop itself
         return True
 
     def record(self) -> dict[str, Any]:

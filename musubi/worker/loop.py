@@ -266,9 +266,13 @@ class Trainer:
             return False
         self.step, self.epoch, self.micro = got.step, got.epoch, got.micro
         self.last_eval, self.last_eval_step = got.last_eval, got.last_eval_step
-        if self.early is not None and got.early_stop and not self.early.load_state_dict(got.early_stop):
-            log.warning("train.early_stop watches %s (%s), the checkpoint's count watched %s (%s): counting afresh",
-                        self.early.metric, self.early.mode, got.early_stop.get("metric"), got.early_stop.get("mode"))
+        if self.early is not None and got.early_stop:
+            if not self.early.load_state_dict(got.early_stop):
+                log.warning("train.early_stop watches %s (%s), the checkpoint's count watched %s (%s): counting "
+                            "afresh", self.early.metric, self.early.mode, got.early_stop.get("metric"),
+                            got.early_stop.get("mode"))
+            elif self.early.stopped_step is not None:  # a restart after the stop's own checkpoint: nothing to train
+                self.stop_step = min(self.stop_step, self.step)
         restore_rng(got.rank_state, self.world.device)
         self.hb.resumed_step = self.step
         self.hb.step = self.step

@@ -77,12 +77,20 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     cut_summary = json.loads((tmp / "cut" / "tiny" / "summary.json").read_text())
     code, resumed_out = train(str(job), "--nproc", "2", "--out", str(tmp / "cut"), "--resume")
     assert code == 0, resumed_out[-3000:]
+    resumed = tmp / "cut" / "tiny"
+    resumed_summary = json.loads((resumed / "summary.json").read_text())
+    # A restart from the stop's own checkpoint (as torchrun's after a rank died at exit): nothing left to train.
+    record = json.loads((resumed / "job.json").read_text())
+    (resumed / "job.json").write_text(json.dumps({**record, "status": "stopped"}))
+    code, again_out = train(str(job), "--nproc", "2", "--out", str(tmp / "cut"), "--resume")
+    assert code == 0, again_out[-3000:]
     return {"whole": whole, "summary": summary, "stop": stop, "cut": cut, "cut_summary": cut_summary,
-            "resumed": tmp / "cut" / "tiny"}
+            "resumed": resumed, "resumed_summary": resumed_summary,
+            "again_summary": json.loads((resumed / "summary.json").read_text())}
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(900)  # the module's 4 launches (3-7 min on a busy 2-core machine) run in the first
 def test_a_run_stops_where_its_metric_ran_out_of_patience(runs: dict[str, Any]) -> None:
     whole, summary, stop = runs["whole"], runs["summary"], runs["stop"]
     vals = [(r["step"], r["acc"]) for r in records(whole, "val")]
@@ -106,14 +114,24 @@ def test_a_run_stops_where_its_metric_ran_out_of_patience(runs: dict[str, Any]) 
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(900)  # the module's 4 launches (3-7 min on a busy 2-core machine) run in the first
 def test_a_resumed_run_keeps_its_patience_count(runs: dict[str, Any]) -> None:
     cut, stop = runs["cut"], runs["stop"]
     assert runs["cut_summary"]["finished"] is False and runs["cut_summary"]["early_stop"]["bad"] == PATIENCE - 1
     resumed = runs["resumed"]
     assert f"resumed from step-{cut:09d}" in (resumed / "logs" / "rank0.log").read_text()
-    summary = json.loads((resumed / "summary.json").read_text())
+    summary = runs["resumed_summary"]
     # the same stop, best and count as the run that never stopped (a fresh count would go on for PATIENCE more)
     assert summary["early_stop"] == runs["summary"]["early_stop"] and summary["steps"] == stop
     assert f"early stop at step {stop} of 96" in (resumed / "logs" / "rank1.log").read_text()
     assert json.loads((resumed / "job.json").read_text())["status"] == "done"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)  # the module's 4 launches (3-7 min on a busy 2-core machine) run in the first
+def test_a_restart_from_the_stops_checkpoint_trains_no_further(runs: dict[str, Any]) -> None:
+    stop, resumed, again = runs["stop"], runs["resumed"], runs["again_summary"]
+    assert f"resumed from step-{stop:09d}" in (resumed / "logs" / "rank0.log").read_text()
+    assert again["steps"] == stop and again["finished"] is True
+    assert again["early_stop"] == runs["summary"]["early_stop"] and again["val"] == runs["resumed_summary"]["val"]
+    assert max(r["step"] for r in records(resumed, "train")) == stop
