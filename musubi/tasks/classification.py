@@ -41,6 +41,19 @@ _RESERVED_ARGS = {
     "pretrained": "use the job's `weights:` (a file, or DEFAULT for torchvision's from the local cache)",
 }
 
+#: Models with auxiliary classifier heads in training mode. Their heads' loss is the original recipes' extra
+#: term, which the task does not compute: the heads would get no gradient, and DDP refuses parameters that get
+#: none. They are built without them (aux_logits: false) unless model_args say otherwise (refused).
+AUX_HEAD_MODELS = frozenset({"googlenet", "inception_v3"})
+#: Image sides offered when a model cannot take the job's: the smallest it takes above it, else the largest below.
+SIZE_CANDIDATES = (32, 64, 96, 128, 160, 192, 224, 256, 299, 320, 384, 448, 512)
+#: torchvision's other model families: named, so a model of one is refused with the reason, not "unknown".
+OTHER_FAMILIES = {"detection": "a detection model: set task: detection",
+                  "segmentation": "a segmentation model: Musubi trains classification, detection and lm tasks",
+                  "video": "a video model: Musubi trains classification, detection and lm tasks",
+                  "optical_flow": "an optical-flow model: Musubi trains classification, detection and lm tasks",
+                  "quantization": "a quantized model (for inference): train its float model, e.g. "}
+
 
 # -- models ----------------------------------------------------------------
 def torchvision_models() -> list[str]:
@@ -72,6 +85,10 @@ def check_model_name(name: str) -> None:
         return
     names = torchvision_models()
     if name not in names:
+        for family, why in OTHER_FAMILIES.items():
+            if name in torchvision.models.list_models(module=getattr(torchvision.models, family)):
+                float_model = name.removeprefix("quantized_") if family == "quantization" else ""
+                raise ConfigError(f"model: {name} is {why}{float_model}")
         raise ConfigError(
             f"model: unknown classification model {name!r}{suggest(name, names)}; "
             f"any torchvision.models classifier works, or timm models as 'timm/NAME'"
@@ -229,9 +246,13 @@ class ClassificationTask(Task):
     def model_args(self) -> dict[str, Any]:
         """model_args as passed to the constructor; vit_* default to the data's image size."""
         args = dict(self.spec.model_args)
-        # torchvision ViTs fix their position embedding to image_size (224 unless told).
+        # torchvision ViTs fix their position embedding to image_size (224 unless told); MaxViT its input size.
         if self.spec.model.startswith("vit_"):
             args.setdefault("image_size", self.image_size())
+        if self.spec.model.startswith("maxvit_"):
+            args.setdefault("input_size", (self.image_size(), self.image_size()))
+        if self.spec.model in AUX_HEAD_MODELS:
+            args.setdefault("aux_logits", False)
         return args
 
     def image_size(self) -> int:
@@ -265,6 +286,9 @@ class ClassificationTask(Task):
         for key, why in _RESERVED_ARGS.items():
             if key in self.spec.model_args:
                 raise ConfigError(f"model_args.{key}: not allowed, {why}; remove it")
+        if self.spec.model in AUX_HEAD_MODELS and self.spec.model_args.get("aux_logits"):
+            raise ConfigError(f"model_args.aux_logits: {self.spec.model}'s auxiliary heads would get no gradient "
+                              "(the task's loss is the main head's cross-entropy), which DDP refuses; remove it")
         data = self.spec.data
         if data.synthetic is None:
             assert data.train is not None
@@ -279,9 +303,42 @@ class ClassificationTask(Task):
                     )
                 if len(image_folder(data.val.path, self.classes(), self.image_size(), self._max_pixels)) == 0:
                     raise ConfigError(f"data.val: {data.val.path} holds no images; add some or drop data.val")
+        self._check_input_size()
         probe = self._meta_model()
         if self.spec.weights:
             check_start_weights(self.spec.weights, self.spec.model, probe)
+
+    def _size_problem(self, size: int) -> str | None:
+        """Why the model cannot take `size`-px images (built and run a training forward on the meta device: no
+        memory, no compute), or None when it can, or when it cannot be built there (RegNet: checked at build)."""
+        data = self.spec.data.model_copy(update={"image_size": size, "synthetic": None})
+        args = ClassificationTask(self.spec.model_copy(update={"data": data})).model_args()  # its size-given args
+        try:
+            with torch.device("meta"):
+                model = create_model(self.spec.model, self.num_classes(), args)
+                # batch 2: BatchNorm refuses one value per channel in training mode
+                _logits(model.train()(torch.empty(2, 3, size, size)))
+        except NotImplementedError:
+            return None
+        except (ConfigError, RuntimeError, ValueError, AssertionError, IndexError) as e:
+            # create_model's ConfigError blames model_args; the builder's own words are in its context
+            return one_line(e.__context__ if isinstance(e, ConfigError) and e.__context__ is not None else e)
+        return None
+
+    def _check_input_size(self) -> None:
+        """ConfigError, before launch, for an image size the model cannot take (alexnet at 32 px, inception_v3
+        under 75, maxvit_t off multiples of 224, vit_h_14 off multiples of 14), naming a size it takes."""
+        size = self.image_size()
+        why = self._size_problem(size)
+        if why is None:
+            return
+        order = [s for s in SIZE_CANDIDATES if s > size] + [s for s in reversed(SIZE_CANDIDATES) if s < size]
+        fits = next((s for s in order if self._size_problem(s) is None), None)
+        if fits is None:
+            return  # no size helps: not a size problem; building the model (_meta_model) says what is wrong
+        where = "data.synthetic.image_size" if self.spec.data.synthetic is not None else "data.image_size"
+        raise ConfigError(f"model: {self.spec.model} cannot take {size}-px images ({why}); it takes e.g. {fits} "
+                          f"px: set {where}")
 
     def _meta_model(self) -> nn.Module | None:
         """The model built on the meta device (catches bad model_args for free), or None if it can't be."""
