@@ -7,6 +7,7 @@ on the launcher side before any worker process is started.
 
 from __future__ import annotations
 
+import difflib
 import re
 from typing import Annotated, Any, Literal
 
@@ -621,7 +622,9 @@ class JobSpec(StrictModel):
             return v
         if re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*", v):
             return v
-        raise ValueError("must be classification, detection, lm, or `package.module:function`")
+        close = difflib.get_close_matches(v.lower(), ["classification", "detection", "lm"], n=1, cutoff=0.6)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        raise ValueError(f"must be classification, detection, lm, or `package.module:function`{hint}")
 
     def resolved(self) -> dict[str, Any]:
         """The job as plain JSON-able data (what run.json/job.json record)."""

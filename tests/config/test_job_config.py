@@ -109,3 +109,12 @@ def test_reference_documents_every_job_and_fleet_field() -> None:
         for key, _typ, _default, desc in schema_rows(model):
             assert f"| `{key}` |" in page, f"{model.__name__}.{key} has no row"
             assert desc, f"{model.__name__}.{key} has no description"
+
+
+@pytest.mark.parametrize("task, hint", [("detecton", " (did you mean detection?)"),
+                                        ("classify", " (did you mean classification?)"),
+                                        ("segmentation", "")])
+def test_a_near_miss_task_name_gets_a_did_you_mean(task: str, hint: str) -> None:
+    msg = _err({"task": task})
+    assert msg == (f"job.yaml: task: must be classification, detection, lm, or `package.module:function`{hint} "
+                   f"(got {task!r})"), msg
