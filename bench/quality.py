@@ -25,7 +25,8 @@ epochs, so the number of samples and steps; optimizer, LR, warm-up and cosine sc
 `lr_rule: none`, `base_batch` = the global batch: the LR written is the LR used, which the bench checks from
 each run's summary and its logged LR curve); weight decay, gradient clipping; precision (bf16 autocast on
 GPU, fp32 on CPU, train and validation); no augmentation on either side; validation once, at the end, on the
-whole validation split: top1, or COCO mAP50 by COCOeval (faster-coco-eval where installed, else
+whole validation split, BatchNorm with its running averages as trained (Musubi's precise-BN recalibration,
+`train.bn_recalibrate`, is set to 0: the plain loop has none): top1, or COCO mAP50 by COCOeval (faster-coco-eval where installed, else
 pycocotools: the same backend on both sides). Musubi runs as a user would run it (telemetry on), less
 checkpoints and TensorBoard (time, not quality) and CPU pinning (several runs share the machine at once).
 
@@ -74,6 +75,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench import quality_data, quality_report  # noqa: E402
+from musubi.config.job import TrainSpec  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -268,6 +270,10 @@ def musubi_job(recipe: Recipe, run: Run, data: Path, precision: str, workers: in
         "eval_every": recipe.epochs, "deterministic": False, "channels_last": False, "accumulation": 1,
         "pin_cpus": False, "max_restarts": 0,
     }
+    if "bn_recalibrate" in TrainSpec.model_fields:
+        # Musubi recomputes BatchNorm statistics before validating by default ("precise BN"); the plain loop,
+        # as torchvision's references, validates with the running averages as trained: so does Musubi here.
+        train["bn_recalibrate"] = 0
     if max_steps:
         train["max_steps"] = max_steps
     return {"name": run.name, "task": recipe.task, "model": recipe.model, "model_args": dict(recipe.model_args),
@@ -337,18 +343,19 @@ def child_env(devices: list[int], device: str, threads: int) -> dict[str, str]:
     return env
 
 
-def stop(proc: subprocess.Popen) -> None:
-    """End a run's process group (the run and everything it started), politely first."""
-    for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 5)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+def stop(procs: list[subprocess.Popen], grace_s: float = 10.0) -> None:
+    """End the runs' process groups (each run and everything it started): SIGTERM to all, SIGKILL to what is
+    left after `grace_s`."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for proc in procs:
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, sig)
+                except ProcessLookupError:
+                    pass
+        end = time.monotonic() + grace_s
+        while time.monotonic() < end and any(p.poll() is None for p in procs):
+            time.sleep(0.2)
 
 
 def execute(runs: list[Run], args: argparse.Namespace, data: Path, work: Path, devices: int, per_device: int,
@@ -358,6 +365,17 @@ def execute(runs: list[Run], args: argparse.Namespace, data: Path, work: Path, d
     queue, running, outcome = list(runs), [], {}
     threads = max(1, (os.cpu_count() or 2) // max(1, devices * per_device)) if args.device == "cuda" else \
         max(1, (os.cpu_count() or 2) // 2)
+    try:
+        schedule(queue, running, outcome, load, per_device, devices, deadline, args, data, work, threads)
+    finally:  # an interrupt or an error here leaves no run behind (they run in sessions of their own)
+        stop([item.proc for item in running])
+    return outcome
+
+
+def schedule(queue: list[Run], running: list[Launched], outcome: dict[Run, dict[str, Any]], load: list[int],
+             per_device: int, devices: int, deadline: float, args: argparse.Namespace, data: Path, work: Path,
+             threads: int) -> None:
+    """`execute`'s loop: collect finished runs, stop all at the deadline, start what fits."""
     while queue or running:
         for item in list(running):
             if item.proc.poll() is not None:
@@ -367,14 +385,15 @@ def execute(runs: list[Run], args: argparse.Namespace, data: Path, work: Path, d
                 outcome[item.run] = finish(item, args, work, "ok" if item.proc.returncode == 0 else
                                            f"exit {item.proc.returncode}")
         if time.monotonic() > deadline:
+            stop([item.proc for item in running])
             for item in running:
-                stop(item.proc)
                 for d in item.devices:
                     load[d] -= 1
                 outcome[item.run] = finish(item, args, work, "cut by the budget")
+            running.clear()
             for run in queue:
                 outcome[run] = {"status": "not started (budget)", "wall_s": 0.0}
-            break
+            return
         fit = next((r for r in queue if sum(c < per_device for c in load) >= min(r.nproc, devices)), None)
         if fit is None:
             time.sleep(0.5)
@@ -387,7 +406,6 @@ def execute(runs: list[Run], args: argparse.Namespace, data: Path, work: Path, d
         running.append(launch(fit, args, data, work, devs, sharing, threads))
         print(f"[{time.strftime('%H:%M:%S')}] start {fit.name} on {args.device} {devs} (sharing with {sharing})",
               flush=True)
-    return outcome
 
 
 def launch(run: Run, args: argparse.Namespace, data: Path, work: Path, devs: list[int], sharing: int,

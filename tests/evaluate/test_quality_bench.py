@@ -175,3 +175,27 @@ def test_musubi_job_trains_at_the_recipes_lr_and_global_batch(key: str, nproc: i
     assert float(opts["--lr"]) == recipe.lr and int(opts["--batch-size"]) == recipe.global_batch
     assert int(opts["--lr-warmup-steps"]) == recipe.warmup_steps and opts["--seed"] == "2"
     assert json.loads(opts["--model-args"]) == dict(spec.model_args)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_cpu_rehearsal_trains_both_sides_alike(tmp_path: Path) -> None:
+    """The whole bench on the classifier, 2 steps: plain loop, Musubi on 1 and 2 gloo ranks, one seed."""
+    pytest.importorskip("sklearn")
+    out = tmp_path / "out"
+    code = quality.main(["--device", "cpu", "--nprocs", "1,2", "--seeds", "0", "--max-steps", "2", "--data-scale",
+                         "smoke", "--models", "classifier", "--work", str(tmp_path / "work"), "--out-dir", str(out)])
+    assert code == 1  # one seed: no verdict, so no PASS
+    (result_file,) = out.glob("quality-*-cpu-*.json")
+    result = json.loads(result_file.read_text())
+    recs = {r["name"]: r for r in result["records"]}
+    plain, one, two = (recs[f"classifier-{side}-s0"] for side in ("plain", "musubi1", "musubi2"))
+    assert [r["status"] for r in (plain, one, two)] == ["ok"] * 3 and {r["steps"] for r in (plain, one, two)} == {2}
+    for r in (one, two):
+        assert r["lr_check"] == {"lr_as_written": True, "global_batch_equal": True, "lr_curve_max_rel_diff": 0.0}
+    # One rank trains the plain loop's weights step for step: the same losses, the same validation.
+    assert one["log"][-1]["loss"] == pytest.approx(plain["log"][-1]["loss"], rel=1e-4)
+    assert one["final"]["top1"] == pytest.approx(plain["final"]["top1"], abs=0.01)
+    rows = {(r["side"], r["nproc"]): r for r in result["rows"]}
+    assert rows[("musubi", 2)]["verdict"] == "too few seeds"
+    assert {p.suffix for p in out.iterdir()} == {".json", ".md", ".png"}
