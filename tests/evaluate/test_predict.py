@@ -184,3 +184,67 @@ def test_sources_arrays_globs_and_refusals(rgb_job: Path, tmp_path: Path) -> Non
     assert done.exit_code == 0, done.output
     again = runner.invoke(app, ["predict", str(rgb_job), str(images / "frame_0.jpg"), "--out", str(tmp_path / "o")])
     assert again.exit_code == 2 and "already holds predictions.json" in again.output
+
+
+EDGE = Path(__file__).resolve().parents[2] / "examples" / "edge" / "edge_predict.py"
+
+
+def test_edge_script_imports_only_onnxruntime_numpy_and_pillow() -> None:
+    import ast
+
+    tree = ast.parse(EDGE.read_text(encoding="utf-8"))
+    imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    assert imported - {"__future__", "argparse", "hashlib", "json", "sys", "pathlib", "typing"} == \
+        {"numpy", "onnxruntime", "PIL"}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("fixture", ["rgb_job", "sliced_job"])
+def test_edge_script_gives_predicts_boxes_from_the_manifest_alone(fixture: str, request: pytest.FixtureRequest,
+                                                                  tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from musubi.evaluate.onnx_export import export_job
+    from musubi.store.registry import promote, register, write_manifest
+
+    job = request.getfixturevalue(fixture)
+    images = job.parent.parent / "set" / "images"
+    if not (job / "export" / "model.onnx").is_file():
+        export_job(job)
+    db = tmp_path / "musubi.db"
+    entry = register(job, db=db)
+    promote(entry["name"], entry["version"], db=db)
+    manifest = tmp_path / "manifest.json"
+    model = write_manifest(manifest, db=db)["models"][0]
+    assert model["classes"] == ["person", "car"]
+    if fixture == "sliced_job":  # the deployable unit is what was measured: tile, overlap and merge shipped
+        assert model["slice"]["tile"] == 64 and model["slice"]["overlap"] == 0.25 and model["slice"]["merge"] == "nmm"
+        assert model["measured"]["metrics"].startswith("whole frame")
+    reference = musubi.predict(job, images, device="cpu").rows
+    ids = {1: 3, 2: 7}  # label -> the annotation file's category id
+    rows = []
+    for image in sorted(images.iterdir()):
+        done = subprocess.run([sys.executable, str(EDGE), str(manifest), str(image), "--json"], capture_output=True,
+                              text=True, timeout=300, check=False)
+        assert done.returncode == 0, done.stderr
+        for d in json.loads(done.stdout)["detections"]:
+            x1, y1, x2, y2 = d["box"]
+            rows.append({"file_name": image.name, "category_id": ids[d["label"]], "bbox": [x1, y1, x2 - x1, y2 - y1],
+                         "score": d["score"], "name": d["name"]})
+    assert unmatched(rows, reference) == []  # the job through torch
+    shipped = musubi.predict(entry["name"], images, device="cpu", db=db).rows  # the manifest's file, through predict
+    assert unmatched(rows, shipped) == []
+    assert {r["name"] for r in rows} == {"person", "car"}
+    shown = subprocess.run([sys.executable, str(EDGE), str(manifest), str(images / "frame_0.jpg")],
+                           capture_output=True, text=True, timeout=300, check=False)
+    assert shown.returncode == 0 and "detection(s)" in shown.stdout and ("car " in shown.stdout or
+                                                                          "person " in shown.stdout), shown.stdout
+    data = json.loads(manifest.read_text())
+    data["models"][0]["files"][0]["sha256"] = "0" * 64
+    manifest.write_text(json.dumps(data))
+    refused = subprocess.run([sys.executable, str(EDGE), str(manifest), str(images / "frame_0.jpg")],
+                             capture_output=True, text=True, timeout=300, check=False)
+    assert refused.returncode == 2 and "differs from the manifest's" in refused.stderr

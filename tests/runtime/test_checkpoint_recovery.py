@@ -132,3 +132,41 @@ def test_best_metric_no_eval_produces_is_one_line_config_error(tiny_job, tmp_pat
     code, out = train(str(job), "--nproc", "2", "--out", str(tmp_path / "run"))
     assert code == 2 and "checkpoint.best_metric 'accuracy' is not a validation metric" in out, out
     assert "acc" in out.split("best_metric", 1)[1]
+
+
+def test_checkpoint_choice_best_last_and_step(finished_run: Path, tmp_path: Path) -> None:
+    """`--checkpoint best|last|STEP` (evaluate, export, predict): best by the metric each marker recorded at its
+    validation, a step by number; a missing one is one line that lists the committed steps."""
+    from typer.testing import CliRunner
+
+    from musubi.checkpoint.select import select_checkpoint
+    from musubi.cli import app
+    from musubi.config.errors import ConfigError
+    from musubi.evaluate.model_io import load_job_model
+
+    root = finished_run / "checkpoints"
+    kept = committed_checkpoints(root)
+    scored = [c for c in kept if "acc" in c.marker["metric"]]
+    assert scored, [(c.step, c.marker["metric"]) for c in kept]
+    best = max(scored, key=lambda c: c.marker["metric"]["acc"])  # the tiny task's primary metric
+    assert load_job_model(finished_run, "best").step == best.step
+    assert load_job_model(finished_run, "last").step == 16 and load_job_model(finished_run, 15).step == 15
+    assert json.loads((root / "step-000000016" / "state.json").read_text())["classes"] is None  # a user task: none
+    res = CliRunner().invoke(app, ["export", str(finished_run), "--format", "pt", "--checkpoint", "best"])
+    assert res.exit_code == 0 and f"step {best.step}" in res.output, res.output
+    assert json.loads((finished_run / "export" / "weights.json").read_text())["step"] == best.step
+    res = CliRunner().invoke(app, ["evaluate", str(finished_run), "--checkpoint", "15", "--device", "cpu",
+                                   "--runs", "2", "--warmup", "0"])
+    assert res.exit_code == 0, res.output
+    assert json.loads((finished_run / "eval.json").read_text())["checkpoint_step"] == 15
+    steps = ", ".join(str(c.step) for c in kept)
+    for args, message in ((["export", str(finished_run), "--checkpoint", "3"], f"committed steps: {steps})"),
+                          (["evaluate", str(finished_run), "--checkpoint", "newest"], "give best, last or a step")):
+        res = CliRunner().invoke(app, args)
+        assert res.exit_code == 2 and message in res.output.replace("\n", ""), res.output
+    for c in kept:  # markers without a validation metric: no best to choose
+        marker = json.loads((c.path / MARKER).read_text())
+        (c.path / MARKER).write_text(json.dumps({**marker, "metric": {}}))
+    with pytest.raises(ConfigError, match=r"no checkpoint of tiny records a validation acc .*use --checkpoint "
+                                          r"last or a step"):
+        select_checkpoint(root, "best", "acc")
