@@ -245,15 +245,10 @@ _PLAIN_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.@-]{0,31}")
 _VAL_COLORS = ("#f58518", "#54a24b", "#e45756", "#b279a2", "#72b7b2", "#9d755d")  # never the train loss's blue
 
 
-#: Keys of a training record that are not a loss part (worker/log_window.py: parts are logged as loss_<name>).
-_NOT_PARTS = frozenset({"loss", "step", "time", "kind"})
-
-
 def loss_part_names(records: list[dict[str, Any]]) -> list[str]:
     """The loss parts in the training records of metrics.jsonl (loss_<name>, as the log line writes them)."""
-    return [k for k in dict.fromkeys(k for r in records if r.get("kind") == "train" for k, v in r.items()
-                                     if k.startswith("loss_") and isinstance(v, (int, float))
-                                     and not isinstance(v, bool)) if k not in _NOT_PARTS]
+    return list(dict.fromkeys(k for r in records if r.get("kind") == "train" for k, v in r.items()
+                              if k.startswith("loss_") and isinstance(v, (int, float)) and not isinstance(v, bool)))
 
 
 def draw_curves(records: list[dict[str, Any]]) -> Any:
