@@ -248,3 +248,32 @@ def test_edge_script_gives_predicts_boxes_from_the_manifest_alone(fixture: str, 
     refused = subprocess.run([sys.executable, str(EDGE), str(manifest), str(images / "frame_0.jpg")],
                              capture_output=True, text=True, timeout=300, check=False)
     assert refused.returncode == 2 and "differs from the manifest's" in refused.stderr
+
+
+@pytest.mark.slow  # a classifier trained, exported twice and run four ways: ~80 s on 2 busy cores
+@pytest.mark.timeout(600)
+def test_classifier_predict_names_its_classes_from_job_onnx_and_pt(tmp_path: Path) -> None:
+    from PIL import Image
+
+    from musubi.evaluate.onnx_export import export_job
+    from musubi.evaluate.weights_export import export_weights
+    from tests.evaluate.jobs import CLASSIFY
+
+    job = make_task_job(tmp_path / "run", CLASSIFY, steps=2)
+    rng = np.random.default_rng(1)
+    arrays = [(rng.random((40, 48, 3)) * 255).astype(np.uint8) for _ in range(3)]
+    for n, a in enumerate(arrays):
+        Image.fromarray(a).save(tmp_path / f"im{n}.png")
+    files = sorted(tmp_path.glob("im*.png"))
+    ours = musubi.predict(job, files, device="cpu", out=tmp_path / "out")
+    assert ours.task == "classification" and ours.classes == ["class0", "class1", "class2", "class3"]
+    rows = json.loads((tmp_path / "out" / "predictions.json").read_text())
+    assert [r["file_name"] for r in rows] == ["im0.png", "im1.png", "im2.png"]
+    assert all(r["category_name"] == f"class{r['category_id']}" for r in rows)
+    export_job(job)
+    export_weights(job)
+    for model in (job / "export" / "model.onnx", job / "export" / "model.pt"):
+        again = musubi.predict(model, files, device="cpu").rows
+        assert [r["category_id"] for r in again] == [r["category_id"] for r in rows], model
+        assert max(abs(a["score"] - b["score"]) for a, b in zip(again, rows, strict=True)) <= 1e-3, model
+    assert musubi.predict(job, arrays[0], device="cpu").rows[0]["category_id"] == rows[0]["category_id"]
