@@ -21,9 +21,22 @@ import torch
 from torch import nn
 
 from musubi.config.errors import ConfigError, one_line
+from musubi.evaluate.detector_stages import (
+    PROBE_OUTPUTS,
+    detector_cuts,
+    proposal_probe,
+    replay_box_head,
+    rpn_cuts,
+)
 from musubi.evaluate.export_plan import DetectorForExport, ExportPlan, export_plan
 from musubi.evaluate.model_io import JobModel, load_job_model, sample_batch
-from musubi.evaluate.parity import compare_detections, compare_tensors, judge_detections, merge
+from musubi.evaluate.parity import (
+    compare_detections,
+    compare_tensors,
+    explain_by_proposals,
+    judge_detections,
+    merge,
+)
 from musubi.evaluate.recipe import inference_recipe, stamp_onnx
 from musubi.store.registry import file_sha256
 from musubi.store.rundir import write_json
@@ -104,17 +117,21 @@ def _as_numpy(out: Any) -> list[np.ndarray]:
     return [t.detach().cpu().numpy() for t in items]
 
 
-def check_parity(plan: ExportPlan, path: Path, batches: list[Any]) -> dict[str, Any]:
+def check_parity(plan: ExportPlan, path: Path, batches: list[Any], names: list[str] | None = None,
+                 opset: int = DEFAULT_OPSET) -> dict[str, Any]:
     """Run torch and ONNX Runtime (CPU) on the same host batches and compare (see parity.py for tolerances).
 
-    Detections are paired by IoU and score; with the batches' ground truth, the mAP of both sides'
-    predictions on these samples is reported and must agree.
+    Detections are paired by IoU and score, and every difference is explained by a decision boundary (score
+    threshold, top-k cut, NMS near-tie; for an R-CNN also its RPN's, through a probe of its proposals) or
+    counted as a real disagreement; with the batches' ground truth, the mAP of both sides' predictions on
+    these samples is reported and must agree. `names`: class names for the messages.
     """
     from musubi.evaluate.fps import onnx_session
 
     session, _ = onnx_session(path, torch.device("cpu"))
-    floor = _score_threshold(plan.module)
+    cuts = detector_cuts(plan.module) if plan.compare == "detections" else None
     results = []
+    runs: list[tuple[torch.Tensor, list[np.ndarray]]] = []
     preds: dict[str, list[dict[str, torch.Tensor]]] = {"torch": [], "onnx": []}
     with torch.no_grad():
         for batch in batches:
@@ -127,19 +144,60 @@ def check_parity(plan: ExportPlan, path: Path, batches: list[Any]) -> dict[str, 
                 raise ParityError(f"{path.name}: ONNX Runtime fails on a real input of shape "
                                   f"{list(x.shape)} ({one_line(e)}); the export is not usable") from None
             if plan.compare == "detections":
-                results.append(compare_detections(tuple(ref), tuple(got), floor))
+                results.append(compare_detections(tuple(ref), tuple(got), cuts))
+                runs.append((x, got))
                 for side, out in (("torch", ref), ("onnx", got)):
                     preds[side].append({k: torch.from_numpy(np.asarray(v)) for k, v in
                                         zip(("boxes", "scores", "labels"), out, strict=True)})
             else:
                 results.append(compare_tensors(ref[0], got[0]))
     if plan.compare == "detections":
+        if not all(r["ok"] for r in results):
+            results = _explain_upstream(plan, path, runs, results, opset)
         targets = [t for batch in batches for t in plan.to_targets(batch)] if plan.to_targets else None
-        out = judge_detections(results, _sample_maps(preds, targets) if targets else None)
+        ids = [int(t["image_id"]) for t in targets] if targets and all("image_id" in t for t in targets) else None
+        out = judge_detections(results, _sample_maps(preds, targets) if targets else None, names, ids)
     else:
         out = merge(results)
     out["runtime"] = "onnxruntime-cpu vs torch-cpu"
     return out
+
+
+def _explain_upstream(plan: ExportPlan, path: Path, runs: list[tuple[torch.Tensor, list[np.ndarray]]],
+                      results: list[dict[str, Any]], opset: int) -> list[dict[str, Any]]:
+    """For an R-CNN with disagreements no output decision explains: export the proposal probe beside `path`,
+    run it on both sides and explain each such input by its RPN's near-ties (`explain_by_proposals`)."""
+    from musubi.evaluate.fps import onnx_session
+
+    probe = proposal_probe(plan.module)
+    if probe is None:
+        return results
+    tmp = path.with_name(f".{path.stem}.proposals.{os.getpid()}.tmp")
+    probe_plan = copy.copy(plan)
+    probe_plan.module = probe
+    probe_plan.output_names = PROBE_OUTPUTS
+    probe_plan.dynamic_axes = {**plan.dynamic_axes, **{n: {0: "detections"} for n in PROBE_OUTPUTS}}
+    try:
+        _export_once(probe_plan, runs[0][0], tmp, opset, "torchscript")
+        session, _ = onnx_session(tmp, torch.device("cpu"))
+        explained = []
+        with torch.no_grad():
+            for (x, got), result in zip(runs, results, strict=True):
+                if result["ok"]:
+                    explained.append(result)
+                    continue
+                ref = _as_numpy(probe(x))
+                seen = session.run(None, {plan.input_name: x.numpy()})
+                same = all(np.array_equal(a, b) for a, b in zip(seen[:3], got, strict=True))
+                none = np.zeros(len(ref[4]), np.int64), np.zeros(len(seen[4]), np.int64)
+                props = compare_detections((ref[3], ref[4], none[0]), (seen[3], seen[4], none[1]),
+                                           rpn_cuts(plan.module))
+                replay = compare_detections(replay_box_head(plan.module, x, seen[3]), tuple(got),
+                                            detector_cuts(plan.module))
+                explained.append(explain_by_proposals(result, props, replay, same))
+        return explained
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def _sample_maps(preds: dict[str, list[dict[str, torch.Tensor]]],
@@ -168,14 +226,6 @@ def _parity_batches(job: JobModel, plan: ExportPlan, count: int) -> list[Any]:
     return [sample_batch(job.task, 1, start=i) for i in range(count)]
 
 
-def _score_threshold(module: nn.Module) -> float:
-    """A detector's score threshold (torchvision: roi_heads.score_thresh or score_thresh), else 0."""
-    for sub in module.modules():
-        if isinstance(getattr(sub, "score_thresh", None), float):
-            return float(sub.score_thresh)
-    return 0.0
-
-
 def _lower_score_threshold(module: nn.Module) -> bool:
     """Set a detector's score threshold to 0 (all kept boxes reported); False if it has none."""
     found = False
@@ -187,7 +237,7 @@ def _lower_score_threshold(module: nn.Module) -> bool:
 
 
 def _all_scores_parity(plan: ExportPlan, batches: list[Any], opset: int, exporter: str,
-                       tmp: Path) -> dict[str, Any] | None:
+                       tmp: Path, names: list[str] | None = None) -> dict[str, Any] | None:
     """Parity of a copy exported with score threshold 0: the whole graph is compared even when a
     barely trained detector scores every box below the shipped threshold (no detections to compare)."""
     if not isinstance(plan.module, DetectorForExport):
@@ -199,7 +249,7 @@ def _all_scores_parity(plan: ExportPlan, batches: list[Any], opset: int, exporte
     probe.module = module
     _export_once(probe, plan.to_input(batches[0]), tmp, opset, exporter)
     try:
-        return check_parity(probe, tmp, batches)
+        return check_parity(probe, tmp, batches, names, opset)
     finally:
         tmp.unlink(missing_ok=True)
 
@@ -235,9 +285,10 @@ def export_loaded(job: JobModel, opset: int = DEFAULT_OPSET, parity_inputs: int 
         stamp_onnx(tmp, recipe)  # class names and preprocessing travel inside the file (metadata_props)
         inputs, outputs, real_opset = _graph_io(tmp)
         samples = _parity_batches(job, plan, max(1, parity_inputs))
-        parity = check_parity(plan, tmp, samples)
+        parity = check_parity(plan, tmp, samples, recipe.get("classes"), opset)
         if plan.compare == "detections" and parity.get("torch_detections", 0) == 0:
-            extra = _all_scores_parity(plan, samples, opset, used, out_dir / f".probe.{os.getpid()}.tmp")
+            extra = _all_scores_parity(plan, samples, opset, used, out_dir / f".probe.{os.getpid()}.tmp",
+                                       recipe.get("classes"))
             if extra is not None:
                 parity["all_scores"] = extra
                 parity["ok"] = bool(parity["ok"] and extra["ok"])
@@ -284,8 +335,8 @@ def export_loaded(job: JobModel, opset: int = DEFAULT_OPSET, parity_inputs: int 
         # The earlier model.onnx/export.json (if any) stay: a bad export never replaces a good one.
         write_json(out_dir / FAILED_JSON, record)
         raise ParityError(
-            f"{final}: ONNX Runtime disagrees with torch ({_parity_summary(parity)}); kept aside, "
-            f"details in {out_dir / FAILED_JSON}"
+            f"{final}: ONNX Runtime disagrees with torch ({_parity_summary(parity)}); kept aside, every "
+            f"difference and disagreement listed in {out_dir / FAILED_JSON} (parity)"
         )
     write_json(out_dir / EXPORT_JSON, record)
     return record
