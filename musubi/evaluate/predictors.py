@@ -134,21 +134,21 @@ class OnnxPredictor(Predictor):
         self.input_name = self.session.get_inputs()[0].name
         super().__init__(recipe, described or f"{path} ({runtime})", device)
 
-    def _run_one(self, image: Tensor) -> dict[str, Tensor]:
-        boxes, scores, labels = self.session.run(None, {self.input_name: image[None].numpy()})[:3]
+    def run_one(self, image: Tensor) -> dict[str, Tensor]:
+        """One graph call on one model input [C, H, W] (a whole image, or one tile)."""
+        boxes, scores, labels = self.session.run(None, {self.input_name: image[None].contiguous().numpy()})[:3]
         return {"boxes": torch.from_numpy(np.asarray(boxes)), "scores": torch.from_numpy(np.asarray(scores)),
                 "labels": torch.from_numpy(np.asarray(labels)).long()}
 
-    def detect(self, images: list[HostImage]) -> list[dict[str, Tensor]]:
+    def detect_input(self, x: Tensor) -> dict[str, Tensor]:
+        """Detections of one model input [C, H, W]: one call, or tiled and merged by the recipe's slice rule."""
         rule = self.recipe.get("slice")
-        out = []
-        for h in images:
-            x = model_input(h, self.recipe).contiguous()
-            if rule:
-                out.append(_sliced(lambda tiles: [self._run_one(t.contiguous()) for t in tiles], x, rule, 1))
-            else:
-                out.append(self._run_one(x))
-        return out
+        if rule:
+            return _sliced(lambda tiles: [self.run_one(t) for t in tiles], x, rule, 1)
+        return self.run_one(x)
+
+    def detect(self, images: list[HostImage]) -> list[dict[str, Tensor]]:
+        return [self.detect_input(model_input(h, self.recipe)) for h in images]
 
     def classify(self, images: list[HostImage]) -> Tensor:
         x = torch.stack([h.tensor for h in images]).numpy()

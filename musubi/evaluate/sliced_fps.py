@@ -33,15 +33,16 @@ def fps_unit(job: JobModel, frame_shape: list[int] | None = None) -> str:
 def tiled_onnx_fps(job: JobModel, path: Path, device: str | None, warmup: int | None,
                    runs: int | None) -> dict[str, Any]:
     """ONNX Runtime FPS of a sliced job's one-tile graph on a whole validation frame, tiling and merge included."""
-    from musubi.evaluate.predict_sources import HostImage
+    import torch
+
     from musubi.evaluate.predictors import OnnxPredictor
 
     dev = resolve_device(device)
     warmup, runs = run_counts(dev, warmup, runs)
     predictor = OnnxPredictor(Path(path), dev)
-    frame = sample_batch(job.task, 1)[0][0]  # uint8 [3, H, W]: a whole validation frame, as evaluation reads it
-    host = HostImage(frame, int(frame.shape[-1]), int(frame.shape[-2]), frame.permute(1, 2, 0).numpy())
-    times = time_runs(lambda: predictor.detect([host]), warmup, runs)
+    # A whole validation frame as the model takes it (the task's to_device: decoded, scaled or standardised).
+    frame = job.task.to_device(sample_batch(job.task, 1), torch.device("cpu"))[0][0]
+    times = time_runs(lambda: predictor.detect_input(frame), warmup, runs)
     runtime = predictor.described.rsplit("(", 1)[-1].rstrip(")")
     protocol = PROTOCOL.format(warmup=warmup, runs=runs).replace(
         "forward only (input already on the device for torch)",

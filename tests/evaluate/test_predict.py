@@ -212,7 +212,15 @@ def test_edge_script_gives_predicts_boxes_from_the_manifest_alone(fixture: str, 
 
     job = request.getfixturevalue(fixture)
     images = job.parent.parent / "set" / "images"
-    if not (job / "export" / "model.onnx").is_file():
+    if fixture == "sliced_job":  # exported by its evaluation: FPS through torch and ONNX Runtime, labelled
+        from musubi.evaluate.job_eval import evaluate_job
+
+        record = evaluate_job(job, device="cpu", export=True, fps_runs=2, fps_warmup=0)
+        # 160x120 frames, 64 px tiles at overlap 0.25 (stride 48): 3 x 3 tiles, timed whole, merged
+        assert record["fps"]["unit"].startswith("whole frame (9 tiles of 160x120): 64 px tiles")
+        ort = record["fps_all"]["onnxruntime-cpu"]
+        assert ort["unit"] == record["fps"]["unit"] and "once a tile" in ort["protocol"] and ort["fps"] > 0
+    elif not (job / "export" / "model.onnx").is_file():
         export_job(job)
     db = tmp_path / "musubi.db"
     entry = register(job, db=db)
@@ -222,7 +230,7 @@ def test_edge_script_gives_predicts_boxes_from_the_manifest_alone(fixture: str, 
     assert model["classes"] == ["person", "car"]
     if fixture == "sliced_job":  # the deployable unit is what was measured: tile, overlap and merge shipped
         assert model["slice"]["tile"] == 64 and model["slice"]["overlap"] == 0.25 and model["slice"]["merge"] == "nmm"
-        assert model["measured"]["metrics"].startswith("whole frame")
+        assert model["measured"]["metrics"].startswith("whole frame") and "9 tiles" in model["fps"]["unit"]
     reference = musubi.predict(job, images, device="cpu").rows
     ids = {1: 3, 2: 7}  # label -> the annotation file's category id
     rows = []
