@@ -326,7 +326,7 @@ def export_loaded(job: JobModel, opset: int = DEFAULT_OPSET, parity_inputs: int 
         "step": job.step,
         "classes": recipe["classes"],
         "recipe": recipe,
-        "build": model_recipe(job.task),
+        "builder": model_recipe(job.task),  # as weights.json: musubi.tasks.rebuild.rebuild_model(builder)
         "versions": {"torch": torch.__version__, "onnx": onnx.__version__, "onnxruntime": onnxruntime.__version__},
         "created": dt.datetime.now(dt.timezone.utc).isoformat(),
         "seconds": round(time.perf_counter() - t0, 2),
