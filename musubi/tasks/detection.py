@@ -494,6 +494,12 @@ class DetectionTask(Task):
             decode = "loader workers (PIL)" + ("; tiles cut in the workers" if data.slice is not None else "")
         resize = "none (as stored)" if data.image_size is None else (
             f"{on}, batch" if self.device_decode else "loader workers (PIL)")
+        if self.spec.model in RESIZING_MODELS and data.image_size is None and data.slice is None \
+                and "min_size" not in self.model_kwargs():
+            # No size given: torchvision's transform rescales every frame to its defaults (a 256 px frame to 800 px,
+            # ~10x the pixels); say so where the feed is described (issue 43), and how to keep another size.
+            resize += ("; then the model rescales each frame to torchvision's 800..1333 px (set data.image_size, or "
+                       "model_args min_size/max_size, to feed another size)")
         return {"decode": decode, "resize": resize, "augment": self._augment_where()}
 
     def _augment_where(self) -> str:

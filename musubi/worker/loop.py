@@ -306,6 +306,7 @@ class Trainer:
         net = eval_module(self.model)
         # BatchNorm statistics at these weights (worker/bn_stats.py says why). A stop point that a resume continues
         # from (--max-steps) gives them back afterwards: the resumed run stays the uninterrupted one.
+        t0 = time.perf_counter()  # eval_s: the recalibration is part of the validation's time
         n_bn = self.spec.train.bn_recalibrate
         stop = self.opts.stop_at_step
         stop_point = stop is not None and stop <= self.step < self.total_steps  # not an early stop: that one ends the run
@@ -321,7 +322,6 @@ class Trainer:
         n_forward = self.world.all_reduce_max(n_local) if needs_lockstep_eval(self.model) else n_local
         last = None
         it = self.val.batches()
-        t0 = time.perf_counter()
         for i in range(n_forward):
             real = i < n_local
             batch = next(it) if real else last

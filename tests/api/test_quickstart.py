@@ -1,4 +1,5 @@
-"""The quickstart guide (docs/guides/quickstart.md), run as written: train on an image folder, export .pt, load it into torchvision."""
+"""The quickstart guide (docs/guides/quickstart.md), run as written: make its three colour classes, train on the
+image folder, export .pt, load it into torchvision; the run holds its stated floor (tests/recipes/floors.py)."""
 
 from __future__ import annotations
 
@@ -10,35 +11,27 @@ from pathlib import Path
 
 import pytest
 
+from tests.recipes.floors import FLOORS
+
 REPO = Path(__file__).resolve().parents[2]
 
 
-def quickstart_script() -> str:
-    """The bash block that follows `<!-- quickstart -->` in the quickstart guide."""
+def guide_block(marker: str) -> str:
+    """The bash block that follows `<!-- marker -->` in the quickstart guide."""
     text = (REPO / "docs" / "guides" / "quickstart.md").read_text(encoding="utf-8")
-    m = re.search(r"<!-- quickstart -->\n```bash\n(.*?)\n```", text, re.S)
-    assert m, "docs/guides/quickstart.md lost its quickstart block"
+    m = re.search(rf"<!-- {marker} -->\n```bash\n(.*?)\n```", text, re.S)
+    assert m, f"docs/guides/quickstart.md lost its {marker} block"
     return m.group(1)
 
 
-def _images(root: Path, per_class: int) -> None:
-    """Two classes a net tells apart in a few steps: dark and bright squares with a little noise."""
-    import numpy as np
-    from PIL import Image
-
-    rng = np.random.default_rng(0)
-    for cls, level in (("cats", 40), ("dogs", 210)):
-        (root / cls).mkdir(parents=True)
-        for i in range(per_class):
-            px = np.clip(level + rng.normal(0, 20, (40, 40, 3)), 0, 255).astype(np.uint8)
-            Image.fromarray(px).save(root / cls / f"{i}.png")
+def quickstart_script() -> str:
+    """The guide's data block, then its training block: what a reader without images runs."""
+    return guide_block("quickstart-data") + "\n" + guide_block("quickstart")
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_readme_quickstart_runs_as_written(tmp_path: Path) -> None:
-    _images(tmp_path / "data" / "train", 16)
-    _images(tmp_path / "data" / "val", 4)
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     # `musubi` and `python` as a newcomer's activated venv has them (this checkout first on the path).
@@ -54,5 +47,10 @@ def test_readme_quickstart_runs_as_written(tmp_path: Path) -> None:
                               stdout=out, stderr=subprocess.STDOUT, timeout=560).returncode
     text = log.read_text()
     assert code == 0, text[-4000:]
-    assert "classes: ['cats', 'dogs'] top1:" in text
+    m = re.search(r"classes: \['blue', 'green', 'red'\] top1: ([\d.]+)", text)
+    assert m, text[-4000:]
+    floor = FLOORS["quickstart"]
+    assert float(m.group(1)) >= floor.floor, f"quickstart top1 {m.group(1)} < its floor {floor.floor}: {text[-3000:]}"
     assert (tmp_path / "runs" / "my-images" / "my-images" / "export" / "model.pt").is_file()
+    # the LR is the one written (no base_batch): no rule line, and the ranks say so
+    assert "lr 0.05 (lr_rule none" in (tmp_path / "runs" / "my-images" / "my-images" / "logs" / "rank0.log").read_text()
