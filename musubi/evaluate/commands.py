@@ -261,8 +261,10 @@ def export_command(
         return
     parity = record["parity"]
     figures = ", ".join(f"{k} {_fmt(parity[k], 3)}" for k in
-                        ("max_abs_diff", "argmax_agreement", "matched", "nms_ties", "max_box_diff_px",
+                        ("max_abs_diff", "argmax_agreement", "exact", "explained", "max_box_diff_px",
                          "max_score_diff") if k in parity)
+    if parity.get("kinds"):  # detection differences a decision boundary explains: counted, listed in export.json
+        figures += ", explained: " + ", ".join(f"{v} {k}" for k, v in parity["kinds"].items())
     maps = parity.get("map")
     if maps:
         figures += f", sample mAP50 torch {_fmt(maps['torch']['map50'])} / onnx {_fmt(maps['onnx']['map50'])}"

@@ -343,6 +343,9 @@ def export_loaded(job: JobModel, opset: int = DEFAULT_OPSET, parity_inputs: int 
 
 
 def _parity_summary(parity: dict[str, Any]) -> str:
+    if "kinds" in parity:  # detections: the problem names the disagreements; then how many detections agree
+        return (f"{parity.get('problem', 'outputs differ')}; {parity.get('exact', 0)} of "
+                f"{parity.get('torch_detections', 0)} torch detections exact")
     keys = ("problem", "max_abs_diff", "max_box_diff_px", "max_score_diff", "unmatched")
     return ", ".join(f"{k} {parity[k]:.3g}" if isinstance(parity.get(k), float) else f"{k} {parity[k]}"
                      for k in keys if k in parity)

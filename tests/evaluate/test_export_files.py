@@ -63,15 +63,16 @@ def assert_dynamo_refused(job: Path, loaded: JobModel | None = None) -> None:
 
 
 @pytest.mark.slow
-def test_detector_from_png_files_exports_with_parity(tmp_path: Path) -> None:
+def test_detector_from_png_files_exports_with_parity(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """PNG frames; the JPEG detector is the torchrun test's below (trained on 2 ranks, exported the same way).
-    The model is loaded once for the three checks, as the evaluation step does (`export_loaded`): a load reads
+    The model is loaded once for the four checks, as the evaluation step does (`export_loaded`): a load reads
     the checkpoint and builds the detector, seconds on a CPU; `export_job`'s own load is the torchrun test's."""
     job = detector_job(tmp_path, "png")
     loaded = load_job_model(job)
     assert_dynamo_refused(job, loaded)
     assert_detector_export(export_loaded(loaded, exporter="torchscript"))
     assert_altered_graph_refused(loaded, tmp_path / "altered.onnx")
+    assert_altered_export_names_its_disagreements(loaded, monkeypatch)
 
 
 def assert_altered_graph_refused(loaded: JobModel, altered: Path) -> None:
@@ -91,6 +92,38 @@ def assert_altered_graph_refused(loaded: JobModel, altered: Path) -> None:
     assert verdict["disagreements"] and all(d["real"] for d in verdict["disagreements"])
     # The R-CNN's proposal probe is the shipped model's graph, not the altered file: nothing is explained upstream.
     assert verdict["proposals"] and not any(p["same_graph"] for p in verdict["proposals"])
+
+
+def assert_altered_export_names_its_disagreements(loaded: JobModel, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An export whose graph computes other scores (box head weights scaled by 2 between export and parity) is
+    refused in one line that names the first disagreements (image, class name, score, box) and the file with
+    all of them; the earlier good export stays."""
+    import onnx
+
+    from musubi.evaluate import onnx_export
+    from musubi.evaluate.onnx_export import ParityError
+
+    stamp = onnx_export.stamp_onnx
+
+    def stamp_and_alter(path: Path, recipe: dict) -> None:
+        stamp(path, recipe)
+        model = onnx.load(str(path))
+        for t in model.graph.initializer:
+            if "box_predictor" in t.name and t.data_type == 1:
+                t.CopyFrom(onnx.numpy_helper.from_array(onnx.numpy_helper.to_array(t) * np.float32(2.0), t.name))
+        onnx.save(model, str(path))
+
+    good = (loaded.job_dir / "export" / "model.onnx").read_bytes()
+    monkeypatch.setattr(onnx_export, "stamp_onnx", stamp_and_alter)
+    with pytest.raises(ParityError) as info:
+        export_loaded(loaded, exporter="torchscript")
+    said = str(info.value)
+    failed = json.loads((loaded.job_dir / "export" / "export-failed.json").read_text())["parity"]
+    first = failed["disagreements"][0]
+    assert "\n" not in said and "real disagreement(s)" in said and "export-failed.json" in said
+    assert f"image {first['image']}" in said and f"'{first['name']}' score" in said and str(first["box"]) in said
+    assert first["name"] in loaded.task.class_names() and first["why"]  # the recipe's names (annotation file)
+    assert (loaded.job_dir / "export" / "model.onnx").read_bytes() == good
 
 
 @pytest.mark.slow

@@ -58,7 +58,12 @@ def test_nms_tie_swap_is_explained_but_not_every_box() -> None:
     assert verdict["ok"] and verdict["kinds"] == {"nms_tie": 1} and verdict["differences"][0]["image"] == 0
     moved = dets([[v + 1.0 for v in b] for b in ref[0].tolist()], ref[1].tolist(), ref[2].tolist())
     verdict = judge_detections([compare_detections(ref, moved, NMS)], None)
-    assert not verdict["ok"] and "20 of 20 matched boxes moved beyond 0.5 px" in verdict["problem"]
+    assert not verdict["ok"] and "20 of 20 matched detections kept another box at a tied score" in verdict["problem"]
+    # Every box moved far (IoU 0) at the same scores: no pair, each a tie with another box; too many to be ties.
+    ref = base(15)
+    far = dets([[v + 600.0 for v in b] for b in ref[0].tolist()], ref[1].tolist(), ref[2].tolist())
+    verdict = judge_detections([compare_detections(ref, far, NMS)], None)
+    assert verdict["kinds"] == {"order_tie": 30} and not verdict["ok"] and "15 of 0 matched" in verdict["problem"]
 
 
 def test_nms_iou_edge_and_chain() -> None:
@@ -160,8 +165,10 @@ def test_differences_upstream_of_the_box_head() -> None:
     boxes[3], scores[3] = [v + 40 for v in boxes[3]], scores[3] - 0.0007  # another proposal, another detection
     result = compare_detections(ref, dets(boxes, scores, labels), NMS)
     assert not result["ok"]
-    props_ref = dets([row(i) for i in range(4)], [0.49884152, 0.4988, 0.4987, 0.4986], [0] * 4)
-    props_got = dets([row(0), row(9), row(2), row(3)], [0.49884152, 0.4988 + 1e-8, 0.4987, 0.4986], [0] * 4)
+    objectness = [0.49884152, 0.4988] + [0.4987 - 1e-4 * i for i in range(8)]
+    props_ref = dets([row(i) for i in range(10)], objectness, [0] * 10)
+    props_got = dets([row(0), row(19)] + [row(i) for i in range(2, 10)], [objectness[0], objectness[1] + 1e-8]
+                     + objectness[2:], [0] * 10)
     rpn = Cuts(0.0, 150, 0.7, class_aware=False)
     proposals = compare_detections(props_ref, props_got, rpn)
     assert proposals["ok"] and proposals["kinds"] == {"order_tie": 2}
@@ -170,6 +177,10 @@ def test_differences_upstream_of_the_box_head() -> None:
     assert out["ok"] and set(out["kinds"]) == {"proposals"} and out["proposals"]["replay_exact"] == 5
     assert "the RPN kept other proposals at its own near-ties (2 proposal difference(s): 2 order_tie)" in \
         out["differences"][0]["why"]
+    # Every proposal moved at equal objectness: ties, each, but a graph that computes other proposals.
+    moved = dets([row(i + 10) for i in range(10)], props_ref[1].tolist(), [0] * 10)
+    assert compare_detections(props_ref, moved, rpn)["ok"]
+    assert not explain_by_proposals(result, compare_detections(props_ref, moved, rpn), replay, True)["ok"]
     for same, props, again in ((False, proposals, replay),  # the probe graph is not the shipped graph
                                (True, compare_detections(props_ref, dets([row(0)], [0.5], [0]), rpn), replay),
                                (True, proposals, compare_detections(ref, dets(boxes, scores, labels), NMS))):
