@@ -26,8 +26,8 @@ epochs, so the number of samples and steps; optimizer, LR, warm-up and cosine sc
 each run's summary and its logged LR curve); weight decay, gradient clipping; precision (bf16 autocast on
 GPU, fp32 on CPU, train and validation); no augmentation on either side; validation once, at the end, on the
 whole validation split, BatchNorm with its running averages as trained (Musubi's precise-BN recalibration,
-`train.bn_recalibrate`, is set to 0: the plain loop has none): top1, or COCO mAP50 by COCOeval (faster-coco-eval where installed, else
-pycocotools: the same backend on both sides). Musubi runs as a user would run it (telemetry on), less
+`train.bn_recalibrate`, is set to 0: the plain loop has none): top1, or COCO mAP50 by COCOeval
+(faster-coco-eval where installed, else pycocotools: the same backend on both sides). Musubi runs as a user would run it (telemetry on), less
 checkpoints and TensorBoard (time, not quality) and CPU pinning (several runs share the machine at once).
 
 Runs are independent, so they share the machine: up to K processes a GPU (a 4-GPU run takes a slot on each),
@@ -35,17 +35,17 @@ K the smallest that the --budget-s plan fits (from an estimate of each run's tim
 figures below, or the times measured by an earlier result file, --calibrate). What the plan cannot fit is
 refused before anything starts; what the budget cuts is killed and reported as cut, not judged.
 
-On the lent 4-GPU machine (no network; pydantic and faster-coco-eval carried as wheels, see
-docs/gpu-tier.md; scikit-learn, transformers, scipy and matplotlib are in its image):
+On the lent 4-GPU machine (no network; the device call carries `.whl`: pydantic 2.14.4, pydantic-core
+2.50.5, annotated-types 0.8.0, typing-inspection 0.4.5, faster-coco-eval 1.8.0 as cp312 manylinux wheels,
+see docs/gpu-tier.md; scikit-learn, transformers, scipy and matplotlib are in its image), in one call:
 
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-        .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD && \
-    PYTHONUNBUFFERED=1 python3 bench/quality.py --device cuda --nprocs 1,4 --seeds 0,1,2 --budget-s 450 \
-        --work /tmp/quality --out-dir $OUT
+        .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD || exit; PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 \
+        python3 bench/quality.py --device cuda --nprocs 1,4 --seeds 0,1,2 --budget-s 450 --work /tmp/quality
 
 CPU rehearsal (here; tiny: proves the plumbing, not quality):
 
-    python bench/quality.py --device cpu --nprocs 1,2 --seeds 0 --max-steps 4 --data-scale smoke
+    python bench/quality.py --device cpu --nprocs 1,2 --seeds 0 --max-steps 3 --data-scale smoke
 
 Writes quality-DATE-CARD-COMMIT.json (every run's record, the rows, the verdicts), .md (the table for
 BENCHMARKS.md) and .png (loss curves side by side and every seed's final metric) to --out-dir (default
@@ -177,6 +177,14 @@ def estimate_s(run: Run, recipe: Recipe, steps: int, device: str, calibration: d
     return recipe.gpu_fixed_s[run.side] + steps * recipe.gpu_step_s
 
 
+def first_fit(queue: list[Run], load: list[int], per_device: int, devices: int) -> Run | None:
+    """The first queued run of the earliest seed not fully started that has a free slot on enough devices.
+    Later seeds wait: backfilling them would starve a 4-GPU run (it needs a slot on every GPU at once) and
+    leave a budget cut with whole seeds of one side missing."""
+    free = sum(c < per_device for c in load)
+    return next((r for r in queue if r.seed == queue[0].seed and free >= min(r.nproc, devices)), None)
+
+
 def simulate(runs: list[Run], est: dict[Run, float], devices: int, per_device: int) -> tuple[float, list[Run]]:
     """Makespan of list scheduling: runs in the given order, each started as soon as it has a free slot on
     `nproc` devices (the least loaded; on the CPU, the one device); a run sharing a device with k others takes (1 + SHARE_SLOWDOWN x k)
@@ -185,7 +193,7 @@ def simulate(runs: list[Run], est: dict[Run, float], devices: int, per_device: i
     running: list[tuple[float, int, list[int]]] = []  # (end, tie-break, devices)
     now, started, queue, n = 0.0, [], list(runs), 0
     while queue:
-        fit = next((r for r in queue if sum(c < per_device for c in load) >= min(r.nproc, devices)), None)
+        fit = first_fit(queue, load, per_device, devices)
         if fit is None:
             now, _, devs = heapq.heappop(running)
             for d in devs:
@@ -394,7 +402,7 @@ def schedule(queue: list[Run], running: list[Launched], outcome: dict[Run, dict[
             for run in queue:
                 outcome[run] = {"status": "not started (budget)", "wall_s": 0.0}
             return
-        fit = next((r for r in queue if sum(c < per_device for c in load) >= min(r.nproc, devices)), None)
+        fit = first_fit(queue, load, per_device, devices)
         if fit is None:
             time.sleep(0.5)
             continue

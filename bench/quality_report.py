@@ -146,7 +146,7 @@ def plot(records: list[dict[str, Any]], models: dict[str, dict[str, Any]], nproc
             runs = [r for r in records if r["model"] == key and r["side"] == side and r["nproc"] == n]
             steps, mean, lo, hi = mean_curve(runs)
             if steps:
-                ax.plot(steps, mean, color=colour, label=f"{label} ({len(runs)} seeds)", lw=1.4)
+                ax.plot(steps, mean, color=colour, label=f"{label} ({len(runs)} seeds)", lw=1.4, marker=".", ms=3)
                 ax.fill_between(steps, lo, hi, color=colour, alpha=0.15, lw=0)
             got = finished(records, key, side, n, m["metric"])
             dots.scatter([x] * len(got), list(got.values()), color=colour, s=18)
@@ -156,7 +156,7 @@ def plot(records: list[dict[str, Any]], models: dict[str, dict[str, Any]], nproc
         ax.set_xlabel(f"optimizer step (global batch {m['global_batch']})")
         ax.legend(fontsize=8)
         dots.set_title(f"final {m['metric']}", fontsize=10)
-        dots.set_xticks(range(len(configs)), [c[2].replace("Musubi ", "M ") for c in configs], fontsize=7)
+        dots.set_xticks(range(len(configs)), ["plain"] + [f"Musubi\n{n}" for _, n, _, _ in configs[1:]], fontsize=7)
         dots.set_xlim(-0.6, len(configs) - 0.4)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()

@@ -152,6 +152,10 @@ def test_plan_shares_devices_and_refuses_what_does_not_fit() -> None:
     assert quality.simulate(ordered, est, 2, 2)[0] == pytest.approx(10.0 * (1 + quality.SHARE_SLOWDOWN))
     assert quality.choose_per_device(ordered, est, 2, budget_s=15.0, max_per=4)[0] == 2
     assert quality.choose_per_device(ordered, est, 2, budget_s=5.0, max_per=4)[0] is None
+    # a later seed never jumps ahead of a 4-GPU run still waiting for a slot on every GPU
+    wide, later = quality.Run("detr", "musubi", 2, 0), quality.Run("detr", "plain", 1, 1)
+    assert quality.first_fit([wide, later], [1, 0], per_device=1, devices=2) is None
+    assert quality.first_fit([wide, later], [0, 0], per_device=1, devices=2) == wide
     with pytest.raises(SystemExit, match="does not fit"):
         quality.main(["--device", "cpu", "--models", "detr", "--budget-s", "10", "--dry-run"])
 
