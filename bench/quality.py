@@ -610,7 +610,8 @@ def report(a: argparse.Namespace, runs: list[Run], outcome: dict[Run, dict[str, 
     if os.environ.get("OUT"):
         out = Path(os.environ["OUT"])
         for p in (json_path, a.out_dir / f"{stem}.md", png):
-            shutil.copy(p, out / p.name)
+            if (out / p.name).resolve() != p.resolve():  # --out-dir $OUT: already there
+                shutil.copy(p, out / p.name)
         archive_logs(work, out / f"{stem}-logs.tgz")
     judged = [r for r in rows if r["side"] == "musubi"]
     return 0 if judged and all(r["verdict"] == "PASS" for r in judged) else 1
