@@ -180,7 +180,8 @@ while not record.is_file() and time.time() < deadline:
 def test_fleet_exports_early_and_ships_without_a_second_export(tmp_path: Path,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "ext.py").write_text(EXTERNAL)
-    data = {"name": "tail", "leaderboard": {"export_top": 1, "promote": False},
+    # min_quality 0: two steps leave r18 at chance, below the default top-1 floor; this test is about when it exports
+    data = {"name": "tail", "leaderboard": {"export_top": 1, "promote": False, "min_quality": {"top1": 0.0}},
             "defaults": {"task": "classification", "model": "resnet18",
                          "data": {"synthetic": {"train_size": 16, "val_size": 8, "image_size": 32,
                                                 "num_classes": 4}, "workers": 0},
@@ -214,7 +215,8 @@ def test_fleet_exports_early_and_ships_without_a_second_export(tmp_path: Path,
                                                                  for h in j["history"])
     assert rec["exported_early"] == ["r18"], rec["exported_early"]
     asked = json.loads((out / "r18" / "logs" / "trained.json").read_text())["export"]
-    assert asked == {"top": 1, "weights": [0.7, 0.3], "fps_target": None, "quality_floor": 0.5}, asked
+    assert asked == {"top": 1, "weights": [0.7, 0.3], "fps_target": None, "quality_floor": 0.5,
+                     "min_quality": {"top1": 0.0}}, asked
     assert "export r18 early if it ranks in the top 1 so far (beside the next job" in res.output, res.output
     # Exported once, in the evaluation step after its FPS was measured (rank 1 of 1: ext has no eval.json yet),
     # as ship() exports (no ONNX Runtime timing), and registered as it was.
@@ -224,5 +226,5 @@ def test_fleet_exports_early_and_ships_without_a_second_export(tmp_path: Path,
     assert list(evaluated["fps_all"]) == ["torch-cpu"], evaluated["fps_all"]
     assert "early export (rank 1 of 1 evaluated, the fleet exports the top 1): export/model.onnx" in \
         (out / "r18" / "logs" / "fleet.log").read_text()
-    assert "registered (exported early) r18" in res.output and "export done early for: r18" in res.output
+    assert "r18: registered (exported early) as r18 v1 (rank 1 of top1)" in res.output and "export done early for: r18" in res.output
     assert "export done early for: r18" in (out / "fleet.log").read_text()

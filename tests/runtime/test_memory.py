@@ -138,7 +138,7 @@ def test_probe_agrees_on_the_smallest_rank_and_caches(tiny_job, tmp_path: Path, 
     assert code == 0, out
     summary = json.loads((tmp_path / "p3" / "tiny" / "summary.json").read_text())
     assert summary["batch_source"] == "cache" and summary["per_rank_batch"] == 64
-    assert "lr 0.8 (linear rule from 0.1 at 16)" in (tmp_path / "p3" / "tiny" / "logs" / "rank0.log").read_text()
+    assert "lr 0.8 = 0.1 x 128/16 (linear rule, base_batch 16)" in (tmp_path / "p3" / "tiny" / "logs" / "rank0.log").read_text()
 
 
 @pytest.mark.slow
