@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -12,21 +10,10 @@ import pytest
 import yaml
 from PIL import Image
 
+from bench import quality
 from musubi.config.batch_plan import plan_batch
 from musubi.config.job import JobSpec
-from tests.conftest import REPO
 
-
-def _load(name: str):
-    sys.path.insert(0, str(REPO))
-    spec = importlib.util.spec_from_file_location(f"quality_bench_{name}", REPO / "bench" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
-quality = _load("quality")
 data, report = quality.quality_data, quality.quality_report
 
 

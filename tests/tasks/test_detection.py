@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import datetime
 import json
-import math
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +17,7 @@ from musubi.config.job import JobSpec
 from musubi.data.synthetic_detection import SyntheticDetection, synthetic_detection_batch
 from musubi.tasks import detection
 from musubi.tasks.detection import MODELS, DetectionMetric, DetectionTask
+from tests.tasks.detector_step import train_step_and_predict
 
 SMALL_MODEL = "fasterrcnn_mobilenet_v3_large_320_fpn"
 
@@ -166,20 +166,7 @@ def test_one_train_step_and_predict() -> None:
     torch.manual_seed(0)
     task = DetectionTask(_spec(model_args={"min_size": 128, "max_size": 128}))
     task.validate()
-    model = task.build_model().train()
-    ds = task.train_dataset()
-    batch = task.to_device(task.collate([ds[0], ds[1]]), torch.device("cpu"))
-    assert isinstance(batch[0], list) and len(batch[0]) == 2
-    loss, parts = task.loss(model, batch)
-    assert loss.ndim == 0 and math.isfinite(float(loss.detach()))
-    assert "loss_classifier" in parts and not any(p.requires_grad for p in parts.values())
-    loss.backward()
-    grads = [p.grad for p in model.parameters() if p.grad is not None]
-    assert grads and all(torch.isfinite(g).all() for g in grads)
-    model.eval()
-    with torch.no_grad():
-        out = task.predict(model, batch)
-    assert len(out) == 2 and {"boxes", "scores", "labels"} <= set(out[0])
+    assert "loss_classifier" in train_step_and_predict(task)
 
 
 # -- metric ------------------------------------------------------------------------

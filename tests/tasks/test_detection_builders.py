@@ -6,7 +6,6 @@ new torchvision adds fails here until the detection task accepts or refuses it.
 
 from __future__ import annotations
 
-import math
 import time
 from typing import Any
 
@@ -17,6 +16,7 @@ import torchvision
 from musubi.config.errors import ConfigError
 from musubi.config.job import JobSpec
 from musubi.tasks.detection import MODELS, REFUSED, DetectionTask, accepted_model_args, check_detection_model
+from tests.tasks.detector_step import train_step_and_predict
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -77,16 +77,5 @@ def test_each_accepted_builder_builds_and_trains_a_step(name: str) -> None:
     torch.manual_seed(0)
     task = DetectionTask(_spec(name, model_args=FEW_ROIS if name.startswith("fasterrcnn") else {}))
     task.validate()
-    model = task.build_model().train()
-    ds = task.train_dataset()
-    batch = task.to_device(task.collate([ds[0], ds[1]]), torch.device("cpu"))
-    loss, parts = task.loss(model, batch)
-    assert loss.ndim == 0 and math.isfinite(float(loss.detach())) and len(parts) >= 2
-    loss.backward()
-    grads = [p.grad for p in model.parameters() if p.grad is not None]
-    assert grads and all(torch.isfinite(g).all() for g in grads)
-    model.eval()
-    with torch.no_grad():
-        out = task.predict(model, batch)
-    assert len(out) == 2 and {"boxes", "scores", "labels"} <= set(out[0])
+    train_step_and_predict(task)
     assert time.perf_counter() - t0 < 120, f"{name} took {time.perf_counter() - t0:.0f} s"

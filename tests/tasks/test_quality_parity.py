@@ -5,8 +5,6 @@ schedule, and the plain loop imports nothing of Musubi."""
 from __future__ import annotations
 
 import ast
-import importlib.util
-import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -14,25 +12,15 @@ import numpy as np
 import pytest
 import torch
 
+from bench import plain_quality_loop as plain
+from bench import quality
 from musubi.config.job import JobSpec
 from musubi.tasks.registry import build_task
 from musubi.worker.loop import seed_everything
 from musubi.worker.schedule import lr_factor
 from tests.conftest import REPO
 
-
-def _load(name: str):
-    sys.path.insert(0, str(REPO))
-    spec = importlib.util.spec_from_file_location(f"quality_parity_{name}", REPO / "bench" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
-quality = _load("quality")
 data = quality.quality_data
-plain = _load("plain_quality_loop")
 SIDE = 96  # small scenes; RT-DETR needs a multiple of 32 and >= 100 feature positions for its 100 queries
 
 
