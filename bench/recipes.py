@@ -61,17 +61,26 @@ def guide_block(marker: str) -> str:
     return m.group(1)
 
 
-def run_quickstart(work: Path, log) -> float | None:
-    """The guide's data and training blocks in `work`, with this checkout's musubi first on the path."""
+def quickstart_script() -> str:
+    """The guide's data block, then its training block: what a reader without images runs."""
+    return guide_block("quickstart-data") + "\n" + guide_block("quickstart")
+
+
+def newcomer_env(work: Path) -> dict[str, str]:
+    """`musubi` and `python` as a newcomer's activated venv has them (this checkout first on the path), in work/bin."""
     bin_dir = work / "bin"
     bin_dir.mkdir(parents=True)
     (bin_dir / "musubi").write_text(f'#!/bin/sh\nexec "{sys.executable}" -m musubi.cli "$@"\n')
     (bin_dir / "python").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
     for f in bin_dir.iterdir():
         f.chmod(0o755)
-    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
-           "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    script = guide_block("quickstart-data") + "\n" + guide_block("quickstart")
+    return {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+            "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+
+
+def run_quickstart(work: Path, log) -> float | None:
+    """The guide's data and training blocks in `work`, with this checkout's musubi first on the path."""
+    env, script = newcomer_env(work), quickstart_script()
     subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=work, env=env, stdout=log,
                    stderr=subprocess.STDOUT, check=False)
     m = re.search(r"top1: ([\d.]+)", (work / "console.log").read_text())

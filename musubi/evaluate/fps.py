@@ -139,7 +139,8 @@ def timing_threads(device: torch.device) -> Iterator[int | None]:
         torch.set_num_threads(before)
 
 
-def _threads_said(threads: int | None) -> str:
+def threads_said(threads: int | None) -> str:
+    """The protocol's words for a CPU timing's thread count ('' for a GPU one)."""
     return f", {threads} CPU thread{'s' if threads != 1 else ''} (CPU_FPS_THREADS)" if threads else ""
 
 
@@ -174,7 +175,7 @@ def torch_fps(job: JobModel, device: str | None = None, warmup: int | None = Non
         "runtime": f"torch-{dev.type}",
         "precision": "fp32",
         "threads": threads,
-        "protocol": PROTOCOL.format(warmup=warmup, runs=runs) + _threads_said(threads),
+        "protocol": PROTOCOL.format(warmup=warmup, runs=runs) + threads_said(threads),
         **_versions(),
     }
 
@@ -274,7 +275,7 @@ def onnx_fps(path: Path, feeds: dict[str, np.ndarray] | None = None, device: str
     used = torch.device("cpu") if runtime.endswith("cpu") else dev
     protocol = PROTOCOL.format(warmup=warmup, runs=runs).replace(
         "forward only (input already on the device for torch)", "session.run with host inputs and outputs"
-    ) + _threads_said(threads)
+    ) + threads_said(threads)
     if not real:
         protocol = protocol.replace("one real validation sample", "uniform random values")
     return {

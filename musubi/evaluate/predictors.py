@@ -119,7 +119,8 @@ class TorchPredictor(Predictor):
 class OnnxPredictor(Predictor):
     """An ONNX export through ONNX Runtime (one image a call for detectors, as the graph takes)."""
 
-    def __init__(self, path: Path, device: torch.device, described: str | None = None) -> None:
+    def __init__(self, path: Path, device: torch.device, described: str | None = None,
+                 threads: int | None = None) -> None:
         from musubi.evaluate.fps import onnx_session
 
         recipe = onnx_recipe(path)
@@ -130,7 +131,7 @@ class OnnxPredictor(Predictor):
         if not isinstance(recipe, dict):
             raise ConfigError(f"{path}: no musubi inference recipe (not in its metadata, no export.json beside it); "
                               "predict with a file written by `musubi export`, or the job directory")
-        self.session, runtime = onnx_session(path, device)
+        self.session, runtime = onnx_session(path, device, threads)  # threads None: onnx_session's default
         self.input_name = self.session.get_inputs()[0].name
         super().__init__(recipe, described or f"{path} ({runtime})", device)
 

@@ -13,7 +13,16 @@ from pathlib import Path
 from typing import Any
 
 from musubi.data.slicing import tile_grid
-from musubi.evaluate.fps import PROTOCOL, device_name, resolve_device, run_counts, summarise, time_runs
+from musubi.evaluate.fps import (
+    CPU_FPS_THREADS,
+    PROTOCOL,
+    device_name,
+    resolve_device,
+    run_counts,
+    summarise,
+    threads_said,
+    time_runs,
+)
 from musubi.evaluate.model_io import JobModel, sample_batch
 from musubi.evaluate.recipe import slice_rule
 
@@ -39,7 +48,8 @@ def tiled_onnx_fps(job: JobModel, path: Path, device: str | None, warmup: int | 
 
     dev = resolve_device(device)
     warmup, runs = run_counts(dev, warmup, runs)
-    predictor = OnnxPredictor(Path(path), dev)
+    # CPU_FPS_THREADS as onnx_fps: every job's CPU FPS at one stated thread count, tiled or not.
+    predictor = OnnxPredictor(Path(path), dev, threads=CPU_FPS_THREADS)
     # A whole validation frame as the model takes it (the task's to_device: decoded, scaled or standardised).
     frame = job.task.to_device(sample_batch(job.task, 1), torch.device("cpu"))[0][0]
     times = time_runs(lambda: predictor.detect_input(frame), warmup, runs)
@@ -47,7 +57,9 @@ def tiled_onnx_fps(job: JobModel, path: Path, device: str | None, warmup: int | 
     protocol = PROTOCOL.format(warmup=warmup, runs=runs).replace(
         "forward only (input already on the device for torch)",
         "session.run once a tile with host inputs and outputs, tiles shifted and merged on the host")
+    threads = None if runtime.endswith("cuda") else CPU_FPS_THREADS
+    protocol += threads_said(threads)
     used = dev if runtime.endswith("cuda") else resolve_device("cpu")
     return {**summarise(times, warmup), "input_shape": [1, *frame.shape], "device": str(used),
-            "device_name": device_name(used), "runtime": runtime, "precision": "float32", "threads": None,
+            "device_name": device_name(used), "runtime": runtime, "precision": "float32", "threads": threads,
             "protocol": protocol, "unit": fps_unit(job, list(frame.shape))}

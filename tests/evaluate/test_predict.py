@@ -22,6 +22,7 @@ from typer.testing import CliRunner
 import musubi
 from musubi.cli import app
 from musubi.config.errors import ConfigError
+from musubi.evaluate.fps import CPU_FPS_THREADS
 from tests.evaluate.boxes import textured_set, unmatched
 from tests.evaluate.jobs import make_task_job
 
@@ -220,6 +221,8 @@ def test_edge_script_gives_predicts_boxes_from_the_manifest_alone(fixture: str, 
         assert record["fps"]["unit"].startswith("whole frame (9 tiles of 160x120): 64 px tiles")
         ort = record["fps_all"]["onnxruntime-cpu"]
         assert ort["unit"] == record["fps"]["unit"] and "once a tile" in ort["protocol"] and ort["fps"] > 0
+        # timed at the thread count of every other CPU timing, and said so
+        assert record["fps"]["threads"] == ort["threads"] == CPU_FPS_THREADS and "CPU_FPS_THREADS" in ort["protocol"]
     elif not (job / "export" / "model.onnx").is_file():
         export_job(job)
     db = tmp_path / "musubi.db"
