@@ -117,11 +117,6 @@ def plan_tiles(sizes: Sequence[tuple[int, int]], boxes: Sequence[np.ndarray], la
     return tiles, per_image
 
 
-def worst_case_tiles(width: int, height: int, tile: int, overlap: float) -> int:
-    """Tiles of the largest frame (what one image can become; the batch probe sizes for the tile)."""
-    return len(tile_grid(width, height, tile, overlap))
-
-
 def greedy_merge(boxes: Tensor, scores: Tensor, labels: Tensor, threshold: float, metric: str = "ios",
                  limit: int = MERGE_LIMIT) -> tuple[Tensor, Tensor, Tensor]:
     """Greedy non-maximum merging per class (SAHI's NMM): the best box absorbs every same-class box that

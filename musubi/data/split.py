@@ -23,9 +23,6 @@ from musubi.config.errors import ConfigError
 from musubi.data.coco import CocoDetection, read_annotation_json
 from musubi.data.leakage import find_leaks, identical_pairs, near_pairs, split_images, thumbnails
 
-#: --by values with a meaning of their own (anything else names an image field).
-BUILTIN_KEYS = ("frame", "folder")
-
 
 @dataclass
 class SplitReport:

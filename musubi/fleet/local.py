@@ -31,7 +31,7 @@ from musubi.checkpoint.checkpoint import latest_checkpoint
 from musubi.config.errors import ConfigError
 from musubi.config.fleet import CommandJob, FleetSpec, LeaderboardSpec, TaskJob
 from musubi.config.run_files import RUN_FILES
-from musubi.fleet import jobs as J
+from musubi.fleet import jobs
 from musubi.fleet.durations import Estimate, demand_of, estimate, machine_of, record_run, record_shared_run
 from musubi.fleet.gpu_watch import stop_watching, watch_command
 from musubi.fleet.machine import SHOW, cpus_value, device_cores, fleet_topology
@@ -306,7 +306,7 @@ class LocalFleet:
                 # A failed attempt without a checkpoint: keep its files, start clean beside them.
                 aside = self.run_dir / f"{job.name}.attempt{st.attempts - 1}"
                 job_dir.rename(aside)
-            launch = J.task_launch(job, self.run_dir, gpus, self.kind, resume, self.threads, cpus,
+            launch = jobs.task_launch(job, self.run_dir, gpus, self.kind, resume, self.threads, cpus,
                                    pin=self.spec.machine.pin_cpus)  # --nproc len(gpus): its width
             if blockers:  # it starts now and builds its model when those evaluations end (worker.wait_for_gate)
                 gate = job_dir / "logs" / f"gate-a{st.attempts}"
@@ -314,7 +314,7 @@ class LocalFleet:
                 launch.env.update(MUSUBI_GATE=str(gate), MUSUBI_GATE_PID=str(os.getpid()))
                 self.gates[job.name] = (gate, set(blockers))
         else:
-            launch = J.command_launch(job, self.run_dir, gpus, self.kind, self.base, self.threads * job.gpus, cpus)
+            launch = jobs.command_launch(job, self.run_dir, gpus, self.kind, self.base, self.threads * job.gpus, cpus)
         launch.log.parent.mkdir(parents=True, exist_ok=True)
         f = open(launch.log, "a", encoding="utf-8")
         f.write(f"=== musubi run: {job.name} attempt {st.attempts} ===\n")  # tails never mix attempts
@@ -324,7 +324,7 @@ class LocalFleet:
         # A session of its own: the job's whole process tree can be stopped as one group (fleet/stop.py).
         proc = subprocess.Popen(launch.argv, env=launch.env, cwd=launch.cwd, stdout=f, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
-        J.pin_process(proc.pid, launch.cpus)  # external commands (task jobs' ranks pin themselves)
+        jobs.pin_process(proc.pid, launch.cpus)  # external commands (task jobs' ranks pin themselves)
         # An external command has no telemetry of its own: the fleet samples its GPUs (what sharing decides by).
         watched = watch_command(job_dir, proc.pid, gpus) if isinstance(job, CommandJob) and self.kind == "cuda" \
             else []
@@ -337,14 +337,14 @@ class LocalFleet:
     def _eval_process(self, run: _Running, after: Path | None) -> subprocess.Popen:
         """The evaluation step on the job's GPUs; `after`: started early, it waits for that file."""
         st = self.states[run.job.name]
-        env = dict(os.environ, **J.gpu_env(st.gpus, self.kind, self.threads * len(st.gpus)))
+        env = dict(os.environ, **jobs.gpu_env(st.gpus, self.kind, self.threads * len(st.gpus)))
         argv = [sys.executable, "-m", "musubi.fleet.eval_step", *(["--after", str(after)] if after else []),
                 str(self.run_dir / run.job.name)]
         cpus = cpus_value(self.cores, st.gpus) if self.cores is not None else None
         mark(self.run_dir / run.job.name, "eval_spawned")
         proc = subprocess.Popen(argv, env=env, stdout=run.log_file, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
-        J.pin_process(proc.pid, J.union_cpus(cpus))
+        jobs.pin_process(proc.pid, jobs.union_cpus(cpus))
         return proc
 
     def _prestart_evals(self) -> None:
@@ -451,12 +451,12 @@ class LocalFleet:
         """Why an attempt failed: job.json's cause, else what the log shows (OOM, NCCL), or a broken contract."""
         path = self._job_log(name)
         if run.phase == "eval":
-            if J.NO_EVAL_JSON in J.attempt_log(path):
+            if jobs.NO_EVAL_JSON in jobs.attempt_log(path):
                 return f"contract: external job wrote no eval.json to $MUSUBI_JOB_DIR ({self.run_dir / name})"
             return f"evaluation: exit {code}"
-        cause = J.failure_cause(self.run_dir / name, code)
+        cause = jobs.failure_cause(self.run_dir / name, code)
         if self.states[name].kind == "command" and cause.startswith("exit "):  # no job.json: the log's own words
-            cause = J.log_cause(path, code) or cause
+            cause = jobs.log_cause(path, code) or cause
         return cause
 
     # -- the loop --------------------------------------------------------------
@@ -568,7 +568,7 @@ class LocalFleet:
         if st.history[-1].get("spawned"):
             marks["spawned"] = st.history[-1]["spawned"]
         st.startup = components(marks)
-        recovered = J.absorb_job_record(st, job_dir, failed=code != 0 and run.phase == "train")
+        recovered = jobs.absorb_job_record(st, job_dir, failed=code != 0 and run.phase == "train")
         if code == 0:
             st.state = "done"
             self.packer.done.add(name)
@@ -580,7 +580,7 @@ class LocalFleet:
         # A config error, a broken contract (exit 0, no eval.json) or a defect (the same cause after a restart)
         # fails the same way every time: no retry.
         retry = st.attempts <= self.jobs[name].retries and not cause.startswith(("config", "contract", "defect"))
-        tail = J.log_tail(job_dir / "logs" / ("fleet.log" if st.kind == "task" else "stdout.log"), 8)
+        tail = jobs.log_tail(job_dir / "logs" / ("fleet.log" if st.kind == "task" else "stdout.log"), 8)
         self._say(f"failed {name} (attempt {st.attempts}): {cause}" + ("; retrying" if retry else ""))
         log.warning("failed %s: %s\n%s", name, cause, tail)
         if retry:

@@ -106,11 +106,6 @@ def candidates(topo: NodeTopology, pool: Sequence[int], k: int) -> list[tuple[in
     return _greedy(topo, pool, k)
 
 
-def best_group(topo: NodeTopology, pool: Sequence[int], k: int) -> tuple[int, ...]:
-    """The k GPUs of the pool with the lowest group cost (lowest indices among equals)."""
-    return min(candidates(topo, pool, k), key=lambda g: (group_cost(topo, g), g))
-
-
 def _numa_spread(topo: NodeTopology, gpus: Iterable[int]) -> int:
     """How many NUMA nodes a group spans (unknown nodes count as one each)."""
     numa = _tables(topo)[1]

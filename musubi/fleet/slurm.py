@@ -29,7 +29,7 @@ from rich.console import Console
 from musubi.config.errors import ConfigError
 from musubi.config.fleet import CommandJob, FleetSpec, TaskJob
 from musubi.config.run_files import RUN_FILES
-from musubi.fleet import jobs as J
+from musubi.fleet import jobs
 from musubi.fleet.local import JobState, fleet_states
 from musubi.store.rundir import write_json
 
@@ -183,7 +183,7 @@ class SlurmFleet:
         folder = self.run_dir / ".slurm"
         folder.mkdir(parents=True, exist_ok=True)
         if isinstance(job, TaskJob):
-            what = {"kind": "task", "spec": str(J.write_job_spec(job, self.run_dir, self.spec.machine.pin_cpus)
+            what = {"kind": "task", "spec": str(jobs.write_job_spec(job, self.run_dir, self.spec.machine.pin_cpus)
                                                 .resolve())}
         else:
             what = {"kind": "command", "job": job.model_dump(mode="json"), "base": str(self.base)}
@@ -272,13 +272,13 @@ class SlurmFleet:
         st.ended = time.time()
         job_dir = self.run_dir / st.name
         # TIMEOUT, OUT_OF_MEMORY, NODE_FAIL, CANCELLED end the job too: its last failure was not recovered from
-        recovered = J.absorb_job_record(st, job_dir, failed=state != "COMPLETED")
+        recovered = jobs.absorb_job_record(st, job_dir, failed=state != "COMPLETED")
         if state == "COMPLETED":
             st.state = "done"
             self._say(f"done {st.name} (slurm job {st.scheduler_id}, {st.ended - (st.started or st.ended):.0f}s)"
                       f"{recovered}")
             return
-        cause = J.failure_cause(job_dir, code) if state == "FAILED" else f"slurm {state} (exit {code})"
+        cause = jobs.failure_cause(job_dir, code) if state == "FAILED" else f"slurm {state} (exit {code})"
         st.causes.append(f"slurm job {st.scheduler_id}: {cause}")
         retry = st.attempts <= self.jobs[st.name].retries and not cause.startswith(("config", "defect"))
         self._say(f"failed {st.name} (slurm job {st.scheduler_id}, {state}): {cause}" + ("; retrying" if retry

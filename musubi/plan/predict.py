@@ -13,7 +13,7 @@ last backward; optimizer: Adam's update streaming 28 bytes per local parameter.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from musubi.plan.bubble import bubble_fraction
@@ -323,8 +323,3 @@ def predict(spec: ModelSpec, cluster: Cluster, layout: Layout, global_batch: int
     if isinstance(spec, GenericSpec):
         return _predict_generic(spec, cluster, layout, global_batch, eff, precision, memory_precision)
     return _predict_transformer(spec, cluster, layout, global_batch, eff, precision, memory_precision)
-
-
-def with_efficiency(eff: Efficiency, **changes: Any) -> Efficiency:
-    """A copy of `eff` with some constants replaced (calibration, what-if studies)."""
-    return replace(eff, **changes)

@@ -22,7 +22,7 @@ from typing import Any
 from musubi.config.run_files import RUN_FILES
 from musubi.config.success import YOURS, SuccessSpec
 from musubi.evaluate.leaderboard import nothing_to_ship
-from musubi.records import evidence as E
+from musubi.records import evidence
 from musubi.records.learning import Verdict, judge
 
 CHECKLIST_FILE = RUN_FILES.checklist
@@ -109,15 +109,15 @@ def _loss_item(job: str, records: list[dict[str, Any]], learned: Verdict) -> Ite
 def learning_verdict(job_dir: Path, records: list[dict[str, Any]] | None = None) -> Verdict:
     """Whether the job in `job_dir` learned (records/learning.py): by its headline validation metric at its
     validations (eval.json's figure where metrics.jsonl has none), else by rank 0's training loss."""
-    metric = E.headline_metric(job_dir)
-    vals = E.val_records(job_dir)
+    metric = evidence.headline_metric(job_dir)
+    vals = evidence.val_records(job_dir)
     if metric and not any(metric in r for r in vals):  # validated outside the loop (an external job, evaluate)
-        ev = E.eval_metrics(job_dir)
+        ev = evidence.eval_metrics(job_dir)
         if metric in ev:
-            step = (E.read_json_or_none(job_dir / RUN_FILES.eval) or {}).get("step")
+            step = (evidence.read_json_or_none(job_dir / RUN_FILES.eval) or {}).get("step")
             vals = [{"step": step if isinstance(step, int) else 0, metric: ev[metric]}]
-    train = E.train_records(job_dir) if records is None else records
-    return judge(metric, vals, _losses(train), E.num_classes(job_dir))
+    train = evidence.train_records(job_dir) if records is None else records
+    return judge(metric, vals, _losses(train), evidence.num_classes(job_dir))
 
 
 def _learned_item(job: str, verdict: Verdict) -> Item:
@@ -126,7 +126,7 @@ def _learned_item(job: str, verdict: Verdict) -> Item:
 
 
 def _oom_item(job: str, job_dir: Path, ended_well: bool) -> Item:
-    ooms = E.oom_records(job_dir)
+    ooms = evidence.oom_records(job_dir)
     if not ooms:
         return Item("during", "oom", "PASS", "no out-of-memory error", job)
     batches = sorted({o.get("per_rank_batch") for o in ooms if o.get("per_rank_batch")}, reverse=True)
@@ -137,7 +137,7 @@ def _oom_item(job: str, job_dir: Path, ended_well: bool) -> Item:
 
 
 def _ranks_item(job: str, job_dir: Path, nproc: int, ended_well: bool) -> Item:
-    steps = E.rank_steps(job_dir)
+    steps = evidence.rank_steps(job_dir)
     if steps:
         behind = {r: s for r, s in steps.items() if s < max(steps.values())}
         missing = [r for r in range(nproc) if r not in steps]
@@ -155,7 +155,7 @@ def _ranks_item(job: str, job_dir: Path, nproc: int, ended_well: bool) -> Item:
 
 def _restarts_item(job: str, job_dir: Path, ended_well: bool) -> Item | None:
     """Failures the job met (recovered by torchrun restarts or not) and its goodput (JOB/goodput.json)."""
-    rec = E.read_json_or_none(job_dir / RUN_FILES.goodput)
+    rec = evidence.read_json_or_none(job_dir / RUN_FILES.goodput)
     if not isinstance(rec, dict):
         return None
     from musubi.recovery.goodput import failure_summary
@@ -193,11 +193,11 @@ def _goodput_split(rec: dict[str, Any]) -> str:
 
 def _throughput_items(job: str, job_dir: Path, records: list[dict[str, Any]], success: SuccessSpec,
                       figures: dict[str, Any]) -> list[Item]:
-    rate = E.median_rate(records)
+    rate = evidence.median_rate(records)
     if rate is None:
         return [Item("during", "throughput", "SKIP", "fewer than 2 training log records", job)]
     figures["samples_per_s"] = round(rate, 3)
-    earlier = E.earlier_rates(job_dir)
+    earlier = evidence.earlier_rates(job_dir)
     if not earlier:
         return [Item("during", "throughput", "SKIP",
                      f"{rate:.1f} samples/s; no earlier run of this job on this machine to compare with", job)]
@@ -214,7 +214,7 @@ def _throughput_items(job: str, job_dir: Path, records: list[dict[str, Any]], su
 
 def _telemetry_items(job: str, job_dir: Path, success: SuccessSpec, figures: dict[str, Any]) -> list[Item]:
     out: list[Item] = []
-    util = E.gpu_utilisation(job_dir)
+    util = evidence.gpu_utilisation(job_dir)
     if util is None:
         out.append(Item("during", "gpu_util", "SKIP", "no GPU utilisation samples (CPU ranks or no NVML)", job,
                         success.origin("min_gpu_util")))
@@ -224,7 +224,7 @@ def _telemetry_items(job: str, job_dir: Path, success: SuccessSpec, figures: dic
         found = ", ".join(f"GPU {g} {u:.0%}" for g, u in sorted(util.items()))
         out.append(_threshold("gpu_util", job, f"after warm-up: {found}",
                               f"below {success.min_gpu_util:.0%}" if low else None, success, "min_gpu_util"))
-    wait = E.data_wait_share(job_dir)
+    wait = evidence.data_wait_share(job_dir)
     if wait is None:
         out.append(Item("during", "data_wait", "SKIP", "no per-step data-wait spans recorded", job,
                         success.origin("max_data_wait")))
@@ -239,7 +239,7 @@ def _telemetry_items(job: str, job_dir: Path, success: SuccessSpec, figures: dic
 def _speedup_items(job: str, job_dir: Path, gpus: int, success: SuccessSpec, figures: dict[str, Any]) -> list[Item]:
     if gpus < 2:
         return []
-    base = E.baseline(job_dir)
+    base = evidence.baseline(job_dir)
     rate = figures.get("samples_per_s")
     wanted = success.min_speedup is not None or success.min_scaling_efficiency is not None
     if base is None or rate is None:
@@ -272,11 +272,11 @@ def job_items(name: str, job_dir: Path, state: str, gpus: int, kind: str, succes
     elif not ended_well:
         items.append(Item("during", "finished", "FAIL", f"the job ended {state}", name))
     if kind == "task":
-        records = E.train_records(job_dir)
+        records = evidence.train_records(job_dir)
         learned = learning_verdict(job_dir, records)
         items.append(_loss_item(name, records, learned))
         items.append(_oom_item(name, job_dir, ended_well))
-        fallbacks = E.precision_fallbacks(job_dir)
+        fallbacks = evidence.precision_fallbacks(job_dir)
         if fallbacks:
             what = "; ".join(f"{f.get('from')} -> {f.get('to')} after a non-finite loss at step {f.get('step')} "
                              f"(rolled back to step <= {f.get('last_good_step')})" for f in fallbacks)
@@ -292,7 +292,7 @@ def job_items(name: str, job_dir: Path, state: str, gpus: int, kind: str, succes
                  + _speedup_items(name, job_dir, gpus, success, figures))
         items += [_judged(i, device) for i in speed]
     if ended_well:
-        ev = E.eval_metrics(job_dir)
+        ev = evidence.eval_metrics(job_dir)
         if ev:
             items.append(Item("after", "eval", "PASS",
                               f"eval.json: {', '.join(f'{k} {v:.4g}' for k, v in list(ev.items())[:3])}", name))
@@ -308,7 +308,7 @@ def _no_metrics_item(job: str, job_dir: Path, in_fleet: bool) -> Item:
     """A job that ended well without metrics, described as its files are (eval.json there or not,
     a validation split configured or not)."""
     found = ("eval.json has no metrics" if (job_dir / RUN_FILES.eval).is_file() else "no eval.json")
-    has_val = E.has_validation_split(job_dir)
+    has_val = evidence.has_validation_split(job_dir)
     why = {True: "although the job has a validation split", False: "the job has no validation split",
            None: "the job reported none"}[has_val]
     if in_fleet:  # a fleet ranks its models: every job owes its metrics
@@ -318,7 +318,7 @@ def _no_metrics_item(job: str, job_dir: Path, in_fleet: bool) -> Item:
 
 def build_checklist(run_dir: Path, success: SuccessSpec | None = None) -> Checklist:
     """The checklist of a `musubi run` or `musubi train` run directory."""
-    run = E.read_run(run_dir)
+    run = evidence.read_run(run_dir)
     success = success or run.success
     cl = Checklist(str(run_dir))
     pre = run.preflight
@@ -347,8 +347,8 @@ def build_checklist(run_dir: Path, success: SuccessSpec | None = None) -> Checkl
     if run.fleet:
         _fleet_after(run_dir, run, success, cl)
     elif success.min_score is not None and run.jobs:
-        ev = E.eval_metrics(run.jobs[0].dir)
-        metric = E.primary_metric(run.jobs[0].dir)
+        ev = evidence.eval_metrics(run.jobs[0].dir)
+        metric = evidence.primary_metric(run.jobs[0].dir)
         value = ev.get(metric) if metric else None
         if value is None:
             cl.items.append(Item("criteria", "score", "FAIL", f"no {metric or 'headline metric'} to compare with "
@@ -360,8 +360,8 @@ def build_checklist(run_dir: Path, success: SuccessSpec | None = None) -> Checkl
     return cl
 
 
-def _fleet_after(run_dir: Path, run: E.RunEvidence, success: SuccessSpec, cl: Checklist) -> None:
-    board = E.leaderboard_rows(run_dir)
+def _fleet_after(run_dir: Path, run: evidence.RunEvidence, success: SuccessSpec, cl: Checklist) -> None:
+    board = evidence.leaderboard_rows(run_dir)
     ranked = [r for r in board if r.get("rank") is not None]
     if not board:
         cl.items.append(Item("after", "leaderboard", "FAIL", "no leaderboard.json"))
@@ -372,7 +372,7 @@ def _fleet_after(run_dir: Path, run: E.RunEvidence, success: SuccessSpec, cl: Ch
                              f"{len(ranked)} of {len(board)} job(s) ranked"
                              + (f"; best {top['job']} score {top['score']:.4f}" if top else "")))
     cl.items.append(_export_item(run_dir, ranked, run.export_top))
-    manifest = E.read_json_or_none(run_dir / "manifest.json")
+    manifest = evidence.read_json_or_none(run_dir / "manifest.json")
     cl.items.append(Item("after", "manifest", "PASS" if manifest is not None else "FAIL",
                          f"manifest.json lists {len(manifest.get('models', []))} model(s)"
                          if isinstance(manifest, dict) else "no manifest.json"))

@@ -15,7 +15,7 @@ from typing import Any
 
 from musubi.config.run_files import RUN_FILES
 from musubi.data.job_version import dataset_version
-from musubi.records import evidence as E
+from musubi.records import evidence
 
 #: Throughput drop (B against A) flagged as a regression.
 REGRESSION = 0.10
@@ -66,7 +66,7 @@ def _breakdown(job_dir: Path) -> dict[str, float]:
     from musubi.telemetry.step_record import sections_ms
 
     sums: dict[str, list[float]] = {}
-    for rec in E.read_jsonl(job_dir / "telemetry" / "rank0.jsonl"):
+    for rec in evidence.read_jsonl(job_dir / "telemetry" / "rank0.jsonl"):
         if rec.get("kind") != "step":
             continue
         for k, v in sections_ms(rec).items():
@@ -77,18 +77,18 @@ def _breakdown(job_dir: Path) -> dict[str, float]:
 
 def job_figures(run_dir: Path, name: str, state: dict[str, Any] | None, board: dict[str, Any]) -> JobFigures:
     job_dir = run_dir / name
-    records = E.train_records(job_dir)
+    records = evidence.train_records(job_dir)
     peaks = [r["mem_peak_allocated_gib"] for r in records if isinstance(r.get("mem_peak_allocated_gib"), (int, float))]
-    util = E.gpu_utilisation(job_dir)
-    job = E.read_json_or_none(job_dir / RUN_FILES.job) or {}
+    util = evidence.gpu_utilisation(job_dir)
+    job = evidence.read_json_or_none(job_dir / RUN_FILES.job) or {}
     config = job.get("config") if isinstance(job.get("config"), dict) else None
     try:
         dataset = dataset_version(config) if config and "task" in config else None
     except Exception:  # noqa: BLE001 - a dataset gone since the run: no version, not a crash
         dataset = None
     return JobFigures(
-        samples_per_s=E.median_rate(records), peak_memory_gib=max(peaks) if peaks else None,
-        metrics=E.eval_metrics(job_dir), score=board.get("score"),
+        samples_per_s=evidence.median_rate(records), peak_memory_gib=max(peaks) if peaks else None,
+        metrics=evidence.eval_metrics(job_dir), score=board.get("score"),
         gpu_util=statistics.fmean(util.values()) if util else None, step_breakdown_s=_breakdown(job_dir),
         gpus=list((state or {}).get("gpus") or []),
         state=(state or {}).get("state") or job.get("status"), dataset=dataset)
@@ -96,7 +96,7 @@ def job_figures(run_dir: Path, name: str, state: dict[str, Any] | None, board: d
 
 def _jobs(run_dir: Path) -> dict[str, dict[str, Any]]:
     """{job: fleet state or {}} of a run, plus each job's config."""
-    fleet = E.read_json_or_none(run_dir / RUN_FILES.fleet)
+    fleet = evidence.read_json_or_none(run_dir / RUN_FILES.fleet)
     if isinstance(fleet, dict):
         return {n: s for n, s in (fleet.get("jobs") or {}).items() if isinstance(s, dict)}
     return {p.name: {} for p in sorted(run_dir.iterdir()) if p.is_dir() and (p / RUN_FILES.job).is_file()}
@@ -114,11 +114,11 @@ def compare_runs(run_a: Path, run_b: Path, regression: float = REGRESSION) -> di
         if not run.is_dir() or not _jobs(run):
             raise ConfigError(f"{run}: not a run directory (no fleet.json and no JOB/job.json); give the --out of "
                               "a `musubi run` or `musubi train`")
-    env_a, env_b = (E.read_json_or_none(r / RUN_FILES.env) or {} for r in (run_a, run_b))
-    cfg_a, cfg_b = ((E.read_json_or_none(r / RUN_FILES.run) or {}).get("config") or {} for r in (run_a, run_b))
+    env_a, env_b = (evidence.read_json_or_none(r / RUN_FILES.env) or {} for r in (run_a, run_b))
+    cfg_a, cfg_b = ((evidence.read_json_or_none(r / RUN_FILES.run) or {}).get("config") or {} for r in (run_a, run_b))
     jobs_a, jobs_b = _jobs(run_a), _jobs(run_b)
-    board_a = {r.get("job"): r for r in E.leaderboard_rows(run_a)}
-    board_b = {r.get("job"): r for r in E.leaderboard_rows(run_b)}
+    board_a = {r.get("job"): r for r in evidence.leaderboard_rows(run_a)}
+    board_b = {r.get("job"): r for r in evidence.leaderboard_rows(run_b)}
     out: dict[str, Any] = {
         "a": str(run_a), "b": str(run_b),
         "env_changes": diff(env_a, env_b, _ENV_NOISE),
@@ -128,8 +128,8 @@ def compare_runs(run_a: Path, run_b: Path, regression: float = REGRESSION) -> di
         "jobs": {}, "regressions": [],
     }
     for name in sorted(set(jobs_a) & set(jobs_b)):
-        ja = E.read_json_or_none(run_a / name / RUN_FILES.job) or {}
-        jb = E.read_json_or_none(run_b / name / RUN_FILES.job) or {}
+        ja = evidence.read_json_or_none(run_a / name / RUN_FILES.job) or {}
+        jb = evidence.read_json_or_none(run_b / name / RUN_FILES.job) or {}
         fa = job_figures(run_a, name, jobs_a[name], board_a.get(name, {}))
         fb = job_figures(run_b, name, jobs_b[name], board_b.get(name, {}))
         entry: dict[str, Any] = {

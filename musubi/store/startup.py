@@ -87,8 +87,6 @@ EVALUATION: tuple[tuple[str, str], ...] = (
 #: The evaluation step's last use of the GPU (its FPS measured, eval.json written): the fleet hands the job's GPUs to
 #: the job gated behind it from here, so what follows (an early export, on the CPU) runs beside that job's start.
 EVAL_GPU_DONE = "eval_gpu_done"
-#: The components that ran while the job's GPUs were still busy with the previous job's evaluation.
-OVERLAPPED = "waiting for the GPU (overlapped)"
 
 
 def mark(job_dir: Path, name: str, when: float | None = None) -> None:

@@ -20,8 +20,6 @@ from musubi.config.run_files import RUN_FILES
 PCIE_PATH_GBPS: dict[str, float] = {"PIX": 24.0, "PXB": 22.0, "PHB": 15.0, "NODE": 13.0, "SYS": 10.0}
 #: GB/s per direction of one NVLink (NVLink 3/4; NV18 on H100/H200 is 18 of them).
 NVLINK_GBPS = 25.0
-#: Best first; the classes a topology reports, for messages.
-LINK_ORDER = ("NV", "PIX", "PXB", "PHB", "NODE", "SYS")
 
 _NV = re.compile(r"NV(\d+)$")
 
