@@ -24,10 +24,10 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.runtime.helpers import final_state  # noqa: E402
+from tests.support.runs import final_state  # noqa: E402
 
 JOB = {
-    "name": "tiny", "task": "tests.runtime.tiny_task:make", "model": "mlp",
+    "name": "tiny", "task": "tests.support.tiny_task:make", "model": "mlp",
     "data": {"synthetic": {"train_size": 128, "val_size": 30}, "workers": 0},
     "train": {"epochs": 2, "batch": 8, "lr": 0.1, "base_batch": 16, "log_every": 4, "seed": 3, "min_batch": 2},
     "checkpoint": {"every_steps": 2},

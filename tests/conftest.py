@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 TINY_JOB: dict[str, Any] = {
     "name": "tiny",
-    "task": "tests.runtime.tiny_task:make",
+    "task": "tests.support.tiny_task:make",
     "model": "mlp",
     "data": {"synthetic": {"train_size": 128, "val_size": 30}, "workers": 0},
     "train": {"epochs": 2, "batch": 8, "lr": 0.1, "base_batch": 16, "log_every": 4, "seed": 3},

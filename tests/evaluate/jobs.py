@@ -40,7 +40,7 @@ DETECT = {
 
 TINY_USER = {
     "name": "mlp-tiny",
-    "task": "tests.runtime.tiny_task:make",
+    "task": "tests.support.tiny_task:make",
     "model": "mlp",
     "data": {"synthetic": {"train_size": 32, "val_size": 8}, "workers": 0},
 }

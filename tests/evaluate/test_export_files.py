@@ -155,7 +155,7 @@ def test_torchrun_detector_stopped_mid_epoch_is_validated_and_exports(tmp_path: 
     from typer.testing import CliRunner
 
     from musubi.cli import app
-    from tests.runtime.helpers import train
+    from tests.support.runs import train
 
     images, ann = coco_files(tmp_path / "data", "jpg")
     split = {"path": str(images), "annotations": str(ann)}

@@ -51,7 +51,7 @@ def test_run_writes_only_inside_out_with_umask_and_no_secrets(tmp_path: Path) ->
         d.mkdir()
     (home / ".bashrc").write_text("# own\n")
     job = cwd / "tiny.yaml"
-    job.write_text("name: tiny\ntask: tests.runtime.tiny_task:make\nmodel: mlp\n"
+    job.write_text("name: tiny\ntask: tests.support.tiny_task:make\nmodel: mlp\n"
                    "data: {synthetic: {train_size: 64, val_size: 16}, workers: 0}\n"
                    "train: {epochs: 1, batch: 8, lr: 0.1, log_every: 2}\ncheckpoint: {every_steps: 2}\n")
     out = tmp_path / "runs" / "r1"

@@ -282,7 +282,7 @@ def test_eval_lines_state_what_the_files_hold(tmp_path: Path) -> None:
 
 @pytest.mark.timeout(300)
 def test_musubi_train_ends_with_its_checklist(tiny_job, tmp_path: Path) -> None:
-    from tests.runtime.helpers import train
+    from tests.support.runs import train
 
     code, out = train(str(tiny_job()), "--nproc", "2", "--out", str(tmp_path / "run"), "--no-check")
     assert code == 0, out

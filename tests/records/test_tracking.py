@@ -15,7 +15,7 @@ from musubi.store.tracking import check_tracking
 @pytest.mark.timeout(300)
 def test_a_job_logs_to_a_local_mlflow_store(tiny_job, tmp_path: Path, monkeypatch) -> None:
     mlflow = pytest.importorskip("mlflow")  # the `mlflow` extra, installed by `make test`
-    from tests.runtime.helpers import train
+    from tests.support.runs import train
 
     job = tiny_job(tracking={"mlflow": True, "mlflow_experiment": "exp-1"})
     code, out = train(str(job), "--nproc", "2", "--out", str(tmp_path / "run"), "--no-check")

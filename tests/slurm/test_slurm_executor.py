@@ -21,11 +21,11 @@ from musubi.cli import app
 from musubi.config.load import load_fleet
 from musubi.fleet.slurm import batch_script, nice_values, sbatch_options
 from tests.conftest import REPO
-from tests.runtime.helpers import final_state
+from tests.support.runs import final_state
 
 FLEET = {
     "name": "sf",
-    "defaults": {"task": "tests.runtime.tiny_task:make", "model": "mlp",
+    "defaults": {"task": "tests.support.tiny_task:make", "model": "mlp",
                  "data": {"synthetic": {"train_size": 192, "val_size": 30}, "workers": 0},
                  "train": {"epochs": 2, "batch": 8, "lr": 0.1, "base_batch": 16, "log_every": 4, "seed": 3,
                            "deterministic": True, "pin_cpus": False},

@@ -1,7 +1,7 @@
 """DETR-family detectors (transformers' RT-DETR v1/v2, D-FINE): presets, training, mAP, ONNX export, refusals.
 
 Tiny configs (a few hundred thousand parameters, 64-pixel images) keep each case to seconds on a CPU.
-The distributed bitwise resume of these models is tests/runtime/test_detr_resume.py.
+The distributed bitwise resume of these models is tests/checkpoint/resume_matrix/ (test_resume_rtdetr.py, test_resume_dfine.py).
 """
 
 from __future__ import annotations
@@ -194,7 +194,7 @@ def test_probe_and_oom_recovery_on_two_ranks(tmp_path: Path, monkeypatch: pytest
     """`batch: auto` and the OOM guard with a DETR model (one launch, 2 gloo ranks): the probe's real
     forward+backward+optimizer steps agree on the smaller rank's simulated limit, then an OOM in rank 1's
     backward is recovered by a coordinated restart at half the micro-batch, twice the accumulation."""
-    from tests.runtime.helpers import train
+    from tests.support.runs import train
 
     job = {**_config("rtdetr_r18"), "name": "probe"}
     job["data"]["synthetic"].update(train_size=32)

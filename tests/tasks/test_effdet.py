@@ -181,7 +181,7 @@ def test_resume_is_bitwise_on_two_ranks(tmp_path: Path) -> None:
     """
     import shutil
 
-    from tests.runtime.helpers import bitwise_equal, committed_steps, every_tensor, train
+    from tests.support.runs import bitwise_equal, committed_steps, every_tensor, train
 
     job = _config(name="job")
     job["data"] = {**job["data"], "workers": 1}

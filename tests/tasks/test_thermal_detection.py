@@ -17,7 +17,7 @@ from musubi.data.augment import Augment
 from musubi.data.synthetic_files import SyntheticFiles, write_synthetic_coco
 from musubi.tasks.detection import DetectionTask
 from musubi.tasks.stem import adapt_stem
-from tests.runtime.helpers import train
+from tests.support.runs import train
 
 DETECTOR = "fasterrcnn_mobilenet_v3_large_320_fpn"
 

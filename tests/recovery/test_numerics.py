@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from musubi.recovery.numerics import safer_precision, trained_precision
-from tests.runtime.helpers import train
+from tests.support.runs import train
 
 pytestmark = pytest.mark.timeout(400)
 

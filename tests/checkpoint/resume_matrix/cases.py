@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 from musubi.tasks import detr
-from tests.runtime.helpers import bitwise_equal, committed_steps, every_tensor, train
+from tests.support.runs import bitwise_equal, committed_steps, every_tensor, train
 from tests.tasks.detr_tiny import TINY_DFINE, TINY_RTDETR
 
 #: Every file of the matrix: end to end (torchrun), and a case's 3-4 launches well inside this timeout.
@@ -76,7 +76,7 @@ CASES: dict[str, tuple[dict[str, Any], list[int]]] = {
     }, [2]),
     # A user task with BatchNorm under FSDP2, which never broadcasts buffers by itself.
     "user-task-batchnorm-fsdp-accumulation": ({
-        "task": "tests.runtime.tiny_task:make", "model": "mlp", "model_args": {"batchnorm": True},
+        "task": "tests.support.tiny_task:make", "model": "mlp", "model_args": {"batchnorm": True},
         "data": {"synthetic": {"train_size": 64, "val_size": 16}},
         "train": {"epochs": 2, "batch": 4, "accumulation": 2, "lr": 0.1, "base_batch": 16, "strategy": "fsdp"},
         "checkpoint": {"every_steps": 3},

@@ -12,7 +12,7 @@ import pytest
 from musubi.config.job import EarlyStopSpec
 from musubi.worker.early_stop import EarlyStop
 from tests.conftest import write_tiny_job
-from tests.runtime.helpers import committed_steps, train
+from tests.support.runs import committed_steps, train
 
 STEPS_PER_EPOCH = 8  # the tiny job: 128 samples / (8 per rank x 2 ranks)
 EPOCHS = 12

@@ -1,6 +1,6 @@
 """A refactor keeps recorded losses identical: a tiny deterministic 2-rank job against committed figures.
 
-tests/runtime/expected_losses.json was recorded before the trainer's step was split into
+tests/worker/expected_losses.json was recorded before the trainer's step was split into
 forward_backward / optimizer_step (torch 2.14, CPU, gloo); the step's losses must not move.
 """
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.runtime.helpers import train
+from tests.support.runs import train
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 

@@ -17,7 +17,7 @@ from musubi.config.errors import ConfigError
 from musubi.launch.launch import torchrun_argv
 from musubi.launch.multinode import make_rendezvous, parse_endpoint
 from tests.conftest import REPO
-from tests.runtime.helpers import final_state, train
+from tests.support.runs import final_state, train
 
 
 def _free_port() -> int:

@@ -16,7 +16,7 @@ from musubi.config.load import job_from_dict
 from musubi.recovery.inject import parse
 from musubi.recovery.memory import shrink_after_oom
 from tests.conftest import TINY_JOB, _merge
-from tests.runtime.helpers import final_state, train
+from tests.support.runs import final_state, train
 
 OOM_JOB = {"train": {"min_batch": 2}, "checkpoint": {"every_steps": 2}}
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.runtime.resume_matrix.cases import MARKS, check_stop_and_resume, params, train_uninterrupted
+from tests.checkpoint.resume_matrix.cases import MARKS, check_stop_and_resume, params, train_uninterrupted
 
 pytestmark = MARKS
 

@@ -10,7 +10,7 @@ import torch
 
 from musubi.store.startup import LAUNCHER, components, marks_of
 from tests.conftest import write_tiny_job
-from tests.runtime.helpers import final_state, train
+from tests.support.runs import final_state, train
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from musubi.evaluate.model_io import load_job_model, predict
-from tests.runtime.resume_matrix.cases import MARKS, check_stop_and_resume, train_uninterrupted
+from tests.checkpoint.resume_matrix.cases import MARKS, check_stop_and_resume, train_uninterrupted
 
 pytestmark = MARKS
 CASE = "classification-resnet18-ddp-accumulation"

@@ -1,4 +1,4 @@
-"""A tiny user task (`tests.runtime.tiny_task:make`) for fast, exact runtime tests.
+"""A tiny user task (`tests.support.tiny_task:make`) for fast, exact runtime tests.
 
 A two-layer MLP on a fixed random regression-as-classification set: no batch
 norm and no dropout, so DDP over 2 ranks must equal 1 rank with twice the batch.
@@ -76,5 +76,5 @@ class TinyTask(Task):
 
 
 def make(spec) -> Task:
-    """Factory used as `task: tests.runtime.tiny_task:make`."""
+    """Factory used as `task: tests.support.tiny_task:make`."""
     return TinyTask(spec)

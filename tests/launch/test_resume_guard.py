@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.runtime.helpers import train
+from tests.support.runs import train
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 

@@ -11,7 +11,7 @@ import pytest
 
 from musubi.checkpoint.checkpoint import MARKER, committed_checkpoints, latest_checkpoint, verify
 from tests.conftest import write_tiny_job
-from tests.runtime.helpers import train
+from tests.support.runs import train
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
