@@ -57,9 +57,9 @@ def worker(args: argparse.Namespace) -> None:
 
     from musubi.checkpoint.saver import Checkpointer
     from musubi.config.load import job_from_dict
-    from musubi.recovery.inject import Injector
+    from musubi.contract.inject import Injector
+    from musubi.contract.world import init_world, shutdown_world
     from musubi.tasks.registry import build_task
-    from musubi.worker.world import init_world, shutdown_world
     from musubi.worker.wrap import wrap_model
 
     spec = job_from_dict(json.loads(Path(args.job_json).read_text()))

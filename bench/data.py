@@ -53,13 +53,13 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from musubi.config.job import JobSpec  # noqa: E402
+from musubi.contract.world import World  # noqa: E402
 from musubi.data.coco import CocoDetection  # noqa: E402
 from musubi.data.sliced import slice_coco  # noqa: E402
 from musubi.data.slicing import SliceParams  # noqa: E402
 from musubi.data.synthetic_files import SyntheticFiles, write_synthetic_coco  # noqa: E402
 from musubi.tasks.detection import DetectionTask  # noqa: E402
 from musubi.worker.feed.loaders import TrainFeed  # noqa: E402
-from musubi.worker.world import World  # noqa: E402
 
 #: The table's order. They run in --feeders' order (feeder by feeder, each on every set); should --budget-s
 #: cut the run short, the last ones go (the default order keeps torch's loader before musubi-workers).

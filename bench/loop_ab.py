@@ -105,18 +105,18 @@ def main() -> None:
 
     pinned = pin_rank(int(os.environ.get("LOCAL_RANK", "0")))  # as the worker: first thing, MUSUBI_CPUS if set
     import torch
+    from musubi.worker.loop import RunOptions, Trainer, settle_heap
 
     from musubi.config.load import load_job, read_yaml
+    from musubi.contract.world import init_world, shutdown_world
     from musubi.recovery.goodput import ProgressLog
     from musubi.recovery.watchdog import Heartbeat, Watchdog
     from musubi.tasks.registry import build_task
     from musubi.worker.feed.loaders import DEVICE_POOL
-    from musubi.worker.loop import RunOptions, Trainer, settle_heap
     from musubi.worker.pinning import configure_threads
     from musubi.worker.precision import autocast
     from musubi.worker.reporting import MetricsWriter, ProgressBar
     from musubi.worker.step_events import STEP_END
-    from musubi.worker.world import init_world, shutdown_world
 
     if args.cpu:
         os.environ["MUSUBI_DEVICE"] = "cpu"

@@ -201,7 +201,7 @@ class Case:
     #: saves trained through before the segments that count (a first asynchronous save starts DCP's checkpoint
     #: process, and the second save waits for that first one: not the steady state the case is about)
     warm_saves: int = 0
-    #: MUSUBI_INJECT for the job (recovery/inject.py): `slow` queues real matrix products on a GPU
+    #: MUSUBI_INJECT for the job (contract/inject.py): `slow` queues real matrix products on a GPU
     inject: str = ""
 
     def warm_segments(self, steps: int) -> int:

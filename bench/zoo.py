@@ -49,7 +49,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.provenance import commit  # noqa: E402
-from musubi.config.run_files import RUN_FILES  # noqa: E402
+from musubi.contract.run_files import RUN_FILES  # noqa: E402
 from musubi.data.synthetic_files import SyntheticFiles, write_synthetic_coco  # noqa: E402
 
 #: The thermal set the zoo fleets read (as their header's `musubi data synth` lines write it), by folder.

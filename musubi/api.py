@@ -21,8 +21,8 @@ from typing import Any
 import yaml
 
 from musubi.checkpoint.checkpoint import best_checkpoint, latest_checkpoint
-from musubi.config.errors import ConfigError
-from musubi.config.run_files import RUN_FILES
+from musubi.contract.errors import ConfigError
+from musubi.contract.run_files import RUN_FILES
 from musubi.records.evidence import read_json_or_none
 from musubi.store.rundir import read_jsonl
 

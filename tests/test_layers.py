@@ -17,16 +17,15 @@ ROOT = Path(__file__).resolve().parents[1] / "musubi"
 #: Lowest first. Launch and worker are two processes: neither imports the other (launch names the
 #: worker module as a string); what both need lives below them (config.batch_plan, checkpoint, recovery).
 LAYERS: list[tuple[str, ...]] = [
+    # The contract between processes: a rank's World and attempt, the torchrun entry, the fault-injection
+    # switch (MUSUBI_INJECT), the run directory's paths, the MUSUBI_* names, the error type for bad input.
+    ("musubi.contract",),
     ("musubi.config",),  # pydantic models and pure arithmetic (batch plan, LR rule): no torch
     ("musubi.topology",),
     ("musubi.plan",),
     ("musubi.store",),
     ("musubi.data",),
-    ("musubi.store.registry",),  # the model registry records the data version a model trained on (data.job_version)
     ("musubi.tasks",),
-    # What every process-side module shares: the torchrun contract (a rank's World and attempt, the torchrun
-    # entry) and the one fault-injection switch (MUSUBI_INJECT), read by the loop, the loaders and the writer.
-    ("musubi.worker.world", "musubi.launch.rendezvous", "musubi.recovery.inject"),
     ("musubi.telemetry",),
     ("musubi.preflight",),
     ("musubi.checkpoint",),
@@ -44,7 +43,7 @@ LAYERS: list[tuple[str, ...]] = [
 #: Two processes: a module of one side never imports the other side's packages (subpackages included),
 #: only what both share from the layer of the torchrun contract.
 SIDES = ("musubi.launch", "musubi.worker")
-SHARED = next(layer for layer in LAYERS if "musubi.worker.world" in layer)
+SHARED = ("musubi.contract",)
 
 #: (importing module, imported module) pairs that still break the order, and why they are left.
 KNOWN_BREACHES: dict[tuple[str, str], str] = {}
@@ -143,6 +142,6 @@ def test_a_forbidden_import_is_caught() -> None:
     found = breaches("musubi.launch.launch", imports_of(snippet, "musubi.launch.launch", False))
     assert len(found) == 2 and "musubi.worker.loop" in found[0] and "musubi.worker.feed.loaders" in found[1], found
     assert breaches("musubi.config.job", imports_of("import musubi.store.db\n", "musubi.config.job", False))
-    assert not breaches("musubi.launch.launch", imports_of("from ..worker import world\n", "musubi.launch.launch", False))
+    assert not breaches("musubi.launch.launch", imports_of("from ..contract import world\n", "musubi.launch.launch", False))
     assert not breaches("musubi.worker.loop", imports_of("from musubi.checkpoint import saver\n",
                                                           "musubi.worker.loop", False))

@@ -28,10 +28,10 @@ def test_the_checker_sees_a_private_import() -> None:
 
 
 def test_run_directory_files_are_named_in_one_place() -> None:
-    """`"job.json"` and its siblings are spelled in musubi/config/run_files.py only."""
+    """`"job.json"` and its siblings are spelled in musubi/contract/run_files.py only."""
     from dataclasses import fields
 
-    from musubi.config.run_files import RUN_FILES, RunFiles
+    from musubi.contract.run_files import RUN_FILES, RunFiles
 
     literals = {f'"{getattr(RUN_FILES, f.name)}"' for f in fields(RunFiles)}
     found = [f"{module_name(p, ROOT)}: {lit}" for p in sorted(ROOT.rglob("*.py")) if p.name != "run_files.py"

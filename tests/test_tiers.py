@@ -15,8 +15,8 @@ CONFTEST = Path(__file__).resolve().parent / "conftest.py"
 
 @pytest.mark.parametrize("argv, launches", [
     ([sys.executable, "-m", "torch.distributed.run", "--standalone", "-m", "musubi.worker.worker"], True),
-    ([sys.executable, "-m", "musubi.launch.rendezvous", "--nnodes", "2", "-m", "musubi.worker.worker"], True),
-    ([sys.executable, "-m", "musubi.launch.rendezvous", "--standalone"], True),
+    ([sys.executable, "-m", "musubi.contract.rendezvous", "--nnodes", "2", "-m", "musubi.worker.worker"], True),
+    ([sys.executable, "-m", "musubi.contract.rendezvous", "--standalone"], True),
     (["/opt/venv/bin/torchrun", "--nproc-per-node", "2", "train.py"], True),
     ([sys.executable, "-m", "musubi.cli", "train", "job.yaml", "--nproc", "2"], True),
     ([sys.executable, "-m", "musubi.cli", "run", "fleet.yaml"], True),

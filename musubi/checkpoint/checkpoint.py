@@ -49,8 +49,8 @@ from musubi.checkpoint.safe_dcp import (
     full_state,
     outside_link,
 )
-from musubi.config.errors import ConfigError
-from musubi.worker.world import World
+from musubi.contract.errors import ConfigError
+from musubi.contract.world import World
 
 log = logging.getLogger("musubi.checkpoint")
 

@@ -16,8 +16,8 @@ from typing import Any
 import torch
 
 from musubi.checkpoint import checkpoint as ckpt
-from musubi.config.errors import ConfigError
-from musubi.worker.world import World
+from musubi.contract.errors import ConfigError
+from musubi.contract.world import World
 
 log = logging.getLogger("musubi.checkpoint")
 

@@ -29,7 +29,7 @@ from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 
-from musubi.config.errors import ConfigError
+from musubi.contract.errors import ConfigError
 from musubi.tasks.weights import load_refusal
 
 _DCP_METADATA = "torch.distributed.checkpoint.metadata"

@@ -38,10 +38,10 @@ from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 from musubi.checkpoint import checkpoint as ckpt
 from musubi.checkpoint.daemons import record_daemon
 from musubi.checkpoint.staging import HostStager, holds_dtensor
-from musubi.config.errors import ConfigError, one_line
 from musubi.config.job import CheckpointSpec
-from musubi.recovery.inject import Injector
-from musubi.worker.world import World, side_group
+from musubi.contract.errors import ConfigError, one_line
+from musubi.contract.inject import Injector
+from musubi.contract.world import World, side_group
 
 log = logging.getLogger("musubi.checkpoint")
 
@@ -282,7 +282,7 @@ class Checkpointer:
         try:
             import psutil
 
-            from musubi.worker.world import attempt_id
+            from musubi.contract.world import attempt_id
 
             me = psutil.Process()
             while True:

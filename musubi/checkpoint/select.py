@@ -18,7 +18,7 @@ from musubi.checkpoint.checkpoint import (
     latest_checkpoint,
     verify,
 )
-from musubi.config.errors import ConfigError
+from musubi.contract.errors import ConfigError
 
 #: What `--checkpoint` takes besides a step number.
 CHOICES = ("best", "last")

@@ -11,8 +11,8 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from musubi.config.errors import ConfigError
-from musubi.config.run_files import RUN_FILES
+from musubi.contract.errors import ConfigError
+from musubi.contract.run_files import RUN_FILES
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Musubi: train a fleet of PyTorch models across many GPUs as one system.")

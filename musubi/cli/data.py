@@ -15,7 +15,7 @@ from typing import Any
 import typer
 from rich.console import Console
 
-from musubi.config.errors import ConfigError
+from musubi.contract.errors import ConfigError
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 #: Offenders printed per problem kind on the console (--json lists them all).

@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.text import Text
 
-from musubi.config.errors import ConfigError
+from musubi.contract.errors import ConfigError
 
 
 def _fail(message: str) -> None:

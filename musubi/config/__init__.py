@@ -1,12 +1,12 @@
 """Validated configuration models (pydantic) and their YAML loading. No torch here.
 
-`JobSpec` and `load_job` are loaded on first use, so `musubi.config.errors` (imported by
+`JobSpec` and `load_job` are loaded on first use, so `musubi.contract.errors` (imported by
 data and runtime code) works where pydantic is not installed (bench/ on a bare GPU machine).
 """
 
 from typing import Any
 
-from musubi.config.errors import ConfigError
+from musubi.contract.errors import ConfigError
 
 __all__ = ["ConfigError", "JobSpec", "load_job"]
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from musubi.config.errors import ConfigError
 from musubi.config.job import JobSpec
+from musubi.contract.errors import ConfigError
 
 
 def scale_lr(base_lr: float, global_batch: int, base_batch: int | None, rule: str) -> float:

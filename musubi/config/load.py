@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from musubi.config.errors import ConfigError, one_line
 from musubi.config.job import JobSpec
+from musubi.contract.errors import ConfigError, one_line
 
 if TYPE_CHECKING:
     from musubi.config.fleet import FleetSpec

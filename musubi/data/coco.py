@@ -25,7 +25,7 @@ from torch import Tensor
 from torch.utils.data import Dataset
 from torchvision.transforms.functional import pil_to_tensor
 
-from musubi.config.errors import ConfigError
+from musubi.contract.errors import ConfigError
 from musubi.data import guards
 from musubi.data.classmap import ClassMap, apply_class_map
 from musubi.data.pixels import SINGLE_CHANNEL_MODES, read_single_channel

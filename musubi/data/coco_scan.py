@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from musubi.config.errors import ConfigError, split_error
+from musubi.contract.errors import ConfigError, split_error
 
 #: Reference problems that make musubi.data.coco refuse the file (reported per offender instead).
 BLOCKING = ("duplicate_image_id", "unknown_image", "unknown_category")

@@ -23,7 +23,7 @@ from typing import Any
 
 from PIL import Image
 
-from musubi.config.errors import ConfigError
+from musubi.contract.errors import ConfigError
 
 #: PIL's own decompression-bomb limit (~89.5 MP: a 1024 MiB RGBA image); the default maximum.
 DEFAULT_MAX_IMAGE_PIXELS = 89_478_485

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from musubi.config.errors import ConfigError
+from musubi.contract.errors import ConfigError
 from musubi.data.version import hash_dataset
 
 #: Synthetic-spec keys that change where samples are generated, not which samples.

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
-from musubi.config.errors import ConfigError
+from musubi.contract.errors import ConfigError
 
 #: Separates an explicit image directory from its annotation file: IMAGES_DIR::ANN.json.
 PAIR_SEPARATOR = "::"

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from musubi.config.errors import ConfigError
+from musubi.contract.errors import ConfigError
 from musubi.data import guards
 from musubi.data.version import coco_files, hash_files
 from musubi.store.pixelcache import lookup_pixel_stats, store_pixel_stats

@@ -28,7 +28,7 @@ from PIL import Image
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from musubi.config.errors import ConfigError
+from musubi.contract.errors import ConfigError
 from musubi.data.coco import CocoDetection
 from musubi.data.slicing import SliceParams, TileRef, Window, plan_tiles
 

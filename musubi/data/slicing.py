@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from musubi.config.errors import ConfigError
+from musubi.contract.errors import ConfigError
 
 Window = tuple[int, int, int, int]  # x0, y0, x1, y1 in frame pixels
 

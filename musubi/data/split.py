@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from musubi.config.errors import ConfigError
+from musubi.contract.errors import ConfigError
 from musubi.data.coco import CocoDetection, read_annotation_json
 from musubi.data.leakage import find_leaks, identical_pairs, near_pairs, split_images, thumbnails
 

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from musubi.config.errors import ConfigError
+from musubi.contract.errors import ConfigError
 
 if TYPE_CHECKING:  # the config (pydantic) stays out of data code that runs without it (bench/, workers)
     from musubi.config.job import SyntheticSpec

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from musubi.config.errors import ConfigError
+from musubi.contract.errors import ConfigError
 
 #: Where `write_synthetic_coco` puts things inside OUT.
 IMAGE_DIR = "images"

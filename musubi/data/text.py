@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from musubi.config.errors import ConfigError
+from musubi.contract.errors import ConfigError
 from musubi.data.synthetic_classification import CLASS_STREAM, TRAIN_STREAM, sample_seed
 
 #: Probability that a synthetic token is replaced by a uniformly random one.

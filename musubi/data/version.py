@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from musubi.config.errors import ConfigError
+from musubi.contract.errors import ConfigError
 from musubi.data.layout import find_image_dir, folder_layout
 from musubi.store.hashcache import Key, lookup_digests, store_digests
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from musubi.config.errors import ConfigError
+from musubi.contract.errors import ConfigError
 from musubi.data.version import hash_dataset
 from musubi.store.rundir import read_json, write_json
 

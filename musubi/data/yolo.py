@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 from PIL import Image
 
-from musubi.config.errors import ConfigError
+from musubi.contract.errors import ConfigError
 from musubi.data.coco import check_relative_name, read_annotation_json
 from musubi.data.coco_scan import BLOCKING, scan_entries, scan_references
 

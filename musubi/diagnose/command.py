@@ -10,7 +10,7 @@ from typing import Any
 import typer
 from rich.text import Text
 
-from musubi.config.errors import ConfigError
+from musubi.contract.errors import ConfigError
 
 
 def _steps(window: str | None) -> tuple[int | None, int | None]:

@@ -15,7 +15,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from musubi.config.errors import ConfigError
+from musubi.contract.errors import ConfigError
 from musubi.diagnose.timeline import JobTelemetry
 from musubi.telemetry.spans import SECTIONS
 from musubi.telemetry.step_record import local_work_ms, sections_ms, wall_ms

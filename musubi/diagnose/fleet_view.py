@@ -11,7 +11,7 @@ from html import escape
 from pathlib import Path
 from typing import Any, Protocol
 
-from musubi.config.run_files import RUN_FILES
+from musubi.contract.run_files import RUN_FILES
 from musubi.records.attempts import attempts_of
 from musubi.store.rundir import read_json
 from musubi.store.startup import COMPONENTS, EVAL_START, EVALUATION, FIRST_STEP, LAUNCHER

@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from musubi.config.run_files import RUN_FILES
+from musubi.contract.run_files import RUN_FILES
 from musubi.diagnose import figures
 from musubi.diagnose.fleet_view import fleet_section
 from musubi.diagnose.timeline import JobTelemetry

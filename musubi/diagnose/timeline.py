@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from musubi.config.run_files import RUN_FILES
+from musubi.contract.run_files import RUN_FILES
 from musubi.store.rundir import read_jsonl
 
 

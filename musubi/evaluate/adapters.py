@@ -24,7 +24,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from musubi.config.errors import ConfigError
+from musubi.contract.errors import ConfigError
 
 #: The file each format writes, searched under the job directory (or metrics_from.path).
 FILES = {"ultralytics": "results.csv", "lightning": "metrics.csv", "hf-trainer": "trainer_state.json"}

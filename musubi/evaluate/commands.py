@@ -16,9 +16,9 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from musubi.config.errors import ConfigError
-from musubi.config.run_files import RUN_FILES
-from musubi.store.registry import warn_skipped
+from musubi.contract.errors import ConfigError
+from musubi.contract.run_files import RUN_FILES
+from musubi.evaluate.registry import warn_skipped
 
 registry_app = typer.Typer(add_completion=False, no_args_is_help=True,
                            help="Registered models: list, register, promote, demote, deployment manifest.")
@@ -211,7 +211,7 @@ def leaderboard_command(
 def _print_history(run_dir: Path, as_json: bool) -> None:
     import datetime as dt
 
-    from musubi.store.registry import leaderboard_history, resolve_db
+    from musubi.evaluate.registry import leaderboard_history, resolve_db
 
     if not Path(run_dir).is_dir():
         _fail(f"{run_dir}: no such run directory")
@@ -352,7 +352,7 @@ def registry_list(
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """List registered models and versions (promoted ones marked)."""
-    from musubi.store.registry import existing_db, list_models
+    from musubi.evaluate.registry import existing_db, list_models
 
     try:
         path = existing_db(db)
@@ -377,7 +377,7 @@ def registry_register(
     db: Path | None = typer.Option(None, "--db", help="Registry database (default: musubi.db beside the run)."),
 ) -> None:
     """Register a job's exported model as the next version of its name."""
-    from musubi.store.registry import DEFAULT_DB, register, resolve_db
+    from musubi.evaluate.registry import DEFAULT_DB, register, resolve_db
 
     try:
         entry = register(job_dir, name=name, db=db)
@@ -399,7 +399,7 @@ def registry_promote(
                                          "(default: manifest.json beside the database)."),
 ) -> None:
     """Promote a model version for deployment and rewrite the deployment manifest."""
-    from musubi.store.registry import existing_db, promote, write_manifest
+    from musubi.evaluate.registry import existing_db, promote, write_manifest
 
     try:
         path = existing_db(db)
@@ -419,7 +419,7 @@ def registry_manifest(
     out: Path | None = typer.Option(None, "-o", "--out", help="Output (default: manifest.json beside the database)."),
 ) -> None:
     """Write the deployment manifest: promoted models, files with sha256, input spec, measured FPS."""
-    from musubi.store.registry import existing_db, write_manifest
+    from musubi.evaluate.registry import existing_db, write_manifest
 
     try:
         path = existing_db(db)
@@ -441,7 +441,7 @@ def registry_demote(
                                          "(default: manifest.json beside the database)."),
 ) -> None:
     """Take a model version out of deployment (also one whose run was deleted) and rewrite the manifest."""
-    from musubi.store.registry import demote, existing_db, write_manifest
+    from musubi.evaluate.registry import demote, existing_db, write_manifest
 
     name, _, ver = model.partition(":")
     try:
@@ -466,7 +466,7 @@ def registry_rebuild(
     db: Path | None = typer.Option(None, "--db", help="Database to rebuild (default RUNS_ROOT/musubi.db)."),
 ) -> None:
     """Restore the registry from the run directories (each job's export/registered.json)."""
-    from musubi.store.registry import rebuild_registry
+    from musubi.evaluate.registry import rebuild_registry
 
     try:
         count = rebuild_registry(runs_root, db=db)

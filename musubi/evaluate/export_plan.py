@@ -9,7 +9,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
-from musubi.config.errors import ConfigError
+from musubi.contract.errors import ConfigError
 from musubi.evaluate.model_io import JobModel
 from musubi.tasks.detr import is_detr_model
 from musubi.tasks.efficientdet import is_effdet_model

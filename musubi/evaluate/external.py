@@ -17,8 +17,8 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from musubi.config.errors import ConfigError
 from musubi.config.load import format_validation_error
+from musubi.contract.errors import ConfigError
 from musubi.evaluate.score import KNOWN_PRIMARY
 
 #: An eval.json larger than this is refused unread (it is a few hundred bytes).

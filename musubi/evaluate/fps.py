@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from musubi.config.errors import ConfigError
+from musubi.contract.errors import ConfigError
 from musubi.evaluate.model_io import JobModel, sample_batch
 
 #: (warm-up, timed runs) by device type: a GPU run costs milliseconds, a CPU detector ~0.1 s.

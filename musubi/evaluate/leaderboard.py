@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from musubi.config.errors import ConfigError
-from musubi.config.run_files import RUN_FILES
+from musubi.contract.errors import ConfigError
+from musubi.contract.run_files import RUN_FILES
 from musubi.evaluate.score import (
     DEFAULT_MIN_QUALITY,
     DEFAULT_QUALITY_FLOOR,
@@ -251,7 +251,7 @@ def build_leaderboard(run_dir: Path, weights: tuple[float, float] = (0.7, 0.3), 
     header["created"] = dt.datetime.now(dt.timezone.utc).isoformat()
     write_json(run_dir / LEADERBOARD_FILE, {**header, "rows": rows})
     if history:
-        from musubi.store.registry import record_leaderboard
+        from musubi.evaluate.registry import record_leaderboard
 
         try:
             record_leaderboard(run_dir, rows)

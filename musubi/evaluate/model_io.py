@@ -11,10 +11,10 @@ from torch import nn
 
 from musubi.checkpoint.checkpoint import STATE_FILE, read_full_state
 from musubi.checkpoint.select import select_checkpoint
-from musubi.config.errors import ConfigError
 from musubi.config.job import JobSpec
 from musubi.config.load import job_from_dict
-from musubi.config.run_files import RUN_FILES
+from musubi.contract.errors import ConfigError
+from musubi.contract.run_files import RUN_FILES
 from musubi.store.rundir import read_json
 from musubi.tasks.base import Task
 from musubi.tasks.registry import build_task

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from musubi.config.errors import ConfigError, one_line
+from musubi.contract.errors import ConfigError, one_line
 from musubi.evaluate.detector_stages import (
     PROBE_OUTPUTS,
     detector_cuts,
@@ -38,7 +38,7 @@ from musubi.evaluate.parity import (
     merge,
 )
 from musubi.evaluate.recipe import inference_recipe, stamp_onnx
-from musubi.store.registry import file_sha256
+from musubi.evaluate.registry import file_sha256
 from musubi.store.rundir import write_json
 from musubi.tasks.rebuild import model_recipe
 

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from musubi.config.errors import ConfigError
+from musubi.contract.errors import ConfigError
 from musubi.evaluate.predict_sources import Frame, HostImage, read_frame, resolve_source
 from musubi.evaluate.predictions import coco_results
 from musubi.evaluate.predictors import Predictor, load_predictor

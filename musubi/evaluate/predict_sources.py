@@ -22,7 +22,7 @@ from PIL import Image
 from torch import Tensor
 from torchvision.transforms.functional import pil_to_tensor
 
-from musubi.config.errors import ConfigError
+from musubi.contract.errors import ConfigError
 from musubi.data import guards
 from musubi.data.pixels import read_single_channel
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from musubi.config.errors import ConfigError
+from musubi.contract.errors import ConfigError
 from musubi.data.classmap import apply_class_map
 from musubi.data.coco import CocoDetection, read_annotation_json
 from musubi.evaluate.fps import resolve_device

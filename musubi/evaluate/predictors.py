@@ -18,8 +18,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from musubi.config.errors import ConfigError
-from musubi.config.run_files import RUN_FILES
+from musubi.contract.errors import ConfigError
+from musubi.contract.run_files import RUN_FILES
 from musubi.data.slicing import sliced_predict
 from musubi.evaluate.predict_sources import HostImage, model_input
 from musubi.evaluate.recipe import onnx_recipe
@@ -158,7 +158,7 @@ class OnnxPredictor(Predictor):
 
 def _registered(name: str, db: Path | None) -> tuple[Path, str]:
     """The ONNX file of a registered NAME[:VERSION] (the promoted version, else the newest) and a description."""
-    from musubi.store.registry import existing_db, get_model, list_models
+    from musubi.evaluate.registry import existing_db, get_model, list_models
 
     path = existing_db(db)
     base, _, version = name.partition(":")

@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from musubi.config.errors import ConfigError
+from musubi.contract.errors import ConfigError
 from musubi.data.slicing import MAX_MERGED_DETECTIONS, MERGE_LIMIT
 from musubi.evaluate.export_plan import IMAGENET_MEAN, IMAGENET_STD
 from musubi.evaluate.model_io import JobModel

@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from musubi.config.errors import ConfigError
+from musubi.contract.errors import ConfigError
 
 #: The quality metric by built-in task (user tasks: their primary_metric).
 QUALITY_BY_TASK = {"detection": "map50", "classification": "top1", "lm": "val_acc"}

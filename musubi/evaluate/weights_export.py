@@ -17,11 +17,11 @@ from typing import Any
 
 import torch
 
-from musubi.config.errors import ConfigError
+from musubi.contract.errors import ConfigError
 from musubi.evaluate.model_io import load_job_model
 from musubi.evaluate.onnx_export import EXPORT_DIR
 from musubi.evaluate.recipe import inference_recipe
-from musubi.store.registry import file_sha256
+from musubi.evaluate.registry import file_sha256
 from musubi.store.rundir import write_json
 from musubi.tasks.rebuild import model_recipe, rebuild_model
 from musubi.tasks.weights import weights_mismatch

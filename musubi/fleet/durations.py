@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from musubi.config.fleet import CommandJob, TaskJob
-from musubi.config.run_files import RUN_FILES
+from musubi.contract.run_files import RUN_FILES
 from musubi.fleet.packer import Demand
 from musubi.fleet.sharing import measured_slowdown
 from musubi.records.evidence import gpu_peak_gib, gpu_utilisation, machine_key

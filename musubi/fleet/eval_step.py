@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from musubi.config.errors import ConfigError
-from musubi.config.run_files import RUN_FILES
+from musubi.contract.errors import ConfigError
+from musubi.contract.run_files import RUN_FILES
 from musubi.evaluate.leaderboard import collect_jobs, rank_jobs
 from musubi.evaluate.score import ScoreRule
 from musubi.store.startup import EVAL_GPU_DONE, mark, wait_for_file

@@ -12,9 +12,9 @@ from typing import Any
 
 import yaml
 
-from musubi.config.errors import ConfigError
 from musubi.config.fleet import CommandJob, TaskJob
-from musubi.config.run_files import RUN_FILES
+from musubi.contract.errors import ConfigError
+from musubi.contract.run_files import RUN_FILES
 from musubi.recovery.numerics import trained_precision
 from musubi.topology.model import parse_cpulist
 

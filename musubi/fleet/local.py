@@ -28,9 +28,9 @@ from rich.table import Table
 from rich.text import Text
 
 from musubi.checkpoint.checkpoint import latest_checkpoint
-from musubi.config.errors import ConfigError
 from musubi.config.fleet import CommandJob, FleetSpec, LeaderboardSpec, TaskJob
-from musubi.config.run_files import RUN_FILES
+from musubi.contract.errors import ConfigError
+from musubi.contract.run_files import RUN_FILES
 from musubi.fleet import jobs
 from musubi.fleet.durations import Estimate, demand_of, estimate, machine_of, record_run, record_shared_run
 from musubi.fleet.gpu_watch import stop_watching, watch_command
@@ -122,7 +122,7 @@ def previous_best(runs_base: Path, fleet_name: str, current: Path) -> str | None
     """
     candidates: list[Path] = [p for p in runs_base.iterdir() if p.is_dir()] if runs_base.is_dir() else []
     try:
-        from musubi.store.registry import leaderboard_history
+        from musubi.evaluate.registry import leaderboard_history
 
         candidates += [Path(h["run_dir"]) for h in leaderboard_history(run_dir=current)]
     except Exception:  # noqa: BLE001 - an unreadable store only costs the ordering hint

@@ -5,9 +5,9 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from musubi.config.errors import ConfigError
 from musubi.config.fleet import FleetSpec
-from musubi.config.run_files import RUN_FILES
+from musubi.contract.errors import ConfigError
+from musubi.contract.run_files import RUN_FILES
 from musubi.topology.cores import CorePlan, partition_cores, read_cpus
 from musubi.topology.model import NodeTopology, format_cpulist
 from musubi.topology.read import env_topology, load_topology, numa_nodes, read_node_topology

@@ -20,10 +20,10 @@ from typing import Any
 
 from rich.console import Console
 
-from musubi.config.errors import ConfigError
 from musubi.config.fleet import FleetSpec, TaskJob
 from musubi.config.load import load_fleet
-from musubi.config.run_files import RUN_FILES
+from musubi.contract.errors import ConfigError
+from musubi.contract.run_files import RUN_FILES
 from musubi.data.job_version import dataset_env
 from musubi.fleet.jobs import check_command
 from musubi.fleet.local import JobState, LocalFleet

@@ -9,9 +9,9 @@ from pathlib import Path
 from rich.console import Console
 
 from musubi.checkpoint.checkpoint import latest_checkpoint
-from musubi.config.errors import ConfigError, one_line
 from musubi.config.fleet import FleetSpec
-from musubi.config.run_files import RUN_FILES
+from musubi.contract.errors import ConfigError, one_line
+from musubi.contract.run_files import RUN_FILES
 from musubi.evaluate.leaderboard import nothing_to_ship
 from musubi.store.rundir import read_json
 
@@ -68,7 +68,7 @@ def _ship_table(metric: str, ranked: list[dict], spec: FleetSpec, run_dir: Path,
                 early: list[str]) -> str:
     """Ship the top-k of one table (a model that cannot be exported passes to the next); the verdict line."""
     from musubi.evaluate import export_job
-    from musubi.store.registry import promote, register
+    from musubi.evaluate.registry import promote, register
 
     lb = spec.leaderboard
     shipped: list[str] = []
@@ -119,7 +119,7 @@ def _ship_table(metric: str, ranked: list[dict], spec: FleetSpec, run_dir: Path,
 def _print_board_and_manifest(run_dir: Path, console: Console) -> None:
     """The leaderboard tables, then the deployment manifest written (a registry problem never hides the ranking)."""
     from musubi.evaluate.commands import print_leaderboard
-    from musubi.store.registry import write_manifest
+    from musubi.evaluate.registry import write_manifest
 
     print_leaderboard(run_dir, console)
     try:
@@ -127,6 +127,6 @@ def _print_board_and_manifest(run_dir: Path, console: Console) -> None:
     except ConfigError as e:
         console.print(f"manifest: {one_line(e)}", highlight=False, markup=False)
         return
-    from musubi.store.registry import warn_skipped
+    from musubi.evaluate.registry import warn_skipped
 
     warn_skipped(data, console)

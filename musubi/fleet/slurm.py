@@ -26,9 +26,9 @@ from pathlib import Path
 
 from rich.console import Console
 
-from musubi.config.errors import ConfigError
 from musubi.config.fleet import CommandJob, FleetSpec, TaskJob
-from musubi.config.run_files import RUN_FILES
+from musubi.contract.errors import ConfigError
+from musubi.contract.run_files import RUN_FILES
 from musubi.fleet import jobs
 from musubi.fleet.local import JobState, fleet_states
 from musubi.store.rundir import write_json

@@ -16,7 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from musubi.config.errors import ConfigError
+from musubi.contract.errors import ConfigError
 from musubi.store.rundir import read_json
 
 #: Rendezvous ports of multi-node jobs: one per Slurm job id, so jobs sharing a first node do not collide.

@@ -13,7 +13,7 @@ import signal
 from collections.abc import Iterator
 from pathlib import Path
 
-from musubi.config.errors import ConfigError
+from musubi.contract.errors import ConfigError
 
 
 class FleetInterrupted(Exception):

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from musubi.config.batch_plan import scale_lr
-from musubi.config.errors import ConfigError
 from musubi.config.job import JobSpec
+from musubi.contract.errors import ConfigError
 
 #: Changes listed in an error line before "(+N more)".
 _SHOWN_CHANGES = 3

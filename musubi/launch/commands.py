@@ -10,7 +10,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from musubi.config.errors import ConfigError
+from musubi.contract.errors import ConfigError
 
 err_console = Console(stderr=True, soft_wrap=True)
 

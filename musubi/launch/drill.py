@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from musubi.config.errors import ConfigError
-from musubi.config.run_files import RUN_FILES
+from musubi.contract.errors import ConfigError
+from musubi.contract.run_files import RUN_FILES
 from musubi.store.rundir import read_jsonl
 
 FAULTS = ("kill", "hang", "ckpt_kill")

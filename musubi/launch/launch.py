@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from musubi.config.batch_plan import rule_line
-from musubi.config.errors import ConfigError
 from musubi.config.job import JobSpec
 from musubi.config.load import load_job
-from musubi.config.run_files import RUN_FILES
+from musubi.contract.errors import ConfigError
+from musubi.contract.run_files import RUN_FILES
 from musubi.data.job_version import dataset_env
 from musubi.data.pixels import fill_normalization
 from musubi.launch import admission
@@ -51,7 +51,7 @@ class TrainRequest:
     fleet_member: bool = False  # a job of a fleet: RUN/ belongs to the fleet, only RUN/JOB/ is ours
     quiet: bool = False  # rank 0's console output discarded (it is also in logs/rank0.log): drills
     argv: list[str] = field(default_factory=list)
-    # Multi-node (launch/rendezvous.py): one `musubi train` per node, the same arguments on each.
+    # Multi-node (contract/rendezvous.py): one `musubi train` per node, the same arguments on each.
     nnodes: int = 1
     node_rank: int = 0
     rdzv_endpoint: str | None = None
@@ -370,7 +370,7 @@ def torchrun_argv(job_dir: Path, nproc: int, resume: bool, stop_at_step: int | N
     `--max-restarts`: when a rank fails (an OOM, a crash), torchrun stops the others and
     restarts all of them (on every node); the workers resume from the newest committed checkpoint.
     """
-    from musubi.launch.rendezvous import torchrun_module
+    from musubi.contract.rendezvous import torchrun_module
 
     # torchrun behind a rendezvous bound to the endpoint's address (127.0.0.1 for `--standalone`), never to
     # every interface.
@@ -400,7 +400,7 @@ def worker_env(kind: str, nproc: int, deterministic: bool, job_dir: Path | None 
         env.update(diagnostic_env(job_dir, env))
     env["MUSUBI_DEVICE"] = kind
     env["PYTHONUNBUFFERED"] = "1"
-    from musubi.launch.rendezvous import single_node_env
+    from musubi.contract.rendezvous import single_node_env
 
     env.update(single_node_env(env))  # one node: the ranks' gloo/NCCL sockets listen on loopback only
     # Split the cores between ranks instead of letting each rank spawn one thread per core.

@@ -6,7 +6,7 @@ the first node (node rank 0) hosts at HOST:PORT; torchrun lays ranks out node by
 node (global rank = node's group rank x ranks per node + local rank), so the
 chattiest groups of a job stay inside a node. Musubi writes no rendezvous of its
 own: it only picks the arguments, the interface, and bounds the waiting; the store
-itself listens on the endpoint's address only (launch/rendezvous.py).
+itself listens on the endpoint's address only (contract/rendezvous.py).
 
 Interface: the agents and the gloo/NCCL sockets use the interface asked for
 (`--iface`), else the one this node routes to the endpoint through; never
@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from musubi.config.errors import ConfigError
+from musubi.contract.errors import ConfigError
 
 #: Default port of the rendezvous store on the first node (torchrun's own default).
 DEFAULT_PORT = 29400

@@ -16,7 +16,7 @@ import os
 import shutil
 from dataclasses import dataclass, field
 
-from musubi.config.errors import ConfigError
+from musubi.contract.errors import ConfigError
 from musubi.topology.cores import partition_cores, read_cpus
 from musubi.topology.model import NodeTopology, format_cpulist, parse_cpulist
 

@@ -173,7 +173,7 @@ def plan_command(
         model_spec = _resolve_spec(model, spec, seq)
         catalog_gpu = get_gpu(gpu)
         if topology is not None:
-            from musubi.config.errors import ConfigError
+            from musubi.contract.errors import ConfigError
             from musubi.topology.read import load_topology
 
             try:

@@ -14,7 +14,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from musubi.config.run_files import RUN_FILES
+from musubi.contract.run_files import RUN_FILES
 from musubi.plan.errors import PlanError
 
 PLAN_FILE = "plan.json"

@@ -277,8 +277,8 @@ def load_spec(path: Path) -> ModelSpec:
     """Read a model spec YAML (layers, hidden, heads, kv_heads, ffn_hidden, vocab, seq, experts, ...)."""
     if not path.is_file():
         raise PlanError(f"spec file {path} does not exist")
-    from musubi.config.errors import ConfigError
     from musubi.config.load import MAX_CONFIG_BYTES, SAFE_LOADER, check_document
+    from musubi.contract.errors import ConfigError
 
     if path.stat().st_size > MAX_CONFIG_BYTES:
         raise PlanError(f"spec file {path}: larger than {MAX_CONFIG_BYTES} bytes; a model spec is a few lines")

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import typer
 
-from musubi.config.errors import ConfigError
-from musubi.config.run_files import RUN_FILES
+from musubi.contract.errors import ConfigError
+from musubi.contract.run_files import RUN_FILES
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 

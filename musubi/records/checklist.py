@@ -19,8 +19,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from musubi.config.run_files import RUN_FILES
 from musubi.config.success import YOURS, SuccessSpec
+from musubi.contract.run_files import RUN_FILES
 from musubi.evaluate.leaderboard import nothing_to_ship
 from musubi.records import evidence
 from musubi.records.learning import Verdict, judge

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from musubi.config.run_files import RUN_FILES
+from musubi.contract.run_files import RUN_FILES
 from musubi.data.job_version import dataset_version
 from musubi.records import evidence
 
@@ -108,7 +108,7 @@ def _change(a: float | None, b: float | None) -> float | None:
 
 def compare_runs(run_a: Path, run_b: Path, regression: float = REGRESSION) -> dict[str, Any]:
     """Everything `musubi compare` prints, as data."""
-    from musubi.config.errors import ConfigError
+    from musubi.contract.errors import ConfigError
 
     for run in (run_a, run_b):
         if not run.is_dir() or not _jobs(run):

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from musubi.config.run_files import RUN_FILES
 from musubi.config.success import SuccessSpec
+from musubi.contract.run_files import RUN_FILES
 
 # One reader of JSON-lines records (torn lines skipped) and of the telemetry's step records.
 from musubi.store.rundir import read_jsonl as _read_jsonl

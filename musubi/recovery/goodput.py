@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from musubi.config.run_files import RUN_FILES
+from musubi.contract.run_files import RUN_FILES
 from musubi.recovery.repeats import error_signature, mark_repeats, signal_signature
 from musubi.store.rundir import read_jsonl
 

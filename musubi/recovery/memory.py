@@ -25,8 +25,8 @@ from typing import Any
 import torch
 
 from musubi.config.batch_plan import scale_lr
-from musubi.config.errors import ConfigError
 from musubi.config.job import JobSpec
+from musubi.contract.errors import ConfigError
 
 log = logging.getLogger("musubi.memory")
 

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from musubi.config.run_files import RUN_FILES
+from musubi.contract.run_files import RUN_FILES
 
 log = logging.getLogger("musubi")
 

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from musubi.config.job import WatchdogSpec
-from musubi.worker.world import attempt_id
+from musubi.contract.world import attempt_id
 
 log = logging.getLogger("musubi.watchdog")
 

@@ -41,7 +41,7 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from musubi.config.run_files import RUN_FILES
+from musubi.contract.run_files import RUN_FILES
 from musubi.store.rundir import read_jsonl
 
 #: (component, from mark, to mark) in the order of an attempt; a missing mark is skipped (the component then

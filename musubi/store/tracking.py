@@ -13,8 +13,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from musubi.config.errors import ConfigError
 from musubi.config.job import TrackingSpec
+from musubi.contract.errors import ConfigError
 
 log = logging.getLogger("musubi")
 

@@ -112,7 +112,7 @@ class Task(abc.ABC):
 
     def device_batch(self, batch_size: int, device: torch.device, generator: torch.Generator) -> Any:
         """One synthetic batch generated directly on `device` (for `synthetic.on_device`)."""
-        from musubi.config.errors import ConfigError
+        from musubi.contract.errors import ConfigError
 
         raise ConfigError(f"task {self.spec.task!r} has no on-device synthetic data; set synthetic.on_device: false")
 

@@ -16,8 +16,8 @@ from torchvision import transforms
 from torchvision.datasets import ImageFolder
 from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, has_file_allowed_extension
 
-from musubi.config.errors import ConfigError, one_line
 from musubi.config.job import JobSpec
+from musubi.contract.errors import ConfigError, one_line
 from musubi.data import guards
 from musubi.data import synthetic_classification as synth
 from musubi.data.classify_augment import ClassifyAugment

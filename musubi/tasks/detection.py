@@ -25,8 +25,8 @@ from torchvision.models.detection.retinanet import RetinaNet
 from torchvision.models.detection.ssd import SSD
 from torchvision.models.detection.transform import GeneralizedRCNNTransform
 
-from musubi.config.errors import ConfigError
 from musubi.config.job import DataSplit, JobSpec
+from musubi.contract.errors import ConfigError
 from musubi.data.augment import UNIT, Augment, Bounds, keep_inside
 from musubi.data.coco import CocoDetection
 from musubi.data.gpu_decode import DecodeStats, PackedBytes, decode_batch, pack_bytes, targets_to, unit_float

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from musubi.config.errors import ConfigError
+from musubi.contract.errors import ConfigError
 
 EXTRA_MESSAGE = "model {model}: needs effdet (EfficientDet, with timm): pip install 'musubi-train[effdet]'"
 

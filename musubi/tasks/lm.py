@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import Dataset
 
-from musubi.config.errors import ConfigError
+from musubi.contract.errors import ConfigError
 from musubi.data import text
 from musubi.data.synthetic_classification import TRAIN_STREAM, VAL_STREAM
 from musubi.plan.spec import TransformerSpec

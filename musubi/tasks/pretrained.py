@@ -23,7 +23,7 @@ from urllib.parse import urlparse
 import torch
 from torch import nn
 
-from musubi.config.errors import ConfigError
+from musubi.contract.errors import ConfigError
 from musubi.tasks.weights import check_weights, load_weights, read_state_dict
 
 log = logging.getLogger(__name__)

@@ -15,7 +15,7 @@ from typing import Any
 
 from torch import nn
 
-from musubi.config.errors import ConfigError
+from musubi.contract.errors import ConfigError
 from musubi.tasks.base import Task
 
 #: The recipe format; a reader refuses another.

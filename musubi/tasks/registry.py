@@ -6,8 +6,8 @@ import importlib
 import os
 import sys
 
-from musubi.config.errors import ConfigError
 from musubi.config.job import JobSpec
+from musubi.contract.errors import ConfigError
 from musubi.tasks.base import Task
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from musubi.config.errors import ConfigError
+from musubi.contract.errors import ConfigError
 
 
 def first_rgb_conv(model: nn.Module) -> tuple[str, nn.Conv2d]:

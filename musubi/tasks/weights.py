@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from musubi.config.errors import ConfigError
+from musubi.contract.errors import ConfigError
 
 #: torch's weights_only refusal names the global it would not unpickle on this line.
 _UNSUPPORTED = re.compile(r"Unsupported global: GLOBAL ([\w.]+)|unsupported GLOBAL ([\w.]+)", re.IGNORECASE)

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from musubi.config.run_files import RUN_FILES
+from musubi.contract.run_files import RUN_FILES
 
 #: Rough usable GB/s per direction of each PCIe path, for a PCIe gen4 x16 card (31.5 GB/s raw):
 #: only the order and the ratios matter to the packer (a host bridge or the socket link costs bandwidth).

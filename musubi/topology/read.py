@@ -7,7 +7,7 @@ import re
 from dataclasses import replace
 from pathlib import Path
 
-from musubi.config.errors import ConfigError
+from musubi.contract.errors import ConfigError
 from musubi.topology.model import GpuPlace, NodeTopology, parse_cpulist
 from musubi.topology.nvml import NvmlReading, read_nvml
 from musubi.topology.smi import parse_topo_matrix, read_topo_text

@@ -22,13 +22,13 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
-from musubi.config.errors import ConfigError
-from musubi.recovery.inject import Injector, injected_oom
+from musubi.contract.errors import ConfigError
+from musubi.contract.inject import Injector, injected_oom
+from musubi.contract.world import World
 from musubi.recovery.memory import GIB, is_oom
 from musubi.tasks.base import Task
 from musubi.worker.feed.loaders import channels_last
 from musubi.worker.precision import autocast, make_scaler
-from musubi.worker.world import World
 
 log = logging.getLogger("musubi.autobatch")
 

@@ -16,13 +16,13 @@ from typing import Any
 import torch
 
 from musubi.config.batch_plan import BatchPlan, plan_batch, plan_for
-from musubi.config.errors import ConfigError
 from musubi.config.job import JobSpec
+from musubi.contract.errors import ConfigError
+from musubi.contract.inject import Injector
+from musubi.contract.world import World
 from musubi.recovery import memory
-from musubi.recovery.inject import Injector
 from musubi.store import db
 from musubi.store.rundir import write_json
-from musubi.worker.world import World
 
 log = logging.getLogger("musubi.batching")
 

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from musubi.worker.world import World
+from musubi.contract.world import World
 
 #: The public BatchNorm classes (timm's BatchNormAct2d and the lazy ones derive from them).
 BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)

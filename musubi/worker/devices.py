@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from musubi.config.errors import ConfigError
-from musubi.worker.world import World
+from musubi.contract.errors import ConfigError
+from musubi.contract.world import World
 
 
 @dataclass(frozen=True)

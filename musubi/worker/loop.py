@@ -20,9 +20,10 @@ from musubi.checkpoint.checkpoint import agree_buffers
 from musubi.checkpoint.resume import resume_latest
 from musubi.checkpoint.saver import Checkpointer
 from musubi.config.batch_plan import BatchPlan, lr_line, plan_batch
-from musubi.config.errors import ConfigError
 from musubi.config.job import JobSpec
-from musubi.recovery.inject import Injector
+from musubi.contract.errors import ConfigError
+from musubi.contract.inject import Injector
+from musubi.contract.world import World
 from musubi.recovery.memory import memory_figures
 from musubi.recovery.watchdog import Heartbeat
 from musubi.store.startup import mark
@@ -53,7 +54,6 @@ from musubi.worker.step_events import (
     attach_telemetry,
 )
 from musubi.worker.telemetry_session import open_telemetry
-from musubi.worker.world import World
 from musubi.worker.wrap import (
     eval_module,
     gradient_sync,

@@ -17,6 +17,7 @@ import torch
 
 from musubi.config.batch_plan import BatchPlan
 from musubi.config.job import JobSpec
+from musubi.contract.world import World
 from musubi.plan.catalog import gpu_for_device
 from musubi.plan.cluster import make_cluster
 from musubi.plan.errors import PlanError
@@ -25,7 +26,6 @@ from musubi.plan.memory import estimate_memory
 from musubi.plan.predict import predict
 from musubi.store.rundir import write_json
 from musubi.tasks.base import Task
-from musubi.worker.world import World
 
 log = logging.getLogger("musubi")
 

@@ -17,8 +17,8 @@ from rich.console import Console
 from rich.logging import RichHandler
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from musubi.config.run_files import RUN_FILES
-from musubi.worker.world import World
+from musubi.contract.run_files import RUN_FILES
+from musubi.contract.world import World
 
 LOG_FORMAT = "%(asctime)s rank{rank} %(levelname)s %(name)s: %(message)s"
 

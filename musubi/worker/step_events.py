@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from musubi.recovery.inject import Injector, injected_oom
+from musubi.contract.inject import Injector, injected_oom
 from musubi.recovery.watchdog import Heartbeat
 from musubi.store.startup import mark
 from musubi.telemetry.spans import BACKWARD, CHECKPOINT, EVAL, FORWARD, OPTIMIZER, SpanRecorder
@@ -100,7 +100,7 @@ def attach_heartbeat(events: StepEvents, hb: Heartbeat) -> None:
 
 
 class InjectionHooks:
-    """`MUSUBI_INJECT` faults at the step's events (what each fault does: recovery/inject.py)."""
+    """`MUSUBI_INJECT` faults at the step's events (what each fault does: contract/inject.py)."""
 
     def __init__(self, injector: Injector, model: torch.nn.Module, device: torch.device,
                  batch_size_of: Callable[[Any], int]) -> None:

@@ -9,10 +9,10 @@ from typing import Any
 import torch
 
 from musubi.config.job import JobSpec
+from musubi.contract.world import World
 from musubi.telemetry.comm_hook import attach
 from musubi.telemetry.sampler import Sampler, open_nvml_device
 from musubi.telemetry.spans import SpanRecorder
-from musubi.worker.world import World
 
 log = logging.getLogger("musubi.telemetry")
 

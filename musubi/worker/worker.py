@@ -20,9 +20,9 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from musubi.config.errors import ConfigError
 from musubi.config.load import job_from_dict
-from musubi.config.run_files import RUN_FILES
+from musubi.contract.errors import ConfigError
+from musubi.contract.run_files import RUN_FILES
 from musubi.store.startup import mark, wait_for_file
 
 log = logging.getLogger("musubi.worker")
@@ -35,8 +35,8 @@ def _write_error(job_dir: Path, rank: int, kind: str, message: str, exc: BaseExc
     logs.mkdir(parents=True, exist_ok=True)
     (logs / f"error-rank{rank}.txt").write_text(json.dumps({"kind": kind, "message": message}), encoding="utf-8")
     # Kept per attempt (error-rank* is cleared by the next attempt): goodput names each failure's cause.
+    from musubi.contract.world import attempt_id
     from musubi.recovery.repeats import exception_site
-    from musubi.worker.world import attempt_id
 
     exits = logs / "exits"
     exits.mkdir(exist_ok=True)
@@ -53,9 +53,9 @@ def _restart_count() -> int:
 
 def _start_watchdog(spec, world, job_dir: Path, launch: int, t_start: float):  # noqa: ANN001, ANN202
     """This rank's heartbeat and watchdog thread (hang detection), and rank 0's goodput progress log."""
+    from musubi.contract.world import attempt_id
     from musubi.recovery.goodput import ProgressLog
     from musubi.recovery.watchdog import Heartbeat, Watchdog
-    from musubi.worker.world import attempt_id
 
     os.environ["MUSUBI_LAUNCH"] = str(launch)
     progress = ProgressLog(job_dir, attempt_id(), t_start) if world.is_main else None
@@ -70,8 +70,8 @@ def _start_watchdog(spec, world, job_dir: Path, launch: int, t_start: float):  #
 
 def _log_gap(job_dir: Path, restarts: int, resumed_step: int, t_start: float) -> None:
     """One line on the failed previous attempt: its cause, the step it reached, the steps to redo, the downtime."""
+    from musubi.contract.world import attempt_id
     from musubi.recovery.goodput import attempt_failure, failure_summary
-    from musubi.worker.world import attempt_id
 
     now = attempt_id()
     prev = f"{now.split('.')[0]}.{restarts - 1}"
@@ -183,14 +183,14 @@ def _main(argv: list[str] | None) -> int:
     try:
         import torch  # noqa: F401  (imported after argument parsing: fast --help)
 
-        from musubi.recovery.inject import Injector
+        from musubi.contract.inject import Injector
+        from musubi.contract.world import init_world, shutdown_world
         from musubi.recovery.memory import EXIT_OOM, is_oom, record_oom
         from musubi.tasks.registry import build_task
         from musubi.worker.batching import decide_batch
         from musubi.worker.loop import RunOptions, Trainer, build_optimizer
         from musubi.worker.precision import resolve_precision
         from musubi.worker.reporting import MetricsWriter, setup_logging
-        from musubi.worker.world import init_world, shutdown_world
 
         gc.freeze()  # the modules just imported live as long as the process: no collection need walk them again
         record = json.loads((job_dir / RUN_FILES.job).read_text(encoding="utf-8"))
@@ -227,7 +227,7 @@ def _main(argv: list[str] | None) -> int:
         if restarts:
             log.warning("restart %d of this job (torchrun)", restarts)
             from musubi.checkpoint.daemons import reap_checkpoint_daemons
-            from musubi.worker.world import attempt_id
+            from musubi.contract.world import attempt_id
 
             reap_checkpoint_daemons(job_dir, skip_attempt=attempt_id())  # a killed rank's daemon outlives it
         log.info("building the model, optimizer and data loaders (%s, %s)...", spec.task, spec.model)

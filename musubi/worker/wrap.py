@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from musubi.worker.world import World
+from musubi.contract.world import World
 
 try:  # public since torch 2.6
     from torch.distributed.fsdp import FSDPModule, fully_shard

@@ -10,7 +10,7 @@ import pytest
 
 import musubi
 from musubi.api import _flatten
-from musubi.config.errors import ConfigError
+from musubi.contract.errors import ConfigError
 from tests.recipes.floors import FLOORS
 
 REPO = Path(__file__).resolve().parents[2]

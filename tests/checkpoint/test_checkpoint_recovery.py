@@ -97,7 +97,7 @@ def test_keep_best_ranks_evaluated_weights_and_readers_verify_checksums(finished
     """keep_best keeps a checkpoint whose metric was measured on its own weights (saves at eval steps);
     evaluate/export's loader skips a checkpoint that fails its checksum for the previous good one."""
     from musubi.checkpoint.checkpoint import read_full_state
-    from musubi.config.errors import ConfigError
+    from musubi.contract.errors import ConfigError
     from musubi.evaluate.model_io import load_job_model
 
     root = finished_run / "checkpoints"
@@ -141,7 +141,7 @@ def test_checkpoint_choice_best_last_and_step(finished_run: Path, tmp_path: Path
 
     from musubi.checkpoint.select import select_checkpoint
     from musubi.cli import app
-    from musubi.config.errors import ConfigError
+    from musubi.contract.errors import ConfigError
     from musubi.evaluate.model_io import load_job_model
 
     root = finished_run / "checkpoints"

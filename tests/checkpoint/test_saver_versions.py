@@ -17,8 +17,8 @@ import torch.distributed as dist
 from musubi.checkpoint import checkpoint as ckpt
 from musubi.checkpoint.saver import Checkpointer
 from musubi.config.job import CheckpointSpec
-from musubi.recovery.inject import Injector
-from musubi.worker.world import World
+from musubi.contract.inject import Injector
+from musubi.contract.world import World
 
 staging = pytest.importorskip("torch.distributed.checkpoint.staging")
 

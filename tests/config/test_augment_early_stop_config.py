@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from musubi.config.errors import ConfigError
 from musubi.config.load import job_from_dict
+from musubi.contract.errors import ConfigError
 
 
 def job(task: str = "classification", data: dict[str, Any] | None = None, **extra: Any) -> dict[str, Any]:

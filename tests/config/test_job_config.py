@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from musubi.config.errors import ConfigError
 from musubi.config.load import apply_overrides, job_from_dict, load_job
+from musubi.contract.errors import ConfigError
 from tests.conftest import REPO, TINY_JOB, _merge
 
 # Job files; fleet files (fleet-*.yaml) are parsed by tests/fleet/test_fleet_config.py.

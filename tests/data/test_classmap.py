@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from musubi.config.errors import ConfigError
 from musubi.config.load import job_from_dict
+from musubi.contract.errors import ConfigError
 from musubi.data.coco import CocoDetection
 from musubi.data.job_version import dataset_version
 from musubi.tasks.detection import DetectionTask

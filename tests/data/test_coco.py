@@ -12,7 +12,7 @@ import torch
 from PIL import Image
 from torchvision.transforms.functional import pil_to_tensor
 
-from musubi.config.errors import ConfigError
+from musubi.contract.errors import ConfigError
 from musubi.data import coco
 from musubi.data.coco import CocoDetection
 

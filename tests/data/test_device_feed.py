@@ -15,13 +15,13 @@ import torch
 from PIL import Image
 
 from musubi.config.job import JobSpec
+from musubi.contract.world import World
 from musubi.data.gpu_decode import DecodeStats, PackedBytes, decode_images, host_only_reason
 from musubi.data.sliced import SlicedCocoDetection
 from musubi.data.stage_clock import StageClock
 from musubi.tasks.detection import DetectionTask
 from musubi.worker.feed.loaders import TrainFeed
 from musubi.worker.feed.prefetch import DevicePrefetcher
-from musubi.worker.world import World
 
 from .sets import small_set
 

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from musubi.config.job import JobSpec
+from musubi.contract.world import World
 from musubi.tasks.registry import build_task
 from musubi.worker.feed.loaders import TrainFeed
-from musubi.worker.world import World
 
 WORLD = World(rank=0, local_rank=0, size=1, device=torch.device("cpu"), backend="gloo")
 

@@ -147,8 +147,8 @@ def test_offline_sliced_train_with_sliced_eval_on_whole_frames(tmp_path: Path) -
     # Before: sliced evaluation came only with inline slicing of the train split.
     import pytest
 
-    from musubi.config.errors import ConfigError
     from musubi.config.load import job_from_dict
+    from musubi.contract.errors import ConfigError
     from musubi.tasks.registry import build_task
 
     frames_ann = small_set(tmp_path / "frames", images=2, width=200, height=120)

@@ -7,7 +7,7 @@ import pickle
 import pytest
 import torch
 
-from musubi.config.errors import ConfigError
+from musubi.contract.errors import ConfigError
 from musubi.data import text
 
 

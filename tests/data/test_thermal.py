@@ -12,7 +12,7 @@ from PIL import Image
 from typer.testing import CliRunner
 
 from musubi.cli import app
-from musubi.config.errors import ConfigError
+from musubi.contract.errors import ConfigError
 from musubi.data.coco import CocoDetection
 from musubi.data.pixels import pixel_stats, read_single_channel, split_pixel_stats
 from musubi.data.synthetic_files import SyntheticFiles, write_synthetic_coco

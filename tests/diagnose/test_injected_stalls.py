@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from musubi.checkpoint.saver import Checkpointer
-from musubi.config.errors import ConfigError
 from musubi.config.job import CheckpointSpec
 from musubi.config.load import apply_overrides
-from musubi.recovery.inject import Injector, parse
-from musubi.worker.world import World
+from musubi.contract.errors import ConfigError
+from musubi.contract.inject import Injector, parse
+from musubi.contract.world import World
 
 pytestmark = pytest.mark.timeout(120)
 

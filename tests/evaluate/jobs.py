@@ -15,9 +15,9 @@ import torch
 
 from musubi.checkpoint.checkpoint import model_signature, save_checkpoint
 from musubi.config.load import job_from_dict
+from musubi.contract.world import World
 from musubi.store.rundir import write_json
 from musubi.tasks.registry import build_task
-from musubi.worker.world import World
 
 CLASSIFY = {
     "name": "cls-tiny",

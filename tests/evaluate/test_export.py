@@ -8,11 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from musubi.config.errors import ConfigError
+from musubi.contract.errors import ConfigError
 from musubi.evaluate import evaluate_job, export_job
 from musubi.evaluate.onnx_export import ParityError
 from musubi.evaluate.parity import compare_tensors
-from musubi.store.registry import file_sha256
+from musubi.evaluate.registry import file_sha256
 from tests.evaluate.jobs import CLASSIFY, DETECT, TINY_USER, make_task_job
 
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from musubi.config.errors import ConfigError
+from musubi.contract.errors import ConfigError
 from musubi.evaluate import export_job
 from musubi.evaluate.export_plan import export_plan
 from musubi.evaluate.model_io import JobModel, load_job_model, sample_batch

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from musubi.config.errors import ConfigError
+from musubi.contract.errors import ConfigError
 from musubi.evaluate import build_leaderboard, evaluate_job
 from musubi.evaluate.external import read_external_eval
 from tests.evaluate.jobs import tiny_onnx

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from musubi.config.errors import ConfigError
+from musubi.contract.errors import ConfigError
 from musubi.evaluate.fps import (
     onnx_fps,
     onnx_session,

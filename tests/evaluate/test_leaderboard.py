@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from musubi.config.errors import ConfigError
+from musubi.contract.errors import ConfigError
 from musubi.evaluate.leaderboard import build_leaderboard
+from musubi.evaluate.registry import leaderboard_history
 from musubi.evaluate.score import ScoreRule, composite, fps_norm
-from musubi.store.registry import leaderboard_history
 from musubi.store.rundir import write_json
 from tests.evaluate.runs import external_job, task_job
 

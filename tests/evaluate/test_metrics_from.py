@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from musubi.config.errors import ConfigError
 from musubi.config.load import load_fleet
+from musubi.contract.errors import ConfigError
 from musubi.evaluate.adapters import adapt_metrics
 from musubi.evaluate.job_eval import evaluate_job
 from musubi.fleet.jobs import command_launch

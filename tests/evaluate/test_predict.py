@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 
 import musubi
 from musubi.cli import app
-from musubi.config.errors import ConfigError
+from musubi.contract.errors import ConfigError
 from musubi.evaluate.fps import CPU_FPS_THREADS
 from tests.evaluate.boxes import textured_set, unmatched
 from tests.evaluate.jobs import make_task_job
@@ -100,8 +100,8 @@ def test_exports_carry_names_and_rebuild_the_model_that_gives_its_boxes(rgb_job:
 
     from musubi.evaluate.model_io import load_job_model
     from musubi.evaluate.onnx_export import export_job
+    from musubi.evaluate.registry import get_model, promote, register, write_manifest
     from musubi.evaluate.weights_export import export_weights
-    from musubi.store.registry import get_model, promote, register, write_manifest
     from musubi.tasks.rebuild import rebuild_model
 
     images = rgb_job.parent.parent / "set" / "images"
@@ -209,7 +209,7 @@ def test_edge_script_gives_predicts_boxes_from_the_manifest_alone(fixture: str, 
     import sys
 
     from musubi.evaluate.onnx_export import export_job
-    from musubi.store.registry import promote, register, write_manifest
+    from musubi.evaluate.registry import promote, register, write_manifest
 
     job = request.getfixturevalue(fixture)
     images = job.parent.parent / "set" / "images"

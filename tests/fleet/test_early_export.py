@@ -15,9 +15,9 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from musubi.cli import app
-from musubi.config.errors import ConfigError
 from musubi.config.fleet import LeaderboardSpec
 from musubi.config.load import load_fleet
+from musubi.contract.errors import ConfigError
 from musubi.evaluate.score import ScoreRule
 from musubi.fleet import eval_step
 from musubi.fleet.eval_step import ExportAsk, export_ask, ranks_for_export
@@ -127,7 +127,7 @@ def _checkpoint(root: Path, step: int) -> Path:
 
 def test_ship_reuses_an_export_of_the_newest_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import musubi.evaluate.onnx_export as onnx_export
-    import musubi.store.registry as registry
+    import musubi.evaluate.registry as registry
 
     run = tmp_path / "run"
     job = run / "cls"

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from musubi.config.errors import ConfigError
 from musubi.config.fleet import CommandJob, TaskJob
 from musubi.config.load import load_fleet
+from musubi.contract.errors import ConfigError
 from musubi.data.synthetic_files import SyntheticFiles, write_synthetic_coco
 from musubi.fleet.jobs import check_command, command_launch
 from musubi.fleet.run import validate_fleet

@@ -8,8 +8,8 @@ import pytest
 from typer.testing import CliRunner
 
 from musubi.cli import app
-from musubi.config.errors import ConfigError
 from musubi.config.load import load_fleet
+from musubi.contract.errors import ConfigError
 from musubi.fleet.packer import Demand, Packer
 from tests.fleet.test_fleet_config import tiny_fleet, write
 

@@ -222,7 +222,7 @@ def test_timelines_show_shared_gpus_and_replay_keeps_them() -> None:
 def test_policy_only_on_gpus_with_known_memory(tmp_path: Path) -> None:
     """auto (the default) on GPUs whose memory NVML told; off, CPU slots or unknown memory: never share; a
     wrong value is one line naming the field."""
-    from musubi.config.errors import ConfigError
+    from musubi.contract.errors import ConfigError
     from musubi.fleet.sharing import share_policy
 
     assert share_policy("auto", "cuda", 80.0) == SharePolicy(80.0)

@@ -1,6 +1,6 @@
 """Rank program for the rendezvous test: rank 0 writes every listening socket of the job's processes.
 
-`python -m musubi.launch.rendezvous --standalone ... -m tests.hostile.listen_probe OUT.json`
+`python -m musubi.contract.rendezvous --standalone ... -m tests.hostile.listen_probe OUT.json`
 """
 
 from __future__ import annotations

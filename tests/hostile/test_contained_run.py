@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from musubi.contract.rendezvous import bind_address, torchrun_module
 from musubi.launch.launch import worker_env
-from musubi.launch.rendezvous import bind_address, torchrun_module
 from tests.hostile.guard import REPO, listing
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]

@@ -26,7 +26,7 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from musubi.cli import app
-from musubi.config.errors import ConfigError
+from musubi.contract.errors import ConfigError
 from tests.hostile.guard import Guard
 
 CORPUS = Path(__file__).parent / "corpus"
@@ -395,7 +395,7 @@ def test_leaderboard_prints_hostile_strings_literally(guard: Guard) -> None:
 
 
 def test_registry_refuses_hostile_model_name(guard: Guard) -> None:
-    from musubi.store.registry import register
+    from musubi.evaluate.registry import register
 
     job = guard.scratch / "run" / "job"
     job.mkdir(parents=True)
@@ -481,7 +481,7 @@ def one_rank_world(monkeypatch: pytest.MonkeyPatch):
     """A real one-rank gloo group in this process (what a resume runs inside)."""
     import socket
 
-    from musubi.worker.world import init_world, shutdown_world
+    from musubi.contract.world import init_world, shutdown_world
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -20,8 +20,8 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from musubi.config.errors import ConfigError
 from musubi.config.load import load_fleet, load_job
+from musubi.contract.errors import ConfigError
 
 pytestmark = pytest.mark.timeout(120)
 

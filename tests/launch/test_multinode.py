@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from musubi.config.errors import ConfigError
+from musubi.contract.errors import ConfigError
 from musubi.launch.launch import torchrun_argv
 from musubi.launch.multinode import make_rendezvous, parse_endpoint
 from tests.conftest import REPO

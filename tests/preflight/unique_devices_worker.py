@@ -6,9 +6,9 @@ import json
 import sys
 from pathlib import Path
 
-from musubi.config.errors import ConfigError
+from musubi.contract.errors import ConfigError
+from musubi.contract.world import init_world, shutdown_world
 from musubi.worker.devices import DeviceIdentity, check_unique_devices
-from musubi.worker.world import init_world, shutdown_world
 
 
 def main() -> None:

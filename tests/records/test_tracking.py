@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from musubi.config.errors import ConfigError
 from musubi.config.job import TrackingSpec
+from musubi.contract.errors import ConfigError
 from musubi.store.tracking import check_tracking
 
 

@@ -11,9 +11,9 @@ from typer.testing import CliRunner
 
 from musubi.cli import app
 from musubi.config.batch_plan import plan_for
-from musubi.config.errors import ConfigError
 from musubi.config.load import job_from_dict
-from musubi.recovery.inject import parse
+from musubi.contract.errors import ConfigError
+from musubi.contract.inject import parse
 from musubi.recovery.memory import shrink_after_oom
 from tests.conftest import TINY_JOB, _merge
 from tests.support.runs import final_state, train

@@ -13,12 +13,12 @@ import torch.distributed as dist
 
 from musubi.checkpoint import checkpoint as ckpt
 from musubi.checkpoint.saver import Checkpointer
-from musubi.config.errors import ConfigError
 from musubi.config.job import CheckpointSpec, WatchdogSpec
+from musubi.contract.errors import ConfigError
+from musubi.contract.inject import Injector, parse
+from musubi.contract.world import World
 from musubi.recovery.goodput import compute_goodput
-from musubi.recovery.inject import Injector, parse
 from musubi.recovery.watchdog import EXIT_HANG, Heartbeat, Watchdog, describe_hang
-from musubi.worker.world import World
 
 pytestmark = pytest.mark.timeout(60)
 

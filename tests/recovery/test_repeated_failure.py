@@ -11,11 +11,11 @@ import yaml
 from typer.testing import CliRunner
 
 from musubi.cli import app
+from musubi.contract.inject import InjectedCrash, Injector
 from musubi.fleet.jobs import absorb_job_record, failure_cause
 from musubi.fleet.local import JobState
 from musubi.records.checklist import build_checklist
 from musubi.recovery.goodput import compute_goodput, goodput_line, repeated_failure
-from musubi.recovery.inject import InjectedCrash, Injector
 from musubi.recovery.repeats import exception_site
 from tests.conftest import TINY_JOB
 
@@ -100,7 +100,7 @@ def test_crash_fault_raises_at_its_step_after_every_restart_and_names_its_line(t
         with pytest.raises(InjectedCrash) as err:
             inj.after_step(3, 0.0)
     site = exception_site(err.value)
-    assert site["ours"].startswith("musubi/recovery/inject.py:") and site["site"] == site["ours"]
+    assert site["ours"].startswith("musubi/contract/inject.py:") and site["site"] == site["ours"]
     assert not Injector("crash:rank=1,step=3", 0, tmp_path)  # another rank's fault
 
 
@@ -122,7 +122,7 @@ def test_a_crash_after_every_restart_fails_the_fleet_job_with_its_cause_and_stop
     jd = out / "tiny"
     good = json.loads((jd / "goodput.json").read_text())
     assert good["defect"]["attempts"] == ["1.0", "1.1"] and good["attempts"] == 2, good  # 1.2 did not train
-    assert "InjectedCrash" in good["defect"]["cause"] and "musubi/recovery/inject.py" in good["defect"]["cause"]
+    assert "InjectedCrash" in good["defect"]["cause"] and "musubi/contract/inject.py" in good["defect"]["cause"]
     entry = json.loads((jd / "job.json").read_text())["history"][-1]
     assert entry["status"] == "failed" and entry["error"] == entry["defect"], entry
     assert entry["defect"].startswith("job tiny: the same failure (error (rank 1): rank 1: InjectedCrash: injected "

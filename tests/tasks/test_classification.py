@@ -10,8 +10,8 @@ import pytest
 import torch
 from PIL import Image
 
-from musubi.config.errors import ConfigError
 from musubi.config.job import JobSpec
+from musubi.contract.errors import ConfigError
 from musubi.data import synthetic_classification as synth
 from musubi.tasks.classification import ClassificationMetric, ClassificationTask
 

@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 import torchvision
 
-from musubi.config.errors import ConfigError
 from musubi.config.job import JobSpec
+from musubi.contract.errors import ConfigError
 from musubi.tasks.classification import (
     DEFAULT_IMAGE_SIZE,
     ClassificationTask,

@@ -12,8 +12,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from musubi.config.errors import ConfigError
 from musubi.config.job import JobSpec
+from musubi.contract.errors import ConfigError
 from musubi.data.synthetic_detection import SyntheticDetection, synthetic_detection_batch
 from musubi.tasks import detection
 from musubi.tasks.detection import MODELS, DetectionMetric, DetectionTask

@@ -13,8 +13,8 @@ import pytest
 import torch
 import torchvision
 
-from musubi.config.errors import ConfigError
 from musubi.config.job import JobSpec
+from musubi.contract.errors import ConfigError
 from musubi.tasks.detection import MODELS, REFUSED, DetectionTask, accepted_model_args, check_detection_model
 from tests.tasks.detector_step import train_step_and_predict
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from musubi.config.errors import ConfigError
 from musubi.config.load import job_from_dict
+from musubi.contract.errors import ConfigError
 from musubi.tasks.detection_cap import max_detections_record, model_cap
 from musubi.tasks.registry import build_task
 

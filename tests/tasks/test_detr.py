@@ -15,8 +15,8 @@ import pytest
 import torch
 import yaml
 
-from musubi.config.errors import ConfigError
 from musubi.config.job import JobSpec
+from musubi.contract.errors import ConfigError
 from musubi.tasks import detr
 from musubi.tasks.detection import DetectionTask
 from musubi.tasks.stem import adapt_stem

@@ -16,8 +16,8 @@ import pytest
 import torch
 import yaml
 
-from musubi.config.errors import ConfigError
 from musubi.config.job import JobSpec
+from musubi.contract.errors import ConfigError
 from musubi.tasks import efficientdet
 from musubi.tasks.detection import DetectionTask
 from musubi.tasks.stem import adapt_stem
@@ -116,9 +116,9 @@ def test_batch_auto_probe_runs_effdet_steps() -> None:
     """`batch: auto`'s probe (in process, 1 rank) runs real AdamW steps of the EfficientDet at growing batches
     and stops below a simulated memory limit of 6 samples. The coordinated OOM restart around it is the
     model-agnostic runtime's, tested on 2 ranks with torchvision's and transformers' detectors."""
-    from musubi.recovery.inject import Injector
+    from musubi.contract.inject import Injector
+    from musubi.contract.world import World
     from musubi.worker.autobatch import probe_batch
-    from musubi.worker.world import World
 
     torch.manual_seed(0)
     task = DetectionTask(_spec())

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 import torch
 
-from musubi.config.errors import ConfigError
 from musubi.config.job import JobSpec
+from musubi.contract.errors import ConfigError
 from musubi.tasks.gpt import GPT, GPTConfig
 from musubi.tasks.lm import LMMetric, LMTask
 

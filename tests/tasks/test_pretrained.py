@@ -8,7 +8,7 @@ import pytest
 import torch
 import torchvision
 
-from musubi.config.errors import ConfigError
+from musubi.contract.errors import ConfigError
 from musubi.tasks.classification import ClassificationTask
 from musubi.tasks.detection import DetectionTask
 from tests.tasks.test_classification import make_job

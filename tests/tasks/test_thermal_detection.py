@@ -11,8 +11,8 @@ import torch
 import torchvision
 import yaml
 
-from musubi.config.errors import ConfigError
 from musubi.config.load import job_from_dict
+from musubi.contract.errors import ConfigError
 from musubi.data.augment import Augment
 from musubi.data.synthetic_files import SyntheticFiles, write_synthetic_coco
 from musubi.tasks.detection import DetectionTask

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from musubi.config.errors import ConfigError
-from musubi.recovery.inject import parse
+from musubi.contract.errors import ConfigError
+from musubi.contract.inject import parse
 from musubi.telemetry.sampler import Sampler, throttle_names
 from musubi.telemetry.spans import SpanRecorder
 

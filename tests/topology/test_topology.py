@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from musubi.config.errors import ConfigError
+from musubi.contract.errors import ConfigError
 from musubi.preflight.checks.comm import promised_busbw
 from musubi.topology.model import NodeTopology, format_cpulist, link_cost, parse_cpulist
 from musubi.topology.read import load_topology

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from musubi.contract.world import World
 from musubi.worker.bn_stats import bn_modules, recalibrate_bn
-from musubi.worker.world import World
 
 ONE = World(rank=0, local_rank=0, size=1, device=torch.device("cpu"), backend="gloo")
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from musubi.config.errors import ConfigError
 from musubi.config.fleet import CommandJob
+from musubi.contract.errors import ConfigError
 from musubi.fleet.jobs import command_launch, pin_process
 from musubi.launch import pin_plan
 from musubi.launch.pin_plan import apply_to_env, plan_pinning

@@ -7,8 +7,8 @@ import math
 import pytest
 
 from musubi.config.batch_plan import lr_line, plan_batch, rule_line, scale_lr
-from musubi.config.errors import ConfigError
 from musubi.config.load import job_from_dict
+from musubi.contract.errors import ConfigError
 from musubi.worker.schedule import lr_factor
 from tests.conftest import TINY_JOB, _merge
 

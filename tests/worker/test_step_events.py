@@ -8,9 +8,10 @@ import pytest
 import torch
 
 from musubi.checkpoint.saver import Checkpointer
-from musubi.config.errors import ConfigError
 from musubi.config.job import CheckpointSpec
-from musubi.recovery.inject import Injector
+from musubi.contract.errors import ConfigError
+from musubi.contract.inject import Injector
+from musubi.contract.world import World
 from musubi.recovery.watchdog import Heartbeat
 from musubi.worker.step_events import (
     AFTER_BACKWARD,
@@ -23,7 +24,6 @@ from musubi.worker.step_events import (
     StepEvents,
     attach_heartbeat,
 )
-from musubi.worker.world import World
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -65,7 +65,7 @@ class CommProbe:
         self.nbytes = nbytes or (GPU_BYTES if backend == "nccl" else CPU_BYTES)
         self.dir = Path(tempfile.mkdtemp(prefix="musubi-preflight-"))
         self.out, self.log_path = self.dir / "allreduce.json", self.dir / "allreduce.log"
-        from musubi.launch.rendezvous import single_node_env, torchrun_module
+        from musubi.contract.rendezvous import single_node_env, torchrun_module
 
         self.launcher = probe_launcher(backend, os.environ)
         probe_args = ["-m", "musubi.preflight.allreduce_probe",

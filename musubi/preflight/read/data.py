@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from musubi.config.errors import ConfigError, split_error
+from musubi.contract.errors import ConfigError, split_error
 from musubi.data.coco_scan import BLOCKING, is_int, json_key, scan_entries, scan_references
 from musubi.data.layout import PAIR_SEPARATOR, find_image_dir, folder_layout
 from musubi.data.version import digests

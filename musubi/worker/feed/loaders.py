@@ -11,12 +11,12 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset, Subset
 
-from musubi.config.errors import ConfigError
+from musubi.contract.errors import ConfigError
+from musubi.contract.world import World
 from musubi.tasks.base import Task
 from musubi.worker.feed.loader_plan import plan_loader
 from musubi.worker.feed.prefetch import DevicePrefetcher
 from musubi.worker.feed.sampler import ResumableDistributedSampler, ShardedEvalSampler
-from musubi.worker.world import World
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from musubi.config.errors import ConfigError
+from musubi.contract.errors import ConfigError
 
 
 @dataclass(frozen=True)

@@ -22,9 +22,9 @@ from typing import Any
 from rich.console import Console
 from rich.text import Text
 
-from musubi.config.errors import ConfigError
 from musubi.config.job import check_safe_name
-from musubi.config.run_files import RUN_FILES
+from musubi.contract.errors import ConfigError
+from musubi.contract.run_files import RUN_FILES
 from musubi.data.job_version import dataset_version
 from musubi.store.db import db_path
 from musubi.store.rundir import read_json, write_json

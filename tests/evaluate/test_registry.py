@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from musubi.config.errors import ConfigError
+from musubi.contract.errors import ConfigError
 from musubi.evaluate import evaluate_job, export_job
-from musubi.store.registry import (
+from musubi.evaluate.registry import (
     MANIFEST_FORMAT,
     file_sha256,
     get_model,

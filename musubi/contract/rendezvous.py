@@ -1,6 +1,6 @@
 """torchrun with its rendezvous bound to the address asked for, never to every interface.
 
-`python -m musubi.launch.rendezvous ARGS` is `python -m torch.distributed.run ARGS`
+`python -m musubi.contract.rendezvous ARGS` is `python -m torch.distributed.run ARGS`
 with one difference. torch's TCPStore server (the c10d rendezvous store and the
 workers' MASTER_ADDR store) listens on the wildcard address whatever host it is
 given (pytorch/pytorch#173909): on a shared machine any user of the network
@@ -111,7 +111,7 @@ def single_node_env(env: Mapping[str, str]) -> dict[str, str]:
 
 def torchrun_module() -> list[str]:
     """`-m module` of the launcher to start: torchrun behind the bound rendezvous."""
-    return ["-m", "musubi.launch.rendezvous"]
+    return ["-m", "musubi.contract.rendezvous"]
 
 
 def main(argv: list[str] | None = None) -> int:

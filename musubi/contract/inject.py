@@ -43,7 +43,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from musubi.config.errors import ConfigError
+from musubi.contract.errors import ConfigError
 
 ENV = "MUSUBI_INJECT"
 PHASES = ("forward", "backward", "optimizer")
