@@ -62,14 +62,13 @@ def probe(model: str, nproc: int) -> dict:
 
 def exhaustive_child(model: str) -> None:
     """(Under torchrun, 1 process.) Growth then bisection to one sample, same trials and criterion."""
-    from musubi.worker.loop import build_optimizer
-
     from musubi.config.load import load_job
     from musubi.contract.inject import Injector
     from musubi.contract.world import init_world, shutdown_world
     from musubi.tasks.registry import build_task
     from musubi.worker.autobatch import _Trial
     from musubi.worker.precision import resolve_precision
+    from musubi.worker.trainer import build_optimizer
 
     job, extra = JOBS[model]
     spec = load_job(REPO / job, ["train.batch=auto", *extra])

@@ -27,7 +27,7 @@ Modes (all on the same model, optimizer and device batches):
 
 Python's garbage collector is timed too (gc.callbacks): collections and their milliseconds per mode, every
 rank, so a collection inside a block (a pause of the host that the GPU waits on) is seen, not guessed. The
-heap is settled after the warm-up as Trainer.fit settles it (loop.settle_heap: collected, then frozen); with
+heap is settled after the warm-up as Trainer.fit settles it (trainer.settle_heap: collected, then frozen); with
 --no-settle it is not, as before 2026-11-27 (a 139 ms generation-2 collection inside a block on one H200).
 
     torchrun --nproc-per-node 2 bench/loop_ab.py examples/fcos-bench.yaml --cycles 8 --json $OUT/loop-fcos.json
@@ -105,7 +105,6 @@ def main() -> None:
 
     pinned = pin_rank(int(os.environ.get("LOCAL_RANK", "0")))  # as the worker: first thing, MUSUBI_CPUS if set
     import torch
-    from musubi.worker.loop import RunOptions, Trainer, settle_heap
 
     from musubi.config.load import load_job, read_yaml
     from musubi.contract.world import init_world, shutdown_world
@@ -117,6 +116,7 @@ def main() -> None:
     from musubi.worker.precision import autocast
     from musubi.worker.reporting import MetricsWriter, ProgressBar
     from musubi.worker.step_events import STEP_END
+    from musubi.worker.trainer import RunOptions, Trainer, settle_heap
 
     if args.cpu:
         os.environ["MUSUBI_DEVICE"] = "cpu"

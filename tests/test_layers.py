@@ -137,11 +137,11 @@ def test_no_import_points_up() -> None:
 def test_a_forbidden_import_is_caught() -> None:
     """The checker itself: an upward import, top-level or inside a function, relative or absolute."""
     snippet = ("from musubi.config.job import JobSpec\n"
-               "def f():\n    from musubi.worker.loop import Trainer\n"
+               "def f():\n    from musubi.worker.trainer import Trainer\n"
                "from ..worker.feed import loaders\n")
     found = breaches("musubi.launch.launch", imports_of(snippet, "musubi.launch.launch", False))
-    assert len(found) == 2 and "musubi.worker.loop" in found[0] and "musubi.worker.feed.loaders" in found[1], found
+    assert len(found) == 2 and "musubi.worker.trainer" in found[0] and "musubi.worker.feed.loaders" in found[1], found
     assert breaches("musubi.config.job", imports_of("import musubi.store.db\n", "musubi.config.job", False))
     assert not breaches("musubi.launch.launch", imports_of("from ..contract import world\n", "musubi.launch.launch", False))
-    assert not breaches("musubi.worker.loop", imports_of("from musubi.checkpoint import saver\n",
-                                                          "musubi.worker.loop", False))
+    assert not breaches("musubi.worker.trainer", imports_of("from musubi.checkpoint import saver\n",
+                                                          "musubi.worker.trainer", False))

@@ -2,7 +2,7 @@
 
 The trainer's step says only what it does (forward, backward, optimizer) and announces where it
 is; fault injection, the heartbeat and telemetry hang on these events instead of sitting inside
-the step, and the trainer adds its own listeners for logging and checkpoint cadence (loop.py).
+the step, and the trainer adds its own listeners for logging and checkpoint cadence (trainer.py).
 Hooks of one event run in the order they were attached.
 
 Events and their arguments (`step`: the optimizer step being computed, 1-based):

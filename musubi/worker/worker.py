@@ -1,7 +1,7 @@
 """Per-process entry point, started by torchrun: `python -m musubi.worker.worker JOB_DIR`.
 
 Reads the resolved job (`JOB_DIR/job.json`, written by the launcher), binds the
-device and starts the process group (world.py), trains (loop.py), and tears
+device and starts the process group (world.py), trains (trainer.py), and tears
 down in the safe order. A `ConfigError` on any rank is written to
 `JOB_DIR/logs/error-rank{r}.txt` and ends the rank with exit code 2, so the
 launcher can print one line instead of a wall of tracebacks.
@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run one rank of a job; returns the process exit code.
 
     The cyclic garbage collector is off from here until training starts, where fit() collects set-up's
-    garbage, freezes what lives on and turns the collector back on (loop.settle_heap). Set-up mostly creates
+    garbage, freezes what lives on and turns the collector back on (trainer.settle_heap). Set-up mostly creates
     objects that live on (torch's, DCP's and sympy's modules, torch._dynamo's, which DDP and every optimizer
     import, the model): collections along the way would walk them again and again and free little. The
     imports' objects are frozen as soon as they are in, so fit()'s first collection walks only set-up's own.
@@ -188,9 +188,9 @@ def _main(argv: list[str] | None) -> int:
         from musubi.recovery.memory import EXIT_OOM, is_oom, record_oom
         from musubi.tasks.registry import build_task
         from musubi.worker.batching import decide_batch
-        from musubi.worker.loop import RunOptions, Trainer, build_optimizer
         from musubi.worker.precision import resolve_precision
         from musubi.worker.reporting import MetricsWriter, setup_logging
+        from musubi.worker.trainer import RunOptions, Trainer, build_optimizer
 
         gc.freeze()  # the modules just imported live as long as the process: no collection need walk them again
         record = json.loads((job_dir / RUN_FILES.job).read_text(encoding="utf-8"))

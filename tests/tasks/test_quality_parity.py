@@ -16,8 +16,8 @@ from bench import plain_quality_loop as plain
 from bench import quality
 from musubi.config.job import JobSpec
 from musubi.tasks.registry import build_task
-from musubi.worker.loop import seed_everything
 from musubi.worker.schedule import lr_factor
+from musubi.worker.trainer import seed_everything
 from tests.conftest import REPO
 
 data = quality.quality_data

@@ -1,11 +1,11 @@
-"""The heap at the start of training (worker/loop.py settle_heap), in process."""
+"""The heap at the start of training (worker/trainer.py settle_heap), in process."""
 
 from __future__ import annotations
 
 import gc
 import weakref
 
-from musubi.worker.loop import settle_heap
+from musubi.worker.trainer import settle_heap
 
 
 class _Node:

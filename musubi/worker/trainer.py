@@ -62,7 +62,7 @@ from musubi.worker.wrap import (
     wrap_model,
 )
 
-log = logging.getLogger("musubi.loop")
+log = logging.getLogger("musubi.trainer")
 
 
 @dataclass
@@ -167,16 +167,15 @@ class Trainer:
         self.scaler = make_scaler(self.precision, world.device)
         self.ckpt_root = job_dir / "checkpoints"
         ordered = ordered_allreduce_hook if needs_ordered_reduce(t.deterministic, world.size, t.strategy) else None
-        self.tele = open_telemetry(spec, world, job_dir, self.model, self.feed, reduce=ordered)
-        if ordered is not None and not self.tele.enabled and isinstance(self.model, DDP):
+        #: This rank's span recorder (telemetry/rank{r}.jsonl; the checkpointer appends its records there too).
+        self.telemetry = open_telemetry(spec, world, job_dir, self.model, self.feed, reduce=ordered)
+        if ordered is not None and not self.telemetry.enabled and isinstance(self.model, DDP):
             self.model.register_comm_hook(None, ordered)  # telemetry off: no timing hook wraps it
-        self.telemetry = job_dir / "telemetry" / f"rank{world.rank}.jsonl"
-        self.telemetry.parent.mkdir(parents=True, exist_ok=True)
         self.checkpointer = Checkpointer(self.ckpt_root, spec.checkpoint, world, self.injector, task.primary_metric,
-                                         self.telemetry, validated=bool(self.val)) if spec.checkpoint.enabled else None
+                                         self.telemetry.path, validated=bool(self.val)) if spec.checkpoint.enabled else None
         # The step's listeners (step_events.py); fit adds its own (the log line, checkpoint cadence) after these.
         self.events = StepEvents()
-        attach_telemetry(self.events, self.tele)
+        attach_telemetry(self.events, self.telemetry)
         attach_heartbeat(self.events, self.hb)
         if self.injector:
             InjectionHooks(self.injector, unwrap(self.model), world.device, task.batch_size_of).attach(self.events)
@@ -360,7 +359,7 @@ class Trainer:
         try:
             settle_heap()
             while self.epoch < self.spec.train.epochs and self.step < self.stop_step:
-                batches = self.tele.timed(self.feed.epoch(self.epoch, self.micro))
+                batches = self.telemetry.timed(self.feed.epoch(self.epoch, self.micro))
                 while self.step < self.stop_step and self.train_step(batches):
                     pass
                 self.end_epoch()
@@ -549,7 +548,7 @@ class Trainer:
         mem = memory_figures(self.world.device)
         if not mem:
             return {}
-        self.tele.record({"step": self.step, "kind": "memory", "time": round(time.time(), 3), **mem})
+        self.telemetry.record({"step": self.step, "kind": "memory", "time": round(time.time(), 3), **mem})
         torch.cuda.reset_peak_memory_stats(self.world.device)
         return mem
 
@@ -606,7 +605,7 @@ class Trainer:
 
     def close(self) -> None:
         """Drop the wrapper before the process group goes (gloo can hang at exit otherwise)."""
-        self.tele.close()
+        self.telemetry.close()
         self.feed.close()
         if self.checkpointer is not None:
             self.checkpointer.close()
