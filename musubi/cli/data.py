@@ -226,7 +226,8 @@ def single_channel_stats(src: str, store: Path | None) -> Any:
     from PIL import Image
 
     from musubi.data.coco import read_annotation_json
-    from musubi.data.pixels import SINGLE_CHANNEL_MODES, split_pixel_stats
+    from musubi.data.pixels import split_pixel_stats
+    from musubi.data.single_channel import SINGLE_CHANNEL_MODES
 
     try:
         ann, images = coco_source(src)

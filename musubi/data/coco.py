@@ -28,7 +28,7 @@ from torchvision.transforms.functional import pil_to_tensor
 from musubi.contract.errors import ConfigError
 from musubi.data import guards
 from musubi.data.classmap import ClassMap, apply_class_map
-from musubi.data.pixels import SINGLE_CHANNEL_MODES, read_single_channel
+from musubi.data.single_channel import SINGLE_CHANNEL_MODES, read_single_channel
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +134,7 @@ class CocoDetection(Dataset):
         `encoded`: images come as the file's bytes (uint8 [N]) for decoding on the device
         (musubi.data.gpu_decode: nvJPEG, other formats on the host), boxes in file pixels. `classes`: a class
         map (data.classes) applied to the categories and boxes as they are read (musubi.data.classmap).
-        `channels` 1: frames are read single-channel without loss (musubi.data.pixels) as float32 [1, H, W]
+        `channels` 1: frames are read single-channel without loss (musubi.data.single_channel) as float32 [1, H, W]
         in their stored units (`as_uint8` does not apply: a 16-bit value does not fit in a byte).
         """
         self.image_dir = Path(image_dir)

@@ -24,7 +24,7 @@ from torchvision.transforms.functional import pil_to_tensor
 
 from musubi.contract.errors import ConfigError
 from musubi.data import guards
-from musubi.data.pixels import read_single_channel
+from musubi.data.single_channel import read_single_channel
 
 #: Image files a folder or glob contributes (by suffix, case-insensitive).
 IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp", ".gif", ".ppm", ".pgm"})

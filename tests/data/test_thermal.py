@@ -14,7 +14,8 @@ from typer.testing import CliRunner
 from musubi.cli import app
 from musubi.contract.errors import ConfigError
 from musubi.data.coco import CocoDetection
-from musubi.data.pixels import pixel_stats, read_single_channel, split_pixel_stats
+from musubi.data.pixels import pixel_stats, split_pixel_stats
+from musubi.data.single_channel import read_single_channel
 from musubi.data.synthetic_files import SyntheticFiles, write_synthetic_coco
 
 

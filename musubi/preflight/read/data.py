@@ -285,7 +285,8 @@ def _single_channel_stats(readable: list[tuple[str, Path]], found: dict[str, lis
     data.channels 1; None for RGB sets. A multi-channel image among single-channel ones is a finding."""
     from PIL import Image
 
-    from musubi.data.pixels import SINGLE_CHANNEL_MODES, pixel_stats
+    from musubi.data.pixels import pixel_stats
+    from musubi.data.single_channel import SINGLE_CHANNEL_MODES
 
     modes = {}
     for name, path in readable:
