@@ -23,11 +23,10 @@ demo: $(STAMP)
 # Three pytest-xdist workers, one test file each at a time (a file's module fixtures and the Slurm
 # cluster start once): much of a torchrun test is waiting (start-up, rendezvous, timeouts), so a
 # third worker fills the waits of the other two even on 2 cores, and with more workers than cores
-# tests/conftest.py gives each one intra-op thread (no spinning threads fighting for the cores):
-# 11 min 10 s and 11 min 47 s against 11 min 39 s and 12 min 01 s with two, on the 2-core machine (2026-11-27,
-# BENCHMARKS.md). Files go out slowest first (tests/conftest.py orders them by the last
-# run's durations; --no-loadscope-reorder keeps that order), so the run ends on short files, not on one
-# worker alone with a long one. TEST_WORKERS=0 runs in one process.
+# tests/conftest.py gives each one intra-op thread (no spinning threads fighting for the cores): three
+# finished sooner than two on the 2-core machine (BENCHMARKS.md, tests). Files go out slowest first
+# (tests/conftest.py orders them by the last run's durations; --no-loadscope-reorder keeps that order), so
+# the run ends on short files, not on one worker alone with a long one. TEST_WORKERS=0 runs in one process.
 TEST_WORKERS ?= 3
 test: $(STAMP) chromium
 	$(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder

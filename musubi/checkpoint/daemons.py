@@ -3,8 +3,8 @@
 A rank's asynchronous saver ("process" mode) runs DCP's checkpoint daemon, which survives a SIGKILLed
 rank and holds the launcher's pipes. The rank records the daemon (pid, start time) under the job's
 `heartbeat/`; the next attempt's ranks and the launcher end the recorded ones. No torch here: the
-launcher reaps after every launch, and importing DCP for it costs ~0.8 s (torch
-already imported; this 2-core machine, 2026-11-26).
+launcher reaps after every launch, and importing DCP for it costs most of a second even with
+torch already imported (BENCHMARKS.md, start-up).
 """
 
 from __future__ import annotations

@@ -73,7 +73,7 @@ class SafeFileSystemReader(FileSystemReader):
     """A FileSystemReader whose metadata is unpickled with an allow-list and whose shards stay in the directory.
 
     `refused` keeps the refusal's one line: torch 2.11's loader swallows the reader's exception and
-    reports only "metadata is None" (seen on the GPU machine, 2026-11-26), so callers name the
+    reports only "metadata is None" (seen on the GPU machine), so callers name the
     refusal from here (`refusal_or`).
     """
 

@@ -2,8 +2,8 @@
 
 DCP's `DefaultStager` caches its host buffers inside a `StateDictStager` keyed by the source
 storages, but torch 2.11 closes that cache after every staging, so each save allocated (and, on
-GPU, pinned or shared) the whole state again: 1.79 s of a 3.05 s synchronous save blocked the
-step for a 1.9 GB state on 4x H200 (2026-11-26). `HostStager` keeps one buffer per state-dict
+GPU, pinned or shared) the whole state again, blocking the step for over half as long as a
+synchronous save of it (BENCHMARKS.md, checkpoint). `HostStager` keeps one buffer per state-dict
 entry for the life of the Checkpointer through DCP's public `AsyncStager` protocol, whatever the
 torch version does with its own stager; a save then costs one device-to-host copy.
 

@@ -205,10 +205,10 @@ class MachineSpec(StrictModel):
         "once that evaluation is over; the evaluation step itself is started early (its imports beside the "
         "training). false: a job holds its GPUs to the end of its evaluation and evaluation starts after training. "
         "Unset: on with GPUs, off on CPU slots (there the start-up and the evaluation take cores from the "
-        "training beside them: on 2 idle cores, 2026-11-26, the demo fleet took 6 min 11 s with it, 5 min 30 s without; see BENCHMARKS.md).")
+        "training beside them: on 2 idle cores the demo fleet took longer with it than without; see BENCHMARKS.md).")
     share_gpus: Literal["auto", "off"] = Field(
-        "off", description="Local executor on GPUs (opt-in: on 4x H200 the small jobs measured sharing a "
-        "GPU ran 2-3x slower than alone, the model said 1.2-1.6x, 2026-11-27, BENCHMARKS.md). auto: two single-GPU jobs may share one GPU when an earlier "
+        "off", description="Local executor on GPUs (opt-in: small jobs measured sharing a GPU ran slower than "
+        "the slowdown model said; see BENCHMARKS.md). auto: two single-GPU jobs may share one GPU when an earlier "
         "run of each alone on this machine recorded utilisations of <= 0.5 each and <= 0.9 together and peak "
         "memories that fit with headroom, no GPU is free, neither was measured 2x slower or more while sharing, "
         "and the plan predicts a fleet at least 10 % shorter with it (unmeasured jobs never share; see "

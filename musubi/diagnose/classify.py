@@ -255,8 +255,8 @@ def _shared_gpus(gpu: dict[int, dict[str, Any]], findings: list[dict[str, Any]])
     """Ranks whose GPU ran another process in at least SHARED_SAMPLES of the samples: said in a straggler's
     evidence (and as its cause, when no other was found) or, for a rank not flagged, as a `gpu shared` finding,
     evidence and not an alarm. A co-tenant takes GPU time from the rank's collectives as well as its compute,
-    so the whole job slows by more than the rank's own work shows (4x H200, 2026-11-27: a process busy 10 % of
-    the time made the job 10.6 % slower and rank 1's own work 3.3-5.8 %, under the 5 % bar)."""
+    so the whole job slows by more than the rank's own work shows, which can stay under the straggler bar
+    (BENCHMARKS.md, telemetry)."""
     out = []
     for rank, g in sorted(gpu.items()):
         if g.get("gpu_shared", 0.0) < SHARED_SAMPLES:
@@ -329,9 +329,9 @@ def _host_launch(tele: JobTelemetry, steady: list, gpu: dict[int, dict[str, Any]
 
     `explained`: the share of a step the ranks wait for data or the exposed gradient all-reduce. The GPU
     idles then too (NCCL through host memory keeps few SMs busy), and the host's compute sections grow
-    while DDP's hooks wait on the all-reduce, so only the idle share beyond it is the host's: with P2P off on
-    4x H200 (2026-11-26) a GPT with 0.66 GB of gradients waited 76.5 % of each step for the all-reduce, its
-    SMs 17 % active, and was labelled host/launch bound (idle 83 %) before this subtraction.
+    while DDP's hooks wait on the all-reduce, so only the idle share beyond it is the host's: with P2P off, a
+    GPT that waited most of each step for the all-reduce was labelled host/launch bound before this
+    subtraction (BENCHMARKS.md, telemetry).
     """
     busy = [g.get("sm_active", g.get("util")) for g in gpu.values() if "sm_active" in g or "util" in g]
     if not busy or statistics.mean(busy) >= HOST_BOUND_SM:

@@ -201,10 +201,10 @@ def ort_providers(device: torch.device) -> tuple[list[Any], str]:
 def session_threads() -> int:
     """ONNX Runtime's intra-op threads: the cores this process may run on (a fleet pins each job's evaluation
     to its GPU's cores). Left at 0, ORT starts one thread per physical core of the MACHINE and sets their
-    affinity itself, escaping the process's pinning (ORT's threading guide). On 4x H200 (2026-11-27), while one
-    job's evaluation step pinned to 16 cores exported its model and timed it with ORT, all 64 cores were busy for
-    a minute and the job training beside it fell from 15 % to 0-4 % GPU utilisation (which library spun the
-    threads was not traced; ORT's default is the one documented to do this)."""
+    affinity itself, escaping the process's pinning (ORT's threading guide). On a 4-GPU machine one job's
+    evaluation step, pinned to its GPU's cores, busied every core of the machine while it exported and timed its
+    model, and starved the job training beside it (BENCHMARKS.md, fleet; which library spun the threads was not
+    traced; ORT's default is the one documented to do this)."""
     cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1)
     return max(1, len(cores))
 

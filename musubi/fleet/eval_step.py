@@ -63,9 +63,9 @@ def ranks_for_export(job_dir: Path, ask: ExportAsk) -> tuple[bool, str]:
     The leaderboard's own ranking (collect_jobs, rank_jobs; not build_leaderboard, which writes files).
     A heuristic: jobs evaluated later can move this one (the FPS normalisation follows the fleet's fastest
     job, the quality floor its best), so it may export a job that ends outside the top-k or skip one that
-    ends inside it; ship() exports whatever the final top-k is, so correctness never depends on it. On
-    4x H200 (2026-11-27) gpt-small, ranked 5th of 5 with only the top 1 shipped, was exported early: its
-    evaluation step ran 89 s after its training and ended last (2.9 s after the job beside it).
+    ends inside it; ship() exports whatever the final top-k is, so correctness never depends on it. A
+    fleet's last-ranked job, with only the top 1 shipped, has been exported early this way: its evaluation
+    step ended the fleet (BENCHMARKS.md, fleet).
     """
     rows, _ = rank_jobs(collect_jobs(job_dir.parent), ask.rule)
     ranked = sum(r["rank"] is not None for r in rows)

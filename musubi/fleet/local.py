@@ -53,9 +53,8 @@ log = logging.getLogger("musubi.fleet")
 CONTEXT_GIB = 2.0
 
 #: Seconds another job must still be predicted to train for a job whose training just ended to export its model
-#: to ONNX in its evaluation step (the fleet's top-k are otherwise exported after the last job). On 4x H200
-#: (2026-11-27) ship() exported and registered resnet18 in 2.7 s in all (4.0-4.1 s in session 12's fleets); a
-#: GPT-124M's export in the evaluation step (then with ONNX Runtime timing, since dropped) took 89 s. With this
+#: to ONNX in its evaluation step (the fleet's top-k are otherwise exported after the last job). A CNN's export
+#: and registration take seconds, a GPT's far longer (BENCHMARKS.md, fleet). With this
 #: margin a CNN's export ends while the other job still trains, off the critical path; nearer the end it could
 #: outlast the last job and lengthen the fleet for a model that may not rank in the top-k at all.
 EARLY_EXPORT_MARGIN_S = 30.0
@@ -379,7 +378,7 @@ class LocalFleet:
     def _gpus_done(self, name: str) -> bool:
         """Whether `name`'s evaluation step of this attempt has used its GPUs for the last time (eval_step marks
         it after the FPS measurement): the rest (eval.json, an early export on the CPU) need not hold back the
-        job behind it. On 4x H200 (2026-11-27) an external command waited 3.7-6.4 s for the whole step."""
+        job behind it, which otherwise waited seconds for the whole step (BENCHMARKS.md, fleet)."""
         return EVAL_GPU_DONE in marks_of(self.run_dir / name, self.states[name].started)
 
     def _start_eval(self, run: _Running, release: bool = True) -> None:

@@ -62,8 +62,8 @@ class FleetRequest:
 #: topology's check and the refusals,
 #: `recorded` run.json and env.json (NVML, nvidia-smi's topology), `planned` the local executor built (durations
 #: from the history, the topology env.json holds, each GPU's cores); the first plan and the first job's spawn
-#: follow (fleet.json's attempt history). On 4x H200 (2026-11-27) bench/fleet.py measured 8.8 s from spawning
-#: `musubi run` (12 jobs) to its first job's spawn, unexplained until these marks.
+#: follow (fleet.json's attempt history). bench/fleet.py measured seconds from spawning `musubi run` to its
+#: first job's spawn, unexplained until these marks (BENCHMARKS.md, start-up).
 FLEET_STARTUP: tuple[tuple[str, str], ...] = (
     ("python + CLI import", "entered"),
     ("fleet imports (torch)", "imported"),

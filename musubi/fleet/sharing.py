@@ -19,18 +19,17 @@ auto, opt-in until a GPU run measures its gain; the default `off` never shares):
 The slowdown model. Without MPS, kernels of two processes do not run at once: the GPU time-slices between
 their contexts, and a job whose kernel is ready while the other context holds the GPU waits. A job beside
 others at utilisations u_j runs 1 + sum(u_j) times slower than alone: it loses the other's busy time,
-whatever its own utilisation. Measured on 4x H200 (2026-11-27, bench/fleet.py): a small external detector
-(u 0.14) beside fcos (u 0.63) took 178 s against 71-87 s alone, 2.0-2.5x (this model: 1.63x; the first model,
-max(1, u1 + u2), said 1.0x), and fcos ~1.17x (this model 1.14x). A latency-bound job (many short kernels, low
+whatever its own utilisation. Measured with bench/fleet.py (BENCHMARKS.md, fleet), a small job beside a busy
+one slowed by more than this model says, and far more than the first model, max(1, u1 + u2), which predicted no
+slowdown; the busy one slowed by about what it says. A latency-bound job (many short kernels, low
 utilisation) waits for a whole time slice each time, so beside a busy job it loses more than the model says:
 hence SMALL_UTIL, which keeps sharing to jobs that both leave the GPU mostly idle. The model still ignores
 the host cores the two jobs share (their loaders, the GPU's cores when pinned): bench/fleet.py
 `--modes fleet-unshared` measures the same fleet without sharing, and that figure says whether sharing paid.
 
-Measured beats modelled. Two small external detectors (u 0.17 and 0.19, each keeping ~6.8 of its GPU's 16
-pinned cores busy) shared GPUs pairwise in a 12-job fleet on 4x H200 (2026-11-27): each ran 165-176 s against
-59-65 s alone, ~3x slower while shared (this model: 1.2x), while two GPUs idled: the fleet's jobs ended at 511 s
-where its unshared plan said 434 s. The cause was not traced. The leading suspect is the host cores: a job that
+Measured beats modelled. Two small external detectors, each keeping several of its GPU's pinned cores busy,
+shared GPUs pairwise in a fleet and ran about 3x slower while shared where this model said 1.2x, while other
+GPUs idled: the fleet ended later than its unshared plan (BENCHMARKS.md, fleet). The cause was not traced. The leading suspect is the host cores: a job that
 joins a GPU gets that GPU's cores and thread count (fleet/local.py), so each pair ran 2 x 16 intra-op threads on
 the same 16 pinned cores (their CPU use alone was not kept); time slices of two launch-bound processes are the
 other candidate. So a job that ran shared keeps what it measured: the fleet records its slowdown while shared
@@ -46,16 +45,16 @@ from dataclasses import dataclass
 
 #: Most summed utilisation two jobs may have to share a GPU (below 1: some slack for the context switches).
 UTIL_LIMIT = 0.9
-#: Most utilisation either job may have: sharing is for small jobs. A 0.14 job beside a 0.63 one ran 2-2.5x
-#: slower on an H200 (2026-11-27): time slices of a busy neighbour stall a latency-bound job's short kernels.
+#: Most utilisation either job may have: sharing is for small jobs. A small job beside a busy one ran 2x slower
+#: or more (BENCHMARKS.md, fleet): time slices of a busy neighbour stall a latency-bound job's short kernels.
 SMALL_UTIL = 0.5
 #: Memory kept free on a shared GPU beyond both jobs' recorded peaks (GiB), or this fraction of the GPU.
 HEADROOM_GIB = 2.0
 HEADROOM_FRACTION = 0.1
-#: Sharing must predict a fleet (the rest of it, when re-planning) this much shorter than not sharing. On 4x H200
-#: (2026-11-27) the model's slowdowns were short by 3 % (fcos: 1.14x against 1.17x), 23-53 % (a detector beside
-#: fcos: 1.63x against 2.0-2.5x) and 157 % (two detectors: 1.19x against 3.06x); the re-plan that shared for a
-#: predicted gain of about a second left the fleet's jobs ending 78 s after its unshared plan.
+#: Sharing must predict a fleet (the rest of it, when re-planning) this much shorter than not sharing. The
+#: model's slowdowns fell short of the measured ones by a few % for a busy job and by half or more for small
+#: jobs beside others, and a re-plan that shared for a predicted gain of about a second ended the fleet's jobs
+#: later than its unshared plan (BENCHMARKS.md, fleet).
 SHARE_MARGIN = 0.1
 #: A job measured this many times slower while sharing (or more) never shares again: two such jobs on one GPU
 #: end no earlier than one after the other.

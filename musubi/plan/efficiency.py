@@ -41,7 +41,7 @@ class Efficiency:
     step_scale: float = 1.0
     #: The same for weight-sharded layouts (ZeRO-3 / FSDP), when a sharded run was measured: their
     #: per-unit gathers, hooks and launches cost what a replicated run's step does not show
-    #: (measured on 4x H200: FSDP 1.2-1.4x DDP's step for a 0.24 B GPT). None: use step_scale.
+    #: (an FSDP step measured longer than DDP's for the same GPT: BENCHMARKS.md, planner). None: use step_scale.
     step_scale_sharded: float | None = None
     #: Whether step_scale came from a measured step (set by calibration, not by hand).
     step_fitted: bool = False

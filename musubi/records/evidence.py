@@ -33,9 +33,8 @@ def _parsed(path: str, mtime_ns: int, size: int) -> tuple[dict[str, Any], ...]:
 def read_jsonl(path: Path) -> tuple[dict[str, Any], ...]:
     """The records of a JSON-lines file, parsed once while it stays unchanged (same size and modification
     time): a job's telemetry is read by several readers (its ranks' last steps, GPU utilisation and memory,
-    data waits), and the checklist parsed every rank file three times (4x H200, a fleet of 12 jobs of
-    1,250-6,250 steps: the checklist took 2.9 s after its last job). The records are shared: readers must not
-    change them."""
+    data waits), and the checklist parsed every rank file three times, seconds after a large fleet's last job
+    (BENCHMARKS.md, fleet). The records are shared: readers must not change them."""
     try:
         st = path.stat()
     except OSError:

@@ -2,7 +2,7 @@
 
 A training loss is a poor witness for some models: a two-stage detector's loss is summed over the RoIs it
 samples, and those get harder as its proposals improve, so the loss climbs while the model gets better
-(a Faster R-CNN on 4x H200, 2026-11-26: loss 0.86 at step 30 -> 1.42 at step 300, mAP50 0.60). The
+(seen in a Faster R-CNN run whose mAP50 rose while its loss rose: BENCHMARKS.md, quality). The
 validation metric is what the user ranks models by, so it decides. "Learned" means, in this order:
 
 1. **Trajectory** (the primary metric at two or more validations, metrics.jsonl): the final validation
@@ -10,8 +10,8 @@ validation metric is what the user ranks models by, so it decides. "Learned" mea
    perplexity: 1 % lower).
 2. **Level** (where the metric's untrained value is known: 0 for mAP/mAR, chance = k/K for top-k of K
    classes): the final value has closed at least LEVEL_SHARE (10 %) of the way from the untrained value
-   to a perfect 1.0, e.g. mAP50 >= 0.1 (an untrained detector scores ~0; 0.0004 was two models that had
-   learned nothing, 2026-11-26) or top1 >= 0.19 on 10 classes (chance 0.1). This judges a job validated
+   to a perfect 1.0, e.g. mAP50 >= 0.1 (an untrained detector scores ~0) or top1 >= 0.19 on 10 classes
+   (chance 0.1). This judges a job validated
    once (at its end), and one that learned before its first validation and held.
 3. **Loss** (no validation metric, or one of unknown untrained value at a single validation): rank 0's
    training loss, the mean of its last third of log records below the mean of its first third.

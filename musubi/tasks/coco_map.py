@@ -2,9 +2,9 @@
 
 Same numbers, bit for bit, as torchmetrics' `MeanAveragePrecision(box_format="xyxy", iou_type="bbox")`
 (1.9) with the same backend, without importing torchmetrics: its `__init__` imports every domain (audio,
-image, text; scipy, transformers checks): 2.1 s per process on top of torch and torchvision, measured on the
-2-core test machine (2026-11-27), paid by every rank of every detection validation (faster-coco-eval's
-and pycocotools' own imports: 0.01 s). That metric only builds the two COCO datasets below and runs the
+image, text; scipy, transformers checks): seconds per process on top of torch and torchvision, paid by
+every rank of every detection validation, against a negligible import of faster-coco-eval or pycocotools
+alone (BENCHMARKS.md, evaluation). That metric only builds the two COCO datasets below and runs the
 backend's COCOeval; tests/tasks/test_coco_map.py compares every returned value with it.
 
 One difference, on purpose: mAP scores every detection of an image by default, not COCO's top 100. A dense

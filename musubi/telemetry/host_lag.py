@@ -10,11 +10,10 @@ A rank can fall behind its peers for two reasons that look alike in step times:
 The second has two causes with opposite verdicts. Other processes on the rank's cores are a real,
 persistent fault (the CPU-hog scenario: cores 100 % busy, most of it not the rank's): it is an alarm.
 A rank whose cores are quiet and whose GPU still waits is a launch-bound job's host jitter, which
-moves from rank to rank: on 2x H200 (2026-11-26, resnet50 bs128, launch bound, SM active 57-78 %)
-four of ten healthy 50-step segments flagged a rank 9-13 % behind, each time with its GPU 11-19
-points less busy than its peer and its cores ~8 % busy. That is `host_lag`: evidence, not an alarm.
-The same run's GPU hog (another process on rank 1's GPU, 49 % behind) was as busy as its peer
-(100 vs 99 %), and its CPU hog (rank 1's cores 100 % busy, 82-85 % of that others') contended.
+moves from rank to rank: in a healthy launch-bound run, a rank flagged behind had its GPU less busy
+than its peer's and its cores quiet (BENCHMARKS.md, telemetry). That is `host_lag`: evidence, not an
+alarm. A GPU hog (another process on the rank's GPU) keeps that GPU as busy as its peer's, and a CPU
+hog shows the rank's cores busy with others' work: both are told apart from it.
 """
 
 from __future__ import annotations

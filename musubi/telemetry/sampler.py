@@ -37,9 +37,9 @@ def throttle_names(mask: int) -> list[str]:
 
 
 #: One NVML caller at a time in this process. The fleet (and bench/fleet.py's parallel (a)) watch several external
-#: commands' GPUs from threads of one process; on 4x H200 (torch 2.11, nvidia-ml-py, 2026-11-27) two threads
+#: commands' GPUs from threads of one process; on the GPU machine (torch 2.11, nvidia-ml-py) two threads
 #: starting their watches at the same moment (nvmlInit, the GPM support query, the first samples) killed the
-#: process with a segmentation fault within 2 s, twice; with this lock the same start ran without one. A sample
+#: process with a segmentation fault, twice; with this lock the same start ran without one. A sample
 #: is a handful of NVML queries per GPU at 2 Hz, so callers rarely wait (not timed).
 NVML_LOCK = threading.RLock()
 
@@ -255,10 +255,10 @@ class Sampler:
         workers now.
 
         Finding the children means reading every process's /proc/PID/stat (psutil's children(): a Python loop
-        over all the machine's pids, kernel threads included; 0.6 ms a scan of 70 pids on the 2-core CI
-        machine, more on a host with more processes), time the training thread may wait for the GIL. So the
-        tree is scanned every RESCAN_S, or sooner (not before MIN_RESCAN_S) when the loader names a worker not
-        seen yet; between scans only the known children are read."""
+        over all the machine's pids, kernel threads included; the more processes on the host, the longer),
+        time the training thread may wait for the GIL. So the tree is scanned every RESCAN_S, or sooner (not
+        before MIN_RESCAN_S) when the loader names a worker not seen yet; between scans only the known children
+        are read."""
         since = time.monotonic() - self._last_scan
         unseen = bool(named - set(self._children))
         added = self._scan() if since >= RESCAN_S or (unseen and since >= MIN_RESCAN_S) else set()
@@ -292,10 +292,9 @@ class Sampler:
     def _gpu_others(self) -> tuple[int, int] | None:
         """Processes on this rank's GPU that are not the rank or its children (count, MiB): another job, a
         notebook left open, a co-tenant the fleet placed. It takes GPU time from every kernel and collective of
-        the rank, which the job feels in full and the rank's own work only in part (4x H200, 2026-11-27: a
-        process busy 10 % of the time made the job 10.6 % slower, rank 1's own work 3.3-5.8 %, under the
-        straggler bar). NVML lists the host's pids: inside a container (another pid namespace) the rank's pid
-        is not among them, and the process with the most memory is taken as the rank."""
+        the rank, which the job feels in full and the rank's own work only in part, possibly under the
+        straggler bar (BENCHMARKS.md, telemetry). NVML lists the host's pids: inside a container (another pid
+        namespace) the rank's pid is not among them, and the process with the most memory is taken as the rank."""
         assert self.device is not None
         procs = self.device.processes()
         if procs is None:

@@ -61,8 +61,8 @@ class SpanRecorder:
         ev = None
         if self.cuda:
             # blocking: the writer thread's Event.synchronize sleeps until the GPU is there instead of spinning
-            # a core for most of every GPU-bound step (CUDA's default). In one process on 4x H200 (2026-11-27,
-            # bench/telemetry_ab.py) spinning and sleeping events cost the same within the noise: a core freed.
+            # a core for most of every GPU-bound step (CUDA's default). Spinning and sleeping events cost the
+            # same within the noise (bench/telemetry_ab.py, BENCHMARKS.md: telemetry): a core freed.
             ev = torch.cuda.Event(enable_timing=True, blocking=True)
             ev.record()
         return time.perf_counter_ns(), ev

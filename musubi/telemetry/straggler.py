@@ -55,9 +55,9 @@ LONG = 2 * WINDOW  # the longer window a live flag must pass as well
 ALPHA = 0.1
 
 #: Default bars (fraction of a step) when `telemetry.straggler_threshold` is not set. CPU ranks share
-#: the host's cores and its scheduler: a healthy 2-rank resnet18 on 2 cores measured 5.0 % of excess
-#: over 11 steps and 2.2 % over 59 (2026-11-27), and the drill suite's sleep jitter reaches a few ms of
-#: a 33 ms step; 7 % (the drills' calibrated bar) stays above that and still names a rank 10 % slower.
+#: the host's cores and its scheduler: a healthy 2-rank job on 2 cores shows a few % of excess over a short
+#: run, and the drill suite's sleep jitter reaches a few ms of a 33 ms step (BENCHMARKS.md, telemetry); 7 %
+#: (the drills' calibrated bar) stays above that and still names a rank 10 % slower.
 GPU_THRESHOLD = 0.05
 CPU_THRESHOLD = 0.07
 
@@ -252,8 +252,7 @@ class StragglerDetector:
         """Every rank's scores over all the steps held, when they can confirm a flag of the short window; None
         when there is no longer window yet or nothing to confirm. Scored only when the short window flags a rank:
         it decides nothing else, and scoring it every step doubled the watch's Python on rank 0, GIL time its
-        training thread may wait for (0.220 against 0.105 ms a step, 4 ranks, this project's 2-core machine,
-        2026-11-27)."""
+        training thread may wait for (BENCHMARKS.md, telemetry)."""
         if len(held) <= self.window or not any(s.flagged for s in scores):
             return None
         return {s.rank: s for s in score(held, self.threshold)}

@@ -2,8 +2,8 @@
 
 A log line needs the mean loss over all ranks. Reading it at once (`.item()` after the all-reduce) makes
 the host wait until the GPU has run every step queued so far: the GPU then idles while the host queues the
-next step's first kernels. On one H200 (2026-11-27, bench/loop_ab.py, resnet50 bs256 bf16) that wait every
-10 steps cost 0.7 % of the step time, as much as the rest of the loop. So a log step only queues the
+next step's first kernels. Measured with bench/loop_ab.py, that wait every 10 steps cost as much as the
+rest of the loop (BENCHMARKS.md, training loop). So a log step only queues the
 all-reduce and a copy of the sum to pinned host memory behind a CUDA event; the line is read and written at
 the next log step, when that copy is long done, or earlier where the run needs the figure now (before a
 checkpoint, so a non-finite loss never lands in one; before validation; at the end of training).

@@ -168,8 +168,8 @@ class InjectionHooks:
 class FirstStepMarks:
     """Start-up marks inside a fit's first optimizer step, on rank 0 (store/startup.py's FIRST_STEP).
 
-    On a GPU the first step of a detector took 14-23 s (4x H200, 2026-11-26) against 1-2 s for a GPT;
-    cudnn autotuning, lazy CUDA module loading and the loader's start are the suspects: these marks say
+    On a GPU the first step of a detector took an order of magnitude longer than a GPT's (BENCHMARKS.md,
+    start-up); cudnn autotuning, lazy CUDA module loading and the loader's start are the suspects: these marks say
     which. Each waits for the device first (three synchronisations, in the first step only), so a mark is
     when that part's kernels finished, not when the host queued them; a mark is written once, at the first
     micro-batch, and the hooks take themselves off after the last one: the steps after pay nothing.

@@ -93,10 +93,10 @@ def configure_determinism(deterministic: bool, world: World) -> None:
 def settle_heap() -> None:
     """Collect the garbage of setup (or of a validation), then freeze what lives on out of the collector's reach.
 
-    A rank holds hundreds of thousands of long-lived Python objects (315,510 frozen in a resnet50 rank: torch,
-    the task's libraries, the model's modules); a full (generation-2) collection walks them all. One took 138 ms
-    inside a training block on one H200 (2026-11-27, bench/loop_ab.py, fcos): the size of the 110-145 ms stall
-    seen once per resnet50 run at 4 GPUs, where every rank waits for the paused one. Frozen objects are still
+    A rank holds hundreds of thousands of long-lived Python objects (torch, the task's libraries, the model's
+    modules); a full (generation-2) collection walks them all. One inside a training block stalls the step for
+    about as long as the once-a-run stall seen at 4 GPUs, where every rank waits for the paused one
+    (bench/loop_ab.py, BENCHMARKS.md: training loop). Frozen objects are still
     freed by reference counting; only cycles among them are left, until fit() ends and unfreezes
     (gc.unfreeze): a process that trains more than once (tests, the API) gets its cycles collected again. The
     data loader's workers, forked after it, also share more memory pages (CPython's gc.freeze docs).

@@ -133,10 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     objects that live on (torch's, DCP's and sympy's modules, torch._dynamo's, which DDP and every optimizer
     import, the model): collections along the way would walk them again and again and free little. The
     imports' objects are frozen as soon as they are in, so fit()'s first collection walks only set-up's own.
-    Measured on this project's 2-core machine (2026-11-27, torch 2.14.1, the tiny test job on 2 CPU ranks,
-    median CPU time of a rank): 4.10 s with the collector on, 3.86 s off (12 ranks each way), 3.41 s off and
-    the imports frozen (16 ranks; 3.97 s in the same runs without the freeze). The batch probe still collects
-    after each out-of-memory (autobatch.py).
+    A rank of the tiny test job spends less CPU time with the collector off, and less again with the imports
+    frozen (BENCHMARKS.md, start-up). The batch probe still collects after each out-of-memory (autobatch.py).
     """
     gc.disable()
     try:

@@ -38,8 +38,8 @@ class BatchPreparer:
 
     An object of its own, not a method of TrainFeed: a prefetcher holding the feed's bound method is a
     reference cycle, and a DataLoader freed by the garbage collector's cycle pass, not by its reference
-    count, waits about 5 s for each worker to exit (this project's 2-core machine, 2026-11-26: 2 workers,
-    11 s against 0.1 s). Runs and bench/data.py end the workers explicitly (TrainFeed.close); without the
+    count, waits out DataLoader's 5 s join timeout for each worker (BENCHMARKS.md, data). Runs and
+    bench/data.py end the workers explicitly (TrainFeed.close); without the
     cycle a feed dropped without close() still frees them at once.
     """
 
@@ -170,8 +170,8 @@ class TrainFeed:
 
         A persistent iterator left to `gc.collect()` is shut down from inside the collection, after its
         index queue may already have been finalised: the worker never receives the stop message and
-        DataLoader waits out its 5 s join timeout before killing it. Measured on this project's 2-core
-        machine (2026-11-26, 2 CPU ranks, GPT, 12 steps): 5.5 s of every run's exit, 0.08 s with close(). Lightning ends workers the same way
+        DataLoader waits out its 5 s join timeout before killing it: most of a short run's exit without
+        close() (BENCHMARKS.md, data). Lightning ends workers the same way
         (`_shutdown_workers_and_reset_iterator`); the method is torch's, unchanged from 2.6 to 2.14.
         """
         it, self._batches = self._batches, None
