@@ -26,14 +26,3 @@ def test_the_checker_sees_a_private_import() -> None:
     assert len(private_imports(snippet)) == 2
     assert not private_imports("from torch.distributed.checkpoint import _async_process_executor\n")
 
-
-def test_run_directory_files_are_named_in_one_place() -> None:
-    """`"job.json"` and its siblings are spelled in musubi/contract/run_files.py only."""
-    from dataclasses import fields
-
-    from musubi.contract.run_files import RUN_FILES, RunFiles
-
-    literals = {f'"{getattr(RUN_FILES, f.name)}"' for f in fields(RunFiles)}
-    found = [f"{module_name(p, ROOT)}: {lit}" for p in sorted(ROOT.rglob("*.py")) if p.name != "run_files.py"
-             for lit in literals if lit in p.read_text(encoding="utf-8")]
-    assert not found, "name these through RUN_FILES:\n" + "\n".join(found)
