@@ -15,9 +15,10 @@ from rich.text import Text
 from musubi.plan.calibrate import load_calibrations
 from musubi.plan.catalog import get_gpu
 from musubi.plan.cluster import Cluster, fit_to_topology, make_cluster
+from musubi.plan.complete import complete_layout, stack_range
 from musubi.plan.efficiency import DEFAULT_EFFICIENCY
 from musubi.plan.errors import PlanError
-from musubi.plan.layout import parse_layout
+from musubi.plan.layout import given_keys, parse_layout
 from musubi.plan.predict import Prediction, predict
 from musubi.plan.search import SearchResult, search
 from musubi.plan.spec import ModelSpec, load_spec, preset, with_seq
@@ -73,12 +74,26 @@ def _why(p: Prediction, micro: int) -> list[tuple[str, str]]:
 
 
 def _print_validation(console: Console) -> None:
-    from musubi.plan.validate import FIT_CSV, HELDOUT_CSV, check_table, table_text
+    from musubi.plan.validate import (
+        FIT_CSV,
+        GATHERED_CSV,
+        HELDOUT_CSV,
+        NEVERSEEN_CSV,
+        check_table,
+        table_text,
+    )
 
     console.print(table_text("fit set (the constants were chosen on these rows): " + FIT_CSV.name,
                              check_table(FIT_CSV)), highlight=False, markup=False)
     console.print(table_text("held-out set (no fit reads it): " + HELDOUT_CSV.name, check_table(HELDOUT_CSV)),
                   highlight=False, markup=False)
+    console.print(table_text("held-out set from the printed layouts only (what `musubi plan --layout` gets; the "
+                             "planner fills micro, vpp, recompute): " + HELDOUT_CSV.name,
+                             check_table(HELDOUT_CSV, published=True)), highlight=False, markup=False)
+    console.print(table_text("gathered set (FSDP/ZeRO-2 runs, no fit reads it): " + GATHERED_CSV.name,
+                             check_table(GATHERED_CSV)), highlight=False, markup=False)
+    console.print(table_text("never-seen set (split off before modelling, issue 48): " + NEVERSEEN_CSV.name,
+                             check_table(NEVERSEEN_CSV)), highlight=False, markup=False)
 
 
 def _print_one(console: Console, p: Prediction, cluster: Cluster, micro: int) -> None:
@@ -128,6 +143,15 @@ def _print_search(console: Console, result: SearchResult, spec: ModelSpec, clust
         console.print(f"rejected {total} layouts ({result.evaluated} priced):", highlight=False)
         for kind, count, example in result.rejection_summary():
             console.print(Text(f"  {kind} x{count}: {example}"), highlight=False, soft_wrap=True)
+
+
+def _range_json(spread: tuple[Prediction, Prediction, list[str]] | None) -> dict[str, Any] | None:
+    """The stack-assumption range as JSON: step time and MFU at both ends, and the facts it spans."""
+    if spread is None:
+        return None
+    fast, slow, unknown = spread
+    return {"spans": unknown, "step_time_s": [fast.step_time_s, slow.step_time_s], "mfu": [slow.mfu, fast.mfu],
+            "model_tflops_per_gpu": [slow.model_tflops_per_gpu, fast.model_tflops_per_gpu]}
 
 
 def _json_search(result: SearchResult) -> dict[str, Any]:
@@ -188,8 +212,11 @@ def plan_command(
         if report is not None and report["gpu"] != cluster.gpu.name:
             raise PlanError(f"--calibrate file was measured on {report['gpu']}, but --gpu is {cluster.gpu.name}")
         if layout is not None:
-            one_layout = parse_layout(layout)
+            # knobs the layout leaves out (micro, vpp, recompute) are set to the fastest that fit (complete.py)
+            one_layout, filled = complete_layout(model_spec, cluster, parse_layout(layout), given_keys(layout), batch,
+                                                 eff, precision)
             one = predict(model_spec, cluster, one_layout, batch, eff, precision)
+            spread = stack_range(model_spec, cluster, one_layout, given_keys(layout), batch, eff, precision)
         else:
             found = search(model_spec, cluster, batch, eff, precision, top=top)
     except PlanError as e:
@@ -200,9 +227,18 @@ def plan_command(
         console = Console(width=200)
     if layout is not None:
         if as_json:
-            print(json.dumps({**one.as_dict(), "calibration": report}, indent=1))
+            print(json.dumps({**one.as_dict(), "filled": filled, "range": _range_json(spread),
+                              "calibration": report}, indent=1))
         else:
             _print_one(console, one, cluster, one_layout.micro)
+            if spread is not None:
+                fast, slow, unknown = spread
+                console.print(f"range over what --layout does not say ({', '.join(unknown)}): MFU "
+                              f"{_pct(slow.mfu)} to {_pct(fast.mfu)}, step {fast.step_time_s:.3g} to "
+                              f"{slow.step_time_s:.3g} s (name them in --layout to pin them)", highlight=False)
+            if filled:
+                console.print("chosen by the planner (not in --layout; fastest that fits): "
+                              + ", ".join(f"{k}={v}" for k, v in filled.items()), highlight=False)
         return
     if as_json:
         print(json.dumps({"model": model_spec.name, "gpu": cluster.gpu.name, "gpus": cluster.n_gpus,

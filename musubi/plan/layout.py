@@ -145,6 +145,11 @@ def parse_layout(text: str) -> Layout:
     return Layout(**values)  # type: ignore[arg-type]
 
 
+def given_keys(text: str) -> frozenset[str]:
+    """The keys a `--layout` text names (what the planner must not change when it fills the rest)."""
+    return frozenset(item.split("=", 1)[0].strip() for item in text.split(",") if "=" in item)
+
+
 def _product(layout: Layout, with_dp: bool) -> str:
     degrees = [f"tp={layout.tp}", f"pp={layout.pp}"] + ([f"dp={layout.dp}"] if with_dp else []) + [f"cp={layout.cp}"]
     return " x ".join(degrees)

@@ -24,14 +24,17 @@ from pathlib import Path
 
 from musubi.plan.catalog import get_gpu
 from musubi.plan.cluster import make_cluster
+from musubi.plan.complete import complete_layout
 from musubi.plan.efficiency import DEFAULT_EFFICIENCY, Efficiency
-from musubi.plan.layout import DEFAULT_OVERLAP, Layout
+from musubi.plan.layout import DEFAULT_OVERLAP, Layout, given_keys, parse_layout
 from musubi.plan.predict import Prediction, predict
 from musubi.plan.spec import TransformerSpec
 
 DATA = Path(__file__).resolve().parent / "data" / "validation"
 FIT_CSV = DATA / "fit_runs.csv"
 HELDOUT_CSV = DATA / "heldout_runs.csv"
+GATHERED_CSV = DATA / "gathered_runs.csv"
+NEVERSEEN_CSV = DATA / "neverseen_runs.csv"
 
 
 @dataclass(frozen=True)
@@ -55,8 +58,8 @@ class Check:
 
 def load_rows(path: Path) -> list[dict[str, str]]:
     """The rows of one validation table."""
-    with path.open(newline="", encoding="utf-8") as f:
-        return list(csv.DictReader(f))
+    with path.open(newline="", encoding="utf-8") as f:  # "#" lines: the file's header note (where rows come from)
+        return list(csv.DictReader(line for line in f if not line.startswith("#")))
 
 
 def row_spec(row: dict[str, str]) -> TransformerSpec:
@@ -65,6 +68,8 @@ def row_spec(row: dict[str, str]) -> TransformerSpec:
                   vocab=int(row["vocab"]), seq=int(row["seq"]))
     if row.get("arch", "gpt") == "llama":
         return TransformerSpec(**common, kv_heads=int(row["kv_heads"]), ffn_hidden=int(row["ffn"]))
+    if row.get("arch") == "mpt":  # MosaicML MPT: GELU MLP, LayerNorm, no biases, tied head, learned positions
+        return TransformerSpec(**common, mlp="gelu", norm="layernorm", learned_positions=True, tied_embeddings=True)
     return TransformerSpec(**common, mlp="gelu", bias=True, norm="layernorm", learned_positions=True,
                            tied_embeddings=True, dropout=True)
 
@@ -98,24 +103,46 @@ def dominant_term(p: Prediction) -> str:
     return max(p.breakdown_s, key=lambda k: p.breakdown_s[k]).removesuffix("_s")
 
 
-def check_row(row: dict[str, str], eff: Efficiency = DEFAULT_EFFICIENCY) -> Check:
-    """Predict one row and pick the quantity it published, in its convention."""
-    p = predict_row(row, eff)
+def compare(row: dict[str, str], p: Prediction) -> Check:
+    """One row's published quantity against a prediction, in the row's convention."""
     regime, dom, off = row.get("regime") or "fit", dominant_term(p), row.get("known_off") or ""
     conv = row.get("flops_convention", "")
     if row.get("measured_tflops_per_gpu"):
         predicted = p.hardware_tflops_per_gpu if conv == "hfu" else p.model_tflops_per_gpu
         return Check(row["name"], regime, row["source"], f"TFLOP/s ({conv})", predicted,
                      float(row["measured_tflops_per_gpu"]), dom, off)
+    if row.get("measured_tokens_per_s_per_gpu"):
+        return Check(row["name"], regime, row["source"], "tokens/s/GPU", p.tokens_per_s / p.n_gpus,
+                     float(row["measured_tokens_per_s_per_gpu"]), dom, off)
     if row.get("measured_iter_s"):
         return Check(row["name"], regime, row["source"], "iteration s", p.step_time_s, float(row["measured_iter_s"]),
                      dom, off)
     return Check(row["name"], regime, row["source"], "MFU", p.mfu, float(row["measured_fraction_of_peak"]), dom, off)
 
 
-def check_table(path: Path, eff: Efficiency = DEFAULT_EFFICIENCY) -> list[Check]:
-    """Every row of one validation table, checked."""
-    return [check_row(row, eff) for row in load_rows(path)]
+def check_row(row: dict[str, str], eff: Efficiency = DEFAULT_EFFICIENCY) -> Check:
+    """Predict one row with every knob the data file states (published or assumed) and compare."""
+    return compare(row, predict_row(row, eff))
+
+
+def predict_published(row: dict[str, str], eff: Efficiency = DEFAULT_EFFICIENCY) -> Prediction:
+    """What `musubi plan --layout PUBLISHED --json` predicts: only the printed knobs, the planner fills the rest."""
+    cluster = make_cluster(get_gpu(row["gpu"]), int(row["n_gpus"]))
+    text = row["published_layout"]
+    spec, batch = row_spec(row), int(row["global_batch_seqs"])
+    layout, _ = complete_layout(spec, cluster, parse_layout(text), given_keys(text), batch, eff)
+    return predict(spec, cluster, layout, batch, eff)
+
+
+def check_published(row: dict[str, str], eff: Efficiency = DEFAULT_EFFICIENCY) -> Check:
+    """Predict one row from its published layout alone (the CLI's defaults for the rest) and compare."""
+    return compare(row, predict_published(row, eff))
+
+
+def check_table(path: Path, eff: Efficiency = DEFAULT_EFFICIENCY, published: bool = False) -> list[Check]:
+    """Every row of one validation table, checked with its stated knobs or (published) from its printed layout."""
+    check = check_published if published else check_row
+    return [check(row, eff) for row in load_rows(path) if not published or row.get("published_layout")]
 
 
 def summary(checks: list[Check]) -> dict[str, tuple[int, float, float]]:

@@ -19,7 +19,9 @@ from musubi.plan.fit import fit_constants
 from musubi.plan.spec import with_seq
 from musubi.plan.validate import (
     FIT_CSV,
+    GATHERED_CSV,
     HELDOUT_CSV,
+    NEVERSEEN_CSV,
     check_table,
     dominant_term,
     load_rows,
@@ -49,6 +51,7 @@ def test_fit_never_opens_the_heldout_table(monkeypatch: pytest.MonkeyPatch) -> N
     fit_constants()
     assert FIT_CSV.resolve() in opened
     assert HELDOUT_CSV.resolve() not in opened
+    assert GATHERED_CSV.resolve() not in opened and NEVERSEEN_CSV.resolve() not in opened
     assert "HELDOUT_CSV" not in (Path(__file__).parents[2] / "musubi" / "plan" / "fit.py").read_text()
 
 
