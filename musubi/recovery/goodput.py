@@ -50,7 +50,7 @@ class ProgressLog:
     """Rank 0's progress of this attempt (appends of one line, each a single unbuffered write)."""
 
     def __init__(self, job_dir: Path, attempt: str, t_start: float) -> None:
-        d = job_dir / "progress"
+        d = job_dir / RUN_FILES.progress
         d.mkdir(parents=True, exist_ok=True)
         self.path = d / f"a{attempt}.jsonl"
         self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
@@ -107,7 +107,7 @@ def _exit_meaning(code: int) -> str:
 def _pids(job_dir: Path) -> dict[int, tuple[str, int]]:
     """pid -> (attempt, rank), from every heartbeat file."""
     out = {}
-    for p in (job_dir / "heartbeat").glob("a*-rank*.json"):
+    for p in (job_dir / RUN_FILES.heartbeat).glob("a*-rank*.json"):
         try:
             rec = json.loads(p.read_text(encoding="utf-8"))
             out[int(rec["pid"])] = (str(rec["attempt"]), int(rec["rank"]))
@@ -118,7 +118,7 @@ def _pids(job_dir: Path) -> dict[int, tuple[str, int]]:
 
 def _torchrun_exits(job_dir: Path) -> dict[str, list[tuple[int, int]]]:
     """attempt -> [(rank, exit code)] of the ranks torchrun saw fail first."""
-    log_path = job_dir / "logs" / "torchrun.log"
+    log_path = job_dir / RUN_FILES.logs / RUN_FILES.torchrun_log
     if not log_path.is_file():
         return {}
     pids = _pids(job_dir)
@@ -143,7 +143,7 @@ def is_victim_error(err: str | None) -> bool:
 
 def _exit_records(job_dir: Path, attempt: str) -> dict[int, dict[str, Any]]:
     out = {}
-    for p in (job_dir / "logs" / "exits").glob(f"a{attempt}-rank*.json"):
+    for p in (job_dir / RUN_FILES.exits).glob(f"a{attempt}-rank*.json"):
         try:
             rec = json.loads(p.read_text(encoding="utf-8"))
             out[int(rec["rank"])] = rec
@@ -153,12 +153,12 @@ def _exit_records(job_dir: Path, attempt: str) -> dict[int, dict[str, Any]]:
 
 
 def _heartbeat_ranks(job_dir: Path, attempt: str) -> list[int]:
-    return sorted(int(p.stem.rsplit("rank", 1)[1]) for p in (job_dir / "heartbeat").glob(f"a{attempt}-rank*.json"))
+    return sorted(int(p.stem.rsplit("rank", 1)[1]) for p in (job_dir / RUN_FILES.heartbeat).glob(f"a{attempt}-rank*.json"))
 
 
 def _cause(job_dir: Path, attempt: str, t0: float, t1: float, exits: dict[str, list[tuple[int, int]]]
            ) -> dict[str, Any]:
-    hang = job_dir / "logs" / "hang" / f"hang-a{attempt}.json"
+    hang = job_dir / RUN_FILES.hangs / f"hang-a{attempt}.json"
     if hang.is_file():
         rec = json.loads(hang.read_text(encoding="utf-8"))
         return {"cause": "hang", "ranks": rec.get("culprits", []), "detail": rec.get("message")}
@@ -189,13 +189,13 @@ def _cause(job_dir: Path, attempt: str, t0: float, t1: float, exits: dict[str, l
             return {"cause": "rank died", "ranks": silent,
                     "detail": f"rank(s) {', '.join(map(str, silent))} died without an error (killed by a signal "
                               "or the OOM killer); the others lost their connection to it"}
-    mem = job_dir / "memory"
+    mem = job_dir / RUN_FILES.memory
     for p in sorted(mem.glob("*oom-*.json")) if mem.is_dir() else []:
         rec = json.loads(p.read_text(encoding="utf-8"))
         if t0 <= float(rec.get("time", 0)) <= t1 + 5:
             return {"cause": "oom", "ranks": [rec.get("rank")], "detail": f"out of memory in {rec.get('phase')}"}
     beats = {}
-    for p in (job_dir / "heartbeat").glob(f"a{attempt}-rank*.json"):
+    for p in (job_dir / RUN_FILES.heartbeat).glob(f"a{attempt}-rank*.json"):
         try:
             rec = json.loads(p.read_text(encoding="utf-8"))
         except ValueError:
@@ -214,7 +214,7 @@ def _committed_step(job_dir: Path, at_most: int) -> int:
     """The newest committed checkpoint step <= `at_most` (markers only, no checksums); 0 if none."""
     from musubi.checkpoint.checkpoint import committed_checkpoints
 
-    steps = [c.step for c in committed_checkpoints(job_dir / "checkpoints", warn=False) if c.step <= at_most]
+    steps = [c.step for c in committed_checkpoints(job_dir / RUN_FILES.checkpoints, warn=False) if c.step <= at_most]
     return max(steps, default=0)
 
 
@@ -229,7 +229,7 @@ def failure_summary(f: dict[str, Any]) -> str:
 
 def attempt_failure(job_dir: Path, attempt: str) -> dict[str, Any]:
     """How one ended attempt failed, from its records: the step it reached, its end time and its cause."""
-    path = job_dir / "progress" / f"a{attempt}.jsonl"
+    path = job_dir / RUN_FILES.progress / f"a{attempt}.jsonl"
     lines = read_jsonl(path) if path.is_file() else []
     steps = [int(r["step"]) for r in lines if "step" in r and r.get("event") != "start"]
     end = _attempt_end(job_dir, attempt, lines) if lines else time.time()
@@ -257,7 +257,7 @@ def defect_of(failures: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 def _attempt_end(job_dir: Path, attempt: str, lines: list[dict[str, Any]]) -> float:
     times = [float(r["t"]) for r in lines]
-    for p in (job_dir / "heartbeat").glob(f"a{attempt}-rank*.json"):
+    for p in (job_dir / RUN_FILES.heartbeat).glob(f"a{attempt}-rank*.json"):
         try:
             times.append(float(json.loads(p.read_text(encoding="utf-8"))["time"]))
         except (ValueError, KeyError):
@@ -267,7 +267,7 @@ def _attempt_end(job_dir: Path, attempt: str, lines: list[dict[str, Any]]) -> fl
 
 def compute_goodput(job_dir: Path) -> dict[str, Any]:
     """The goodput record of a job directory (see the module docstring)."""
-    d = job_dir / "progress"
+    d = job_dir / RUN_FILES.progress
     files = sorted(d.glob("a*.jsonl"), key=lambda p: _attempt_key(p.stem)) if d.is_dir() else []
     attempts = []
     for p in files:
@@ -361,7 +361,7 @@ def _wall_seconds(job_dir: Path, attempts: list[dict[str, Any]]) -> float:
 
 def write_goodput(job_dir: Path) -> dict[str, Any] | None:
     """Compute and write `JOB/goodput.json`; None when the job left no progress records."""
-    if not (job_dir / "progress").is_dir():
+    if not (job_dir / RUN_FILES.progress).is_dir():
         return None
     rec = compute_goodput(job_dir)
     tmp = job_dir / "goodput.json.tmp"

@@ -27,6 +27,7 @@ import torch
 from musubi.config.batch_plan import scale_lr
 from musubi.config.job import JobSpec
 from musubi.contract.errors import ConfigError
+from musubi.contract.run_files import RUN_FILES
 
 log = logging.getLogger("musubi.memory")
 
@@ -66,7 +67,7 @@ def memory_figures(device: torch.device) -> dict[str, float]:
 
 def memory_dir(job_dir: Path) -> Path:
     """Where OOM records, the effective batch and probe results live."""
-    return job_dir / "memory"
+    return job_dir / RUN_FILES.memory
 
 
 def record_oom(job_dir: Path, rank: int, step: int, phase: str, per_rank: int, accumulation: int,

@@ -36,7 +36,7 @@ SAFER = {"fp16": "bf16", "bf16": "fp32"}
 
 
 def numerics_dir(job_dir: Path) -> Path:
-    return job_dir / "numerics"
+    return job_dir / RUN_FILES.numerics
 
 
 def record_nonfinite(job_dir: Path, rank: int, step: int, last_good_step: int, precision: str, detail: str) -> Path:
@@ -84,10 +84,10 @@ def current_precision(job_dir: Path, configured: str, bf16_ok: bool, is_main: bo
         return applied[-1]["to"] if applied else configured
     nxt = safer_precision(fault["precision"], bf16_ok) or "fp32"
     if is_main:
-        moved = quarantine_after(job_dir / "checkpoints", int(fault["last_good_step"]))
+        moved = quarantine_after(job_dir / RUN_FILES.checkpoints, int(fault["last_good_step"]))
         applied.append({"step": fault["step"], "last_good_step": fault["last_good_step"], "from": fault["precision"],
                         "to": nxt, "quarantined": moved, "detail": fault.get("detail")})
-        (numerics_dir(job_dir) / "applied.json").write_text(json.dumps(applied, indent=1), encoding="utf-8")
+        (numerics_dir(job_dir) / RUN_FILES.applied).write_text(json.dumps(applied, indent=1), encoding="utf-8")
         log.warning("non-finite loss at step %d in %s: rolled back to the last good checkpoint (step <= %d) and "
                     "continuing in %s%s", fault["step"], fault["precision"], fault["last_good_step"], nxt,
                     f"; quarantined {', '.join(moved)}" if moved else "")
@@ -108,7 +108,7 @@ def quarantine_after(ckpt_root: Path, last_good_step: int) -> list[str]:
     moved = []
     for c in committed_checkpoints(ckpt_root):
         if c.step > last_good_step:
-            dest = ckpt_root / "quarantine" / c.path.name
+            dest = ckpt_root / RUN_FILES.quarantine / c.path.name
             dest.parent.mkdir(parents=True, exist_ok=True)
             shutil.move(str(c.path), str(dest))
             moved.append(c.path.name)
@@ -117,7 +117,7 @@ def quarantine_after(ckpt_root: Path, last_good_step: int) -> list[str]:
 
 def applied_fallbacks(job_dir: Path) -> list[dict[str, Any]]:
     """Every precision fallback of this job (for the checklist)."""
-    path = numerics_dir(job_dir) / "applied.json"
+    path = numerics_dir(job_dir) / RUN_FILES.applied
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):

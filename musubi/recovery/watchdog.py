@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from musubi.config.job import WatchdogSpec
+from musubi.contract.run_files import RUN_FILES
 from musubi.contract.world import attempt_id
 
 log = logging.getLogger("musubi.watchdog")
@@ -138,9 +139,9 @@ class Watchdog:
         self.collective_timeout_s = collective_timeout_s
         self.hb = heartbeat
         self.attempt = attempt_id()
-        self.dir = job_dir / "heartbeat"
+        self.dir = job_dir / RUN_FILES.heartbeat
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.hang_dir = job_dir / "logs" / "hang"
+        self.hang_dir = job_dir / RUN_FILES.hangs
         self._exit = exit_fn or (lambda code: os._exit(code))
         self._stop = threading.Event()
         self._seen: dict[int, tuple[int, float]] = {}  # rank -> (seq, local monotonic time it last moved)
