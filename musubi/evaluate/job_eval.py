@@ -42,9 +42,7 @@ def _now() -> str:
 def export_entry(exported: dict[str, Any]) -> dict[str, Any]:
     """eval.json's "export" entry for an export record (export_loaded's): "record" is where the fleet's ship()
     finds which checkpoint was exported, so it registers an export done early instead of exporting again."""
-    from musubi.evaluate.onnx_export import EXPORT_DIR, EXPORT_JSON
-
-    return {"file": f"{EXPORT_DIR}/{exported['file']}", "record": f"{EXPORT_DIR}/{EXPORT_JSON}",
+    return {"file": f"{RUN_FILES.export}/{exported['file']}", "record": f"{RUN_FILES.export}/{RUN_FILES.export_record}",
             "sha256": exported["sha256"], "opset": exported["opset"], "parity_ok": exported["parity"]["ok"]}
 
 
@@ -73,7 +71,7 @@ def evaluate_task_job(job_dir: Path, device: str | None, export: bool, fps_runs:
     from musubi.evaluate.export_plan import export_plan
     from musubi.evaluate.fps import onnx_fps, torch_fps
     from musubi.evaluate.model_io import load_job_model, sample_batch
-    from musubi.evaluate.onnx_export import ONNX_FILE, export_loaded
+    from musubi.evaluate.onnx_export import export_loaded
     from musubi.evaluate.recipe import slice_rule
     from musubi.evaluate.sliced_fps import fps_unit, tiled_onnx_fps
 
@@ -103,11 +101,11 @@ def evaluate_task_job(job_dir: Path, device: str | None, export: bool, fps_runs:
     fps_all[headline["runtime"]] = headline
     if exported is not None:
         if slice_rule(job.spec) is not None:  # the one-tile graph timed as deployed: tiled and merged
-            ort = tiled_onnx_fps(job, job_dir / "export" / ONNX_FILE, device, fps_warmup, fps_runs)
+            ort = tiled_onnx_fps(job, job_dir / RUN_FILES.export / RUN_FILES.onnx, device, fps_warmup, fps_runs)
         else:
             plan = export_plan(job)
             feeds = {plan.input_name: plan.to_input(sample_batch(job.task, 1)).numpy()}
-            ort = onnx_fps(job_dir / "export" / ONNX_FILE, feeds, device, fps_warmup, fps_runs)
+            ort = onnx_fps(job_dir / RUN_FILES.export / RUN_FILES.onnx, feeds, device, fps_warmup, fps_runs)
             ort["unit"] = headline["unit"]
         fps_all[ort["runtime"]] = ort
     record.update(fps=headline, fps_all=fps_all, checkpoint_step=job.step, evaluated=_now())
@@ -133,7 +131,7 @@ def evaluate_external_job(job_dir: Path, device: str | None, fps_runs: int | Non
         write_json(path, adapt_metrics(job_dir, spec["format"], spec.get("path"), spec.get("metrics")))
     record = read_external_eval(path)
     record["kind"] = "external"
-    model = job_dir / "model.onnx"
+    model = job_dir / RUN_FILES.onnx
     fps = record.get("fps")
     if fps is not None:
         fps.setdefault("runtime", "reported by the external program")

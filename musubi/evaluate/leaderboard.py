@@ -263,7 +263,7 @@ def build_leaderboard(run_dir: Path, weights: tuple[float, float] = (0.7, 0.3), 
 def nothing_to_ship(job_dir: Path, kind: str | None) -> bool:
     """An external job that left no model.onnx: Musubi has no model of it to export or register (not a failure:
     the fleet ships the next model of its table, and a fleet of such jobs ships nothing)."""
-    return kind == "external" and not (Path(job_dir) / "model.onnx").is_file()
+    return kind == "external" and not (Path(job_dir) / RUN_FILES.onnx).is_file()
 
 
 def read_leaderboard(run_dir: Path) -> dict[str, Any]:

@@ -69,7 +69,7 @@ def load_job_model(job_dir: Path, checkpoint: str | int | None = None) -> JobMod
     task = build_task(spec)
     # Sizes and SHA-256 checksums: a damaged newer checkpoint is skipped for the previous good one, with
     # a warning naming it (as training's resume does), so evaluate/export/registry never load broken weights.
-    ckpt = select_checkpoint(job_dir / "checkpoints", checkpoint, spec.checkpoint.best_metric or task.primary_metric,
+    ckpt = select_checkpoint(job_dir / RUN_FILES.checkpoints, checkpoint, spec.checkpoint.best_metric or task.primary_metric,
                              spec.checkpoint.best_mode)
     model = task.build_model()
     state = read_full_state(ckpt.path, verified=True, keys=frozenset({"model"})).get("model")

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from musubi.contract.errors import ConfigError, one_line
+from musubi.contract.run_files import RUN_FILES
 from musubi.evaluate.detector_stages import (
     PROBE_OUTPUTS,
     detector_cuts,
@@ -46,7 +47,6 @@ from musubi.tasks.rebuild import model_recipe
 DEFAULT_OPSET = 17
 #: Real validation samples that torch and ONNX Runtime are compared on.
 DEFAULT_PARITY_INPUTS = 4
-EXPORT_DIR, ONNX_FILE, EXPORT_JSON = "export", "model.onnx", "export.json"
 #: Where an export whose parity check failed is kept (for inspection), beside the last good one.
 FAILED_FILE, FAILED_JSON = "model.parity-failed.onnx", "export-failed.json"
 
@@ -275,10 +275,10 @@ def export_loaded(job: JobModel, opset: int = DEFAULT_OPSET, parity_inputs: int 
     exporters = plan.exporters if exporter == "auto" else [exporter]
     # Trace with 2 samples where the batch axis is symbolic: a batch of 1 lets the tracer bake in size-1 dims.
     example = plan.to_input(sample_batch(job.task, 2 if plan.dynamic_batch else 1))
-    out_dir = job.job_dir / EXPORT_DIR
+    out_dir = job.job_dir / RUN_FILES.export
     created = not out_dir.exists()
     out_dir.mkdir(parents=True, exist_ok=True)
-    tmp = out_dir / f".{ONNX_FILE}.{os.getpid()}.tmp"
+    tmp = out_dir / f".{RUN_FILES.onnx}.{os.getpid()}.tmp"
     try:
         used = _export(plan, example, tmp, opset, exporters)
         recipe = inference_recipe(job)
@@ -296,7 +296,7 @@ def export_loaded(job: JobModel, opset: int = DEFAULT_OPSET, parity_inputs: int 
                     parity["problem"] = f"with the score threshold at 0: {extra.get('problem', 'outputs differ')}"
                 parity["note"] = ("no detection passed the score threshold on the parity inputs: the graph was "
                                   "also compared with the threshold at 0 (all_scores)")
-        final = out_dir / (ONNX_FILE if parity["ok"] else FAILED_FILE)
+        final = out_dir / (RUN_FILES.onnx if parity["ok"] else FAILED_FILE)
         os.replace(tmp, final)
     except BaseException:
         # An export that produced no graph leaves nothing behind: no temporary file, no empty export/.
@@ -338,7 +338,7 @@ def export_loaded(job: JobModel, opset: int = DEFAULT_OPSET, parity_inputs: int 
             f"{final}: ONNX Runtime disagrees with torch ({_parity_summary(parity)}); kept aside, every "
             f"difference and disagreement listed in {out_dir / FAILED_JSON} (parity)"
         )
-    write_json(out_dir / EXPORT_JSON, record)
+    write_json(out_dir / RUN_FILES.export_record, record)
     return record
 
 

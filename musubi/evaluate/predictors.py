@@ -125,7 +125,7 @@ class OnnxPredictor(Predictor):
 
         recipe = onnx_recipe(path)
         if recipe is None:
-            beside = path.with_name("export.json")
+            beside = path.with_name(RUN_FILES.export_record)
             record = read_json(beside) if beside.is_file() else {}
             recipe = record.get("recipe") if isinstance(record, dict) else None
         if not isinstance(recipe, dict):
@@ -192,10 +192,10 @@ def load_predictor(model: str | Path, checkpoint: str | int | None = None, devic
 
         if not is_task_job(path):
             raise ConfigError(f"{path}: an external job; predict with the model file its program wrote "
-                              f"({path / 'model.onnx'}) if it is a musubi export, or with its own tools")
+                              f"({path / RUN_FILES.onnx}) if it is a musubi export, or with its own tools")
         return JobPredictor(path, checkpoint, dev)
     if path.is_dir():
-        for candidate in (path / "export" / "model.onnx", path / "model.onnx"):
+        for candidate in (path / RUN_FILES.export / RUN_FILES.onnx, path / RUN_FILES.onnx):
             if candidate.is_file():
                 return OnnxPredictor(candidate, dev)
         raise ConfigError(f"{path}: not a job directory (no job.json) and holds no export/model.onnx; give RUN/JOB, "

@@ -32,7 +32,7 @@ from musubi.store.rundir import read_json, write_json
 #: Where the registry lives when neither a database nor a run directory is named (runs/<time>-<name> sit beside it).
 DEFAULT_DB = Path("runs") / "musubi.db"
 MANIFEST_FORMAT = "musubi-manifest/1"
-MARKER = Path("export") / "registered.json"
+MARKER = Path(RUN_FILES.export) / RUN_FILES.registered
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS registry (
@@ -125,15 +125,15 @@ def _read_optional_json(path: Path) -> dict[str, Any]:
 
 def _model_file(job_dir: Path) -> tuple[Path, dict[str, Any]]:
     """The deployable ONNX file of a job and its export record (empty for an external job's file)."""
-    exported = job_dir / "export" / "model.onnx"
+    exported = job_dir / RUN_FILES.export / RUN_FILES.onnx
     if exported.is_file():
-        record = _read_optional_json(job_dir / "export" / "export.json")
+        record = _read_optional_json(job_dir / RUN_FILES.export / RUN_FILES.export_record)
         parity = record.get("parity") or {}
         if record and not parity.get("ok", False):
-            raise ConfigError(f"{job_dir / 'export' / 'export.json'}: parity check failed "
+            raise ConfigError(f"{job_dir / RUN_FILES.export / RUN_FILES.export_record}: parity check failed "
                               f"({parity.get('problem', 'outputs differ beyond tolerance')}); not registering it")
         return exported, record
-    external = job_dir / "model.onnx"
+    external = job_dir / RUN_FILES.onnx
     if external.is_file():
         return external, {}
     raise ConfigError(f"{job_dir}: no export/model.onnx (nor model.onnx); run `musubi export {job_dir}` first")
@@ -190,7 +190,7 @@ def register(job_dir: Path, name: str | None = None, db: Path | None = None) -> 
     sha = file_sha256(model_file)
     files = [{"role": "model", "path": str(model_file), "sha256": sha, "bytes": model_file.stat().st_size}]
     if export:
-        record = job_dir / "export" / "export.json"
+        record = job_dir / RUN_FILES.export / RUN_FILES.export_record
         files.append({"role": "export-record", "path": str(record), "sha256": file_sha256(record),
                       "bytes": record.stat().st_size})
     env = _read_optional_json(run_dir / RUN_FILES.env)

@@ -18,8 +18,8 @@ from typing import Any
 import torch
 
 from musubi.contract.errors import ConfigError
+from musubi.contract.run_files import RUN_FILES
 from musubi.evaluate.model_io import load_job_model
-from musubi.evaluate.onnx_export import EXPORT_DIR
 from musubi.evaluate.recipe import inference_recipe
 from musubi.evaluate.registry import file_sha256
 from musubi.store.rundir import write_json
@@ -54,7 +54,7 @@ def export_weights(job_dir: Path, checkpoint: str | int | None = None) -> dict[s
     newest) and weights.json."""
     job = load_job_model(Path(job_dir), checkpoint)
     state = {k: v.detach().to("cpu").contiguous().clone() for k, v in job.model.state_dict().items()}
-    out_dir = job.job_dir / EXPORT_DIR
+    out_dir = job.job_dir / RUN_FILES.export
     out_dir.mkdir(parents=True, exist_ok=True)
     tmp = out_dir / f".{PT_FILE}.{os.getpid()}.tmp"
     try:
