@@ -42,6 +42,6 @@ def test_close_mid_epoch_ends_the_persistent_workers_at_once() -> None:
     feed.close()
     took = time.monotonic() - t0
     assert not any(_alive(p) for p in pids), "a loader worker outlived close()"
-    assert took < 2.0, f"close() took {took:.1f} s: the workers were killed after a join timeout, not stopped"
+    assert took < 4.0, f"close() took {took:.1f} s: the workers were killed after the 5 s join timeout, not stopped"
     assert feed.worker_pids() == []
     feed.close()  # twice is harmless (a restart path may close again)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -103,33 +104,46 @@ def test_sliced_task_trains_on_tiles_and_scores_whole_frames(tmp_path: Path) -> 
     assert origins == sorted((float(x), float(y)) for x in (0, 36, 72) for y in (0, 32))
 
 
+def scripted_clock(rates: list[float], samples: int) -> Callable[[], float]:
+    """A clock under which the loader's timed stretch at the k-th worker count takes samples / rates[k] seconds
+    (measure_workers reads it twice a count: before and after), so the choice is tested on given rates, not on
+    what a busy machine happens to measure."""
+    ticks = iter(t for r in rates for t in (0.0, samples / r))
+    return lambda: next(ticks)
+
+
 def test_measure_picks_the_fewest_workers_that_feed_best() -> None:
     # Before: workers were a default (2) or a rule (cores - 1), never measured.
-    import time
-
     from torch.utils.data import Dataset
 
     from musubi.worker.feed.loader_probe import candidates, measure_workers
 
-    class Slow(Dataset):
+    class Items(Dataset):
         def __len__(self) -> int:
             return 64
 
         def __getitem__(self, i: int) -> int:
-            time.sleep(0.02)  # decode-bound: more workers help
             return i
 
     assert candidates(7) == [1, 2, 4, 7] and candidates(1) == [1] and candidates(0) == [1]
-    chosen, rates = measure_workers(Slow(), list, batch=4, max_workers=4, batches=3)
-    assert chosen >= 2 and rates[chosen] > 1.5 * rates[1], rates
+    timed = 4 * 3  # batch 4, batches 3: the first batch (start-up) is not timed, the next 3 are
 
-    class Fast(Dataset):
-        def __len__(self) -> int:
-            return 64
+    def choose(rates: list[float]) -> tuple[int, dict[int, float]]:
+        return measure_workers(Items(), list, batch=4, max_workers=4, batches=3, clock=scripted_clock(rates, timed))
 
-        def __getitem__(self, i: int) -> int:
-            return i
-
-    ticks = iter(range(100))  # a fake clock: every count measures the same rate -> the fewest win
-    chosen, rates = measure_workers(Fast(), list, batch=4, max_workers=4, batches=3, clock=lambda: next(ticks))
-    assert chosen == 1 and list(rates) == [1, 2]  # no gain from 2: the search stops
+    # decode-bound: every doubling pays, the most workers win
+    chosen, rates = choose([40.0, 78.0, 150.0])
+    assert chosen == 4 and rates == pytest.approx({1: 40.0, 2: 78.0, 4: 150.0})
+    # the rates a loaded machine measured once ({1: 39.5, 2: 48.5, 4: 55.9}): each doubling gained over GAIN, 4 wins
+    chosen, rates = choose([39.5, 48.5, 55.9])
+    assert chosen == 4 and list(rates) == [1, 2, 4]
+    # saturated at 4: its gain under GAIN over 2 ends the search, and 2 is within KEEP of the best: the fewest
+    # that feed best
+    chosen, rates = choose([39.5, 54.0, 55.9])
+    assert chosen == 2 and rates[4] == pytest.approx(55.9)
+    # every count measures the same rate: no gain from 2, the search stops, the fewest win
+    chosen, rates = choose([50.0, 50.0, 50.0])
+    assert chosen == 1 and list(rates) == [1, 2]
+    # the real clock on this machine: only what cannot depend on its load
+    chosen, rates = measure_workers(Items(), list, batch=4, max_workers=4, batches=3)
+    assert chosen in rates and set(rates) <= {1, 2, 4} and all(r > 0 for r in rates.values())
