@@ -106,7 +106,7 @@ def job_outcome(job_dir: Path, status: str | None = None, error: str | None = No
         metrics["fps"] = ev["fps"]["fps"]
     ckpt = (record.get("config") or {}).get("checkpoint") or {}
     primary = ev.get("primary_metric") if isinstance(ev, dict) else None
-    root = job_dir / "checkpoints"
+    root = job_dir / RUN_FILES.checkpoints
     last = latest_checkpoint(root, warn=False)
     best = best_checkpoint(root, ckpt.get("best_metric") or primary, ckpt.get("best_mode", "max"))
     if error is None:

@@ -16,6 +16,7 @@ from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from musubi.config.job import MAX_PATH_CHARS, JobSpec, PathStr, ShortStr, StrictModel, check_safe_name
 from musubi.config.success import SuccessSpec
+from musubi.contract.env import MUSUBI_JOB_DIR
 
 #: A fleet of more jobs than this is a mistake (or an attack on the scheduler).
 MAX_JOBS = 1000
@@ -90,7 +91,7 @@ class MetricsFrom(StrictModel):
         description="ultralytics (results.csv, weights/best.pt), lightning (CSVLogger metrics.csv) or hf-trainer "
         "(trainer_state.json).")
     path: PathStr | None = Field(None, description="File or folder the framework writes to, relative to "
-                                 "$MUSUBI_JOB_DIR (the program's working directory); default: the newest such "
+                                 f"${MUSUBI_JOB_DIR} (the program's working directory); default: the newest such "
                                  "file anywhere under it.")
     metrics: dict[Annotated[str, Field(min_length=1, max_length=64)], ShortStr] | None = Field(
         None, max_length=64, description="Musubi name -> the framework's metric name, e.g. {map50: val_map50}; the "

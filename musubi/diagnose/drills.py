@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from musubi.contract.env import MUSUBI_INJECT
 from musubi.contract.run_files import RUN_FILES
 from musubi.diagnose.classify import analyze
 from musubi.diagnose.timeline import load_job
@@ -72,7 +73,7 @@ def train_once(job: Path, out: Path, nproc: int, device: str, steps: int, inject
                env_extra: dict[str, str] | None = None) -> tuple[Path, float]:
     """`musubi train` in a subprocess with MUSUBI_INJECT (and `env_extra`); the job folder and the wall time (s)."""
     env = dict(os.environ)
-    env["MUSUBI_INJECT"] = inject
+    env[MUSUBI_INJECT] = inject
     env.update(env_extra or {})
     cmd = [sys.executable, "-m", "musubi.cli", "train", str(job), "--nproc", str(nproc), "--device", device,
            "--out", str(out), "--no-check", "--set", f"train.max_steps={steps}"]

@@ -74,7 +74,7 @@ def load_job(job_dir: Path) -> JobTelemetry:
         tele.job = json.loads((job_dir / RUN_FILES.job).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         tele.job = {}
-    d = job_dir / "telemetry"
+    d = job_dir / RUN_FILES.telemetry
     for p in sorted(d.glob("rank*.jsonl")):
         try:
             rank = int(p.stem[4:])
@@ -103,6 +103,6 @@ def load_job(job_dir: Path) -> JobTelemetry:
 
 def job_dirs(run: Path) -> list[Path]:
     """The job folders of a run directory (or the run itself when it is one job's folder)."""
-    if (run / "telemetry").is_dir():
+    if (run / RUN_FILES.telemetry).is_dir():
         return [run]
-    return sorted(p for p in run.iterdir() if p.is_dir() and (p / "telemetry").is_dir())
+    return sorted(p for p in run.iterdir() if p.is_dir() and (p / RUN_FILES.telemetry).is_dir())

@@ -13,6 +13,8 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
+from musubi.contract.run_files import RUN_FILES
+
 #: Flight-recorder entries kept per rank (torch's default is 2000; a long step has more collectives).
 TRACE_BUFFER_ENTRIES = 20000
 #: Prefix of the per-rank dump files in JOB/logs/ (torch appends the rank: nccl-trace-rank3).
@@ -25,7 +27,7 @@ _ALIASES = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "NCCL_ASYNC_ERROR_HANDLING"}
 def diagnostic_env(job_dir: Path, base: Mapping[str, str] | None = None) -> dict[str, str]:
     """Variables to add to the workers' environment (only those the user has not set; creates JOB/logs/)."""
     base = os.environ if base is None else base
-    logs = job_dir / "logs"
+    logs = job_dir / RUN_FILES.logs
     logs.mkdir(parents=True, exist_ok=True)
     wanted = {
         # 3 = abort the rank without ncclCommAbort (which can itself hang on a wedged communicator);

@@ -396,7 +396,7 @@ def _export_item(run_dir: Path, ranked: list[dict[str, Any]], export_top: int) -
     for metric, rows in tables.items():
         shippable = [r for r in rows if not nothing_to_ship(run_dir / r["job"], r.get("kind"))]
         unshippable += [r["job"] for r in rows if r not in shippable]
-        done = [r["job"] for r in rows if (run_dir / r["job"] / "export" / "registered.json").is_file()]
+        done = [r["job"] for r in rows if (run_dir / r["job"] / RUN_FILES.export / RUN_FILES.registered).is_file()]
         want += min(export_top, len(shippable))
         exported += len(done)
         best = rows[0]

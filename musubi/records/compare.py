@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from musubi.contract.env import MUSUBI_RUN_ID
 from musubi.contract.run_files import RUN_FILES
 from musubi.data.job_version import dataset_version
 from musubi.records import evidence
@@ -20,7 +21,7 @@ from musubi.records import evidence
 #: Throughput drop (B against A) flagged as a regression.
 REGRESSION = 0.10
 #: env.json keys that are not provenance: they differ on every run.
-_ENV_NOISE = {"env.MUSUBI_RUN_ID", "env.TORCHELASTIC_RUN_ID", "project.changed_files"}
+_ENV_NOISE = {f"env.{MUSUBI_RUN_ID}", "env.TORCHELASTIC_RUN_ID", "project.changed_files"}
 
 
 def flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
@@ -66,7 +67,7 @@ def _breakdown(job_dir: Path) -> dict[str, float]:
     from musubi.telemetry.step_record import sections_ms
 
     sums: dict[str, list[float]] = {}
-    for rec in evidence.read_jsonl(job_dir / "telemetry" / "rank0.jsonl"):
+    for rec in evidence.read_jsonl(job_dir / RUN_FILES.telemetry / "rank0.jsonl"):
         if rec.get("kind") != "step":
             continue
         for k, v in sections_ms(rec).items():

@@ -155,7 +155,7 @@ def num_classes(job_dir: Path) -> int | None:
     synthetic = data.get("synthetic") if isinstance(data, dict) else None
     if isinstance(synthetic, dict) and isinstance(synthetic.get("num_classes"), int):
         return synthetic["num_classes"]
-    for state in sorted((job_dir / "checkpoints").glob("step-*/state.json"), reverse=True):
+    for state in sorted((job_dir / RUN_FILES.checkpoints).glob("step-*/state.json"), reverse=True):
         classes = (read_json_or_none(state) or {}).get("classes")
         if isinstance(classes, list) and classes:
             return len(classes)
@@ -176,7 +176,7 @@ def median_rate(records: list[dict[str, Any]], warmup_fraction: float = 0.0) -> 
 
 def oom_records(job_dir: Path) -> list[dict[str, Any]]:
     """Applied OOM decisions of the job (memory/applied-oom-*.json), else the raw per-rank records."""
-    d = job_dir / "memory"
+    d = job_dir / RUN_FILES.memory
     if not d.is_dir():
         return []
     paths = sorted(d.glob("applied-oom-*.json")) or sorted(d.glob("oom-*.json"))
@@ -186,7 +186,7 @@ def oom_records(job_dir: Path) -> list[dict[str, Any]]:
 def rank_steps(job_dir: Path) -> dict[int, int]:
     """The last step each rank recorded in its telemetry (JOB/telemetry/rank{r}.jsonl or JOB/rank{r}.jsonl)."""
     out: dict[int, int] = {}
-    for folder in (job_dir / "telemetry", job_dir):
+    for folder in (job_dir / RUN_FILES.telemetry, job_dir):
         for path in folder.glob("rank*.jsonl"):
             try:
                 rank = int(path.stem[4:])
@@ -203,7 +203,7 @@ def gpu_utilisation(job_dir: Path) -> dict[int, float] | None:
     (JOB/telemetry/sampler-rank{r}.jsonl: `{"kind": "sample", "gpu_index": i, "util": 0-100}`); None: none
     (CPU ranks, or no NVML)."""
     samples: dict[int, list[float]] = {}
-    folder = job_dir / "telemetry"
+    folder = job_dir / RUN_FILES.telemetry
     if not folder.is_dir():
         return None
     for path in sorted(folder.glob("*.jsonl")):
@@ -222,7 +222,7 @@ def gpu_utilisation(job_dir: Path) -> dict[int, float] | None:
 def gpu_peak_gib(job_dir: Path) -> float | None:
     """Most GPU memory used on any of the job's GPUs (NVML, GiB: its tensors, allocator cache and CUDA
     context) from the telemetry sampler (JOB/telemetry/sampler-rank{r}.jsonl); None: no GPU samples."""
-    folder = job_dir / "telemetry"
+    folder = job_dir / RUN_FILES.telemetry
     if not folder.is_dir():
         return None
     peaks = [float(r["mem_used_gib"]) for path in sorted(folder.glob("*.jsonl")) for r in read_jsonl(path)
@@ -233,7 +233,7 @@ def gpu_peak_gib(job_dir: Path) -> float | None:
 def data_wait_share(job_dir: Path) -> float | None:
     """Largest per-rank share of step time spent waiting for data (the `data` section of the step
     spans in JOB/telemetry/rank{r}.jsonl, the first tenth of the steps skipped); None: no spans."""
-    folder = job_dir / "telemetry"
+    folder = job_dir / RUN_FILES.telemetry
     if not folder.is_dir():
         return None
     worst = None
@@ -250,7 +250,7 @@ def data_wait_share(job_dir: Path) -> float | None:
 def baseline(job_dir: Path) -> dict[str, Any] | None:
     """The job's single-GPU baseline (RUN/baselines/JOB.json, or JOB/baseline.json), when one was measured."""
     rec = read_json_or_none(job_dir / "baseline.json") or read_json_or_none(
-        job_dir.parent / "baselines" / f"{job_dir.name}.json")
+        job_dir.parent / RUN_FILES.baselines / f"{job_dir.name}.json")
     if isinstance(rec, dict) and isinstance(rec.get("samples_per_s"), (int, float)) and rec["samples_per_s"] > 0:
         return rec
     return None
@@ -334,5 +334,5 @@ def earlier_rates(job_dir: Path) -> list[float]:
 
 def precision_fallbacks(job_dir: Path) -> list[dict[str, Any]]:
     """The numerical guard's fallbacks of a job (JOB/numerics/applied.json, see recovery/numerics.py)."""
-    data = read_json_or_none(job_dir / "numerics" / "applied.json")
+    data = read_json_or_none(job_dir / RUN_FILES.numerics / RUN_FILES.applied)
     return [r for r in data if isinstance(r, dict)] if isinstance(data, list) else []

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from musubi.config.version import VERSION
+from musubi.contract.env import VARIABLE_PREFIX
 
 
 def write_json(path: Path, data: Any) -> None:
@@ -144,7 +145,7 @@ def torchvision_version() -> str | None:
 
 
 #: Variables that change how distributed training behaves (recorded in env.json, shown by `musubi env`).
-ENV_PREFIXES = ("NCCL_", "TORCH_NCCL_", "TORCH_DISTRIBUTED", "CUDA_", "OMP_", "MKL_", "MUSUBI_", "NVIDIA_",
+ENV_PREFIXES = ("NCCL_", "TORCH_NCCL_", "TORCH_DISTRIBUTED", "CUDA_", "OMP_", "MKL_", VARIABLE_PREFIX, "NVIDIA_",
                 "PYTORCH_", "TORCHELASTIC_", "MASTER_", "GLOO_")
 
 

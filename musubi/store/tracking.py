@@ -15,6 +15,7 @@ from typing import Any
 
 from musubi.config.job import TrackingSpec
 from musubi.contract.errors import ConfigError
+from musubi.contract.run_files import RUN_FILES
 
 log = logging.getLogger("musubi")
 
@@ -52,7 +53,7 @@ class MlflowSink:
             raise ConfigError("tracking.mlflow: true but MLflow is not installed; pip install 'musubi-train[mlflow]' "
                               "(mlflow-skinny) or set tracking.mlflow: false") from None
         self._mlflow = mlflow
-        uri = spec.mlflow_uri or (job_dir.parent / "mlruns").resolve().as_uri()
+        uri = spec.mlflow_uri or (job_dir.parent / RUN_FILES.mlruns).resolve().as_uri()
         if uri.startswith("file:"):
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
         mlflow.set_tracking_uri(uri)

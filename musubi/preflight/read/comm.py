@@ -22,6 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from musubi.contract.env import MUSUBI_COMM_PROBE
 from musubi.preflight.readings import CommReading
 
 #: Bytes per rank of the timed all-reduce: large enough to reach link bandwidth, small enough for any GPU.
@@ -51,7 +52,7 @@ def probe_launcher(backend: str, env: dict[str, str] | os._Environ[str]) -> str:
     """'single' (one process, every GPU) for NCCL unless MUSUBI_COMM_PROBE=torchrun; gloo is always torchrun."""
     if backend != "nccl":
         return "torchrun"
-    choice = env.get("MUSUBI_COMM_PROBE", "single").strip().lower()
+    choice = env.get(MUSUBI_COMM_PROBE, "single").strip().lower()
     return "torchrun" if choice == "torchrun" else "single"
 
 

@@ -9,13 +9,14 @@ import warnings
 from collections.abc import Mapping
 from pathlib import Path
 
+from musubi.contract.env import MUSUBI_NNODES
 from musubi.preflight.readings import DiskReading, EnvReading, StackReading
 from musubi.topology.nvml import NvmlReading
 
 #: Variables the environment check looks at (prefixes and exact names).
 ENV_PREFIXES = ("NCCL_", "TORCH_NCCL_", "TORCH_DISTRIBUTED_", "CUDA_", "OMP_", "PYTORCH_", "TORCH_CPP_LOG")
 ENV_NAMES = ("MKL_NUM_THREADS", "MASTER_ADDR", "LOCAL_WORLD_SIZE", "WORLD_SIZE", "GLOO_SOCKET_IFNAME")
-_NODE_VARS = ("MUSUBI_NNODES", "SLURM_JOB_NUM_NODES", "SLURM_NNODES", "PET_NNODES", "NNODES")
+_NODE_VARS = (MUSUBI_NNODES, "SLURM_JOB_NUM_NODES", "SLURM_NNODES", "PET_NNODES", "NNODES")
 
 
 def read_stack(nvml: NvmlReading) -> StackReading:
