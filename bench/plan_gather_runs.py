@@ -45,11 +45,13 @@ for line in open(README):
                      table=f"README '{section}' row {model} seq {seq} {n} GPUs", gpu=GPU[gpu], n_gpus=n,
                      params_b=f"{int(nparams)/1e9:.2f}", arch="mpt", layers=layers, hidden=d, heads=heads, kv_heads="",
                      ffn="", seq=seq, vocab=50368, global_batch_seqs=gb, micro_batch=mb, tp=1, pp=1, cp=1, dp=n, vpp="",
-                     zero_stage=zero, recompute=rc, sequence_parallel="no", attention="flash", overlap="",
+                     zero_stage=zero, recompute=rc, sequence_parallel="no", attention="flash1", overlap="",
                      memory_precision="mixed", measured_tflops_per_gpu="", measured_fraction_of_peak="",
                      measured_tokens_per_s_per_gpu=tpsg, flops_convention="",
                      published_layout=f"dp={n},zero={zero},recompute={rc},micro={mb}", known_off="",
-                     assumed=("Composer FSDP " + shard + f" ({prec}); flash attention (the README: our models use Flash Attention); "
+                     assumed=("Composer FSDP " + shard + f" ({prec}); Triton FlashAttention (attention=flash1: the sweep script "
+                              "scripts/train/benchmarking/submit_benchmarks.py defaults to --attn_impl triton; the README: "
+                              "our models use Flash Attention); "
                               "learned positions as the NumParams column implies; compared by tokens/s per GPU" + note)))
 TT = [  # torchtitan docs/performance.md (2024, FSDP2 on 64 A100 80GB): model, batch, AC, WPS per GPU
     ("llama3-8b", 1, "selective", 2973, "Llama 3 table, selective op AC"),

@@ -8,7 +8,8 @@ Model (all constants from `Efficiency`, fractions of the catalog's peaks):
 - memory-bound kernels (norms, residual adds, activation functions, softmax, dropout)
   move the bytes enumerated below at HBM x hbm; backward moves about as many again;
 - attention is either unfused (Megatron 2021-22: batched GEMMs plus a materialised
-  s x s softmax) or flash (fused, causal: half the square, at `flash` x peak, backward 2.5x);
+  s x s softmax) or fused (flash: FlashAttention-2, flash1: FlashAttention-1 / Triton; causal: half the
+  square, at the kernel's fraction of peak for this sequence length (attention.py), backward 2.5x);
 - the collectives a layer issues: tensor parallel (2 all-reduces, or all-gather +
   reduce-scatter pairs with sequence parallel, per pass), expert all-to-all (dispatch +
   combine), context-parallel ring exchange of K and V.
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from musubi.plan.attention import flash_rate_fraction
 from musubi.plan.cluster import Cluster
 from musubi.plan.comm import Link, all_reduce_s, all_to_all_s, reduce_scatter_s
 from musubi.plan.efficiency import Efficiency
@@ -61,7 +63,8 @@ class Device:
     peak: float  # dense peak
     hbm: float  # HBM bytes/s x hbm efficiency
     gemm_memory: float
-    flash: float
+    flash: float  # FlashAttention-2 class kernel's plateau fraction of peak
+    flash1: float  # FlashAttention-1 / Triton-port kernel's plateau fraction of peak
 
 
 def device(cluster: Cluster, eff: Efficiency, precision: str) -> Device:
@@ -69,7 +72,8 @@ def device(cluster: Cluster, eff: Efficiency, precision: str) -> Device:
     peak = cluster.gpu.peak(precision)
     achieved = cluster.gpu.achieved
     return Device(flops=peak * eff.fraction("matmul", achieved), peak=peak, hbm=cluster.gpu.hbm_gbps * 1e9 * eff.hbm,
-                  gemm_memory=eff.gemm_memory, flash=eff.fraction("flash", achieved))
+                  gemm_memory=eff.gemm_memory, flash=eff.fraction("flash", achieved),
+                  flash1=eff.fraction("flash1", achieved))
 
 
 def gemm_flops(m: float, k: float, n: float, batch: float = 1.0) -> float:
@@ -124,9 +128,12 @@ def layer_times(spec: TransformerSpec, layout: Layout, dev: Device, groups: Grou
         act_width = (spec.top_k + spec.shared_experts) * fm / t
 
     # -- attention core ------------------------------------------------------------
-    if layout.attention == "flash":
-        # causal: the kernel skips the masked half of the square; backward reruns the scores.
-        core_fwd = 0.5 * 4 * tokens * spec.seq * h / t / (dev.peak * dev.flash)
+    if layout.attention in ("flash", "flash1"):
+        # causal: the kernel skips the masked half of the square; backward reruns the scores. Its rate
+        # climbs with the keys one kernel call sees (s / cp under context parallelism): attention.py.
+        plateau = dev.flash if layout.attention == "flash" else dev.flash1
+        rate = dev.peak * flash_rate_fraction(plateau, s_loc)
+        core_fwd = 0.5 * 4 * tokens * spec.seq * h / t / rate
         core_bwd = 2.5 * core_fwd
         core_bytes = 0.0
     else:

@@ -26,8 +26,13 @@ class Efficiency:
     #: Memory-bound kernels (norms, residual adds, softmax, dropout) reach this fraction of HBM
     #: bandwidth; it also absorbs traffic the byte counts leave out (casts, layout copies); fitted (fit.py).
     hbm: float = 0.65
-    #: Fused (flash) attention: fraction of dense peak on the FLOPs it executes (causal half square).
+    #: Fused (flash) attention, FlashAttention-2: fraction of dense peak on the FLOPs it executes (causal
+    #: half square) once the sequence is long enough to fill the GPU (the plateau of the kernel's curve:
+    #: attention.py). FA2 paper (Dao 2023, arXiv:2307.08691, abstract): 50-73 % of A100 peak.
     flash: float = 0.5
+    #: The first generation of fused kernels (FlashAttention-1 and its Triton port, 2022 to mid-2023):
+    #: 25-40 % of A100 peak (the same abstract); the midpoint.
+    flash1: float = 0.325
     #: Bus bandwidth NCCL ring/tree collectives reach, as a fraction of the link's per-direction rate.
     nvlink: float = 0.8
     pcie: float = 0.7
@@ -49,7 +54,7 @@ class Efficiency:
     measured: frozenset[str] = frozenset()
 
     def fraction(self, name: str, achieved: dict[str, float]) -> float:
-        """`matmul` or `flash` for one GPU: measured here, else the catalog's figure, else the global default."""
+        """`matmul`, `flash` or `flash1` for one GPU: measured here, else the catalog's figure, else the global default."""
         if name in self.measured or name not in achieved:
             return float(getattr(self, name))
         return achieved[name]

@@ -14,7 +14,9 @@ from musubi.plan.spec import GenericSpec, ModelSpec
 
 RECOMPUTE = ("none", "selective", "full")
 SCHEDULES = ("1f1b", "interleaved", "zb")
-ATTENTION = ("flash", "unfused")
+#: flash: FlashAttention-2 class (fused, causal-skipping); flash1: FlashAttention-1 / its Triton port
+#: (fused, slower: attention.py); unfused: batched GEMMs and a materialised softmax (Megatron 2021-22).
+ATTENTION = ("flash", "flash1", "unfused")
 OVERLAPS = ("dp", "pp", "tp", "cp", "ep")
 #: What a modern stack overlaps by default: gradient reduce and parameter gather (DP/FSDP),
 #: pipeline sends, context-parallel ring exchange. TP collectives stay exposed unless the

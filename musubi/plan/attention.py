@@ -1,0 +1,28 @@
+"""The fused attention kernel's rate against sequence length, for each kernel generation.
+
+A fused (flash) kernel walks each query block over the key blocks; per query row it also pays
+fixed work (loading the block, the softmax rescale, the epilogue, and on a causal mask the
+diagonal block it computes whole but is credited half). That fixed work is amortised over the
+keys, so the kernel's rate climbs with sequence length and flattens:
+
+    rate(s) = plateau x s / (s + FLASH_HALF_SEQ)
+
+`plateau` is the kernel's headline fraction of peak (Efficiency.flash / flash1, or the catalog's
+per-GPU figure). FLASH_HALF_SEQ comes from a published sweep at a fixed number of tokens
+(pytorch/benchmark PR #2391, H100, head dim 128, batch x seq = 16k, TFLOP/s for seq 512..16k:
+Triton FA2 329, 390, 434, 458, 471, 477; FlashAttention-3 430, 517, 566, 590, 614, 621): both
+kernels sit at 0.69 of their 16k rate at 512, 0.82-0.83 at 1k, 0.91 at 2k, 0.95-0.96 at 4k
+(tests/plan/test_attention.py holds the check).
+"""
+
+from __future__ import annotations
+
+#: Sequence length at which a fused attention kernel runs at half its plateau rate (tokens).
+FLASH_HALF_SEQ = 230.0
+
+
+def flash_rate_fraction(plateau: float, seq: float) -> float:
+    """Fraction of dense peak a fused attention kernel reaches on keys of length `seq`."""
+    if seq <= 0:
+        raise ValueError(f"seq must be > 0, got {seq}")
+    return plateau * seq / (seq + FLASH_HALF_SEQ)
