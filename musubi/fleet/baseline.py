@@ -24,6 +24,7 @@ from rich.console import Console
 from rich.text import Text
 
 from musubi.config.fleet import FleetSpec, TaskJob
+from musubi.contract.run_files import RUN_FILES
 from musubi.fleet.jobs import gpu_env
 from musubi.records.evidence import machine_key, median_rate, train_records
 from musubi.store.db import cache_key, db_path, lookup_baseline, store_baseline
@@ -77,7 +78,7 @@ def measure_baselines(spec: FleetSpec, run_dir: Path, devices: list[int], kind: 
     jobs = [j for j in spec.jobs if isinstance(j, TaskJob) and j.gpus > 1]
     if not steps or not jobs:
         return {}
-    folder = run_dir / "baselines"
+    folder = run_dir / RUN_FILES.baselines
     db = db_path(run_dir)
     results: dict[str, dict[str, Any]] = {}
     todo: list[tuple[TaskJob, str]] = []

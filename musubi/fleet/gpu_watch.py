@@ -18,6 +18,7 @@ from pathlib import Path
 
 import psutil
 
+from musubi.contract.run_files import RUN_FILES
 from musubi.telemetry.sampler import NvmlDevice, Sampler, open_nvml_index
 
 log = logging.getLogger("musubi.fleet")
@@ -36,7 +37,7 @@ def watch_command(job_dir: Path, pid: int, gpus: list[int],
         device = open_device(gpu)
         if device is None:
             continue
-        folder = job_dir / "telemetry"
+        folder = job_dir / RUN_FILES.telemetry
         folder.mkdir(parents=True, exist_ok=True)
         try:
             samplers.append(Sampler(folder / f"sampler-gpu{gpu}.jsonl", k, hz, device, pid=pid))

@@ -13,6 +13,7 @@ from typing import Any
 import yaml
 
 from musubi.config.fleet import CommandJob, TaskJob
+from musubi.contract.env import MUSUBI_CPUS, MUSUBI_DEVICE, MUSUBI_JOB_DIR
 from musubi.contract.errors import ConfigError
 from musubi.contract.run_files import RUN_FILES
 from musubi.recovery.numerics import trained_precision
@@ -58,7 +59,7 @@ def gpu_env(gpus: list[int], kind: str, threads: int | None = None, cpus: str | 
     env = {"CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in gpus) if kind == "cuda" else ""}
     if cpus:
         # One core set per local rank, in the order of the job's GPUs (see worker/pinning.py).
-        env["MUSUBI_CPUS"] = cpus
+        env[MUSUBI_CPUS] = cpus
         threads = min(len(parse_cpulist(part)) for part in cpus.split(";"))
     if threads is not None and "OMP_NUM_THREADS" not in os.environ:
         # Jobs run side by side: each rank gets its share of the cores, not all of them.
@@ -105,9 +106,9 @@ def task_launch(job: TaskJob, run_dir: Path, gpus: list[int], kind: str, resume:
         argv.append("--resume")
     env = dict(os.environ, **gpu_env(gpus, kind, threads, cpus), **cache_env(run_dir), PYTHONUNBUFFERED="1")
     if not cpus:  # a MUSUBI_CPUS of the fleet's own environment would give every job the same cores
-        env.pop("MUSUBI_CPUS", None)
-    env["MUSUBI_DEVICE"] = kind
-    log = run_dir / job.name / "logs" / "fleet.log"
+        env.pop(MUSUBI_CPUS, None)
+    env[MUSUBI_DEVICE] = kind
+    log = run_dir / job.name / RUN_FILES.logs / RUN_FILES.fleet_log
     return Launch(argv, env, Path.cwd(), log)
 
 
@@ -157,7 +158,7 @@ def command_launch(job: CommandJob, run_dir: Path, gpus: list[int], kind: str, b
     for k, v in gpu_env(gpus, kind, threads, cpus).items():
         if k == "CUDA_VISIBLE_DEVICES" or k not in job.env:  # the job's GPUs are not the job's to choose
             env[k] = v
-    env["MUSUBI_JOB_DIR"] = str(job_dir.resolve())
+    env[MUSUBI_JOB_DIR] = str(job_dir.resolve())
     env["PYTHONUNBUFFERED"] = "1"
     adapter = job_dir / RUN_FILES.metrics_from
     if job.metrics_from is not None:
@@ -165,7 +166,7 @@ def command_launch(job: CommandJob, run_dir: Path, gpus: list[int], kind: str, b
         adapter.write_text(job.metrics_from.model_dump_json(), encoding="utf-8")
     else:
         adapter.unlink(missing_ok=True)
-    return Launch(resolve_command(job, base), env, job_dir, job_dir / "logs" / "stdout.log", union_cpus(cpus))
+    return Launch(resolve_command(job, base), env, job_dir, job_dir / RUN_FILES.logs / RUN_FILES.stdout_log, union_cpus(cpus))
 
 
 def failure_cause(job_dir: Path, code: int) -> str:
@@ -248,7 +249,7 @@ def log_tail(path: Path, lines: int = 15) -> str:
 
 
 #: What the evaluation step prints when an external job broke its contract (fleet/eval_step.py).
-NO_EVAL_JSON = "wrote no eval.json to $MUSUBI_JOB_DIR"
+NO_EVAL_JSON = f"wrote no {RUN_FILES.eval} to ${MUSUBI_JOB_DIR}"
 
 _OOM = ("cuda out of memory", "outofmemoryerror", "cuda error: out of memory", "cublas_status_alloc_failed",
         "hip out of memory")

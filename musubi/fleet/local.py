@@ -29,6 +29,7 @@ from rich.text import Text
 
 from musubi.checkpoint.checkpoint import latest_checkpoint
 from musubi.config.fleet import CommandJob, FleetSpec, LeaderboardSpec, TaskJob
+from musubi.contract.env import MUSUBI_GATE, MUSUBI_GATE_PID, MUSUBI_JOB_DIR
 from musubi.contract.errors import ConfigError
 from musubi.contract.run_files import RUN_FILES
 from musubi.fleet import jobs
@@ -241,7 +242,7 @@ class LocalFleet:
         est = self.estimates[job.name]
         st = self.states[job.name]
         held = (isinstance(job, TaskJob) and st.width in est.widths
-                and latest_checkpoint(self.run_dir / job.name / "checkpoints") is not None)
+                and latest_checkpoint(self.run_dir / job.name / RUN_FILES.checkpoints) is not None)
         return demand_of(job, est, (st.width,) if held else None, first=(job.name == self.first))
 
     # -- state ---------------------------------------------------------------
@@ -300,17 +301,17 @@ class LocalFleet:
         cpus = cpus_value(self.cores, gpus) if self.cores is not None else None
         job_dir = self.run_dir / job.name
         if isinstance(job, TaskJob):
-            resume = latest_checkpoint(job_dir / "checkpoints") is not None
-            if not resume and job_dir.exists() and any(p.name != "logs" for p in job_dir.iterdir()):
+            resume = latest_checkpoint(job_dir / RUN_FILES.checkpoints) is not None
+            if not resume and job_dir.exists() and any(p.name != RUN_FILES.logs for p in job_dir.iterdir()):
                 # A failed attempt without a checkpoint: keep its files, start clean beside them.
                 aside = self.run_dir / f"{job.name}.attempt{st.attempts - 1}"
                 job_dir.rename(aside)
             launch = jobs.task_launch(job, self.run_dir, gpus, self.kind, resume, self.threads, cpus,
                                    pin=self.spec.machine.pin_cpus)  # --nproc len(gpus): its width
             if blockers:  # it starts now and builds its model when those evaluations end (worker.wait_for_gate)
-                gate = job_dir / "logs" / f"gate-a{st.attempts}"
+                gate = job_dir / RUN_FILES.logs / f"gate-a{st.attempts}"
                 gate.unlink(missing_ok=True)
-                launch.env.update(MUSUBI_GATE=str(gate), MUSUBI_GATE_PID=str(os.getpid()))
+                launch.env.update({MUSUBI_GATE: str(gate), MUSUBI_GATE_PID: str(os.getpid())})
                 self.gates[job.name] = (gate, set(blockers))
         else:
             launch = jobs.command_launch(job, self.run_dir, gpus, self.kind, self.base, self.threads * job.gpus, cpus)
@@ -426,10 +427,11 @@ class LocalFleet:
         return beside is not None
 
     def _job_log(self, name: str) -> Path:
-        return self.run_dir / name / "logs" / ("fleet.log" if self.states[name].kind == "task" else "stdout.log")
+        return self.run_dir / name / RUN_FILES.logs / (RUN_FILES.fleet_log if self.states[name].kind == "task"
+                                                        else RUN_FILES.stdout_log)
 
     def _trained_marker(self, name: str) -> Path:
-        return self.run_dir / name / "logs" / "trained.json"
+        return self.run_dir / name / RUN_FILES.logs / RUN_FILES.trained
 
     def _evaluate_only(self, job: TaskJob | CommandJob, st: JobState) -> bool:
         """Training of this job ended well in an earlier attempt: run only its evaluation step."""
@@ -451,7 +453,7 @@ class LocalFleet:
         path = self._job_log(name)
         if run.phase == "eval":
             if jobs.NO_EVAL_JSON in jobs.attempt_log(path):
-                return f"contract: external job wrote no eval.json to $MUSUBI_JOB_DIR ({self.run_dir / name})"
+                return f"contract: external job wrote no {RUN_FILES.eval} to ${MUSUBI_JOB_DIR} ({self.run_dir / name})"
             return f"evaluation: exit {code}"
         cause = jobs.failure_cause(self.run_dir / name, code)
         if self.states[name].kind == "command" and cause.startswith("exit "):  # no job.json: the log's own words
@@ -579,7 +581,7 @@ class LocalFleet:
         # A config error, a broken contract (exit 0, no eval.json) or a defect (the same cause after a restart)
         # fails the same way every time: no retry.
         retry = st.attempts <= self.jobs[name].retries and not cause.startswith(("config", "contract", "defect"))
-        tail = jobs.log_tail(job_dir / "logs" / ("fleet.log" if st.kind == "task" else "stdout.log"), 8)
+        tail = jobs.log_tail(job_dir / RUN_FILES.logs / (RUN_FILES.fleet_log if st.kind == "task" else RUN_FILES.stdout_log), 8)
         self._say(f"failed {name} (attempt {st.attempts}): {cause}" + ("; retrying" if retry else ""))
         log.warning("failed %s: %s\n%s", name, cause, tail)
         if retry:
@@ -668,7 +670,7 @@ class LocalFleet:
                         left = (time.time() - st.started) / rec["step"] * (summary_total - rec["step"])
                         eta = f"{left:.0f}s"
             if st.kind == "task" and st.state == "running":  # rank 0's live flags (telemetry/stragglers.jsonl)
-                straggler = describe(current_stragglers(self.run_dir / name / "telemetry"))
+                straggler = describe(current_stragglers(self.run_dir / name / RUN_FILES.telemetry))
             held = ",".join(map(str, st.gpus)) if st.state in ("starting", "running", "evaluating") else "-"
             # Text cells: a name is never read as rich markup.
             t.add_row(*(Text(c) for c in (name, st.state, held, str(st.attempts), str(st.restarts), step, epoch,

@@ -15,7 +15,6 @@ from musubi.topology.read import env_topology, load_topology, numa_nodes, read_n
 log = logging.getLogger("musubi.fleet")
 
 #: The variable that hands each local rank its cores: one cpulist per local rank, ';'-separated ("0-7;8-15").
-CPUS_ENV = "MUSUBI_CPUS"
 #: `extra=` of the fleet's log records that `musubi run` also prints on the console (placement, pinning).
 SHOW = {"show": True}
 

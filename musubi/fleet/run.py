@@ -343,7 +343,7 @@ def fleet_logging(run_dir: Path, console: Console) -> Iterator[None]:
     starts, ends, failures) go to RUN/fleet.log, and the decisions also to the console."""
     logger = logging.getLogger("musubi.fleet")
     run_dir.mkdir(parents=True, exist_ok=True)
-    to_file = logging.FileHandler(run_dir / "fleet.log", encoding="utf-8")
+    to_file = logging.FileHandler(run_dir / RUN_FILES.fleet_log, encoding="utf-8")
     to_file.setLevel(logging.INFO)
     to_file.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
     to_console = _ConsoleLines(console)

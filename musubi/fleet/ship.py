@@ -38,7 +38,7 @@ def exported_current(job_dir: Path) -> bool:
         model, record = job_dir / export["file"], read_json(job_dir / export["record"])
     except (OSError, ValueError, TypeError, KeyError, AttributeError):  # none, an error, or unreadable
         return False
-    newest = latest_checkpoint(job_dir / "checkpoints", checksums=True, warn=False)
+    newest = latest_checkpoint(job_dir / RUN_FILES.checkpoints, checksums=True, warn=False)
     named = record.get("checkpoint") if isinstance(record, dict) else None
     return model.is_file() and newest is not None and isinstance(named, str) and \
         Path(named).resolve() == newest.path.resolve()
@@ -77,7 +77,7 @@ def _ship_table(metric: str, ranked: list[dict], spec: FleetSpec, run_dir: Path,
         if len(shipped) >= lb.export_top:
             break
         job, job_dir, where = row["job"], run_dir / row["job"], f"rank {row['rank']} of {metric}"
-        if (job_dir / "export" / "registered.json").is_file():
+        if (job_dir / RUN_FILES.export / RUN_FILES.registered).is_file():
             shipped.append(f"{job} ({where}, registered earlier)")
             continue  # exported and registered by an earlier pass of this run (--resume)
         if nothing_to_ship(job_dir, row.get("kind")):

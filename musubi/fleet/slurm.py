@@ -189,7 +189,7 @@ class SlurmFleet:
             what = {"kind": "command", "job": job.model_dump(mode="json"), "base": str(self.base)}
         what.update(gpus=job.gpus, nodes=job.nodes, device=self.kind)
         write_json(folder / f"{job.name}.json", what)
-        logs = self.run_dir / job.name / "logs"
+        logs = self.run_dir / job.name / RUN_FILES.logs
         logs.mkdir(parents=True, exist_ok=True)
         opts = sbatch_options(job, self.spec, self.kind, self.nice[job.name], logs.resolve() / "slurm-%j.log")
         script = folder / f"{job.name}.sbatch"
@@ -208,7 +208,7 @@ class SlurmFleet:
             st.attempts += 1
         st.state, st.scheduler_id, st.scheduler_state = "running", jid, "PENDING"
         st.started, st.ended = time.time(), None
-        st.log = str(self.run_dir / name / "logs" / f"slurm-{jid}.log")
+        st.log = str(self.run_dir / name / RUN_FILES.logs / f"slurm-{jid}.log")
         st.placement = f"slurm job {jid}: " + " ".join(o for o in self._opts(job) if not o.startswith("--output"))
         self._say(f"submitted {name} as slurm job {jid}" + (f" (after {', '.join(job.after)})" if deps else ""))
         self.save_state()
@@ -254,7 +254,7 @@ class SlurmFleet:
             if state is None or state not in IN_FLIGHT:  # gone from the queue, or shown there as ended
                 state, code = ended_state(jid)
                 if state == "UNKNOWN":  # Slurm forgot it (no accounting, past MinJobAge): the job's own marker
-                    marker = self.run_dir / st.name / "logs" / f"slurm-{jid}.exit"
+                    marker = self.run_dir / st.name / RUN_FILES.logs / f"slurm-{jid}.exit"
                     if marker.is_file():
                         code = int(marker.read_text(encoding="utf-8").strip() or 1)
                         state = "COMPLETED" if code == 0 else "FAILED"

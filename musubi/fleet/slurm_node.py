@@ -16,7 +16,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from musubi.contract.env import MUSUBI_DEVICE
 from musubi.contract.errors import ConfigError
+from musubi.contract.run_files import RUN_FILES
 from musubi.store.rundir import read_json
 
 #: Rendezvous ports of multi-node jobs: one per Slurm job id, so jobs sharing a first node do not collide.
@@ -35,7 +37,7 @@ def first_node() -> str:
 
 def _cpu_env(info: dict) -> None:
     """CPU ranks: no GPU, the task's cores shared by its ranks (GPU jobs: Slurm sets CUDA_VISIBLE_DEVICES)."""
-    os.environ["MUSUBI_DEVICE"] = info["device"]
+    os.environ[MUSUBI_DEVICE] = info["device"]
     if info["device"] == "cpu":
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
     cpus = int(os.environ.get("SLURM_CPUS_PER_TASK", "0") or 0)
@@ -48,12 +50,12 @@ def _train(run_dir: Path, name: str, info: dict, node_rank: int, nnodes: int, ji
     from musubi.launch.launch import TrainRequest, launch_train
 
     job_dir = run_dir / name
-    resume = latest_checkpoint(job_dir / "checkpoints") is not None
+    resume = latest_checkpoint(job_dir / RUN_FILES.checkpoints) is not None
     restart = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
     if node_rank == 0 and not resume and job_dir.exists():
         # An earlier run of this job left files but no checkpoint: keep them, start clean beside them.
         # logs/ stays: Slurm appends this job's output to logs/slurm-ID.log.
-        left = [p for p in job_dir.iterdir() if p.name != "logs"]
+        left = [p for p in job_dir.iterdir() if p.name != RUN_FILES.logs]
         if left:
             aside = run_dir / f"{name}.slurm{jid}.restart{restart}"
             aside.mkdir(parents=True, exist_ok=True)
@@ -105,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     node_rank = int(os.environ.get("SLURM_NODEID", "0"))
     nnodes = int(os.environ.get("SLURM_JOB_NUM_NODES", "1"))
     jid = os.environ.get("SLURM_JOB_ID", "0")
-    marker = run_dir / name / "logs" / f"slurm-{jid}.exit"
+    marker = run_dir / name / RUN_FILES.logs / f"slurm-{jid}.exit"
     if node_rank == 0:
         marker.unlink(missing_ok=True)  # a requeued job: the verdict of this run only
     _cpu_env(info)
