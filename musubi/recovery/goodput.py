@@ -38,6 +38,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from musubi.contract.records import ExitRecord, ProgressLine
 from musubi.contract.run_files import RUN_FILES
 from musubi.recovery.repeats import error_signature, mark_repeats, signal_signature
 from musubi.store.rundir import read_jsonl
@@ -54,9 +55,9 @@ class ProgressLog:
         d.mkdir(parents=True, exist_ok=True)
         self.path = d / f"a{attempt}.jsonl"
         self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        self._write({"event": "start", "t": round(t_start, 3), "attempt": attempt})
+        self._write(ProgressLine(event="start", t=round(t_start, 3), attempt=attempt))
 
-    def _write(self, rec: dict[str, Any]) -> None:
+    def _write(self, rec: ProgressLine) -> None:
         try:
             os.write(self._fd, (json.dumps(rec) + "\n").encode())
         except OSError:
@@ -64,15 +65,15 @@ class ProgressLog:
 
     def train_start(self, t: float, step: int) -> None:
         """The first step of this attempt starts (after setup and resume) at `step`."""
-        self._write({"event": "train_start", "t": round(t, 3), "step": step})
+        self._write(ProgressLine(event="train_start", t=round(t, 3), step=step))
 
     def stepped(self, step: int) -> None:
         """Optimizer step `step` is done."""
-        self._write({"t": round(time.time(), 3), "step": step})
+        self._write(ProgressLine(t=round(time.time(), 3), step=step))
 
     def end(self, step: int) -> None:
         """Training of this attempt finished normally at `step`."""
-        self._write({"event": "end", "t": round(time.time(), 3), "step": step})
+        self._write(ProgressLine(event="end", t=round(time.time(), 3), step=step))
         os.close(self._fd)
 
 
@@ -141,7 +142,7 @@ def is_victim_error(err: str | None) -> bool:
     return bool(err and _VICTIM_RE.search(err))
 
 
-def _exit_records(job_dir: Path, attempt: str) -> dict[int, dict[str, Any]]:
+def _exit_records(job_dir: Path, attempt: str) -> dict[int, ExitRecord]:
     out = {}
     for p in (job_dir / RUN_FILES.exits).glob(f"a{attempt}-rank*.json"):
         try:

@@ -27,6 +27,7 @@ import torch
 from musubi.config.batch_plan import scale_lr
 from musubi.config.job import JobSpec
 from musubi.contract.errors import ConfigError
+from musubi.contract.records import OomRecord
 from musubi.contract.run_files import RUN_FILES
 
 log = logging.getLogger("musubi.memory")
@@ -79,9 +80,8 @@ def record_oom(job_dir: Path, rank: int, step: int, phase: str, per_rank: int, a
     """
     d = memory_dir(job_dir)
     d.mkdir(parents=True, exist_ok=True)
-    rec = {"rank": rank, "step": step, "phase": phase, "per_rank": per_rank, "accumulation": accumulation,
-           "steps_done": steps_done,
-           "time": time.time(), "error": error[:300], **memory_figures(device)}
+    rec = OomRecord(rank=rank, step=step, phase=phase, per_rank=per_rank, accumulation=accumulation,
+                    steps_done=steps_done, time=time.time(), error=error[:300], **memory_figures(device))
     path = d / f"oom-{int(time.time() * 1000)}-rank{rank}.json"
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(rec, indent=1), encoding="utf-8")

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from musubi.config.job import WatchdogSpec
+from musubi.contract.records import HeartbeatRecord
 from musubi.contract.run_files import RUN_FILES
 from musubi.contract.world import attempt_id
 
@@ -106,7 +107,7 @@ class Heartbeat:
             self.progress.stepped(step)
 
 
-def _atomic_json(path: Path, rec: dict[str, Any]) -> None:
+def _atomic_json(path: Path, rec: HeartbeatRecord | dict[str, Any]) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(rec), encoding="utf-8")
     os.replace(tmp, path)
@@ -199,9 +200,10 @@ class Watchdog:
 
     def _publish(self) -> None:
         hb = self.hb
-        rec = {"rank": self.rank, "pid": self.pid, "host": self.host, "attempt": self.attempt, "step": hb.step, "phase": hb.phase,
-               "seq": hb.seq, "time": round(time.time(), 3), "timeout_s": round(self.timeout_for(hb.phase), 2),
-               "t_train_start": hb.t_train_start, "resumed_step": hb.resumed_step}
+        rec = HeartbeatRecord(rank=self.rank, pid=self.pid, host=self.host, attempt=self.attempt, step=hb.step,
+                              phase=hb.phase, seq=hb.seq, time=round(time.time(), 3),
+                              timeout_s=round(self.timeout_for(hb.phase), 2), t_train_start=hb.t_train_start,
+                              resumed_step=hb.resumed_step)
         try:
             _atomic_json(self._path(self.rank), rec)
         except OSError as e:  # a full disk must not kill the watchdog

@@ -41,6 +41,7 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from musubi.contract.records import StartupMark
 from musubi.contract.run_files import RUN_FILES
 from musubi.store.rundir import read_jsonl
 
@@ -93,8 +94,8 @@ def mark(job_dir: Path, name: str, when: float | None = None) -> None:
     """Append one mark (never raises: a start-up record is evidence, not a reason to fail a job)."""
     try:
         job_dir.mkdir(parents=True, exist_ok=True)
-        line = json.dumps({"mark": name, "time": round(time.time() if when is None else when, 4),
-                           "pid": os.getpid()})
+        line = json.dumps(StartupMark(mark=name, time=round(time.time() if when is None else when, 4),
+                                      pid=os.getpid()))
         with open(job_dir / RUN_FILES.startup, "a", encoding="utf-8") as f:
             f.write(line + "\n")
     except OSError:
