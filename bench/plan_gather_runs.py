@@ -13,7 +13,7 @@ MPT = {"1b": (2048, 16, 24), "3b": (2560, 20, 32), "7b": (4096, 32, 32), "13b": 
 COLS = ("name,regime,source,url,table,gpu,n_gpus,params_b,arch,layers,hidden,heads,kv_heads,ffn,seq,vocab,"
         "global_batch_seqs,micro_batch,tp,pp,cp,dp,vpp,zero_stage,recompute,sequence_parallel,attention,overlap,"
         "memory_precision,measured_tflops_per_gpu,measured_fraction_of_peak,measured_tokens_per_s_per_gpu,"
-        "flops_convention,published_layout,known_off,assumed").split(",")
+        "flops_convention,published_layout,known_off,assumed,gather").split(",")
 GPU = {"h100_80gb": "H100-SXM", "a100_80gb": "A100-80GB", "a100_40gb": "A100-40GB"}
 rows = []
 section = None
@@ -52,7 +52,8 @@ for line in open(README):
                      assumed=("Composer FSDP " + shard + f" ({prec}); Triton FlashAttention (attention=flash1: the sweep script "
                               "scripts/train/benchmarking/submit_benchmarks.py defaults to --attn_impl triton; the README: "
                               "our models use Flash Attention); "
-                              "learned positions as the NumParams column implies; compared by tokens/s per GPU" + note)))
+                              "learned positions as the NumParams column implies; compared by tokens/s per GPU" + note),
+                     gather="node"))  # Composer wraps PyTorch FSDP: one flat buffer per unit
 TT = [  # torchtitan docs/performance.md (2024, FSDP2 on 64 A100 80GB): model, batch, AC, WPS per GPU
     ("llama3-8b", 1, "selective", 2973, "Llama 3 table, selective op AC"),
     ("llama3-70b", 1, "full", 331, "Llama 3 table, full AC"),
@@ -73,7 +74,8 @@ for model, b, rc, wps, table in TT:
                      memory_precision="mixed", measured_tflops_per_gpu="", measured_fraction_of_peak="",
                      measured_tokens_per_s_per_gpu=wps, flops_convention="",
                      published_layout=f"dp=64,zero=3,recompute={rc},micro={b}", known_off="",
-                     assumed="FSDP2 (reshard after forward); selective op AC read as recompute=selective; the cluster's network is not published (catalog A100 node: 8x 200 Gb/s)"))
+                     assumed="FSDP2 (reshard after forward); selective op AC read as recompute=selective; the cluster's network is not published (catalog A100 node: 8x 200 Gb/s)",
+                     gather="node"))  # FSDP2: one flat all-gather per unit
 # the split, decided by name alone before any row was predicted: sha1(name) % 3 == 0 is never seen
 never = [r for r in rows if int(hashlib.sha1(r["name"].encode()).hexdigest(), 16) % 3 == 0]
 seen = [r for r in rows if r not in never]

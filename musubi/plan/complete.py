@@ -69,15 +69,17 @@ def complete_layout(spec: ModelSpec, cluster: Cluster, layout: Layout, given: fr
 
 
 #: Stack facts a layout may leave out, and the values a stack of the last five years may have.
-STACK_ALTERNATIVES: dict[str, tuple[str, ...]] = {"attention": ("flash", "unfused"), "overlap": ("default", "none")}
+STACK_ALTERNATIVES: dict[str, tuple[str, ...]] = {"attention": ("flash", "flash1", "unfused"),
+                                                  "overlap": ("default", "none"), "gather": ("nic", "node")}
 
 
 def stack_range(spec: ModelSpec, cluster: Cluster, layout: Layout, given: frozenset[str], global_batch: int,
                 eff: Efficiency = DEFAULT_EFFICIENCY, precision: str = "bf16",
                 memory_precision: str = "mixed") -> tuple[Prediction, Prediction, list[str]] | None:
     """The fastest and slowest predictions over the stack facts the layout does not name (attention kernel,
-    communication overlap), and the names of those facts; None when the layout names them all."""
-    unknown = [k for k in STACK_ALTERNATIVES if k not in given]
+    communication overlap, how sharded gathers cross nodes), and the names of those facts; None when the
+    layout names them all."""
+    unknown = [k for k in STACK_ALTERNATIVES if k not in given and not (k == "gather" and layout.zero < 3)]
     if not unknown or isinstance(spec, GenericSpec):
         return None
     preds = []

@@ -18,13 +18,18 @@ SCHEDULES = ("1f1b", "interleaved", "zb")
 #: (fused, slower: attention.py); unfused: batched GEMMs and a materialised softmax (Megatron 2021-22).
 ATTENTION = ("flash", "flash1", "unfused")
 OVERLAPS = ("dp", "pp", "tp", "cp", "ep")
+#: Where weight-sharded (ZeRO-3 / FSDP) gathers and reduce-scatters cross nodes. nic: at one GPU's own
+#: NIC, what DeepSpeed ZeRO-3's per-parameter collectives moved on Selene in 2021 (Narayanan 2021
+#: Table 2: ~21-23 GB/s per A100, flat from 384 to 1,536 GPUs). node: one flat buffer per unit (PyTorch
+#: FSDP / FSDP2), which NCCL's rings spread over every NIC of the node like any large collective.
+GATHERS = ("nic", "node")
 #: What a modern stack overlaps by default: gradient reduce and parameter gather (DP/FSDP),
 #: pipeline sends, context-parallel ring exchange. TP collectives stay exposed unless the
 #: framework overlaps them with GEMMs (TransformerEngine userbuffers): add `overlap=...,tp`.
 DEFAULT_OVERLAP = frozenset({"dp", "pp", "cp"})
 
 _INT_KEYS = ("tp", "pp", "dp", "cp", "ep", "vpp", "zero", "micro")
-_KEYS = (*_INT_KEYS, "recompute", "sp", "schedule", "attention", "overlap")
+_KEYS = (*_INT_KEYS, "recompute", "sp", "schedule", "attention", "gather", "overlap")
 
 
 @dataclass(frozen=True)
@@ -43,6 +48,7 @@ class Layout:
     sp: bool | None = None  # sequence parallel; None: on whenever tp > 1
     schedule: str | None = None  # None: interleaved when vpp > 1, else 1f1b
     attention: str = "flash"
+    gather: str = "nic"  # how sharded collectives cross nodes (GATHERS); only with zero=3
     overlap: frozenset[str] = field(default=DEFAULT_OVERLAP)
 
     @property
@@ -76,6 +82,8 @@ class Layout:
             parts.append("schedule=zb")
         if self.attention != "flash":
             parts.append(f"attention={self.attention}")
+        if self.gather != "nic" and self.zero >= 3:
+            parts.append(f"gather={self.gather}")
         if self.overlap != DEFAULT_OVERLAP:
             parts.append(f"overlap={','.join(sorted(self.overlap)) or 'none'}")
         return ",".join(parts)
@@ -132,6 +140,8 @@ def parse_layout(text: str) -> Layout:
             values[key] = _choice(key, value, SCHEDULES)
         elif key == "attention":
             values[key] = _choice(key, value, ATTENTION)
+        elif key == "gather":
+            values[key] = _choice(key, value, GATHERS)
         elif key == "sp":
             values[key] = _bool(key, value)
         else:  # overlap: this item and every following item without "="

@@ -149,12 +149,13 @@ def _dp_comm(layout: Layout, dense_bytes: float, expert_bytes: float, weight_rat
     ZeRO-3 / FSDP gathers the weights of each unit (a layer) before its forward and again before
     its backward (and once more for a fully recomputed forward), and reduce-scatters its gradients,
     every micro-batch: per step that is per-parameter traffic times the micro-batch count, which
-    a smaller micro-batch does not shrink. Across nodes it runs at one GPU's NIC (`Link.one_nic`).
+    a smaller micro-batch does not shrink. Across nodes it runs at one GPU's NIC (`Link.one_nic`),
+    or, with `gather=node` (flat per-unit buffers: PyTorch FSDP), over the node's NICs.
     Prefetching hides a gather under the previous unit's compute, never the first unit's of a
     pass; when a pass has less compute than traffic, the rest is exposed.
     """
     overlapped = "dp" in layout.overlap
-    if layout.zero >= 3:
+    if layout.zero >= 3 and layout.gather == "nic":  # gather=node keeps the node-aggregated rings
         dp_link, edp_link = dp_link.one_nic(), edp_link.one_nic()
     links = ((dense_bytes, dp_link), (expert_bytes, edp_link))
     if layout.zero >= 3:

@@ -115,7 +115,7 @@ def search(spec: ModelSpec, cluster: Cluster, global_batch: int, eff: Efficiency
            base: Layout | None = None) -> SearchResult:
     """Rank the layouts of `spec` on `cluster` by predicted step time, with a reason for each rejection.
 
-    `base` carries options every candidate keeps (attention kernel, overlap, schedule).
+    `base` carries options every candidate keeps (attention kernel, overlap, sharded gathers, schedule).
     """
     n = cluster.n_gpus
     limit, _ = tp_limit(cluster)
@@ -123,7 +123,7 @@ def search(spec: ModelSpec, cluster: Cluster, global_batch: int, eff: Efficiency
     reported_tp: set[int] = set()
     for layout in _layouts(spec, n, global_batch):
         if base is not None:
-            layout = replace(layout, attention=base.attention, overlap=base.overlap,
+            layout = replace(layout, attention=base.attention, overlap=base.overlap, gather=base.gather,
                              schedule=base.schedule if layout.pp > 1 and base.schedule == "zb" else None)
         if layout.tp > limit:
             if layout.tp not in reported_tp:  # one line per TP degree, not per combination

@@ -87,7 +87,7 @@ def row_layout(row: dict[str, str]) -> Layout:
     return Layout(tp=int(row["tp"]), pp=int(row["pp"]), dp=int(row["dp"]), cp=int(row.get("cp") or 1),
                   vpp=int(row["vpp"] or 1), zero=int(row["zero_stage"] or 0), recompute=row["recompute"] or "none",
                   micro=int(row["micro_batch"] or 1), sp=row["sequence_parallel"] == "yes", attention=attention,
-                  overlap=overlaps)
+                  gather=row.get("gather") or "nic", overlap=overlaps)
 
 
 def predict_row(row: dict[str, str], eff: Efficiency = DEFAULT_EFFICIENCY) -> Prediction:
