@@ -220,10 +220,11 @@ def summarise(res: dict) -> dict:
 
 def run_arm(arm: str, args: argparse.Namespace, data: Path) -> dict:
     """One torchrun of the benchmark in one arm; its summary."""
-    from musubi.launch.pin_plan import CPUS_ENV, apply_to_env, plan_pinning
+    from musubi.contract.env import MUSUBI_CPUS
+    from musubi.launch.pin_plan import apply_to_env, plan_pinning
 
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    env.pop(CPUS_ENV, None)
+    env.pop(MUSUBI_CPUS, None)
     extra: list[str] = []
     if arm == "pinned":
         plan = plan_pinning(True, "cpu" if args.cpu else "cuda", args.gpus, env)

@@ -61,12 +61,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.paired_blocks import add_block_options, chosen_modes, paired_rows, report  # noqa: E402
 from bench.watchtower import rank_cpus  # noqa: E402
 from musubi.config.job import TelemetrySpec  # noqa: E402
+from musubi.contract.env import MUSUBI_CPUS  # noqa: E402
 from musubi.telemetry.comm_hook import attach  # noqa: E402
 from musubi.telemetry.sampler import Sampler, open_nvml_device  # noqa: E402
 from musubi.telemetry.spans import SpanRecorder  # noqa: E402
 from musubi.telemetry.straggler import default_threshold  # noqa: E402
 from musubi.telemetry.watch import StragglerWatch  # noqa: E402
-from musubi.worker.pinning import CPUS_ENV, intra_op_threads, pin_rank  # noqa: E402
+from musubi.worker.pinning import intra_op_threads, pin_rank  # noqa: E402
 
 MODES = ("off", "spans_spin", "spans", "sampler", "on", "hook", "full", "copy", "sampler_proc", "watch", "on_proc")
 DEFAULT_MODES = MODES[:7]
@@ -136,7 +137,7 @@ def pin(local: int) -> int:
     allowed cores (bench/watchtower.py's rank_cpus, the sets MUSUBI_CPUS gets), every thread; torch's intra-op
     threads from that share. The cores it got."""
     sets = rank_cpus(int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
-    pinned = pin_rank(local, {CPUS_ENV: ";".join(sets)})
+    pinned = pin_rank(local, {MUSUBI_CPUS: ";".join(sets)})
     cores = pinned.cores if pinned is not None else len(os.sched_getaffinity(0))
     torch.set_num_threads(intra_op_threads(cores, 0))
     return cores

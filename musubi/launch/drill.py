@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from musubi.contract.env import MUSUBI_INJECT
 from musubi.contract.errors import ConfigError
 from musubi.contract.run_files import RUN_FILES
 from musubi.store.rundir import read_jsonl
@@ -82,7 +83,7 @@ def final_tensors(job_dir: Path) -> dict[str, Any]:
     """Model and optimizer tensors of the newest committed checkpoint, flattened by key."""
     from musubi.checkpoint.checkpoint import latest_checkpoint, read_full_state
 
-    ck = latest_checkpoint(job_dir / "checkpoints", warn=False)
+    ck = latest_checkpoint(job_dir / RUN_FILES.checkpoints, warn=False)
     if ck is None:
         return {}
     full = read_full_state(ck.path)
@@ -103,18 +104,18 @@ def _train(req: DrillRequest, out: Path, inject: str | None, deadline_s: float |
     treq = TrainRequest(job_path=req.job_path, nproc=req.nproc, out=out, device=req.device,
                         overrides=[*req.overrides, "train.deterministic=true"], check=False, quiet=True,
                         argv=["musubi", "drill"], deadline_s=deadline_s)
-    old = os.environ.get("MUSUBI_INJECT")
+    old = os.environ.get(MUSUBI_INJECT)
     try:
         if inject:
-            os.environ["MUSUBI_INJECT"] = inject
+            os.environ[MUSUBI_INJECT] = inject
         else:
-            os.environ.pop("MUSUBI_INJECT", None)
+            os.environ.pop(MUSUBI_INJECT, None)
         res = launch_train(treq)
     finally:
         if old is None:
-            os.environ.pop("MUSUBI_INJECT", None)
+            os.environ.pop(MUSUBI_INJECT, None)
         else:
-            os.environ["MUSUBI_INJECT"] = old
+            os.environ[MUSUBI_INJECT] = old
     return res.code, res.job_dir, res.error
 
 
@@ -133,8 +134,8 @@ def _draw(kind: str, rng: random.Random, nproc: int, total: int, ckpt_steps: lis
 
 def _resumed_steps(job_dir: Path) -> list[int]:
     """Steps of the checkpoints each restart loaded (rank 0's log)."""
-    text = (job_dir / "logs" / "rank0.log").read_text(encoding="utf-8", errors="replace") \
-        if (job_dir / "logs" / "rank0.log").is_file() else ""
+    text = (job_dir / RUN_FILES.logs / RUN_FILES.rank_log(0)).read_text(encoding="utf-8", errors="replace") \
+        if (job_dir / RUN_FILES.logs / RUN_FILES.rank_log(0)).is_file() else ""
     import re
 
     return [int(m.group(1)) for m in re.finditer(r"resumed from step-(\d+)", text)]
@@ -146,7 +147,7 @@ def _check(kind: str, drawn: dict, job_dir: Path, code: int, ref: dict[str, Any]
         if (job_dir / RUN_FILES.goodput).is_file() else {}
     summary = json.loads((job_dir / RUN_FILES.summary).read_text(encoding="utf-8")) \
         if (job_dir / RUN_FILES.summary).is_file() else {}
-    fired = any((job_dir / "logs" / "inject").glob("fired-*")) if (job_dir / "logs" / "inject").is_dir() else False
+    fired = any((job_dir / RUN_FILES.inject).glob("fired-*")) if (job_dir / RUN_FILES.inject).is_dir() else False
     row: dict[str, Any] = {"fault": kind, **drawn, "exit_code": code, "finished": bool(summary.get("finished")),
                            "fired": fired, "failures": len(good.get("failures", [])),
                            "goodput": good.get("goodput"), "training_goodput": good.get("training_goodput"),
@@ -170,15 +171,15 @@ def _check(kind: str, drawn: dict, job_dir: Path, code: int, ref: dict[str, Any]
         if drawn["step"] in resumed:
             problems.append(f"loaded the killed checkpoint of step {drawn['step']}")
     if kind == "hang":
-        hangs = sorted((job_dir / "logs" / "hang").glob("hang-a*.json")) if (job_dir / "logs" / "hang").is_dir() \
+        hangs = sorted((job_dir / RUN_FILES.hangs).glob("hang-a*.json")) if (job_dir / RUN_FILES.hangs).is_dir() \
             else []
         rep = json.loads(hangs[0].read_text(encoding="utf-8")) if hangs else {}
         named = rep.get("culprits") == [drawn["rank"]]
         culprit = rep.get("ranks", {}).get(str(drawn["rank"]), {})
         # From the moment the rank stopped (the fault's own marker) to the hang report, by the file clock:
         # not the watchdog's own measure of the stall.
-        marks = list((job_dir / "logs" / "inject").glob(f"fired-*-rank{drawn['rank']}")) \
-            if (job_dir / "logs" / "inject").is_dir() else []
+        marks = list((job_dir / RUN_FILES.inject).glob(f"fired-*-rank{drawn['rank']}")) \
+            if (job_dir / RUN_FILES.inject).is_dir() else []
         detect = round(float(rep["time"]) - min(m.stat().st_mtime for m in marks), 2) \
             if marks and isinstance(rep.get("time"), (int, float)) else None
         timeout = float(culprit.get("timeout_s", 0) or 0)

@@ -16,13 +16,13 @@ import os
 import shutil
 from dataclasses import dataclass, field
 
+from musubi.contract.env import MUSUBI_CPUS
 from musubi.contract.errors import ConfigError
 from musubi.topology.cores import partition_cores, read_cpus
 from musubi.topology.model import NodeTopology, format_cpulist, parse_cpulist
 
 log = logging.getLogger("musubi.launch")
 
-CPUS_ENV = "MUSUBI_CPUS"
 
 
 @dataclass
@@ -50,12 +50,12 @@ def check_cpus_value(value: str, nproc: int) -> None:
     parts = value.split(";")
     sets = [parse_cpulist(p) for p in parts]
     if len(sets) < nproc or any(not s for s in sets[:nproc]):
-        raise ConfigError(f"{CPUS_ENV}={value!r} gives {len([s for s in sets if s])} core set(s) for {nproc} ranks; "
+        raise ConfigError(f"{MUSUBI_CPUS}={value!r} gives {len([s for s in sets if s])} core set(s) for {nproc} ranks; "
                           f"give one non-empty cpulist per rank, ';'-separated (e.g. '0-7;8-15'), or unset it")
     seen: set[int] = set()
     for s in sets[:nproc]:
         if seen & set(s):
-            raise ConfigError(f"{CPUS_ENV}={value!r} gives core {min(seen & set(s))} to two ranks; give each rank "
+            raise ConfigError(f"{MUSUBI_CPUS}={value!r} gives core {min(seen & set(s))} to two ranks; give each rank "
                               "its own cores, or unset it")
         seen |= set(s)
 
@@ -74,10 +74,10 @@ def plan_pinning(enabled: bool, kind: str, nproc: int, env: dict[str, str],
     """MUSUBI_CPUS for this job's ranks (kept if a fleet or the user gave it), and torchrun's NUMA binding."""
     if not enabled:
         return PinPlan(drop=True, note="CPU pinning off (train.pin_cpus: false)")
-    given = env.get(CPUS_ENV)
+    given = env.get(MUSUBI_CPUS)
     if given:
         check_cpus_value(given, nproc)
-        return PinPlan(note=f"cores per rank from {CPUS_ENV}: {given}")
+        return PinPlan(note=f"cores per rank from {MUSUBI_CPUS}: {given}")
     if kind == "cuda":
         gpus = rank_gpus(nproc, env.get("CUDA_VISIBLE_DEVICES"))
         if gpus is None:
@@ -114,7 +114,7 @@ def plan_pinning(enabled: bool, kind: str, nproc: int, env: dict[str, str],
         # torchrun binds each worker to its GPU's NUMA node from its first instruction; the rank then
         # narrows to its own cores within that node.
         args = ["--numa-binding=node"]
-    return PinPlan(env={CPUS_ENV: value}, torchrun_args=args,
+    return PinPlan(env={MUSUBI_CPUS: value}, torchrun_args=args,
                    note=f"cores per rank (split over {scope}; {plan.reason}): {value}")
 
 
@@ -130,9 +130,9 @@ def apply_to_env(plan: PinPlan, env: dict[str, str]) -> dict[str, str]:
     """The workers' environment with the plan applied."""
     out = dict(env)
     if plan.drop:
-        out.pop(CPUS_ENV, None)
+        out.pop(MUSUBI_CPUS, None)
     out.update(plan.env)
-    if os.environ.get("OMP_NUM_THREADS") is None and CPUS_ENV in out:
+    if os.environ.get("OMP_NUM_THREADS") is None and MUSUBI_CPUS in out:
         # Threads per rank follow its cores (the rank refines it with torch.set_num_threads).
-        out["OMP_NUM_THREADS"] = str(min(len(parse_cpulist(p)) for p in out[CPUS_ENV].split(";")))
+        out["OMP_NUM_THREADS"] = str(min(len(parse_cpulist(p)) for p in out[MUSUBI_CPUS].split(";")))
     return out

@@ -13,13 +13,15 @@ import signal
 import subprocess
 import time
 
+from musubi.contract.env import MUSUBI_STOP_GRACE
+
 #: Seconds a job gets to stop after SIGTERM before its processes are killed (env MUSUBI_STOP_GRACE).
 GRACE_S = 20.0
 
 
 def grace_s() -> float:
     try:
-        return float(os.environ.get("MUSUBI_STOP_GRACE", GRACE_S))
+        return float(os.environ.get(MUSUBI_STOP_GRACE, GRACE_S))
     except ValueError:
         return GRACE_S
 

@@ -12,11 +12,11 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from musubi.contract.env import MUSUBI_CPUS
 from musubi.topology.model import format_cpulist, parse_cpulist
 from musubi.worker.feed.loader_plan import MAX_AUTO_WORKERS  # noqa: F401 - re-exported
 from musubi.worker.feed.loader_plan import workers_for_cores as auto_workers
 
-CPUS_ENV = "MUSUBI_CPUS"
 #: `data.workers: auto` never starts more loader processes than this per rank.
 
 
@@ -62,7 +62,7 @@ def pin_all_threads(cpus: tuple[int, ...]) -> None:
 
 def pin_rank(local_rank: int, env: dict[str, str] | None = None) -> Pinning | None:
     """Pin this process to its cores from MUSUBI_CPUS; None (nothing done) without a set or off Linux."""
-    cpus = rank_cpus(local_rank, (env if env is not None else os.environ).get(CPUS_ENV))
+    cpus = rank_cpus(local_rank, (env if env is not None else os.environ).get(MUSUBI_CPUS))
     if cpus is None or not hasattr(os, "sched_setaffinity"):
         return None
     allowed = os.sched_getaffinity(0)

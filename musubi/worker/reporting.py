@@ -78,7 +78,7 @@ class MetricsWriter:
             try:
                 from torch.utils.tensorboard import SummaryWriter
 
-                self._tb = SummaryWriter(str(job_dir / "tensorboard"), purge_step=resume_step)
+                self._tb = SummaryWriter(str(job_dir / RUN_FILES.tensorboard), purge_step=resume_step)
             except ImportError:  # tensorboard is an optional extra
                 self._tb = None
         if tracking is not None and tracking.mlflow:

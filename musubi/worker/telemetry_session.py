@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from musubi.config.job import JobSpec
+from musubi.contract.run_files import RUN_FILES
 from musubi.contract.world import World
 from musubi.telemetry.comm_hook import attach
 from musubi.telemetry.sampler import Sampler, open_nvml_device
@@ -19,7 +20,7 @@ log = logging.getLogger("musubi.telemetry")
 
 def telemetry_dir(job_dir: Path) -> Path:
     """JOB/telemetry/."""
-    return job_dir / "telemetry"
+    return job_dir / RUN_FILES.telemetry
 
 
 def open_telemetry(spec: JobSpec, world: World, job_dir: Path, model: torch.nn.Module,
