@@ -3,7 +3,7 @@ two ranks on one GPU abort at start.
 
     python bench/preflight.py [--gpus 0,1,2,3] [--repeat 3] [--json OUT.json]
 
-1. `musubi check --gpus ... --json` `--repeat` times with the one-process NCCL probe (the default)
+1. `musubi check --gpu-ids ... --json` `--repeat` times with the one-process NCCL probe (the default)
    and `--repeat` times with the per-rank torchrun probe (MUSUBI_COMM_PROBE=torchrun), interleaved:
    wall time of the whole command (what a user waits for) and the check's own figure.
 2. The same with NCCL_P2P_DISABLE=1: the bandwidth check must WARN.
@@ -31,7 +31,7 @@ MUSUBI = [sys.executable, "-m", "musubi.cli"]
 def timed_check(gpus: str, out: Path, env: dict[str, str]) -> tuple[float, dict]:
     """(wall seconds, the --json report) of one `musubi check`."""
     t0 = time.perf_counter()
-    res = subprocess.run([*MUSUBI, "check", "--gpus", gpus, "--out", str(out), "--json"], env=env, cwd=REPO,
+    res = subprocess.run([*MUSUBI, "check", "--gpu-ids", gpus, "--out", str(out), "--json"], env=env, cwd=REPO,
                          capture_output=True, text=True)
     wall = time.perf_counter() - t0
     try:

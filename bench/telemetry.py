@@ -179,7 +179,7 @@ def main() -> None:
         rows = drills.run_suite(job, args.scenarios.split(","), args.runs, nproc, device, steps,
                                 step_ms, suite, keep=keep, extra_sets=sets)
         if args.keep_report is not None:
-            from musubi.diagnose.command import build_report
+            from musubi.diagnose.report import build_report
 
             args.keep_report.mkdir(parents=True, exist_ok=True)
             for name in ("healthy", "slow_1.3"):

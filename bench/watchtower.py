@@ -612,7 +612,7 @@ def run_scenarios(args: argparse.Namespace, work: Path, result: dict[str, Any], 
                       flush=True)
             print(json.dumps({"case": name, "run": i, "wall_s": round(wall, 1), **spent}), flush=True)
             if args.keep_report and name in KEEP_REPORT and i == 0:
-                from musubi.diagnose.command import build_report
+                from musubi.diagnose.report import build_report
 
                 args.keep_report.mkdir(parents=True, exist_ok=True)
                 rep = build_report(out, args.keep_report / f"watchtower-{device}-{name}.html")

@@ -153,8 +153,8 @@ def leaderboard(run_dir: Path, fleet_file: Path) -> tuple[dict[str, Any], str]:
     from rich.console import Console
 
     from musubi.config.load import load_fleet
-    from musubi.evaluate.commands import leaderboard_table
     from musubi.evaluate.leaderboard import build_leaderboard, read_leaderboard
+    from musubi.evaluate.leaderboard_view import leaderboard_table
 
     if not (run_dir / RUN_FILES.leaderboard).is_file():
         lb = load_fleet(fleet_file).leaderboard

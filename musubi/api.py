@@ -136,7 +136,8 @@ def train(job: str | Path | Mapping[str, Any], *, nproc: int | None = None, out:
 
     Keyword overrides are the CLI's `--set`: `train={"lr": 0.1}` or `**{"train.lr": 0.1}`.
     """
-    from musubi.launch.launch import TrainRequest, launch_train
+    from musubi.launch.launch import launch_train
+    from musubi.launch.request import TrainRequest
     from musubi.records.checklist import build_checklist, write_checklist
 
     if max_steps is not None and max_steps < 1:

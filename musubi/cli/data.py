@@ -59,7 +59,7 @@ def coco_source(src: str) -> tuple[Path, Path]:
     if not path.is_file():
         raise ConfigError(f"SRC {src}: no such file; give a COCO ANN.json, IMAGES_DIR::ANN.json or a folder "
                           "with one annotation JSON")
-    from musubi.data.coco import read_annotation_json
+    from musubi.data.coco_file import read_annotation_json
 
     names = [i.get("file_name") for i in read_annotation_json(path)["images"] if isinstance(i, dict)]
     image_dir, tried = find_image_dir(path, (n for n in names if isinstance(n, str)))
@@ -105,7 +105,7 @@ def _print_reading(console: Console, reading: Any, title: bool) -> None:
 
 def leaks_between(readings: list[Any], store: Path | None) -> Any:
     """Tiles of one frame and near-identical images across the COCO splits that parsed (musubi.data.leakage)."""
-    from musubi.data.coco import read_annotation_json
+    from musubi.data.coco_file import read_annotation_json
     from musubi.data.leakage import find_leaks, split_images
 
     coco = [r for r in readings if r.kind == "coco" and r.error is None and r.image_dir]
@@ -225,7 +225,7 @@ def single_channel_stats(src: str, store: Path | None) -> Any:
     """PixelStats of a COCO split of single-channel frames (recorded in `store` by version), else None."""
     from PIL import Image
 
-    from musubi.data.coco import read_annotation_json
+    from musubi.data.coco_file import read_annotation_json
     from musubi.data.pixels import split_pixel_stats
     from musubi.data.single_channel import SINGLE_CHANNEL_MODES
 
@@ -380,7 +380,7 @@ def watch_command(
     from musubi.config.load import load_fleet
     from musubi.data.watch import StartFailed, WatchState, watch
     from musubi.fleet.run import FleetRequest, run_fleet
-    from musubi.launch.launch import PreflightFailed
+    from musubi.launch.request import PreflightFailed
     from musubi.store.rundir import default_run_dir
 
     try:

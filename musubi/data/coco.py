@@ -14,7 +14,7 @@ import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath, PureWindowsPath
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -25,15 +25,14 @@ from torch import Tensor
 from torch.utils.data import Dataset
 from torchvision.transforms.functional import pil_to_tensor
 
-from musubi.contract.errors import ConfigError
 from musubi.data import guards
 from musubi.data.classmap import ClassMap, apply_class_map
+from musubi.data.coco_file import check_relative_name, read_annotation_json
+from musubi.data.coco_file import coco_error as _fail
 from musubi.data.single_channel import SINGLE_CHANNEL_MODES, read_single_channel
 
 log = logging.getLogger(__name__)
 
-#: Largest annotation file read (bytes); COCO train2017 is ~0.45 GiB.
-MAX_ANNOTATION_BYTES = 2 * 1024**3
 #: Pixel limit used when PIL's own decompression-bomb limit has been switched off (PIL's default).
 DEFAULT_MAX_IMAGE_PIXELS = guards.DEFAULT_MAX_IMAGE_PIXELS
 
@@ -49,53 +48,12 @@ class CocoStats:
     degenerate_dropped: int
 
 
-def _fail(path: Path, problem: str, fix: str) -> ConfigError:
-    return ConfigError(f"{path}: {problem}; {fix}")
-
-
 def _is_int(value: Any) -> bool:
     return guards.is_id(value)  # an int64: ids become tensors
 
 
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def check_relative_name(file_name: Any, ann_path: Path, image_id: Any) -> str:
-    """Return `file_name` if it stays inside the image directory, else raise ConfigError."""
-    if not isinstance(file_name, str) or not file_name or "\x00" in file_name:
-        raise _fail(ann_path, f"image {image_id} has an empty or non-string file_name", "fix the entry")
-    # Check both path flavours: a Windows-made file may say C:\.. or ..\x even when read on Linux.
-    for flavour in (PurePosixPath, PureWindowsPath):
-        p = flavour(file_name)
-        if p.is_absolute() or p.drive or p.root or ".." in p.parts:
-            raise _fail(
-                ann_path,
-                f"image {image_id} file_name {file_name!r} escapes the image directory",
-                "use a path relative to the image directory without '..'",
-            )
-    return file_name
-
-
-def read_annotation_json(ann_path: Path) -> dict[str, Any]:
-    """Parse a COCO annotation file after checking it exists, is bounded in size and has the COCO keys."""
-    if not ann_path.is_file():
-        raise _fail(
-            ann_path, "annotation file not found", "fix data.*.annotations to point at a COCO JSON file"
-        )
-    data = guards.load_json(ann_path, MAX_ANNOTATION_BYTES, "annotation file")
-    if not isinstance(data, dict):
-        raise _fail(
-            ann_path, "top level is not a JSON object", "give a COCO file with images/annotations/categories"
-        )
-    for key in ("images", "annotations", "categories"):
-        if not isinstance(data.get(key), list):
-            raise _fail(
-                ann_path,
-                f"missing the COCO list {key!r}",
-                "give a COCO file with images, annotations and categories",
-            )
-    return data
 
 
 def _category_ids(data: dict[str, Any], ann_path: Path) -> list[int]:

@@ -113,7 +113,7 @@ def coco_files(ann: Path, image_dir: Path | None = None, name: str = "annotation
     one annotation JSON) and the version recorded for a job reading IMAGES_DIR + ANN.json all use it,
     so the same bytes give the same version wherever the files sit and whatever they are called.
     """
-    from musubi.data.coco import check_relative_name, read_annotation_json
+    from musubi.data.coco_file import check_relative_name, read_annotation_json
 
     raw = read_annotation_json(ann)
     names = [check_relative_name(img.get("file_name"), ann, img.get("id")) for img in raw["images"]

@@ -126,7 +126,7 @@ def validate_fleet(spec: FleetSpec, base: Path) -> None:
 
 def machine(req: FleetRequest) -> tuple[list[int], str]:
     """(devices, kind): the visible GPUs, or CPU rank slots (default 2) when there is none."""
-    from musubi.launch.launch import visible_gpus
+    from musubi.topology.visible import visible_gpus
 
     gpus = visible_gpus()
     kind = req.device or ("cuda" if gpus else "cpu")
@@ -489,7 +489,7 @@ def _replay(spec: FleetSpec, req: FleetRequest, console: Console) -> list[str]:
 
 
 def _preflight(spec: FleetSpec, kind: str, run_dir: Path, console: Console) -> None:
-    from musubi.launch.launch import PreflightFailed
+    from musubi.launch.request import PreflightFailed
     from musubi.preflight import data_targets, render, run_checks
     from musubi.preflight.result import PreflightReport
 

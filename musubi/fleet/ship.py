@@ -118,7 +118,7 @@ def _ship_table(metric: str, ranked: list[dict], spec: FleetSpec, run_dir: Path,
 
 def _print_board_and_manifest(run_dir: Path, console: Console) -> None:
     """The leaderboard tables, then the deployment manifest written (a registry problem never hides the ranking)."""
-    from musubi.evaluate.commands import print_leaderboard
+    from musubi.evaluate.leaderboard_view import print_leaderboard
     from musubi.evaluate.registry import write_manifest
 
     print_leaderboard(run_dir, console)

@@ -47,7 +47,8 @@ def _cpu_env(info: dict) -> None:
 
 def _train(run_dir: Path, name: str, info: dict, node_rank: int, nnodes: int, jid: str) -> int:
     from musubi.checkpoint.checkpoint import latest_checkpoint
-    from musubi.launch.launch import TrainRequest, launch_train
+    from musubi.launch.launch import launch_train
+    from musubi.launch.request import TrainRequest
 
     job_dir = run_dir / name
     resume = latest_checkpoint(job_dir / RUN_FILES.checkpoints) is not None

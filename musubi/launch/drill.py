@@ -99,7 +99,8 @@ def same_weights(a: dict[str, Any], b: dict[str, Any]) -> bool:
 
 def _train(req: DrillRequest, out: Path, inject: str | None, deadline_s: float | None = None
            ) -> tuple[int, Path, str | None]:
-    from musubi.launch.launch import TrainRequest, launch_train
+    from musubi.launch.launch import launch_train
+    from musubi.launch.request import TrainRequest
 
     treq = TrainRequest(job_path=req.job_path, nproc=req.nproc, out=out, device=req.device,
                         overrides=[*req.overrides, "train.deterministic=true"], check=False, quiet=True,
@@ -198,7 +199,7 @@ def _check(kind: str, drawn: dict, job_dir: Path, code: int, ref: dict[str, Any]
 def run_drill(req: DrillRequest, progress: Any = None) -> dict[str, Any]:
     """Reference run, then `repeat` faulted runs per fault; the figures (also written to OUT/drill.json)."""
     from musubi.config.load import load_job
-    from musubi.launch.launch import resolve_world
+    from musubi.launch.ranks import resolve_world
     from musubi.store.rundir import default_run_dir
 
     if req.repeat < 1:

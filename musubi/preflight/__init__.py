@@ -5,7 +5,7 @@ Readings (`preflight.read`) gather what the machine says into plain dataclasses
 readings to one-line results. Entry points:
 
 - `run_checks(...)` -> PreflightReport (launcher side, before any worker starts)
-- `check_command` -> the `musubi check` command (typer)
+- `parse_gpu_ids`, `gpu_selection` -> the GPUs `musubi check` is asked for (musubi/cli/check.py)
 - `diagnostic_env(job_dir)` -> hang-diagnostic variables for the workers
 """
 
@@ -15,16 +15,17 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from musubi.preflight.checks.disk import checkpoint_bytes_estimate
-    from musubi.preflight.command import check_command
     from musubi.preflight.diagnostics import diagnostic_env
+    from musubi.preflight.gpu_list import gpu_selection, parse_gpu_ids
     from musubi.preflight.read.data import data_targets
     from musubi.preflight.result import CheckResult, PreflightReport, Status, render
     from musubi.preflight.runner import run_checks
 
-# Lazy: `import musubi.preflight` must not import torch (the CLI imports it to register `check`).
+# Lazy: `import musubi.preflight` must not import torch (the launcher's checks and the CLI import it).
 _EXPORTS = {
     "run_checks": "musubi.preflight.runner",
-    "check_command": "musubi.preflight.command",
+    "gpu_selection": "musubi.preflight.gpu_list",
+    "parse_gpu_ids": "musubi.preflight.gpu_list",
     "diagnostic_env": "musubi.preflight.diagnostics",
     "checkpoint_bytes_estimate": "musubi.preflight.checks.disk",
     "data_targets": "musubi.preflight.read.data",
@@ -34,8 +35,8 @@ _EXPORTS = {
     "render": "musubi.preflight.result",
 }
 __all__ = [
-    "CheckResult", "PreflightReport", "Status", "check_command", "checkpoint_bytes_estimate",
-    "data_targets", "diagnostic_env", "render", "run_checks",
+    "CheckResult", "PreflightReport", "Status", "checkpoint_bytes_estimate", "data_targets", "diagnostic_env",
+    "gpu_selection", "parse_gpu_ids", "render", "run_checks",
 ]
 
 

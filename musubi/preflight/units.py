@@ -21,5 +21,5 @@ def ms(seconds: float) -> str:
 
 
 def indices(items: Iterable[int]) -> str:
-    """[0, 1, 3] -> '0,1,3' (the --gpus spelling)."""
+    """[0, 1, 3] -> '0,1,3' (the --gpu-ids spelling)."""
     return ",".join(str(i) for i in items)

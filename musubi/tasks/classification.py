@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -22,10 +21,8 @@ from musubi.data import guards
 from musubi.data import synthetic_classification as synth
 from musubi.data.classify_augment import ClassifyAugment
 from musubi.tasks.base import Metric, Reducer, Task, move_to
+from musubi.tasks.model_check import TIMM_PREFIX, check_classifier, suggest
 from musubi.tasks.pretrained import check_start_weights, load_start_weights
-
-#: Model names with this prefix are built by timm (when it is installed).
-TIMM_PREFIX = "timm/"
 
 #: Default side of on-disk images after resizing, in pixels.
 DEFAULT_IMAGE_SIZE = 224
@@ -47,24 +44,12 @@ _RESERVED_ARGS = {
 AUX_HEAD_MODELS = frozenset({"googlenet", "inception_v3"})
 #: Image sides offered when a model cannot take the job's: the smallest it takes above it, else the largest below.
 SIZE_CANDIDATES = (32, 64, 96, 128, 160, 192, 224, 256, 299, 320, 384, 448, 512)
-#: torchvision's other model families: named, so a model of one is refused with the reason, not "unknown".
-OTHER_FAMILIES = {"detection": "a detection model: set task: detection",
-                  "segmentation": "a segmentation model: Musubi trains classification, detection and lm tasks",
-                  "video": "a video model: Musubi trains classification, detection and lm tasks",
-                  "optical_flow": "an optical-flow model: Musubi trains classification, detection and lm tasks",
-                  "quantization": "a quantized model (for inference): train its float model, e.g. "}
 
 
 # -- models ----------------------------------------------------------------
 def torchvision_models() -> list[str]:
     """Names of torchvision's classification models."""
     return sorted(torchvision.models.list_models(module=torchvision.models))
-
-
-def suggest(name: str, choices: list[str]) -> str:
-    """' (did you mean a, b?)' for close matches, else ''."""
-    close = difflib.get_close_matches(name, choices, n=3, cutoff=0.6)
-    return f" (did you mean {', '.join(close)}?)" if close else ""
 
 
 def _timm() -> Any:
@@ -76,23 +61,14 @@ def _timm() -> Any:
 
 
 def check_model_name(name: str) -> None:
-    """ConfigError unless `name` is a torchvision classification model or an installed timm one."""
+    """ConfigError unless `name` is a torchvision classification model (the name table) or an installed timm one."""
     if name.startswith(TIMM_PREFIX):
         timm = _timm()
         arch = name[len(TIMM_PREFIX) :]
         if not timm.is_model(arch):
             raise ConfigError(f"model: unknown timm model {arch!r}{suggest(arch, timm.list_models())}")
         return
-    names = torchvision_models()
-    if name not in names:
-        for family, why in OTHER_FAMILIES.items():
-            if name in torchvision.models.list_models(module=getattr(torchvision.models, family)):
-                float_model = name.removeprefix("quantized_") if family == "quantization" else ""
-                raise ConfigError(f"model: {name} is {why}{float_model}")
-        raise ConfigError(
-            f"model: unknown classification model {name!r}{suggest(name, names)}; "
-            f"any torchvision.models classifier works, or timm models as 'timm/NAME'"
-        )
+    check_classifier(name)
 
 
 def create_model(name: str, num_classes: int, model_args: dict[str, Any]) -> nn.Module:

@@ -8,7 +8,6 @@ targets): detectors take images of different sizes, so nothing is stacked.
 
 from __future__ import annotations
 
-import difflib
 import inspect
 from collections.abc import Callable
 from importlib.util import find_spec
@@ -43,6 +42,7 @@ from musubi.tasks import detr, efficientdet
 from musubi.tasks.base import Metric, Reducer, Task, move_to
 from musubi.tasks.coco_map import coco_map
 from musubi.tasks.detection_cap import max_detections_record
+from musubi.tasks.model_check import REFUSED_DETECTORS, check_detector
 from musubi.tasks.pretrained import check_start_weights, load_start_weights
 from musubi.tasks.stem import adapt_stem
 
@@ -61,11 +61,8 @@ MODELS: dict[str, tuple[Callable[..., nn.Module], type[nn.Module]]] = {
 }
 #: torchvision detection builders that are not box detectors, and why each is refused (with the box detector
 #: of the same architecture).
-REFUSED = {
-    "maskrcnn_resnet50_fpn": ("Mask R-CNN trains on instance masks", "fasterrcnn_resnet50_fpn"),
-    "maskrcnn_resnet50_fpn_v2": ("Mask R-CNN trains on instance masks", "fasterrcnn_resnet50_fpn_v2"),
-    "keypointrcnn_resnet50_fpn": ("Keypoint R-CNN trains on keypoints", "fasterrcnn_resnet50_fpn"),
-}
+#: Detectors the task refuses (Mask/Keypoint R-CNN): what they train on, and the box detector to use.
+REFUSED = REFUSED_DETECTORS
 #: SSD resizes every image to its fixed input size (300 px for ssd300_vgg16, 320 for SSDlite) itself; these
 #: GeneralizedRCNNTransform arguments are set by SSD, not by model_args.
 SSD_FIXED_ARGS = frozenset({"min_size", "max_size", "fixed_size", "size_divisible"})
@@ -123,22 +120,8 @@ def accepted_model_args(model: str) -> frozenset[str]:
 
 
 def check_detection_model(name: str) -> None:
-    """ConfigError unless `name` is a built-in detector: why a torchvision builder is refused, else the close
-    names (did you mean) and every known one."""
-    if name in known_models():
-        return
-    if name in REFUSED:
-        why, boxes = REFUSED[name]
-        raise ConfigError(f"model: {name} is refused: {why}, which the detection task (boxes only) does not "
-                          f"read; did you mean {boxes}, the same model's box detector?")
-    import torchvision
-
-    if name in torchvision.models.list_models(module=torchvision.models):
-        raise ConfigError(f"model: {name} is a classification model; set task: classification, or pick a "
-                          f"detector (e.g. fasterrcnn_resnet50_fpn_v2, retinanet_resnet50_fpn_v2)")
-    close = difflib.get_close_matches(name, known_models(), n=3, cutoff=0.6)
-    hint = f" (did you mean {', '.join(close)}?)" if close else ""
-    raise ConfigError(f"model: unknown detection model {name!r}{hint}; known: {', '.join(known_models())}")
+    """ConfigError unless `name` is a built-in detector (the name table; musubi/tasks/model_check.py)."""
+    check_detector(name)
 
 
 def set_bn_momentum(model: nn.Module, momentum: float) -> None:

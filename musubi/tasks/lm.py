@@ -15,8 +15,8 @@ from musubi.data import text
 from musubi.data.synthetic_classification import TRAIN_STREAM, VAL_STREAM
 from musubi.plan.spec import TransformerSpec
 from musubi.tasks.base import Metric, Reducer, Task
-from musubi.tasks.classification import suggest
 from musubi.tasks.gpt import GPT, GPTConfig
+from musubi.tasks.model_check import check_lm, suggest
 from musubi.tasks.weights import check_weights, load_weights
 
 #: The tiny default GPT: fast enough for CPU tests and smoke runs.
@@ -104,10 +104,7 @@ class LMTask(Task):
     # -- checks -----------------------------------------------------------
     def validate(self) -> None:
         """Model name and shape, text files (size, UTF-8) and the weights file, before any worker starts."""
-        if self.spec.model not in MODELS:
-            raise ConfigError(
-                f"model: unknown lm model {self.spec.model!r}{suggest(self.spec.model, MODELS)}; use 'gpt'"
-            )
+        check_lm(self.spec.model)
         cfg = self.config()
         data = self.spec.data
         for split in (data.train, data.val):

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from musubi.launch.launch import TrainRequest, prepare
+from musubi.launch.launch import prepare
+from musubi.launch.request import TrainRequest
 
 
 def _first_lines(job: Path, out: Path, nproc: int = 2) -> list[str]:

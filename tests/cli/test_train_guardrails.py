@@ -71,9 +71,17 @@ def test_resume_refuses_a_changed_job_unless_allowed(tiny_job, tmp_path: Path) -
     code, out = run(str(job), "--nproc", "2", "--device", "cpu", "--out", str(tmp_path / "r"), "--resume",
                     "--allow-changes", "train.lr")
     assert code == 2 and "no committed checkpoint" in one_line_error(out)
-    # a section covers its fields; an unknown field is refused by name
+    # the dry run runs the launch's checks: it is refused the same way
     code, out = run(str(job), "--device", "cpu", "--out", str(tmp_path / "r"), "--resume", "--allow-changes",
-                    "train", "--dry-run")
+                    "train.lr", "--dry-run")
+    assert code == 2 and "no committed checkpoint" in one_line_error(out)
+    # with a committed checkpoint a section covers its fields; an unknown field is refused by name
+    from musubi.checkpoint.checkpoint import MARKER
+
+    (job_dir / "checkpoints" / "step-000000004").mkdir(parents=True)
+    (job_dir / "checkpoints" / "step-000000004" / MARKER).write_text(json.dumps({"step": 4, "files": {}}))
+    code, out = run(str(job), "--device", "cpu", "--out", str(tmp_path / "r"), "--resume", "--allow-changes",
+                    "train", "--dry-run", "--no-check")
     assert code == 0 and "resume: train.lr 0.5 -> 0.1 (--allow-changes)" in out, out
     code, out = run(str(job), "--device", "cpu", "--out", str(tmp_path / "r"), "--resume", "--allow-changes",
                     "train.lrr")

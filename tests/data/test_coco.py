@@ -13,7 +13,7 @@ from PIL import Image
 from torchvision.transforms.functional import pil_to_tensor
 
 from musubi.contract.errors import ConfigError
-from musubi.data import coco
+from musubi.data import coco_file
 from musubi.data.coco import CocoDetection
 
 
@@ -145,7 +145,7 @@ def test_refuses_paths_that_escape(coco_dir: tuple[Path, Path], tmp_path: Path, 
 @pytest.mark.filterwarnings("ignore::PIL.Image.DecompressionBombWarning")
 def test_size_limits(coco_dir: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> None:
     images, ann = coco_dir
-    monkeypatch.setattr(coco, "MAX_ANNOTATION_BYTES", 100)
+    monkeypatch.setattr(coco_file, "MAX_ANNOTATION_BYTES", 100)
     _one_line_error("limit", CocoDetection, images, ann)
     monkeypatch.undo()
     ds = CocoDetection(images, ann)

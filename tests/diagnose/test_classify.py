@@ -145,7 +145,7 @@ def test_fsdp_says_comm_and_stragglers_are_not_measured(tmp_path: Path) -> None:
     assert "FSDP" in lim and "straggler" in lim
     res = CliRunner().invoke(app, ["report", str(run), "--json"])
     assert res.exit_code == 0 and json.loads(res.output)["jobs"][0]["limitations"] == [lim]
-    from musubi.diagnose.command import build_report
+    from musubi.diagnose.report import build_report
 
     assert "Not measured:</b> gradient communication not separable (FSDP)" in Path(
         build_report(run)["html"]).read_text(encoding="utf-8")
@@ -199,7 +199,7 @@ def test_drill_judge_needs_the_live_flag(tmp_path: Path) -> None:
 
 
 def test_steps_window_covers_plots_and_trace_and_live_flag_is_the_live_one(tmp_path: Path) -> None:
-    from musubi.diagnose.command import build_report
+    from musubi.diagnose.report import build_report
 
     run = tmp_path / "run"
     job = write_job(run / "job", ranks=2, steps=90, slow_rank=1, factor=1.3)

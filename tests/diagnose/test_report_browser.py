@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from musubi.diagnose.command import build_report
+from musubi.diagnose.report import build_report
 from tests.diagnose.records import write_job
 
 PWN = "document.title='PWNED';document.body.setAttribute('data-pwned','yes')"

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from musubi.diagnose import drills
-from musubi.diagnose.command import build_report
+from musubi.diagnose.report import build_report
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 from typer.testing import CliRunner
 
-from musubi.evaluate.commands import evaluate_command, export_command, leaderboard_command, registry_app
+from musubi.cli.evaluate import evaluate_command, export_command, leaderboard_command, registry_app
 from tests.evaluate.jobs import TINY_USER, make_task_job, tiny_onnx
 from tests.evaluate.runs import external_job, task_job
 

@@ -143,10 +143,12 @@ def test_a_fleet_members_launcher_imports_no_torch(tmp_path: Path) -> None:
     of its 2.8-s launcher on 2 cores); a lone `musubi train` still does both."""
     job = write_tiny_job(tmp_path)
 
-    def imports_torch(member: bool, device: str) -> bool:
-        code = ("import sys; from pathlib import Path; from musubi.launch.launch import TrainRequest, admit; "
+    def imports_torch(member: bool, device: str) -> bool:  # a member runs with --no-check (fleet/jobs.py)
+        code = ("import sys; from pathlib import Path; from musubi.launch.checks import admit; "
+                "from musubi.launch.request import TrainRequest; "
                 f"admit(TrainRequest(job_path=Path({str(job)!r}), nproc=2, device={device!r}, "
-                f"out=Path({str(tmp_path / device)!r}), fleet_member={member})); print('torch' in sys.modules)")
+                f"out=Path({str(tmp_path / device)!r}), fleet_member={member}, check={not member})); "
+                "print('torch' in sys.modules)")
         res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
         assert res.returncode == 0, res.stderr[-2000:]
         return res.stdout.strip().splitlines()[-1] == "True"
@@ -189,15 +191,25 @@ def test_counting_gpus_and_recording_the_machine_never_start_the_cuda_driver(mon
     asks NVML first."""
     import torch
 
-    from musubi.launch.launch import visible_gpus
     from musubi.store.rundir import env_record
+    from musubi.topology import visible
+    from musubi.topology.visible import visible_gpus
 
     def driver_start() -> bool:
         raise AssertionError("torch.cuda.is_available() starts the CUDA driver")
 
     monkeypatch.setattr(torch.cuda, "is_available", driver_start)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    # A driver NVML cannot read (a container without the library): torch's count, never is_available().
+    monkeypatch.setattr(visible, "driver_present", lambda: True)
+    monkeypatch.setattr(visible, "nvml_count", lambda: None)
     assert visible_gpus() == 2
+    # NVML's count with CUDA_VISIBLE_DEVICES applied, no torch asked.
+    monkeypatch.setattr(visible, "nvml_count", lambda: 4)
+    monkeypatch.setattr(torch.cuda, "device_count", driver_start)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
+    assert visible_gpus() == 2
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     rec = env_record()
     assert "nccl" in rec and rec["torch"] == torch.__version__
     from musubi.store.provenance import cudnn_number

@@ -383,7 +383,7 @@ HOSTILE_STRINGS = ["[red]x[/red]", "<script>alert(1)</script>", "[link=file:///e
 
 
 def test_leaderboard_prints_hostile_strings_literally(guard: Guard) -> None:
-    from musubi.evaluate.commands import leaderboard_table
+    from musubi.evaluate.leaderboard_view import leaderboard_table
 
     rows = [{"rank": i + 1, "job": s, "model": s, "metric": s, "reason": s} for i, s in enumerate(HOSTILE_STRINGS)]
     console = Console(record=True, width=400, color_system=None)

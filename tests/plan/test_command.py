@@ -9,7 +9,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from musubi.plan.command import plan_command
+from musubi.cli.plan import plan_command
 
 app = typer.Typer(add_completion=False)
 app.command("plan")(plan_command)

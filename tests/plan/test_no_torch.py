@@ -7,6 +7,6 @@ import sys
 
 
 def test_import_plan_leaves_torch_out() -> None:
-    code = ("import sys, musubi.plan, musubi.plan.command, musubi.plan.search, musubi.plan.calibrate, musubi.plan.from_run; "
+    code = ("import sys, musubi.plan, musubi.cli.plan, musubi.plan.search, musubi.plan.calibrate, musubi.plan.from_run; "
             "assert 'torch' not in sys.modules, 'torch was imported'")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

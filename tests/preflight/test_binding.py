@@ -1,4 +1,4 @@
-"""Binding checks: --gpus and CUDA_VISIBLE_DEVICES resolved the way CUDA resolves them."""
+"""Binding checks: --gpu-ids and CUDA_VISIBLE_DEVICES resolved the way CUDA resolves them."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ def _check(requested: list[int] | None, cvd: str | None):
 def test_a_gpu_listed_twice_in_gpus_fails() -> None:
     r = only(_check([0, 1, 1], None))
     assert (r.check, r.status) == ("binding.gpus", Status.FAIL)
-    assert r.found == "--gpus 0,1,1 lists GPU 1 twice: two ranks would share one GPU"
-    assert r.fix == "list each GPU once (--gpus 0,1)"
+    assert r.found == "--gpu-ids 0,1,1 lists GPU 1 twice: two ranks would share one GPU"
+    assert r.fix == "list each GPU once (--gpu-ids 0,1)"
 
 
 def test_a_repeat_in_cuda_visible_devices_fails() -> None:
@@ -45,13 +45,13 @@ def test_an_unknown_last_entry_only_warns() -> None:
 def test_empty_cuda_visible_devices_with_gpus_requested_fails() -> None:
     r = only(_check([0, 1], ""))
     assert r.status is Status.FAIL
-    assert r.found == "CUDA_VISIBLE_DEVICES='' hides every GPU but --gpus asks for 0,1"
+    assert r.found == "CUDA_VISIBLE_DEVICES='' hides every GPU but --gpu-ids asks for 0,1"
     assert r.fix == "unset CUDA_VISIBLE_DEVICES or set CUDA_VISIBLE_DEVICES=0,1"
 
 
 def test_requested_gpus_outside_cuda_visible_devices_fail() -> None:
     r = only(_check([2, 3], "0,1"))
-    assert r.found == "--gpus 2,3 but CUDA_VISIBLE_DEVICES='0,1' hides GPU 2,3"
+    assert r.found == "--gpu-ids 2,3 but CUDA_VISIBLE_DEVICES='0,1' hides GPU 2,3"
     assert r.fix == "set CUDA_VISIBLE_DEVICES=2,3 or unset it"
 
 
@@ -64,7 +64,7 @@ def test_uuid_prefixes_resolve_and_pass() -> None:
     v = resolve_visible("GPU-00000003,GPU-00000001", GPUS)
     assert v.indices == [3, 1]
     r = only(check_binding([1, 3], v, 4))
-    assert r.status is Status.PASS and "exposes GPU 3,1; --gpus 1,3: one rank per GPU" in r.found
+    assert r.status is Status.PASS and "exposes GPU 3,1; --gpu-ids 1,3: one rank per GPU" in r.found
 
 
 def test_unset_and_hidden_on_purpose_pass() -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 from typer.testing import CliRunner
 
-from musubi.preflight import check_command
+from musubi.cli.check import check_command
 
 app = typer.Typer(add_completion=False)
 app.command("check")(check_command)
@@ -40,20 +40,29 @@ def test_cpu_machine_passes_one_line_per_result_and_writes_preflight_json(tmp_pa
 
 
 def test_asking_for_a_gpu_on_a_gpu_less_machine_fails_with_exit_1() -> None:
-    res = invoke("--gpus", "0", "--no-comm", "--json")
+    res = invoke("--gpu-ids", "0", "--no-comm", "--json")
     assert res.exit_code == 1, res.output
     report = json.loads(res.output)
     failed = {r["check"]: r for r in report["results"] if r["status"] == "FAIL"}
     assert report["ok"] is False
     if not report["readings"]["nvml"]["available"]:  # no driver here; on a GPU host only the binding fails
-        assert failed["gpus.present"]["found"].startswith("--gpus 0 asks for GPUs but no NVIDIA GPU is reachable")
+        assert failed["gpus.present"]["found"].startswith("--gpu-ids 0 asks for GPUs but no NVIDIA GPU is reachable")
     # conftest hides GPUs (CUDA_VISIBLE_DEVICES=''): the binding check names that too.
-    assert failed["binding.visible"]["found"] == "CUDA_VISIBLE_DEVICES='' hides every GPU but --gpus asks for 0"
+    assert failed["binding.visible"]["found"] == "CUDA_VISIBLE_DEVICES='' hides every GPU but --gpu-ids asks for 0"
 
 
 def test_bad_gpus_spelling_is_a_usage_error() -> None:
-    res = invoke("--gpus", "0,one")
+    res = invoke("--gpu-ids", "0,one")
     assert res.exit_code == 2 and "'one' is not a GPU number" in res.output
+
+
+def test_gpus_is_a_count_and_its_old_list_form_names_the_flag_that_takes_a_list() -> None:
+    """One dialect: --gpus N is a count in check, run and plan; a list goes to --gpu-ids."""
+    res = invoke("--gpus", "0,1")
+    lines = _lines(res.output)
+    assert res.exit_code == 2 and len(lines) == 1 and "use --gpu-ids 0,1" in lines[0], res.output
+    res = invoke("--gpus", "1", "--no-comm", "--json")  # the first GPU: none here, so the check fails (exit 1)
+    assert res.exit_code == 1 and json.loads(res.output)["ok"] is False
 
 
 def test_bad_data_fails_the_check(tmp_path: Path) -> None:

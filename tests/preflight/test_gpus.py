@@ -12,16 +12,16 @@ from .crafted import A100, NO_NVML, GiB, gpu, nvml, only
 def test_requested_gpu_beyond_the_machine_fails() -> None:
     r = only(check_gpus(nvml(gpu(0), gpu(1), gpu(2), gpu(3)), [2, 5], [2]))
     assert (r.check, r.status) == ("gpus.present", Status.FAIL)
-    assert r.found == "--gpus asks for GPU 5; this machine has 4 (0-3)" and r.fix == "pick --gpus from 0-3"
+    assert r.found == "--gpu-ids asks for GPU 5; this machine has 4 (0-3)" and r.fix == "pick --gpu-ids from 0-3"
 
 
 def test_gpus_requested_without_any_gpu_fail_and_cpu_ranks_pass() -> None:
     r = only(check_gpus(NO_NVML, [0], []))
     assert r.status is Status.FAIL
-    assert r.found == ("--gpus 0 asks for GPUs but no NVIDIA GPU is reachable "
+    assert r.found == ("--gpu-ids 0 asks for GPUs but no NVIDIA GPU is reachable "
                        "(NVML: NVML Shared Library Not Found)")
     ok = only(check_gpus(NO_NVML, None, []))
-    assert ok.status is Status.PASS and "CPU ranks on gloo (pass --gpus to require GPUs)" in ok.found
+    assert ok.status is Status.PASS and "CPU ranks on gloo (pass --gpu-ids to require GPUs)" in ok.found
 
 
 def test_foreign_process_holding_most_memory_fails() -> None:
@@ -29,7 +29,7 @@ def test_foreign_process_holding_most_memory_fails() -> None:
     r = only(check_gpus(nvml(gpu(0), busy), [0, 1], [0, 1]))
     assert (r.check, r.status) == ("gpus.busy", Status.FAIL)
     assert r.found == "GPU 1: 1 other process(es) hold 40.0 GiB of 79.6 GiB (pid 4242 python3)"
-    assert r.fix == "stop them (kill 4242) or pick other --gpus"
+    assert r.fix == "stop them (kill 4242) or pick other --gpu-ids"
 
 
 def test_foreign_process_holding_a_little_warns() -> None:
@@ -91,7 +91,7 @@ def test_mixed_models_warn_naming_the_slowest() -> None:
     assert (r.check, r.status) == ("gpus.models", Status.WARN)
     assert "3x NVIDIA H100 80GB HBM3 (0,1,2), 1x NVIDIA A100-SXM4-80GB (3)" in r.found
     assert "the slowest, GPU 3 (NVIDIA A100-SXM4-80GB, ~312 vs 989 TFLOPS)" in r.found
-    assert r.fix == "use one model (--gpus 0,1,2) or expect the step time of the slowest"
+    assert r.fix == "use one model (--gpu-ids 0,1,2) or expect the step time of the slowest"
 
 
 def test_healthy_gpus_pass_in_one_line() -> None:

@@ -46,7 +46,8 @@ def test_drill_kill_writer_kill_and_hang(tiny_job, tmp_path: Path) -> None:
 @pytest.mark.timeout(120)
 def test_drill_deadline_ends_a_run_that_never_recovers(tiny_job, tmp_path: Path, monkeypatch) -> None:
     """A hang nobody detects (watchdog off): the drill's per-run deadline ends torchrun and every worker."""
-    from musubi.launch.launch import TrainRequest, launch_train
+    from musubi.launch.launch import launch_train
+    from musubi.launch.request import TrainRequest
 
     job = tiny_job(watchdog={"enabled": False})
     monkeypatch.setenv("MUSUBI_INJECT", "hang:rank=1,step=3")

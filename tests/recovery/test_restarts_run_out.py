@@ -71,7 +71,7 @@ def test_restarts_run_out_name_the_killed_rank(tiny_job, tmp_path: Path, monkeyp
     assert re.search(r"attempt 1\.1 after 1\.0 failed \((killed|rank died) \(rank 1\).*\): it reached step \d, "
                      r"resumed from step 0: \d step\(s\) to redo, [\d.]+ s down", log0), log0[-3000:]
     # the report shows goodput and each failure's cause and cost; the checklist names the rank
-    from musubi.diagnose.command import build_report
+    from musubi.diagnose.report import build_report
     from musubi.records.checklist import build_checklist
 
     html = Path(build_report(tmp_path / "run")["html"]).read_text()

@@ -1,4 +1,4 @@
-"""Binding checks: `--gpus` and CUDA_VISIBLE_DEVICES agree, and no GPU is listed twice.
+"""Binding checks: `--gpu-ids` and CUDA_VISIBLE_DEVICES agree, and no GPU is listed twice.
 
 CUDA reads CUDA_VISIBLE_DEVICES left to right and stops at the first entry it
 cannot resolve (an index past the end, an unknown UUID, a repeat): every GPU
@@ -58,14 +58,14 @@ def resolve_visible(value: str | None, gpus: tuple[GpuReading, ...], count: int 
 
 
 def check_binding(requested: list[int] | None, visible: VisibleDevices, gpu_count: int) -> list[CheckResult]:
-    """--gpus lists each GPU once and only GPUs that CUDA_VISIBLE_DEVICES exposes."""
+    """--gpu-ids lists each GPU once and only GPUs that CUDA_VISIBLE_DEVICES exposes."""
     results: list[CheckResult] = []
     if requested is not None:
         twice = sorted({i for i in requested if requested.count(i) > 1})
         if twice:
             results.append(fail("binding.gpus",
-                                f"--gpus {indices(requested)} lists GPU {indices(twice)} twice: two ranks would share "
-                                "one GPU", f"list each GPU once (--gpus {indices(sorted(set(requested)))})"))
+                                f"--gpu-ids {indices(requested)} lists GPU {indices(twice)} twice: two ranks would share "
+                                "one GPU", f"list each GPU once (--gpu-ids {indices(sorted(set(requested)))})"))
     shown = f"{CVD}={visible.value!r}"
     if visible.stopped_at is not None:
         if visible.stop_reason == "repeat":
@@ -88,11 +88,11 @@ def check_binding(requested: list[int] | None, visible: VisibleDevices, gpu_coun
     if requested is not None and visible.value is not None:
         hidden = [i for i in dict.fromkeys(requested) if i not in visible.indices]
         if hidden and not visible.indices:
-            results.append(fail("binding.visible", f"{shown} hides every GPU but --gpus asks for {indices(requested)}",
+            results.append(fail("binding.visible", f"{shown} hides every GPU but --gpu-ids asks for {indices(requested)}",
                                 f"unset {CVD} or set {CVD}={indices(dict.fromkeys(requested))}"))
         elif hidden:
             results.append(fail("binding.visible",
-                                f"--gpus {indices(requested)} but {shown} hides GPU {indices(hidden)}",
+                                f"--gpu-ids {indices(requested)} but {shown} hides GPU {indices(hidden)}",
                                 f"set {CVD}={indices(dict.fromkeys(requested))} or unset it"))
     if not results:
         if visible.value is None:
@@ -102,6 +102,6 @@ def check_binding(requested: list[int] | None, visible: VisibleDevices, gpu_coun
         else:
             found = f"{shown} exposes GPU {indices(visible.indices)}"
         if requested and gpu_count:
-            found += f"; --gpus {indices(requested)}: one rank per GPU"
+            found += f"; --gpu-ids {indices(requested)}: one rank per GPU"
         results.append(passed("binding", found))
     return results

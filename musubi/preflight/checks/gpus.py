@@ -24,20 +24,20 @@ def check_present(nvml: NvmlReading, requested: list[int] | None, in_use: list[i
     if requested:
         if not nvml.available or count == 0:
             why = f"NVML: {nvml.error}" if nvml.error else "NVML lists none"
-            return [fail("gpus.present", f"--gpus {indices(requested)} asks for GPUs but no NVIDIA GPU is reachable "
+            return [fail("gpus.present", f"--gpu-ids {indices(requested)} asks for GPUs but no NVIDIA GPU is reachable "
                                          f"({why})",
-                         "load the NVIDIA driver (`nvidia-smi` must work) or drop --gpus to run CPU ranks")]
+                         "load the NVIDIA driver (`nvidia-smi` must work) or drop --gpu-ids to run CPU ranks")]
         missing = [i for i in dict.fromkeys(requested) if not 0 <= i < count]
         if missing:
-            return [fail("gpus.present", f"--gpus asks for GPU {indices(missing)}; this machine has {count} "
-                                         f"(0-{count - 1})", f"pick --gpus from 0-{count - 1}")]
+            return [fail("gpus.present", f"--gpu-ids asks for GPU {indices(missing)}; this machine has {count} "
+                                         f"(0-{count - 1})", f"pick --gpu-ids from 0-{count - 1}")]
         return []
     if not in_use:
         if count:
             return [passed("gpus.present", f"{count} GPU(s) present but none visible: CPU ranks on gloo "
-                                           "(pass --gpus to require GPUs)")]
+                                           "(pass --gpu-ids to require GPUs)")]
         why = f" (NVML: {nvml.error})" if nvml.error else ""
-        return [passed("gpus.present", f"no GPU{why}: CPU ranks on gloo (pass --gpus to require GPUs)")]
+        return [passed("gpus.present", f"no GPU{why}: CPU ranks on gloo (pass --gpu-ids to require GPUs)")]
     return []
 
 
@@ -50,12 +50,12 @@ def _busy(g: GpuReading, own_pids: set[int]) -> CheckResult | None:
         who = ", ".join(f"pid {p.pid}" + (f" {p.name.rsplit('/', 1)[-1]}" if p.name else "") for p in others[:3])
         found = (f"GPU {g.index}: {len(others)} other process(es) hold {gib(held)} of {gib(g.memory_total)} "
                  f"({who})")
-        fix = f"stop them (kill {' '.join(str(p.pid) for p in others[:3])}) or pick other --gpus"
+        fix = f"stop them (kill {' '.join(str(p.pid) for p in others[:3])}) or pick other --gpu-ids"
     elif g.memory_used > slack:
         held = g.memory_used
         found = (f"GPU {g.index}: {gib(held)} of {gib(g.memory_total)} in use by processes not visible here "
                  "(another container or user)")
-        fix = f"free GPU {g.index} (nvidia-smi on the host shows who) or pick other --gpus"
+        fix = f"free GPU {g.index} (nvidia-smi on the host shows who) or pick other --gpu-ids"
     else:
         return None
     if held > BUSY_FAIL_SHARE * g.memory_total:
@@ -66,7 +66,7 @@ def _busy(g: GpuReading, own_pids: set[int]) -> CheckResult | None:
 def _health(g: GpuReading, own_pids: set[int]) -> list[CheckResult]:
     if g.error is not None:
         return [fail("gpus.lost", f"GPU {g.index} cannot be read (NVML: {g.error})",
-                     f"reset GPU {g.index} or reboot the node (dmesg | grep Xid says why); pick other --gpus")]
+                     f"reset GPU {g.index} or reboot the node (dmesg | grep Xid says why); pick other --gpu-ids")]
     out: list[CheckResult] = []
     expected = expected_memory_gb(g.name)
     if g.mig_enabled:
@@ -82,10 +82,10 @@ def _health(g: GpuReading, own_pids: set[int]) -> list[CheckResult]:
     if g.ecc_uncorrected:
         out.append(fail("gpus.ecc", f"GPU {g.index} ({g.name}) has {g.ecc_uncorrected} uncorrected ECC error(s) "
                                     "since the driver loaded", f"reset GPU {g.index} (nvidia-smi -r -i {g.index}) "
-                                                               "or pick other --gpus; report it if it recurs"))
+                                                               "or pick other --gpu-ids; report it if it recurs"))
     if g.remap_failed:
         out.append(fail("gpus.ecc", f"GPU {g.index} ({g.name}): a memory row remap failed (bad memory)",
-                        f"take GPU {g.index} out of service (RMA) and pick other --gpus"))
+                        f"take GPU {g.index} out of service (RMA) and pick other --gpu-ids"))
     elif g.remap_pending:
         out.append(fail("gpus.ecc", f"GPU {g.index} ({g.name}): a memory row remap / page retirement waits for "
                                     "a reset", f"reset GPU {g.index} (nvidia-smi -r -i {g.index}) before training"))
@@ -123,7 +123,7 @@ def check_models(gpus: list[GpuReading]) -> list[CheckResult]:
     keep = [g.index for g in gpus if g.name == fastest.name]
     return [warn("gpus.models", f"GPU models differ: {mix}; the slowest, GPU {slowest.index} ({slowest.name}{rate}), "
                                 "paces every synchronous step",
-                 f"use one model (--gpus {indices(keep)}) or expect the step time of the slowest")]
+                 f"use one model (--gpu-ids {indices(keep)}) or expect the step time of the slowest")]
 
 
 def check_gpus(nvml: NvmlReading, requested: list[int] | None, in_use: list[int],

@@ -1,4 +1,4 @@
-"""`musubi plan`: the typer command (parse, call the planner, print a table or JSON). Registered by cli.py."""
+"""`musubi plan`: parse, call the planner (musubi.plan: pure math, no torch), print a table or JSON."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from typing import Any
 
 import typer
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from musubi.cli.output import PIPE_WIDTH, fail
 from musubi.plan.calibrate import load_calibrations
 from musubi.plan.catalog import get_gpu
 from musubi.plan.cluster import Cluster, fit_to_topology, make_cluster
@@ -22,11 +22,6 @@ from musubi.plan.layout import given_keys, parse_layout
 from musubi.plan.predict import Prediction, predict
 from musubi.plan.search import SearchResult, search
 from musubi.plan.spec import ModelSpec, load_spec, preset, with_seq
-
-
-def _fail(message: str, code: int = 2) -> None:
-    Console(stderr=True, soft_wrap=True).print(f"[bold red]error:[/] {escape(message)}", highlight=False)
-    raise typer.Exit(code)
 
 
 def _resolve_spec(model: str | None, spec_path: Path | None, seq: int | None) -> ModelSpec:
@@ -220,11 +215,11 @@ def plan_command(
         else:
             found = search(model_spec, cluster, batch, eff, precision, top=top)
     except PlanError as e:
-        _fail(str(e))
+        fail(str(e))
         return
     console = Console()
     if not console.is_terminal:  # piped or captured: do not squeeze the layout column to 80 characters
-        console = Console(width=200)
+        console = Console(width=PIPE_WIDTH)
     if layout is not None:
         if as_json:
             print(json.dumps({**one.as_dict(), "filled": filled, "range": _range_json(spread),
@@ -246,4 +241,4 @@ def plan_command(
     else:
         _print_search(console, found, model_spec, cluster, batch)
     if not found.candidates:
-        _fail("no layout fits; see the rejections above (more GPUs, a smaller micro-batch or recompute=full)", 1)
+        fail("no layout fits; see the rejections above (more GPUs, a smaller micro-batch or recompute=full)", 1)

@@ -1,4 +1,5 @@
-"""`musubi report RUN [--html report.html] [--json] [--steps A:B]`: diagnosis, HTML report, Chrome trace."""
+"""A run's diagnosis: every job analysed (label + evidence), the HTML page and the Chrome/Perfetto trace written
+whole; `musubi report` (musubi/cli/report.py) prints it."""
 
 from __future__ import annotations
 
@@ -7,13 +8,11 @@ import os
 from pathlib import Path
 from typing import Any
 
-import typer
-from rich.text import Text
-
 from musubi.contract.errors import ConfigError
 
 
-def _steps(window: str | None) -> tuple[int | None, int | None]:
+def step_window(window: str | None) -> tuple[int | None, int | None]:
+    """`--steps 100:400` -> (100, 400); either end may be left out."""
     if not window:
         return None, None
     a, sep, b = window.partition(":")
@@ -45,7 +44,7 @@ def build_report(run: Path, out: Path | None = None, window: str | None = None,
     run = Path(run)
     if not run.is_dir():
         raise ConfigError(f"{run}: no such run directory; give the --out folder of `musubi train` or `musubi run`")
-    first, last = _steps(window)
+    first, last = step_window(window)
     dirs = job_dirs(run)
     if not dirs:
         raise ConfigError(f"{run}: no job with a telemetry/ folder; was it trained with telemetry.enabled: false?")
@@ -80,53 +79,6 @@ def build_report(run: Path, out: Path | None = None, window: str | None = None,
         if traced.get("otherData"):
             result["trace_steps_left_out"] = traced["otherData"]["steps_left_out"]
     return result
-
-
-def report_command(
-    run: Path = typer.Argument(..., help="Run directory (or one job's folder)."),
-    html: Path | None = typer.Option(None, "--html", "-o", help="HTML file (default RUN/report.html); the trace "
-                                     "lands beside it."),
-    out: Path | None = typer.Option(None, "--out", hidden=True, help="Deprecated spelling of --html (elsewhere "
-                                    "--out names a run directory)."),
-    as_json: bool = typer.Option(False, "--json", help="Print labels, evidence and figures as JSON (no HTML)."),
-    steps: str | None = typer.Option(None, "--steps", help="Analyse optimizer steps FIRST:LAST only."),
-    trace_steps: int = typer.Option(2000, "--trace-steps", min=0,
-                                    help="At most this many steps per job in the trace (slowest, first, last); 0: all."),
-) -> None:
-    """Name each job's bottleneck with its evidence; write report.html and a Chrome/Perfetto trace."""
-    from rich.console import Console
-
-    if out is not None:
-        # `--out` is a run directory for train and run; here it was the HTML file. Kept working, said once.
-        Console(stderr=True, soft_wrap=True).print(
-            Text(f"warning: `musubi report --out FILE` is deprecated: use --html {out} (or -o); --out names a run "
-                 "directory in `musubi train` and `musubi run`", style="yellow"), highlight=False)
-        html = html or out
-    try:
-        result = build_report(run, html, steps, write_html=not as_json, trace_steps=trace_steps)
-    except ConfigError as e:
-        Console(stderr=True, soft_wrap=True).print(Text("error: ", style="bold red") + Text(str(e)), highlight=False)
-        raise typer.Exit(2) from None
-    if as_json:
-        print(json.dumps(result, indent=1))
-        return
-    con = Console(soft_wrap=True)
-    for a in result["jobs"]:
-        if a.get("label"):
-            con.print(f"{a['job']}: {a['text']} - {a['evidence']}", highlight=False, markup=False)
-            for lim in a.get("limitations") or []:
-                con.print(f"  not measured: {lim}", highlight=False, markup=False)
-        else:
-            con.print(f"{a['job']}: {a.get('text')}", highlight=False, markup=False)
-        line = tail_line(a)
-        if line:
-            con.print(f"{a['job']}: {line}", highlight=False, markup=False)
-    if not result.get("plots", True):
-        con.print("plots left out: matplotlib is not installed (pip install 'musubi-train[report]')",
-                  highlight=False, markup=False)
-    for job, n in (result.get("trace_steps_left_out") or {}).items():
-        con.print(f"trace: {n} steps of {job} left out (--trace-steps 0 keeps all)", highlight=False, markup=False)
-    con.print(f"report: {result['html']}\ntrace: {result['trace']} (open in ui.perfetto.dev)", highlight=False)
 
 
 def tail_line(analysis: dict) -> str | None:

@@ -1,4 +1,4 @@
-"""Thin typer commands: `musubi leaderboard`, `export`, `evaluate` and the `registry` group.
+"""`musubi leaderboard`, `export`, `evaluate` and the `registry` group: parse, call musubi.evaluate, print.
 
 Every string that came from a run directory or an external program is printed
 as plain text (rich markup off, table cells as Text), so a job or metric named
@@ -16,12 +16,14 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from musubi.cli.output import fail, out_console
 from musubi.contract.errors import ConfigError
 from musubi.contract.run_files import RUN_FILES
+from musubi.evaluate.leaderboard_view import cell, print_leaderboard
 from musubi.evaluate.registry import warn_skipped
 
 registry_app = typer.Typer(add_completion=False, no_args_is_help=True,
-                           help="Registered models: list, register, promote, demote, deployment manifest.")
+                           help="The model registry: list, register, promote, demote, manifest, rebuild.")
 
 _DB_HELP = "Registry database, an existing one (default runs/musubi.db: the one beside the default run directories)."
 
@@ -30,84 +32,13 @@ _CKPT_HELP = ("Which committed checkpoint: best (the best validation primary met
               "recorded at save time), last (the newest, the default) or a step number.")
 
 
-def _fail(message: str, code: int = 2) -> None:
-    err = Console(stderr=True, soft_wrap=True)
-    err.print(Text("error: ", style="bold red") + Text(message), highlight=False)
-    raise typer.Exit(code)
-
-
 def _say_registry(path: Path, note: str = "") -> None:
     """The registry a command used, on stderr (stdout stays clean for --json)."""
     Console(stderr=True, soft_wrap=True).print(Text(f"registry: {path}{note}"), highlight=False)
 
 
-def _fmt(value: Any, digits: int = 4) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:.{digits}g}"
-    return str(value)
-
-
 def _print_json(data: Any) -> None:
     print(json.dumps(data, indent=1, default=str))
-
-
-# -- leaderboard ----------------------------------------------------------------
-def leaderboard_table(board: dict[str, Any], table_of: dict[str, Any] | None = None) -> Table:
-    """A rich table of leaderboard rows (every cell plain Text: no markup from job names): those of one metric's
-    table (`table_of`, an entry of the board's "tables"), or of the whole board."""
-    floor = board.get("quality_floor") if isinstance(board.get("quality_floor"), dict) else {}
-    if table_of is not None:
-        title = "; ".join(str(x) for x in (
-            f"{table_of.get('metric')}: {board.get('formula')}", table_of.get("fps_normalisation"),
-            f"fps: {table_of['fps_protocol']}" if table_of.get("fps_protocol") else None) if x)
-        rows = [r for r in board.get("rows", []) if r.get("table") == table_of.get("metric")]
-    else:
-        title = "; ".join(str(x) for x in (board.get("formula"), board.get("fps_normalisation"), floor.get("rule"))
-                          if x)
-        rows = board.get("rows", [])
-    table = Table(title=Text(title),
-                  title_justify="left")
-    for col in ("rank", "job", "model", "metric", "quality", "fps", "runtime", "fps_norm", "score", "note"):
-        # fold, never `…`: a narrow terminal wraps a score rather than cutting its digits
-        table.add_column(col, justify="right" if col in ("rank", "quality", "fps", "fps_norm", "score") else "left",
-                         overflow="fold")
-    for r in rows:
-        cells = [_fmt(r.get("rank")), r.get("job"), r.get("model") or r.get("kind"), r.get("metric"),
-                 _fmt(r.get("quality")), _fmt(r.get("fps")), r.get("fps_runtime"), _fmt(r.get("fps_norm"), 3),
-                 _fmt(r.get("score")), r.get("reason") or ""]
-        table.add_row(*(Text(_fmt(c) if not isinstance(c, str) else c) for c in cells))
-    return table
-
-
-def print_leaderboard(run_dir: Path, console: Console | None = None, board: dict[str, Any] | None = None) -> None:
-    """Print RUN/leaderboard.json (or `board`) as a table (and its warning, if any)."""
-    from musubi.evaluate.leaderboard import read_leaderboard
-
-    console = console or _out_console()
-    board = board if board is not None else read_leaderboard(run_dir)
-    tables = board.get("tables") if isinstance(board.get("tables"), list) else []
-    if not tables:  # nothing scored, or a board written before tables: one table of every row
-        console.print(leaderboard_table(board))
-    for entry in tables:  # one table per quality metric: a top-1 and an mAP50 are not one scale
-        console.print(leaderboard_table(board, entry))
-    rest = [r for r in board.get("rows", []) if not r.get("table")]
-    if tables and rest:
-        console.print(leaderboard_table({**board, "formula": "not scored", "fps_normalisation": None,
-                                         "quality_floor": {}, "rows": rest}))
-    floor = board.get("quality_floor") if isinstance(board.get("quality_floor"), dict) else {}
-    if tables and floor.get("rule"):
-        console.print(Text(f"quality floors: {floor['rule']}"), highlight=False)
-    if board.get("warning"):
-        console.print(Text(f"warning: {board['warning']}", style="yellow"))
-
-
-def _out_console() -> Console:
-    """stdout; under a pipe 160 columns wide (rich's 80 would cut the scores to `0.56…`)."""
-    import sys
-
-    return Console(width=None if sys.stdout.isatty() else 160)
 
 
 def _weights(text: str) -> tuple[float, float]:
@@ -200,7 +131,7 @@ def leaderboard_command(
             rows, header = rank_jobs(collect_jobs(run_dir), rule)
             board = {**header, "rows": rows}
     except ConfigError as e:
-        _fail(str(e))
+        fail(str(e))
         return
     if as_json:
         _print_json(board)
@@ -214,7 +145,7 @@ def _print_history(run_dir: Path, as_json: bool) -> None:
     from musubi.evaluate.registry import leaderboard_history, resolve_db
 
     if not Path(run_dir).is_dir():
-        _fail(f"{run_dir}: no such run directory")
+        fail(f"{run_dir}: no such run directory")
     here = str(Path(run_dir).resolve())
     if not as_json:
         _say_registry(resolve_db(run_dir=run_dir))
@@ -230,8 +161,8 @@ def _print_history(run_dir: Path, as_json: bool) -> None:
         table.add_column(col, justify="right" if col in ("rank", "score") else "left", overflow="fold")
     for h in rows:
         when = dt.datetime.fromtimestamp(h["created"], dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
-        table.add_row(*(Text(c) for c in (when, _fmt(h["rank"]), h["job"], _fmt(h["score"]))))
-    _out_console().print(table)
+        table.add_row(*(Text(c) for c in (when, cell(h["rank"]), h["job"], cell(h["score"]))))
+    out_console().print(table)
 
 
 # -- export and evaluate --------------------------------------------------------
@@ -247,27 +178,27 @@ def export_command(
     from musubi.evaluate.onnx_export import ParityError, export_job
 
     if format_ not in ("onnx", "pt"):
-        _fail(f"--format {format_!r}: use onnx or pt")
+        fail(f"--format {format_!r}: use onnx or pt")
     if format_ == "pt":
         _export_pt(job_dir, checkpoint)
         return
     try:
         record = export_job(job_dir, opset=opset, exporter=exporter, checkpoint=checkpoint)
     except ParityError as e:
-        _fail(str(e), 1)
+        fail(str(e), 1)
         return
     except ConfigError as e:
-        _fail(str(e))
+        fail(str(e))
         return
     parity = record["parity"]
-    figures = ", ".join(f"{k} {_fmt(parity[k], 3)}" for k in
+    figures = ", ".join(f"{k} {cell(parity[k], 3)}" for k in
                         ("max_abs_diff", "argmax_agreement", "exact", "explained", "max_box_diff_px",
                          "max_score_diff") if k in parity)
     if parity.get("kinds"):  # detection differences a decision boundary explains: counted, listed in export.json
         figures += ", explained: " + ", ".join(f"{v} {k}" for k, v in parity["kinds"].items())
     maps = parity.get("map")
     if maps:
-        figures += f", sample mAP50 torch {_fmt(maps['torch']['map50'])} / onnx {_fmt(maps['onnx']['map50'])}"
+        figures += f", sample mAP50 torch {cell(maps['torch']['map50'])} / onnx {cell(maps['onnx']['map50'])}"
     Console().print(Text(f"{job_dir / 'export' / record['file']}  step {record['step']}, opset {record['opset']} "
                          f"({record['exporter']}), "
                          f"sha256 {record['sha256'][:16]}..., parity ok on {parity.get('inputs')} input(s): "
@@ -281,7 +212,7 @@ def _export_pt(job_dir: Path, checkpoint: str = "last") -> None:
     try:
         record = export_weights(job_dir, checkpoint)
     except ConfigError as e:
-        _fail(str(e))
+        fail(str(e))
         return
     build = record.get("build", f"the job's {record['model']} model")
     Console().print(Text(f"{job_dir / 'export' / record['file']}  {record['tensors']} tensors, step {record['step']}, "
@@ -309,7 +240,7 @@ def evaluate_command(
         try:
             done = write_predictions(job_dir, predictions, device, checkpoint)
         except ConfigError as e:
-            _fail(str(e))
+            fail(str(e))
             return
         Console().print(Text(f"{done['detections']} detections on {done['images']} images -> {done['file']} "
                              f"(COCO results; ground truth: {done['annotations']})"), highlight=False)
@@ -318,7 +249,7 @@ def evaluate_command(
         record = evaluate_job(job_dir, device=device, export=export, fps_runs=runs, fps_warmup=warmup,
                               checkpoint=checkpoint)
     except ConfigError as e:
-        _fail(str(e))
+        fail(str(e))
         return
     fps = record.get("fps") or {}
     line = (f"{job_dir.name}: {fps.get('fps', 0):.1f} fps ({fps.get('runtime')}, {fps.get('device_name')}, "
@@ -332,7 +263,7 @@ def registry_table(entries: list[dict[str, Any]]) -> Table:
     """A rich table of registry entries (plain Text cells)."""
     table = Table()
     for col in ("name", "version", "promoted", "model", "metric", "fps", "dataset", "sha256", "job"):
-        table.add_column(col)
+        table.add_column(col, overflow="fold")  # a long cell wraps, never ends in `…`
     for e in entries:
         metric = e.get("primary_metric")
         value = (e.get("metrics") or {}).get(metric) if metric else None
@@ -340,7 +271,7 @@ def registry_table(entries: list[dict[str, Any]]) -> Table:
         model = e["files"][0] if e.get("files") else {}
         table.add_row(*(Text(str(c)) for c in (
             e["name"], e["version"], "yes" if e["promoted"] else "", e["input"].get("model") or e["input"].get("task"),
-            f"{metric} {_fmt(value)}" if metric else "-", _fmt(fps), e.get("dataset_hash") or "-",
+            f"{metric} {cell(value)}" if metric else "-", cell(fps), e.get("dataset_hash") or "-",
             (model.get("sha256") or "")[:12], e["job_dir"])))
     return table
 
@@ -360,14 +291,14 @@ def registry_list(
             _say_registry(path, "" if path.exists() else " (none yet: `musubi registry register RUN/JOB` creates it)")
         entries = list_models(db=path, name=name)
     except ConfigError as e:
-        _fail(str(e))
+        fail(str(e))
         return
     if as_json:
         _print_json(entries)
     elif not entries:
         Console().print(Text("no registered models" + (f" named {name!r}" if name else "")))
     else:
-        Console().print(registry_table(entries))
+        out_console().print(registry_table(entries))  # a pipe gets whole cells, not 80 columns
 
 
 @registry_app.command("register")
@@ -382,7 +313,7 @@ def registry_register(
     try:
         entry = register(job_dir, name=name, db=db)
     except ConfigError as e:
-        _fail(str(e))
+        fail(str(e))
         return
     path = resolve_db(db, Path(job_dir).resolve().parent)
     other = path.resolve() != DEFAULT_DB.resolve()
@@ -408,7 +339,7 @@ def registry_promote(
         out = manifest or path.parent / "manifest.json"
         data = write_manifest(out, db=path)
     except ConfigError as e:
-        _fail(str(e))
+        fail(str(e))
         return
     Console().print(Text(f"promoted {name} v{version}; {out} lists {len(data['models'])} model(s)"))
 
@@ -427,7 +358,7 @@ def registry_manifest(
         target = out or path.parent / "manifest.json"
         data = write_manifest(target, db=path)
     except ConfigError as e:
-        _fail(str(e))
+        fail(str(e))
         return
     warn_skipped(data)
     Console().print(Text(f"{target}: {len(data['models'])} promoted model(s)"))
@@ -453,7 +384,7 @@ def registry_demote(
         out = manifest or path.parent / "manifest.json"
         data = write_manifest(out, db=path)
     except ConfigError as e:
-        _fail(str(e))
+        fail(str(e))
         return
     warn_skipped(data)
     Console().print(Text(f"demoted {name} v{', v'.join(map(str, versions))}; {out} lists "
@@ -471,7 +402,7 @@ def registry_rebuild(
     try:
         count = rebuild_registry(runs_root, db=db)
     except ConfigError as e:
-        _fail(str(e))
+        fail(str(e))
         return
     _say_registry(Path(db) if db is not None else Path(runs_root) / "musubi.db")
     Console().print(Text(f"restored {count} registry entr{'y' if count == 1 else 'ies'}"))

@@ -3,21 +3,13 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from musubi.cli.output import fail, out_console
 from musubi.contract.errors import ConfigError
-
-err_console = Console(stderr=True, soft_wrap=True)
-
-
-def _fail(message: str, code: int) -> None:
-    err_console.print(f"[bold red]error:[/] {message}", highlight=False, markup=True)
-    raise typer.Exit(code)
 
 
 def drill_command(
@@ -34,15 +26,15 @@ def drill_command(
     """Train a job under injected faults; print success rate, exactness, recovery time and goodput."""
     from musubi.launch.drill import DrillRequest, parse_faults, run_drill
 
-    console = Console(width=None if sys.stdout.isatty() else 160)
+    console = out_console()
     try:
         req = DrillRequest(job_path=job, faults=parse_faults(faults), repeat=repeat, nproc=nproc, out=out,
                            device=device, overrides=list(set_), seed=seed)
         result = run_drill(req, progress=None if as_json else (lambda m: console.print(m, highlight=False)))
     except ConfigError as e:
-        _fail(str(e), 2)
+        fail(str(e), 2)
     except KeyboardInterrupt:  # the running drill's torchrun was stopped; its runs so far stay in --out
-        _fail(f"drill interrupted: the running job was stopped; finished runs are in {out}", 130)
+        fail(f"drill interrupted: the running job was stopped; finished runs are in {out}", 130)
     if as_json:
         print(json.dumps(result["summary"], indent=1))
     else:
@@ -80,7 +72,7 @@ def goodput_command(
     if not (job_dir / "progress").is_dir():
         subs = [p for p in job_dir.iterdir() if (p / "progress").is_dir()] if job_dir.is_dir() else []
         if len(subs) != 1:
-            _fail(f"{job_dir}: no job directory with progress records; give RUN/JOB", 2)
+            fail(f"{job_dir}: no job directory with progress records; give RUN/JOB", 2)
         job_dir = subs[0]
     rec = write_goodput(job_dir)
     assert rec is not None

@@ -1,0 +1,320 @@
+"""The launch's checks: one ordered list that `musubi train` runs before it writes anything, and that
+`musubi train --dry-run` runs in full (then stops).
+
+Cheap checks come first and import no torch: the job file, the model name (a generated table), the data's
+folders, the run folder, the ranks against the GPUs or cores, the batch against the train split. A job
+refused by any of them is refused in well under a second, before a byte is written. Then the checks that
+need torch: a resumed run's checkpoint, the task's own checks (the model built on the meta device), and
+last the machine's preflight (seconds; every refusal above is cheaper).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from musubi.config.batch_plan import plan_batch, rule_line
+from musubi.config.job import JobSpec
+from musubi.config.load import load_job
+from musubi.contract.errors import ConfigError
+from musubi.contract.run_files import RUN_FILES
+from musubi.data.presence import check_paths, check_train_size
+from musubi.launch import admission
+from musubi.launch.multinode import make_rendezvous
+from musubi.launch.ranks import resolve_world
+from musubi.launch.request import PreflightFailed, RunFinished, TrainRequest
+from musubi.store.rundir import default_run_dir, read_json
+from musubi.tasks.model_check import check_model
+
+
+@dataclass
+class Admitted:
+    """A job as the checks found it: what --dry-run prints and what the launch starts."""
+
+    req: TrainRequest
+    spec: JobSpec = None  # type: ignore[assignment]  # set by the first check
+    nproc: int = 0
+    kind: str = ""
+    run_dir: Path = Path()
+    job_dir: Path = Path()
+    before: dict = field(default_factory=dict)  # the job.json a resume continues ({} for a new run)
+    changes: list[dict] = field(default_factory=list)  # --resume: fields that differ from `before` (allowed)
+    preflight: object | None = None  # the preflight's report (PreflightReport), None when skipped
+
+    @property
+    def follower(self) -> bool:
+        """Another node's agent of a multi-node job: node 0 owns the run folder and its records."""
+        rdzv = self.req.rendezvous
+        return rdzv is not None and not rdzv.is_first
+
+
+def say(req: TrainRequest, line: str) -> None:
+    """One start-up line on the console of `musubi train` (nothing for a dry run, a probe or a drill)."""
+    if req.say is not None:
+        req.say(line)
+
+
+def check_job_file(a: Admitted) -> None:
+    """The job file parses and validates, `--set` overrides included."""
+    a.spec = load_job(a.req.job_path, a.req.overrides)
+
+
+def check_model_name(a: Admitted) -> None:
+    """The task builds this model (generated name table, no torch)."""
+    check_model(a.spec.task, a.spec.model)
+
+
+def check_data_paths(a: Admitted) -> None:
+    """Every on-disk split's folder or file is there."""
+    check_paths(a.spec.task, a.spec.data)
+
+
+def check_normalization(a: Admitted) -> None:
+    """Single-channel frames: their statistics enter the resolved config first, so a resume compares like with
+    like (computed once per dataset version, kept in musubi.db)."""
+    from musubi.data.pixels import fill_normalization
+
+    req = a.req
+    store = (req.out.resolve().parent if req.out is not None else Path("runs").resolve()) / "musubi.db"
+    fill_normalization(a.spec.data, store)
+
+
+def check_ranks(a: Admitted) -> None:
+    """--nproc against the visible GPUs, or CPU ranks against the cores (counted without torch)."""
+    req = a.req
+    a.nproc, a.kind = resolve_world(req.nproc, req.device, req.oversubscribe or req.fleet_member, req.fleet_member)
+
+
+def check_rendezvous(a: Admitted) -> None:
+    """Multi-node arguments: endpoint, node rank, interface."""
+    req = a.req
+    req.rendezvous = make_rendezvous(req.nnodes, req.node_rank, req.rdzv_endpoint, req.out, a.spec.name,
+                                     req.rdzv_id, req.iface, req.rdzv_timeout_s)
+
+
+def pick_run_dir(req: TrainRequest, name: str) -> Path:
+    """The run folder: --out, else a new runs/<time>-<name> (a resume: the newest run of this job)."""
+    if req.resume:
+        if req.out is not None:
+            return req.out
+        runs = sorted(Path("runs").glob(f"*-{name}")) if Path("runs").is_dir() else []
+        if not runs:
+            raise ConfigError(f"--resume: no earlier run of {name!r} under runs/; give --out RUN_DIR")
+        return runs[-1]
+    return req.out if req.out is not None else default_run_dir(name)
+
+
+def writable_folder(path: Path) -> None:
+    """ConfigError unless `path` exists as a folder this process can write into, or can be made in one that
+    holds storage (not /proc, /sys: 0 bytes in all)."""
+    probe = path
+    while not probe.exists():
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    if not probe.is_dir():
+        raise ConfigError(f"--out {path}: {probe} is a file, not a folder; choose another --out")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise ConfigError(f"--out {path}: {probe} is not writable by this user; choose another --out")
+    fs = os.statvfs(probe)
+    if fs.f_blocks == 0:
+        raise ConfigError(f"--out {path}: {probe} is on a filesystem without storage (0 bytes in all, like /proc); "
+                          "choose another --out")
+
+
+def check_run_folder(a: Admitted) -> None:
+    """A new run never writes into an earlier one; a resume continues the run it names (same model, changes only
+    where --allow-changes says); the folder can be written."""
+    req = a.req
+    a.run_dir = pick_run_dir(req, a.spec.name)
+    a.job_dir = a.run_dir / a.spec.name
+    if req.resume:
+        a.before, a.changes = _admit_resume(a)
+    elif not a.follower:  # another node's agent finds the folder node 0 made
+        job_dir, run_dir = a.job_dir, a.run_dir
+        taken = job_dir.is_dir() and any(p.name != "logs" for p in job_dir.iterdir())
+        if taken or (not req.fleet_member and (run_dir / RUN_FILES.run).exists()):
+            raise ConfigError(f"{run_dir} already holds a run; pass --resume to continue it or choose another --out")
+    writable_folder(a.job_dir)
+
+
+def _admit_resume(a: Admitted) -> tuple[dict, list[dict]]:
+    """--resume, before torch is imported: the run exists, holds this model, and the job changed only where
+    --allow-changes says; RunFinished when it already trained to its last step."""
+    req, spec, job_dir = a.req, a.spec, a.job_dir
+    if not job_dir.is_dir():
+        raise ConfigError(f"--resume: {job_dir} does not exist; nothing to resume (run without --resume)")
+    job_json = job_dir / RUN_FILES.job
+    try:
+        record = read_json(job_json) if job_json.is_file() else {}
+    except (OSError, ValueError):
+        raise ConfigError(f"--resume: {job_json} is not readable JSON; use another --out") from None
+    old = record.get("config") if isinstance(record, dict) else None
+    if not isinstance(old, dict):
+        return {}, []
+    if (old.get("task"), old.get("model")) != (spec.task, spec.model):
+        raise ConfigError(
+            f"--resume: {job_dir} holds {old.get('task')}/{old.get('model')}, the job file asks for "
+            f"{spec.task}/{spec.model}; use the same job or another --out"
+        )
+    # Every node runs this with the same arguments, so all agree (a node reading the record node 0 already
+    # rewrote sees no change and status running). A fleet member's changes were announced by
+    # `musubi run --resume`, whose policy is that they resume as changed.
+    allowed = None if req.fleet_member else admission.parse_allowed(req.allow_changes)
+    changes = admission.check_resume(record, spec.resolved(), allowed, job_json)
+    if admission.finished(record) and not changes:
+        raise RunFinished(a.run_dir, job_dir)
+    return record, changes
+
+
+def check_core_list(a: Admitted) -> None:
+    """MUSUBI_CPUS (pinned runs): one core set per rank, no core given twice."""
+    if a.spec.train.pin_cpus and os.environ.get("MUSUBI_CPUS"):
+        from musubi.launch.pin_plan import check_cpus_value
+
+        check_cpus_value(os.environ["MUSUBI_CPUS"], a.nproc)
+
+
+def check_batch(a: Admitted) -> None:
+    """The ranks' own batch rule: a global batch divides by the world; every rank gets one full batch of the
+    train split (the loader drops a partial one)."""
+    t = a.spec.train
+    if t.batch == "auto" and t.global_batch is None:
+        per_rank = None  # probed on every rank at start
+    else:
+        per_rank = plan_batch(a.spec, a.nproc).per_rank
+    if per_rank is not None:
+        check_train_size(a.spec, per_rank, a.nproc * a.req.nnodes)
+
+
+def check_tracking_backend(a: Admitted) -> None:
+    """An experiment tracker asked for is installed."""
+    from musubi.store.tracking import check_tracking
+
+    check_tracking(a.spec.tracking)
+
+
+def check_resume_checkpoint(a: Admitted) -> None:
+    """--resume: a committed checkpoint to continue from (the reader imports torch.distributed.checkpoint)."""
+    if not a.req.resume:
+        return
+    from musubi.checkpoint.checkpoint import latest_checkpoint
+
+    if latest_checkpoint(a.job_dir / "checkpoints") is None:
+        raise ConfigError(f"--resume: no committed checkpoint in {a.job_dir / 'checkpoints'}; run without --resume")
+
+
+def check_task(a: Admitted) -> None:
+    """The task's own checks (torch): model arguments and input size on the meta device, files it reads, weights.
+    A fleet checked every job this way before it started any (fleet/run.py validate_fleet): not again here."""
+    if a.req.fleet_member:
+        return
+    from musubi.tasks.registry import build_task
+
+    build_task(a.spec).validate()
+
+
+def check_machine(a: Admitted) -> None:
+    """The preflight of `musubi check` for this job's GPUs, data and output (skipped by --no-check). First the
+    LR rule's line: every refusal of the job itself is behind us, and an LR other than the one written must be
+    the first thing seen (config/job.py lr_rule)."""
+    rule = rule_line(a.spec, a.nproc)
+    if rule is not None:
+        say(a.req, rule)
+    if not a.req.check:
+        return
+    if a.req.rendezvous is not None:
+        # The preflight's environment check judges the variables for this many nodes.
+        os.environ["MUSUBI_NNODES"] = str(a.req.rendezvous.nnodes)
+    say(a.req, "preflight: machine, disk and data checks...")
+    a.preflight = run_preflight(a.spec, a.nproc, a.kind, a.req.out)
+
+
+@dataclass(frozen=True)
+class Check:
+    """One check of the launch: a name for the dry run's line, and the function (ConfigError to refuse)."""
+
+    name: str
+    run: Callable[[Admitted], None]
+    torch: bool = False  # imports torch (runs after every check that does not)
+
+
+#: The launch's checks in order; `musubi train` and `musubi train --dry-run` both run exactly these (admit).
+CHECKS: tuple[Check, ...] = (
+    Check("job file", check_job_file),
+    Check("model name", check_model_name),
+    Check("data paths", check_data_paths),
+    Check("data statistics", check_normalization),
+    Check("rendezvous", check_rendezvous),
+    Check("run folder", check_run_folder),
+    Check("ranks", check_ranks),
+    Check("core list", check_core_list),
+    Check("batch", check_batch),
+    Check("tracking", check_tracking_backend),
+    Check("resume checkpoint", check_resume_checkpoint, torch=True),
+    Check("task", check_task, torch=True),
+    Check("preflight", check_machine, torch=True),
+)
+
+
+def admit(req: TrainRequest) -> Admitted:
+    """Run every check of the launch in order; the first refusal raises (ConfigError, PreflightFailed,
+    RunFinished) and nothing has been written."""
+    a = Admitted(req)
+    for check in CHECKS:
+        check.run(a)
+    return a
+
+
+def dry_run_plan(req: TrainRequest) -> list[str]:
+    """`musubi train --dry-run`: the launch's checks, then the plan; start and write nothing."""
+    try:
+        a = admit(req)
+    except RunFinished as done:
+        return [str(done)]
+    lines = admission.plan_lines(a.spec, a.nproc, a.kind, a.run_dir, req.resume)
+    lines += [f"resume: {c['key']} {c['before']!r} -> {c['after']!r} (--allow-changes)" for c in a.changes]
+    skipped = [c.name for c in CHECKS if c.name == "preflight" and not req.check]
+    passed = [c.name for c in CHECKS if c.name not in skipped]
+    lines.append(f"checks passed: {', '.join(passed)}" + (" (preflight skipped: --no-check)" if skipped else ""))
+    return lines
+
+
+def _checkpoint_bytes(spec: JobSpec) -> int | None:
+    """One checkpoint's size from the parameter count of the model built on the meta device."""
+    import torch
+
+    from musubi.preflight import checkpoint_bytes_estimate
+    from musubi.tasks.registry import build_task
+
+    try:
+        with torch.device("meta"):
+            params = sum(p.numel() for p in build_task(spec).build_model().parameters())
+    except Exception:  # noqa: BLE001 - a model that cannot be built on meta: the disk check guesses
+        return None
+    slots = 2 if spec.train.optimizer == "adamw" else 1
+    return checkpoint_bytes_estimate(params, optimizer_slots=slots)
+
+
+def run_preflight(spec: JobSpec, nproc: int, kind: str, out: Path | None):  # noqa: ANN201 - PreflightReport
+    """The preflight of `musubi check`, for this job's GPUs, data and output; raise PreflightFailed on a FAIL."""
+    from rich.console import Console
+
+    from musubi.preflight import data_targets, render, run_checks
+
+    ckpt = _checkpoint_bytes(spec) if spec.checkpoint.enabled else 0
+    # On CPU ranks the gloo all-reduce test tells little (loopback) and costs seconds: GPU runs only.
+    report = run_checks(None if kind == "cuda" else [], data_targets(spec.data), out or Path("runs"), ckpt or None,
+                        comm=kind == "cuda", keep_checkpoints=spec.checkpoint.keep_last, cpu_ranks=nproc)
+    if report.failed or report.warnings:
+        from musubi.preflight.result import PreflightReport
+
+        # Only what needs attention; the full report goes to RUN/preflight.json.
+        shown = PreflightReport(report.failed + report.warnings, report.seconds)
+        render(shown, Console(stderr=True, soft_wrap=True))
+    if report.failed:
+        lines = "; ".join(f"{r.check}: {r.found} -> {r.fix}" for r in report.failed)
+        raise PreflightFailed(f"preflight failed ({lines}); fix it or pass --no-check")
+    return report
