@@ -1,8 +1,9 @@
 """The package order is enforced: an import (top-level or inside a function) may only point down.
 
-`LAYERS` lists the units of musubi lowest first; a unit is a package or, where one module of a
-package is what lower layers share, that module (the longest matching prefix decides). A module
-may import its own unit and any unit below it, never one above. `KNOWN_BREACHES` lists the imports
+`LAYERS` lists the units of musubi lowest first; a unit is a folder (a package, or a subpackage
+such as worker/feed that lower layers share), so the folder shows the layer; the longest matching
+prefix decides. A module may import its own unit and any unit below it, never one above. No two
+units import each other and no modules import each other in a circle (test_no_cycle_*). `KNOWN_BREACHES` lists the imports
 that still point up, each with the reason; the test fails when one is added and when one is gone
 (so the list only shrinks). Parsed with `ast`, so an import hidden in a function counts too.
 """
@@ -15,10 +16,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1] / "musubi"
 
 #: Lowest first. Launch and worker are two processes: neither imports the other (launch names the
-#: worker module as a string); what both need lives below them (config.batch_plan, checkpoint, recovery).
+#: worker module as a string); what both need lives below them (contract, checkpoint, recovery).
 LAYERS: list[tuple[str, ...]] = [
     # The contract between processes: a rank's World and attempt, the torchrun entry, the fault-injection
-    # switch (MUSUBI_INJECT), the run directory's paths, the MUSUBI_* names, the error type for bad input.
+    # switch (MUSUBI_INJECT), the run directory's paths, the MUSUBI_* names, the records that cross a
+    # process boundary, the error type for bad input. It imports nothing else of musubi.
     ("musubi.contract",),
     ("musubi.config",),  # pydantic models and pure arithmetic (batch plan, LR rule): no torch
     ("musubi.topology",),
@@ -41,7 +43,7 @@ LAYERS: list[tuple[str, ...]] = [
 ]
 
 #: Two processes: a module of one side never imports the other side's packages (subpackages included),
-#: only what both share from the layer of the torchrun contract.
+#: only what both share from the layers below them.
 SIDES = ("musubi.launch", "musubi.worker")
 SHARED = ("musubi.contract",)
 
@@ -145,3 +147,89 @@ def test_a_forbidden_import_is_caught() -> None:
     assert not breaches("musubi.launch.launch", imports_of("from ..contract import world\n", "musubi.launch.launch", False))
     assert not breaches("musubi.worker.trainer", imports_of("from musubi.checkpoint import saver\n",
                                                           "musubi.worker.trainer", False))
+
+
+def test_every_unit_is_a_folder() -> None:
+    """Each layer is folders, not single modules borrowed from another folder (musubi/api.py is the root's)."""
+    loose = [u for layer in LAYERS for u in layer
+             if not (ROOT.parent.joinpath(*u.split(".")) / "__init__.py").is_file() and u.count(".") != 1]
+    assert not loose, f"a unit that is one module of a folder: move it to the folder of its layer: {loose}"
+
+
+def import_graph() -> dict[str, set[str]]:
+    """module -> the musubi modules it imports, anywhere in it (an import inside a function counts)."""
+    sources = {module_name(p, ROOT): p for p in ROOT.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for module, path in sources.items():
+        targets = set()
+        for target, _ in imports_of(path.read_text(encoding="utf-8"), module, path.name == "__init__.py"):
+            while target and target not in sources:  # `from pkg import name`: the package's module
+                target = target.rpartition(".")[0]
+            if target and target != module:
+                targets.add(target)
+        graph[module] = targets
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected parts of `graph` with more than one node (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            part = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                part.append(w)
+                if w == v:
+                    break
+            if len(part) > 1:
+                found.append(sorted(part))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def unit_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The import graph between units (LAYERS): which unit's modules import which other unit's."""
+    out: dict[str, set[str]] = {}
+    for module, targets in graph.items():
+        src = _unit_of(module)
+        out.setdefault(src, set()).update(u for u in map(_unit_of, targets) if u and u != src)
+    return out
+
+
+def test_no_cycle_between_packages() -> None:
+    found = circles(unit_graph(import_graph()))
+    assert not found, f"packages that import each other (move the shared module to the folder of its layer): {found}"
+
+
+def test_no_module_circle() -> None:
+    found = circles(import_graph())
+    assert not found, f"modules that import each other in a circle: {found}"
+
+
+def test_a_planted_cycle_is_caught() -> None:
+    """The cycle checkers themselves: a circle of three modules, and two packages that import each other."""
+    graph = {"musubi.data.coco": {"musubi.data.pixels"}, "musubi.data.pixels": {"musubi.data.version"},
+             "musubi.data.version": {"musubi.data.coco"}, "musubi.data.layout": {"musubi.data.coco"}}
+    assert circles(graph) == [["musubi.data.coco", "musubi.data.pixels", "musubi.data.version"]]
+    planted = {**import_graph(), "musubi.checkpoint.saver": {"musubi.worker.trainer"}}
+    assert any({"musubi.checkpoint", "musubi.worker"} <= set(c) for c in circles(unit_graph(planted)))
+    assert not circles({"a": {"b"}, "b": {"c"}})
