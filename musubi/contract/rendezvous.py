@@ -119,9 +119,9 @@ def main(argv: list[str] | None = None) -> int:
     import gc
 
     # Importing torch.distributed.run (all of torch) creates objects that live on: collections meanwhile free
-    # nothing, and later ones need not walk them (frozen). With the collector off during the import, the agent's
-    # CPU time of a tiny 2-rank CPU job was 1.71 s against 1.84 s (median of 8 each way, this project's 2-core
-    # machine, 2026-11-27); the freeze was not timed apart. Ranks do the same (worker.main).
+    # nothing, and later ones need not walk them (frozen). With the collector off during the import the agent
+    # spends less CPU (figures: docs/benchmarks-history.md, the agent's import); the freeze was not timed apart.
+    # Ranks do the same (worker.main).
     gc.disable()
     try:
         install()
