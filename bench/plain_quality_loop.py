@@ -46,7 +46,7 @@ def get_args_parser() -> argparse.ArgumentParser:
     """The options (torchvision references' names where they have one)."""
     p = argparse.ArgumentParser(description="Plain PyTorch training loop (quality comparator)", add_help=True)
     p.add_argument("--task", required=True, choices=["classification", "detection"])
-    p.add_argument("--model", required=True, help="torchvision builder name, or rtdetr_r18 (transformers)")
+    p.add_argument("--model", required=True, help="torchvision builder name, or rtdetr_r18 / dfine_n (transformers)")
     p.add_argument("--model-args", default="{}", help="JSON: keyword arguments of the builder / config fields")
     p.add_argument("--train", required=True, help="image folder (classification) or COCO image directory")
     p.add_argument("--val", required=True)
@@ -54,6 +54,8 @@ def get_args_parser() -> argparse.ArgumentParser:
     p.add_argument("--val-ann", default=None)
     p.add_argument("--image-size", type=int, required=True)
     p.add_argument("--epochs", type=int, required=True)
+    p.add_argument("--eval-every", type=int, default=None, help="validate every N epochs, and at the end "
+                   "(default: at the end only)")
     p.add_argument("-b", "--batch-size", type=int, required=True)
     p.add_argument("--opt", default="sgd", choices=["sgd", "adamw"])
     p.add_argument("--lr", type=float, required=True)
@@ -116,16 +118,40 @@ def rtdetr_r18(num_classes: int, extra: dict) -> torch.nn.Module:
     return RTDetrForObjectDetection(config)
 
 
+def dfine_n(num_classes: int, extra: dict) -> torch.nn.Module:
+    """transformers' D-FINE, nano size (HGNetV2-B0 backbone, two levels at strides 16 and 32, d_model 128) as
+    transformers' conversion of the D-FINE-N checkpoint sets it, from random weights, BatchNorm trainable."""
+    from transformers import DFineConfig, DFineForObjectDetection, HGNetV2Config
+
+    backbone = HGNetV2Config(stem_channels=[3, 16, 16], stage_in_channels=[16, 64, 256, 512],
+                             stage_mid_channels=[16, 32, 64, 128], stage_out_channels=[64, 256, 512, 1024],
+                             stage_num_blocks=[1, 1, 2, 1], stage_numb_of_layers=[3, 3, 3, 3],
+                             stage_downsample=[False, True, True, True], stage_light_block=[False, False, True, True],
+                             stage_kernel_size=[3, 3, 5, 5], use_learnable_affine_block=True,
+                             hidden_sizes=[64, 256, 512, 1024], out_indices=[3, 4])
+    config = DFineConfig(backbone_config=backbone, num_labels=num_classes, num_feature_levels=2, feat_strides=[16, 32],
+                         encode_proj_layers=[1], d_model=128, encoder_hidden_dim=128, encoder_ffn_dim=512,
+                         decoder_ffn_dim=512, decoder_n_points=[6, 6], depth_mult=0.5, decoder_layers=3,
+                         hidden_expansion=0.34, encoder_in_channels=[512, 1024], decoder_in_channels=[128, 128],
+                         freeze_backbone_batch_norms=False, **extra)
+    return DFineForObjectDetection(config)
+
+
+#: The DETR-family models this loop builds from transformers (their own losses and matcher).
+DETR_MODELS = {"rtdetr_r18": rtdetr_r18, "dfine_n": dfine_n}
+
+
 def build_model(args: argparse.Namespace, num_classes: int) -> torch.nn.Module:
     """The model of --model, randomly initialised (the caller seeded torch)."""
     extra = json.loads(args.model_args)
     if args.task == "classification":
         return torchvision.models.get_model(args.model, weights=None, num_classes=num_classes, **extra)
-    if args.model == "rtdetr_r18":
-        return rtdetr_r18(num_classes, extra)
+    if args.model in DETR_MODELS:
+        return DETR_MODELS[args.model](num_classes, extra)
+    # the model resizes to --image-size unless --model-args says otherwise (e.g. a 320 px builder at 320)
+    sizes = {"min_size": args.image_size, "max_size": args.image_size}
     return torchvision.models.get_model(args.model, weights=None, weights_backbone=None,
-                                        num_classes=num_classes + 1, min_size=args.image_size,
-                                        max_size=args.image_size, **extra)
+                                        num_classes=num_classes + 1, **{**sizes, **extra})
 
 
 def detr_labels(targets, side: int) -> list[dict]:
@@ -139,7 +165,7 @@ def detr_labels(targets, side: int) -> list[dict]:
 
 
 def detection_loss(model, images, targets, args) -> torch.Tensor:
-    if args.model == "rtdetr_r18":
+    if args.model in DETR_MODELS:
         return model(pixel_values=torch.stack(images), labels=detr_labels(targets, args.image_size)).loss
     return sum(model(images, targets).values())
 
@@ -231,14 +257,14 @@ def evaluate_detection(model, loader, device, args) -> dict:
     """COCO box mAP of the model's detections on the validation split (COCOeval with its defaults)."""
     model.eval()
     results = []
-    if args.model == "rtdetr_r18":
+    if args.model in DETR_MODELS:
         from transformers import RTDetrImageProcessor
 
         post = RTDetrImageProcessor()
     for images, targets in loader:
         images = [im.to(device).float().div_(255.0) for im in images]
         with autocast(args):
-            if args.model == "rtdetr_r18":
+            if args.model in DETR_MODELS:
                 out = model(pixel_values=torch.stack(images))
                 # top num_queries (score, class) pairs of sigmoid scores over queries x classes, every score kept
                 dets = post.post_process_object_detection(out, threshold=0.0,
@@ -307,25 +333,31 @@ def main(args: argparse.Namespace) -> None:
     lr_scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(args.lr_warmup_steps, total))
 
     state = {"step": 0, "total": total, "window": [], "log": []}
-    t_train = time.perf_counter()
+    evaluate = evaluate_classification if args.task == "classification" else evaluate_detection
+    every = args.eval_every or args.epochs
+    evals, eval_s, train_s = [], 0.0, 0.0
     for epoch in range(args.epochs):
+        t_train = time.perf_counter()
         sampler.set_epoch(epoch)
         train_one_epoch(model, optimizer, lr_scheduler, loader, device, args, state)
-        if state["step"] >= total:
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        train_s += time.perf_counter() - t_train
+        done = state["step"] >= total
+        if (epoch + 1) % every == 0 or epoch + 1 == args.epochs or done:
+            t_eval = time.perf_counter()
+            metrics = evaluate(model, loader_test, device, args)
+            eval_s += time.perf_counter() - t_eval
+            evals.append({"step": state["step"], "epoch": epoch + 1, **metrics})
+            print(json.dumps(evals[-1]), flush=True)
+        if done:
             break
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    train_s = time.perf_counter() - t_train
-    t_eval = time.perf_counter()
-    if args.task == "classification":
-        final = evaluate_classification(model, loader_test, device, args)
-    else:
-        final = evaluate_detection(model, loader_test, device, args)
+    final = {k: v for k, v in evals[-1].items() if k not in ("step", "epoch")}
     record = {
         "side": "plain", "task": args.task, "model": args.model, "seed": args.seed, "device": str(device),
         "precision": args.precision, "global_batch": args.batch_size, "steps": state["step"],
-        "samples_seen": state["step"] * args.batch_size, "lr": args.lr, "log": state["log"], "final": final,
-        "train_s": round(train_s, 2), "eval_s": round(time.perf_counter() - t_eval, 2),
+        "samples_seen": state["step"] * args.batch_size, "lr": args.lr, "log": state["log"], "evals": evals,
+        "final": final, "train_s": round(train_s, 2), "eval_s": round(eval_s, 2),
         "wall_s": round(time.perf_counter() - t_start, 2), "torch": torch.__version__,
         "threads": torch.get_num_threads(), "pid": os.getpid(),
     }

@@ -56,7 +56,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import heapq
 import json
 import os
 import shutil
@@ -99,41 +98,82 @@ class Recipe:
     momentum: float = 0.9
     grad_clip: float | None = None
     log_every: int = 10
-    #: Planning only, seconds on one H100 with the GPU to itself: a training step, and the start (process,
-    #: imports, data sets, model; Musubi's launcher, torchrun and first step) plus the validation.
+    eval_every: int | None = None  # epochs between validations (None: at the end only); both sides alike
+    #: Planning only, seconds on one H100/H200 with the GPU to itself (BENCHMARKS.md figures, see COSTS):
+    #: a training step at the global batch on one GPU; the share of it that scales with a rank's images
+    #: (the rest is per-step launch and host work, the same at any rank count); the start (process, imports,
+    #: data sets, model; Musubi's launcher, torchrun and first step) and exit; one validation.
     gpu_step_s: float = 0.1
+    gpu_image_share: float = 0.5
     gpu_fixed_s: dict[str, float] = field(default_factory=lambda: {"plain": 15.0, "musubi": 30.0})
+    gpu_eval_s: float = 3.0
     cpu_step_s: float = 1.0  # per step on one CPU rank of this (2-core) machine, rehearsal sizes
 
 
 RECIPES: dict[str, Recipe] = {r.key: r for r in (
-    # 1438 train digits / 64 = 22 steps an epoch x 15 = 330 steps
+    # 1438 train digits / 64 = 22 steps an epoch x 15 = 330 steps. Costs: session 19 (2x H200, 4 runs a GPU):
+    # Musubi's 330 steps in 7-8 s at 1 and 2 GPUs (launch-bound: no gain from halving a rank's batch), the
+    # plain loop's in 9-17 s; a Musubi run 45 s from launch to exit, the plain loop's 30 s; validation 1 s.
     Recipe("classifier", "resnet18 classifier, digits 32 px", "classification", "resnet18", {}, 32, epochs=15,
            global_batch=64, optimizer="sgd", lr=0.1, weight_decay=5e-4, warmup_steps=20, metric="top1",
-           floor=0.9, gpu_step_s=0.015, gpu_fixed_s={"plain": 12.0, "musubi": 28.0}, cpu_step_s=0.5),
-    # 1600 scenes / 32 = 50 steps an epoch x 6 = 300 steps. The zoo's Faster R-CNN recipe (RPN and RoI
-    # sampling sizes of examples/fleet-zoo-4gpu.yaml; AdamW, clipping at 10): 0.60 mAP50 there.
-    Recipe("cnn_detector", "Faster R-CNN MobileNetV3 FPN, digit scenes 160 px", "detection",
+           floor=0.9, eval_every=3, gpu_step_s=0.02, gpu_image_share=0.0,
+           gpu_fixed_s={"plain": 12.0, "musubi": 35.0}, gpu_eval_s=0.8, cpu_step_s=0.5),
+    # 800 scenes / 16 = 50 steps an epoch. torchvision's MobileNetV3-Large 320 FPN builder at its own input
+    # size, 320 px: the 256 px scenes are upscaled by the model's transform (both sides), so the digits meet its
+    # anchors (32-512 px) and its stride-16 map is 20 x 20 (at 160 px on 160 px scenes, session 19, 300 steps of
+    # 32, its mAP50 spread over 0.13-0.46 by seed). The zoo's RPN sampling sizes, twice its proposals and RoIs
+    # for 8-16 digits an image; AdamW, clipping at 10. Costs: session 19 measured 0.50-0.63 s a step of 32 images
+    # and 0.31-0.34 of 16 (a rank of 2) with 4 runs a GPU: up to 0.36 s alone at 32 by SHARE_SLOWDOWN, ~75 % of
+    # it per image (the model zoo: 0.23 s a step of 16 alone, H200); +15 % assumed for 320 px and twice the RoIs
+    # (the per-image host work, not the GPU's pixels, dominates): 0.26 s at 16. Start-up: 39 s to the first
+    # step with 4 a GPU (Musubi), 12 s (the plain loop). Validation of 240 scenes took 4-5 s with 4 a GPU.
+    Recipe("cnn_detector", "Faster R-CNN MobileNetV3-320 FPN at 320 px, digit scenes 256 px", "detection",
            "fasterrcnn_mobilenet_v3_large_320_fpn",
-           {"rpn_pre_nms_top_n_train": 300, "rpn_post_nms_top_n_train": 100, "rpn_pre_nms_top_n_test": 150,
-            "rpn_post_nms_top_n_test": 100, "rpn_batch_size_per_image": 64, "box_batch_size_per_image": 64},
-           160, epochs=6, global_batch=32, optimizer="adamw", lr=2e-3, weight_decay=1e-4, warmup_steps=30,
-           metric="map50", floor=0.3, grad_clip=10.0, gpu_step_s=0.15,
-           gpu_fixed_s={"plain": 20.0, "musubi": 35.0}, cpu_step_s=6.0),
-    # The zoo's RT-DETR recipe (AdamW 4e-4, clipping at 0.1 as DETR recipes do): 0.73 mAP50 there.
-    Recipe("detr", "RT-DETR r18 (transformers), digit scenes 160 px", "detection", "rtdetr_r18",
-           {"num_queries": 100}, 160, epochs=6, global_batch=32, optimizer="adamw", lr=4e-4, weight_decay=1e-4,
-           warmup_steps=30, metric="map50", floor=0.3, grad_clip=0.1, gpu_step_s=0.25,
-           gpu_fixed_s={"plain": 30.0, "musubi": 45.0}, cpu_step_s=10.0),
+           {"min_size": 320, "max_size": 320, "rpn_pre_nms_top_n_train": 600, "rpn_post_nms_top_n_train": 200,
+            "rpn_pre_nms_top_n_test": 300, "rpn_post_nms_top_n_test": 200, "rpn_batch_size_per_image": 128,
+            "box_batch_size_per_image": 128},
+           256, epochs=4, global_batch=16, optimizer="adamw", lr=1.5e-3, weight_decay=1e-4, warmup_steps=30,
+           metric="map50", floor=0.3, grad_clip=10.0, eval_every=1, gpu_step_s=0.26, gpu_image_share=0.75,
+           gpu_fixed_s={"plain": 14.0, "musubi": 40.0}, gpu_eval_s=2.5, cpu_step_s=12.0),
+    # 800 scenes / 16 = 50 steps an epoch. transformers' RT-DETR with ResNet-18 (Musubi's `rtdetr_r18`
+    # preset; the plain loop builds the same config from transformers), 100 queries, at the scenes' 256 px.
+    # The zoo's recipe (AdamW 4e-4 at 16, clipping at 0.1 as DETR recipes do): mAP50 0.73 after 300 steps
+    # of 16 there. Costs: bench/recipes.py's RT-DETR r18 trained 256 steps of 16 at 320 px in 76 s alone on
+    # an H100 (0.30 s a step); the zoo's, 300 of 16 at 160 px in ~75 s on an H200: 0.30 s at 256 px, half of
+    # it per image (matching, denoising groups) assumed. Start-up: as the Faster R-CNN's (the zoo's D-FINE, same
+    # library: 26 s to its first step alone), its first validation 7 s (64 frames, warm-up included).
+    Recipe("detr", "RT-DETR r18 (transformers), digit scenes 256 px", "detection", "rtdetr_r18",
+           {"num_queries": 100}, 256, epochs=4, global_batch=16, optimizer="adamw", lr=4e-4, weight_decay=1e-4,
+           warmup_steps=30, metric="map50", floor=0.3, grad_clip=0.1, eval_every=1, gpu_step_s=0.30,
+           gpu_image_share=0.5, gpu_fixed_s={"plain": 16.0, "musubi": 40.0}, gpu_eval_s=3.0, cpu_step_s=8.0),
+    # Not in the default run: the other DETR family Musubi ships, transformers' D-FINE-N (HGNetV2-B0, 4 M
+    # parameters), the same recipe (the zoo's D-FINE-N, AdamW 4e-4 at 16, reached mAP50 0.91 after 300 steps of
+    # 16 at 160 px on thermal frames, session 5). Costs: 300 steps of 16 at 160 px in 71 s alone on an H200
+    # (0.24 s a step), 26 s to its first step; 0.28 s at 256 px assumed.
+    Recipe("dfine", "D-FINE-N (transformers), digit scenes 256 px", "detection", "dfine_n",
+           {"num_queries": 100}, 256, epochs=4, global_batch=16, optimizer="adamw", lr=4e-4, weight_decay=1e-4,
+           warmup_steps=30, metric="map50", floor=0.3, grad_clip=0.1, eval_every=1, gpu_step_s=0.28,
+           gpu_image_share=0.5, gpu_fixed_s={"plain": 16.0, "musubi": 40.0}, gpu_eval_s=3.0, cpu_step_s=6.0),
 )}
 
+#: The models of a run without --models: a classifier, a CNN detector, a DETR-family detector (issue 43).
+DEFAULT_MODELS = ("classifier", "cnn_detector", "detr")
 #: Data-set sizes: `full` for the comparison, `smoke` for a CPU rehearsal of the plumbing.
 DATA_SCALES = {"full": quality_data.DataParams(),
                "smoke": quality_data.DataParams(train_scenes=64, val_scenes=16)}
-#: Assumed slow-down of a run for each other process sharing its GPU (planning only; --calibrate replaces
-#: the estimates with measured times). These models are launch-bound: one rank of the model zoo's small
-#: detectors kept an H200 15-25 % busy (BENCHMARKS.md, session 5), so a few share a GPU at little cost.
+#: Slow-down of a run for each other process on its GPU (planning only; --calibrate replaces the estimates
+#: with measured times). These models are launch-bound (one rank of the zoo's small detectors kept an H200
+#: 15-25 % busy, session 5), so a few share a GPU, but not for free: with 4 a GPU (session 19) the Faster
+#: R-CNN's step took 0.50-0.63 s where the zoo's figure and this rule predict 0.58.
 SHARE_SLOWDOWN = 0.25
+#: Seconds before the first run starts (writing both data sets: 7 s on this 2-core machine) and after the
+#: last ends (the report, the plot, the logs' archive), in the budget's plan.
+SETUP_S, REPORT_S = 10.0, 10.0
+#: Default --budget-s on GPUs: the data and every run; with the install before it and the report after, the
+#: device command takes ~8.7 minutes (2 GPUs; the default plan's estimate is 494 s of it).
+BUDGET_S = 510.0
+#: Runs a GPU at once that the SHARE_SLOWDOWN rule was checked at (session 19); more is extrapolation.
+MAX_PER_DEVICE = 4
 
 
 # -- the runs and their plan --------------------------------------------------------------------------
@@ -166,7 +206,22 @@ def steps_of(recipe: Recipe, params: quality_data.DataParams, max_steps: int | N
     return min(total, max_steps) if max_steps else total
 
 
-def estimate_s(run: Run, recipe: Recipe, steps: int, device: str, calibration: dict[str, float]) -> float:
+def evaluations(recipe: Recipe, steps: int, params: quality_data.DataParams) -> int:
+    """Validations of a run: every `eval_every` epochs and at its end (Musubi's rule, the plain loop's too)."""
+    per_epoch = max(1, (params.train_scenes if recipe.task == "detection"
+                        else round(quality_data.DIGITS * (1 - params.val_fraction))) // recipe.global_batch)
+    epochs = -(-steps // per_epoch)
+    every = recipe.eval_every or recipe.epochs
+    return epochs // every + (epochs % every != 0)
+
+
+def step_s(recipe: Recipe, nproc: int) -> float:
+    """Seconds of a step with the GPU to itself when the global batch is split over `nproc` ranks."""
+    return recipe.gpu_step_s * (1 - recipe.gpu_image_share + recipe.gpu_image_share / nproc)
+
+
+def estimate_s(run: Run, recipe: Recipe, steps: int, device: str, calibration: dict[str, float],
+               params: quality_data.DataParams = DATA_SCALES["full"]) -> float:
     """Seconds the run takes with its GPU (or the CPU) to itself: measured earlier where known, else the
     recipe's figures."""
     key = f"{run.model}/{run.side}/{run.nproc}"
@@ -174,7 +229,8 @@ def estimate_s(run: Run, recipe: Recipe, steps: int, device: str, calibration: d
         return calibration[key]
     if device == "cpu":
         return 20.0 + 10.0 * (run.side == "musubi") + steps * recipe.cpu_step_s
-    return recipe.gpu_fixed_s[run.side] + steps * recipe.gpu_step_s
+    return (recipe.gpu_fixed_s[run.side] + steps * step_s(recipe, run.nproc)
+            + evaluations(recipe, steps, params) * recipe.gpu_eval_s)
 
 
 def first_fit(queue: list[Run], load: list[int], per_device: int, devices: int) -> Run | None:
@@ -185,39 +241,66 @@ def first_fit(queue: list[Run], load: list[int], per_device: int, devices: int) 
     return next((r for r in queue if r.seed == queue[0].seed and free >= min(r.nproc, devices)), None)
 
 
-def simulate(runs: list[Run], est: dict[Run, float], devices: int, per_device: int) -> tuple[float, list[Run]]:
+def fixed_s(run: Run, recipe: Recipe, device: str, est: float) -> float:
+    """The part of a run's estimate that does not share its GPU: start-up (imports, launcher, data, model) and
+    exit, CPU work. Checked against session 19 (classifier and Faster R-CNN at 160 px, 4 runs a GPU, its
+    recipes with these cost figures): seed 0's Faster R-CNN runs took 205 / 203 / 146 s (plain, Musubi 1 and 2
+    GPUs), simulated 178 / 214 / 153; seed 2's detector runs started at 197-207 s, simulated 201-214."""
+    return min(est, 20.0 if device == "cpu" else recipe.gpu_fixed_s[run.side])
+
+
+def simulate(runs: list[Run], est: dict[Run, float], devices: int, per_device: int,
+             fixed: dict[Run, float] | None = None) -> tuple[float, list[Run]]:
     """Makespan of list scheduling: runs in the given order, each started as soon as it has a free slot on
-    `nproc` devices (the least loaded; on the CPU, the one device); a run sharing a device with k others takes (1 + SHARE_SLOWDOWN x k)
-    times its estimate (the load it starts under). Also the order runs would start in."""
-    load = [0] * devices
-    running: list[tuple[float, int, list[int]]] = []  # (end, tie-break, devices)
-    now, started, queue, n = 0.0, [], list(runs), 0
-    while queue:
-        fit = first_fit(queue, load, per_device, devices)
-        if fit is None:
-            now, _, devs = heapq.heappop(running)
+    `nproc` devices (the least loaded; on the CPU, the one device). A run first spends `fixed` seconds of
+    its estimate starting (its slot taken, its GPU not), then the rest on the GPU, at 1 / (1 + SHARE_SLOWDOWN
+    x (k - 1)) of its own speed while k runs past their start share its busiest device, k changing as runs
+    start and end (processor sharing). Also the order runs would start in."""
+    fixed = fixed or {}
+    slots, busy = [0] * devices, [0] * devices
+    running: dict[Run, list] = {}  # run -> [devices, start-up seconds left, GPU seconds left]
+    now, started, queue = 0.0, [], list(runs)
+    while queue or running:
+        while (fit := first_fit(queue, slots, per_device, devices)) is not None:
+            devs = sorted(range(devices), key=lambda d: slots[d])[: min(fit.nproc, devices)]
             for d in devs:
-                load[d] -= 1
-            continue
-        devs = sorted(range(devices), key=lambda d: load[d])[: min(fit.nproc, devices)]
-        sharing = max(load[d] for d in devs)
-        for d in devs:
-            load[d] += 1
-        n += 1
-        heapq.heappush(running, (now + est[fit] * (1 + SHARE_SLOWDOWN * sharing), n, devs))
-        queue.remove(fit)
-        started.append(fit)
-    end = max((e for e, _, _ in running), default=now)
-    return end, started
+                slots[d] += 1
+            start = min(fixed.get(fit, 0.0), est[fit])
+            running[fit] = [devs, start, est[fit] - start]
+            if not start:
+                for d in devs:
+                    busy[d] += 1
+            queue.remove(fit)
+            started.append(fit)
+        rate = {r: 1.0 if st > 0 else 1.0 / (1.0 + SHARE_SLOWDOWN * (max(busy[d] for d in devs) - 1))
+                for r, (devs, st, _) in running.items()}
+        dt = min((st if st > 0 else left / rate[r]) for r, (_, st, left) in running.items())
+        now += dt
+        for r, item in list(running.items()):
+            devs, st, left = item
+            if st > 0:
+                item[1] = st - dt
+                if item[1] <= 1e-9:
+                    item[1] = 0.0
+                    for d in devs:
+                        busy[d] += 1
+            else:
+                item[2] = left - dt * rate[r]
+            if item[1] == 0.0 and item[2] <= 1e-9:
+                del running[r]
+                for d in devs:
+                    slots[d] -= 1
+                    busy[d] -= 1
+    return now, started
 
 
-def choose_per_device(runs: list[Run], est: dict[Run, float], devices: int, budget_s: float, max_per: int
-                      ) -> tuple[int | None, dict[int, float]]:
+def choose_per_device(runs: list[Run], est: dict[Run, float], devices: int, budget_s: float, max_per: int,
+                      fixed: dict[Run, float] | None = None) -> tuple[int | None, dict[int, float]]:
     """The fewest processes a device whose simulated makespan fits the budget (None: none does), and the
     makespan of each tried."""
     tried = {}
     for k in range(1, max_per + 1):
-        tried[k] = simulate(runs, est, devices, k)[0]
+        tried[k] = simulate(runs, est, devices, k, fixed)[0]
         if tried[k] <= budget_s:
             return k, tried
     return None, tried
@@ -248,7 +331,8 @@ def plain_argv(recipe: Recipe, run: Run, data: Path, device: str, precision: str
             "--val", p["val"], "--image-size", str(recipe.image_size), "--epochs", str(recipe.epochs),
             "--batch-size", str(recipe.global_batch), "--opt", recipe.optimizer, "--lr", repr(recipe.lr),
             "--momentum", repr(recipe.momentum), "--wd", repr(recipe.weight_decay),
-            "--lr-warmup-steps", str(recipe.warmup_steps), "--precision", precision, "--seed", str(run.seed),
+            "--lr-warmup-steps", str(recipe.warmup_steps), "--eval-every", str(recipe.eval_every or recipe.epochs),
+            "--precision", precision, "--seed", str(run.seed),
             "--workers", str(workers), "--log-every", str(recipe.log_every), "--device", device,
             "--output", str(output)]
     if recipe.task == "detection":
@@ -275,7 +359,7 @@ def musubi_job(recipe: Recipe, run: Run, data: Path, precision: str, workers: in
         "lr": recipe.lr, "base_batch": recipe.global_batch, "lr_rule": "none", "warmup_steps": recipe.warmup_steps,
         "schedule": "cosine", "momentum": recipe.momentum, "weight_decay": recipe.weight_decay,
         "grad_clip": recipe.grad_clip, "precision": precision, "seed": run.seed, "log_every": recipe.log_every,
-        "eval_every": recipe.epochs, "deterministic": False, "channels_last": False, "accumulation": 1,
+        "eval_every": recipe.eval_every or recipe.epochs, "deterministic": False, "channels_last": False, "accumulation": 1,
         "pin_cpus": False, "max_restarts": 0,
     }
     if "bn_recalibrate" in TrainSpec.model_fields:
@@ -299,8 +383,8 @@ def musubi_argv(job_file: Path, run: Run, device: str, out: Path) -> list[str]:
 def read_plain(path: Path) -> dict[str, Any]:
     """The plain loop's record: final metrics, loss log, LR, steps."""
     rec = json.loads(path.read_text())
-    return {"final": rec["final"], "log": rec["log"], "steps": rec["steps"], "lr": rec["lr"],
-            "global_batch": rec["global_batch"], "train_s": rec["train_s"]}
+    return {"final": rec["final"], "log": rec["log"], "evals": rec.get("evals", []), "steps": rec["steps"],
+            "lr": rec["lr"], "global_batch": rec["global_batch"], "train_s": rec["train_s"]}
 
 
 def read_musubi(job_dir: Path) -> dict[str, Any]:
@@ -309,8 +393,9 @@ def read_musubi(job_dir: Path) -> dict[str, Any]:
     log = [{"step": r["step"], "loss": r["loss"], "lr": r["lr"]} for r in lines if r.get("kind") == "train"]
     vals = [r for r in lines if r.get("kind") == "val"]
     summary = json.loads((job_dir / "summary.json").read_text()) if (job_dir / "summary.json").is_file() else {}
-    final = {k: v for k, v in vals[-1].items() if k not in ("step", "kind", "time")} if vals else {}
-    return {"final": final, "log": log, "steps": summary.get("steps"), "lr": summary.get("lr"),
+    evals = [{k: v for k, v in r.items() if k not in ("kind", "time")} for r in vals]
+    final = {k: v for k, v in evals[-1].items() if k != "step"} if evals else {}
+    return {"final": final, "log": log, "evals": evals, "steps": summary.get("steps"), "lr": summary.get("lr"),
             "global_batch": summary.get("global_batch"), "train_s": summary.get("train_s")}
 
 
@@ -495,13 +580,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--nprocs", default=None, help="Musubi's rank counts besides the plain loop (default 1,4 on "
                     "cuda, 1,2 on cpu)")
     ap.add_argument("--seeds", default="0,1,2")
-    ap.add_argument("--models", default=",".join(RECIPES), help=f"from {', '.join(RECIPES)}")
-    ap.add_argument("--budget-s", type=float, default=None, help="wall time for all the runs (default 450 on "
+    ap.add_argument("--models", default=",".join(DEFAULT_MODELS), help=f"from {', '.join(RECIPES)} (default "
+                    f"{','.join(DEFAULT_MODELS)})")
+    ap.add_argument("--budget-s", type=float, default=None, help=f"wall time for all the runs (default {BUDGET_S:.0f} on "
                     "cuda, 7200 on cpu); a plan that does not fit is refused, the runs still going at its end are "
                     "stopped")
     ap.add_argument("--gpus", type=int, default=None, help="GPUs to use, 0..N-1 (default: every visible one; "
                     "with --dry-run, plan for N GPUs on a machine without them)")
-    ap.add_argument("--max-per-device", type=int, default=6, help="most runs sharing one GPU")
+    ap.add_argument("--max-per-device", type=int, default=MAX_PER_DEVICE, help="most runs sharing one GPU "
+                    f"(default {MAX_PER_DEVICE}: the most its slow-down rule was checked at)")
     ap.add_argument("--per-device", type=int, default=None, help="runs a GPU at once (default: the fewest that "
                     "fit the budget)")
     ap.add_argument("--max-steps", type=int, default=None, help="cap every run's steps (rehearsals); the "
@@ -520,7 +607,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if unknown:
         ap.error(f"--models: unknown {', '.join(unknown)}; choose from {', '.join(RECIPES)}")
     if a.budget_s is None:
-        a.budget_s = 450.0 if a.device == "cuda" else 7200.0
+        a.budget_s = BUDGET_S if a.device == "cuda" else 7200.0
     return a
 
 
@@ -542,24 +629,25 @@ def main(argv: list[str] | None = None) -> int:
     runs = plan_runs(a.models, a.seeds, a.nprocs)
     calibration = read_calibration(a.calibrate)
     est = {r: estimate_s(r, RECIPES[r.model], steps_of(RECIPES[r.model], params, a.max_steps), a.device,
-                         calibration) for r in runs}
+                         calibration, params) for r in runs}
     runs = order_runs(runs, est)
+    fixed = {r: fixed_s(r, RECIPES[r.model], a.device, est[r]) for r in runs}
+    runs_budget = a.budget_s - SETUP_S  # the data are written inside the budget
     if a.device == "cpu":
-        per, tried = 1, {1: simulate(runs, est, 1, 1)[0]}
-        fits = tried[1] <= a.budget_s
+        per, tried = 1, {1: simulate(runs, est, 1, 1, fixed)[0]}
+        fits = tried[1] <= runs_budget
     elif a.per_device:
-        per, tried = a.per_device, {a.per_device: simulate(runs, est, devices, a.per_device)[0]}
-        fits = tried[per] <= a.budget_s
+        per, tried = a.per_device, {a.per_device: simulate(runs, est, devices, a.per_device, fixed)[0]}
+        fits = tried[per] <= runs_budget
     else:
-        chosen, tried = choose_per_device(runs, est, devices, a.budget_s, a.max_per_device)
+        chosen, tried = choose_per_device(runs, est, devices, runs_budget, a.max_per_device, fixed)
         per, fits = chosen or a.max_per_device, chosen is not None
-    print(f"plan: {len(runs)} runs ({', '.join(a.models)}; seeds {a.seeds}; plain + Musubi x{a.nprocs}) on "
-          f"{devices} {'GPU' if a.device == 'cuda' else 'CPU'}; estimated makespan by runs per device: "
-          + ", ".join(f"{k}: {v:.0f} s" for k, v in tried.items()) + f"; budget {a.budget_s:.0f} s", flush=True)
+    print(plan_text(a, runs, est, params, devices, tried), flush=True)
     if not fits:
-        raise SystemExit(f"the plan does not fit --budget-s {a.budget_s:.0f} (estimate {min(tried.values()):.0f} s "
-                         "at best): fewer --seeds or --models, or a larger budget")
-    print(f"running {per} a device at once", flush=True)
+        raise SystemExit(f"the plan does not fit --budget-s {a.budget_s:.0f} (estimate {SETUP_S + min(tried.values()):.0f}"
+                         " s at best with the data): fewer --seeds or --models, or a larger budget")
+    print(f"running {per} a device at once: about {SETUP_S + tried[per] + REPORT_S:.0f} s for the whole command",
+          flush=True)
     if a.dry_run:
         return 0
     work = a.work or Path(os.environ.get("TMPDIR", "/tmp")) / f"musubi-quality-{os.getpid()}"
@@ -570,6 +658,25 @@ def main(argv: list[str] | None = None) -> int:
     deadline = t0 + a.budget_s
     outcome = execute(runs, a, data, work, devices, per, deadline)
     return report(a, runs, outcome, record, per, tried, time.monotonic() - t0, work)
+
+
+def plan_text(a: argparse.Namespace, runs: list[Run], est: dict[Run, float], params: quality_data.DataParams,
+              devices: int, tried: dict[int, float]) -> str:
+    """The plan: per model its steps, validations and each configuration's estimated run time alone, then the
+    makespan by runs a device."""
+    where = "GPU" if a.device == "cuda" else "CPU"
+    lines = [f"plan: {len(runs)} runs ({', '.join(a.models)}; seeds {a.seeds}; plain + Musubi x{a.nprocs}) on "
+             f"{devices} {where}{'s' if devices > 1 else ''}"]
+    for m in a.models:
+        r = RECIPES[m]
+        steps = steps_of(r, params, a.max_steps)
+        alone = {("plain" if x.side == "plain" else f"musubi{x.nproc}"): est[x] for x in runs
+                 if x.model == m and x.seed == a.seeds[0]}
+        lines.append(f"  {m}: {r.model}, {steps} steps x {r.global_batch}, {evaluations(r, steps, params)} "
+                     "validations; s a run alone: " + ", ".join(f"{k} {v:.0f}" for k, v in alone.items()))
+    lines.append(f"estimated makespan by runs a device (+{SETUP_S:.0f} s of data first): "
+                 + ", ".join(f"{k}: {v:.0f} s" for k, v in tried.items()) + f"; budget {a.budget_s:.0f} s")
+    return "\n".join(lines)
 
 
 def report(a: argparse.Namespace, runs: list[Run], outcome: dict[Run, dict[str, Any]], data_record: dict,
@@ -596,7 +703,7 @@ def report(a: argparse.Namespace, runs: list[Run], outcome: dict[Run, dict[str, 
               "command": " ".join(sys.argv), "device": a.device, "nprocs": a.nprocs, "seeds": a.seeds,
               "runs_per_device": per, "estimated_makespan_s": tried, "wall_s": round(wall, 1),
               "budget_s": a.budget_s, "max_steps": a.max_steps, "data": data_record,
-              "recipes": models, "rows": rows, "records": records}
+              "recipes": models, "rows": rows, "verdicts": quality_report.model_verdicts(rows), "records": records}
     json_path = a.out_dir / f"{stem}.json"
     json_path.write_text(json.dumps(result, indent=1, default=str) + "\n")
     table = quality_report.markdown(rows, word)

@@ -1,6 +1,6 @@
 """bench/quality.py compares like with like: the plain loop (bench/plain_quality_loop.py) and Musubi build the same
-model with bit-identical initial weights from the same seed, compute the same DETR loss, follow the same LR
-schedule, and the plain loop imports nothing of Musubi."""
+model with bit-identical initial weights from the same seed, compute the same DETR losses (RT-DETR, D-FINE),
+follow the same LR schedule, and the plain loop imports nothing of Musubi."""
 
 from __future__ import annotations
 
@@ -44,6 +44,8 @@ def _both(key: str, root: Path, seed: int):
     recipe = quality.RECIPES[key]
     if recipe.task == "detection":
         recipe = replace(recipe, image_size=SIDE)
+    if recipe.model == "dfine_n":  # strides 16 and 32 only: 45 feature positions at 96 px to pick queries from
+        recipe = replace(recipe, model_args={**recipe.model_args, "num_queries": 40})
     job = quality.musubi_job(recipe, quality.Run(key, "musubi", 1, seed), root, "fp32", 0, None)
     task = build_task(JobSpec.model_validate(job))
     task.validate()
@@ -58,17 +60,20 @@ def _both(key: str, root: Path, seed: int):
     return task, musubi_model, args, plain_model
 
 
+DETRS = ("detr", "dfine")  # RT-DETR r18, D-FINE-N
+
+
 @pytest.fixture(scope="module")
-def detr_pair(sets: Path):
-    """The RT-DETR of both sides, built once (20 M parameters: seconds each)."""
-    return _both("detr", sets, seed=5)
+def detr_pairs(sets: Path) -> dict:
+    """Each DETR of both sides, built once (RT-DETR r18: 20 M parameters, seconds each)."""
+    return {key: _both(key, sets, seed=5) for key in DETRS}
 
 
-@pytest.mark.parametrize("key", ["classifier", "cnn_detector", "detr"])
-def test_both_sides_start_from_the_same_weights(key: str, sets: Path, detr_pair) -> None:
-    _, musubi_model, _, plain_model = detr_pair if key == "detr" else _both(key, sets, seed=5)
+@pytest.mark.parametrize("key", ["classifier", "cnn_detector", *DETRS])
+def test_both_sides_start_from_the_same_weights(key: str, sets: Path, detr_pairs: dict) -> None:
+    _, musubi_model, _, plain_model = detr_pairs[key] if key in DETRS else _both(key, sets, seed=5)
     inner = getattr(musubi_model, "model", musubi_model)  # DetrDetector wraps the transformers model
-    if key == "detr":
+    if key in DETRS:
         assert inner.config.to_dict() == plain_model.config.to_dict()
     ours, theirs = inner.state_dict(), plain_model.state_dict()
     assert list(ours) == list(theirs)
@@ -77,8 +82,9 @@ def test_both_sides_start_from_the_same_weights(key: str, sets: Path, detr_pair)
     assert sum(v.numel() for v in ours.values()) > 1_000_000
 
 
-def test_detr_loss_is_the_same_on_both_sides(detr_pair) -> None:
-    task, musubi_model, args, plain_model = detr_pair
+@pytest.mark.parametrize("key", DETRS)
+def test_detr_loss_is_the_same_on_both_sides(key: str, detr_pairs: dict) -> None:
+    task, musubi_model, args, plain_model = detr_pairs[key]
     ds = plain.CocoBoxes(args.train, args.train_ann)
     samples = [ds[i] for i in range(2)]
     images = [s[0].float() / 255 for s in samples]
