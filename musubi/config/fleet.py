@@ -94,9 +94,17 @@ class MetricsFrom(StrictModel):
                                  f"${MUSUBI_JOB_DIR} (the program's working directory); default: the newest such "
                                  "file anywhere under it.")
     metrics: dict[Annotated[str, Field(min_length=1, max_length=64)], ShortStr] | None = Field(
-        None, max_length=64, description="Musubi name -> the framework's metric name, e.g. {map50: val_map50}; the "
-        "first is the primary metric. Default: ultralytics gives map50/map/precision/recall, the others their own "
-        "names.")
+        None, max_length=64, description="Musubi name -> the framework's own metric name, e.g. {map50: val_map50}, "
+        "{map50: metrics/mAP50(B)} or {top1: eval_accuracy} (HF: `accuracy` too); the first is the primary metric. "
+        "Default: ultralytics gives map50/map/precision/recall, the others their own names.")
+    export: bool = Field(True, description="ultralytics: export the recorded weights/best.pt to ONNX (with the "
+                         "framework's NMS where it has it) in the job's Python through Ultralytics' own exporter, "
+                         "then rank the job by that model's FPS, timed like every other job's, and ship it if it "
+                         "wins. false: ranked only by an FPS the program reports (or its own model.onnx).")
+    python: PathStr | None = Field(None, description="The interpreter that has the framework installed, for the "
+                                   "export. Default: the job's `python:`, else the interpreter the command's "
+                                   "#! line names (an installed `yolo` script), else Musubi's own Python for a .py "
+                                   "command.")
 
     @model_validator(mode="before")
     @classmethod

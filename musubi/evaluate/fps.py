@@ -144,7 +144,8 @@ def threads_said(threads: int | None) -> str:
     return f", {threads} CPU thread{'s' if threads != 1 else ''} (CPU_FPS_THREADS)" if threads else ""
 
 
-def _versions() -> dict[str, str | None]:
+def runtime_versions() -> dict[str, str | None]:
+    """torch's and ONNX Runtime's versions (None when ONNX Runtime is missing), recorded with every timing."""
     try:
         import onnxruntime
 
@@ -176,7 +177,48 @@ def torch_fps(job: JobModel, device: str | None = None, warmup: int | None = Non
         "precision": "fp32",
         "threads": threads,
         "protocol": PROTOCOL.format(warmup=warmup, runs=runs) + threads_said(threads),
-        **_versions(),
+        **runtime_versions(),
+    }
+
+
+def torchscript_fps(path: Path, sample: np.ndarray | None, shape: list[int], device: str | None = None,
+                    warmup: int | None = None, runs: int | None = None) -> dict[str, Any]:
+    """FPS of a TorchScript graph (an external framework's export, no framework imported) through torch on
+    `device`, by the protocol; `sample`: the fixed input (else uniform random values of `shape`)."""
+    dev = resolve_device(device)
+    warmup, runs = run_counts(dev, warmup, runs)
+    import warnings
+
+    import torchvision  # noqa: F401 - registers torchvision::nms, which a detector's graph may call
+
+    try:
+        with warnings.catch_warnings():  # torch.jit.load's deprecation notice: the graph is the framework's choice
+            warnings.simplefilter("ignore", FutureWarning)
+            model = torch.jit.load(str(path), map_location=dev).eval()
+    except Exception as e:  # torch raises its own types for a graph it cannot read
+        raise ConfigError(f"{path}: torch cannot load it ({' '.join(str(e).split())[:200]})") from None
+    x = torch.from_numpy(sample) if sample is not None else \
+        torch.rand(shape, generator=torch.Generator().manual_seed(0))
+    x = x.to(dev)
+    sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else None
+    try:
+        with torch.inference_mode(), timing_threads(dev) as threads:
+            times = time_runs(lambda: model(x), warmup, runs, sync)
+    except Exception as e:  # a graph traced for another device, an operator this torch lacks
+        raise ConfigError(f"{path}: it does not run on {dev} ({' '.join(str(e).split())[:200]})") from None
+    protocol = PROTOCOL.format(warmup=warmup, runs=runs) + threads_said(threads)
+    if sample is None:
+        protocol = protocol.replace("one real validation sample", "uniform random values")
+    return {
+        **summarise(times, warmup),
+        "input_shape": list(x.shape),
+        "device": str(dev),
+        "device_name": device_name(dev),
+        "runtime": f"torch-{dev.type}",
+        "precision": "fp32",
+        "threads": threads,
+        "protocol": protocol + ", the framework's TorchScript export",
+        **runtime_versions(),
     }
 
 
@@ -287,5 +329,5 @@ def onnx_fps(path: Path, feeds: dict[str, np.ndarray] | None = None, device: str
         "precision": str(first.dtype),
         "threads": threads,
         "protocol": protocol,
-        **_versions(),
+        **runtime_versions(),
     }

@@ -116,11 +116,14 @@ def evaluate_task_job(job_dir: Path, device: str | None, export: bool, fps_runs:
 def evaluate_external_job(job_dir: Path, device: str | None, fps_runs: int | None,
                           fps_warmup: int | None) -> dict[str, Any]:
     """Validate an external job's eval.json (first written from its framework's files when it declared
-    metrics_from); measure FPS on its model.onnx if it reported none."""
+    metrics_from); without an FPS of its own, time a model: the framework's export of its recorded weights
+    (metrics_from: ultralytics, framework_export.py), else its model.onnx."""
     from musubi.evaluate.external import read_external_eval
 
     path = job_dir / EVAL_FILE
     declared = job_dir / RUN_FILES.metrics_from
+    spec: dict[str, Any] = {}
+    earlier = _read_eval(path).get("model_export") if path.is_file() else None  # before the adapter rewrites it
     if declared.is_file():
         from musubi.evaluate.adapters import adapt_metrics
 
@@ -136,6 +139,8 @@ def evaluate_external_job(job_dir: Path, device: str | None, fps_runs: int | Non
     if fps is not None:
         fps.setdefault("runtime", "reported by the external program")
         fps.setdefault("protocol", "the external program's own (not verified by Musubi)")
+    elif spec.get("format") == "ultralytics" and spec.get("export", True) and record.get("weights"):
+        _time_framework_export(job_dir, spec, record, earlier, device, fps_runs, fps_warmup)
     elif model.is_file():
         from musubi.evaluate.fps import onnx_fps
 
@@ -145,10 +150,40 @@ def evaluate_external_job(job_dir: Path, device: str | None, fps_runs: int | Non
             # Not the job's fault that its graph has axes we cannot fill: ranked without FPS, reason kept.
             record["fps_missing"] = f"{model}: {e}"
     else:
-        record["fps_missing"] = "the external program reported no fps and wrote no model.onnx"
+        record["fps_missing"] = "the external program reported no fps and wrote no model.onnx" + (
+            " (and its framework recorded no weights/best.pt to export)" if spec.get("format") == "ultralytics"
+            else "")
     record["evaluated"] = _now()
     write_json(path, record)
     return record
+
+
+def _time_framework_export(job_dir: Path, spec: dict[str, Any], record: dict[str, Any],
+                           earlier: dict[str, Any] | None, device: str | None, fps_runs: int | None,
+                           fps_warmup: int | None) -> None:
+    """Export the job's best.pt with its framework in its Python (again only when the weights changed) and time it
+    by the protocol; record "model_export", "fps", "fps_all", or "fps_missing" with the reason."""
+    from musubi.evaluate.framework_export import (
+        ExportUnavailable,
+        export_current,
+        export_ultralytics,
+        framework_fps,
+        timing_device,
+    )
+
+    weights = Path(record["weights"])
+    weights = weights if weights.is_absolute() else job_dir / weights
+    try:
+        if earlier is not None and export_current(job_dir, weights, earlier):
+            made = earlier
+        else:
+            made = export_ultralytics(job_dir, weights, spec.get("python"), timing_device(device),
+                                      record.get("input_size"))
+        record["model_export"] = made
+        record.setdefault("classes", made.get("classes"))
+        record["fps"], record["fps_all"] = framework_fps(job_dir, made, device, fps_warmup, fps_runs)
+    except (ExportUnavailable, ConfigError) as e:
+        record["fps_missing"] = f"no model to time: {e}"
 
 
 def evaluate_job(job_dir: Path, device: str | None = None, export: bool = False, fps_runs: int | None = None,

@@ -266,6 +266,18 @@ def nothing_to_ship(job_dir: Path, kind: str | None) -> bool:
     return kind == "external" and not (Path(job_dir) / RUN_FILES.onnx).is_file()
 
 
+def external_model(job_dir: Path) -> str:
+    """What an external job's model.onnx is, in words: its program's own file, or the ONNX Musubi had its framework
+    export from the weights it recorded (eval.json's "model_export", evaluate/framework_export.py)."""
+    made, _ = _read(Path(job_dir) / RUN_FILES.eval)
+    made = made.get("model_export") if isinstance(made, dict) else None
+    if not isinstance(made, dict):
+        return "its own model.onnx"
+    weights = Path(str(made.get("weights") or "best.pt")).name
+    return (f"the ONNX export of its {weights} ({made.get('framework')}'s exporter in the job's Python"
+            + (", NMS included)" if made.get("nms") else ")"))
+
+
 def read_leaderboard(run_dir: Path) -> dict[str, Any]:
     """RUN/leaderboard.json as written by build_leaderboard (ConfigError if absent or unreadable)."""
     path = Path(run_dir) / LEADERBOARD_FILE

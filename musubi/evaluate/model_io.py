@@ -52,9 +52,28 @@ def _job_record(job_dir: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
+def no_job_record(job_dir: Path) -> str:
+    """Why a folder without job.json has no Musubi model to rebuild, in one line (an external job says where its
+    model is)."""
+    job_dir = Path(job_dir)
+    if not job_dir.is_dir():
+        return f"{job_dir}: no such job directory; give RUN/JOB of a run"
+    if not any((job_dir / f).is_file() for f in (RUN_FILES.eval, RUN_FILES.metrics_from, RUN_FILES.onnx)):
+        return f"{job_dir}: not a job directory (no job.json, eval.json or model.onnx); give RUN/JOB of a run"
+    model = job_dir / RUN_FILES.onnx
+    if model.is_file():
+        return (f"{job_dir}: an external job (its program trained it, Musubi has no checkpoint of it); its model is "
+                f"already ONNX: {model}")
+    return (f"{job_dir}: an external job with no model.onnx (its program trained it, Musubi has no checkpoint of "
+            "it); have the program write model.onnx, or declare metrics_from: ultralytics so that `musubi evaluate` "
+            "exports its weights/best.pt")
+
+
 def read_job_spec(job_dir: Path) -> JobSpec:
     """The resolved JobSpec recorded in JOB/job.json (ConfigError if absent or invalid)."""
     path = job_dir / RUN_FILES.job
+    if not path.is_file():
+        raise ConfigError(no_job_record(job_dir))
     config = _job_record(job_dir).get("config")
     if not isinstance(config, dict):
         raise ConfigError(f"{path}: no job config (key 'config'); is {job_dir} a Musubi task job directory?")

@@ -130,6 +130,28 @@ def resolve_command(job: CommandJob, base: Path) -> list[str]:
     return argv
 
 
+def framework_python(job: CommandJob, base: Path) -> str | None:
+    """The interpreter that has an external job's framework (metrics_from's export runs in it): metrics_from.python,
+    the job's `python:`, Musubi's own for a .py command or torchrun, else the one the program's #! line names
+    (an installed `yolo` script); None when none can be told (a binary, a shell script)."""
+    chosen = job.metrics_from.python if job.metrics_from is not None else None
+    if chosen or job.python:
+        return chosen or job.python
+    argv = resolve_command(job, base)
+    if job.launch == "torchrun" or job.command[0].endswith(".py"):
+        return argv[0]
+    program = Path(argv[0]) if Path(argv[0]).is_file() else Path(shutil.which(argv[0]) or argv[0])
+    try:
+        with open(program, "rb") as f:
+            first = f.readline(512).decode("utf-8", errors="replace")
+    except OSError:
+        return None
+    words = first[2:].split() if first.startswith("#!") else []
+    if words and Path(words[0]).name == "env" and len(words) > 1:  # #!/usr/bin/env python3
+        words = [shutil.which(words[1]) or words[1]]
+    return words[0] if words and "python" in Path(words[0]).name else None
+
+
 def check_command(job: CommandJob, base: Path) -> None:
     """Refuse, before anything starts, a command whose program or interpreter does not exist."""
     argv = resolve_command(job, base)
@@ -163,7 +185,9 @@ def command_launch(job: CommandJob, run_dir: Path, gpus: list[int], kind: str, b
     adapter = job_dir / RUN_FILES.metrics_from
     if job.metrics_from is not None:
         # The evaluation step reads it (fleet/eval_step.py), as does `musubi evaluate` run by hand later.
-        adapter.write_text(job.metrics_from.model_dump_json(), encoding="utf-8")
+        # With the interpreter that has the framework, for the export of its weights (evaluate/framework_export.py).
+        adapter.write_text(json.dumps({**job.metrics_from.model_dump(), "python": framework_python(job, base)}),
+                           encoding="utf-8")
     else:
         adapter.unlink(missing_ok=True)
     return Launch(resolve_command(job, base), env, job_dir, job_dir / RUN_FILES.logs / RUN_FILES.stdout_log, union_cpus(cpus))
@@ -240,12 +264,19 @@ def absorb_job_record(st: Any, job_dir: Path, failed: bool) -> str:
 
 
 def log_tail(path: Path, lines: int = 15) -> str:
-    """The last lines of a log file (for a failed job's report), after a line naming the log."""
-    try:
-        tail = path.read_text(encoding="utf-8", errors="replace").splitlines()[-lines:]
-    except OSError:
+    """The last lines of the newest attempt in a log file (for a failed job's report; an earlier attempt's lines
+    never show), after a line naming the log."""
+    if not path.is_file():
         return f"(no log at {path})"
+    tail = attempt_log(path).splitlines()[-lines:]
     return "\n".join([f"--- last {len(tail)} lines of {path} ---", *tail])
+
+
+def eval_error(path: Path) -> str | None:
+    """The reason the evaluation step gave for failing (its last `error: ...` line in the newest attempt's part of
+    the job's log), or None."""
+    said = [ln[len("error: "):].strip() for ln in attempt_log(path).splitlines() if ln.startswith("error: ")]
+    return said[-1][:400] if said else None
 
 
 #: What the evaluation step prints when an external job broke its contract (fleet/eval_step.py).

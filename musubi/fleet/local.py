@@ -454,7 +454,10 @@ class LocalFleet:
         if run.phase == "eval":
             if jobs.NO_EVAL_JSON in jobs.attempt_log(path):
                 return f"contract: external job wrote no {RUN_FILES.eval} to ${MUSUBI_JOB_DIR} ({self.run_dir / name})"
-            return f"evaluation: exit {code}"
+            reason = jobs.eval_error(path)
+            if code == 2:  # the step refused its input (a ConfigError): the same files fail the same way again
+                return f"evaluation: {reason or 'exit 2'}"
+            return f"evaluation: exit {code}" + (f": {reason}" if reason else "")
         cause = jobs.failure_cause(self.run_dir / name, code)
         if self.states[name].kind == "command" and cause.startswith("exit "):  # no job.json: the log's own words
             cause = jobs.log_cause(path, code) or cause
@@ -578,9 +581,11 @@ class LocalFleet:
             return
         cause = self._failure_cause(name, run, code)
         st.causes.append(cause)
-        # A config error, a broken contract (exit 0, no eval.json) or a defect (the same cause after a restart)
-        # fails the same way every time: no retry.
-        retry = st.attempts <= self.jobs[name].retries and not cause.startswith(("config", "contract", "defect"))
+        # A config error, a broken contract (exit 0, no eval.json), a defect (the same cause after a restart) or an
+        # evaluation that refused its input (exit 2: the job's files are what they are) fails the same way every
+        # time: no retry.
+        deterministic = cause.startswith(("config", "contract", "defect")) or (run.phase == "eval" and code == 2)
+        retry = st.attempts <= self.jobs[name].retries and not deterministic
         tail = jobs.log_tail(job_dir / RUN_FILES.logs / (RUN_FILES.fleet_log if st.kind == "task" else RUN_FILES.stdout_log), 8)
         self._say(f"failed {name} (attempt {st.attempts}): {cause}" + ("; retrying" if retry else ""))
         log.warning("failed %s: %s\n%s", name, cause, tail)

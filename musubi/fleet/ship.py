@@ -12,7 +12,7 @@ from musubi.checkpoint.checkpoint import latest_checkpoint
 from musubi.config.fleet import FleetSpec
 from musubi.contract.errors import ConfigError, one_line
 from musubi.contract.run_files import RUN_FILES
-from musubi.evaluate.leaderboard import nothing_to_ship
+from musubi.evaluate.leaderboard import external_model, nothing_to_ship
 from musubi.store.rundir import read_json
 
 log = logging.getLogger("musubi.fleet")
@@ -96,7 +96,7 @@ def _ship_table(metric: str, ranked: list[dict], spec: FleetSpec, run_dir: Path,
                 promote(entry["name"], entry["version"], run_dir=run_dir)
             if reused:
                 early.append(job)
-            done = ("registered its own model.onnx (external job)" if external else
+            done = (f"registered {external_model(job_dir)} (external job)" if external else
                     "registered (exported early)" if reused else "exported and registered")
             shipped.append(f"{entry['name']} v{entry['version']} ({where})")
             console.print(f"{job}: {done} as {entry['name']} v{entry['version']} ({where})"

@@ -21,7 +21,7 @@ from typing import Any
 
 from musubi.config.success import YOURS, SuccessSpec
 from musubi.contract.run_files import RUN_FILES
-from musubi.evaluate.leaderboard import nothing_to_ship
+from musubi.evaluate.leaderboard import external_model, nothing_to_ship
 from musubi.records import evidence
 from musubi.records.learning import Verdict, judge
 
@@ -400,8 +400,9 @@ def _export_item(run_dir: Path, ranked: list[dict[str, Any]], export_top: int) -
         want += min(export_top, len(shippable))
         exported += len(done)
         best = rows[0]
-        won = f"{metric}: best {best['job']}" + (" (external, no model.onnx: not shipped)"
-                                                  if nothing_to_ship(run_dir / best["job"], best.get("kind")) else "")
+        won = f"{metric}: best {best['job']}" + (
+            " (external, no model.onnx: not shipped)" if nothing_to_ship(run_dir / best["job"], best.get("kind")) else
+            f" (external: {external_model(run_dir / best['job'])})" if best.get("kind") == "external" else "")
         said.append(won + (f", shipped {', '.join(done)}" if done else ", nothing shipped"))
     if export_top and ranked and want == 0:
         return Item("after", "export", "PASS", "no built-in model to export: the ranked jobs are external and "

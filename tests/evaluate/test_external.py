@@ -99,3 +99,21 @@ def test_external_bad_eval_fails_the_step(tmp_path: Path) -> None:
         evaluate_job(job)
     with pytest.raises(ConfigError, match="no such job directory"):
         evaluate_job(tmp_path / "nope")
+
+
+def test_export_of_an_external_job_says_where_its_model_is(tmp_path: Path) -> None:
+    """`musubi export RUN/JOB` of an external job: no job.json to name; where its model is, or how to get one."""
+    from musubi.evaluate.onnx_export import export_job
+
+    job = tmp_path / "run" / "ext"
+    write(job / "eval.json", json.dumps({"metrics": {"map50": 0.5}}))
+    with pytest.raises(ConfigError) as info:
+        export_job(job)
+    said = str(info.value)
+    assert "job.json" not in said and "an external job with no model.onnx" in said and "metrics_from: ultralytics" \
+        in said
+    tiny_onnx(job / "model.onnx")
+    with pytest.raises(ConfigError, match=f"its model is already ONNX: {job / 'model.onnx'}"):
+        export_job(job)
+    with pytest.raises(ConfigError, match="no such job directory"):
+        export_job(tmp_path / "run" / "nope")

@@ -27,6 +27,16 @@ if sys.argv[1] == "oom":
 if sys.argv[1] == "nccl":
     print("torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970, unhandled system error")
     sys.exit(1)
+if sys.argv[1] == "badcsv":  # a results.csv of another task: its evaluation refuses it, the same way every time
+    (d / "results.csv").write_text("epoch,time,train/box_loss\n1,2.0,1.5\n")
+    sys.exit(0)
+if sys.argv[1] == "twice":  # a long first failure, then a short second one of another kind
+    if runs.read_text() == "1":
+        for i in range(20):
+            print(f"first attempt line {i}")
+        sys.exit(3)
+    print("second attempt fails differently")
+    sys.exit(4)
 print("trained; forgot eval.json")  # exits 0 without writing $MUSUBI_JOB_DIR/eval.json
 '''
 
@@ -37,7 +47,9 @@ def test_external_causes_from_the_log_and_a_broken_contract_is_not_retrained(tmp
     fleet.write_text(yaml.safe_dump({"name": "causes", "jobs": [
         {"name": "oomer", "command": ["job.py", "oom"], "retries": 0},
         {"name": "nccl", "command": ["job.py", "nccl"], "retries": 0},
-        {"name": "noeval", "command": ["job.py", "noeval"], "retries": 1}]}))
+        {"name": "noeval", "command": ["job.py", "noeval"], "retries": 1},
+        {"name": "badcsv", "command": ["job.py", "badcsv"], "retries": 1, "metrics_from": "ultralytics"},
+        {"name": "twice", "command": ["job.py", "twice"], "retries": 1}]}))
     out = tmp_path / "run"
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     res = subprocess.run([sys.executable, "-m", "musubi.cli", "run", str(fleet), "--out", str(out), "--device",
@@ -56,3 +68,14 @@ def test_external_causes_from_the_log_and_a_broken_contract_is_not_retrained(tmp
     head = f"--- last 3 lines of {out / 'oomer' / 'logs' / 'stdout.log'} ---"
     assert head in res.stdout + res.stderr, res.stdout + res.stderr
     assert head in (out / "fleet.log").read_text()
+    # an evaluation that refuses the job's files carries its reason, and is not retried: they would fail again
+    bad = jobs["badcsv"]
+    assert bad["attempts"] == 1 and len(bad["causes"]) == 1, bad
+    assert bad["causes"][0].startswith(f"evaluation: {out / 'badcsv' / 'results.csv'}: no column metrics/"), bad
+    rows = {r["job"]: r for r in json.loads((out / "leaderboard.json").read_text())["rows"]}
+    assert rows["badcsv"]["reason"] == f"failed: {bad['causes'][0]}", rows["badcsv"]
+    # a retry's tail holds its own attempt only
+    assert jobs["twice"]["causes"] == ["exit 3", "exit 4"], jobs["twice"]
+    second = f"--- last 2 lines of {out / 'twice' / 'logs' / 'stdout.log'} ---"
+    tail = (out / "fleet.log").read_text().split(second, 1)[1].split("---", 1)[0]
+    assert "second attempt fails differently" in tail and "first attempt" not in tail, tail

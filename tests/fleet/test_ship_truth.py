@@ -83,3 +83,24 @@ def test_a_fleet_of_external_jobs_only_ships_nothing_and_passes(tmp_path: Path,
     item = _export_check(run)
     assert item["status"] == "PASS" and item["found"].startswith("no built-in model to export: the ranked jobs are "
                                                                  "external and wrote no model.onnx (yolo-a, yolo-b)")
+
+
+def test_an_external_winner_exported_from_its_weights_is_shipped_and_said(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An Ultralytics job whose best.pt Musubi had exported (eval.json's model_export): its model.onnx ships, and
+    console and checklist say what it is, not "its own model.onnx"."""
+    run = tmp_path / "run"
+    d = external_job(run, "yolo", {"metrics": {"map50": 0.9}, "primary_metric": "map50", "kind": "external",
+                                   "fps": {"fps": 100.0, "runtime": "torch-cpu", "device_name": "cpu"},
+                                   "model_export": {"framework": "ultralytics 8.4.190", "nms": True,
+                                                    "weights": "runs/detect/train/weights/best.pt"}})
+    (d / "model.onnx").write_bytes(b"onnx")
+    task_job(run, "frcnn", metrics={"map50": 0.6}, fps=50.0)
+    exported, said = _ship(tmp_path, run, monkeypatch)
+    assert exported == []  # Musubi's own exporter is for task jobs: the framework exported this one
+    assert "yolo: registered the ONNX export of its best.pt (ultralytics 8.4.190's exporter in the job's Python, " \
+           "NMS included) (external job) as yolo v1 (rank 1 of map50)" in said, said
+    assert "map50: the best is yolo (external job, score 0.9300); shipped: yolo v1 (rank 1 of map50)" in said
+    item = _export_check(run)
+    assert item["status"] == "PASS" and "map50: best yolo (external: the ONNX export of its best.pt (ultralytics " \
+        "8.4.190's exporter in the job's Python, NMS included)), shipped yolo" in item["found"], item
