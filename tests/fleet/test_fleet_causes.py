@@ -28,7 +28,7 @@ if sys.argv[1] == "nccl":
     print("torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970, unhandled system error")
     sys.exit(1)
 if sys.argv[1] == "badcsv":  # a results.csv of another task: its evaluation refuses it, the same way every time
-    (d / "results.csv").write_text("epoch,time,train/box_loss\n1,2.0,1.5\n")
+    (d / "results.csv").write_text("epoch,time,train/box_loss\\n1,2.0,1.5\\n")
     sys.exit(0)
 if sys.argv[1] == "twice":  # a long first failure, then a short second one of another kind
     if runs.read_text() == "1":
