@@ -96,6 +96,11 @@ def _fmt(v: float | None, digits: int = 3) -> str:
     return "-" if v is None else f"{v:.{digits}f}"
 
 
+def arm(nproc: int, device_word: str) -> str:
+    """A Musubi configuration's name: "Musubi 1 GPU", "Musubi 2 GPUs" (device_word is the plural)."""
+    return f"Musubi {nproc} {device_word if nproc > 1 else device_word.removesuffix('s')}"
+
+
 def model_verdicts(rows: list[dict[str, Any]]) -> dict[str, str]:
     """model -> PASS (every Musubi GPU count passes), FAIL (one fails), or the first other word (too few seeds,
     no runs); a plain loop below its floor is said after it."""
@@ -125,7 +130,7 @@ def markdown(rows: list[dict[str, Any]], device_word: str) -> str:
                 "verdict | last logged loss | run s |",
                 "|---|---|---|---|---|---|---|---|---|---|"]
         for r in mine:
-            run = "plain loop" if r["side"] == "plain" else f"Musubi {r['nproc']} {device_word}"
+            run = "plain loop" if r["side"] == "plain" else arm(r["nproc"], device_word)
             seeds = ", ".join(f"{v:.3f}" for v in r["per_seed"].values()) or "-"
             if r["not_ok"]:
                 seeds += f" ({'; '.join(r['not_ok'])})"
@@ -167,7 +172,7 @@ def plot(records: list[dict[str, Any]], models: dict[str, dict[str, Any]], nproc
 
     colours = ("tab:blue", "tab:orange", "tab:green", "tab:red")
     configs = [("plain", 1, "plain loop", "black")] + [
-        ("musubi", n, f"Musubi {n} {device_word}", c) for n, c in zip(nprocs, colours, strict=False)]
+        ("musubi", n, arm(n, device_word), c) for n, c in zip(nprocs, colours, strict=False)]
     fig, axes = plt.subplots(len(models), 3, figsize=(14, 3.3 * len(models)), squeeze=False,
                              gridspec_kw={"width_ratios": [3, 3, 1.2]})
     for row, (key, m) in enumerate(models.items()):

@@ -236,6 +236,8 @@ def test_cpu_rehearsal_trains_both_sides_alike(tmp_path: Path) -> None:
     assert [r["status"] for r in (plain, one, two)] == ["ok"] * 3 and {r["steps"] for r in (plain, one, two)} == {2}
     for r in (one, two):
         assert r["lr_check"] == {"lr_as_written": True, "global_batch_equal": True, "lr_curve_max_rel_diff": 0.0}
+        # the metric curve: validations at the same steps on both sides (--max-steps 2 ends the first epoch)
+        assert [e["step"] for e in r["evals"]] == [e["step"] for e in plain["evals"]] == [2]
     # One rank trains the plain loop's weights step for step: the same losses, the same validation.
     assert one["log"][-1]["loss"] == pytest.approx(plain["log"][-1]["loss"], rel=1e-4)
     assert one["final"]["top1"] == pytest.approx(plain["final"]["top1"], abs=0.01)
