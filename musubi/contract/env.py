@@ -8,7 +8,7 @@ so `grep MUSUBI_CPUS` finds every writer and reader.
 from __future__ import annotations
 
 #: What every Musubi variable starts with (env.json records all of them for provenance).
-PREFIX = "MUSUBI_"
+VARIABLE_PREFIX = "MUSUBI_"
 
 #: Faults to inject (`oom:rank=1,step=5; kill:...`): parsed by contract/inject.py in every rank.
 MUSUBI_INJECT = "MUSUBI_INJECT"
