@@ -30,6 +30,12 @@ Kinds and their keys (rank defaults to every rank, step to any step):
   the committer, dies in its commit thread). `phase=write`: the rank dies while writing its
   shards, leaving a truncated file behind.
 - `nan`: make that rank's loss NaN at optimizer step `step` (the numerical guard's drill).
+- `disk_full`: the checkpoint of `step` (default: the next one) fails on that rank as on a full
+  disk: its shards are written, the first is cut in half, and the write raises `OSError` ENOSPC.
+- `armed`: also take faults that a driver drops into the injector's folder while the job runs
+  (`JOB/logs/inject/armed-N.txt`, N a number, one MUSUBI_INJECT spec each, written whole by a
+  rename; bench/soak.py does this): each rank reads new files at its step ends, and a fault
+  without `step` fires at its next chance (the next step; a checkpoint fault, the next save).
 
 A fault fires once per run (also across restarts) unless `every=N` makes it fire on every
 N-th step. An unknown kind or key is an error, not ignored.
@@ -61,7 +67,12 @@ _KEYS: dict[str, set[str]] = {
     "ckpt_stall": {"rank", "ms", "phase"},
     "ckpt_kill": {"rank", "step", "phase"},
     "nan": {"rank", "step", "every"},
+    "disk_full": {"rank", "step"},
+    "armed": set(),
 }
+#: Armed faults take indices from here on (file N's k-th fault: ARMED_INDEX + N * 100 + k), apart from the spec's.
+ARMED_INDEX = 1_000_000
+ARMED_PREFIX = "armed-"
 
 
 class InjectedCrash(RuntimeError):
@@ -140,6 +151,8 @@ class Injector:
         self._slept_s = 0.0
         self._batches = 0
         self._matmul: tuple[object, float] | None = None  # (operand, seconds per product) on this GPU
+        self._armed = any(f.kind == "armed" for f in self.faults)
+        self._armed_seen: set[str] = set()  # armed-N.txt files already read by this process
 
     @classmethod
     def from_env(cls, rank: int, state_dir: Path | None) -> Injector:
@@ -163,11 +176,12 @@ class Injector:
         p = self._fired_path(f)
         return p is None or not p.exists()
 
-    def _mark(self, f: Fault) -> None:
+    def _mark(self, f: Fault, step: int | None = None) -> None:
         p = self._fired_path(f)
         if p is not None and not f.num("every"):
             p.parent.mkdir(parents=True, exist_ok=True)
-            p.write_text("fired\n")
+            # When and where it fired: a driver (bench/soak.py) times the recovery from here.
+            p.write_text(f"fired {f.kind} step={step} time={time.time():.3f}\n")
 
     def _of(self, kind: str) -> list[Fault]:
         return [f for f in self.faults if f.kind == kind]
@@ -177,7 +191,7 @@ class Injector:
         """True when an OOM must be raised now (and marks it fired)."""
         for f in self._of("oom"):
             if f.params["phase"] == phase and self._due(f, step):
-                self._mark(f)
+                self._mark(f, step)
                 return True
         return False
 
@@ -185,7 +199,7 @@ class Injector:
         """Whether this rank's loss of optimizer step `step` is to be made NaN (`nan` fault)."""
         for f in self._of("nan"):
             if self._due(f, step):
-                self._mark(f)
+                self._mark(f, step)
                 return True
         return False
 
@@ -194,8 +208,28 @@ class Injector:
         limits = [int(f.num("batch") or 0) for f in self._of("oom_above")]
         return min(limits) if limits else None
 
+    def poll_armed(self) -> None:
+        """`armed`: add the faults of armed-N.txt files not read yet (one directory listing; none without `armed`)."""
+        if not self._armed or self.state_dir is None:
+            return
+        try:
+            names = os.listdir(self.state_dir)
+        except OSError:  # not created yet: nothing armed
+            return
+        for name in names:
+            if not name.startswith(ARMED_PREFIX) or not name.endswith(".txt") or name in self._armed_seen:
+                continue
+            self._armed_seen.add(name)
+            number = name[len(ARMED_PREFIX):-len(".txt")]
+            if not number.isdigit():
+                continue
+            spec = (self.state_dir / name).read_text(encoding="utf-8")
+            for f in parse(spec):  # an armed file with a bad spec fails the rank: a driver's bug, named
+                if f.applies_to(self.rank):
+                    self.faults.append(Fault(f.kind, f.params, ARMED_INDEX + int(number) * 100 + f.index))
+
     def after_step(self, step: int, step_seconds: float) -> None:
-        """Slow bookkeeping, kill, crash and hang faults, after optimizer step `step`."""
+        """Slow bookkeeping, kill, crash and hang faults, after optimizer step `step`; then armed faults are read."""
         if self._of("slow"):
             own = max(0.0, step_seconds - self._slept_s)
             self._slept_s = 0.0
@@ -205,17 +239,18 @@ class Injector:
                 self._slow_ref_s = sorted(self._own_s)[len(self._own_s) // 2]
         for f in self._of("kill"):
             if self._due(f, step):
-                self._mark(f)
+                self._mark(f, step)
                 os.kill(os.getpid(), signal.SIGKILL)
         for f in self._of("crash"):
             if self._due(f, step):
-                self._mark(f)
+                self._mark(f, step)
                 raise InjectedCrash(f"injected crash after step {step} by {ENV}")
         for f in self._of("hang"):
             if self._due(f, step):
-                self._mark(f)
+                self._mark(f, step)
                 while True:  # a rank that stops answering (the watchdog must notice)
                     time.sleep(3600)
+        self.poll_armed()
 
     def slow_compute(self, device: object = None) -> None:
         """`slow`: (factor - 1) x the reference step time of extra work (called in backward)."""
@@ -245,9 +280,8 @@ class Injector:
             end.synchronize()  # once per run, in a drill
             self._matmul = (a, max(start.elapsed_time(end) / 20 / 1e3, 1e-6))
         a, per = self._matmul
-        # One timing is enough: on 4x H200 (2026-11-27, a97314f) `slow:factor=1.1` took rank 1's backward from
-        # 29.4 to 35.1 ms, 10 % of the 55-ms step. (The watch's excess read 5.5 %: the waiting ranks' backward
-        # grew too. Re-timing each burst, tried in e81c0f3, gave 34.8 ms and was taken out.)
+        # One timing is enough: re-timing each burst was tried and gave the same stretch (BENCHMARKS.md, fault
+        # injection: `slow` on 4x H200).
         for _ in range(int(seconds / per)):
             torch.mm(a, a)
 
@@ -272,14 +306,22 @@ class Injector:
                 time.sleep((f.num("ms", 0.0) or 0.0) / 1000)
         for f in self._of("ckpt_kill"):
             if f.params["phase"] == "commit" and self._due(f, step):
-                self._mark(f)
+                self._mark(f, step)
                 os.kill(os.getpid(), signal.SIGKILL)
 
     def kill_while_writing(self, step: int) -> bool:
         """`ckpt_kill` (phase write) due at the checkpoint of `step` (marked fired now: the writer dies)."""
         for f in self._of("ckpt_kill"):
             if f.params["phase"] == "write" and self._due(f, step):
-                self._mark(f)
+                self._mark(f, step)
+                return True
+        return False
+
+    def disk_full_at(self, step: int) -> bool:
+        """`disk_full` due at the checkpoint of `step` (marked fired now: this save fails)."""
+        for f in self._of("disk_full"):
+            if self._due(f, step):
+                self._mark(f, step)
                 return True
         return False
 

@@ -43,6 +43,8 @@ from musubi.contract.run_files import RUN_FILES
 from musubi.recovery.repeats import error_signature, mark_repeats, signal_signature
 from musubi.store.rundir import read_jsonl
 
+#: The file a checkpoint's commit writes last (checkpoint/checkpoint.py MARKER, not imported: it imports torch).
+COMMIT_MARKER = "COMMITTED"
 #: A rank whose heartbeat went silent this much before the others' is named as the one that died.
 SILENT_MARGIN_S = 0.3
 
@@ -93,14 +95,15 @@ _EXIT_RE = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: (\
 
 
 def _exit_meaning(code: int) -> str:
-    from musubi.recovery.memory import EXIT_OOM
-    from musubi.recovery.watchdog import EXIT_HANG
-
     if code < 0:
         try:
             return f"killed by {signal.Signals(-code).name}"
         except ValueError:
             return f"killed by signal {-code}"
+    # Imported only here: both modules import torch (seconds), which a signalled rank's meaning does not need.
+    from musubi.recovery.memory import EXIT_OOM
+    from musubi.recovery.watchdog import EXIT_HANG
+
     return {EXIT_OOM: "out of memory", EXIT_HANG: "hang detected", 2: "configuration error"}.get(
         code, f"exit code {code}")
 
@@ -212,10 +215,18 @@ def _cause(job_dir: Path, attempt: str, t0: float, t1: float, exits: dict[str, l
 
 
 def _committed_step(job_dir: Path, at_most: int) -> int:
-    """The newest committed checkpoint step <= `at_most` (markers only, no checksums); 0 if none."""
-    from musubi.checkpoint.checkpoint import committed_checkpoints
-
-    steps = [c.step for c in committed_checkpoints(job_dir / RUN_FILES.checkpoints, warn=False) if c.step <= at_most]
+    """The newest committed checkpoint step <= `at_most` (its marker names the step; no sizes, no checksums); 0 if
+    none. Read without the checkpoint module, which imports torch: the launcher runs this after every launch, a
+    preempted one's included, where importing torch took 7-12 s of the exit on a loaded 2-core machine
+    (bench/soak.py)."""
+    steps = []
+    for marker in (job_dir / RUN_FILES.checkpoints).glob(f"step-*/{COMMIT_MARKER}"):
+        try:
+            step = int(json.loads(marker.read_text(encoding="utf-8"))["step"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if marker.parent.name == f"step-{step:09d}" and step <= at_most:
+            steps.append(step)
     return max(steps, default=0)
 
 

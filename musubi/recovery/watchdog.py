@@ -36,6 +36,8 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from musubi.config.job import WatchdogSpec
 from musubi.contract.records import HeartbeatRecord
 from musubi.contract.run_files import RUN_FILES
@@ -262,6 +264,24 @@ class Watchdog:
             time.sleep(0.5)  # let them write before torchrun ends them
         return asked
 
+    def _end_stopped(self, states: dict[int, dict[str, Any]], culprits: list[int]) -> list[int]:
+        """SIGKILL the culprits on this host that are stopped (SIGSTOP, a debugger's stop): the attempt is over, and
+        torchrun's teardown sends SIGTERM, which a stopped process never acts on, then waits 30 s before SIGKILL
+        (bench/soak.py measured that wait as the whole of a hang's teardown)."""
+        ended = []
+        for r in culprits:
+            st = states.get(r, {})
+            if r == self.rank or st.get("host") != self.host or not st.get("pid"):
+                continue
+            try:
+                proc = psutil.Process(int(st["pid"]))
+                if proc.status() == psutil.STATUS_STOPPED and "musubi.worker" in " ".join(proc.cmdline()):
+                    proc.kill()
+                    ended.append(r)
+            except (psutil.Error, OSError):
+                continue
+        return ended
+
     def on_hang(self, states: dict[int, dict[str, Any]]) -> None:
         """Dump stacks and the flight recorder, name the culprit(s), end this rank (torchrun restarts)."""
         tag = f"a{self.attempt}-rank{self.rank}"
@@ -293,6 +313,10 @@ class Watchdog:
                 json.dump(report, f, indent=1)
         except FileExistsError:
             pass
+        ended = self._end_stopped(states, report["culprits"])  # after the report: it is what detection means
+        if ended:
+            log.error("rank(s) %s were stopped (SIGSTOP): killed so that the restart need not wait for them",
+                      ", ".join(map(str, ended)))
         log.error("%s; stacks in %s; ending this attempt so torchrun restarts the job", report["message"],
                   self.hang_dir)
         logging.shutdown()
