@@ -49,9 +49,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from musubi.contract.env import MUSUBI_INJECT
 from musubi.contract.errors import ConfigError
 
-ENV = "MUSUBI_INJECT"
+ENV = MUSUBI_INJECT  # the name the runtime reads (contract/env.py)
 PHASES = ("forward", "backward", "optimizer")
 SLOW_WARMUP = 3  # `slow` sizes its delay from step times after these steps
 CKPT_PHASES = ("write", "commit")
