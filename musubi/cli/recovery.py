@@ -10,6 +10,7 @@ from rich.table import Table
 
 from musubi.cli.output import fail, out_console
 from musubi.contract.errors import ConfigError
+from musubi.contract.run_files import RUN_FILES
 
 
 def drill_command(
@@ -69,8 +70,8 @@ def goodput_command(
     """Effective training time ratio and the work lost per failure, from the job's restart history."""
     from musubi.recovery.goodput import goodput_line, write_goodput
 
-    if not (job_dir / "progress").is_dir():
-        subs = [p for p in job_dir.iterdir() if (p / "progress").is_dir()] if job_dir.is_dir() else []
+    if not (job_dir / RUN_FILES.progress).is_dir():
+        subs = [p for p in job_dir.iterdir() if (p / RUN_FILES.progress).is_dir()] if job_dir.is_dir() else []
         if len(subs) != 1:
             fail(f"{job_dir}: no job directory with progress records; give RUN/JOB", 2)
         job_dir = subs[0]

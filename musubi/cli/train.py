@@ -81,7 +81,7 @@ def train(
         Console(soft_wrap=True).print(escape(result.error or ""), highlight=False)
         return
     if result.code != 0:
-        fail(f"{result.error} (logs: {result.job_dir / 'logs'})", result.code)
+        fail(f"{result.error} (logs: {result.job_dir / RUN_FILES.logs})", result.code)
     if probe_only or node_rank > 0:  # node 0 reports the run
         return
     _print_goodput(result.job_dir)

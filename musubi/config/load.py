@@ -214,9 +214,37 @@ def _job_label(name: Any) -> str:
     return name[:64] if isinstance(name, str) and name.isprintable() else _quote(name)
 
 
+def _fleet_job(path: str | Path, i: int, raw: Any, defaults: dict[str, Any]) -> Any:
+    """jobs[i] of a fleet file validated (a TaskJob with the defaults merged under it, or a CommandJob)."""
+    from musubi.config.fleet import PLACEMENT_KEYS, CommandJob, TaskJob, deep_merge
+
+    label = f"{path}: jobs[{i}]"
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{label}: must be a mapping (name:, task:/command:, ...)")
+    label += f" ({_job_label(raw.get('name'))})"
+    if "command" in raw:
+        if isinstance(raw["command"], str):
+            raise ConfigError(f"{label}: command must be an argv list, never a shell string: "
+                              f"[{', '.join(repr(p) for p in raw['command'].split())}]")
+        try:
+            return CommandJob.model_validate(raw)
+        except ValidationError as err:
+            raise ConfigError(format_validation_error(err, CommandJob, label)) from None
+    placement = {k: v for k, v in raw.items() if k in PLACEMENT_KEYS}
+    body = deep_merge(defaults, {k: v for k, v in raw.items() if k not in PLACEMENT_KEYS})
+    try:
+        spec = JobSpec.model_validate(body)
+    except ValidationError as err:
+        raise ConfigError(format_validation_error(err, JobSpec, label)) from None
+    try:
+        return TaskJob(spec=spec, **placement)
+    except ValidationError as err:
+        raise ConfigError(format_validation_error(err, TaskJob, label)) from None
+
+
 def load_fleet(path: str | Path) -> FleetSpec:
-    """Read and validate a fleet file; each job's errors name the job and the field."""
-    from musubi.config.fleet import MAX_JOBS, PLACEMENT_KEYS, CommandJob, FleetSpec, TaskJob, deep_merge
+    """Read and validate a fleet file; each job's errors name the job and the field (all jobs' at once)."""
+    from musubi.config.fleet import MAX_JOBS, FleetSpec
 
     data = read_yaml(path)
     raw_jobs = data.get("jobs")
@@ -228,30 +256,14 @@ def load_fleet(path: str | Path) -> FleetSpec:
     if not isinstance(defaults, dict):
         raise ConfigError(f"{path}: defaults: must be a mapping merged under every task job")
     jobs: list[Any] = []
+    problems: list[str] = []  # every job's first problem: a fleet with three mistakes is fixed in one pass
     for i, raw in enumerate(raw_jobs):
-        label = f"{path}: jobs[{i}]"
-        if not isinstance(raw, dict):
-            raise ConfigError(f"{label}: must be a mapping (name:, task:/command:, ...)")
-        label += f" ({_job_label(raw.get('name'))})"
-        if "command" in raw:
-            if isinstance(raw["command"], str):
-                raise ConfigError(f"{label}: command must be an argv list, never a shell string: "
-                                  f"[{', '.join(repr(p) for p in raw['command'].split())}]")
-            try:
-                jobs.append(CommandJob.model_validate(raw))
-            except ValidationError as err:
-                raise ConfigError(format_validation_error(err, CommandJob, label)) from None
-            continue
-        placement = {k: v for k, v in raw.items() if k in PLACEMENT_KEYS}
-        body = deep_merge(defaults, {k: v for k, v in raw.items() if k not in PLACEMENT_KEYS})
         try:
-            spec = JobSpec.model_validate(body)
-        except ValidationError as err:
-            raise ConfigError(format_validation_error(err, JobSpec, label)) from None
-        try:
-            jobs.append(TaskJob(spec=spec, **placement))
-        except ValidationError as err:
-            raise ConfigError(format_validation_error(err, TaskJob, label)) from None
+            jobs.append(_fleet_job(path, i, raw, defaults))
+        except ConfigError as e:
+            problems.append(str(e))
+    if problems:
+        raise ConfigError("\n".join(problems))
     first_of: dict[str, int] = {}
     for i, job in enumerate(jobs):  # one line naming both jobs (pydantic's message would dump the whole file)
         if job.name in first_of:

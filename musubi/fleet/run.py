@@ -16,22 +16,24 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
-from musubi.config.fleet import FleetSpec, TaskJob
+from musubi.config.fleet import CommandJob, FleetSpec, TaskJob
 from musubi.config.load import load_fleet
 from musubi.contract.errors import ConfigError
 from musubi.contract.run_files import RUN_FILES
 from musubi.data.job_version import dataset_env
 from musubi.fleet.jobs import check_command
-from musubi.fleet.local import JobState, LocalFleet
 from musubi.fleet.machine import SHOW, check_topology
 from musubi.fleet.stop import FleetInterrupted, check_unlocked, run_lock
 from musubi.store.db import db_path
 from musubi.store.rundir import default_run_dir, env_record, read_json, run_record, write_json
 from musubi.store.startup import chain
+
+if TYPE_CHECKING:  # the executor imports torch: a refused fleet never waits for it
+    from musubi.fleet.local import JobState
 
 log = logging.getLogger("musubi.fleet")
 
@@ -107,21 +109,44 @@ def _mark(req: FleetRequest, name: str) -> None:
     req.marks.setdefault(name, time.time())
 
 
-def validate_fleet(spec: FleetSpec, base: Path) -> None:
-    """Every job checked before anything starts: model names, data, commands."""
+def job_problem(job: TaskJob | CommandJob, base: Path, torch_checks: bool) -> str | None:
+    """One job's first problem, named with the job, or None. Without `torch_checks` only the launcher's cheap
+    checks run (model name table, data paths, train split against a batch per rank: no torch)."""
+    from musubi.launch.checks import fleet_job_checks
     from musubi.store.tracking import check_tracking
-    from musubi.tasks.registry import build_task
 
+    try:
+        if not isinstance(job, TaskJob):
+            check_command(job, base)
+        elif not torch_checks:
+            fleet_job_checks(job.spec, min(job.widths))
+        else:
+            from musubi.tasks.registry import build_task  # torch: after every job's cheap checks
+
+            build_task(job.spec).validate()
+            check_tracking(job.spec.tracking)
+    except ConfigError as e:
+        msg = str(e)
+        return msg if msg.startswith(f"job {job.name!r}") else f"job {job.name!r}: {msg}"
+    return None
+
+
+def validate_fleet(spec: FleetSpec, base: Path) -> None:
+    """Every job checked before anything starts (model names, data, commands); every job's problem reported at
+    once. The cheap checks of all jobs run first: torch is imported only for jobs that passed them."""
+    problems: dict[str, str] = {}
     for job in spec.jobs:
-        try:
-            if isinstance(job, TaskJob):
-                build_task(job.spec).validate()
-                check_tracking(job.spec.tracking)
-            else:
-                check_command(job, base)
-        except ConfigError as e:
-            msg = str(e)
-            raise ConfigError(msg if msg.startswith(f"job {job.name!r}") else f"job {job.name!r}: {msg}") from None
+        problem = job_problem(job, base, torch_checks=False)
+        if problem is not None:
+            problems[job.name] = problem
+    for job in spec.jobs:
+        if job.name not in problems and isinstance(job, TaskJob):
+            problem = job_problem(job, base, torch_checks=True)
+            if problem is not None:
+                problems[job.name] = problem
+    if problems:
+        ordered = [problems[j.name] for j in spec.jobs if j.name in problems]
+        raise ConfigError("\n".join(ordered))
 
 
 def machine(req: FleetRequest) -> tuple[list[int], str]:
@@ -144,13 +169,15 @@ def machine(req: FleetRequest) -> tuple[list[int], str]:
 def run_fleet(req: FleetRequest, console: Console | None = None) -> tuple[Path, dict[str, JobState]]:
     """Run a fleet to the end; returns the run directory and every job's final state."""
     console = console or Console()
-    from musubi.fleet.slurm import recorded_executor
-
     _mark(req, "imported")
     started = process_start()
     if started is not None:
         req.marks.setdefault("process", started)
-    earlier = recorded_executor(req.out) if req.resume and req.out is not None else None
+    earlier = None
+    if req.resume and req.out is not None:
+        from musubi.fleet.slurm import recorded_executor  # imports the executors (torch): a resume only
+
+        earlier = recorded_executor(req.out)
     executor = req.executor or earlier or "local"
     if executor not in ("local", "slurm"):
         raise ConfigError(f"--executor {executor}: use local (this machine) or slurm")
@@ -297,6 +324,8 @@ def _run_locked(req: FleetRequest, spec: FleetSpec, base: Path, executor: str, d
             from musubi.fleet.baseline import measure_baselines
 
             measure_baselines(spec, run_dir, devices, kind, read_json(run_dir / RUN_FILES.env), console)
+        from musubi.fleet.local import LocalFleet
+
         fleet = LocalFleet(spec, run_dir, base, devices, kind, req.resume, console,
                            gpu_memory=gpu_memory_gib(devices) if kind == "cuda" else None)
         _mark(req, "planned")
@@ -366,6 +395,13 @@ def plan_fleet(req: FleetRequest, console: Console | None = None) -> list[str]:
     reasons, core plan) the local executor would follow, the predicted makespan and a per-GPU timeline, on
     this machine, the recorded `machine.topology`, or `--gpus N` GPUs; nothing is started or written. The
     timeline drives the fleet's own packer on a virtual clock with the predicted durations. Returns the lines."""
+    console = console or Console()
+    spec = load_fleet(req.fleet_path)
+    base = req.fleet_path.resolve().parent
+    if req.replay is not None:
+        return _replay(spec, req, console)
+    validate_fleet(spec, base)
+    # the planner's models and the packer (torch, through the executor): once every job passed its checks
     from musubi.fleet.durations import demand_of, machine_of
     from musubi.fleet.local import estimates
     from musubi.fleet.machine import cpus_value, device_cores
@@ -375,12 +411,6 @@ def plan_fleet(req: FleetRequest, console: Console | None = None) -> list[str]:
     from musubi.fleet.timeline import busy_fraction, text_timeline
     from musubi.topology.read import read_node_topology
 
-    console = console or Console()
-    spec = load_fleet(req.fleet_path)
-    base = req.fleet_path.resolve().parent
-    if req.replay is not None:
-        return _replay(spec, req, console)
-    validate_fleet(spec, base)
     wide = [j for j in spec.jobs if j.nodes > 1]
     if wide or (req.executor or "local") != "local":
         raise ConfigError("--dry-run shows the local executor's placements on one machine; drop --executor slurm "

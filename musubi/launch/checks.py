@@ -18,6 +18,7 @@ from pathlib import Path
 from musubi.config.batch_plan import plan_batch, rule_line
 from musubi.config.job import JobSpec
 from musubi.config.load import load_job
+from musubi.contract.env import MUSUBI_CPUS, MUSUBI_NNODES
 from musubi.contract.errors import ConfigError
 from musubi.contract.run_files import RUN_FILES
 from musubi.data.presence import check_paths, check_train_size
@@ -134,7 +135,7 @@ def check_run_folder(a: Admitted) -> None:
         a.before, a.changes = _admit_resume(a)
     elif not a.follower:  # another node's agent finds the folder node 0 made
         job_dir, run_dir = a.job_dir, a.run_dir
-        taken = job_dir.is_dir() and any(p.name != "logs" for p in job_dir.iterdir())
+        taken = job_dir.is_dir() and any(p.name != RUN_FILES.logs for p in job_dir.iterdir())
         if taken or (not req.fleet_member and (run_dir / RUN_FILES.run).exists()):
             raise ConfigError(f"{run_dir} already holds a run; pass --resume to continue it or choose another --out")
     writable_folder(a.job_dir)
@@ -171,20 +172,34 @@ def _admit_resume(a: Admitted) -> tuple[dict, list[dict]]:
 
 def check_core_list(a: Admitted) -> None:
     """MUSUBI_CPUS (pinned runs): one core set per rank, no core given twice."""
-    if a.spec.train.pin_cpus and os.environ.get("MUSUBI_CPUS"):
+    if a.spec.train.pin_cpus and os.environ.get(MUSUBI_CPUS):
         from musubi.launch.pin_plan import check_cpus_value
 
-        check_cpus_value(os.environ["MUSUBI_CPUS"], a.nproc)
+        check_cpus_value(os.environ[MUSUBI_CPUS], a.nproc)
+
+
+def batch_per_rank(spec: JobSpec, ranks: int) -> int | None:
+    """Samples per rank and micro-step (ConfigError when a global batch does not divide); None for `auto`."""
+    t = spec.train
+    if t.batch == "auto" and t.global_batch is None:
+        return None  # probed on every rank at start
+    return plan_batch(spec, ranks).per_rank
+
+
+def fleet_job_checks(spec: JobSpec, ranks: int) -> None:
+    """A fleet job's cheap checks (no torch), as `musubi train` runs them: model name, data paths, one batch per
+    rank of the train split at `ranks` (the job's narrowest width)."""
+    check_model(spec.task, spec.model)
+    check_paths(spec.task, spec.data)
+    per_rank = batch_per_rank(spec, ranks)
+    if per_rank is not None:
+        check_train_size(spec, per_rank, ranks)
 
 
 def check_batch(a: Admitted) -> None:
     """The ranks' own batch rule: a global batch divides by the world; every rank gets one full batch of the
     train split (the loader drops a partial one)."""
-    t = a.spec.train
-    if t.batch == "auto" and t.global_batch is None:
-        per_rank = None  # probed on every rank at start
-    else:
-        per_rank = plan_batch(a.spec, a.nproc).per_rank
+    per_rank = batch_per_rank(a.spec, a.nproc)
     if per_rank is not None:
         check_train_size(a.spec, per_rank, a.nproc * a.req.nnodes)
 
@@ -202,8 +217,8 @@ def check_resume_checkpoint(a: Admitted) -> None:
         return
     from musubi.checkpoint.checkpoint import latest_checkpoint
 
-    if latest_checkpoint(a.job_dir / "checkpoints") is None:
-        raise ConfigError(f"--resume: no committed checkpoint in {a.job_dir / 'checkpoints'}; run without --resume")
+    if latest_checkpoint(a.job_dir / RUN_FILES.checkpoints) is None:
+        raise ConfigError(f"--resume: no committed checkpoint in {a.job_dir / RUN_FILES.checkpoints}; run without --resume")
 
 
 def check_task(a: Admitted) -> None:
@@ -227,7 +242,7 @@ def check_machine(a: Admitted) -> None:
         return
     if a.req.rendezvous is not None:
         # The preflight's environment check judges the variables for this many nodes.
-        os.environ["MUSUBI_NNODES"] = str(a.req.rendezvous.nnodes)
+        os.environ[MUSUBI_NNODES] = str(a.req.rendezvous.nnodes)
     say(a.req, "preflight: machine, disk and data checks...")
     a.preflight = run_preflight(a.spec, a.nproc, a.kind, a.req.out)
 

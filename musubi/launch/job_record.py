@@ -47,13 +47,13 @@ def open_record(run_dir: Path, job_dir: Path, config: dict[str, Any], *, attempt
 def _restarts_and_ooms(job_dir: Path, attempt: int, entry: dict[str, Any]) -> None:
     """torchrun's restarts of this launch (one progress file per attempt) and the OOM guard's recoveries."""
     summary_path = job_dir / RUN_FILES.summary
-    progress = job_dir / "progress"
+    progress = job_dir / RUN_FILES.progress
     attempts_here = list(progress.glob(f"a{attempt}.*.jsonl")) if progress.is_dir() else []
     if attempts_here:
         entry["restarts"] = len(attempts_here) - 1
     elif summary_path.is_file():  # a failed launch writes no summary
         entry["restarts"] = read_json(summary_path).get("restarts", 0)
-    memory = job_dir / "memory"
+    memory = job_dir / RUN_FILES.memory
     oom_records = sorted(memory.glob("applied-oom-*.json")) if memory.is_dir() else []
     if oom_records:
         entry["oom_recoveries"] = [read_json(p) for p in oom_records]

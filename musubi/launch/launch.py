@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from musubi.contract.env import MUSUBI_DEVICE
 from musubi.contract.run_files import RUN_FILES
 from musubi.launch.checks import admit, say
 from musubi.launch.job_record import close_attempt, open_record
@@ -35,7 +36,7 @@ def prepare(req: TrainRequest) -> tuple[Path, Path, dict, int, str]:
     if a.follower:
         # Another node's agent: node 0 owns the records (shared storage, one writer); our workers start only
         # once every agent joined the rendezvous, so node 0 has written job.json by then.
-        (a.job_dir / "logs").mkdir(parents=True, exist_ok=True)
+        (a.job_dir / RUN_FILES.logs).mkdir(parents=True, exist_ok=True)
         return a.run_dir, a.job_dir, {"config": a.spec.resolved(), "attempts": 0}, a.nproc, a.kind
     attempts = int(a.before.get("attempts", 0)) + 1 if req.resume else 1
     record = open_record(a.run_dir, a.job_dir, a.spec.resolved(), attempts=attempts, nproc=a.nproc, kind=a.kind,
@@ -73,7 +74,7 @@ def torchrun_argv(job_dir: Path, nproc: int, resume: bool, stop_at_step: int | N
             # torchrun's own default: a rank's exit (done, OOM, crash) is acted on within 0.1 s, not 0.5 s.
             f"--max-restarts={max_restarts}", "--monitor-interval=0.1",
             # torchrun's own files (per-attempt error records) stay in the run, not in $TMPDIR.
-            f"--log-dir={job_dir / 'logs' / 'torchelastic'}",
+            f"--log-dir={job_dir / RUN_FILES.logs / 'torchelastic'}",
             *(extra or []), "-m", "musubi.worker.worker", str(job_dir)]
     if probe_only:
         argv.append("--probe-only")
@@ -92,7 +93,7 @@ def worker_env(kind: str, nproc: int, deterministic: bool, job_dir: Path | None 
 
         # Flight recorder + dump on timeout into the job's logs, unless the user set them.
         env.update(diagnostic_env(job_dir, env))
-    env["MUSUBI_DEVICE"] = kind
+    env[MUSUBI_DEVICE] = kind
     env["PYTHONUNBUFFERED"] = "1"
     from musubi.contract.rendezvous import single_node_env
 
@@ -123,7 +124,7 @@ def _tee_stderr(stream, log_path: Path) -> threading.Thread:
 
 def first_error(job_dir: Path) -> tuple[str | None, str | None]:
     """(kind, message) of the lowest rank that recorded an error."""
-    logs = job_dir / "logs"
+    logs = job_dir / RUN_FILES.logs
     files = sorted(logs.glob("error-rank*.txt"), key=lambda p: int(p.stem.removeprefix("error-rank"))) \
         if logs.is_dir() else []
     for p in files:
@@ -167,7 +168,7 @@ def spawn(req: TrainRequest, run_dir: Path, job_dir: Path, record: dict, nproc: 
 
     rdzv = req.rendezvous
     train = record["config"]["train"]
-    logs = job_dir / "logs"
+    logs = job_dir / RUN_FILES.logs
     logs.mkdir(parents=True, exist_ok=True)
     for old in ([] if rdzv is not None and not rdzv.is_first else logs.glob("error-rank*.txt")):
         old.unlink()
@@ -235,7 +236,7 @@ def post_mortem(req: TrainRequest, s: Spawned, ended: Ended) -> TrainResult:
     """The launch's outcome: status and the one-line error, recorded in job.json's history (node 0)."""
     err_kind, err = first_error(s.job_dir)
     status, result_code = "done", EXIT_OK
-    log = s.job_dir / "logs" / f"torchrun{s.node}.log"
+    log = s.job_dir / RUN_FILES.logs / f"torchrun{s.node}.log"
     if ended.code != 0:
         status, result_code = "failed", EXIT_CONFIG if err_kind == "config" else EXIT_FAIL
         if req.rendezvous is not None and err is None:

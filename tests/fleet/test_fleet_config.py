@@ -29,16 +29,17 @@ def tiny_fleet(**extra) -> dict:
     return {"name": "f", "defaults": defaults, "jobs": [{"name": "a"}, {"name": "b", "gpus": 2}], **extra}
 
 
-#: Fleets that read files their header says to write first, and those files (small: validation reads them).
-NEEDS_FILES = {name: [("zoo-thermal/train", 0), ("zoo-thermal/val", 1)]
+#: Fleets that read files their header says to write first, and those files (folder, seed, frames: small, since
+#: validation reads them, but a full batch on every rank of the widest job: the launch refuses fewer).
+NEEDS_FILES = {name: [("zoo-thermal/train", 0, 64), ("zoo-thermal/val", 1, 2)]
                for name in ("fleet-zoo.yaml", "fleet-zoo-4gpu.yaml")}
 
 
 @pytest.mark.parametrize("path", FLEETS, ids=[p.name for p in FLEETS])
 def test_shipped_fleets_parse_and_validate(path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    for folder, seed in NEEDS_FILES.get(path.name, []):
+    for folder, seed, frames in NEEDS_FILES.get(path.name, []):
         monkeypatch.chdir(tmp_path)  # data paths are relative to where `musubi run` starts
-        write_synthetic_coco(tmp_path / folder, SyntheticFiles(images=2, width=160, height=160, objects=3,
+        write_synthetic_coco(tmp_path / folder, SyntheticFiles(images=frames, width=160, height=160, objects=3,
                                                                min_object=16, max_object=48, seed=seed,
                                                                thermal=True), workers=1)
     spec = load_fleet(path)
