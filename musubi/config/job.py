@@ -247,6 +247,14 @@ class DataSpec(StrictModel):
         "CMYK JPEG) is decoded on the host, image by image, counted in a warning. auto: on when the rank trains "
         "on CUDA and most files are JPEG; false: workers decode (PIL)."
     )
+    jpeg_decoder: Literal["auto", "hardware", "cuda"] = Field(
+        "auto", description="With device decode (gpu_decode), what decodes the JPEG files on a CUDA rank: auto: the "
+        "GPU's hardware JPEG engines (A100, H100, H200) through nvImageCodec where it is installed (`pip install "
+        "'musubi-train[hwdecode]'`), else nvJPEG on the SMs (torchvision); hardware: the same, warning in one line "
+        "when the engines cannot be used; cuda: nvJPEG on the SMs. Images the engines refuse go to nvJPEG, the rest "
+        "to the host. A CPU rank decodes on the host. The feeder's log line and summary.json (loader.decoded) "
+        "name the decoder used."
+    )
     augment: AugmentSpec | None = Field(
         None, description="Training augmentations (classification, detection), applied to the batch on the rank's "
         "device (box-correct; seeded per sample from train.seed, the epoch and the sample, so a resumed run sees "
@@ -284,6 +292,9 @@ class DataSpec(StrictModel):
             raise ValueError("workers must be 0..64 or auto")
         if self.slice is not None and self.synthetic is not None:
             raise ValueError("slice cuts frames on disk (data.train); synthetic data has no frames to cut")
+        if self.gpu_decode is False and self.jpeg_decoder != "auto":
+            raise ValueError(f"jpeg_decoder: {self.jpeg_decoder} chooses the device's JPEG decoder, but gpu_decode: false "
+                             "decodes in the loader workers (PIL): set gpu_decode: true or auto, or remove jpeg_decoder")
         if self.slice is not None and self.image_size is not None:
             raise ValueError("slice cuts frames at their own resolution; unset image_size (the tile is the input)")
         if self.slice is not None and not self.slice.inline_train and not self.slice.sliced_eval:
@@ -300,6 +311,9 @@ class DataSpec(StrictModel):
             if self.gpu_decode is True:
                 raise ValueError("gpu_decode decodes JPEG (RGB); single-channel frames (channels 1) are PNG/TIFF: "
                                  "set gpu_decode: false")
+            if self.jpeg_decoder != "auto":
+                raise ValueError("jpeg_decoder chooses the device's JPEG decoder; single-channel frames (channels 1) "
+                                 "are decoded by the workers: remove jpeg_decoder")
             if self.augment is not None and self.augment.saturation:
                 raise ValueError("data.augment.saturation needs colour; single-channel frames (channels 1) have "
                                  "one channel: remove saturation (brightness and contrast apply)")

@@ -1,9 +1,11 @@
 """Image decoding on the rank's device: loader workers only read file bytes, the device decodes the batch.
 
-`torchvision.io.decode_jpeg(list, device="cuda")` decodes a whole batch in one
-call (nvJPEG, the GPU's hardware JPEG engines where it has them); resizing and
-box scaling then happen on the device too, so a 4K frame never crosses PCIe as
-decoded pixels. What nvJPEG cannot read (PNG, TIFF, 12/16-bit, CMYK JPEG) is
+A batch's JPEG files are decoded in one call by the decoder the rank chose at start
+(musubi.data.jpeg_decoder: nvImageCodec on the GPU's hardware JPEG engines where
+they can be used, else `torchvision.io.decode_jpeg(list, device="cuda")`, nvJPEG's
+CUDA kernels on the SMs); resizing and box scaling then happen on the device too,
+so a 4K frame never crosses PCIe as decoded pixels. What the engines refuse goes to
+nvJPEG on the SMs; what nvJPEG cannot read (PNG, TIFF, 12/16-bit, CMYK JPEG) is
 found from its header and decoded on the host, image by image, and counted
 (`DecodeStats`): one odd file never stops a run. On a CPU rank the same code
 decodes on the host (the tests run it there).
@@ -23,6 +25,7 @@ import torch.nn.functional as F
 from PIL import Image
 from torch import Tensor
 
+from musubi.data.jpeg_decoder import JpegDecoder
 from musubi.data.stage_clock import StageClock, timed
 
 log = logging.getLogger(__name__)
@@ -88,10 +91,15 @@ def decode_on_host(data: Tensor) -> Tensor:
 
 @dataclass
 class DecodeStats:
-    """Images decoded on the device and on the host (with why), and when to warn again."""
+    """Images decoded on the device (of them, on its hardware JPEG engines) and on the host (with why), and when
+    to warn again."""
 
     device: int = 0
     host: Counter = field(default_factory=Counter)
+    #: The JPEG decoder the rank chose at start (jpeg_decoder.JpegDecoder.name); "" until one is chosen.
+    decoder: str = ""
+    #: Of the device decodes, those the hardware engines made.
+    hardware: int = 0
     _next_warning: int = 1
 
     def count_host(self, reason: str, name: str) -> None:
@@ -106,7 +114,8 @@ class DecodeStats:
 
     def record(self) -> dict[str, object]:
         """summary.json's view: counts per place and the reasons for host decodes."""
-        return {"device": self.device, "host": sum(self.host.values()), "host_reasons": dict(self.host)}
+        return {"decoder": self.decoder, "device": self.device, "hardware": self.hardware,
+                "host": sum(self.host.values()), "host_reasons": dict(self.host)}
 
 
 class PackedBytes(NamedTuple):
@@ -127,14 +136,26 @@ def pack_bytes(encoded: list[Tensor]) -> PackedBytes:
                        [int(e.numel()) for e in encoded])
 
 
-def decode_images(encoded: list[Tensor], device: torch.device, stats: DecodeStats | None = None) -> list[Tensor]:
-    """File bytes (uint8 [N] on the host) per image -> uint8 [3, H, W] on `device`, nvJPEG where it can."""
+def decode_images(encoded: list[Tensor], device: torch.device, stats: DecodeStats | None = None,
+                  decoder: JpegDecoder | None = None) -> list[Tensor]:
+    """File bytes (uint8 [N] on the host) per image -> uint8 [3, H, W] on `device`: the hardware JPEG engines
+    where `decoder` holds them, else nvJPEG, else the host."""
     from torchvision.io import ImageReadMode, decode_jpeg
 
     stats = stats if stats is not None else DecodeStats()
     out: list[Tensor | None] = [None] * len(encoded)
     reasons = [host_only_reason(data) for data in encoded]
     fast = [i for i, r in enumerate(reasons) if r is None]
+    hardware = decoder.hardware if decoder is not None and device.type == "cuda" else None
+    if fast and hardware is not None:
+        try:
+            engines = hardware.decode([encoded[i] for i in fast])
+        except RuntimeError:  # the batch refused as a whole: each image tries nvJPEG below
+            engines = [None] * len(fast)
+        for i, img in zip(fast, engines, strict=True):
+            out[i] = img
+        stats.hardware += sum(img is not None for img in engines)
+        fast = [i for i in fast if out[i] is None]
     if fast:
         try:  # one batched call: nvJPEG on CUDA, libjpeg-turbo on a CPU rank
             for i, img in zip(fast, decode_jpeg([encoded[i] for i in fast], mode=ImageReadMode.RGB, device=device),
@@ -212,16 +233,18 @@ def targets_to(targets: list[dict[str, Tensor]], device: torch.device) -> list[d
 
 def decode_batch(encoded: list[Tensor], targets: list[dict[str, Tensor]], device: torch.device,
                  image_size: int | None, stats: DecodeStats | None = None, clock: StageClock | None = None,
-                 move_targets: bool = True) -> tuple[list[Tensor], list[dict[str, Tensor]]]:
+                 move_targets: bool = True, decoder: JpegDecoder | None = None,
+                 ) -> tuple[list[Tensor], list[dict[str, Tensor]]]:
     """File bytes per image -> float [3, H, W] in [0, 1] on `device`, resized to `image_size`, boxes scaled/clipped.
 
     Box arithmetic stays on the host, where the targets already are: on a CUDA stream a small
     `torch.tensor(..., device=)` and a boolean index each make the host wait for the stream (three an image,
     48 a batch of 16, each holding up the prefetch thread). The targets then cross in one copy per key (`move_targets`;
-    False leaves them on the host for augmenting first). `clock` times decode, convert and h2d.
+    False leaves them on the host for augmenting first). `clock` times decode, convert and h2d. `decoder`: the
+    rank's JPEG decoder (musubi.data.jpeg_decoder.choose); None decodes with nvJPEG (CUDA) or on the host.
     """
     with timed(clock, "decode", device):
-        decoded = decode_images(list(encoded), device, stats)
+        decoded = decode_images(list(encoded), device, stats, decoder)
     with timed(clock, "convert", device):
         images = unit_float(decoded)
         boxes = [t["boxes"] for t in targets]

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from musubi.data.gpu_decode import DecodeStats, decode_images
+from musubi.data.jpeg_decoder import JpegDecoder
 from musubi.data.sliced import EncodedTiles
 
 
@@ -28,11 +29,11 @@ class TileCutter:
         #: Frames decoded so far (the tests count them: once per visit, not once per tile).
         self.decoded = 0
 
-    def cut(self, batch: EncodedTiles, device: torch.device) -> list[Tensor]:
-        """uint8 [3, tile, tile] per tile of the batch, on `device`."""
+    def cut(self, batch: EncodedTiles, device: torch.device, decoder: JpegDecoder | None = None) -> list[Tensor]:
+        """uint8 [3, tile, tile] per tile of the batch, on `device` (frames decoded by the rank's `decoder`)."""
         keys = [(batch.source, f) for f in batch.frame_ids]
         new = [i for i, k in enumerate(keys) if k not in self.kept]
-        decoded = decode_images([batch.frames[i] for i in new], device, self.stats) if new else []
+        decoded = decode_images([batch.frames[i] for i in new], device, self.stats, decoder) if new else []
         self.decoded += len(new)
         frames = {k: self.kept[k] for k in keys if k in self.kept}
         frames.update({keys[i]: img for i, img in zip(new, decoded, strict=True)})

@@ -30,6 +30,7 @@ from musubi.data.augment import UNIT, Augment, Bounds, keep_inside
 from musubi.data.coco import CocoDetection
 from musubi.data.gpu_decode import DecodeStats, PackedBytes, decode_batch, pack_bytes, targets_to, unit_float
 from musubi.data.gpu_tiles import TileCutter
+from musubi.data.jpeg_decoder import JpegDecoder, choose
 from musubi.data.sliced import EncodedTiles, FrameTile, SlicedCocoDetection, group_tiles
 from musubi.data.slicing import SliceParams, sliced_predict
 from musubi.data.stage_clock import StageClock, timed
@@ -256,6 +257,8 @@ class DetectionTask(Task):
         #: Whether COCO files cross the loader as bytes and are decoded on the device (set with the train set).
         self.device_decode = False
         self.decode_stats = DecodeStats()
+        #: The JPEG decoder chosen at start (data.jpeg_decoder) when the rank's device decodes; None until then.
+        self.jpeg: JpegDecoder | None = None
         #: Time of the training batches' decode, convert, augment and h2d stages (feed_times).
         self.feed_clock = StageClock()
         sl = spec.data.slice
@@ -437,6 +440,9 @@ class DetectionTask(Task):
                                channels=data.channels)
         if name == "train":
             self.device_decode = self._decide_decode(frames)
+            if self.device_decode and self.device is not None and self.jpeg is None:
+                self.jpeg = choose(self.device, data.jpeg_decoder)  # once a rank: it may probe the GPU's engines
+                self.decode_stats.decoder = self.jpeg.name
         frames.encoded = self.device_decode  # file bytes through the loader, decoded on the device
         params = self.slice_params
         if params is None or not tiles:
@@ -468,7 +474,10 @@ class DetectionTask(Task):
             return {"decode": "none (synthetic)", "resize": "loader workers", "augment": self._augment_where()}
         self.train_dataset()
         on = str(self.device) if self.device is not None else "the rank's device"
-        nv = "nvJPEG" if self.device is not None and self.device.type == "cuda" else "libjpeg-turbo"
+        if self.jpeg is not None:
+            nv = self.jpeg.describe()
+        else:
+            nv = "nvJPEG" if self.device is not None and self.device.type == "cuda" else "libjpeg-turbo"
         if self.device_decode:
             decode = f"batched on {on} ({nv}; other formats on the host, counted); workers read bytes"
             if data.slice is not None and data.slice.inline_train:
@@ -555,7 +564,7 @@ class DetectionTask(Task):
         if isinstance(images, EncodedTiles):
             assert self.cutter is not None
             with timed(clock, "decode", device):  # the batch's new frames, and the tiles cut from them
-                tiles = self.cutter.cut(images, device)
+                tiles = self.cutter.cut(images, device, self.jpeg)
             with timed(clock, "convert", device):
                 tiles = unit_float(tiles)
             if not move_targets:
@@ -564,7 +573,7 @@ class DetectionTask(Task):
                 return tiles, targets_to(targets, device)
         if isinstance(images, PackedBytes):  # file bytes (device decode)
             return decode_batch(images.unpack(), targets, device, self.spec.data.image_size, self.decode_stats, clock,
-                                move_targets)
+                                move_targets, self.jpeg)
         with timed(clock, "h2d", device):
             images = [im.to(device, non_blocking=True) for im in images]
         if self.spec.data.channels == 1:

@@ -57,7 +57,8 @@ def test_what_nvjpeg_cannot_read_is_decoded_on_the_host_and_counted(caplog: pyte
     assert torch.equal(out[1], torch.from_numpy(np.asarray(rgb)).permute(2, 0, 1))  # PNG: lossless
     assert (out[0].float() - out[1].float()).abs().mean() < 4 and (out[2].float() - out[1].float()).abs().mean() < 8
     assert int(out[3].max()) == (16 * 24 - 1) * 170 >> 8  # 16-bit scaled to 8, not clipped at 255
-    assert stats.record() == {"device": 1, "host": 3, "host_reasons": {"PNG": 2, "CMYK JPEG": 1}}
+    assert stats.record() == {"decoder": "", "device": 1, "hardware": 0, "host": 3,
+                              "host_reasons": {"PNG": 2, "CMYK JPEG": 1}}
     assert "1 image(s) decoded on the host" in caplog.text  # warned once (at 1, 10, 100 ...), not per image
 
 
@@ -167,6 +168,71 @@ def test_the_augmented_stream_resumes_exactly(tmp_path: Path, threaded: bool) ->
         assert gone() is None
     finally:
         gc.enable()
+
+
+def _epochs_feed(root: Path, ann: Path, threaded: bool) -> TrainFeed:
+    """A device-decoding, augmenting feed of 4 micro-batches an epoch over 3 epochs."""
+    split = {"path": str(root / "images"), "annotations": str(ann)}
+    spec = JobSpec(name="det", task="detection", model="fasterrcnn_mobilenet_v3_large_320_fpn",
+                   data={"train": split, "workers": 0, "gpu_decode": True, "augment": {"hflip": 0.5, "mosaic": 0.5}},
+                   train={"batch": 2, "seed": 3, "epochs": 3})
+    task = DetectionTask(spec)
+    task.use_device(CPU)
+    feed = TrainFeed(task, WORLD, batch=2, seed=3, workers=0, pin=False)
+    feed.prefetcher.threaded = threaded
+    return feed
+
+
+def _same(a: list[tuple[torch.Tensor, ...]], b: list[tuple[torch.Tensor, ...]]) -> bool:
+    return len(a) == len(b) and all(len(x) == len(y) and all(torch.equal(p, q) for p, q in zip(x, y, strict=True))
+                                    for x, y in zip(a, b, strict=True))
+
+
+def test_the_next_epoch_is_prepared_while_the_last_steps_run(tmp_path: Path) -> None:
+    """No gap at an epoch boundary: before the trainer asks for epoch 1, its first batches are already prepared
+    (read and decoded by the prefetch thread); the batches are the ones a fresh feed gives for that epoch."""
+    import time
+
+    ann = small_set(tmp_path, images=8, width=64, height=48, objects=3)
+    feed = _epochs_feed(tmp_path, ann, threaded=True)
+    assert feed.micro_per_epoch == 4
+    epoch0 = _stream(feed, 0, 0)
+    # The last step of epoch 0 runs: the prefetch thread goes on into epoch 1 meanwhile (polled, not timed: a
+    # loaded machine may be slow, but the batches must come without being asked for).
+    deadline = time.monotonic() + 30
+    while feed.prefetcher.clock.record().get("prepare", {}).get("batches", 0) < 5 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    prepared = feed.prefetcher.clock.record()["prepare"]["batches"]
+    assert 5 <= prepared <= 4 + feed.prefetcher.depth + 1, prepared  # ahead, but no further than the queue holds
+    assert feed.prefetcher.clock.record()["wait"]["batches"] == 4  # ... and none of them was asked for yet
+    epoch1 = _stream(feed, 1, 0)
+    # Exact order unchanged: the same batches as a new feed (a resumed run) reads for each epoch.
+    fresh = _epochs_feed(tmp_path, ann, threaded=False)
+    assert _same(epoch0, _stream(fresh, 0, 0)) and _same(epoch1, _stream(fresh, 1, 0))
+    assert _same(_stream(feed, 2, 1), _stream(_epochs_feed(tmp_path, ann, threaded=False), 2, 1))
+    feed.close()
+    fresh.close()
+
+
+@pytest.mark.parametrize("threaded", [False, True])
+def test_the_stream_skips_leftovers_and_restarts_where_asked(tmp_path: Path, threaded: bool) -> None:
+    """An epoch left early (micro-batches that fill no optimizer step) still gives the next epoch from its start;
+    a position behind the stream (or far ahead of it) starts a new stream there, with the same batches."""
+    ann = small_set(tmp_path, images=8, width=64, height=48, objects=3)
+    ref = _epochs_feed(tmp_path, ann, threaded=False)
+    want = {e: _stream(ref, e, 0) for e in range(3)}
+    feed = _epochs_feed(tmp_path, ann, threaded=threaded)
+    it = feed.epoch(0, 0)
+    first = [next(it) for _ in range(3)]  # the 4th is a leftover: the trainer stops asking
+    it.close()
+    assert _same([(*i, *(t["boxes"] for t in tg)) for i, tg in first], want[0][:3])
+    stream = feed._stream
+    assert _same(_stream(feed, 1, 0), want[1]) and feed._stream is stream  # the running stream, not a new one
+    assert _same(_stream(feed, 0, 2), want[0][2:]) and feed._stream is not stream  # behind: a new stream
+    assert _same(_stream(feed, 2, 3), want[2][3:])  # far ahead: a new stream too
+    feed.close()
+    assert feed._stream is None and feed.worker_pids() == []
+    ref.close()
 
 
 def test_the_stage_clock_gives_means_a_batch_and_forgets_on_reset() -> None:

@@ -59,11 +59,16 @@ def test_sampler_counts_only_the_loaders_workers_as_workers(tmp_path: Path) -> N
     # the feed names its loader's workers (a real DataLoader with 2 worker processes)
     from torch.utils.data import DataLoader
 
+    from musubi.worker.feed.loaders import HostEpochs
+
     feed = TrainFeed.__new__(TrainFeed)
-    feed._batches = iter(DataLoader(list(range(8)), batch_size=2, num_workers=2))
+    feed.reader = HostEpochs.__new__(HostEpochs)
+    feed.reader.current = iter(DataLoader(list(range(8)), batch_size=2, num_workers=2))
     pids = feed.worker_pids()
     assert len(pids) == 2 and all(isinstance(p, int) for p in pids)
-    feed._batches = None  # before the first epoch, or an on-device feed
+    feed.reader.current = None  # before the first epoch
+    assert feed.worker_pids() == []
+    del feed.reader  # an on-device feed has no reader
     assert feed.worker_pids() == []
 
 

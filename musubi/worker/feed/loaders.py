@@ -34,7 +34,7 @@ def channels_last(batch: Any) -> Any:
 
 
 class BatchPreparer:
-    """One host batch made ready on the device for the epoch being fed (the task's train_batch; channels-last).
+    """One host batch, tagged with its epoch, made ready on the device (the task's train_batch; channels-last).
 
     An object of its own, not a method of TrainFeed: a prefetcher holding the feed's bound method is a
     reference cycle, and a DataLoader freed by the garbage collector's cycle pass, not by its reference
@@ -45,11 +45,38 @@ class BatchPreparer:
 
     def __init__(self, task: Task, device: torch.device, nhwc: bool) -> None:
         self.task, self.device, self.nhwc = task, device, nhwc
-        self.epoch = 0  # the epoch being fed (train_batch seeds augmentations with it)
 
-    def __call__(self, host_batch: Any) -> Any:
-        b = self.task.train_batch(host_batch, self.device, self.epoch)
-        return channels_last(b) if self.nhwc else b
+    def __call__(self, tagged: tuple[int, Any]) -> tuple[int, Any]:
+        epoch, host_batch = tagged  # the batch's own epoch seeds its augmentations, also when read ahead
+        b = self.task.train_batch(host_batch, self.device, epoch)
+        return epoch, channels_last(b) if self.nhwc else b
+
+
+class HostEpochs:
+    """The loader's host batches from (epoch, micro-batch) on, through the last epoch, each tagged with its epoch.
+
+    Each epoch starts where the loader's order is defined (the sampler's position, the private generator's
+    seed), so a batch is the same whether it was read ahead across the boundary or after a restart. Not a
+    TrainFeed method: the prefetch thread iterates it and must not hold the feed (see BatchPreparer).
+    """
+
+    def __init__(self, loader: DataLoader, sampler: ResumableDistributedSampler, generator: torch.Generator,
+                 seed: int, batch: int) -> None:
+        self.loader, self.sampler, self.generator, self.seed, self.batch = loader, sampler, generator, seed, batch
+        #: The loader's iterator of the epoch being read (its worker processes); None before the first.
+        self.current: Any = None
+
+    def read(self, epoch: int, micro: int, end: int) -> Iterator[tuple[int, Any]]:
+        """(epoch, host batch) from micro-batch `micro` of `epoch` to the end of epoch `end` - 1."""
+        while epoch < end:
+            self.sampler.set_position(epoch, micro * self.batch)
+            # A private generator: DataLoader would otherwise draw worker seeds from the
+            # global RNG at every iter(), which a resumed run would draw at another time.
+            self.generator.manual_seed(self.seed * 7919 + epoch)
+            self.current = iter(self.loader)
+            for host in self.current:
+                yield epoch, host
+            epoch, micro = epoch + 1, 0
 
 
 class TrainFeed:
@@ -62,7 +89,6 @@ class TrainFeed:
         self.section: Callable[[str], None] = lambda name: None
         # Called in the wait for each batch, before its copy (fault injection: `data_stall`).
         self.before_batch: Callable[[], None] = lambda: None
-        self._batches: Any = None  # the loader's iterator of the current epoch (its worker processes)
         spec = task.spec
         syn = spec.data.synthetic
         self.on_device = bool(syn and syn.on_device)
@@ -90,9 +116,7 @@ class TrainFeed:
                     int(os.environ.get("LOCAL_WORLD_SIZE", "1"))), spec.data.prefetch, pin and world.is_cuda,
                     seed=seed)
                 task.spec.data.workers = workers  # validation and restarts of this process reuse the count
-            # A private generator: DataLoader would otherwise draw worker seeds from the
-            # global RNG at every iter(), which a resumed run would draw at another time.
-            self.generator = torch.Generator()
+            self.generator = torch.Generator()  # the loader's worker seeds (HostEpochs.read seeds it an epoch)
             # Workers (auto: this rank's cores), pinning, prefetch and persistence from data.* (loader_plan).
             self.plan = plan_loader(workers, pin, spec.data.prefetch, spec.data.persistent_workers, world.is_cuda)
             self.preparer = BatchPreparer(task, world.device, nhwc)
@@ -108,6 +132,12 @@ class TrainFeed:
                                      drop_last=True, generator=self.generator, **self.plan.kwargs())
             self.micro_per_epoch = len(self.sampler) // batch
             self.seed = seed
+            self.reader = HostEpochs(self.loader, self.sampler, self.generator, seed, batch)
+            #: The prepared-batch stream (prefetch thread) and the position, epoch * micro_per_epoch + micro, of the
+            #: next batch it yields: it runs on across epoch boundaries (see epoch()).
+            self._stream: Iterator[tuple[int, Any]] | None = None
+            self._next = 0
+            self._stream_end = 0
         if self.micro_per_epoch < 1:
             raise ConfigError(
                 f"train set of {self.dataset_size} samples gives no full batch at {batch} per rank x "
@@ -115,20 +145,49 @@ class TrainFeed:
             )
 
     def epoch(self, epoch: int, start_micro: int) -> Iterator[Any]:
-        """Device batches of `epoch`, from micro-batch `start_micro` to the end of the epoch."""
+        """Device batches of `epoch`, from micro-batch `start_micro` to the end of the epoch.
+
+        The prepared-batch stream outlives the epoch: while the epoch's last steps run, the prefetch thread
+        already reads and prepares the next epoch's first batches (the loader's workers start on them as soon
+        as this epoch's files are read), so the step after the boundary does not wait for a cold start.
+        """
         if self.on_device:
             for i in range(start_micro, self.micro_per_epoch):
                 self.before_batch()
                 yield self.pool[(epoch * self.micro_per_epoch + i) % DEVICE_POOL]
             return
-        self.sampler.set_position(epoch, start_micro * self.batch)
-        self.generator.manual_seed(self.seed * 7919 + epoch)
-        self._batches = iter(self.loader)
-        self.preparer.epoch = epoch
-        for b in self.prefetcher.batches(self._batches):
+        stream = self._stream_at(epoch, start_micro)
+        for _ in range(start_micro, self.micro_per_epoch):
+            tagged = next(stream, None)
+            if tagged is None:  # the stream ended: only after the last epoch of train.epochs
+                return
+            assert tagged[0] == epoch, f"prepared-batch stream at epoch {tagged[0]}, wanted {epoch}"
+            self._next += 1
             self.before_batch()
             self.section("h2d")  # on a CUDA rank: the training stream's wait for the batch prepared ahead
-            yield b
+            yield tagged[1]
+
+    def _stream_at(self, epoch: int, micro: int) -> Iterator[tuple[int, Any]]:
+        """The prepared-batch stream positioned at (epoch, micro): the running one where it is there or a few
+        batches short of it (the micro-batches an epoch leaves over that fill no optimizer step), else a new one."""
+        wanted = epoch * self.micro_per_epoch + micro
+        skip = wanted - self._next
+        if self._stream is not None and 0 <= skip <= self.prefetcher.depth and wanted < self._stream_end:
+            for _ in range(skip):  # already prepared (or nearly): dropped, as a restart would drop them
+                next(self._stream, None)
+        else:
+            self._end_stream()
+            end = max(self.task.spec.train.epochs, epoch + 1)  # nothing is read past the run's last epoch
+            self._stream = self.prefetcher.batches(self.reader.read(epoch, micro, end))
+            self._stream_end = end * self.micro_per_epoch
+        self._next = wanted
+        return self._stream
+
+    def _end_stream(self) -> None:
+        """Stop the prefetch thread (it may be preparing the next epoch's batches)."""
+        stream, self._stream = getattr(self, "_stream", None), None
+        if stream is not None:
+            stream.close()  # type: ignore[attr-defined]
 
     def calibration_batches(self, count: int) -> Iterator[Any]:
         """The first `count` micro-batches of epoch 0 on this rank (fewer if an epoch has fewer), made ready as
@@ -174,7 +233,11 @@ class TrainFeed:
         close() (BENCHMARKS.md, data). Lightning ends workers the same way
         (`_shutdown_workers_and_reset_iterator`); the method is torch's, unchanged from 2.6 to 2.14.
         """
-        it, self._batches = self._batches, None
+        self._end_stream()  # first: the prefetch thread may be reading from the workers
+        reader = getattr(self, "reader", None)
+        it = reader.current if reader is not None else None
+        if reader is not None:
+            reader.current = None
         shutdown = getattr(it, "_shutdown_workers", None)
         if shutdown is not None:
             shutdown()
@@ -184,7 +247,8 @@ class TrainFeed:
 
     def worker_pids(self) -> list[int]:
         """The process ids of the training loader's workers now (none: no workers, or no epoch started)."""
-        return [w.pid for w in getattr(self._batches, "_workers", None) or [] if w.pid]
+        reader = getattr(self, "reader", None)
+        return [w.pid for w in getattr(getattr(reader, "current", None), "_workers", None) or [] if w.pid]
 
 
 class ValFeed:

@@ -6,7 +6,9 @@ augments it; the training stream waits on an event, not the host, and the
 tensors are marked as used by it (record_stream) so the allocator does not hand
 their memory back to the side stream early. The host work of preparing (Python,
 nvJPEG's header parsing) then overlaps the step's host work as well. The order
-of batches is the loader's, so exact resume is untouched. On a CPU rank batches
+of batches is the loader's, so exact resume is untouched. The stream a prefetcher is
+given may run across epoch boundaries (worker.feed.loaders.HostEpochs): the next
+epoch's first batches are then prepared while the last steps of this one run. On a CPU rank batches
 are prepared inline (no stream to overlap with); `threaded=True` runs the
 threaded path there too (the tests do).
 
