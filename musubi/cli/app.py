@@ -30,40 +30,38 @@ from musubi.cli.train import run, train
 app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Musubi: train a fleet of PyTorch models across many GPUs as one system.")
 
-#: name -> (function, one-line help). Order is the order of `musubi --help`.
-COMMANDS = {
-    "train": (train, "Train one job on all GPUs of this machine (or N CPU ranks), or on several nodes."),
-    "run": (run, "Train a whole fleet: pack jobs onto the GPUs, retry failures, then rank, export and register."),
-    "check": (check_command, "Preflight: stack, GPUs, binding, NCCL bandwidth, disk, data, environment; exit 1 on "
-              "any FAIL."),
-    "plan": (plan_command, "Parallel layouts (TP/PP/DP/CP/EP/ZeRO): memory, step time, MFU; search or evaluate."),
-    "report": (report_command, "Diagnose a run from its telemetry (label + evidence); write report.html and a "
-               "Chrome/Perfetto trace."),
-    "leaderboard": (leaderboard_command, "The fleet's ranking: quality, FPS, composite score (table or --json)."),
-    "evaluate": (evaluate_command, "Evaluate one finished job: metrics and FPS by the documented protocol."),
-    "export": (export_command, "Export a job's model: ONNX (checked against torch) or plain .pt weights."),
-    "predict": (predict_command, "Run a job's checkpoint, an export or a registered model on images, a folder, a "
-                "glob or a video: COCO results with class names."),
-    "checklist": (checklist_command, "Check a run against its success criteria again (before / during / after); "
-                  "exit 1 if it missed them."),
-    "compare": (compare_command, "What changed between two runs (config, environment, data, placement) and how "
-                "the figures moved."),
-    "drill": (drill_command, "Train a job under injected faults (kill, hang, ckpt_kill): success rate, exact "
-              "weights, recovery time, goodput."),
-    "goodput": (goodput_command, "A job's effective training time ratio and the work lost per failure."),
-    "schema": (schema_command, "Print every job YAML field with its type, default and meaning (markdown)."),
-    "env": (env_command, "One block describing this machine and stack, to paste into a bug report."),
-}
-#: name -> (sub-app, one-line help naming every subcommand).
-GROUPS = {
-    "data": (data_app, "Data sets: check, hash, split, slice, convert, watch, synth."),
-    "registry": (registry_app, "The model registry: list, register, promote, demote, manifest, rebuild."),
-}
-
-for _name, (_fn, _help) in COMMANDS.items():
-    app.command(_name, help=_help)(_fn)
-for _name, (_sub, _help) in GROUPS.items():
-    app.add_typer(_sub, name=_name, help=_help)
+# The whole command line, in the order of `musubi --help`: name, one-line help, the function (its module above).
+app.command("train", help="Train one job on all GPUs of this machine (or N CPU ranks), or on several nodes.")(
+    train)
+app.command("run", help="Train a whole fleet: pack jobs onto the GPUs, retry failures, then rank, export and "
+            "register.")(run)
+app.command("check", help="Preflight: stack, GPUs, binding, NCCL bandwidth, disk, data, environment; exit 1 on any "
+            "FAIL.")(check_command)
+app.command("plan", help="Parallel layouts (TP/PP/DP/CP/EP/ZeRO): memory, step time, MFU; search or evaluate.")(
+    plan_command)
+app.command("report", help="Diagnose a run from its telemetry (label + evidence); write report.html and a "
+            "Chrome/Perfetto trace.")(report_command)
+app.command("leaderboard", help="The fleet's ranking: quality, FPS, composite score (table or --json).")(
+    leaderboard_command)
+app.command("evaluate", help="Evaluate one finished job: metrics and FPS by the documented protocol.")(
+    evaluate_command)
+app.command("export", help="Export a job's model: ONNX (checked against torch) or plain .pt weights.")(
+    export_command)
+app.command("predict", help="Run a job's checkpoint, an export or a registered model on images, a folder, a glob "
+            "or a video: COCO results with class names.")(predict_command)
+app.command("checklist", help="Check a run against its success criteria again (before / during / after); exit 1 "
+            "if it missed them.")(checklist_command)
+app.command("compare", help="What changed between two runs (config, environment, data, placement) and how the "
+            "figures moved.")(compare_command)
+app.command("drill", help="Train a job under injected faults (kill, hang, ckpt_kill): success rate, exact weights, "
+            "recovery time, goodput.")(drill_command)
+app.command("goodput", help="A job's effective training time ratio and the work lost per failure.")(goodput_command)
+app.command("schema", help="Print every job YAML field with its type, default and meaning (markdown).")(
+    schema_command)
+app.command("env", help="One block describing this machine and stack, to paste into a bug report.")(env_command)
+app.add_typer(data_app, name="data", help="Data sets: check, hash, split, slice, convert, watch, synth.")
+app.add_typer(registry_app, name="registry", help="The model registry: list, register, promote, demote, manifest, "
+              "rebuild.")
 
 
 def _no_type(option):  # noqa: ANN001, ANN202 - typer's help option (or None)
@@ -72,11 +70,22 @@ def _no_type(option):  # noqa: ANN001, ANN202 - typer's help option (or None)
     return option
 
 
+def _flags_untyped(params: list[Any]) -> list[Any]:
+    """On/off flags take no value, so their help shows no `<bool>`."""
+    for p in params:
+        if isinstance(p, typer.core.TyperOption) and p.is_flag and p.metavar is None:
+            p.metavar = ""
+    return params
+
+
 class _Command(typer.core.TyperCommand):
-    """A command whose --help shows no value type (it takes none)."""
+    """A command whose --help shows no value type after a flag (it takes none)."""
 
     def get_help_option(self, ctx):  # noqa: ANN001, ANN201 - click's signature
         return _no_type(super().get_help_option(ctx))
+
+    def get_params(self, ctx):  # noqa: ANN001, ANN201 - click's signature
+        return _flags_untyped(super().get_params(ctx))
 
 
 def usage_line(e: typer.TyperException) -> str:
@@ -94,12 +103,7 @@ class _Group(typer.core.TyperGroup):
         return _no_type(super().get_help_option(ctx))
 
     def get_params(self, ctx):  # noqa: ANN001, ANN201 - click's signature
-        # typer's --install-completion / --show-completion are flags too: no `<bool>` after them
-        params = super().get_params(ctx)
-        for p in params:
-            if isinstance(p, typer.core.TyperOption) and p.is_flag and p.metavar is None:
-                p.metavar = ""
-        return params
+        return _flags_untyped(super().get_params(ctx))  # typer's --install-completion is a flag too
 
     def main(self, args: Sequence[str] | None = None, prog_name: str | None = None, complete_var: str | None = None,
              standalone_mode: bool = True, **extra: Any) -> Any:  # noqa: ANN401 - click's signature

@@ -117,6 +117,28 @@ def leaks_between(readings: list[Any], store: Path | None) -> Any:
     return find_leaks(images, store, identical=False)  # byte-identical ones: duplicate_across_splits
 
 
+def _split_findings(readings: list[Any], store: Path | None) -> tuple[list[Any], list[str], Any]:
+    """Each split's results, then what leaks between splits: byte-identical images, tiles of one source frame and
+    near-identical images (WARN lines; the lists for --json)."""
+    from musubi.preflight.checks.data import check_data
+    from musubi.preflight.read.data import across_splits
+    from musubi.preflight.result import warn
+
+    results = check_data(readings)
+    leaks = across_splits(readings, store) if len(readings) > 1 else []
+    if leaks:
+        results.append(warn("data.splits", f"{len(leaks)} images are byte-identical across splits "
+                                           f"(first: {'; '.join(leaks[:3])})",
+                            "remove them from one split (they leak into the score)"))
+    frame_leaks = leaks_between(readings, store) if len(readings) > 1 else None
+    if frame_leaks is not None and (frame_leaks.same_frame or frame_leaks.near_identical):
+        results.append(warn("data.leakage", f"{len(frame_leaks.same_frame)} tiles share a source frame and "
+                                            f"{len(frame_leaks.near_identical)} images are near-identical across "
+                                            "splits (they leak into the score)",
+                            "split by source frame, sequence or site: musubi data split SRC --by frame|folder|FIELD"))
+    return results, leaks, frame_leaks
+
+
 @data_app.command("check")
 def check_command(
     paths: list[str] = typer.Argument(..., help="ANN.json, IMAGES_DIR::ANN.json (COCO), a data set folder or a "
@@ -130,9 +152,8 @@ def check_command(
 ) -> None:
     """Check a data set: it parses, every image exists and decodes, boxes inside with area, ids, duplicates."""
     from musubi.data.layout import PAIR_SEPARATOR
-    from musubi.preflight.checks.data import check_data
-    from musubi.preflight.read.data import across_splits, read_data
-    from musubi.preflight.result import PreflightReport, Status, render, warn
+    from musubi.preflight.read.data import read_data
+    from musubi.preflight.result import PreflightReport, Status, render
 
     for path in paths:
         if PAIR_SEPARATOR not in path and not Path(path).exists():
@@ -145,18 +166,7 @@ def check_command(
         if reading.fix and reading.fix.startswith("give --data "):  # the preflight's option; here it is PATH
             reading = dataclasses.replace(reading, fix="give PATH as " + reading.fix.removeprefix("give --data "))
         readings.append(reading)
-    results = check_data(readings)
-    leaks = across_splits(readings, existing_store(store)) if len(readings) > 1 else []
-    if leaks:
-        results.append(warn("data.splits", f"{len(leaks)} images are byte-identical across splits "
-                                           f"(first: {'; '.join(leaks[:3])})",
-                            "remove them from one split (they leak into the score)"))
-    frame_leaks = leaks_between(readings, existing_store(store)) if len(readings) > 1 else None
-    if frame_leaks is not None and (frame_leaks.same_frame or frame_leaks.near_identical):
-        results.append(warn("data.leakage", f"{len(frame_leaks.same_frame)} tiles share a source frame and "
-                                            f"{len(frame_leaks.near_identical)} images are near-identical across "
-                                            "splits (they leak into the score)",
-                            "split by source frame, sequence or site: musubi data split SRC --by frame|folder|FIELD"))
+    results, leaks, frame_leaks = _split_findings(readings, existing_store(store))
     bad = [r for r in results if r.status is Status.FAIL or (r.status is Status.WARN and not allow_warnings)]
     seconds = round(sum(r.seconds for r in readings), 3)
     if as_json:
@@ -317,8 +327,8 @@ def split_command(
 def convert_command(
     src: str = typer.Argument(..., help="COCO source (ANN.json, IMAGES_DIR::ANN.json) or a YOLO folder (data.yaml)."),
     to: str = typer.Option(..., "--to", help="yolo or coco."),
-    out: Path = typer.Option(..., "--out", help="yolo: output folder; coco: output annotation JSON "
-                                                "(a folder when the YOLO set has train and val splits)."),
+    out: Path = typer.Option(..., "--out", help="A new or empty folder (yolo: the data set; coco: annotations.json, "
+                                                "or <split>.json per split), or for coco a new FILE.json."),
     val: str | None = typer.Option(None, "--val", help="--to yolo: the COCO val split (written to images/val)."),
 ) -> None:
     """Convert COCO to YOLO (images/, labels/, data.yaml) or back."""
@@ -335,8 +345,11 @@ def convert_command(
                 raise ConfigError("--val is for --to yolo; a YOLO set's splits come from its data.yaml")
             if not Path(src).is_dir():
                 raise ConfigError(f"SRC {src}: not a folder; give the root of a YOLO data set (data.yaml)")
-            if out.exists():
+            if out.suffix.lower() == ".json" and out.exists():
                 raise ConfigError(f"--out {out} exists; give a new name (nothing is overwritten)")
+            if out.exists() and (not out.is_dir() or any(out.iterdir())):
+                raise ConfigError(f"--out {out} is not an empty folder; give a new or empty folder, or a new "
+                                  "FILE.json (nothing is overwritten)")
             counts = yolo_to_coco(Path(src), out)
         else:
             raise ConfigError(f"--to {to!r}: give yolo or coco")
@@ -346,7 +359,7 @@ def convert_command(
     print(f"{out}: " + ", ".join(f"{v} {k}" for k, v in numbers.items()))
     if to == "coco":  # where the images are: the JSON alone does not say
         pairs = [f"{k}: {v}" for k, v in counts.items() if isinstance(v, str) and "::" in v]
-        for line in pairs or [f"images: {counts.get('images_dir')}::{out}"]:
+        for line in pairs or [f"images: {counts.get('images_dir')}::{counts.get('annotations', out)}"]:
             print(f"  {line}")
 
 
@@ -414,7 +427,8 @@ def watch_command(
 
 @data_app.command("synth")
 def synth_command(
-    out: Path = typer.Argument(..., help="Output folder (images/ + annotations.json)."),
+    out: Path | None = typer.Option(None, "--out", help="New or empty output folder (images/ + annotations.json)."),
+    positional: str | None = typer.Argument(None, hidden=True, help="The old spelling of --out (refused)."),
     images: int = typer.Option(16, "--images", min=1, help="Frames to write."),
     size: str = typer.Option("1920x1080", "--size", help="Frame size WxH."),
     objects: int = typer.Option(12, "--objects", min=0, help="Objects per frame."),
@@ -430,6 +444,10 @@ def synth_command(
     """Write a synthetic detection set as real files (JPEG; --thermal: 16-bit PNG/TIFF): small objects on big frames."""
     from musubi.data.synthetic_files import SyntheticFiles, write_synthetic_coco
 
+    if positional is not None:
+        _usage(f"give the folder as --out {positional} (every data command names its output with --out)")
+    if out is None:
+        _usage("give --out DIR: a new or empty folder for images/ and annotations.json")
     try:
         w, _, h = size.lower().partition("x")
         if not (w.isdigit() and h.isdigit()):
@@ -437,7 +455,7 @@ def synth_command(
         params = SyntheticFiles(images, int(w), int(h), classes, objects, min_object, max_object, seed,
                                 thermal=thermal, bits=bits, image_format=image_format.lower())
         if out.exists() and (not out.is_dir() or any(out.iterdir())):
-            raise ConfigError(f"OUT {out} is not an empty folder; give a new folder (nothing is overwritten)")
+            raise ConfigError(f"--out {out} is not an empty folder; give a new folder (nothing is overwritten)")
         ann = write_synthetic_coco(out, params)
     except ConfigError as e:
         _usage(str(e))

@@ -199,7 +199,7 @@ def export_command(
     maps = parity.get("map")
     if maps:
         figures += f", sample mAP50 torch {cell(maps['torch']['map50'])} / onnx {cell(maps['onnx']['map50'])}"
-    Console().print(Text(f"{job_dir / 'export' / record['file']}  step {record['step']}, opset {record['opset']} "
+    Console().print(Text(f"{job_dir / RUN_FILES.export / record['file']}  step {record['step']}, opset {record['opset']} "
                          f"({record['exporter']}), "
                          f"sha256 {record['sha256'][:16]}..., parity ok on {parity.get('inputs')} input(s): "
                          f"{figures}"), highlight=False)
@@ -215,7 +215,7 @@ def _export_pt(job_dir: Path, checkpoint: str = "last") -> None:
         fail(str(e))
         return
     build = record.get("build", f"the job's {record['model']} model")
-    Console().print(Text(f"{job_dir / 'export' / record['file']}  {record['tensors']} tensors, step {record['step']}, "
+    Console().print(Text(f"{job_dir / RUN_FILES.export / record['file']}  {record['tensors']} tensors, step {record['step']}, "
                          f"sha256 {record['sha256'][:16]}...; load: model = {build}; {record['load']}"),
                     highlight=False, soft_wrap=True)
 

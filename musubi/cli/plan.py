@@ -158,6 +158,52 @@ def _json_search(result: SearchResult) -> dict[str, Any]:
     }
 
 
+def _inputs(model: str | None, spec: Path | None, gpu: str | None, gpus: int | None, nodes: int | None,
+            seq: int | None, global_batch: int | None, topology: Path | None,
+            calibrate: list[Path] | None) -> tuple[ModelSpec, Cluster, int, Any, dict[str, Any] | None]:
+    """The planner's inputs from the options: model, cluster (catalog GPU, or fitted to a measured node), global
+    batch, efficiency constants (calibrated or default) and the calibration's report; PlanError naming a bad one."""
+    if gpu is None or gpus is None:
+        raise PlanError("give --gpu TYPE and --gpus N (e.g. --gpu H100-SXM --gpus 64)")
+    model_spec = _resolve_spec(model, spec, seq)
+    catalog_gpu = get_gpu(gpu)
+    if topology is not None:
+        from musubi.contract.errors import ConfigError
+        from musubi.topology.read import load_topology
+
+        try:
+            catalog_gpu = fit_to_topology(catalog_gpu, load_topology(topology))
+        except ConfigError as e:
+            raise PlanError(str(e)) from None
+    cluster = make_cluster(catalog_gpu, gpus, nodes)
+    batch = global_batch if global_batch is not None else model_spec.global_batch
+    if not batch:
+        raise PlanError(f"{model_spec.name} has no default batch; give --global-batch SEQUENCES")
+    eff, report = (load_calibrations(calibrate) if calibrate else (DEFAULT_EFFICIENCY, None))
+    if report is not None and report["gpu"] != cluster.gpu.name:
+        raise PlanError(f"--calibrate file was measured on {report['gpu']}, but --gpu is {cluster.gpu.name}")
+    return model_spec, cluster, batch, eff, report
+
+
+def _show_layout(console: Console, as_json: bool, one: Prediction, cluster: Cluster, micro: int,
+                 filled: dict[str, Any], spread: tuple[Prediction, Prediction, list[str]] | None,
+                 report: dict[str, Any] | None) -> None:
+    """One layout's prediction: the table, the range over what --layout left unsaid, the knobs the planner chose."""
+    if as_json:
+        print(json.dumps({**one.as_dict(), "filled": filled, "range": _range_json(spread),
+                          "calibration": report}, indent=1))
+        return
+    _print_one(console, one, cluster, micro)
+    if spread is not None:
+        fast, slow, unknown = spread
+        console.print(f"range over what --layout does not say ({', '.join(unknown)}): MFU "
+                      f"{_pct(slow.mfu)} to {_pct(fast.mfu)}, step {fast.step_time_s:.3g} to "
+                      f"{slow.step_time_s:.3g} s (name them in --layout to pin them)", highlight=False)
+    if filled:
+        console.print("chosen by the planner (not in --layout; fastest that fits): "
+                      + ", ".join(f"{k}={v}" for k, v in filled.items()), highlight=False)
+
+
 def plan_command(
     model: str | None = typer.Option(None, "--model", help="Preset model name (llama3-8b, llama3-405b, ...)."),
     spec: Path | None = typer.Option(None, "--spec", help="Model spec YAML (layers, hidden, heads, ...)."),
@@ -185,27 +231,10 @@ def plan_command(
         _print_validation(Console(width=200))
         return
     try:
-        if gpu is None or gpus is None:
-            raise PlanError("give --gpu TYPE and --gpus N (e.g. --gpu H100-SXM --gpus 64)")
         if top < 1:
             raise PlanError(f"--top {top}: must be >= 1")
-        model_spec = _resolve_spec(model, spec, seq)
-        catalog_gpu = get_gpu(gpu)
-        if topology is not None:
-            from musubi.contract.errors import ConfigError
-            from musubi.topology.read import load_topology
-
-            try:
-                catalog_gpu = fit_to_topology(catalog_gpu, load_topology(topology))
-            except ConfigError as e:
-                raise PlanError(str(e)) from None
-        cluster = make_cluster(catalog_gpu, gpus, nodes)
-        batch = global_batch if global_batch is not None else model_spec.global_batch
-        if not batch:
-            raise PlanError(f"{model_spec.name} has no default batch; give --global-batch SEQUENCES")
-        eff, report = (load_calibrations(calibrate) if calibrate else (DEFAULT_EFFICIENCY, None))
-        if report is not None and report["gpu"] != cluster.gpu.name:
-            raise PlanError(f"--calibrate file was measured on {report['gpu']}, but --gpu is {cluster.gpu.name}")
+        model_spec, cluster, batch, eff, report = _inputs(model, spec, gpu, gpus, nodes, seq, global_batch,
+                                                          topology, calibrate)
         if layout is not None:
             # knobs the layout leaves out (micro, vpp, recompute) are set to the fastest that fit (complete.py)
             one_layout, filled = complete_layout(model_spec, cluster, parse_layout(layout), given_keys(layout), batch,
@@ -221,19 +250,7 @@ def plan_command(
     if not console.is_terminal:  # piped or captured: do not squeeze the layout column to 80 characters
         console = Console(width=PIPE_WIDTH)
     if layout is not None:
-        if as_json:
-            print(json.dumps({**one.as_dict(), "filled": filled, "range": _range_json(spread),
-                              "calibration": report}, indent=1))
-        else:
-            _print_one(console, one, cluster, one_layout.micro)
-            if spread is not None:
-                fast, slow, unknown = spread
-                console.print(f"range over what --layout does not say ({', '.join(unknown)}): MFU "
-                              f"{_pct(slow.mfu)} to {_pct(fast.mfu)}, step {fast.step_time_s:.3g} to "
-                              f"{slow.step_time_s:.3g} s (name them in --layout to pin them)", highlight=False)
-            if filled:
-                console.print("chosen by the planner (not in --layout; fastest that fits): "
-                              + ", ".join(f"{k}={v}" for k, v in filled.items()), highlight=False)
+        _show_layout(console, as_json, one, cluster, one_layout.micro, filled, spread, report)
         return
     if as_json:
         print(json.dumps({"model": model_spec.name, "gpu": cluster.gpu.name, "gpus": cluster.n_gpus,

@@ -6,6 +6,7 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -19,39 +20,49 @@ OVERRIDES_HELP = ("Job fields to override, as key=value (train.epochs=3 data.wor
                   "validated by the same schema; an unknown key gets a did-you-mean.")
 
 
+#: `musubi train`'s options, one alias each (typer reads the help from the annotation).
+Nproc = Annotated[int | None, typer.Option("--nproc", help="Ranks: default all visible GPUs, else 2 CPU ranks.")]
+Out = Annotated[Path | None, typer.Option("--out", help="Run directory (default runs/<time>-<name>).")]
+Resume = Annotated[bool, typer.Option("--resume", help="Continue from the newest committed checkpoint.")]
+MaxSteps = Annotated[int | None, typer.Option(
+    "--max-steps", help="Stop (and checkpoint) after this global optimizer step; the LR schedule is unchanged, so a "
+    "later --resume continues exactly.")]
+SetOption = Annotated[list[str], typer.Option("--set", help="Override a job field: --set train.batch=32 (repeatable).")]
+Device = Annotated[str | None, typer.Option("--device", help="cuda or cpu (default: cuda if a GPU is visible).")]
+ProbeOnly = Annotated[bool, typer.Option("--probe-only", help="With batch: auto, probe (or read the cache), print the "
+                                         "agreed batch as JSON and exit.")]
+NoCheck = Annotated[bool, typer.Option("--no-check", help="Skip the preflight (job.json records that).")]
+FleetMember = Annotated[bool, typer.Option("--fleet-member", hidden=True, help="Started by `musubi run`: RUN/ is the "
+                                           "fleet's, only RUN/JOB/ is ours.")]
+Nnodes = Annotated[int, typer.Option("--nnodes", help="Nodes of the job: run `musubi train` with the same arguments on "
+                                     "each (c10d rendezvous; --nproc is per node).")]
+NodeRank = Annotated[int, typer.Option("--node-rank", help="This node's rank, 0..nnodes-1 (0 hosts the rendezvous).")]
+RdzvEndpoint = Annotated[str | None, typer.Option("--rdzv-endpoint", help="HOST:PORT of node 0's rendezvous store "
+                                                  "(multi-node).")]
+RdzvId = Annotated[str | None, typer.Option("--rdzv-id", help="Rendezvous id (default: job name + run dir).")]
+RdzvTimeout = Annotated[int, typer.Option("--rdzv-timeout", help="Seconds to wait for every node to join.")]
+Iface = Annotated[str | None, typer.Option("--iface", help="Network interface of the rendezvous and gloo/NCCL sockets "
+                                           "(default: the one that routes to the endpoint).")]
+DryRun = Annotated[bool, typer.Option("--dry-run", help="Run every check the launch runs (the same list), print the "
+                                      "plan (ranks, batches, LR and why, data, output); start and write nothing.")]
+Oversubscribe = Annotated[bool, typer.Option("--oversubscribe", help="Allow more CPU ranks than cores (they share "
+                                             "cores and run slower).")]
+AllowChanges = Annotated[list[str], typer.Option("--allow-changes", help="With --resume: job fields that may differ "
+                                                 "from the recorded job, e.g. train.lr,data (job.json records the "
+                                                 "change).")]
+
+
 def train(
-    job: Path = typer.Argument(..., help="Job YAML (see examples/)."),
-    overrides: list[str] | None = typer.Argument(None, metavar="[KEY=VALUE]...", help=OVERRIDES_HELP,
-                                                 show_default=False),
-    nproc: int | None = typer.Option(None, "--nproc", help="Ranks: default all visible GPUs, else 2 CPU ranks."),
-    out: Path | None = typer.Option(None, "--out", help="Run directory (default runs/<time>-<name>)."),
-    resume: bool = typer.Option(False, "--resume", help="Continue from the newest committed checkpoint."),
-    max_steps: int | None = typer.Option(
-        None, "--max-steps", help="Stop (and checkpoint) after this global optimizer step; the LR schedule "
-        "is unchanged, so a later --resume continues exactly."),
-    set_: list[str] = typer.Option([], "--set", help="Override a job field: --set train.batch=32 (repeatable)."),
-    device: str | None = typer.Option(None, "--device", help="cuda or cpu (default: cuda if a GPU is visible)."),
-    probe_only: bool = typer.Option(False, "--probe-only", help="With batch: auto, probe (or read the cache), "
-                                    "print the agreed batch as JSON and exit."),
-    no_check: bool = typer.Option(False, "--no-check", help="Skip the preflight (job.json records that)."),
-    fleet_member: bool = typer.Option(False, "--fleet-member", hidden=True,
-                                      help="Started by `musubi run`: RUN/ is the fleet's, only RUN/JOB/ is ours."),
-    nnodes: int = typer.Option(1, "--nnodes", help="Nodes of the job: run `musubi train` with the same arguments "
-                               "on each (c10d rendezvous; --nproc is per node)."),
-    node_rank: int = typer.Option(0, "--node-rank", help="This node's rank, 0..nnodes-1 (0 hosts the rendezvous)."),
-    rdzv_endpoint: str | None = typer.Option(None, "--rdzv-endpoint", help="HOST:PORT of node 0's rendezvous "
-                                             "store (multi-node)."),
-    rdzv_id: str | None = typer.Option(None, "--rdzv-id", help="Rendezvous id (default: job name + run dir)."),
-    rdzv_timeout: int = typer.Option(300, "--rdzv-timeout", help="Seconds to wait for every node to join."),
-    iface: str | None = typer.Option(None, "--iface", help="Network interface of the rendezvous and gloo/NCCL "
-                                     "sockets (default: the one that routes to the endpoint)."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Run every check the launch runs (the same list), print "
-                                 "the plan (ranks, batches, LR and why, data, output); start and write nothing."),
-    oversubscribe: bool = typer.Option(False, "--oversubscribe", help="Allow more CPU ranks than cores (they "
-                                       "share cores and run slower)."),
-    allow_changes: list[str] = typer.Option([], "--allow-changes", help="With --resume: job fields that may "
-                                            "differ from the recorded job, e.g. train.lr,data (job.json records "
-                                            "the change)."),
+    job: Annotated[Path, typer.Argument(help="Job YAML (see examples/).")],
+    overrides: Annotated[list[str] | None, typer.Argument(metavar="KEY=VALUE", help=OVERRIDES_HELP,
+                                                          show_default=False)] = None,
+    nproc: Nproc = None, out: Out = None, resume: Resume = False, max_steps: MaxSteps = None,
+    set_: SetOption = [],  # noqa: B006 - typer's default of a repeatable option, never mutated
+    device: Device = None, probe_only: ProbeOnly = False, no_check: NoCheck = False,
+    fleet_member: FleetMember = False, nnodes: Nnodes = 1, node_rank: NodeRank = 0,
+    rdzv_endpoint: RdzvEndpoint = None, rdzv_id: RdzvId = None, rdzv_timeout: RdzvTimeout = 300,
+    iface: Iface = None, dry_run: DryRun = False, oversubscribe: Oversubscribe = False,
+    allow_changes: AllowChanges = [],  # noqa: B006 - as set_
 ) -> None:
     """Train one job on all GPUs of this machine (or N CPU ranks), or on several nodes, through torchrun."""
     entered = time.time()  # Python started and the CLI imported: the launcher's first start-up part ends here
@@ -76,13 +87,18 @@ def train(
             print(line)
         print("dry run: nothing started, nothing written")
         return
-    result = guarded(launch_train, req)
+    report_training(guarded(launch_train, req), quiet=probe_only or node_rank > 0, fleet_member=fleet_member)
+
+
+def report_training(result: Any, quiet: bool, fleet_member: bool) -> None:  # noqa: ANN401 - a TrainResult
+    """After `musubi train`: the error line and its exit code, else the goodput line, the checklist, the folder
+    (`quiet`: a probe, or another node: node 0 reports the run)."""
     if result.already_finished:
         Console(soft_wrap=True).print(escape(result.error or ""), highlight=False)
         return
     if result.code != 0:
         fail(f"{result.error} (logs: {result.job_dir / RUN_FILES.logs})", result.code)
-    if probe_only or node_rank > 0:  # node 0 reports the run
+    if quiet:
         return
     _print_goodput(result.job_dir)
     if not fleet_member and not checklist_met(result.run_dir, Console()):
@@ -91,12 +107,12 @@ def train(
 
 
 def checklist_met(run_dir: Path, console: Console) -> bool:
-    """Build, write and print the run's checklist; True when it met its criteria."""
-    from musubi.records.checklist import build_checklist, render, write_checklist
+    """Build and write the run's checklist, print its summary (records/checklist.py); True when it met its criteria."""
+    from musubi.records.checklist import build_checklist, render_summary, write_checklist
 
     cl = build_checklist(run_dir)
     write_checklist(run_dir, cl)
-    render(cl, console)
+    render_summary(cl, console)
     return cl.ok
 
 

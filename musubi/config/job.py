@@ -307,7 +307,7 @@ class DataSpec(StrictModel):
         if self.channels == 1:
             if self.synthetic is not None:
                 raise ValueError("channels 1 reads single-channel files; synthetic data is RGB: write a thermal set "
-                                 "with `musubi data synth OUT --thermal` and train on it")
+                                 "with `musubi data synth --out OUT --thermal` and train on it")
             if self.gpu_decode is True:
                 raise ValueError("gpu_decode decodes JPEG (RGB); single-channel frames (channels 1) are PNG/TIFF: "
                                  "set gpu_decode: false")

@@ -124,9 +124,14 @@ def split_coco(ann: Path, image_dir: Path, out: Path, ratios: dict[str, float], 
     for i, j, _ in near_pairs(thumbs):
         groups.join(i, j)
     roots = sorted({groups.find(i) for i in range(len(entries))})
+    frames = len({im.frame if im.frame is not None else f"#{i}" for i, im in enumerate(found)})
     if len(roots) < len(ratios):
+        # A finer --by helps only when the key, not the frames, made the groups this few.
+        fix = (f"the images are tiles of {frames} source frame(s), which never straddle splits whatever --by says: "
+               "add frames, or split the frames before `musubi data slice`" if frames < len(ratios) else
+               "split --by a finer key")
         raise ConfigError(f"{ann}: only {len(roots)} groups by {by} (tiles of one frame and copies joined); "
-                          f"{len(ratios)} splits need at least as many: split --by a finer key")
+                          f"{len(ratios)} splits need at least as many: {fix}")
     index = {r: n for n, r in enumerate(roots)}
     group_of = [index[groups.find(i)] for i in range(len(entries))]
     sizes = [0] * len(roots)
@@ -136,8 +141,9 @@ def split_coco(ann: Path, image_dir: Path, out: Path, ratios: dict[str, float], 
     where = [side[g] for g in group_of]
     empty = [n for n in ratios if n not in where]
     if empty:
+        finer = "" if frames <= len(roots) else " or split --by a finer key"  # frames, not the key, made them
         raise ConfigError(f"{ann}: split {empty[0]!r} got no image ({len(roots)} groups by {by}, the largest "
-                          f"{max(sizes)} images); raise its ratio or split --by a finer key")
+                          f"{max(sizes)} images); raise its ratio{finer}")
     leaks = find_leaks([replace(im, split=s) for im, s in zip(found, where, strict=True)], thumbs=thumbs)
     if leaks.count:  # joined above, so this is a guard against a broken rule, never a normal outcome
         first = (leaks.same_frame + leaks.identical + leaks.near_identical)[0]

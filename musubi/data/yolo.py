@@ -170,9 +170,10 @@ def yolo_splits(src: Path) -> tuple[dict[str, Any], dict[str, Path]]:
 def yolo_to_coco(src: Path, out_json: Path) -> dict[str, Any]:
     """Read a YOLO layout (SRC/data.yaml, images, labels) and write COCO: OUT_JSON, or OUT/<split>.json.
 
-    One split (train and val the same folder): OUT_JSON. Several (images/train, images/val): `out_json`
-    is a folder and each split is written to it as <split>.json. COCO image ids come back from
-    coco_image_ids.json when the set was written by coco_to_yolo, else 1..N in file-name order.
+    One split (train and val the same folder): OUT_JSON, or OUT/annotations.json when `out_json` does not end
+    in .json (a folder). Several (images/train, images/val): `out_json` is a folder and each split is written
+    to it as <split>.json. COCO image ids come back from coco_image_ids.json when the set was written by
+    coco_to_yolo, else 1..N in file-name order.
     """
     src = Path(src)
     meta, dirs = yolo_splits(src)
@@ -182,8 +183,11 @@ def yolo_to_coco(src: Path, out_json: Path) -> dict[str, Any]:
         split, image_root = next(iter(dirs.items()))
         known = known_ids.get(split) or known_ids.get("train") or {}
         doc = _yolo_split_to_coco(src, meta, image_root, known)
-        _write_coco(doc, Path(out_json))
-        return {"images": len(doc["images"]), "boxes": len(doc["annotations"]), "images_dir": str(image_root)}
+        # Not a .json name: a folder, and the file in it a name `musubi data check` and data.*.annotations read.
+        target = Path(out_json) if Path(out_json).suffix.lower() == ".json" else Path(out_json) / "annotations.json"
+        _write_coco(doc, target)
+        return {"images": len(doc["images"]), "boxes": len(doc["annotations"]), "images_dir": str(image_root),
+                "annotations": str(target)}
     if Path(out_json).suffix.lower() == ".json":
         raise ConfigError(f"{src}: has splits {', '.join(dirs)}; give --out FOLDER "
                           f"(writes {', '.join(f'FOLDER/{k}.json' for k in dirs)})")

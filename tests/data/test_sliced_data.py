@@ -106,12 +106,18 @@ def test_synth_never_overwrites_an_existing_set(tmp_path: Path) -> None:
     # Before: synth into an existing set replaced annotations.json and left stale frames behind.
     ann = small_set(tmp_path / "set", images=2)
     before = ann.read_bytes()
-    res = CliRunner().invoke(app, ["data", "synth", str(tmp_path / "set"), "--images", "1", "--size", "320x240"])
+    res = CliRunner().invoke(app, ["data", "synth", "--out", str(tmp_path / "set"), "--images", "1", "--size",
+                                   "320x240"])
     assert res.exit_code == 2 and "not an empty folder" in res.output and len(res.output.strip().splitlines()) == 1
     assert ann.read_bytes() == before
     (tmp_path / "empty").mkdir()
-    res = CliRunner().invoke(app, ["data", "synth", str(tmp_path / "empty"), "--images", "1", "--size", "320x240"])
+    res = CliRunner().invoke(app, ["data", "synth", "--out", str(tmp_path / "empty"), "--images", "1", "--size",
+                                   "320x240"])
     assert res.exit_code == 0, res.output
+    # one dialect: the output folder is --out, as in every data command; the old positional names the flag
+    res = CliRunner().invoke(app, ["data", "synth", str(tmp_path / "new"), "--images", "1"])
+    assert res.exit_code == 2 and f"give the folder as --out {tmp_path / 'new'}" in res.output
+    assert not (tmp_path / "new").exists()
     assert (tmp_path / "empty" / "annotations.json").is_file()
 
 
@@ -175,7 +181,7 @@ def test_an_out_that_is_a_file_is_refused_in_one_line(tmp_path: Path) -> None:
     (tmp_path / "f").write_text("keep me")
     for args in (["data", "slice", str(ann), "--out", str(tmp_path / "f")],
                  ["data", "convert", str(ann), "--to", "yolo", "--out", str(tmp_path / "f")],
-                 ["data", "synth", str(tmp_path / "f")]):
+                 ["data", "synth", "--out", str(tmp_path / "f")]):
         res = CliRunner().invoke(app, args)
         assert res.exit_code == 2 and "not an empty folder" in res.output, (args, res.output)
     assert (tmp_path / "f").read_text() == "keep me"
