@@ -311,6 +311,10 @@ def main(args: argparse.Namespace) -> None:
         num_classes, collate = len(dataset.category_ids), collate_fn
         if dataset.category_ids != list(range(1, num_classes + 1)):
             raise SystemExit("detection: category ids must be 1..K (they are the labels)")
+        if args.model in DETR_MODELS and any(im["width"] != args.image_size or im["height"] != args.image_size
+                                             for im in dataset.images + dataset_test.images):
+            # this loop feeds a DETR its images as they are, boxes normalised by --image-size
+            raise SystemExit(f"detection: a DETR here needs every image {args.image_size} px square (--image-size)")
 
     model = build_model(args, num_classes).to(device)  # initialised from torch.manual_seed(args.seed)
 

@@ -663,7 +663,7 @@ def main(argv: list[str] | None = None) -> int:
           flush=True)
     deadline = t0 + a.budget_s
     outcome = execute(runs, a, data, work, devices, per, deadline)
-    return report(a, runs, outcome, record, per, tried, time.monotonic() - t0, work)
+    return report(a, runs, outcome, record, per, tried, time.monotonic() - t0, work, est)
 
 
 def plan_text(a: argparse.Namespace, runs: list[Run], est: dict[Run, float], params: quality_data.DataParams,
@@ -686,7 +686,7 @@ def plan_text(a: argparse.Namespace, runs: list[Run], est: dict[Run, float], par
 
 
 def report(a: argparse.Namespace, runs: list[Run], outcome: dict[Run, dict[str, Any]], data_record: dict,
-           per: int, tried: dict[int, float], wall: float, work: Path) -> int:
+           per: int, tried: dict[int, float], wall: float, work: Path, est: dict[Run, float] | None = None) -> int:
     """Records, rows, verdicts; the JSON, the table and the plot; a copy under $OUT."""
     from bench.gpu_tier import card, versions
     from bench.provenance import commit
@@ -695,6 +695,8 @@ def report(a: argparse.Namespace, runs: list[Run], outcome: dict[Run, dict[str, 
     plain_logs = {(r.model, r.seed): outcome[r].get("log") for r in runs if r.side == "plain"}
     for r in runs:
         rec = {**asdict(r), "name": r.name, **outcome[r]}
+        if est:
+            rec["estimate_alone_s"] = round(est[r], 1)  # the plan's figure, beside the measured wall_s and sharing
         if r.side == "musubi" and "lr" in rec:
             rec["lr_check"] = lr_check(rec, RECIPES[r.model], plain_logs.get((r.model, r.seed)))
         records.append(rec)
