@@ -11,9 +11,13 @@ Data sets are written first, on the local disk of this machine, with every core
 Each set is trained (batch 16 per GPU, bf16, SGD) under these feeders, in one process group:
   device      reference: 4 batches of the same decoded samples kept on the GPU and cycled;
   musubi      the default feeder, as `musubi train` builds it (worker.feed.TrainFeed, data.gpu_decode:
-              auto, data.workers: auto): on CUDA, workers read file bytes, nvJPEG decodes the batch on
-              the GPU (inline tiles cut there from each frame decoded once), the next batch is prepared
-              on a side stream by a background thread;
+              auto, data.workers: auto, data.jpeg_decoder: auto): on CUDA, workers read file bytes, the GPU
+              decodes the batch (its hardware JPEG engines through nvImageCodec where installed, else
+              nvJPEG on the SMs; inline tiles cut there from each frame decoded once), the next batch is
+              prepared on a side stream by a background thread, across epoch boundaries too;
+  musubi-cuda the same with data.jpeg_decoder: cuda (torchvision's nvJPEG on the SMs);
+  musubi-hw   the same with data.jpeg_decoder: hardware (nvImageCodec on the engines; where they cannot be
+              used the row says why and decodes with nvJPEG: its "decoder" field names what ran);
   musubi-workers  the same feeder with data.gpu_decode: false (workers decode, uint8 to the GPU);
   default-w4  DataLoader(num_workers=4), float images, no pinning (torch defaults);
   default-w0  DataLoader(num_workers=0), float images, no pinning (torch defaults).
@@ -63,7 +67,9 @@ from musubi.worker.feed.loaders import TrainFeed  # noqa: E402
 
 #: The table's order. They run in --feeders' order (feeder by feeder, each on every set); should --budget-s
 #: cut the run short, the last ones go (the default order keeps torch's loader before musubi-workers).
-FEEDERS = ("device", "musubi", "musubi-workers", "default-w4", "default-w0")
+FEEDERS = ("device", "musubi", "musubi-cuda", "musubi-hw", "musubi-workers", "default-w4", "default-w0")
+#: data.jpeg_decoder of each musubi feeder that sets one.
+JPEG_DECODER = {"musubi-cuda": "cuda", "musubi-hw": "hardware"}
 SETS = ("frames1080", "tiles640", "inline640")
 CLASSES = 4
 
@@ -104,11 +110,14 @@ def feeder_task(info: dict[str, Any], feeder: str, batch: int, device: torch.dev
     decode: bool | str = "auto" if device.type == "cuda" else True
     data: dict[str, Any] = {"train": {"path": info["path"], "annotations": info["annotations"]}, "workers": "auto",
                             "gpu_decode": False if feeder == "musubi-workers" else decode}
+    if feeder in JPEG_DECODER:
+        data["jpeg_decoder"] = JPEG_DECODER[feeder]
     if "tile" in info:
         data["slice"] = {"tile": info["tile"], "overlap": 0.2, "min_visibility": 0.5, "empty_ratio": 0.1,
                          "sliced_eval": False}
+    # Epochs enough for any --steps: the feed reads ahead across epoch boundaries up to the last one.
     spec = JobSpec(name="bench", task="detection", model="fcos_resnet50_fpn", data=data,
-                   train={"batch": batch, "seed": 1})
+                   train={"batch": batch, "seed": 1, "epochs": 10_000})
     task = DetectionTask(spec)
     task.use_device(device)
     return task
@@ -295,6 +304,7 @@ def run_rank(rank: int, world: int, args: argparse.Namespace, sets: dict[str, di
             elapsed = time.perf_counter() - t0
             times = loader.times() if isinstance(loader, TrainFeed) else None
             path = loader.plan.record() if isinstance(loader, TrainFeed) else None
+            decoded = task.feed_counts().get("decoded") if task is not None else None
             # The slowest rank sets the pace of a synchronous job; its wait is what starved it.
             stats = torch.tensor([elapsed, wait], dtype=torch.float64, device=device)
             dist.all_reduce(stats, op=dist.ReduceOp.MAX)
@@ -312,7 +322,7 @@ def run_rank(rank: int, world: int, args: argparse.Namespace, sets: dict[str, di
             rows.append({"set": set_name, "feeder": feeder, "steps": args.steps, "step_ms": 1000 * elapsed / args.steps,
                          "images_per_s": args.steps * args.batch * world / elapsed,
                          "data_wait_pct": 100 * wait / elapsed,
-                         "path": path,
+                         "path": path, "decoded": decoded,
                          "times_rank0": times, "prepare_syncs": syncs,
                          "phases_s": {"build": round(t_warm - t_build, 1), "warmup": round(t0 - t_warm, 1),
                                       "timed": round(elapsed, 1), "close": round(done - t_close, 1)}})
@@ -320,6 +330,8 @@ def run_rank(rank: int, world: int, args: argparse.Namespace, sets: dict[str, di
                 r = rows[-1]
                 print(f"  {set_name} {feeder}: {r['step_ms']:.1f} ms/step, {r['images_per_s']:.1f} img/s, "
                       f"data wait {r['data_wait_pct']:.2f} %; phases {r['phases_s']}", flush=True)
+                if decoded:
+                    print(f"    decoded (rank 0): {decoded}", flush=True)
                 if times:
                     print("    a batch (rank 0): " + ", ".join(
                         f"{k} {v['host_ms']:.1f} ms" + (f" (device {v['device_ms']:.1f})" if "device_ms" in v else "")
@@ -372,7 +384,8 @@ def main() -> None:
     args.sets = [x for x in args.sets.split(",") if x]
     if set(args.sets) - set(SETS):
         ap.error(f"unknown sets {sorted(set(args.sets) - set(SETS))}; known: {', '.join(SETS)}")
-    # GPU: 2048 frames and ~2500 tiles give 32+ steps an epoch, so warmup + timed steps stay in one epoch.
+    # GPU: 2048 frames and ~2500 tiles give 32+ steps an epoch at 4 GPUs (64 at 2): 100 timed steps cross an
+    # epoch boundary, as the issue's figures ask (the feed prepares the next epoch while the last steps run).
     d = (2, 1, 2, 16, 1) if args.cpu else (20, 5, 16, 2048, 64)
     args.steps, args.warmup, args.batch = args.steps or d[0], args.warmup or d[1], args.batch or d[2]
     args.frames, args.big_frames = args.frames or d[3], args.big_frames or d[4]
@@ -396,11 +409,11 @@ def main() -> None:
     device = torch.cuda.get_device_name(0) if not args.cpu else "cpu (gloo)"
     print(f"\nFCOS ResNet-50 FPN, batch {args.batch}/rank x {world} ranks, {device}, cores {os.cpu_count()}, "
           f"{args.steps} timed steps after {args.warmup}")
-    print(f"{'set':<11} {'feeder':<14} {'step ms':>8} {'img/s':>8} {'vs device':>9} {'data wait':>9}")
+    print(f"{'set':<11} {'feeder':<14} {'step ms':>8} {'img/s':>8} {'vs device':>9} {'data wait':>9}  JPEG decoder")
     for r in rows:
         vs = f"{r['vs_device']:.3f}" if r["vs_device"] is not None else "-"
         print(f"{r['set']:<11} {r['feeder']:<14} {r['step_ms']:8.1f} {r['images_per_s']:8.1f} {vs:>9} "
-              f"{r['data_wait_pct']:8.2f}%")
+              f"{r['data_wait_pct']:8.2f}%  {(r.get('decoded') or {}).get('decoder', '-')}")
     out = report(args, world, device, sets, rows, complete=True)
     args.json.write_text(json.dumps(out, indent=1))
     print(f"wrote {args.json} ({out['wall_s']} s)")
