@@ -18,3 +18,8 @@ def __getattr__(name: str) -> Any:
 
         return getattr(api, name)
     raise AttributeError(f"module 'musubi' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    """`dir(musubi)` lists the API imported on first use (train, run, predict, ...) beside the module's own names."""
+    return sorted({*globals(), *_API})

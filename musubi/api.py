@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -117,6 +117,28 @@ def job_outcome(job_dir: Path, status: str | None = None, error: str | None = No
                       best_checkpoint=best.path if best else None, error=error)
 
 
+#: How an error line names a command-line option, and how a Python caller names it (same meaning).
+FLAG_TO_KEYWORD = (
+    ("--allow-changes ", "allow_changes="), ("--allow-changes", "allow_changes"), ("--oversubscribe", "oversubscribe=True"),
+    ("--no-check", "check=False"), ("--max-steps ", "max_steps="), ("--max-steps", "max_steps"),
+    ("--nproc ", "nproc="), ("--nproc", "nproc"), ("--out ", "out="), ("--out", "out"),
+    ("--resume", "resume=True"), ("--device ", "device="), ("--device", "device"), ("--dry-run", "dry_run=True"),
+    ("--set ", "the override "),
+)
+#: The job mapping's stand-in for a file name in error lines.
+JOB_MAPPING = "musubi.train(job=<mapping>)"
+
+
+def for_python(message: str, job_file: Path | None = None) -> str:
+    """A refusal worded for a Python caller: keywords instead of the command line's flags, and the job mapping
+    instead of the temporary file it was written to."""
+    if job_file is not None:
+        message = message.replace(str(job_file), JOB_MAPPING)
+    for flag, keyword in FLAG_TO_KEYWORD:
+        message = message.replace(flag, keyword)
+    return message
+
+
 def _job_file(job: str | Path | Mapping[str, Any], folder: str) -> Path:
     """The job YAML to launch: the given path, or a mapping written as NAME.yaml into `folder`."""
     if isinstance(job, Mapping):
@@ -129,31 +151,75 @@ def _job_file(job: str | Path | Mapping[str, Any], folder: str) -> Path:
     return Path(job)
 
 
+def check_override_keywords(overrides: Mapping[str, Any]) -> None:
+    """An override keyword names a job section or a dotted field (train={...}, **{"train.lr": 0.1}); anything
+    else is an unknown keyword of musubi.train, named as one (not as a job field)."""
+    import difflib
+
+    from musubi.config.job import JobSpec
+
+    for key in overrides:
+        if key.split(".")[0] not in JobSpec.model_fields:
+            known = [*TRAIN_KEYWORDS, *JobSpec.model_fields]
+            close = difflib.get_close_matches(key, known, n=1)
+            hint = f"did you mean {close[0]}=?" if close else \
+                f"keywords: {', '.join(TRAIN_KEYWORDS)}; job sections: {', '.join(JobSpec.model_fields)}"
+            raise ConfigError(f"musubi.train(): unknown keyword {key!r}; {hint} (a job field goes in its section: "
+                              "train={'epochs': 3} or **{'train.epochs': 3})")
+
+
+#: musubi.train's own keywords (the rest are job overrides); tests/api compares them with `musubi train`'s options.
+TRAIN_KEYWORDS = ("nproc", "out", "resume", "max_steps", "device", "check", "quiet", "dry_run", "oversubscribe",
+                  "allow_changes")
+
+
 def train(job: str | Path | Mapping[str, Any], *, nproc: int | None = None, out: str | Path | None = None,
           resume: bool = False, max_steps: int | None = None, device: str | None = None, check: bool = True,
-          quiet: bool = False, **overrides: Any) -> RunResult:
+          quiet: bool = False, dry_run: bool = False, oversubscribe: bool = False,
+          allow_changes: Sequence[str] = (), **overrides: Any) -> RunResult | list[str]:
     """`musubi train`: train one job (a YAML path or a mapping) to the end; the run directory's outcome.
 
-    Keyword overrides are the CLI's `--set`: `train={"lr": 0.1}` or `**{"train.lr": 0.1}`.
+    Keyword overrides are the CLI's `key=value`: `train={"lr": 0.1}` or `**{"train.lr": 0.1}`. `dry_run=True`
+    runs the launch's checks and returns the plan's lines (nothing started or written), as `--dry-run` prints
+    them; `allow_changes=["train.lr"]` with `resume=True` lets the job differ from the recorded one there.
     """
+    from musubi.launch.checks import dry_run_plan
     from musubi.launch.launch import launch_train
-    from musubi.launch.request import TrainRequest
-    from musubi.records.checklist import build_checklist, write_checklist
+    from musubi.launch.request import PreflightFailed, TrainRequest
 
     if max_steps is not None and max_steps < 1:
         raise ConfigError(f"max_steps={max_steps}: must be >= 1")
+    if allow_changes and not resume:
+        raise ConfigError("allow_changes goes with resume=True (a new run records whatever job it is given)")
+    check_override_keywords(overrides)
     sets = _flatten(overrides)
     with tempfile.TemporaryDirectory(prefix="musubi-job-") as folder:
         path = _job_file(job, folder)
         req = TrainRequest(job_path=path, nproc=nproc, out=Path(out) if out is not None else None, resume=resume,
                            max_steps=max_steps, overrides=sets, device=device, check=check, quiet=quiet,
+                           oversubscribe=oversubscribe, allow_changes=list(allow_changes),
                            argv=["musubi.train", str(job if not isinstance(job, Mapping) else path), *sets])
-        result = launch_train(req)
+        try:
+            if dry_run:
+                return dry_run_plan(req)
+            result = launch_train(req)
+        except ConfigError as e:
+            raise ConfigError(for_python(str(e), path if isinstance(job, Mapping) else None)) from None
+        except PreflightFailed as e:
+            raise PreflightFailed(for_python(str(e))) from None
     outcome = job_outcome(result.job_dir, error=result.error if result.code else None)
-    cl = build_checklist(result.run_dir)
-    write_checklist(result.run_dir, cl)
+    cl = build_checklist_of(result.run_dir)
     return RunResult(run_dir=result.run_dir, jobs={outcome.name: outcome}, best=outcome.name,
                      ok=result.code == 0 and cl.ok)
+
+
+def build_checklist_of(run_dir: Path) -> Any:  # noqa: ANN401 - a Checklist
+    """The run's checklist, written to RUN/checklist.json (as `musubi train` does at its end)."""
+    from musubi.records.checklist import build_checklist, write_checklist
+
+    cl = build_checklist(run_dir)
+    write_checklist(run_dir, cl)
+    return cl
 
 
 def run(fleet: str | Path, *, out: str | Path | None = None, resume: bool = False, executor: str | None = None,
