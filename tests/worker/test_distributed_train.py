@@ -16,10 +16,15 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 
 #: The job of the module's two reference runs (1 rank x 16 and 2 ranks x 8, deterministic): the 2-rank run is at once
-#: the DDP test's 2-rank case, the uninterrupted run of the resume test, the DDP run FSDP2 must match and the run whose
-#: files the shared-files test reads (one launch, not four). 31 validation samples: 16 + 15 over 2 ranks.
-REFERENCE = {"train": {"deterministic": True, "epochs": 2}, "data": {"workers": 1, "synthetic": {"val_size": 31}},
-             "checkpoint": {"every_steps": 5}}
+#: the DDP test's 2-rank case, the uninterrupted run of the resume test, the DDP run FSDP2 must match, the run whose
+#: files the shared-files test reads and the run whose losses must equal the recorded ones (one launch, not five).
+#: 31 validation samples: 16 + 15 over 2 ranks (the validation set draws no sample of the training set's).
+REFERENCE = {"train": {"deterministic": True, "epochs": 2, "log_every": 1}, "data": {"workers": 1,
+                                                                                     "synthetic": {"val_size": 31}},
+             "checkpoint": {"every_steps": 5, "keep_best": 1}}
+#: The 2-rank run's loss at every step, recorded before the trainer's step was split into forward_backward /
+#: optimizer_step (torch 2.14, CPU, gloo): a refactor of the step must not move them.
+EXPECTED_LOSSES = Path(__file__).with_name("expected_losses.json")
 
 
 @pytest.fixture(scope="module")
@@ -91,6 +96,14 @@ def test_stop_and_resume_is_bitwise_exact(two_ranks: tuple[Path, Path], tmp_path
     assert steps == sorted(set(steps))
 
 
+def test_recorded_losses_are_unchanged(two_ranks: tuple[Path, Path]) -> None:
+    """A refactor keeps recorded losses identical: the 2-rank run's loss at every step against committed figures."""
+    _, jd = two_ranks
+    records = [json.loads(ln) for ln in (jd / "metrics.jsonl").read_text().splitlines()]
+    losses = [[r["step"], r["loss"]] for r in records if r["kind"] == "train"]
+    assert losses == json.loads(EXPECTED_LOSSES.read_text())
+
+
 def test_rank0_owns_shared_files(two_ranks: tuple[Path, Path]) -> None:
     """Only rank 0 writes shared outputs; each rank has its own log; validation counts each sample once."""
     _, jd = two_ranks
@@ -118,8 +131,10 @@ def test_rank0_owns_shared_files(two_ranks: tuple[Path, Path]) -> None:
     assert abs(sum(launcher) - (marks["launcher"] - marks["entered"])) < 0.01, parts
 
 
-def test_fsdp_matches_ddp_and_resumes_exactly(two_ranks: tuple[Path, Path], tmp_path: Path) -> None:
-    """FSDP2 (fully_shard) on 2 gloo ranks: same weights as the module's DDP run; stop/resume is bitwise exact.
+def test_fsdp_matches_ddp(two_ranks: tuple[Path, Path], tmp_path: Path) -> None:
+    """FSDP2 (fully_shard) on 2 gloo ranks: the same weights as the module's DDP run. FSDP2's stop/resume, bitwise,
+    is the resume matrix's (tests/checkpoint/resume_matrix/test_resume_fsdp.py: a GPT with accumulation, every
+    tensor of every checkpoint compared, DTensor shards gathered), which this file's MLP once repeated.
 
     No loader worker under FSDP2 (the batches are the same; a validation loader's worker forked beside FSDP2's
     gloo threads is the unconfirmed suspect of the resume matrix's INTERMITTENT case)."""
@@ -127,17 +142,9 @@ def test_fsdp_matches_ddp_and_resumes_exactly(two_ranks: tuple[Path, Path], tmp_
     fsdp = ["--set", "train.strategy=fsdp", "--set", "data.workers=0"]
     code, out = train(str(job), "--nproc", "2", "--out", str(tmp_path / "fsdp"), *fsdp)
     assert code == 0, out
-    code, out = train(str(job), "--nproc", "2", "--out", str(tmp_path / "cut"), *fsdp, "--max-steps", "11")
-    assert code == 0, out
-    assert json.loads((tmp_path / "cut" / "tiny" / "summary.json").read_text())["steps"] == 11
-    code, out = train(str(job), "--nproc", "2", "--out", str(tmp_path / "cut"), *fsdp, "--resume")
-    assert code == 0, out
     assert "strategy fsdp" in (tmp_path / "fsdp" / "tiny" / "logs" / "rank0.log").read_text()
-    ddp, fsdp_state, cut = (final_state(d) for d in (ddp_dir, tmp_path / "fsdp" / "tiny", tmp_path / "cut" / "tiny"))
+    ddp, fsdp_state = final_state(ddp_dir), final_state(tmp_path / "fsdp" / "tiny")
     model_keys = [k for k in ddp if k.startswith("model.")]
     assert model_keys
     for k in model_keys:
         torch.testing.assert_close(fsdp_state[k], ddp[k], rtol=1e-5, atol=1e-6, msg=k)
-    assert set(fsdp_state) == set(cut)
-    for k in fsdp_state:
-        assert torch.equal(fsdp_state[k], cut[k]), f"{k} differs after FSDP resume"
