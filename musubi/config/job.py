@@ -233,8 +233,10 @@ class DataSpec(StrictModel):
         None, ge=1, le=2**40, description="Refuse on-disk images with more pixels than this (decompression "
         "bombs), read from the header before decoding; default PIL's limit (89,478,485)."
     )
-    workers: int | Literal["auto", "measure"] = Field(
-        2, description="Data-loader worker processes per rank (0-64), or `auto`: the rank's cores (pinned, else "
+    workers: int | Literal["auto", "measure"] | None = Field(
+        None, description="Data-loader worker processes per rank (0-64); unset: 2, or fewer on a rank of fewer "
+        "than 3 cores (cores minus one: the default never oversubscribes; the rank's first log line says what it "
+        "chose); or `auto`: the rank's cores (pinned, else "
         "its share of the machine's) minus one for the training loop, at most 16 (see train.pin_cpus); or "
         "`measure`: time the real loader at 1, 2, 4, ... up to the `auto` count at start and keep the smallest "
         "count within 5% of the best rate.")
@@ -409,7 +411,8 @@ class TrainSpec(StrictModel):
     log_every: int | None = Field(
         None, ge=1, le=MAX_COUNT, description="Log scalars (metrics.jsonl, console) every N optimizer steps. None: "
         "every total_steps // 20 steps, 1 to 10, so a short run's curve still has 20 points (or one a step) and a "
-        "long one logs every 10 steps.",
+        "long one logs every 10 steps; in a pipe (CI, a log file: no progress bar) the console then shows about 5 "
+        "step lines of a short run, at least one each 10 steps.",
     )
     eval_every: int = Field(1, ge=1, le=MAX_COUNT, description="Validate every N epochs (and at the end).")
     early_stop: EarlyStopSpec | None = Field(

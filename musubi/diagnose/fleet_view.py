@@ -100,19 +100,35 @@ def fleet_section(run: Path) -> str:
     if not attempts:
         return ""
     devices = sorted({g for a in attempts for g in a.gpus})
+    unit = "GPU" if fleet_device(run, record) == "cuda" else "CPU slot"
     bars = [_Bar(a.name, a.gpus, a.start, a.released) for a in attempts]
     span = max(a.end for a in attempts)
     # A device shared by two attempts counts once while either holds it.
     busy = sum(held_seconds(bars, d) for d in devices) / max(span * len(devices), 1e-9)
-    svg = svg_timeline([("measured (one bar per attempt; pale: its evaluation after the GPUs went back)", bars)],
-                       devices, tails={a.name: a.end for a in attempts})
+    svg = svg_timeline([(f"measured (one bar per attempt; pale: its evaluation after the {unit}s went back)", bars)],
+                       devices, unit=unit, tails={a.name: a.end for a in attempts})
     parts = ["<h2>Fleet</h2>", f'<figure class="plot">{svg}<figcaption class="muted">Fleet timeline: '
-             f"{len(attempts)} attempt(s) on {len(devices)} device(s), {span:.0f} s from the first start to the last "
-             f"end; devices held {busy:.0%} of that time</figcaption></figure>", _startup_table(record)]
+             f"{len(attempts)} attempt(s) on {len(devices)} {unit}(s), {span:.0f} s from the first start to the last "
+             f"end; {unit}s held {busy:.0%} of that time</figcaption></figure>", _startup_table(record, unit)]
     return "\n".join(parts)
 
 
-def _startup_table(record: dict[str, Any]) -> str:
+def fleet_device(run: Path, record: dict[str, Any]) -> str:
+    """cuda or cpu: what the fleet's devices were (fleet.json's `device`; an older one: its first job's job.json)."""
+    device = record.get("device")
+    if device in ("cuda", "cpu"):
+        return device
+    for name in record.get("jobs") or {}:
+        try:
+            job = read_json(run / name / RUN_FILES.job)
+        except (OSError, ValueError):
+            continue
+        if isinstance(job, dict) and job.get("device") in ("cuda", "cpu"):
+            return job["device"]
+    return "cuda"
+
+
+def _startup_table(record: dict[str, Any], unit: str = "GPU") -> str:
     names = [c for c, _ in COMPONENTS] + [c for c, _ in LAUNCHER] + [c for c, _ in FIRST_STEP] + [
         "to first step", "start-up on the GPUs", "teardown", EVAL_START, "evaluation"] + [c for c, _ in EVALUATION]
     jobs = [(n, st.get("startup") or {}) for n, st in (record.get("jobs") or {}).items()]
@@ -120,7 +136,8 @@ def _startup_table(record: dict[str, Any]) -> str:
     if not jobs:
         return ""
     used = [c for c in names if any(c in comp for _, comp in jobs)]
-    head = "".join(f"<th>{escape(h)}</th>" for h in ["job", *used])
+    # fleet.json's key says GPUs whatever the device: the column says what the devices were
+    head = "".join(f"<th>{escape(h.replace('GPUs', unit + 's'))}</th>" for h in ["job", *used])
     rows = "".join("<tr><td>" + escape(n) + "</td>" + "".join(
         f'<td class="num">{comp[c]:.1f}</td>' if c in comp else "<td>-</td>" for c in used) + "</tr>"
         for n, comp in jobs)

@@ -281,7 +281,8 @@ def render(run: Path, jobs: list[tuple[JobTelemetry, dict[str, Any]]], trace_nam
         parts.append("<h3>Training curves</h3>" + _figure(figures.curves(metric_records(tele.path)),
                                                           "Loss and validation metrics per step (metrics.jsonl; "
                                                           "the loss's parts where the task names them)"))
-        parts.append(_figure(figures.utilisation(tele), "Utilisation over time, per GPU (per rank on CPU runs)"))
+        parts.append(_figure(figures.utilisation(tele), "Utilisation over time, per GPU" if tele.on_gpu else
+                             "CPU load over time, per rank (CPU ranks: no GPU)"))
         parts.append("<h3>Step-time breakdown per rank</h3>" + _figure(figures.breakdown(a), "Mean ms per step")
                      + (_breakdown_table(a) if a.get("breakdown") else ""))
         parts.append(_figure(figures.heartbeat(tele), "Stall heartbeat: every step's time"))

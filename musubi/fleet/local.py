@@ -35,7 +35,7 @@ from musubi.contract.run_files import RUN_FILES
 from musubi.fleet import jobs
 from musubi.fleet.durations import Estimate, demand_of, estimate, machine_of, record_run, record_shared_run
 from musubi.fleet.gpu_watch import stop_watching, watch_command
-from musubi.fleet.machine import SHOW, cpus_value, device_cores, fleet_topology
+from musubi.fleet.machine import SHOW, cpus_value, describe_cpus, device_cores, device_unit, fleet_topology
 from musubi.fleet.moldable import best_plan
 from musubi.fleet.packer import Demand, Packer, unplaceable
 from musubi.fleet.sharing import overlap_s, share_policy
@@ -224,7 +224,7 @@ class LocalFleet:
             raise ConfigError(problems[0])
         topology = fleet_topology(spec, base, run_dir, kind)
         self.packer = Packer(list(devices), queue, topology=topology, planner=best_plan,
-                             share=share_policy(spec.machine.share_gpus, kind, gpu_memory))
+                             share=share_policy(spec.machine.share_gpus, kind, gpu_memory), unit=device_unit(kind))
         self.packer.done = {n for n, st in self.states.items() if st.state == "done"}
         self.running: dict[str, _Running] = {}
         self.predicted: dict[str, Any] | None = None  # the first plan: predicted makespan and timeline
@@ -232,7 +232,7 @@ class LocalFleet:
         # CPU threads per rank: the machine's cores shared by every device's rank.
         self.threads = max(1, (os.cpu_count() or 1) // max(1, len(devices)))
         # Each device's own cores: a job's ranks are pinned to the cores of its GPUs (never another job's).
-        self.cores = device_cores(list(devices), topology) if spec.machine.pin_cpus else None
+        self.cores = device_cores(list(devices), topology, kind) if spec.machine.pin_cpus else None
         if first:
             log.info("previous best model %s runs first", first, extra=SHOW)
 
@@ -248,7 +248,8 @@ class LocalFleet:
     # -- state ---------------------------------------------------------------
     def save_state(self) -> None:
         """Write fleet.json (atomically)."""
-        record: dict[str, Any] = {"fleet": self.spec.name, "jobs": {n: vars(s) for n, s in self.states.items()}}
+        record: dict[str, Any] = {"fleet": self.spec.name, "device": self.kind,  # cuda | cpu: GPUs or CPU slots
+                                  "jobs": {n: vars(s) for n, s in self.states.items()}}
         if self.predicted is not None:
             record["plan"] = self.predicted
         if self.startup:
@@ -329,9 +330,9 @@ class LocalFleet:
         watched = watch_command(job_dir, proc.pid, gpus) if isinstance(job, CommandJob) and self.kind == "cuda" \
             else []
         self.running[job.name] = _Running(job, proc, "train", f, samplers=watched)
-        log.info("start %s on %s %s (attempt %d): %s%s", job.name, "GPU" if self.kind == "cuda" else "CPU slot",
+        log.info("start %s on %s %s (attempt %d): %s%s", job.name, device_unit(self.kind),
                  ",".join(map(str, gpus)), st.attempts, st.placement,
-                 f"; cores per rank {cpus}" if cpus else "; CPU pinning off" if self.cores is None else "; not pinned",
+                 f"; {describe_cpus(cpus)}" if cpus else "; CPU pinning off" if self.cores is None else "; not pinned",
                  extra=SHOW)
 
     def _eval_process(self, run: _Running, after: Path | None) -> subprocess.Popen:
@@ -511,10 +512,11 @@ class LocalFleet:
                 continue
             firsts.append(st.startup["to first step"])
             on_gpu.append(st.startup["start-up on the GPUs"])
-            log.info("start-up of %s: %s", name, summary_line(st.startup))
+            log.info("start-up of %s: %s", name, summary_line(st.startup, device_unit(self.kind)))
         if firsts:
             self._say(f"start-up per job: {sum(firsts) / len(firsts):.1f} s to the first step, "
-                      f"{sum(on_gpu) / len(on_gpu):.1f} s of it on the GPUs (mean of {len(firsts)}; per job and "
+                      f"{sum(on_gpu) / len(on_gpu):.1f} s of it on the {device_unit(self.kind)}s (mean of "
+                      f"{len(firsts)}; per job and "
                       f"component in fleet.log and fleet.json)")
 
     def _stop_running(self, why: FleetInterrupted | None) -> None:

@@ -53,15 +53,32 @@ def check_topology(spec: FleetSpec, base: Path, devices: list[int]) -> NodeTopol
     return topo
 
 
-def device_cores(devices: list[int], topo: NodeTopology | None) -> CorePlan:
+def device_unit(kind: str) -> str:
+    """What one of the fleet's devices is called: a GPU, or a CPU slot (the place of one CPU rank)."""
+    return "GPU" if kind == "cuda" else "CPU slot"
+
+
+def cores_text(cpulist: str) -> str:
+    """'0' -> 'core 0', '0-7' -> 'cores 0-7': a core list said as one (a bare '0' reads as a count)."""
+    return f"core {cpulist}" if cpulist.isdigit() else f"cores {cpulist}"
+
+
+def describe_cpus(value: str) -> str:
+    """A MUSUBI_CPUS value in words: '0;1' -> 'rank 0 on core 0, rank 1 on core 1'."""
+    return ", ".join(f"rank {r} on {cores_text(c)}" for r, c in enumerate(value.split(";")))
+
+
+def device_cores(devices: list[int], topo: NodeTopology | None, kind: str = "cuda") -> CorePlan:
     """Each device's own cores on this machine (NUMA nodes from the topology when it knows them)."""
     numa = numa_nodes(topo) if topo is not None else {}
     # Nodes with GPUs this fleet was not given keep their cores (another job may run there).
     reserved = frozenset(n for g, n in numa.items() if g not in devices)
     plan = partition_cores(devices, numa, read_cpus(), reserved)
     if plan:
-        log.info("cores per device (%s): %s", plan.reason,
-                 "; ".join(f"{d}: {format_cpulist(c)}" for d, c in sorted(plan.sets.items())), extra=SHOW)
+        unit = device_unit(kind)
+        log.info("cores per %s (%s): %s", unit, plan.reason,
+                 "; ".join(f"{unit} {d}: {cores_text(format_cpulist(c))}" for d, c in sorted(plan.sets.items())),
+                 extra=SHOW)
     else:
         log.info("no CPU pinning: %s", plan.reason, extra=SHOW)
     return plan

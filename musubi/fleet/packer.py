@@ -77,6 +77,7 @@ class Packer:
     #: None: no planning, the order of `order()` and every job on its `gpus`.
     planner: Callable[..., Any] | None = None
     plan: Any = None  # the latest plan while planning
+    unit: str = "GPU"  # what a device is called in the reasons ("CPU slot" for CPU ranks)
     ends: dict[str, float] = field(default_factory=dict)  # running job -> predicted end (clock seconds)
     share: SharePolicy | None = None  # two measured single-GPU jobs may share a GPU (None: never)
     running: dict[str, Demand] = field(default_factory=dict)  # what each running job asked
@@ -162,7 +163,7 @@ class Packer:
             elif k <= len(self.free) and ready:
                 behind = [(d.name, self.width.get(d.name, d.gpus)) for d in self.queue if d is not job]
                 held = [g for gs in self.busy.values() for g in gs]  # running jobs give these back later
-                pick = choose(self.topology, self.free, k, behind, later=held)
+                pick = choose(self.topology, self.free, k, behind, later=held, unit=self.unit)
                 chosen = list(pick.gpus)
                 self.free = [g for g in self.free if g not in chosen]
                 self.reasons[job.name] = pick.reason

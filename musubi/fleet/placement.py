@@ -212,18 +212,19 @@ def _nodes(topo: NodeTopology, gpus: Iterable[int]) -> str:
 
 
 def choose(topo: NodeTopology | None, free: Sequence[int], k: int, queued: Sequence[tuple[str, int]] = (),
-           later: Sequence[int] = ()) -> Choice:
+           later: Sequence[int] = (), unit: str = "GPU") -> Choice:
     """The k free GPUs for a job.
 
     `queued`: (name, GPUs) of the jobs behind it in the queue, in order; `later`: GPUs held by running jobs
-    (they come back, and queued jobs that do not fit now will be placed on them too).
+    (they come back, and queued jobs that do not fit now will be placed on them too); `unit`: what a device is
+    called in the reason ("CPU slot" for CPU ranks).
     """
     free = sorted(free)
     if k > len(free):
         raise ValueError(f"{k} GPUs asked, {len(free)} free")
     known = topo is not None and set(free) <= set(topo.gpu_indices)
     if not known or k == len(free):
-        why = "all free GPUs" if k == len(free) else "no topology known: the lowest free GPUs"
+        why = f"all free {unit}s" if k == len(free) else f"no topology known: the lowest free {unit}s"
         chosen = tuple(free[:k])
         if known and k > 1:
             why += f"; worst link {describe(worst_link(topo, chosen))}"  # type: ignore[arg-type]

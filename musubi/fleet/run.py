@@ -26,7 +26,7 @@ from musubi.contract.errors import ConfigError
 from musubi.contract.run_files import RUN_FILES
 from musubi.data.job_version import dataset_env
 from musubi.fleet.jobs import check_command
-from musubi.fleet.machine import SHOW, check_topology
+from musubi.fleet.machine import SHOW, check_topology, device_unit
 from musubi.fleet.stop import FleetInterrupted, check_unlocked, run_lock
 from musubi.store.db import db_path
 from musubi.store.rundir import default_run_dir, env_record, read_json, run_record, write_json
@@ -334,14 +334,13 @@ def _run_locked(req: FleetRequest, spec: FleetSpec, base: Path, executor: str, d
                  ", ".join(f"{k} {v:.1f}" for k, v in fleet.startup.items() if k != "in all"))
         topo = fleet.packer.topology
         if topo is None:
-            log.info("placement without a topology: the lowest free %s", "GPUs" if kind == "cuda" else "CPU slots",
-                     extra=SHOW)
+            log.info("placement without a topology: the lowest free %ss", device_unit(kind), extra=SHOW)
         else:
             log.info("placing by topology: %s", topo.summary(), extra=SHOW)
             missing = [d for d in devices if d not in topo.gpu_indices]
             if missing:
                 log.warning("the topology does not name device(s) %s: jobs that get them are placed without it "
-                            "(lowest free GPUs)", ",".join(map(str, missing)))
+                            "(lowest free %ss)", ",".join(map(str, missing)), device_unit(kind))
         states = fleet.run()
     _finish(spec, run_dir, console)
     return run_dir, states
@@ -404,7 +403,7 @@ def plan_fleet(req: FleetRequest, console: Console | None = None) -> list[str]:
     # the planner's models and the packer (torch, through the executor): once every job passed its checks
     from musubi.fleet.durations import demand_of, machine_of
     from musubi.fleet.local import estimates
-    from musubi.fleet.machine import cpus_value, device_cores
+    from musubi.fleet.machine import cpus_value, describe_cpus, device_cores
     from musubi.fleet.moldable import advance, best_plan, lower_bound, makespan, simulate
     from musubi.fleet.packer import Demand, Packer, order, unplaceable
     from musubi.fleet.sharing import share_note, share_policy
@@ -429,12 +428,12 @@ def plan_fleet(req: FleetRequest, console: Console | None = None) -> list[str]:
     problems = refusals(spec, devices, kind) or unplaceable(queue, len(devices))
     if problems:
         raise ConfigError(problems[0])
-    unit = "GPU" if kind == "cuda" else "CPU slot"
+    unit = device_unit(kind)
     lines = [f"fleet {spec.name}: {len(spec.jobs)} jobs on {len(devices)} {unit}s (dry run: nothing started)",
              f"topology: {topo.summary() if topo is not None else 'none: the lowest free ' + unit + 's'}"]
-    cores = device_cores(devices, topo) if spec.machine.pin_cpus and req.gpus is None else None
+    cores = device_cores(devices, topo, kind) if spec.machine.pin_cpus and req.gpus is None else None
     if cores is not None:
-        lines.append(f"cores per device: {cores.reason}" if cores else f"no CPU pinning: {cores.reason}")
+        lines.append(f"cores per {unit}: {cores.reason}" if cores else f"no CPU pinning: {cores.reason}")
     lines.append("predicted durations (start-up included; see README 'How long each job takes'):")
     for j in spec.jobs:
         e = est[j.name]
@@ -447,7 +446,7 @@ def plan_fleet(req: FleetRequest, console: Console | None = None) -> list[str]:
     share = share_policy(spec.machine.share_gpus, kind, gpu_memory_gib(devices) if kind == "cuda" and
                          req.gpus is None else None)
     packer = Packer(list(devices), list(queue), topology=topo, planner=best_plan, clock=lambda: clock[0],
-                    share=share)
+                    share=share, unit=unit)
 
     first_plan = None
 
@@ -457,7 +456,7 @@ def plan_fleet(req: FleetRequest, console: Console | None = None) -> list[str]:
         pin = cpus_value(cores, gpus) if cores else None
         t = d.predicted(len(gpus)) or 0.0
         lines.append(f"at {clock[0]:.0f} s: {d.name} on {unit} {','.join(map(str, gpus))} "
-                     f"(predicted {t:.0f} s): {packer.reasons[d.name]}" + (f"; cores per rank {pin}" if pin
+                     f"(predicted {t:.0f} s): {packer.reasons[d.name]}" + (f"; {describe_cpus(pin)}" if pin
                                                                                   else ""))
 
     bars = advance(packer, clock, {}, placed)
@@ -511,8 +510,10 @@ def _replay(spec: FleetSpec, req: FleetRequest, console: Console) -> list[str]:
     r = replay(record, spec, list(range(req.gpus)) if req.gpus else None)
     if not r.recorded:
         raise ConfigError(f"--replay {req.replay}: fleet.json records no finished attempt")
-    lines = replay_lines(r) + ["recorded:", *text_timeline(r.recorded, r.devices), "simulated:",
-                               *text_timeline(r.simulated, r.devices)]
+    # --gpus N simulates GPUs; else the recorded devices (fleet.json's `device`; older records ran on GPUs)
+    unit = "GPU" if req.gpus else device_unit(str(record.get("device", "cuda")))
+    lines = replay_lines(r, unit) + ["recorded:", *text_timeline(r.recorded, r.devices, unit), "simulated:",
+                                     *text_timeline(r.simulated, r.devices, unit)]
     for ln in lines:
         console.print(ln, highlight=False, markup=False, soft_wrap=True)
     return lines

@@ -27,11 +27,22 @@ from musubi.records.learning import Verdict, judge
 
 CHECKLIST_FILE = RUN_FILES.checklist
 
-#: Goodput under this is a warning even without a failure: half the wall time made no progress.
+#: Goodput under this is a warning even without a failure, on a run of LONG_RUN_S or more: half its wall
+#: time made no progress.
 GOODPUT_WARN = 0.5
+
+#: Wall seconds from which a run without failures is judged on its goodput. Start-up (imports, process group,
+#: data, model) takes 20-60 s whatever the run's length, so a shorter run is mostly start-up by nature: its
+#: split is stated, not warned about.
+LONG_RUN_S = 600.0
 
 #: Why speed criteria are reported but not judged on CPU ranks.
 CPU_NOTE = "CPU ranks share this machine's cores: reported, not judged"
+
+
+def _unit(device: str) -> str:
+    """What a job's rank runs on, in words: GPU, or CPU rank."""
+    return "GPU" if device == "cuda" else "CPU rank"
 
 
 def _judged(item: Item, device: str) -> Item:
@@ -72,6 +83,7 @@ class Checklist:
     run_dir: str
     items: list[Item] = field(default_factory=list)
     figures: dict[str, Any] = field(default_factory=dict)  # per job: throughput, speedup, ...
+    score: str = ""  # the run's headline result in words ("top1 1 (my-images)"), "" when it has none
 
     @property
     def ok(self) -> bool:
@@ -81,7 +93,7 @@ class Checklist:
     def to_dict(self) -> dict[str, Any]:
         counts = {s: sum(1 for i in self.items if i.status == s) for s in ("PASS", "WARN", "FAIL", "SKIP")}
         return {"ok": self.ok, "counts": counts, "items": [asdict(i) for i in self.items], "figures": self.figures,
-                "run_dir": self.run_dir}
+                "score": self.score, "run_dir": self.run_dir}
 
 
 def _losses(records: list[dict[str, Any]]) -> list[float]:
@@ -164,9 +176,13 @@ def _restarts_item(job: str, job_dir: Path, ended_well: bool) -> Item | None:
     ratio = f"goodput {g:.1%}" if isinstance(g, (int, float)) else "goodput n/a"
     failures = [f for f in rec.get("failures") or [] if isinstance(f, dict)]
     if not failures:
-        if isinstance(g, (int, float)) and g < GOODPUT_WARN:
+        if not isinstance(g, (int, float)) or g >= GOODPUT_WARN:
+            return Item("during", "restarts", "PASS", f"no failure; {ratio}", job)
+        wall = float(rec.get("wall_s") or 0.0)
+        if wall >= LONG_RUN_S:
             return Item("during", "restarts", "WARN", f"no failure, but {ratio}: {_goodput_split(rec)}", job)
-        return Item("during", "restarts", "PASS", f"no failure; {ratio}", job)
+        return Item("during", "restarts", "PASS", f"no failure; {ratio}: {_goodput_split(rec)}; a run under "
+                    f"{LONG_RUN_S / 60:.0f} min is mostly start-up by nature (judged on longer runs)", job)
     causes = "; ".join(failure_summary({k: v for k, v in f.items() if k != "detail"}) for f in failures)
     what = (f"{len(failures)} failure(s) ({causes}), {rec.get('lost_steps', 0)} step(s) lost, "
             f"{rec.get('downtime_s', 0):.1f}s down; {ratio}")
@@ -186,9 +202,10 @@ def _goodput_split(rec: dict[str, Any]) -> str:
     if not isinstance(rec.get("startup_s"), (int, float)):  # goodput.json of an older musubi
         return f"{steps:.1f}s of {wall:.1f}s wall in training steps"
     start = float(rec["startup_s"])
-    return (f"of {wall:.1f}s wall, {start:.1f}s start-up before the first step (imports, process group, data, "
+    share = f" ({start / wall:.0%})" if wall > 0 else ""
+    return (f"of {wall:.1f}s wall, {start:.1f}s{share} start-up before the first step (imports, process group, data, "
             f"model), {steps:.1f}s training steps, {max(0.0, wall - start - steps):.1f}s after them (validation, "
-            "checkpoint, exit); a run this short is mostly start-up")
+            "checkpoint, exit)")
 
 
 def _throughput_items(job: str, job_dir: Path, records: list[dict[str, Any]], success: SuccessSpec,
@@ -212,12 +229,13 @@ def _throughput_items(job: str, job_dir: Path, records: list[dict[str, Any]], su
                        success, "max_throughput_drop")]
 
 
-def _telemetry_items(job: str, job_dir: Path, success: SuccessSpec, figures: dict[str, Any]) -> list[Item]:
+def _telemetry_items(job: str, job_dir: Path, success: SuccessSpec, figures: dict[str, Any],
+                     device: str = "cuda") -> list[Item]:
     out: list[Item] = []
     util = evidence.gpu_utilisation(job_dir)
     if util is None:
-        out.append(Item("during", "gpu_util", "SKIP", "no GPU utilisation samples (CPU ranks or no NVML)", job,
-                        success.origin("min_gpu_util")))
+        why = "CPU ranks: no GPU to sample" if device == "cpu" else "no GPU utilisation samples (no NVML)"
+        out.append(Item("during", "gpu_util", "SKIP", why, job, success.origin("min_gpu_util")))
     else:
         figures["gpu_util"] = {str(k): round(v, 3) for k, v in util.items()}
         low = {g: u for g, u in util.items() if success.min_gpu_util is not None and u < success.min_gpu_util}
@@ -236,7 +254,8 @@ def _telemetry_items(job: str, job_dir: Path, success: SuccessSpec, figures: dic
     return out
 
 
-def _speedup_items(job: str, job_dir: Path, gpus: int, success: SuccessSpec, figures: dict[str, Any]) -> list[Item]:
+def _speedup_items(job: str, job_dir: Path, gpus: int, success: SuccessSpec, figures: dict[str, Any],
+                   device: str = "cuda") -> list[Item]:
     if gpus < 2:
         return []
     base = evidence.baseline(job_dir)
@@ -244,13 +263,14 @@ def _speedup_items(job: str, job_dir: Path, gpus: int, success: SuccessSpec, fig
     wanted = success.min_speedup is not None or success.min_scaling_efficiency is not None
     if base is None or rate is None:
         if wanted:
-            return [Item("criteria", "speedup", "SKIP", "not measured: no single-GPU baseline (success.baseline_steps "
-                         "is 0 or the baseline failed)", job, YOURS)]
+            return [Item("criteria", "speedup", "SKIP", f"not measured: no single-{_unit(device)} baseline "
+                         "(success.baseline_steps is 0 or the baseline failed)", job, YOURS)]
         return []
     speedup = rate / base["samples_per_s"]
     eff = speedup / gpus
     figures.update(speedup=round(speedup, 3), scaling_efficiency=round(eff, 3))
-    found = f"{speedup:.2f}x over one GPU ({base['samples_per_s']:.1f} samples/s), {eff:.0%} scaling efficiency on {gpus}"
+    found = (f"{speedup:.2f}x over one {_unit(device)} ({base['samples_per_s']:.1f} samples/s), {eff:.0%} scaling "
+             f"efficiency on {gpus} {_unit(device)}s")
     miss = []
     if success.min_speedup and speedup < success.min_speedup:
         miss.append(f"speedup below {success.min_speedup}")
@@ -288,8 +308,8 @@ def job_items(name: str, job_dir: Path, state: str, gpus: int, kind: str, succes
         if restarts is not None:
             items.append(restarts)
         speed = (_throughput_items(name, job_dir, records, success, figures)
-                 + _telemetry_items(name, job_dir, success, figures)
-                 + _speedup_items(name, job_dir, gpus, success, figures))
+                 + _telemetry_items(name, job_dir, success, figures, device)
+                 + _speedup_items(name, job_dir, gpus, success, figures, device))
         items += [_judged(i, device) for i in speed]
     if ended_well:
         ev = evidence.eval_metrics(job_dir)
@@ -344,6 +364,7 @@ def build_checklist(run_dir: Path, success: SuccessSpec | None = None) -> Checkl
                          + (f"(allowed: {success.max_failures})" if success.origin("max_failures") == YOURS
                             else "(allowed: 0 by default; success.max_failures allows some)"),
                          None, success.origin("max_failures")))
+    cl.score = score_text(run_dir, run)
     if run.fleet:
         _fleet_after(run_dir, run, success, cl)
     elif success.min_score is not None and run.jobs:
@@ -358,6 +379,26 @@ def build_checklist(run_dir: Path, success: SuccessSpec | None = None) -> Checkl
             cl.items.append(Item("criteria", "score", "PASS" if ok else "FAIL",
                                  f"{metric} {value:.4g} {'>=' if ok else '<'} {success.min_score}", None, YOURS))
     return cl
+
+
+#: Jobs whose headline metric the summary names one by one; a fleet beyond it is named by its leaderboard's best.
+SCORED_JOBS = 3
+
+
+def score_text(run_dir: Path, run: evidence.RunEvidence) -> str:
+    """The run's result in a few words: each job's headline metric (eval.json), or a fleet's best ranked job."""
+    ranked = [r for r in evidence.leaderboard_rows(run_dir) if r.get("rank") is not None]
+    if run.fleet and ranked and isinstance(ranked[0].get("score"), (int, float)):
+        best = ranked[0]
+        return f"best {best['job']} score {best['score']:.4g} ({len(ranked)} ranked)"
+    said = []
+    for job in run.jobs[:SCORED_JOBS]:
+        metric = evidence.primary_metric(job.dir)
+        value = evidence.eval_metrics(job.dir).get(metric) if metric else None
+        if value is not None:
+            said.append(f"{metric} {value:.4g} ({job.name})")
+    more = len(run.jobs) - SCORED_JOBS
+    return ", ".join(said) + (f" and {more} more job(s)" if said and more > 0 else "")
 
 
 def _fleet_after(run_dir: Path, run: evidence.RunEvidence, success: SuccessSpec, cl: Checklist) -> None:
@@ -433,6 +474,38 @@ def write_checklist(run_dir: Path, cl: Checklist) -> Path:
     return path
 
 
+def verdict_line(cl: Checklist) -> str:
+    """'run met its criteria: 9 passed, 1 warnings, 0 failed, 2 not measured' (+ the score)."""
+    d = cl.to_dict()["counts"]
+    verdict = "met its criteria" if cl.ok else "did NOT meet its criteria"
+    return (f"run {verdict}: {d['PASS']} passed, {d['WARN']} warnings, {d['FAIL']} failed, {d['SKIP']} not measured"
+            + (f"; {cl.score}" if cl.score else ""))
+
+
+def summary_lines(cl: Checklist) -> list[str]:
+    """The console's checklist: the verdict and score, every failed and warning item in full, where the rest is.
+
+    A run's end is read, not scanned: the items that passed or were not measured stay in RUN/checklist.json
+    (and `musubi checklist RUN` draws them all as a table)."""
+    lines = [verdict_line(cl)]
+    for status in ("FAIL", "WARN"):
+        lines += [f"  {status} {i.job + ' ' if i.job else ''}{i.check}: {i.found}" for i in cl.items
+                  if i.status == status]
+    run_dir = Path(cl.run_dir)
+    lines.append(f"full checklist: {run_dir / CHECKLIST_FILE} (as a table: musubi checklist {run_dir})")
+    return lines
+
+
+def render_summary(cl: Checklist, console: Any) -> None:
+    """The short form of the checklist on the console (summary_lines), failures in red and warnings in yellow."""
+    from rich.text import Text
+
+    colors = {"  FAIL": "red", "  WARN": "yellow"}
+    for line in summary_lines(cl):
+        # Text: job names and findings are data, never rich markup
+        console.print(Text(line, style=colors.get(line[:6], "")), soft_wrap=True)
+
+
 def render(cl: Checklist, console: Any) -> None:
     """The checklist as a rich table, then one summary line."""
     from rich.table import Table
@@ -447,10 +520,7 @@ def render(cl: Checklist, console: Any) -> None:
                       Text(i.criterion or "", style="dim" if i.criterion != YOURS else ""),
                       Text(i.found))  # Text: job names and findings are data, never rich markup
     console.print(table)
-    d = cl.to_dict()["counts"]
-    verdict = "met its criteria" if cl.ok else "did NOT meet its criteria"
-    console.print(Text(f"run {verdict}: {d['PASS']} passed, {d['WARN']} warnings, {d['FAIL']} failed, "
-                       f"{d['SKIP']} not measured -> {Path(cl.run_dir) / CHECKLIST_FILE}"))
+    console.print(Text(f"{verdict_line(cl)} -> {Path(cl.run_dir) / CHECKLIST_FILE}"))
 
 
 def checklist_json(cl: Checklist) -> str:

@@ -169,8 +169,9 @@ def _inside(comp: Mapping[str, float], group: tuple[tuple[str, str], ...], label
     return f" ({label}{inside})" if inside else ""
 
 
-def summary_line(comp: Mapping[str, float]) -> str:
-    """One line: seconds to the first step, on the GPUs, each component, and the evaluation step."""
+def summary_line(comp: Mapping[str, float], unit: str = "GPU") -> str:
+    """One line: seconds to the first step, on the job's devices (`unit`: GPU or CPU slot), each component, and
+    the evaluation step."""
     if "to first step" not in comp:
         return "no start-up marks"
     skip = {"to first step", "start-up on the GPUs", "teardown", EVAL_START, "evaluation",
@@ -180,7 +181,7 @@ def summary_line(comp: Mapping[str, float]) -> str:
     tail = ", ".join(f"{k} {comp[k]:.1f}" for k in ("teardown", EVAL_START, "evaluation") if k in comp)
     tail += _inside(comp, EVALUATION, "")
     return (f"{comp['to first step']:.1f} s to the first step ({comp['start-up on the GPUs']:.1f} s of it on the "
-            f"GPUs): {parts}" + (f"; after training: {tail}" if tail else ""))
+            f"{unit}s): {parts}" + (f"; after training: {tail}" if tail else ""))
 
 
 def wait_for_file(path: Path, owner_alive: Callable[[], bool], poll_s: float = 0.05) -> bool:

@@ -14,7 +14,11 @@ from dataclasses import dataclass
 
 from musubi.contract.env import MUSUBI_CPUS
 from musubi.topology.model import format_cpulist, parse_cpulist
-from musubi.worker.feed.loader_plan import MAX_AUTO_WORKERS  # noqa: F401 - re-exported
+from musubi.worker.feed.loader_plan import (
+    DEFAULT_WORKERS,
+    MAX_AUTO_WORKERS,  # noqa: F401 - re-exported
+    default_workers,
+)
 from musubi.worker.feed.loader_plan import workers_for_cores as auto_workers
 
 #: `data.workers: auto` never starts more loader processes than this per rank.
@@ -32,8 +36,9 @@ class Pinning:
         return len(self.cpus)
 
     def describe(self) -> str:
-        """'cores 0-7 (8)'."""
-        return f"cores {format_cpulist(self.cpus)} ({self.cores})"
+        """'cores 0-7 (8 cores)', 'core 3 (1 core)': the core ids, then how many (an id alone reads as a count)."""
+        many = self.cores != 1
+        return f"core{'s' if many else ''} {format_cpulist(self.cpus)} ({self.cores} core{'s' if many else ''})"
 
 
 def rank_cpus(local_rank: int, value: str | None) -> tuple[int, ...] | None:
@@ -96,16 +101,22 @@ def configure_threads(spec, pinned: Pinning | None) -> str:  # noqa: ANN001 - a 
     import torch
 
     cores = pinned.cores if pinned is not None else unpinned_cores(int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    chosen = ""
+    if spec.data.workers is None:
+        spec.data.workers = default_workers(cores)
+        if spec.data.workers < DEFAULT_WORKERS:  # said in the same line: why this rank loads with fewer
+            chosen = (f" (the default {DEFAULT_WORKERS} fitted to {cores} core(s): one stays the training loop's; "
+                      "set data.workers to choose)")
     if spec.data.workers == "auto":
         spec.data.workers = auto_workers(cores)
     # `measure`: the feed times the loader later, at most `auto` workers; threads are planned for that many.
     workers = auto_workers(cores) if spec.data.workers == "measure" else spec.data.workers
     said = "up to " + str(workers) + " (measured)" if spec.data.workers == "measure" else str(workers)
     if pinned is None:  # not pinned: threads as OMP_NUM_THREADS says (the launcher's share of the cores)
-        return f"not pinned: {torch.get_num_threads()} intra-op thread(s), {said} loader worker(s)"
+        return f"not pinned: {torch.get_num_threads()} intra-op thread(s), {said} loader worker(s){chosen}"
     threads = intra_op_threads(cores, workers)
     torch.set_num_threads(threads)
-    line = f"{pinned.describe()}: {threads} intra-op thread(s), {said} loader worker(s)"
+    line = f"{pinned.describe()}: {threads} intra-op thread(s), {said} loader worker(s){chosen}"
     if isinstance(spec.data.workers, int) and spec.data.workers >= cores:
         # Said, not silently clamped: the workers and the training loop now share too few cores.
         # The caller logs the line once, at warning level (OVERSUBSCRIBED in it): one line, not two.

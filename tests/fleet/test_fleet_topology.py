@@ -38,15 +38,15 @@ def test_single_gpu_job_leaves_the_nvlink_pair_and_the_decisions_are_logged(tmp_
     # slots 0,1 are an NVLink pair (NV4) in the recorded machine, 2 is half of the next pair
     assert jobs["solo"]["gpus"] == [2] and jobs["duo"]["gpus"] == [0, 1]
     assert "leaves 0,1 (NV4 (4 NVLinks)) for queued duo" in jobs["solo"]["placement"]
-    assert jobs["duo"]["placement"] == "all free GPUs; worst link NV4 (4 NVLinks)"
+    assert jobs["duo"]["placement"] == "all free CPU slots; worst link NV4 (4 NVLinks)"
     # the placement and pinning decisions reach the console and RUN/fleet.log
     log = (out / "fleet.log").read_text()
     for text in (res.output, log):
         assert "fleet: placing by topology: 8 GPUs" in text or "placing by topology: 8 GPUs" in text
         assert "start solo on CPU slot 2 (attempt 1): 1 of free 0,1,2; leaves 0,1 (NV4 (4 NVLinks)) for queued duo" \
             in text
-        assert "start duo on CPU slot 0,1 (attempt 1): all free GPUs; worst link NV4 (4 NVLinks)" in text
-        assert "cores per device" in text or "no CPU pinning" in text
+        assert "start duo on CPU slot 0,1 (attempt 1): all free CPU slots; worst link NV4 (4 NVLinks)" in text
+        assert "cores per CPU slot" in text or "no CPU pinning" in text
     assert "done solo" in log and "done duo" in log  # the whole story in fleet.log, not only the decisions
 
 

@@ -9,3 +9,14 @@ def test_log_interval_gives_a_short_run_a_curve() -> None:
     # 16 steps: every step (the old fixed 10 logged one point); 100: every 5 (20 points); long runs: every 10
     assert [log_interval(n) for n in (1, 16, 40, 100, 200, 10_000)] == [1, 1, 2, 5, 10, 10]
     assert all(n // log_interval(n) >= min(n, 20) for n in range(1, 400))
+
+
+def test_a_pipe_gets_a_few_console_lines_of_a_short_run_and_every_tenth_step_of_a_long_one() -> None:
+    """In a pipe (CI, the quickstart's log) a 12-step run prints 4 step lines, not 12; metrics.jsonl keeps its
+    curve. A console line is always a logged record, and never sparser than every 10 steps."""
+    from musubi.worker.reporting import console_interval
+
+    assert [console_interval(n, log_interval(n)) for n in (3, 12, 40, 100, 1000)] == [1, 3, 8, 10, 10]
+    for n in range(1, 600):
+        every, k = log_interval(n), console_interval(n, log_interval(n))
+        assert k % every == 0 and k <= max(every, 10) and (n > 50 or n // k <= 5), n

@@ -76,6 +76,34 @@ def test_more_workers_than_pinned_cores_is_said(caplog: pytest.LogCaptureFixture
         torch.set_num_threads(before)
 
 
+def test_the_default_loader_workers_fit_the_rank_and_say_so() -> None:
+    """Unset data.workers: 2 where the rank has 3+ cores, cores - 1 below (the quickstart's 2 ranks on 2 cores: 0),
+    said in the rank's line and never tripping the oversubscription warning; a count written is kept."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from musubi.worker.pinning import OVERSUBSCRIBED, Pinning, configure_threads
+
+    before = torch.get_num_threads()
+    try:
+        for cpus, workers in (((0,), 0), ((0, 1), 1), ((0, 1, 2), 2), (tuple(range(16)), 2)):
+            spec = SimpleNamespace(data=SimpleNamespace(workers=None))
+            line = configure_threads(spec, Pinning(cpus))
+            assert spec.data.workers == workers and OVERSUBSCRIBED not in line, line
+            assert f"{workers} loader worker(s)" in line
+            assert ("the default 2 fitted to" in line) == (workers < 2), line
+        line = configure_threads(SimpleNamespace(data=SimpleNamespace(workers=None)), Pinning((5,)))
+        assert line.startswith("core 5 (1 core): 1 intra-op thread(s), 0 loader worker(s) (the default 2 fitted to "
+                               "1 core(s)"), line
+        assert configure_threads(SimpleNamespace(data=SimpleNamespace(workers=None)),
+                                 Pinning((0, 1, 2, 3))).startswith("cores 0-3 (4 cores): ")
+        kept = SimpleNamespace(data=SimpleNamespace(workers=2))
+        assert OVERSUBSCRIBED in configure_threads(kept, Pinning((0,))) and kept.data.workers == 2
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_given_sets_are_checked_and_off_means_off() -> None:
     assert plan_pinning(True, "cpu", 2, {"MUSUBI_CPUS": "0-3;4-7"}).env == {}
     with pytest.raises(ConfigError, match="gives 1 core set"):

@@ -10,9 +10,19 @@ from typing import Any
 MAX_AUTO_WORKERS = 16
 
 
+#: Loader workers per rank when `data.workers` is unset, on a rank with cores to spare for them.
+DEFAULT_WORKERS = 2
+
+
 def workers_for_cores(cores: int) -> int:
     """Loader workers for `data.workers: auto`: every core but one (the training loop's), at most 16."""
     return max(0, min(MAX_AUTO_WORKERS, cores - 1))
+
+
+def default_workers(cores: int) -> int:
+    """Loader workers when `data.workers` is unset: DEFAULT_WORKERS, fewer on a rank with fewer cores to spare (a
+    core stays the training loop's), so the default never oversubscribes the rank it runs on."""
+    return min(DEFAULT_WORKERS, workers_for_cores(cores))
 
 
 @dataclass(frozen=True)

@@ -125,9 +125,15 @@ class TrainFeed:
                                                              "ahead": self.prefetcher.describe()})
             if world.is_main:
                 p = self.plan
-                log.info("feeder: decode %s; resize %s; augment %s; %d loader worker(s) (%s), %spinned, prefetch "
-                         "%d a worker; device batches %s", p.path["decode"], p.path["resize"], p.path["augment"],
-                         p.workers, p.source, "" if p.pin_memory else "not ", p.prefetch, p.path["ahead"])
+                # Without workers the rank's own process does the workers' part: say so, not "loader workers".
+                where = {k: "the rank" if v == "loader workers" and not p.workers else v for k, v in p.path.items()}
+                loader = (f"{p.workers} loader worker(s) ({p.source}), prefetch {p.prefetch} a worker" if p.workers
+                          else "no loader worker (the rank reads its own batches)")
+                # pinned: page-locked host memory for the copy to a GPU (a CPU rank copies nothing: not said)
+                memory = ("" if not world.is_cuda else ", pinned host memory" if p.pin_memory
+                          else ", pageable host memory")
+                log.info("feeder: decode %s; resize %s; augment %s; %s%s; device batches %s", where["decode"],
+                         where["resize"], where["augment"], loader, memory, p.path["ahead"])
             self.loader = DataLoader(ds, batch_size=batch, sampler=self.sampler, collate_fn=task.collate,
                                      drop_last=True, generator=self.generator, **self.plan.kwargs())
             self.micro_per_epoch = len(self.sampler) // batch
