@@ -56,6 +56,7 @@ def worker(args: argparse.Namespace) -> None:
     import torch
 
     from musubi.checkpoint.saver import Checkpointer
+    from musubi.checkpoint.states import CheckpointStates, Held
     from musubi.config.load import job_from_dict
     from musubi.contract.inject import Injector
     from musubi.contract.world import init_world, shutdown_world
@@ -96,27 +97,32 @@ def worker(args: argparse.Namespace) -> None:
     if world.is_cuda:
         out["gpu"] = torch.cuda.get_device_name(world.device)
 
-    def rng() -> dict:
-        return {"seed": torch.tensor([world.rank])}
+    train = Held({})  # the step of each save: what a trainer's state would hold
+    states = CheckpointStates(model, opt, train=train, rank=Held({"seed": torch.tensor([world.rank])}),
+                              signature="bench")
 
-    sync = Checkpointer(root / "sync", spec.checkpoint.model_copy(update={"async_mode": "off"}), world, inj, None)
+    def save(saver: Checkpointer, step: int) -> None:
+        train.state = {"step": step}
+        saver.save(step)
+
+    sync = Checkpointer(root / "sync", spec.checkpoint.model_copy(update={"async_mode": "off"}), world, inj, states)
     sync_s = []
     for i in range(args.sync_repeats):
         t0 = time.perf_counter()
-        sync.save(1000 + i, model, opt, {"step": 1000 + i}, rng())
+        save(sync, 1000 + i)
         sync_s.append(time.perf_counter() - t0)
     out["sync_save_s"] = statistics.median(sync_s)
     sync.close()
 
     for mode in args.modes.split(","):
-        saver = Checkpointer(root / mode, spec.checkpoint.model_copy(update={"async_mode": mode}), world, inj, None)
-        saver.save(1, model, opt, {"step": 1}, rng())  # warm-up: the process mode starts its daemon here
+        saver = Checkpointer(root / mode, spec.checkpoint.model_copy(update={"async_mode": mode}), world, inj, states)
+        save(saver, 1)  # warm-up: the process mode starts its daemon here
         saver.wait()
         saver.drain()
         blocked, during, durable = [], [], []
         for i in range(args.async_repeats):
             t0 = time.perf_counter()
-            saver.save(2 + i, model, opt, {"step": 2 + i}, rng())
+            save(saver, 2 + i)
             blocked.append(time.perf_counter() - t0)
             n = 0
             # Steps while the save is in flight: the training loop's situation. Every rank runs the

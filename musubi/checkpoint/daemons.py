@@ -14,6 +14,8 @@ import logging
 import socket
 from pathlib import Path
 
+from musubi.contract.run_files import RUN_FILES
+
 log = logging.getLogger("musubi.checkpoint")
 
 _PATTERN = "ckpt-daemon-*.json"
@@ -22,7 +24,7 @@ _PATTERN = "ckpt-daemon-*.json"
 def record_daemon(job_dir: Path, attempt: str, rank: int, pid: int, created: float) -> Path:
     """Record one checkpoint daemon a rank spawned (its pid and start time, so a reused pid is never
     taken for it), one file a daemon under JOB/heartbeat/; returns the file."""
-    path = job_dir / "heartbeat" / f"ckpt-daemon-a{attempt}-rank{rank}-{pid}.json"
+    path = job_dir / RUN_FILES.heartbeat / f"ckpt-daemon-a{attempt}-rank{rank}-{pid}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"pid": pid, "created": created, "host": socket.gethostname(), "attempt": attempt,
                                 "rank": rank}), encoding="utf-8")
@@ -35,7 +37,7 @@ def reap_checkpoint_daemons(job_dir: Path, skip_attempt: str | None = None) -> l
 
     killed = []
     host = socket.gethostname()
-    for p in sorted((job_dir / "heartbeat").glob(_PATTERN)):
+    for p in sorted((job_dir / RUN_FILES.heartbeat).glob(_PATTERN)):
         try:
             rec = json.loads(p.read_text(encoding="utf-8"))
         except (OSError, ValueError):

@@ -1,4 +1,6 @@
-"""Writing checkpoints: synchronous, or asynchronous with DCP `async_save` (the step waits only for staging).
+"""The Checkpointer: the states handed to it once (states.py), saved by step and loaded back (resume.py).
+
+Writing is synchronous, or asynchronous with DCP `async_save` (the step waits only for staging).
 
 Asynchronous save, one step at a time:
 
@@ -29,7 +31,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
@@ -37,7 +38,9 @@ from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 
 from musubi.checkpoint import checkpoint as ckpt
 from musubi.checkpoint.daemons import record_daemon
+from musubi.checkpoint.resume import find_agreed, load_into
 from musubi.checkpoint.staging import HostStager, holds_dtensor
+from musubi.checkpoint.states import CheckpointStates
 from musubi.config.job import CheckpointSpec
 from musubi.contract.errors import ConfigError, one_line
 from musubi.contract.inject import Injector
@@ -111,19 +114,22 @@ def _close_stager(stager: Any) -> None:
 
 
 class Checkpointer:
-    """One rank's checkpoint writer: when to save (the trainer's step events ask), at most one save in
-    flight; rank 0 commits and applies retention."""
+    """One rank's checkpoints of the states handed to it once (checkpoint/states.py): `save(step)`,
+    `load(step)` or `load()` (the newest intact one). When to save is the trainer's to ask (`due_*`);
+    at most one save in flight; rank 0 commits and applies retention. With `checkpoint.enabled` off it
+    saves nothing and still loads (a torchrun restart looks for a checkpoint to resume from)."""
 
-    def __init__(self, root: Path, spec: CheckpointSpec, world: World, injector: Injector,
-                 default_metric: str | None, telemetry: Path | None = None, validated: bool = False) -> None:
-        self.root, self.spec, self.world, self.injector = root, spec, world, injector
+    def __init__(self, root: Path, spec: CheckpointSpec, world: World, injector: Injector, states: CheckpointStates,
+                 default_metric: str | None = None, telemetry: Path | None = None, validated: bool = False) -> None:
+        self.root, self.spec, self.world, self.injector, self.states = root, spec, world, injector, states
+        self.enabled = spec.enabled
         self.mode = resolve_mode(spec.async_mode, world.is_cuda)
         self.best_metric = spec.best_metric or default_metric
         #: keep_best ranks checkpoints by validation: only a job with a validation set has one to rank by.
-        self.keeps_best = spec.keep_best > 0 and validated
+        self.keeps_best = self.enabled and spec.keep_best > 0 and validated
         self.telemetry = telemetry
         # Thread mode: the save's collectives run beside DDP's, so they need a group of their own.
-        self.group = side_group() if self.mode == "thread" else None
+        self.group = side_group() if self.enabled and self.mode == "thread" else None
         #: Keep host copies across saves (HostStager); False: DCP's stager, a fresh one per save.
         self.reuse_buffers = True
         self._host: HostStager | None = None
@@ -148,8 +154,8 @@ class Checkpointer:
 
         One per save, never reused. torch 2.11's `DefaultStager._stage` ends every staging with
         `StateDictStager.close()`, which empties the deepcopy dispatch table, so a second save
-        through the same stager fails with `KeyError: <class 'type'>` (seen on the GPU machine,
-        2026-11-26); torch 2.14 leaves a caller-owned stager open. A fresh stager behaves the same
+        through the same stager fails with `KeyError: <class 'type'>` (seen on the GPU machine);
+        torch 2.14 leaves a caller-owned stager open. A fresh stager behaves the same
         on both. It is closed once its save is durable (`_InFlight.release`): until then the
         checkpoint process or the writer thread may still read the staged copies.
         """
@@ -165,7 +171,8 @@ class Checkpointer:
         not a step whose weights are validated next (saved after that, carrying its metric).
         """
         every = self.spec.every_steps
-        return bool(every) and not last and step % every == 0 and not (validated_next and self.keeps_best)
+        return (self.enabled and bool(every) and not last and step % every == 0
+                and not (validated_next and self.keeps_best))
 
     def due_at_epoch_end(self, validated: bool, last: bool) -> bool:
         """Whether the end of an epoch (or of training inside one) is saved.
@@ -173,7 +180,7 @@ class Checkpointer:
         Always without `every_steps` and at the last step; under keep_best whenever the weights were
         just validated, so each ranked checkpoint carries its own metric.
         """
-        return not self.spec.every_steps or last or (validated and self.keeps_best)
+        return self.enabled and (not self.spec.every_steps or last or (validated and self.keeps_best))
 
     def check_metric(self, values: dict[str, float]) -> None:
         """ConfigError when keep_best ranks by a metric the validation does not report."""
@@ -182,15 +189,28 @@ class Checkpointer:
             raise ConfigError(f"checkpoint.best_metric {self.best_metric!r} is not a validation metric of this task "
                               f"(it reports {reported}); fix it or set keep_best: 0")
 
+    # -- loading -----------------------------------------------------------------
+    def load(self, step: int | None = None, automatic: bool = False) -> ckpt.Committed | None:
+        """Collective: load checkpoint `step` (None: the newest intact one) into the states; return it.
+
+        Every rank agrees on the checkpoint first (checkpoint/resume.py). None (nothing loaded) only when
+        `automatic` (a torchrun restart, not the user's --resume) finds no intact checkpoint: training starts
+        from step 0; otherwise that is a ConfigError.
+        """
+        found = find_agreed(self.root, self.world, automatic, step)
+        if found is not None:
+            load_into(found, self.states, self.world)
+        return found
+
     # -- saving ------------------------------------------------------------------
-    def save(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-             trainer_state: dict[str, Any], rank_state: dict[str, torch.Tensor],
-             metric: dict[str, float] | None = None) -> None:
-        """Collective: start (async) or do (sync) the checkpoint of `step`."""
+    def save(self, step: int, metric: dict[str, float] | None = None) -> None:
+        """Collective: start (async) or do (sync) the checkpoint of `step` of the states; `metric`: the validation
+        of these weights, which keep_best ranks by."""
         t0 = time.perf_counter()
+        trainer_state, rank_state = self.states.global_state(), self.states.rank.state_dict()
         self.wait()
         d = ckpt.prepare_dir(self.root, step, self.world)
-        state = ckpt.save_state(model, optimizer, rank_state, self.world)
+        state = ckpt.save_state(self.states.model, self.states.optimizer, rank_state, self.world)
         self.injector.checkpoint_block(step)  # `ckpt_stall` (phase block): what the step waits for
         # Frozen now: the training thread moves on while the commit waits for the shards.
         trainer_state = json.loads(json.dumps(trainer_state))
@@ -318,7 +338,7 @@ class Checkpointer:
         if self._host is not None:
             self._host.close()
             self._host = None
-        if self.mode == "process":
+        if self.enabled and self.mode == "process":
             stop_checkpoint_process()
 
 

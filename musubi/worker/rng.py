@@ -43,6 +43,16 @@ def restore_rng(state: dict[str, torch.Tensor], device: torch.device) -> None:
         torch.cuda.set_rng_state(state["cuda"].cpu(), device)
 
 
-def rng_template(device: torch.device) -> dict[str, torch.Tensor]:
-    """Tensors of the right shapes to load states into (DCP loads in place)."""
-    return {k: torch.empty_like(v) for k, v in capture_rng(device).items()}
+class RankRng:
+    """This rank's RNG streams as a stateful (checkpoint/states.py): captured at a save, put back at a load."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The streams now (`capture_rng`)."""
+        return capture_rng(self.device)
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """Put loaded streams back (`restore_rng`)."""
+        restore_rng(state, self.device)

@@ -17,12 +17,13 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from musubi.checkpoint import checkpoint as ckpt
 from musubi.checkpoint.checkpoint import agree_buffers
-from musubi.checkpoint.resume import resume_latest
 from musubi.checkpoint.saver import Checkpointer
+from musubi.checkpoint.states import CheckpointStates
 from musubi.config.batch_plan import BatchPlan, lr_line, plan_batch
 from musubi.config.job import JobSpec
 from musubi.contract.errors import ConfigError
 from musubi.contract.inject import Injector
+from musubi.contract.run_files import RUN_FILES
 from musubi.contract.world import World
 from musubi.recovery.memory import memory_figures
 from musubi.recovery.watchdog import Heartbeat
@@ -35,7 +36,7 @@ from musubi.worker.log_window import LogWindow, PendingLine, agree_parts, check_
 from musubi.worker.ordered_reduce import needs_ordered_reduce, ordered_allreduce_hook
 from musubi.worker.precision import autocast, make_scaler, resolve_precision
 from musubi.worker.reporting import MetricsWriter, ProgressBar, log_interval
-from musubi.worker.rng import capture_rng, restore_rng, rng_template
+from musubi.worker.rng import RankRng, capture_rng, restore_rng
 from musubi.worker.schedule import lr_factor
 from musubi.worker.step_events import (
     AFTER_BACKWARD,
@@ -165,14 +166,18 @@ class Trainer:
             self.optimizer, lr_factor(t.warmup_steps, self.total_steps, t.schedule)
         )
         self.scaler = make_scaler(self.precision, world.device)
-        self.ckpt_root = job_dir / "checkpoints"
+        self.ckpt_root = job_dir / RUN_FILES.checkpoints
         ordered = ordered_allreduce_hook if needs_ordered_reduce(t.deterministic, world.size, t.strategy) else None
         #: This rank's span recorder (telemetry/rank{r}.jsonl; the checkpointer appends its records there too).
         self.telemetry = open_telemetry(spec, world, job_dir, self.model, self.feed, reduce=ordered)
         if ordered is not None and not self.telemetry.enabled and isinstance(self.model, DDP):
             self.model.register_comm_hook(None, ordered)  # telemetry off: no timing hook wraps it
-        self.checkpointer = Checkpointer(self.ckpt_root, spec.checkpoint, world, self.injector, task.primary_metric,
-                                         self.telemetry.path, validated=bool(self.val)) if spec.checkpoint.enabled else None
+        #: What a checkpoint holds, handed over once: the checkpointer saves and loads these in place by step.
+        self.states = CheckpointStates(model=self.model, optimizer=self.optimizer, train=self,
+                                       rank=RankRng(world.device), signature=self.signature,
+                                       scheduler=self.scheduler, scaler=self.scaler)
+        self.checkpointer = Checkpointer(self.ckpt_root, spec.checkpoint, world, self.injector, self.states,
+                                         task.primary_metric, self.telemetry.path, validated=bool(self.val))
         # The step's listeners (step_events.py); fit adds its own (the log line, checkpoint cadence) after these.
         self.events = StepEvents()
         attach_telemetry(self.events, self.telemetry)
@@ -209,16 +214,15 @@ class Trainer:
         self.events.fire(PHASE, value)
 
     # -- state ---------------------------------------------------------------
-    def trainer_state(self) -> dict[str, Any]:
-        """Everything global (same on all ranks) needed to continue exactly."""
+    def state_dict(self) -> dict[str, Any]:
+        """Everything global (same on all ranks) needed to continue exactly, beside the scheduler's and the
+        scaler's own (the checkpointer stores them with it: checkpoint/states.py)."""
         return {
             "step": self.step,
             "epoch": self.epoch,
             # Data position in samples of this rank (not micro-batches): stays valid when an OOM
             # recovery changes the micro-batch size.
             "samples": self.micro * self.plan.per_rank,
-            "scheduler": self.scheduler.state_dict(),
-            "scaler": self.scaler.state_dict(),
             "signature": self.signature,
             "task": self.spec.task,
             "model": self.spec.model,
@@ -231,21 +235,38 @@ class Trainer:
             "early_stop": self.early.state_dict() if self.early is not None else None,
         }
 
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from a checkpoint's global state (ConfigError: a data position this batch cannot continue)."""
+        if state.get("global_batch") != self.plan.global_batch:
+            log.warning("global batch changed since the checkpoint (%s -> %s): the resume is not exact",
+                        state.get("global_batch"), self.plan.global_batch)
+        # The data position is kept in samples of this rank, not micro-batches: it stays valid when an OOM
+        # recovery changes the micro-batch size.
+        samples, per_rank = int(state["samples"]), self.plan.per_rank
+        if samples % per_rank:
+            raise ConfigError(f"data position {samples} is not a whole number of batches of {per_rank}; resume "
+                              "with the batch it was written with")
+        self.step, self.epoch, self.micro = state["step"], state["epoch"], samples // per_rank
+        self.last_eval, self.last_eval_step = state.get("last_eval", {}), int(state.get("last_eval_step", -1))
+        early = state.get("early_stop")
+        if self.early is not None and early:
+            if not self.early.load_state_dict(early):
+                log.warning("train.early_stop watches %s (%s), the checkpoint's count watched %s (%s): counting "
+                            "afresh", self.early.metric, self.early.mode, early.get("metric"), early.get("mode"))
+            elif self.early.stopped_step is not None:  # a restart after the stop's own checkpoint: nothing to train
+                self.stop_step = min(self.stop_step, self.step)
+
     def save(self) -> None:
         """Collective checkpoint of the current state (asynchronous unless checkpoint.async_mode is off)."""
-        if self.checkpointer is None:
+        if not self.checkpointer.enabled:
             return
         self.flush_line()  # a non-finite loss of the last interval read stops the run before it is saved
         self.phase = "checkpoint"
         # keep_best ranks a checkpoint by the evaluation of its own weights, never an earlier step's.
-        metric = self.last_eval if self.last_eval_step == self.step else {}
-        self.checkpointer.save(self.step, self.model, self.optimizer, self.trainer_state(),
-                               capture_rng(self.world.device), metric=metric)
+        self.checkpointer.save(self.step, metric=self.last_eval if self.last_eval_step == self.step else {})
 
     def flush_checkpoint_records(self) -> None:
         """Finished saves (time the step was blocked, time to durable) into metrics.jsonl (rank 0)."""
-        if self.checkpointer is None:
-            return
         metrics = self.metrics
         for rec in self.checkpointer.drain():
             if metrics is not None:
@@ -253,26 +274,14 @@ class Trainer:
                 metrics.write(step, rec, kind="checkpoint")
 
     def resume(self, automatic: bool = False) -> bool:
-        """Continue from the newest good committed checkpoint (checkpoint/resume.py finds, verifies and loads it).
+        """Continue from the newest good committed checkpoint (the checkpointer finds, verifies and loads it).
 
         `automatic` (a torchrun restart, not the user's --resume): with no intact checkpoint, train
         from step 0 and return False instead of failing.
         """
-        got = resume_latest(self.ckpt_root, self.model, self.optimizer, self.world, self.signature,
-                            rng_template(self.world.device), self.scheduler, self.scaler, self.plan.per_rank,
-                            self.plan.global_batch, automatic)
+        got = self.checkpointer.load(automatic=automatic)
         if got is None:
             return False
-        self.step, self.epoch, self.micro = got.step, got.epoch, got.micro
-        self.last_eval, self.last_eval_step = got.last_eval, got.last_eval_step
-        if self.early is not None and got.early_stop:
-            if not self.early.load_state_dict(got.early_stop):
-                log.warning("train.early_stop watches %s (%s), the checkpoint's count watched %s (%s): counting "
-                            "afresh", self.early.metric, self.early.mode, got.early_stop.get("metric"),
-                            got.early_stop.get("mode"))
-            elif self.early.stopped_step is not None:  # a restart after the stop's own checkpoint: nothing to train
-                self.stop_step = min(self.stop_step, self.step)
-        restore_rng(got.rank_state, self.world.device)
         self.hb.resumed_step = self.step
         self.hb.step = self.step
         log.info("resumed from %s: step %d, epoch %d, micro-batch %d", got.path.name, self.step, self.epoch,
@@ -365,8 +374,7 @@ class Trainer:
                 self.end_epoch()
             self.phase = "finish"
             self.flush_line()
-            if self.checkpointer is not None:
-                self.checkpointer.wait()  # the last checkpoint is durable and committed before the summary
+            self.checkpointer.wait()  # the last checkpoint is durable and committed before the summary
             self.flush_checkpoint_records()
         finally:
             bar.close()
@@ -529,16 +537,12 @@ class Trainer:
 
     def save_after_step(self, step: int) -> None:
         """Save when the checkpointer's cadence says so (a step that ends a validated epoch may wait for it)."""
-        if self.checkpointer is None:
-            return
         validated_next = self.micro >= self.usable_micro and self._eval_due(self.epoch + 1)
         if self.checkpointer.due_after_step(step, step >= self.stop_step, validated_next):
             self.save()
 
     def save_at_epoch_end(self, epoch: int) -> None:
         """Save at an epoch's end (or where training stopped) when the checkpointer's cadence says so."""
-        if self.checkpointer is None:
-            return
         if self.checkpointer.due_at_epoch_end(self.last_eval_step == self.step, self.step >= self.stop_step):
             self.save()
 
@@ -593,8 +597,7 @@ class Trainer:
         values = self.evaluate()
         if not values:
             return
-        if self.checkpointer is not None:
-            self.checkpointer.check_metric(values)
+        self.checkpointer.check_metric(values)
         self.last_eval = values
         self.last_eval_step = self.step
         if self.metrics is not None:
@@ -607,7 +610,7 @@ class Trainer:
         """Drop the wrapper before the process group goes (gloo can hang at exit otherwise)."""
         self.telemetry.close()
         self.feed.close()
-        if self.checkpointer is not None:
-            self.checkpointer.close()
-        del self.optimizer, self.scheduler
+        self.checkpointer.close()
+        # the states hold the wrapped model (and hold this Trainer): none of it may outlive the process group
+        del self.optimizer, self.scheduler, self.states, self.checkpointer
         self.model = unwrap(self.model)

@@ -16,6 +16,7 @@ import torch.distributed as dist
 
 from musubi.checkpoint import checkpoint as ckpt
 from musubi.checkpoint.saver import Checkpointer
+from musubi.checkpoint.states import CheckpointStates, Held
 from musubi.config.job import CheckpointSpec
 from musubi.contract.inject import Injector
 from musubi.contract.world import World
@@ -76,7 +77,9 @@ def _three_saves(tmp_path: Path, mode: str, reuse: bool, stagings: list[object])
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.BatchNorm1d(8), torch.nn.Linear(8, 2))
     opt = torch.optim.AdamW(model.parameters(), lr=0.01)
     root = tmp_path / "checkpoints"
-    saver = Checkpointer(root, CheckpointSpec(async_mode=mode, keep_last=5), world, Injector(None, 0, None), None)
+    train, rank = Held({}), Held({})
+    states = CheckpointStates(model, opt, train=train, rank=rank, signature=ckpt.model_signature(model))
+    saver = Checkpointer(root, CheckpointSpec(async_mode=mode, keep_last=5), world, Injector(None, 0, None), states)
     saver.reuse_buffers = reuse
     saved: dict[int, dict[str, torch.Tensor]] = {}
     sizes: list[int] = []
@@ -85,7 +88,8 @@ def _three_saves(tmp_path: Path, mode: str, reuse: bool, stagings: list[object])
             model(torch.randn(16, 8)).square().mean().backward()
             opt.step()
             opt.zero_grad()
-        saver.save(step, model, opt, {"step": step}, {"seed": torch.tensor([step])}, None)
+        train.state, rank.state = {"step": step}, {"seed": torch.tensor([step])}
+        saver.save(step)
         if reuse and mode != "off":  # the buffers of the first save are the ones of the later saves
             sizes.append(saver.host_buffer_bytes)
         saved[step] = {k: v.detach().clone() for k, v in model.state_dict().items()}

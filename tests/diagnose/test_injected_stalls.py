@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from musubi.checkpoint.saver import Checkpointer
+from musubi.checkpoint.states import CheckpointStates, Held
 from musubi.config.job import CheckpointSpec
 from musubi.config.load import apply_overrides
 from musubi.contract.errors import ConfigError
@@ -22,8 +23,10 @@ def _saver(tmp_path: Path, mode: str, inject: str) -> tuple[Checkpointer, torch.
     world = World(rank=0, local_rank=0, size=1, device=torch.device("cpu"), backend="gloo")
     model = torch.nn.Linear(8, 4)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    states = CheckpointStates(model, opt, train=Held({"step": 2}), rank=Held({"seed": torch.tensor([1])}),
+                              signature="x")
     saver = Checkpointer(tmp_path / "checkpoints", CheckpointSpec(async_mode=mode), world,
-                         Injector(inject, 0, None), "acc")
+                         Injector(inject, 0, None), states, "acc")
     return saver, model, opt
 
 
@@ -31,7 +34,7 @@ def _saver(tmp_path: Path, mode: str, inject: str) -> tuple[Checkpointer, torch.
 def test_ckpt_stall_blocks_the_step_with_async_saves(tmp_path: Path, phase: str, blocks: bool) -> None:
     saver, model, opt = _saver(tmp_path, "thread", f"ckpt_stall:ms=1000{phase}")
     t0 = time.perf_counter()
-    saver.save(2, model, opt, {"step": 2}, {"seed": torch.tensor([1])})
+    saver.save(2)
     returned = time.perf_counter() - t0  # what the training step waited for
     saver.wait()
     durable = time.perf_counter() - t0

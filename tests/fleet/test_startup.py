@@ -14,7 +14,7 @@ import pytest
 
 from musubi.diagnose.fleet_view import fleet_section
 from musubi.store.startup import EVAL_START, components, mark, marks_of, summary_line
-from musubi.worker.worker import wait_for_gate
+from musubi.worker.rank import wait_for_gate
 from tests.conftest import write_tiny_job
 
 MARKS = {"spawned": 100.0, "launcher": 102.0, "worker": 103.5, "imported": 106.0, "world": 107.0, "gate": 109.0,

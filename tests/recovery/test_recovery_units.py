@@ -13,6 +13,7 @@ import torch.distributed as dist
 
 from musubi.checkpoint import checkpoint as ckpt
 from musubi.checkpoint.saver import Checkpointer
+from musubi.checkpoint.states import CheckpointStates, Held
 from musubi.config.job import CheckpointSpec, WatchdogSpec
 from musubi.contract.errors import ConfigError
 from musubi.contract.inject import Injector, parse
@@ -84,9 +85,11 @@ def _save_and_check(tmp_path: Path, mode: str) -> None:
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     model(torch.randn(2, 8)).sum().backward()
     opt.step()
+    states = CheckpointStates(model, opt, train=Held({"step": 4, "signature": "x"}),
+                              rank=Held({"seed": torch.tensor([1])}), signature="x")
     saver = Checkpointer(tmp_path / "checkpoints", CheckpointSpec(async_mode=mode), world,
-                         Injector(None, 0, None), "acc")
-    saver.save(4, model, opt, {"step": 4, "signature": "x"}, {"seed": torch.tensor([1])}, {"acc": 0.5})
+                         Injector(None, 0, None), states, "acc")
+    saver.save(4, {"acc": 0.5})
     expected = {k: v.clone() for k, v in model.state_dict().items()}
     with torch.no_grad():  # training moves on while the save is in flight: the checkpoint must not see it
         for p in model.parameters():

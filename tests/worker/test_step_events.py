@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from musubi.checkpoint.saver import Checkpointer
+from musubi.checkpoint.states import CheckpointStates, Held
 from musubi.config.job import CheckpointSpec
 from musubi.contract.errors import ConfigError
 from musubi.contract.inject import Injector
@@ -87,8 +88,11 @@ def test_forward_oom_and_nan_fire_at_their_step(tmp_path: Path) -> None:
 
 def _saver(tmp_path: Path, validated: bool = True, **spec: object) -> Checkpointer:
     world = World(rank=0, local_rank=0, size=1, device=torch.device("cpu"), backend="gloo")
-    return Checkpointer(tmp_path, CheckpointSpec(async_mode="off", **spec), world, Injector(None, 0, None), "acc",
-                        validated=validated)
+    model = torch.nn.Linear(2, 2)
+    states = CheckpointStates(model, torch.optim.SGD(model.parameters(), lr=0.1), train=Held({}), rank=Held({}),
+                              signature="x")
+    return Checkpointer(tmp_path, CheckpointSpec(async_mode="off", **spec), world, Injector(None, 0, None), states,
+                        "acc", validated=validated)
 
 
 def test_cadence_every_steps_and_keep_best(tmp_path: Path) -> None:
