@@ -69,7 +69,7 @@ import subprocess
 import sys
 import tarfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -513,7 +513,7 @@ def schedule(queue: list[Run], running: list[Launched], outcome: dict[Run, dict[
 def launch(run: Run, args: argparse.Namespace, data: Path, work: Path, devs: list[int], sharing: int,
            threads: int) -> Launched:
     """Start one run in its own folder and process session."""
-    recipe = RECIPES[run.model]
+    recipe = args.recipes[run.model]
     folder = work / "runs" / run.name
     if folder.exists():
         shutil.rmtree(folder)
@@ -556,7 +556,7 @@ def finish(item: Launched, args: argparse.Namespace, work: Path, status: str) ->
         print(f"  {run.name}: {rec['status']}\n    " + "\n    ".join(tail), flush=True)
     else:
         print(f"[{time.strftime('%H:%M:%S')}] done {run.name} in {rec['wall_s']} s: "
-              f"{RECIPES[run.model].metric} {rec['final'].get(RECIPES[run.model].metric)}", flush=True)
+              f"{args.recipes[run.model].metric} {rec['final'].get(args.recipes[run.model].metric)}", flush=True)
     return rec
 
 
@@ -607,6 +607,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--work", type=Path, default=None, help="data and run folders (default a temporary folder)")
     ap.add_argument("--out-dir", type=Path, default=REPO / "bench" / "results")
     ap.add_argument("--calibrate", type=Path, default=None, help="an earlier result JSON: plan with its times")
+    ap.add_argument("--epochs", default="", help="MODEL=N,...: train those models N epochs instead of their "
+                    "recipe's (e.g. a second call for the detectors alone: cnn_detector=6,detr=6)")
     ap.add_argument("--dry-run", action="store_true", help="print the plan and stop")
     a = ap.parse_args(argv)
     a.nprocs = [int(n) for n in (a.nprocs or ("1,4" if a.device == "cuda" else "1,2")).split(",")]
@@ -615,6 +617,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     unknown = sorted(set(a.models) - set(RECIPES))
     if unknown:
         ap.error(f"--models: unknown {', '.join(unknown)}; choose from {', '.join(RECIPES)}")
+    a.recipes = dict(RECIPES)  # this run's recipes: RECIPES with --epochs applied
+    for item in filter(None, a.epochs.split(",")):
+        key, _, n = item.partition("=")
+        if key not in RECIPES or not n.isdigit() or int(n) < 1:
+            ap.error(f"--epochs: {item!r} is not MODEL=N with MODEL from {', '.join(RECIPES)} and N >= 1")
+        a.recipes[key] = replace(RECIPES[key], epochs=int(n))
     if a.budget_s is None:
         a.budget_s = BUDGET_S if a.device == "cuda" else 7200.0
     return a
@@ -631,16 +639,16 @@ def main(argv: list[str] | None = None) -> int:
     if a.device == "cuda" and max(a.nprocs) > devices:
         raise SystemExit(f"--nprocs {max(a.nprocs)} needs {max(a.nprocs)} GPUs; {devices} visible")
     for m in a.models:
-        r = RECIPES[m]
+        r = a.recipes[m]
         for n in a.nprocs:
             if r.global_batch % n:
                 raise SystemExit(f"{m}: global batch {r.global_batch} does not split over {n} ranks; change --nprocs")
     runs = plan_runs(a.models, a.seeds, a.nprocs)
     calibration = read_calibration(a.calibrate)
-    est = {r: estimate_s(r, RECIPES[r.model], steps_of(RECIPES[r.model], params, a.max_steps), a.device,
+    est = {r: estimate_s(r, a.recipes[r.model], steps_of(a.recipes[r.model], params, a.max_steps), a.device,
                          calibration, params) for r in runs}
     runs = order_runs(runs, est)
-    fixed = {r: fixed_s(r, RECIPES[r.model], a.device, est[r]) for r in runs}
+    fixed = {r: fixed_s(r, a.recipes[r.model], a.device, est[r]) for r in runs}
     runs_budget = a.budget_s - SETUP_S  # the data are written inside the budget
     if a.device == "cpu":
         per, tried = 1, {1: simulate(runs, est, 1, 1, fixed)[0]}
@@ -677,7 +685,7 @@ def plan_text(a: argparse.Namespace, runs: list[Run], est: dict[Run, float], par
     lines = [f"plan: {len(runs)} runs ({', '.join(a.models)}; seeds {a.seeds}; plain + Musubi x{a.nprocs}) on "
              f"{devices} {where}{'s' if devices > 1 else ''}"]
     for m in a.models:
-        r = RECIPES[m]
+        r = a.recipes[m]
         steps = steps_of(r, params, a.max_steps)
         alone = {("plain" if x.side == "plain" else f"musubi{x.nproc}"): est[x] for x in runs
                  if x.model == m and x.seed == a.seeds[0]}
@@ -701,9 +709,9 @@ def report(a: argparse.Namespace, runs: list[Run], outcome: dict[Run, dict[str, 
         if est:
             rec["estimate_alone_s"] = round(est[r], 1)  # the plan's figure, beside the measured wall_s and sharing
         if r.side == "musubi" and "lr" in rec:
-            rec["lr_check"] = lr_check(rec, RECIPES[r.model], plain_logs.get((r.model, r.seed)))
+            rec["lr_check"] = lr_check(rec, a.recipes[r.model], plain_logs.get((r.model, r.seed)))
         records.append(rec)
-    models = {m: {**asdict(RECIPES[m]), "label": RECIPES[m].label} for m in a.models}
+    models = {m: {**asdict(a.recipes[m]), "label": a.recipes[m].label} for m in a.models}
     rows = quality_report.summarise(records, models, a.nprocs)
     tag, card_text = card() if a.device == "cuda" else ("cpu", f"{os.cpu_count()} CPU cores")
     word = "GPUs" if a.device == "cuda" else "CPU ranks"

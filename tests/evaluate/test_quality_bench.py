@@ -273,3 +273,14 @@ def test_musubis_validations_are_read_as_its_metric_curve(tmp_path: Path) -> Non
     assert [(e["step"], e["map50"]) for e in got["evals"]] == [(50, 0.2), (100, 0.4)]
     assert got["final"]["map50"] == 0.4 and "step" not in got["final"]
     assert [p["step"] for p in got["log"]] == [10, 100]
+
+
+def test_epochs_override_changes_this_runs_recipe_only(capsys: pytest.CaptureFixture[str]) -> None:
+    assert quality.main(["--device", "cuda", "--gpus", "2", "--nprocs", "1,2", "--models", "detr", "--epochs",
+                         "detr=8", "--budget-s", "2000", "--dry-run"]) == 0
+    per_epoch = quality.DATA_SCALES["full"].train_scenes // quality.RECIPES["detr"].global_batch
+    assert f"detr: rtdetr_r18, {8 * per_epoch} steps x 16, 8 validations" in capsys.readouterr().out
+    assert quality.RECIPES["detr"].epochs == 4  # the module's recipes are left as they are
+    for bad in ("detr=0", "nope=3", "detr"):
+        with pytest.raises(SystemExit):
+            quality.parse_args(["--epochs", bad])
