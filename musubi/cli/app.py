@@ -26,6 +26,7 @@ from musubi.cli.records import checklist_command, compare_command
 from musubi.cli.recovery import drill_command, goodput_command
 from musubi.cli.report import report_command
 from musubi.cli.train import run, train
+from musubi.contract.exits import EXIT_FAILED, EXIT_OK
 
 app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Musubi: train a fleet of PyTorch models across many GPUs as one system.")
@@ -118,11 +119,11 @@ class _Group(typer.core.TyperGroup):
         except typer.Abort:
             if not standalone_mode:
                 raise
-            sys.exit(1)
+            sys.exit(EXIT_FAILED)
         if not standalone_mode:
             return rv
         # typer returns an Exit's code when not standalone; a command's own return value is None.
-        sys.exit(rv if isinstance(rv, int) and not isinstance(rv, bool) else 0)
+        sys.exit(rv if isinstance(rv, int) and not isinstance(rv, bool) else EXIT_OK)
 
 
 def _flags_show_no_type(typer_app: typer.Typer) -> None:

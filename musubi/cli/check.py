@@ -7,8 +7,9 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from musubi.cli.output import EXIT_FAILED, fail
+from musubi.cli.output import fail
 from musubi.contract.errors import ConfigError
+from musubi.contract.exits import EXIT_FAILED
 from musubi.contract.run_files import RUN_FILES
 
 

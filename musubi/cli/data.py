@@ -16,8 +16,8 @@ import typer
 from rich.console import Console
 
 from musubi.contract.errors import ConfigError
+from musubi.contract.exits import EXIT_CONFIG, EXIT_FAILED
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 #: Offenders printed per problem kind on the console (--json lists them all).
 CONSOLE_EXAMPLES = 20
 
@@ -28,7 +28,7 @@ err = Console(stderr=True, soft_wrap=True)
 
 def _usage(message: str) -> None:
     err.print(f"error: {message}", highlight=False, markup=False)
-    raise typer.Exit(EXIT_USAGE)
+    raise typer.Exit(EXIT_CONFIG)
 
 
 def existing_store(store: Path) -> Path | None:

@@ -18,6 +18,7 @@ from rich.text import Text
 
 from musubi.cli.output import fail, out_console
 from musubi.contract.errors import ConfigError
+from musubi.contract.exits import EXIT_FAILED
 from musubi.contract.run_files import RUN_FILES
 from musubi.evaluate.leaderboard_view import cell, print_leaderboard
 from musubi.evaluate.registry import warn_skipped
@@ -185,7 +186,7 @@ def export_command(
     try:
         record = export_job(job_dir, opset=opset, exporter=exporter, checkpoint=checkpoint)
     except ParityError as e:
-        fail(str(e), 1)
+        fail(str(e), EXIT_FAILED)
         return
     except ConfigError as e:
         fail(str(e))

@@ -16,8 +16,8 @@ from rich.console import Console
 from rich.text import Text
 
 from musubi.contract.errors import ConfigError
+from musubi.contract.exits import EXIT_CONFIG, EXIT_FAILED, EXIT_INTERRUPTED
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 #: Width of a table printed into a pipe or a file: rich's 80 columns would cut cells (`0.56…`).
 PIPE_WIDTH = 200
 
@@ -32,7 +32,7 @@ def out_console() -> Console:
     return Console(width=None if sys.stdout.isatty() else PIPE_WIDTH)
 
 
-def fail(message: str, code: int = EXIT_USAGE) -> NoReturn:
+def fail(message: str, code: int = EXIT_CONFIG) -> NoReturn:
     """Print `error: MESSAGE` (one line per line of the message: a fleet's several problems) and exit."""
     con = err_console()
     for line in str(message).splitlines() or [""]:
@@ -52,8 +52,8 @@ def guarded(fn: Callable[..., Any], *args: Any) -> Any:
     try:
         return fn(*args)
     except ConfigError as e:
-        fail(str(e), EXIT_USAGE)
+        fail(str(e), EXIT_CONFIG)
     except PreflightFailed as e:
         fail(str(e), EXIT_FAILED)
     except KeyboardInterrupt:  # launch_train stopped torchrun and recorded the attempt
-        fail("interrupted: the ranks were stopped; continue with --resume and the same --out", 130)
+        fail("interrupted: the ranks were stopped; continue with --resume and the same --out", EXIT_INTERRUPTED)

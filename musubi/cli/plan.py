@@ -12,6 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from musubi.cli.output import PIPE_WIDTH, fail
+from musubi.contract.exits import EXIT_FAILED
 from musubi.plan.calibrate import load_calibrations
 from musubi.plan.catalog import get_gpu
 from musubi.plan.cluster import Cluster, fit_to_topology, make_cluster
@@ -258,4 +259,4 @@ def plan_command(
     else:
         _print_search(console, found, model_spec, cluster, batch)
     if not found.candidates:
-        fail("no layout fits; see the rejections above (more GPUs, a smaller micro-batch or recompute=full)", 1)
+        fail("no layout fits; see the rejections above (more GPUs, a smaller micro-batch or recompute=full)", EXIT_FAILED)

@@ -10,11 +10,12 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.text import Text
 
 from musubi.contract.errors import ConfigError
+from musubi.contract.exits import EXIT_CONFIG
 
 
 def _fail(message: str) -> None:
     Console(stderr=True, soft_wrap=True).print(Text("error: ", style="bold red") + Text(message), highlight=False)
-    raise typer.Exit(2)
+    raise typer.Exit(EXIT_CONFIG)
 
 
 def _default_out(model: str) -> Path:

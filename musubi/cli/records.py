@@ -10,6 +10,7 @@ from rich.console import Console
 
 from musubi.cli.output import fail
 from musubi.contract.errors import ConfigError
+from musubi.contract.exits import EXIT_CONFIG, EXIT_FAILED
 
 
 def checklist_command(
@@ -21,11 +22,11 @@ def checklist_command(
     from musubi.records import checklist
 
     if not run_dir.is_dir():
-        fail(f"{run_dir}: no such run directory; give the --out of a `musubi run` or `musubi train`", 2)
+        fail(f"{run_dir}: no such run directory; give the --out of a `musubi run` or `musubi train`", EXIT_CONFIG)
     run_dir, job = checklist.checklist_target(run_dir)
     cl = checklist.build_checklist(run_dir)
     if not cl.items or not any(i.job for i in cl.items):
-        fail(f"{run_dir}: no job found (no fleet.json and no JOB/job.json); is this a run directory?", 2)
+        fail(f"{run_dir}: no job found (no fleet.json and no JOB/job.json); is this a run directory?", EXIT_CONFIG)
     checklist.write_checklist(run_dir, cl)  # always the whole run's: RUN/checklist.json
     if job is not None:
         cl = checklist.job_view(cl, job)
@@ -34,7 +35,7 @@ def checklist_command(
     else:
         checklist.render(cl, Console())
     if not cl.ok:
-        raise typer.Exit(1)
+        raise typer.Exit(EXIT_FAILED)
 
 
 def compare_command(
@@ -50,7 +51,7 @@ def compare_command(
     try:
         report = compare_runs(run_a, run_b, threshold)
     except ConfigError as e:
-        fail(str(e), 2)
+        fail(str(e), EXIT_CONFIG)
     if as_json:
         print(json.dumps(report, indent=1, default=str))
     else:

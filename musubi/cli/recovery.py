@@ -10,6 +10,7 @@ from rich.table import Table
 
 from musubi.cli.output import fail, out_console
 from musubi.contract.errors import ConfigError
+from musubi.contract.exits import EXIT_CONFIG, EXIT_FAILED, EXIT_INTERRUPTED
 from musubi.contract.run_files import RUN_FILES
 
 
@@ -33,9 +34,9 @@ def drill_command(
                            device=device, overrides=list(set_), seed=seed)
         result = run_drill(req, progress=None if as_json else (lambda m: console.print(m, highlight=False)))
     except ConfigError as e:
-        fail(str(e), 2)
+        fail(str(e), EXIT_CONFIG)
     except KeyboardInterrupt:  # the running drill's torchrun was stopped; its runs so far stay in --out
-        fail(f"drill interrupted: the running job was stopped; finished runs are in {out}", 130)
+        fail(f"drill interrupted: the running job was stopped; finished runs are in {out}", EXIT_INTERRUPTED)
     if as_json:
         print(json.dumps(result["summary"], indent=1))
     else:
@@ -56,7 +57,7 @@ def drill_command(
         console.print(t)
         console.print(f"details: {Path(result['out']) / 'drill.json'}", highlight=False)
     if any(f["success_rate"] < 1 for f in result["summary"].values()):
-        raise typer.Exit(1)
+        raise typer.Exit(EXIT_FAILED)
 
 
 def _pct(v: float | None) -> str:
@@ -73,7 +74,7 @@ def goodput_command(
     if not (job_dir / RUN_FILES.progress).is_dir():
         subs = [p for p in job_dir.iterdir() if (p / RUN_FILES.progress).is_dir()] if job_dir.is_dir() else []
         if len(subs) != 1:
-            fail(f"{job_dir}: no job directory with progress records; give RUN/JOB", 2)
+            fail(f"{job_dir}: no job directory with progress records; give RUN/JOB", EXIT_CONFIG)
         job_dir = subs[0]
     rec = write_goodput(job_dir)
     assert rec is not None

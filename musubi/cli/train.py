@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from musubi.cli.output import fail, guarded, out_console
+from musubi.contract.exits import EXIT_FAILED
 from musubi.contract.run_files import RUN_FILES
 
 #: Help of the positional overrides: the same keys as --set, in the form Hydra and Ultralytics users type.
@@ -102,7 +103,7 @@ def report_training(result: Any, quiet: bool, fleet_member: bool) -> None:  # no
         return
     _print_goodput(result.job_dir)
     if not fleet_member and not checklist_met(result.run_dir, Console()):
-        fail(f"the run did not meet its success criteria (see {result.run_dir / RUN_FILES.checklist})", 1)
+        fail(f"the run did not meet its success criteria (see {result.run_dir / RUN_FILES.checklist})", EXIT_FAILED)
     Console().print(f"[green]run directory:[/] {escape(str(result.run_dir))}", highlight=False)
 
 
@@ -171,8 +172,8 @@ def run(
     note_finish(run_dir, checklist_s=round(time.perf_counter() - t0, 3), checked_at=round(time.time(), 3))
     failed = [s.name for s in states.values() if s.state != "done"]
     if failed:
-        fail(f"{len(failed)} job(s) failed: {', '.join(failed)} (causes in {run_dir / RUN_FILES.fleet})", 1)
+        fail(f"{len(failed)} job(s) failed: {', '.join(failed)} (causes in {run_dir / RUN_FILES.fleet})", EXIT_FAILED)
     if not met:
-        fail(f"the fleet did not meet its success criteria (see {run_dir / RUN_FILES.checklist})", 1)
+        fail(f"the fleet did not meet its success criteria (see {run_dir / RUN_FILES.checklist})", EXIT_FAILED)
     Console().print(f"[green]run directory:[/] {escape(str(run_dir))}", highlight=False)
 

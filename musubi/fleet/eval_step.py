@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from musubi.contract.errors import ConfigError
+from musubi.contract.exits import EXIT_CONFIG, EXIT_FAILED, EXIT_NO_RESULTS, EXIT_OK
 from musubi.contract.run_files import RUN_FILES
 from musubi.evaluate.leaderboard import collect_jobs, rank_jobs
 from musubi.evaluate.score import ScoreRule
@@ -109,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         after, args = Path(args[1]), args[2:]
     if len(args) != 1:
         print("usage: python -m musubi.fleet.eval_step [--after FILE] JOB_DIR", file=sys.stderr)
-        return 2
+        return EXIT_CONFIG
     job_dir = Path(args[0])
     # Everything the evaluation imports, imported now (before the wait when started early): torch,
     # torchvision, the task registry, model loading, FPS timing and ONNX export. No CUDA call here.
@@ -122,20 +123,20 @@ def main(argv: list[str] | None = None) -> int:
     mark(job_dir, "eval_ready")
     if after is not None and not wait_for(after):
         print(f"error: the fleet left before {after} was written; nothing evaluated", file=sys.stderr)
-        return 1
+        return EXIT_FAILED
     if job_dir.is_dir() and not any((job_dir / f).is_file() for f in (RUN_FILES.job, RUN_FILES.eval,
                                                                          RUN_FILES.metrics_from)):
         from musubi.fleet.jobs import NO_EVAL_JSON
 
         print(f"error: external job {NO_EVAL_JSON} ({job_dir}): the program exited 0 without writing it; "
               "see the contract in the README", file=sys.stderr, flush=True)
-        return 3
+        return EXIT_NO_RESULTS
     ask = export_ask(after) if after is not None else None
     try:
         result = evaluate_job(job_dir, reached=lambda name: mark(job_dir, name))
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
-        return 2
+        return EXIT_CONFIG
     # The GPUs are no longer needed: the fleet lets the next job on them past its gate (or spawns it) now, and
     # an export below (ONNX on the CPU) runs beside that job's start instead of before it. What the model and
     # the FPS runs left in the caching allocator goes back to the GPU first: the next job builds its model and
@@ -151,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
             mark(job_dir, "eval_exported")
     mark(job_dir, "evaluated")
     print(json.dumps(result, default=str)[:2000], flush=True)
-    return 0
+    return EXIT_OK
 
 
 if __name__ == "__main__":

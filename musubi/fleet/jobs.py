@@ -15,6 +15,7 @@ import yaml
 from musubi.config.fleet import CommandJob, TaskJob
 from musubi.contract.env import MUSUBI_CPUS, MUSUBI_DEVICE, MUSUBI_JOB_DIR
 from musubi.contract.errors import ConfigError
+from musubi.contract.exits import EXIT_CONFIG
 from musubi.contract.run_files import RUN_FILES
 from musubi.recovery.numerics import trained_precision
 from musubi.topology.model import parse_cpulist
@@ -206,10 +207,10 @@ def failure_cause(job_dir: Path, code: int) -> str:
     if code < 0:
         return f"signal {-code}"
     defect = record["history"][-1].get("defect") if record.get("history") else None
-    if code != 2 and defect:  # the same cause after a restart: not retried (recovery/repeats.py)
+    if code != EXIT_CONFIG and defect:  # the same cause after a restart: not retried (recovery/repeats.py)
         return f"defect: {str(defect)[:400]}"
     failures = record["history"][-1].get("failures") if record.get("history") else None
-    if code != 2 and failures:
+    if code != EXIT_CONFIG and failures:
         # The failure that ended the launch, as goodput named it (the rank killed or hung).
         from musubi.recovery.goodput import failure_summary
 
@@ -217,7 +218,7 @@ def failure_cause(job_dir: Path, code: int) -> str:
         return f"{'oom' if last.get('cause') == 'oom' else f'exit {code}'}: {failure_summary(last)[:200]}"
     if "out of memory" in err.lower():
         return f"oom: {err[:200]}"
-    if code == 2:
+    if code == EXIT_CONFIG:
         return f"config: {err[:200]}" if err else "config"
     if "nccl" in err.lower():
         return f"nccl: {err[:200]}"

@@ -31,6 +31,7 @@ from musubi.checkpoint.checkpoint import latest_checkpoint
 from musubi.config.fleet import CommandJob, FleetSpec, LeaderboardSpec, TaskJob
 from musubi.contract.env import MUSUBI_GATE, MUSUBI_GATE_PID, MUSUBI_JOB_DIR
 from musubi.contract.errors import ConfigError
+from musubi.contract.exits import EXIT_CONFIG
 from musubi.contract.run_files import RUN_FILES
 from musubi.fleet import jobs
 from musubi.fleet.durations import Estimate, demand_of, estimate, machine_of, record_run, record_shared_run
@@ -456,7 +457,7 @@ class LocalFleet:
             if jobs.NO_EVAL_JSON in jobs.attempt_log(path):
                 return f"contract: external job wrote no {RUN_FILES.eval} to ${MUSUBI_JOB_DIR} ({self.run_dir / name})"
             reason = jobs.eval_error(path)
-            if code == 2:  # the step refused its input (a ConfigError): the same files fail the same way again
+            if code == EXIT_CONFIG:  # the step refused its input (a ConfigError): the same files fail the same way again
                 return f"evaluation: {reason or 'exit 2'}"
             return f"evaluation: exit {code}" + (f": {reason}" if reason else "")
         cause = jobs.failure_cause(self.run_dir / name, code)
@@ -586,7 +587,7 @@ class LocalFleet:
         # A config error, a broken contract (exit 0, no eval.json), a defect (the same cause after a restart) or an
         # evaluation that refused its input (exit 2: the job's files are what they are) fails the same way every
         # time: no retry.
-        deterministic = cause.startswith(("config", "contract", "defect")) or (run.phase == "eval" and code == 2)
+        deterministic = cause.startswith(("config", "contract", "defect")) or (run.phase == "eval" and code == EXIT_CONFIG)
         retry = st.attempts <= self.jobs[name].retries and not deterministic
         tail = jobs.log_tail(job_dir / RUN_FILES.logs / (RUN_FILES.fleet_log if st.kind == "task" else RUN_FILES.stdout_log), 8)
         self._say(f"failed {name} (attempt {st.attempts}): {cause}" + ("; retrying" if retry else ""))

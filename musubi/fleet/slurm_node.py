@@ -18,6 +18,7 @@ from pathlib import Path
 
 from musubi.contract.env import MUSUBI_DEVICE
 from musubi.contract.errors import ConfigError
+from musubi.contract.exits import EXIT_CONFIG, EXIT_TERMINATED
 from musubi.contract.run_files import RUN_FILES
 from musubi.store.rundir import read_json
 
@@ -74,10 +75,10 @@ def _train(run_dir: Path, name: str, info: dict, node_rank: int, nnodes: int, ji
         result = launch_train(req)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
-        return 2
+        return EXIT_CONFIG
     except KeyboardInterrupt:  # Slurm's SIGTERM (preemption, scancel): the ranks were stopped and recorded
         print("error: interrupted: the ranks were stopped", file=sys.stderr, flush=True)
-        return 143
+        return EXIT_TERMINATED
     if result.code:
         print(f"error: {result.error}", file=sys.stderr, flush=True)
     return result.code
@@ -102,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     args = argv if argv is not None else sys.argv[1:]
     if len(args) != 2:
         print("usage: python -m musubi.fleet.slurm_node RUN_DIR JOB", file=sys.stderr)
-        return 2
+        return EXIT_CONFIG
     run_dir, name = Path(args[0]), args[1]
     info = read_json(run_dir / ".slurm" / f"{name}.json")
     node_rank = int(os.environ.get("SLURM_NODEID", "0"))

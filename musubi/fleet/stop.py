@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from musubi.contract.errors import ConfigError
+from musubi.contract.exits import after_signal
 
 
 class FleetInterrupted(Exception):
@@ -21,7 +22,7 @@ class FleetInterrupted(Exception):
 
     def __init__(self, signum: int) -> None:
         self.signum = signum
-        self.code = 128 + signum
+        self.code = after_signal(signum)
         self.run_dir: Path | None = None  # set by run_fleet
         super().__init__(f"interrupted by {signal.Signals(signum).name}")
 

@@ -20,11 +20,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from musubi.contract.env import MUSUBI_DEVICE
+from musubi.contract.exits import EXIT_CONFIG, EXIT_FAILED, EXIT_OK
 from musubi.contract.run_files import RUN_FILES
 from musubi.launch.checks import admit, say
 from musubi.launch.job_record import close_attempt, open_record
 from musubi.launch.multinode import Rendezvous, rendezvous_error
-from musubi.launch.request import EXIT_CONFIG, EXIT_FAIL, EXIT_OK, RunFinished, TrainRequest, TrainResult
+from musubi.launch.request import RunFinished, TrainRequest, TrainResult
 from musubi.store.startup import mark
 
 
@@ -238,7 +239,7 @@ def post_mortem(req: TrainRequest, s: Spawned, ended: Ended) -> TrainResult:
     status, result_code = "done", EXIT_OK
     log = s.job_dir / RUN_FILES.logs / f"torchrun{s.node}.log"
     if ended.code != 0:
-        status, result_code = "failed", EXIT_CONFIG if err_kind == "config" else EXIT_FAIL
+        status, result_code = "failed", EXIT_CONFIG if err_kind == "config" else EXIT_FAILED
         if req.rendezvous is not None and err is None:
             err = rendezvous_error(req.rendezvous, log)
         if ended.timed_out:

@@ -8,8 +8,6 @@ from pathlib import Path
 
 from musubi.launch.multinode import DEFAULT_JOIN_TIMEOUT_S, Rendezvous
 
-EXIT_OK, EXIT_FAIL, EXIT_CONFIG = 0, 1, 2
-
 
 @dataclass
 class TrainRequest:

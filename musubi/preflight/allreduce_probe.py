@@ -21,6 +21,8 @@ import sys
 import time
 from pathlib import Path
 
+from musubi.contract.exits import EXIT_FAILED, EXIT_OK
+
 
 def busbw_gbps(nbytes: int, seconds: float, ranks: int) -> float:
     """All-reduce bus bandwidth in GB/s (nccl-tests: algbw x 2(n-1)/n, comparable across rank counts)."""
@@ -130,12 +132,12 @@ def main(argv: list[str] | None = None) -> int:
         msg = " ".join(f"{type(e).__name__}: {e}".split())
         Path(f"{args.out}.rank{rank}.err").write_text(msg[:2000], encoding="utf-8")
         print(f"rank {rank}: {msg}", file=sys.stderr)
-        return 1
+        return EXIT_FAILED
     if rank == 0:
         from musubi.store.rundir import write_json
 
         write_json(args.out, result)
-    return 0
+    return EXIT_OK
 
 
 if __name__ == "__main__":

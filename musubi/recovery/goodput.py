@@ -33,11 +33,11 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import time
 from pathlib import Path
 from typing import Any
 
+from musubi.contract.exits import describe as describe_exit
 from musubi.contract.records import ExitRecord, ProgressLine
 from musubi.contract.run_files import RUN_FILES
 from musubi.recovery.repeats import error_signature, mark_repeats, signal_signature
@@ -92,20 +92,6 @@ def _reached_at(lines: list[dict[str, Any]], step: int) -> float | None:
 
 
 _EXIT_RE = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: (\d+)\)")
-
-
-def _exit_meaning(code: int) -> str:
-    if code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    # Imported only here: both modules import torch (seconds), which a signalled rank's meaning does not need.
-    from musubi.recovery.memory import EXIT_OOM
-    from musubi.recovery.watchdog import EXIT_HANG
-
-    return {EXIT_OOM: "out of memory", EXIT_HANG: "hang detected", 2: "configuration error"}.get(
-        code, f"exit code {code}")
 
 
 def _pids(job_dir: Path) -> dict[int, tuple[str, int]]:
@@ -170,7 +156,7 @@ def _cause(job_dir: Path, attempt: str, t0: float, t1: float, exits: dict[str, l
     if signalled:
         code = next(c for r, c in exits[attempt] if r == signalled[0])
         out = {"cause": "killed", "ranks": signalled,
-               "detail": f"rank(s) {', '.join(map(str, signalled))}: {_exit_meaning(code)} (torchrun)"}
+               "detail": f"rank(s) {', '.join(map(str, signalled))}: {describe_exit(code)} (torchrun)"}
         sig = signal_signature(code)
         return {**out, "signature": sig} if sig else out
     records = _exit_records(job_dir, attempt)
@@ -179,7 +165,8 @@ def _cause(job_dir: Path, attempt: str, t0: float, t1: float, exits: dict[str, l
         r0 = min(own)
         rec = own[r0]
         kind = rec.get("kind")
-        out = {"cause": "oom" if kind == "oom" else "error", "ranks": sorted(own),
+        # A NaN's exit is its own cause (a rollback in a safer precision follows), not a crash.
+        out = {"cause": kind if kind in ("oom", "numerics") else "error", "ranks": sorted(own),
                "detail": f"rank {r0}: {rec.get('message', '')[:200]}"}
         if rec.get("ours") or rec.get("site"):  # where it was raised (worker's exit record)
             out["site"] = rec.get("ours") or rec.get("site")

@@ -5,7 +5,7 @@ its peers inside DDP's gradient all-reduce, waiting for buckets the failed rank
 will never send. No rank can leave that collective on its own, so recovery must
 involve every rank. Musubi turns the OOM into a coordinated restart: the failed
 rank records what happened (`JOB/memory/oom-*.json`) and exits with
-`EXIT_OOM`; torchrun (`--max-restarts`) stops the others and restarts all
+`EXIT_OOM` (contract/exits.py); torchrun (`--max-restarts`) stops the others and restarts all
 ranks; at start every rank reads the same records, applies the job's OOM policy
 (all ranks compute the same smaller batch, then agree on the minimum by an
 all-reduce), and resumes from the newest committed checkpoint. The failed step
@@ -32,9 +32,9 @@ from musubi.contract.run_files import RUN_FILES
 
 log = logging.getLogger("musubi.memory")
 
-#: Exit code of a rank that hit an out-of-memory error (EX_TEMPFAIL: try again).
-EXIT_OOM = 75
 GIB = 2**30
+#: The end of an OOM recovery's log line: the smaller batch is not given back (see shrink_after_oom).
+KEPT = "kept for the rest of this job (memory/batch.json)"
 
 
 def is_oom(exc: BaseException) -> bool:
@@ -131,7 +131,9 @@ def shrink_after_oom(spec: JobSpec, per_rank: int, accumulation: int, world: int
                      ) -> tuple[int, int, str]:
     """(per_rank, accumulation, reason) after one OOM under the job's policy; ConfigError at the floor.
 
-    The LR is not decided here: it always follows the resulting global batch by the job's rule.
+    The LR is not decided here: it always follows the resulting global batch by the job's rule. The smaller batch
+    is kept for the rest of the job (memory/batch.json; docs/guides/memory.md says why): a real OOM comes back at
+    the batch that caused it, and each return costs a restart.
     """
     t = spec.train
     new_batch = per_rank // 2
@@ -149,10 +151,11 @@ def shrink_after_oom(spec: JobSpec, per_rank: int, accumulation: int, world: int
         new_acc = accumulation * (per_rank // new_batch) if per_rank % new_batch == 0 else accumulation * 2
         reason = (f"OOM on rank {oom['rank']} in {oom['phase']} at step {oom['step']}: per-rank batch "
                   f"{per_rank} -> {new_batch}, accumulation {accumulation} -> {new_acc}, global batch and LR "
-                  f"unchanged")
+                  f"unchanged, {KEPT}")
         return new_batch, new_acc, reason
     g = new_batch * world * accumulation
     lr = scale_lr(t.lr, g, t.base_batch, t.lr_rule)
     reason = (f"OOM on rank {oom['rank']} in {oom['phase']} at step {oom['step']}: per-rank batch {per_rank} -> "
-              f"{new_batch}, global batch {per_rank * world * accumulation} -> {g}, lr {lr:.4g} ({t.lr_rule} rule)")
+              f"{new_batch}, global batch {per_rank * world * accumulation} -> {g}, lr {lr:.4g} ({t.lr_rule} rule), "
+              f"{KEPT}")
     return new_batch, accumulation, reason

@@ -3,14 +3,18 @@
 Detection is where the loop already synchronises: at each log interval the ranks all-reduce the
 loss, so every rank sees the same non-finite mean at the same step and stops together (no rank
 is left waiting in a collective). Each rank writes `JOB/numerics/nonfinite-rank{r}.json` and
-exits with EXIT_NUMERICS; torchrun restarts the job (as after an OOM), and at start:
+exits with EXIT_NUMERICS (contract/exits.py); torchrun restarts the job (as after an OOM), and at start:
 
 - the precision steps down: fp16 -> bf16 (where the GPU has it) -> fp32, bf16 -> fp32;
 - checkpoints taken after the last log interval whose loss was finite are moved to
   `checkpoints/quarantine/` (they may hold NaN weights), so the job resumes from the newest
   checkpoint before the fault (or from the start).
 
-In fp32 there is nothing safer: the job fails with a one-line cause (lower the learning rate).
+In fp32 there is nothing safer, but a non-finite loss need not come from the precision: a flipped bit, a
+bad read of a batch, an injected fault. So the job rolls back once more and retries in fp32; only when
+the loss is non-finite again at the same step (the last rollback was from that step and ran in fp32:
+`ends_job`) does it fail, with a one-line cause (lower the learning rate). A deterministic divergence
+comes back at the same step and ends the job after one retry; `train.max_restarts` bounds every restart.
 Every fallback is kept in `JOB/numerics/applied.json` and reported by the checklist; `trained_precision`
 sums it up for the evaluation step (eval.json), the fleet (fleet.json), the leaderboard and the manifest.
 """
@@ -29,8 +33,6 @@ from musubi.contract.run_files import RUN_FILES
 
 log = logging.getLogger("musubi")
 
-#: Exit code of a rank that stopped on a non-finite loss (torchrun restarts the job).
-EXIT_NUMERICS = 76
 #: The next safer precision.
 SAFER = {"fp16": "bf16", "bf16": "fp32"}
 
@@ -74,10 +76,20 @@ def safer_precision(precision: str, bf16_ok: bool) -> str | None:
     return nxt
 
 
+def ends_job(job_dir: Path, step: int, precision: str) -> bool:
+    """Whether a non-finite loss seen at `step` in `precision` ends the job: in fp32, when the last rollback
+    was from this same step and retried in fp32 already (a divergence that repeats, not a transient fault)."""
+    if safer_precision(precision, True) is not None:
+        return False
+    applied = applied_fallbacks(job_dir)
+    last = applied[-1] if applied else None
+    return last is not None and last.get("to") == "fp32" and int(last.get("step", -1)) == step
+
+
 def current_precision(job_dir: Path, configured: str, bf16_ok: bool, is_main: bool) -> str:
-    """The precision to run in at (re)start: one step safer than the fault's if a fault is pending
-    (rank 0 then moves the checkpoints after its last good step aside and logs it), else the last
-    fallback applied in this job, else the configured one. Every rank gets the same answer."""
+    """The precision to run in at (re)start: one step safer than the fault's if a fault is pending (fp32 after a
+    fault in fp32: the retry; rank 0 then moves the checkpoints after its last good step aside and logs it), else
+    the last fallback applied in this job, else the configured one. Every rank gets the same answer."""
     fault = pending_fault(job_dir)
     applied = applied_fallbacks(job_dir)
     if fault is None:
@@ -88,8 +100,10 @@ def current_precision(job_dir: Path, configured: str, bf16_ok: bool, is_main: bo
         applied.append({"step": fault["step"], "last_good_step": fault["last_good_step"], "from": fault["precision"],
                         "to": nxt, "quarantined": moved, "detail": fault.get("detail")})
         (numerics_dir(job_dir) / RUN_FILES.applied).write_text(json.dumps(applied, indent=1), encoding="utf-8")
+        retry = " (a retry: nothing is safer; the job ends if the loss is non-finite at this step again)" \
+            if nxt == fault["precision"] else ""
         log.warning("non-finite loss at step %d in %s: rolled back to the last good checkpoint (step <= %d) and "
-                    "continuing in %s%s", fault["step"], fault["precision"], fault["last_good_step"], nxt,
+                    "continuing in %s%s%s", fault["step"], fault["precision"], fault["last_good_step"], nxt, retry,
                     f"; quarantined {', '.join(moved)}" if moved else "")
     return nxt
 

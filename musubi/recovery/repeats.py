@@ -15,7 +15,7 @@ restarts `L.k` and `L.k+1`) that failed with the same cause make the job's failu
 
 The next attempt (`L.k+2`) does not train: rank 0 sees the repeat, the ranks agree on it (one
 all-reduce), rank 0 logs one error line, every rank records it (`logs/error-rank{r}.txt`, kind
-`defect`) and exits with EXIT_DEFECT; later restarts of the launch exit at once. The launch then
+`defect`) and exits with EXIT_DEFECT (contract/exits.py); later restarts of the launch exit at once. The launch then
 fails with that line; `goodput.json` (`defect`, `repeat_of` per failure), `job.json`, the fleet
 (no retry) and the checklist report it as a failure, never as "recovered". A new launch
 (`--resume`, after a fix) starts with a clean slate.
@@ -28,9 +28,6 @@ import signal
 import traceback
 from pathlib import Path
 from typing import Any
-
-#: Exit code of the ranks of an attempt that found a repeated failure (not restarted to no end).
-EXIT_DEFECT = 77
 
 #: Deaths by these signals come from the code (a native crash), not from outside.
 CRASH_SIGNALS = frozenset({signal.SIGSEGV, signal.SIGABRT, signal.SIGBUS, signal.SIGFPE, signal.SIGILL})

@@ -39,14 +39,13 @@ from typing import Any
 import psutil
 
 from musubi.config.job import WatchdogSpec
+from musubi.contract.exits import EXIT_HANG
 from musubi.contract.records import HeartbeatRecord
 from musubi.contract.run_files import RUN_FILES
 from musubi.contract.world import attempt_id
 
 log = logging.getLogger("musubi.watchdog")
 
-#: Exit code of a rank that ended its attempt because of a hang (torchrun restarts the job).
-EXIT_HANG = 76
 #: Phases whose length is not a step's: they get the collective timeout, not the step-derived one.
 LONG_PHASES = frozenset({"setup", "eval", "checkpoint", "finish"})
 #: What a rank blocked in a phase is waiting for (CPU ranks have no flight recorder to say it).

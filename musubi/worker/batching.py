@@ -90,7 +90,7 @@ def _jump_after_probe(spec: JobSpec, task: Any, world: World, precision: str, in
         f"{new * world.size * acc}"
     reason = (f"OOM on rank {rec['rank']} in {rec['phase']} at step {rec['step']}, before any step fit: probed "
               f"{result.batch} per rank in {result.seconds:.1f}s; per-rank batch {per_rank} -> {new}, accumulation "
-              f"{acc} -> {new_acc}, {after}")
+              f"{acc} -> {new_acc}, {after}, {memory.KEPT}")
     return new, new_acc, reason
 
 

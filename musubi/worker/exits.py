@@ -1,9 +1,10 @@
 """How a rank ends: its exit codes and the error records the launcher, goodput and a restart read.
 
-Every way out of a rank is an exit code the launcher reads: 0 done, 1 a crash, 2 bad input
-(`ConfigError`), EXIT_OOM and EXIT_NUMERICS (recovery/memory.py, recovery/numerics.py: torchrun
-restarts every rank with a smaller batch or a safer precision), EXIT_DEFECT (recovery/repeats.py:
-the same failure twice, not restarted again). Beside the code, a failed rank writes one line,
+Every way out of a rank is an exit code the launcher reads (the table: contract/exits.py): 0 done,
+1 a crash, 2 bad input (`ConfigError`), EXIT_OOM and EXIT_NUMERICS (recovery/memory.py,
+recovery/numerics.py: torchrun restarts every rank with a smaller batch or a safer precision),
+EXIT_HANG (recovery/watchdog.py), EXIT_DEFECT (recovery/repeats.py: the same failure twice, not
+restarted again). Beside the code, a failed rank writes one line,
 `logs/error-rank{r}.txt` (its kind and message, so the launcher prints one line instead of a wall
 of tracebacks), and one record per attempt under `logs/exits/` (goodput names each failure's
 cause; a cause that repeats at the same line is a defect). No torch here: the entry (worker.py)
@@ -19,16 +20,10 @@ import traceback
 from pathlib import Path
 
 from musubi.contract.errors import ConfigError
+from musubi.contract.exits import EXIT_CONFIG, EXIT_FAILED, FINAL_KINDS
 from musubi.contract.records import ErrorLine, ExitRecord
 from musubi.contract.run_files import RUN_FILES
-from musubi.recovery.repeats import EXIT_DEFECT, exception_site
-
-EXIT_OK = 0
-EXIT_CRASH = 1
-EXIT_CONFIG = 2
-
-#: Error kinds a torchrun restart cannot cure: the restarted rank exits at once with the same code.
-FINAL_KINDS = {"config": EXIT_CONFIG, "defect": EXIT_DEFECT}
+from musubi.recovery.repeats import exception_site
 
 
 class RankEnd(Exception):  # noqa: N818 - an end on purpose, not an error
@@ -86,4 +81,4 @@ def crashed(job_dir: Path, rank: int, exc: Exception) -> int:
         return EXIT_CONFIG
     write_error(job_dir, rank, type(exc).__name__, f"{type(exc).__name__}: {exc}", exc)
     traceback.print_exception(exc)
-    return EXIT_CRASH
+    return EXIT_FAILED

@@ -24,13 +24,13 @@ import psutil
 
 from musubi.config.load import job_from_dict
 from musubi.contract.env import MUSUBI_GATE, MUSUBI_GATE_PID, MUSUBI_LAUNCH
+from musubi.contract.exits import EXIT_DEFECT, EXIT_NUMERICS, EXIT_OOM
 from musubi.contract.inject import Injector
 from musubi.contract.run_files import RUN_FILES
 from musubi.contract.world import attempt_id, init_world, shutdown_world
 from musubi.recovery.goodput import ProgressLog
-from musubi.recovery.memory import EXIT_OOM, is_oom, record_oom
-from musubi.recovery.numerics import EXIT_NUMERICS, record_nonfinite, safer_precision
-from musubi.recovery.repeats import EXIT_DEFECT
+from musubi.recovery.memory import is_oom, record_oom
+from musubi.recovery.numerics import ends_job, record_nonfinite
 from musubi.recovery.watchdog import Heartbeat, Watchdog
 from musubi.store import startup
 from musubi.tasks.registry import build_task
@@ -229,11 +229,11 @@ class Rank:
         # a log line's loss is read up to an interval after its step: the step is the line's, not the loop's
         step = exc.step if isinstance(exc, NonFiniteLoss) else trainer.step if trainer is not None else 0
         last_good = trainer.last_finite_step if trainer is not None else 0
-        if safer_precision(precision, True) is None:
+        if ends_job(self.job_dir, step, precision):  # fp32: retried once at this step already
             return crashed(self.job_dir, self.rank, nothing_safer(exc))
         record_nonfinite(self.job_dir, self.world.rank, step, last_good, precision, str(exc))
         write_error(self.job_dir, self.rank, "numerics", f"{exc} in {precision}: rolling back to step <= "
-                    f"{last_good} in a safer precision")
+                    f"{last_good} in a safer precision (fp32: the same, once)")
         log.error("%s in %s: restarting from the last good checkpoint in a safer precision", exc, precision)
         logging.shutdown()
         return EXIT_NUMERICS
@@ -256,9 +256,10 @@ class Rank:
 
 
 def nothing_safer(exc: FloatingPointError) -> FloatingPointError:
-    """A non-finite loss in fp32, raised here so its record names where (a repeat at this line is a defect)."""
+    """A non-finite loss in fp32 again at the step an fp32 retry started from, raised here so its record names
+    where (a repeat at this line is a defect)."""
     try:
-        raise FloatingPointError(f"{exc} in fp32 (nothing safer to fall back to): lower train.lr, add "
-                                 "train.grad_clip or check the data") from None
+        raise FloatingPointError(f"{exc} in fp32 again after a rollback to the last good checkpoint (nothing safer "
+                                 "to fall back to): lower train.lr, add train.grad_clip or check the data") from None
     except FloatingPointError as fatal:
         return fatal

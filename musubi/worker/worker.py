@@ -18,8 +18,9 @@ from pathlib import Path
 
 import psutil
 
+from musubi.contract.exits import EXIT_OK
 from musubi.store import startup
-from musubi.worker.exits import EXIT_OK, RankEnd, crashed, refused_restart
+from musubi.worker.exits import RankEnd, crashed, refused_restart
 from musubi.worker.pinning import pin_rank
 
 

@@ -43,6 +43,9 @@ def test_oom_policies() -> None:
     halve = _spec(batch=8, lr=0.1, base_batch=16, oom_policy="halve_global_batch")
     b, acc, why = shrink_after_oom(halve, 8, 1, 2, rec)
     assert (b, acc) == (4, 1) and plan_for(halve, b, acc, 2, "t").lr == pytest.approx(0.05) and "16 -> 8" in why
+    # Both say that the smaller batch stays (docs/guides/memory.md: a real OOM comes back at the larger one).
+    assert why.endswith("kept for the rest of this job (memory/batch.json)")
+    assert shrink_after_oom(keep, 8, 1, 2, rec)[2].endswith("kept for the rest of this job (memory/batch.json)")
     with pytest.raises(ConfigError, match="min_batch=4") as ei:
         shrink_after_oom(_spec(batch=4), 4, 1, 2, rec)
     assert "rank 1 in backward" in str(ei.value) and "\n" not in str(ei.value)

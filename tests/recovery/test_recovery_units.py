@@ -16,10 +16,11 @@ from musubi.checkpoint.saver import Checkpointer
 from musubi.checkpoint.states import CheckpointStates, Held
 from musubi.config.job import CheckpointSpec, WatchdogSpec
 from musubi.contract.errors import ConfigError
+from musubi.contract.exits import EXIT_HANG
 from musubi.contract.inject import Injector, parse
 from musubi.contract.world import World
 from musubi.recovery.goodput import compute_goodput
-from musubi.recovery.watchdog import EXIT_HANG, Heartbeat, Watchdog, describe_hang
+from musubi.recovery.watchdog import Heartbeat, Watchdog, describe_hang
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -188,6 +189,31 @@ def test_goodput_from_a_killed_attempt(tmp_path: Path) -> None:
     assert f["lost_s"] == pytest.approx(12.5 - 9) and f["downtime_s"] == pytest.approx(20 - 12.5)
     # productive: 4 s (steps 1-4) + 6 s (steps 5-10) of 28 s wall
     assert g["productive_s"] == pytest.approx(10.0, abs=0.01) and g["goodput"] == pytest.approx(10 / 28, abs=1e-3)
+
+
+def test_goodput_names_a_nan_exit_and_a_signal(tmp_path: Path) -> None:
+    """A NaN's exit (76) is named numerics, not a hang (the hang's code was 76 too); a signal by its name."""
+    t = time.time()
+    for d in ("progress", "heartbeat", "logs/exits"):
+        (tmp_path / d).mkdir(parents=True)
+    for name, t0, resumed in (("1.0", t, 0), ("1.1", t + 10, 0), ("1.2", t + 20, 0)):
+        (tmp_path / "progress" / f"a{name}.jsonl").write_text(
+            json.dumps({"event": "start", "t": t0}) + "\n" + json.dumps({"event": "train_start", "t": t0 + 1,
+                                                                        "step": resumed}) + "\n"
+            + json.dumps({"t": t0 + 2, "step": 3}) + "\n"
+            + (json.dumps({"event": "end", "t": t0 + 3, "step": 3}) + "\n" if name == "1.2" else ""))
+        for r in (0, 1):
+            (tmp_path / "heartbeat" / f"a{name}-rank{r}.json").write_text(
+                json.dumps({"rank": r, "pid": int(t0) % 1000 * 10 + r, "attempt": name, "time": t0 + 3}))
+    for r in (0, 1):
+        (tmp_path / "logs" / "exits" / f"a1.0-rank{r}.json").write_text(json.dumps(
+            {"rank": r, "kind": "numerics", "message": "loss is nan at step 3 in bf16: rolling back"}))
+    pid = int(t + 10) % 1000 * 10 + 1
+    (tmp_path / "logs" / "torchrun.log").write_text(f"failed (exitcode: -9) local_rank: 1 (pid: {pid})\n")
+    (tmp_path / "job.json").write_text(json.dumps({"history": [{"started": t - 1, "ended": t + 25}]}))
+    first, second = compute_goodput(tmp_path)["failures"]
+    assert first["cause"] == "numerics" and first["ranks"] == [0, 1], first
+    assert second["cause"] == "killed" and "killed by SIGKILL (torchrun)" in second["detail"], second
 
 
 def test_step_times_exclude_eval_and_checkpoint_and_eval_gets_its_own_timeout(tmp_path: Path) -> None:
