@@ -2,6 +2,7 @@
 
     python bench/checkpoint.py [--nproc 4] [--modes process,thread]     # GPUs (the lead's run)
     python bench/checkpoint.py --cpu --nproc 2 --tiny                   # proves it runs, on CPU ranks
+    python bench/checkpoint.py --nproc 2 --pin --writer-nice 0,10 --no-recovery   # the writer's priority
 
 Model: the built-in GPT (`task: lm`) at 12 layers x 1024 wide, vocab 8192 (~160 M parameters; with
 AdamW's two moments ~1.9 GB of state, replicated by DDP on every GPU). Everything measured in one run:
@@ -11,6 +12,10 @@ AdamW's two moments ~1.9 GB of state, replicated by DDP on every GPU). Everythin
    warm-up save (the process mode starts its daemon) and a timed save: time the step was blocked,
    the steps run while the save was in flight (their mean time vs the steady one), time to durable.
    Targets (issue #9): blocked <= 5 % of the synchronous save; throughput during a save >= 95 %.
+   `--writer-nice 0,10` measures each mode once per nice of the save's writing thread (musubi's default
+   10, checkpoint/writer.py; 0: the rank's own priority), one launch each; `--pin` pins each rank to its
+   share of the cores as `musubi train` does, so the writer (which inherits them) competes with the step
+   as in training. Each variant also lists the steps' times during the save, in order (ms).
 2. recovery: `musubi train` of the same model with `MUSUBI_INJECT=kill:rank=1,step=K`; from the
    job's goodput.json, the seconds from the failure to the next attempt's first step. Target <= 60 s.
 
@@ -30,6 +35,9 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from musubi.contract.env import MUSUBI_CPUS  # noqa: E402
 
 GPU_SHAPE = {"layers": 12, "hidden": 1024, "heads": 16, "vocab": 8192, "seq_len": 256, "batch": 8}
 TINY_SHAPE = {"layers": 2, "hidden": 64, "heads": 4, "vocab": 256, "seq_len": 32, "batch": 4}
@@ -64,6 +72,11 @@ def worker(args: argparse.Namespace) -> None:
     from musubi.worker.wrap import wrap_model
 
     spec = job_from_dict(json.loads(Path(args.job_json).read_text()))
+    pinned = None
+    if args.pin:  # as a `musubi train` rank: its own cores, which DCP's checkpoint process inherits
+        from musubi.worker.pinning import pin_rank
+
+        pinned = pin_rank(int(os.environ.get("LOCAL_RANK", "0")))
     world = init_world(600)
     torch.manual_seed(0)
     task = build_task(spec)
@@ -116,6 +129,7 @@ def worker(args: argparse.Namespace) -> None:
 
     for mode in args.modes.split(","):
         saver = Checkpointer(root / mode, spec.checkpoint.model_copy(update={"async_mode": mode}), world, inj, states)
+        saver.writer_nice = args.writer_nice
         save(saver, 1)  # warm-up: the process mode starts its daemon here
         saver.wait()
         saver.drain()
@@ -144,7 +158,9 @@ def worker(args: argparse.Namespace) -> None:
                      "steps_during_save": len(during),
                      "step_s_during_save": statistics.mean(during) if during else None,
                      "throughput_during_save": (out["steady_step_s"] / statistics.mean(during)) if during else None,
-                     "durable_s": statistics.median(durable) if durable else None}
+                     "durable_s": statistics.median(durable) if durable else None,
+                     "writer_nice": args.writer_nice, "pinned": pinned.describe() if pinned else None,
+                     "step_ms_during_save": [round(1e3 * t, 1) for t in during]}
     if world.is_main:
         Path(args.result).write_text(json.dumps(out, indent=1))
     shutdown_world()
@@ -157,20 +173,38 @@ def run_saves(args: argparse.Namespace, spec: dict, tmp: Path) -> dict:
     job_json.write_text(json.dumps(spec))
     env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
                MUSUBI_DEVICE="cpu" if args.cpu else "cuda")
+    if args.pin:
+        env[MUSUBI_CPUS] = split_cores(args.nproc)
     merged: dict = {}
-    for mode in args.modes.split(","):
-        result = tmp / f"saves-{mode}.json"
+    for label, mode, nice in variants(args):
+        result = tmp / f"saves-{label.replace('/', '-')}.json"
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc}",
                str(Path(__file__).resolve()), "--worker", "--job-json", str(job_json), "--ckpt-root",
-               str(tmp / "ckpt" / mode), "--result", str(result), "--modes", mode, "--steps", str(args.steps),
+               str(tmp / "ckpt" / label), "--result", str(result), "--modes", mode, "--steps", str(args.steps),
                "--warmup", str(args.warmup), "--sync-repeats", str(args.sync_repeats),
-               "--async-repeats", str(args.async_repeats), "--max-overlap-steps", str(args.max_overlap_steps)]
+               "--async-repeats", str(args.async_repeats), "--max-overlap-steps", str(args.max_overlap_steps),
+               "--writer-nice", str(nice)] + (["--pin"] if args.pin else [])
         subprocess.run(cmd, check=True, env=env, cwd=REPO, timeout=600)
         one = json.loads(result.read_text())
         one[mode]["sync_save_s"] = one["sync_save_s"]  # the baseline of the same launch
         one[mode]["steady_step_s"] = one["steady_step_s"]
-        merged = {**one, **merged, mode: one[mode]}
+        merged = {**one, **merged, label: one[mode]}
     return merged
+
+
+def variants(args: argparse.Namespace) -> list[tuple[str, str, int]]:
+    """(label, async mode, writer nice) per launch: the mode alone when one nice is measured, else mode/niceN."""
+    nices = [int(n) for n in str(args.writer_nice).split(",") if n.strip()]
+    return [(mode if len(nices) == 1 else f"{mode}/nice{n}", mode, n)
+            for mode in args.modes.split(",") for n in nices]
+
+
+def split_cores(nproc: int) -> str:
+    """A MUSUBI_CPUS value: this process's cores split into `nproc` contiguous sets (a `musubi train` pin plan on
+    one GPU box splits the machine's cores between its GPUs the same way)."""
+    cores = sorted(os.sched_getaffinity(0))
+    per = max(1, len(cores) // nproc)
+    return ";".join(",".join(map(str, cores[i * per:(i + 1) * per] or cores[-1:])) for i in range(nproc))
 
 
 def run_recovery(args: argparse.Namespace, spec: dict, tmp: Path) -> dict:
@@ -209,6 +243,9 @@ def main() -> None:
     ap.add_argument("--max-overlap-steps", type=int, default=500)
     ap.add_argument("--kill-step", type=int, default=12)
     ap.add_argument("--no-recovery", action="store_true")
+    ap.add_argument("--writer-nice", default="10",
+                    help="nice of the save's writing thread, or a comma list to measure each (0: the rank's own)")
+    ap.add_argument("--pin", action="store_true", help="pin each rank to its share of the cores, as musubi train")
     ap.add_argument("--json-out", type=Path, default=REPO / "bench-results" / "checkpoint.json")
     # worker side
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -217,6 +254,7 @@ def main() -> None:
     ap.add_argument("--result", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
+        args.writer_nice = int(args.writer_nice)
         worker(args)
         return
     shape = TINY_SHAPE if args.tiny or args.cpu else GPU_SHAPE
@@ -233,10 +271,10 @@ def main() -> None:
     s = saves
     print(f"checkpoint bench: {s.get('gpu', s['device'])} x{args.nproc}, state {s['state_gb_per_rank']} GB per rank "
           f"(model + AdamW), steady step {s['steady_step_s'] * 1e3:.1f} ms")
-    for mode in args.modes.split(","):
+    for mode, _, _ in variants(args):
         m = s[mode]
         thr = f"{m['throughput_during_save']:.1%}" if m["throughput_during_save"] is not None else "n/a"
-        print(f"  async {mode:7s}: blocked {m['blocked_s'] * 1e3:.0f} ms = {m['blocked_vs_sync']:.1%} of the "
+        print(f"  async {mode:7s} (writer nice {m['writer_nice']}): blocked {m['blocked_s'] * 1e3:.0f} ms = {m['blocked_vs_sync']:.1%} of the "
               f"{m['sync_save_s']:.2f} s sync save "
               f"(target <= 5%); throughput during save {thr} over {m['steps_during_save']} steps "
               f"(target >= 95%); durable after {m['durable_s'] or float('nan'):.2f} s")

@@ -20,9 +20,11 @@ are durable, and the marker written after it never names a partial checkpoint.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
+import shutil
 import signal
 import threading
 import time
@@ -33,6 +35,7 @@ from typing import Any
 
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemWriter
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 
@@ -41,12 +44,18 @@ from musubi.checkpoint.daemons import record_daemon
 from musubi.checkpoint.resume import find_agreed, load_into
 from musubi.checkpoint.staging import HostStager, holds_dtensor
 from musubi.checkpoint.states import CheckpointStates
+from musubi.checkpoint.writer import WRITER_NICE, BackgroundWriter
 from musubi.config.job import CheckpointSpec
 from musubi.contract.errors import ConfigError, one_line
+from musubi.contract.inject import ENV as INJECT_ENV
 from musubi.contract.inject import Injector
 from musubi.contract.world import World, side_group
 
 log = logging.getLogger("musubi.checkpoint")
+
+#: What a failed save raises. DCP gathers every rank's write error into a CheckpointException, a BaseException
+#: (not an Exception): caught by name, or a failed save (a full disk) ends the rank with no record of why.
+SAVE_ERRORS = (Exception, CheckpointException)
 
 
 def resolve_mode(asked: str, cuda: bool = True) -> str:
@@ -84,6 +93,25 @@ class _KillingWriter(FileSystemWriter):
         os.kill(self.kill_pid, signal.SIGKILL)
         os.kill(os.getpid(), signal.SIGKILL)
         return fut  # not reached
+
+
+class _FullDiskWriter(FileSystemWriter):
+    """Fault injection (`disk_full`): this rank's write of a checkpoint fails as on a full disk.
+
+    The shards are written, the first is cut in half (the space ran out inside it) and the write raises
+    OSError ENOSPC, which DCP hands to every rank (a synchronous save raises; an asynchronous one fails its
+    future: rank 0 does not commit and the previous committed checkpoint stays the one to resume from).
+    """
+
+    def write_data(self, plan: Any, planner: Any) -> Future:
+        fut = super().write_data(plan, planner)
+        results = fut.wait() if hasattr(fut, "wait") else fut.result()
+        for r in results:
+            shard = Path(self.path) / r.storage_data.relative_path
+            if shard.is_file():
+                os.truncate(shard, shard.stat().st_size // 2)
+                break
+        raise OSError(errno.ENOSPC, f"No space left on device (injected by {INJECT_ENV} disk_full)", self.path)
 
 
 @dataclass
@@ -132,6 +160,8 @@ class Checkpointer:
         self.group = side_group() if self.enabled and self.mode == "thread" else None
         #: Keep host copies across saves (HostStager); False: DCP's stager, a fresh one per save.
         self.reuse_buffers = True
+        #: nice of the async save's writing thread (checkpoint/writer.py); 0 writes at the rank's priority.
+        self.writer_nice = WRITER_NICE
         self._host: HostStager | None = None
         self.inflight: _InFlight | None = None
         self._records: list[dict[str, Any]] = []
@@ -216,8 +246,17 @@ class Checkpointer:
         trainer_state = json.loads(json.dumps(trainer_state))
         metric = dict(metric or {})
         writer = _KillingWriter(str(d), os.getpid()) if self.injector.kill_while_writing(step) else None
+        if writer is None and self.injector.disk_full_at(step):
+            writer = _FullDiskWriter(str(d))
+        if writer is None and self.mode != "off":  # the async writer yields the rank's cores to the step
+            writer = BackgroundWriter(str(d), self.writer_nice)
         if self.mode == "off":
-            dcp.save(state, checkpoint_id=str(d), storage_writer=writer)
+            try:
+                dcp.save(state, checkpoint_id=str(d), storage_writer=writer)
+            except SAVE_ERRORS as e:
+                # Every rank gets the same error (DCP all-reduces the write results): all skip this save alike.
+                self._failed(d, step, "sync", time.perf_counter() - t0, e)
+                return
             self.injector.checkpoint_write(step)
             # dcp.save returned on every rank after rank 0 gathered every rank's write result.
             if self.world.is_main:
@@ -263,11 +302,9 @@ class Checkpointer:
         """Rank 0's commit thread: wait for the shards of every rank, then write the marker."""
         try:
             job.future.result()
-        except Exception as e:  # noqa: BLE001 - a failed save must not kill training: the previous one stays
-            log.warning("checkpoint %s failed (%s): not committed; the previous committed one stays", job.path,
-                        one_line(e, 200))
+        except SAVE_ERRORS as e:  # a failed save must not kill training: the previous one stays
             job.done = {"ok": False, "error": one_line(e, 200)}
-            self._record({"step": job.step, "mode": self.mode, "blocked_s": job.blocked_s, "ok": False})
+            self._failed(job.path, job.step, self.mode, job.blocked_s, e)
             return
         self.injector.checkpoint_write(job.step)
         self._commit(job.path, job.step, trainer_state, metric)
@@ -278,6 +315,15 @@ class Checkpointer:
         log.info("checkpoint step %d committed: blocked the step %.3fs, durable after %.2fs: %s", job.step,
                  job.blocked_s, durable, job.path)
 
+    def _failed(self, d: Path, step: int, mode: str, blocked_s: float, e: BaseException) -> None:
+        """A save that failed on some rank: not committed; rank 0 deletes what it wrote (on a full disk the next
+        save needs that space; every rank's write had ended when the error reached rank 0)."""
+        if self.world.is_main:
+            log.warning("checkpoint %s failed (%s): not committed and deleted; the previous committed one stays", d,
+                        one_line(e, 200))
+            shutil.rmtree(d, ignore_errors=True)
+        self._record({"step": step, "mode": mode, "blocked_s": blocked_s, "ok": False})
+
     def wait(self) -> float:
         """Wait for the save in flight (and rank 0's commit); return the seconds waited."""
         job = self.inflight
@@ -286,7 +332,7 @@ class Checkpointer:
         t0 = time.perf_counter()
         try:
             job.future.result()
-        except Exception as e:  # noqa: BLE001 - reported by rank 0's commit thread; others note it
+        except SAVE_ERRORS as e:  # reported by rank 0's commit thread; others note it
             if not self.world.is_main:
                 log.warning("checkpoint %s failed on this rank: %s", job.path, one_line(e, 200))
         if job.committer is not None:
