@@ -41,7 +41,7 @@ anything starts; what the budget cuts is killed and reported as cut, not judged.
 On a lent 2-GPU machine (no network; the device call carries `.whl`: pydantic 2.14.4, pydantic-core
 2.50.5, annotated-types 0.8.0, typing-inspection 0.4.5, faster-coco-eval 1.8.0 as cp312 manylinux wheels,
 see docs/gpu-tier.md; scikit-learn, transformers, scipy and matplotlib are in its image), in one call of
-~8.6 minutes (at most ~9.4: the budget, 540 s, stops what is left):
+~8.3 minutes (at most ~9.4: the budget, 540 s, stops what is left):
 
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
         .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD || exit; PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 \
@@ -118,50 +118,52 @@ class Recipe:
     cpu_step_s: float = 1.0
 
 
+#: The cost figures (planning only) are fitted to the 27 runs of these recipes at 4 epochs on 2x H200, 4 runs a
+#: GPU (bench/results/quality-2026-11-28-2xH200-2c8e561-wip.json): with SHARE_SLOWDOWN and start-up off the
+#: GPU, the simulated run times match the measured ones within 7 s (root mean square) and the makespan within
+#: 3 % (381 s simulated, ~375 s measured). They are the first estimates (session 19's logs, the model zoo's and
+#: bench/recipes.py's runs) x 0.75 for steps and validations and x 0.9 for start-up.
 RECIPES: dict[str, Recipe] = {r.key: r for r in (
-    # 1438 train digits / 64 = 22 steps an epoch x 15 = 330 steps. Costs: session 19 (2x H200, 4 runs a GPU):
-    # Musubi's 330 steps in 7-8 s at 1 and 2 GPUs (launch-bound: no gain from halving a rank's batch), the
-    # plain loop's in 9-17 s; a Musubi run 45 s from launch to exit, the plain loop's 30 s; validation 1 s.
+    # 1438 train digits / 64 = 22 steps an epoch x 15 = 330 steps; measured (2c8e561-wip, 4 a GPU): a run 18-21 s
+    # (plain), 34-43 s (Musubi 1 GPU), 38-40 s (2 GPUs); 330 steps launch-bound (no gain from half a batch a rank).
     Recipe("classifier", "resnet18 classifier, digits 32 px", "classification", "resnet18", {}, 32, epochs=15,
            global_batch=64, optimizer="sgd", lr=0.1, weight_decay=5e-4, warmup_steps=20, metric="top1",
-           floor=0.9, eval_every=3, gpu_step_s=0.02, gpu_image_share=0.0,
-           gpu_fixed_s={"plain": 12.0, "musubi": 35.0}, gpu_eval_s=0.8, cpu_step_s=1.7),
+           floor=0.9, eval_every=3, gpu_step_s=0.015, gpu_image_share=0.0,
+           gpu_fixed_s={"plain": 11.0, "musubi": 31.5}, gpu_eval_s=0.6, cpu_step_s=1.7),
     # 800 scenes / 16 = 50 steps an epoch. torchvision's MobileNetV3-Large 320 FPN builder at its own input
     # size, 320 px: the 256 px scenes are upscaled by the model's transform (both sides), so the digits meet its
     # anchors (32-512 px) and its stride-16 map is 20 x 20 (at 160 px on 160 px scenes, session 19, 300 steps of
     # 32, its mAP50 spread over 0.13-0.46 by seed). The zoo's RPN sampling sizes, twice its proposals and RoIs
-    # for 8-16 digits an image; AdamW, clipping at 10. Costs: session 19 measured 0.50-0.63 s a step of 32 images
-    # and 0.31-0.34 of 16 (a rank of 2) with 4 runs a GPU: up to 0.36 s alone at 32 by SHARE_SLOWDOWN, ~75 % of
-    # it per image (the model zoo: 0.23 s a step of 16 alone, H200); +15 % assumed for 320 px and twice the RoIs
-    # (the per-image host work, not the GPU's pixels, dominates): 0.26 s at 16. Start-up: 39 s to the first
-    # step with 4 a GPU (Musubi), 12 s (the plain loop). Validation of 240 scenes took 4-5 s with 4 a GPU.
+    # for 8-16 digits an image; AdamW, clipping at 10. At 4 epochs (2c8e561-wip) mAP50 was still rising by 0.1-0.2
+    # an epoch at the end and spread over 0.35-0.72 by seed: 6 here. Measured at 4 epochs, 4 a GPU: a run
+    # 82-93 s (plain), 96-124 s (Musubi 1 GPU), 74-101 s (2 GPUs); ~75 % of a step is per image (session 19:
+    # 0.50-0.63 s a step of 32, 0.31-0.34 of 16).
     Recipe("cnn_detector", "Faster R-CNN MobileNetV3-320 FPN at 320 px, digit scenes 256 px", "detection",
            "fasterrcnn_mobilenet_v3_large_320_fpn",
            {"min_size": 320, "max_size": 320, "rpn_pre_nms_top_n_train": 600, "rpn_post_nms_top_n_train": 200,
             "rpn_pre_nms_top_n_test": 300, "rpn_post_nms_top_n_test": 200, "rpn_batch_size_per_image": 128,
             "box_batch_size_per_image": 128},
-           256, epochs=4, global_batch=16, optimizer="adamw", lr=1.5e-3, weight_decay=1e-4, warmup_steps=30,
-           metric="map50", floor=0.3, grad_clip=10.0, eval_every=1, gpu_step_s=0.26, gpu_image_share=0.75,
-           gpu_fixed_s={"plain": 14.0, "musubi": 40.0}, gpu_eval_s=2.5, cpu_step_s=38.0),
+           256, epochs=6, global_batch=16, optimizer="adamw", lr=1.5e-3, weight_decay=1e-4, warmup_steps=30,
+           metric="map50", floor=0.3, grad_clip=10.0, eval_every=2, gpu_step_s=0.195, gpu_image_share=0.75,
+           gpu_fixed_s={"plain": 12.6, "musubi": 36.0}, gpu_eval_s=1.9, cpu_step_s=38.0),
     # 800 scenes / 16 = 50 steps an epoch. transformers' RT-DETR with ResNet-18 (Musubi's `rtdetr_r18`
     # preset; the plain loop builds the same config from transformers), 100 queries, at the scenes' 256 px.
     # The zoo's recipe (AdamW 4e-4 at 16, clipping at 0.1 as DETR recipes do): mAP50 0.73 after 300 steps
-    # of 16 there. Costs: bench/recipes.py's RT-DETR r18 trained 256 steps of 16 at 320 px in 76 s alone on
-    # an H100 (0.30 s a step); the zoo's, 300 of 16 at 160 px in ~75 s on an H200: 0.30 s at 256 px, half of
-    # it per image (matching, denoising groups) assumed. Start-up: as the Faster R-CNN's (the zoo's D-FINE, same
-    # library: 26 s to its first step alone), its first validation 7 s (64 frames, warm-up included).
+    # of 16 there. At 4 epochs (2c8e561-wip) mAP50 was ~0 at 100 steps, 0.26-0.77 at 150, 0.39-0.82 at 200: 6 here.
+    # Measured at 4 epochs, 4 a GPU: a run 88-100 s (plain), 106-130 s (Musubi 1 GPU), 94-119 s (2 GPUs); half of
+    # a step per image (matching, denoising groups) assumed.
     Recipe("detr", "RT-DETR r18 (transformers), digit scenes 256 px", "detection", "rtdetr_r18",
-           {"num_queries": 100}, 256, epochs=4, global_batch=16, optimizer="adamw", lr=4e-4, weight_decay=1e-4,
-           warmup_steps=30, metric="map50", floor=0.3, grad_clip=0.1, eval_every=1, gpu_step_s=0.30,
-           gpu_image_share=0.5, gpu_fixed_s={"plain": 16.0, "musubi": 40.0}, gpu_eval_s=3.0, cpu_step_s=54.0),
+           {"num_queries": 100}, 256, epochs=6, global_batch=16, optimizer="adamw", lr=4e-4, weight_decay=1e-4,
+           warmup_steps=30, metric="map50", floor=0.3, grad_clip=0.1, eval_every=2, gpu_step_s=0.225,
+           gpu_image_share=0.5, gpu_fixed_s={"plain": 14.4, "musubi": 36.0}, gpu_eval_s=2.25, cpu_step_s=54.0),
     # Not in the default run: the other DETR family Musubi ships, transformers' D-FINE-N (HGNetV2-B0, 4 M
     # parameters), the same recipe (the zoo's D-FINE-N, AdamW 4e-4 at 16, reached mAP50 0.91 after 300 steps of
-    # 16 at 160 px on thermal frames, session 5). Costs: 300 steps of 16 at 160 px in 71 s alone on an H200
-    # (0.24 s a step), 26 s to its first step; 0.28 s at 256 px assumed.
+    # 16 at 160 px on thermal frames, session 5). Costs: unmeasured here; the zoo's D-FINE-N stepped 0.24 s alone
+    # against RT-DETR's ~0.25 at 160 px, so RT-DETR's figures, a step 7 % shorter.
     Recipe("dfine", "D-FINE-N (transformers), digit scenes 256 px", "detection", "dfine_n",
-           {"num_queries": 100}, 256, epochs=4, global_batch=16, optimizer="adamw", lr=4e-4, weight_decay=1e-4,
-           warmup_steps=30, metric="map50", floor=0.3, grad_clip=0.1, eval_every=1, gpu_step_s=0.28,
-           gpu_image_share=0.5, gpu_fixed_s={"plain": 16.0, "musubi": 40.0}, gpu_eval_s=3.0, cpu_step_s=40.0),
+           {"num_queries": 100}, 256, epochs=6, global_batch=16, optimizer="adamw", lr=4e-4, weight_decay=1e-4,
+           warmup_steps=30, metric="map50", floor=0.3, grad_clip=0.1, eval_every=2, gpu_step_s=0.21,
+           gpu_image_share=0.5, gpu_fixed_s={"plain": 14.4, "musubi": 36.0}, gpu_eval_s=2.25, cpu_step_s=40.0),
 )}
 
 #: The models of a run without --models: a classifier, a CNN detector, a DETR-family detector (issue 43).
@@ -169,17 +171,18 @@ DEFAULT_MODELS = ("classifier", "cnn_detector", "detr")
 #: Data-set sizes: `full` for the comparison, `smoke` for a CPU rehearsal of the plumbing.
 DATA_SCALES = {"full": quality_data.DataParams(),
                "smoke": quality_data.DataParams(train_scenes=64, val_scenes=16)}
-#: Slow-down of a run for each other process on its GPU (planning only; --calibrate replaces the estimates
-#: with measured times). These models are launch-bound (one rank of the zoo's small detectors kept an H200
-#: 15-25 % busy, session 5), so a few share a GPU, but not for free: with 4 a GPU (session 19) the Faster
-#: R-CNN's step took 0.50-0.63 s where the zoo's figure and this rule predict 0.58.
+#: Slow-down of a run for each other process past its start-up on its GPU (planning only; --calibrate
+#: replaces the estimates with measured times). These models are launch-bound (one rank of the zoo's small
+#: detectors kept an H200 15-25 % busy, session 5), so a few share a GPU, not for free: with the recipes' figures
+#: above, this rule reproduces the 2c8e561-wip run (4 a GPU) and session 19's seed-2 start times (197-207 s
+#: measured, 201-214 s simulated with that session's recipes).
 SHARE_SLOWDOWN = 0.25
 #: Seconds before the first run starts (writing both data sets: 7 s on this 2-core machine) and after the
 #: last ends (the report, the plot, the logs' archive), in the budget's plan.
 SETUP_S, REPORT_S = 10.0, 10.0
-#: Default --budget-s on GPUs: the data and every run. The default plan on 2 GPUs is estimated at 494 s of it
-#: (the command ~8.6 minutes with the install before and the report after); the rest is room for the
-#: estimate's error (session 19's runs took -13 % to +6 % of it), past which the last runs are cut.
+#: Default --budget-s on GPUs: the data and every run. The default plan on 2 GPUs is estimated at 476 s of it
+#: (the command ~8.3 minutes with the install before and the report after); the rest is room for the
+#: estimate's error, past which the last runs are cut (reported, not judged).
 BUDGET_S = 540.0
 #: Runs a GPU at once that the SHARE_SLOWDOWN rule was checked at (session 19); more is extrapolation.
 MAX_PER_DEVICE = 4
@@ -252,9 +255,7 @@ def first_fit(queue: list[Run], load: list[int], per_device: int, devices: int) 
 
 def fixed_s(run: Run, recipe: Recipe, device: str, est: float) -> float:
     """The part of a run's estimate that does not share its GPU: start-up (imports, launcher, data, model) and
-    exit, CPU work. Checked against session 19 (classifier and Faster R-CNN at 160 px, 4 runs a GPU, its
-    recipes with these cost figures): seed 0's Faster R-CNN runs took 205 / 203 / 146 s (plain, Musubi 1 and 2
-    GPUs), simulated 178 / 214 / 153; seed 2's detector runs started at 197-207 s, simulated 201-214."""
+    exit, CPU work (see RECIPES for the runs this split was checked against)."""
     return min(est, 20.0 if device == "cpu" else recipe.gpu_fixed_s[run.side])
 
 

@@ -279,8 +279,8 @@ def test_epochs_override_changes_this_runs_recipe_only(capsys: pytest.CaptureFix
     assert quality.main(["--device", "cuda", "--gpus", "2", "--nprocs", "1,2", "--models", "detr", "--epochs",
                          "detr=8", "--budget-s", "2000", "--dry-run"]) == 0
     per_epoch = quality.DATA_SCALES["full"].train_scenes // quality.RECIPES["detr"].global_batch
-    assert f"detr: rtdetr_r18, {8 * per_epoch} steps x 16, 8 validations" in capsys.readouterr().out
-    assert quality.RECIPES["detr"].epochs == 4  # the module's recipes are left as they are
+    assert f"detr: rtdetr_r18, {8 * per_epoch} steps x 16, 4 validations" in capsys.readouterr().out  # every 2
+    assert quality.RECIPES["detr"].epochs == 6  # the module's recipes are left as they are
     for bad in ("detr=0", "nope=3", "detr"):
         with pytest.raises(SystemExit):
             quality.parse_args(["--epochs", bad])
