@@ -18,7 +18,7 @@ Real faults come from outside (signals to real processes); the ones that must ha
 through the injection switch (`MUSUBI_INJECT=armed`: the soak drops `armed-N.txt` files into
 JOB/logs/inject/, each rank reads them at its step ends). Faults come one at a time: each strikes
 `--fault-every` seconds (+-25 %, seeded) of training after the job recovered from the previous one (the
-first once a checkpoint is committed), so each recovery is measured whole and the job trains between
+first after the job's first step), so each recovery is measured whole and the job trains between
 faults whatever a recovery costs on the machine. At the end the job is stopped (SIGTERM) and checked:
 
 - every fault was detected and recovered, and no restart happened that no fault explains (silent);
@@ -93,7 +93,7 @@ def soak_job(base: dict[str, Any]) -> dict[str, Any]:
 
 def schedule(kinds: list[str], nprocs: int, wall_s: float, every_s: float, seed: int) -> list[dict[str, Any]]:
     """Seeded faults: each `every_s` seconds (+-25 %) of training after the previous one's recovery (the first
-    after the first committed checkpoint), kinds in shuffled rounds, a random rank each. As many as could fit
+    after the job's first step), kinds in shuffled rounds, a random rank each. As many as could fit
     if recoveries took no time; the soak's wall time ends the list."""
     rng = random.Random(seed)
     out: list[dict[str, Any]] = []
@@ -158,11 +158,11 @@ class Soak:
         return rec.read_attempts(self.job_dir)
 
     def training(self, after: str | None) -> rec.Attempt | None:
-        """The newest attempt if it is not `after` and has finished a step since it started training (and a first
-        checkpoint is committed: `musubi train --resume` of a run without one is refused, see the soak guide)."""
+        """The newest attempt if it is not `after` and has finished a step since it started training (a fault may
+        strike before the first checkpoint: a preempted run without one resumes from step 0 in its folder)."""
         atts = self.attempts()
         a = atts[-1] if atts else None
-        if a is None or a.id == after or not a.steps or a.train_start is None or not self.commits:
+        if a is None or a.id == after or not a.steps or a.train_start is None:
             return None
         return a if a.steps[-1][0] >= a.train_start else None
 
@@ -324,6 +324,7 @@ def analyse(soak: Soak, run: dict[str, Any]) -> dict[str, Any]:
             "silent_restarts": silent, "lost_committed_checkpoints": len(lost),
             "checkpoints": ck["checkpoints"], "numeric_faults": numeric,
             "by_kind": rec.by_kind([f for f in faults if f.get("recovery")]),
+            "restart_split": rec.restart_split(faults),
             "faults": faults, "problems": problems}
 
 
@@ -407,6 +408,12 @@ def markdown(result: dict[str, Any]) -> str:
         lines.append(f"| {kind} | {k['faults']} | {k['recovered']} | " + " | ".join(
             _fmt(k[x]) for x in rec.SPLIT) + " |")
     lines += ["", "Medians in seconds. Where each figure comes from: bench/soak_records.py."]
+    split = result.get("restart_split") or {}
+    if any(v is not None for v in split.values()):
+        names = [name for name, _, _ in rec.RESTART_PARTS]
+        lines += ["", "Where a restart's time goes (medians over every restart, s; rank 0's start-up marks):", "",
+                  "| " + " | ".join(n.removesuffix("_s") for n in names) + " |", "|" + "---|" * len(names),
+                  "| " + " | ".join(_fmt(split.get(n)) for n in names) + " |"]
     if result.get("cadence"):
         c = result["cadence"]
         lines += ["", f"Checkpoint cadence (Young/Daly, τ = √(2·δ·M)): δ = {c['save_cost_s']} s blocked per save, "

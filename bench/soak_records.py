@@ -149,7 +149,7 @@ def detection_time(job_dir: Path, kind: str, t: float, attempt: str | None, torc
     return None
 
 
-def _startup_marks(job_dir: Path, t0: float, t1: float) -> dict[str, float]:
+def _startup_marks(job_dir: Path, t0: float, t1: float, slack: float = 0.5) -> dict[str, float]:
     """Rank 0's start-up marks written between t0 and t1 (one attempt's)."""
     path = job_dir / "startup.jsonl"
     out: dict[str, float] = {}
@@ -158,9 +158,33 @@ def _startup_marks(job_dir: Path, t0: float, t1: float) -> dict[str, float]:
             rec = json.loads(line)
         except ValueError:
             continue
-        if t0 - 0.5 <= float(rec.get("time", 0)) <= t1 + 0.5:
+        if t0 - slack <= float(rec.get("time", 0)) <= t1 + slack:
             out.setdefault(str(rec.get("mark")), float(rec["time"]))
     return out
+
+
+#: A restart and its reload, part by part (bench/soak.py's "where a restart's time goes"): (name, from, to), each a
+#: rank 0 start-up mark (store/startup.py) or `down` (the old ranks gone), `start` (the new attempt's main()
+#: began: progress file), `train` (its first step starts).
+RESTART_PARTS: tuple[tuple[str, str, str], ...] = (
+    ("spawn_s", "down", "worker"),          # torchrun: re-rendezvous of the agent, new processes created
+    ("entry_s", "worker", "start"),         # the interpreter and the entry's imports (worker.py), the pinning
+    ("imports_s", "start", "imported"),     # torch and the rank's modules, the job record
+    ("world_s", "imported", "world"),       # rendezvous of the ranks and the process group
+    ("task_batch_s", "world", "batch"),     # watchdog, cores, the task (its imports, data sets), the batch
+    ("model_s", "batch", "model"),          # model, DDP wrap (imports torch._dynamo), optimizer, loaders
+    ("load_s", "model", "fit"),             # the checkpoint found (checksums) and loaded
+    ("fit_s", "fit", "train"),              # metrics writer, loop set-up before the first step
+)
+
+
+def restart_parts(job_dir: Path, t_down: float, nxt: Attempt) -> dict[str, float | None]:
+    """Where one restart's time went, from rank 0's marks: each of RESTART_PARTS in seconds (None: a mark missing)."""
+    if nxt.train_start is None:
+        return {}
+    marks = _startup_marks(job_dir, t_down, nxt.train_start, slack=0.05)
+    marks.update(down=t_down, start=nxt.start, train=nxt.train_start)
+    return {name: _r(marks[b] - marks[a]) if a in marks and b in marks else None for name, a, b in RESTART_PARTS}
 
 
 def _r(x: float | None) -> float | None:
@@ -209,6 +233,7 @@ def recovery(job_dir: Path, fault: dict[str, Any], attempts: list[Attempt], torc
         lost_steps=max(0, (reached or 0) - resumed),
         lost_s=_r(max(0.0, t - t_resumed)) if t_resumed is not None and (reached or 0) > resumed else 0.0,
         next_attempt=nxt.id,
+        parts=restart_parts(job_dir, t_down, nxt),
     )
     return out
 
@@ -308,3 +333,9 @@ def by_kind(faults: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
         if kind == "disk_full":
             out[kind]["next_commit_s"] = median([f["recovery"].get("next_commit_s") for f in fs])
     return out
+
+
+def restart_split(faults: list[dict[str, Any]]) -> dict[str, float | None]:
+    """Median of each of RESTART_PARTS over every restart the soak saw (any fault kind: the restart is the same)."""
+    parts = [f["recovery"]["parts"] for f in faults if (f.get("recovery") or {}).get("parts")]
+    return {name: median([p.get(name) for p in parts]) for name, _, _ in RESTART_PARTS} if parts else {}

@@ -42,6 +42,7 @@ class Admitted:
     job_dir: Path = Path()
     before: dict = field(default_factory=dict)  # the job.json a resume continues ({} for a new run)
     changes: list[dict] = field(default_factory=list)  # --resume: fields that differ from `before` (allowed)
+    from_start: bool = False  # --resume of a run stopped before its first checkpoint: step 0 in the same folder
     preflight: object | None = None  # the preflight's report (PreflightReport), None when skipped
 
     @property
@@ -212,13 +213,17 @@ def check_tracking_backend(a: Admitted) -> None:
 
 
 def check_resume_checkpoint(a: Admitted) -> None:
-    """--resume: a committed checkpoint to continue from (the reader imports torch.distributed.checkpoint)."""
+    """--resume: the committed checkpoint to continue from (the reader imports torch.distributed.checkpoint); none
+    (a run stopped before its first save, e.g. preempted) starts from step 0 in the same folder, keeping what the
+    earlier attempts left (logs, job.json's history), instead of refusing both --resume and the folder."""
     if not a.req.resume:
         return
     from musubi.checkpoint.checkpoint import latest_checkpoint
 
     if latest_checkpoint(a.job_dir / RUN_FILES.checkpoints) is None:
-        raise ConfigError(f"--resume: no committed checkpoint in {a.job_dir / RUN_FILES.checkpoints}; run without --resume")
+        a.from_start = True
+        say(a.req, f"resume: no committed checkpoint in {a.job_dir / RUN_FILES.checkpoints}: starting from step 0 in "
+                   "this folder (the earlier attempts' logs are kept)")
 
 
 def check_task(a: Admitted) -> None:
@@ -291,6 +296,9 @@ def dry_run_plan(req: TrainRequest) -> list[str]:
         return [str(done)]
     lines = admission.plan_lines(a.spec, a.nproc, a.kind, a.run_dir, req.resume)
     lines += [f"resume: {c['key']} {c['before']!r} -> {c['after']!r} (--allow-changes)" for c in a.changes]
+    if a.from_start:
+        lines.append(f"resume: no committed checkpoint in {a.job_dir / RUN_FILES.checkpoints}: would start from step 0 "
+                     "in this folder")
     skipped = [c.name for c in CHECKS if c.name == "preflight" and not req.check]
     passed = [c.name for c in CHECKS if c.name not in skipped]
     lines.append(f"checks passed: {', '.join(passed)}" + (" (preflight skipped: --no-check)" if skipped else ""))

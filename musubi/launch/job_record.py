@@ -19,8 +19,9 @@ from musubi.store.rundir import env_record, read_json, run_record, write_json
 
 def open_record(run_dir: Path, job_dir: Path, config: dict[str, Any], *, attempts: int, nproc: int, kind: str,
                 resume: bool, nnodes: int, preflight: Any, fleet_member: bool, before: dict[str, Any],
-                changes: list[dict[str, Any]], argv: list[str]) -> dict[str, Any]:
-    """Write RUN/run.json and env.json (a lone job's), RUN/preflight.json, and job.json with status running."""
+                changes: list[dict[str, Any]], argv: list[str], from_start: bool = False) -> dict[str, Any]:
+    """Write RUN/run.json and env.json (a lone job's), RUN/preflight.json, and job.json with status running
+    (`from_start`: a --resume with no committed checkpoint, which trains from step 0 in the same folder)."""
     job_dir.mkdir(parents=True, exist_ok=True)
     if preflight is not None:
         write_json(run_dir / RUN_FILES.preflight, preflight.to_dict())
@@ -30,7 +31,7 @@ def open_record(run_dir: Path, job_dir: Path, config: dict[str, Any], *, attempt
         write_json(run_dir / RUN_FILES.env, {**env_record(), **dataset_env([config], db_path(run_dir))})
     record: dict[str, Any] = {
         "config": config, "status": "running", "attempts": attempts, "nproc": nproc, "device": kind,
-        "resume": resume, "nnodes": nnodes,
+        "resume": resume, "nnodes": nnodes, **({"from_start": True} if from_start else {}),
         "preflight": "skipped (--no-check)" if preflight is None else
         ("passed with warnings" if preflight.warnings else "passed")}
     prev = job_dir / RUN_FILES.job

@@ -42,7 +42,8 @@ def prepare(req: TrainRequest) -> tuple[Path, Path, dict, int, str]:
     attempts = int(a.before.get("attempts", 0)) + 1 if req.resume else 1
     record = open_record(a.run_dir, a.job_dir, a.spec.resolved(), attempts=attempts, nproc=a.nproc, kind=a.kind,
                          resume=req.resume, nnodes=rdzv.nnodes if rdzv else 1, preflight=a.preflight,
-                         fleet_member=req.fleet_member, before=a.before, changes=a.changes, argv=req.argv)
+                         fleet_member=req.fleet_member, before=a.before, changes=a.changes, argv=req.argv,
+                         from_start=a.from_start)
     req.marks["prepared"] = time.time()
     return a.run_dir, a.job_dir, record, a.nproc, a.kind
 
@@ -60,11 +61,12 @@ def _wait(proc: subprocess.Popen, deadline_s: float | None) -> tuple[int, bool]:
 
 def torchrun_argv(job_dir: Path, nproc: int, resume: bool, stop_at_step: int | None, max_restarts: int = 0,
                   probe_only: bool = False, extra: list[str] | None = None,
-                  rdzv: Rendezvous | None = None) -> list[str]:
+                  rdzv: Rendezvous | None = None, from_start: bool = False) -> list[str]:
     """The torchrun command line of one job: single-node (its own free port on loopback) or one node's agent.
 
     `--max-restarts`: when a rank fails (an OOM, a crash), torchrun stops the others and
     restarts all of them (on every node); the workers resume from the newest committed checkpoint.
+    `from_start`: a --resume the checks found no checkpoint for; the ranks resume if one appeared, else start at 0.
     """
     from musubi.contract.rendezvous import torchrun_module
 
@@ -80,7 +82,7 @@ def torchrun_argv(job_dir: Path, nproc: int, resume: bool, stop_at_step: int | N
     if probe_only:
         argv.append("--probe-only")
     if resume:
-        argv.append("--resume")
+        argv.append("--resume-if-any" if from_start else "--resume")
     if stop_at_step is not None:
         argv += ["--stop-at-step", str(stop_at_step)]
     return argv
@@ -184,7 +186,7 @@ def spawn(req: TrainRequest, run_dir: Path, job_dir: Path, record: dict, nproc: 
     (logs / f"pinning{node}.txt").write_text(pins.note + "\n", encoding="utf-8")
     restarts = 0 if req.probe_only else int(train["max_restarts"])
     argv = torchrun_argv(job_dir, nproc, req.resume, req.max_steps, restarts, req.probe_only, pins.torchrun_args,
-                         rdzv)
+                         rdzv, from_start=bool(record.get("from_start")))
     started = time.time()
     if rdzv is None or rdzv.node_rank == 0:
         for name, when in req.marks.items():

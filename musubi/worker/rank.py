@@ -175,9 +175,10 @@ class Rank:
         """Build the Trainer, resume where a checkpoint says, and train to the end or the stop point."""
         self.training = True
         args, world = self.args, self.world
-        # A torchrun restart resumes when an intact checkpoint exists (Trainer.resume checks checksums)
-        # and otherwise starts from step 0; only the user's --resume insists on one.
-        opts = RunOptions(resume=args.resume or self.restarts > 0, stop_at_step=args.stop_at_step)
+        # A torchrun restart (and --resume-if-any: a --resume of a run stopped before its first checkpoint) resumes
+        # when an intact checkpoint exists (Trainer.resume checks checksums) and otherwise starts from step 0; only
+        # the user's --resume insists on one.
+        opts = RunOptions(resume=args.resume or args.resume_if_any or self.restarts > 0, stop_at_step=args.stop_at_step)
         self.trainer = trainer = Trainer(self.spec, self.task, world, self.job_dir, opts, self.console,
                                          plan=self.plan, injector=self.injector, heartbeat=self.heartbeat)
         self.mark("model")

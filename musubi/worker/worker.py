@@ -29,6 +29,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="musubi-worker")
     ap.add_argument("job_dir", type=Path)
     ap.add_argument("--resume", action="store_true")
+    # --resume of a run the launcher found no committed checkpoint for: the newest intact one if any, else step 0.
+    ap.add_argument("--resume-if-any", action="store_true")
     ap.add_argument("--stop-at-step", type=int, default=None)
     ap.add_argument("--probe-only", action="store_true")
     return ap.parse_args(argv)

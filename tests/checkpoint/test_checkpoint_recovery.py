@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 
 from musubi.checkpoint.checkpoint import MARKER, committed_checkpoints, latest_checkpoint, verify
+from musubi.launch.launch import prepare
+from musubi.launch.request import TrainRequest
 from tests.conftest import write_tiny_job
 from tests.support.runs import train
 
@@ -20,13 +22,43 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 CHECKPOINT = {"every_steps": 3, "keep_last": 2, "keep_best": 1}
 
 
+#: What the module's run said on the console (test_resume_before_the_first_checkpoint reads it).
+CONSOLE: dict[str, str] = {}
+EARLIER = "earlier attempt: stopped before its first checkpoint"
+
+
 @pytest.fixture(scope="module")
 def _trained_once(tmp_path_factory) -> Path:
-    """One 2-rank run for the module (a torchrun launch costs seconds); tests get copies of it."""
+    """One 2-rank run for the module (a torchrun launch costs seconds); tests get copies of it.
+
+    It is the `--resume` of a run stopped before its first checkpoint (its launcher got as far as job.json, its
+    rank 0 wrote a log line and a metrics record, as a preemption during start-up leaves it): it trains from step
+    0 in the same folder, the same 16 steps a new run trains."""
     d = tmp_path_factory.mktemp("trained")
-    code, out = train(str(write_tiny_job(d, checkpoint=CHECKPOINT)), "--nproc", "2", "--out", str(d / "run"))
+    job = write_tiny_job(d, checkpoint=CHECKPOINT)
+    prepare(TrainRequest(job_path=job, nproc=2, out=d / "run", device="cpu", check=False, oversubscribe=True))
+    (d / "run" / "tiny" / "logs").mkdir(parents=True, exist_ok=True)
+    (d / "run" / "tiny" / "logs" / "rank0.log").write_text(EARLIER + "\n")
+    (d / "run" / "tiny" / "metrics.jsonl").write_text(json.dumps({"step": 4, "loss": 9.0, "kind": "train"}) + "\n")
+    code, out = train(str(job), "--nproc", "2", "--out", str(d / "run"), "--resume")
     assert code == 0, out
+    CONSOLE["out"] = out
     return d / "run"
+
+
+def test_resume_before_the_first_checkpoint_starts_from_step_0(finished_run: Path) -> None:
+    """A preempted run with no committed checkpoint goes on with the same --out: from step 0, nothing lost."""
+    assert "no committed checkpoint" in CONSOLE["out"] and "starting from step 0 in this folder" in CONSOLE["out"]
+    record = json.loads((finished_run / "job.json").read_text())
+    assert record["from_start"] is True and record["resume"] is True and record["attempts"] == 2
+    assert record["status"] == "done" and len(record["history"]) == 1
+    log = (finished_run / "logs" / "rank0.log").read_text()
+    assert log.startswith(EARLIER) and "no intact committed checkpoint" in log  # kept; then the rank said why
+    steps = [json.loads(ln)["step"] for ln in (finished_run / "metrics.jsonl").read_text().splitlines()
+             if json.loads(ln).get("kind") == "train"]
+    assert steps == sorted(steps) and 9.0 not in [json.loads(ln).get("loss") for ln in
+                                                  (finished_run / "metrics.jsonl").read_text().splitlines()]
+    assert [p.name for p in (finished_run / "progress").glob("a*.jsonl")] == ["a2.0.jsonl"]
 
 
 @pytest.fixture
