@@ -33,8 +33,8 @@ DETECTOR = {"task": "detection", "model": "fasterrcnn_resnet50_fpn",
                            "box_detections_per_img": 40}}
 
 
-def _job(root: Path, name: str, data: dict[str, Any], thermal: bool = False) -> Path:
-    ann = textured_set(root / "set", thermal=thermal)
+def _job(root: Path, name: str, data: dict[str, Any], thermal: bool = False, images: int = 4) -> Path:
+    ann = textured_set(root / "set", images=images, thermal=thermal)
     split = {"path": str(root / "set" / "images"), "annotations": str(ann)}
     return make_task_job(root / "run", {**DETECTOR, "name": name,
                                         "data": {"train": split, "val": split, "workers": 0, **data}}, steps=0)
@@ -53,8 +53,37 @@ def thermal_job(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def sliced_job(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    # two frames (a JPEG and a PNG): each is 9 tiles through a ResNet-50 on every pass, the file's largest cost;
+    # two frames still tell a frame mix-up, and the tiling and merging are per frame
     return _job(tmp_path_factory.mktemp("sliced"), "det-sliced",
-                {"slice": {"tile": 64, "overlap": 0.25, "merge": "nmm", "empty_ratio": 1.0}})
+                {"slice": {"tile": 64, "overlap": 0.25, "merge": "nmm", "empty_ratio": 1.0}}, images=2)
+
+
+class Predicted:
+    """One `musubi predict JOB IMAGES --save-images` of a module's job: its console output, folder and rows."""
+
+    def __init__(self, job: Path, out: Path) -> None:
+        self.job, self.out = job, out
+        self.images = Path(json.loads((job / "job.json").read_text())["config"]["data"]["val"]["path"])
+        res = CliRunner().invoke(app, ["predict", str(job), str(self.images), "--out", str(out), "--device", "cpu",
+                                       "--save-images"])
+        assert res.exit_code == 0, res.output
+        self.output = res.output
+        self.rows: list[dict[str, Any]] = json.loads((out / "predictions.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def predicted(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
+    """`predicted(fixture_name)`: the job's CLI predictions, made once a module (the detectors run on the CPU:
+    each pass over a set costs seconds, so the tests that compare other paths with them share one)."""
+    done: dict[str, Predicted] = {}
+
+    def get(fixture: str) -> Predicted:
+        if fixture not in done:
+            done[fixture] = Predicted(request.getfixturevalue(fixture), tmp_path_factory.mktemp(f"pred-{fixture}"))
+        return done[fixture]
+
+    return get
 
 
 def _evaluation(job: Path, out: Path) -> list[dict[str, Any]]:
@@ -69,15 +98,12 @@ def _evaluation(job: Path, out: Path) -> list[dict[str, Any]]:
 @pytest.mark.slow  # three untrained detectors built, checkpointed and run on the CPU
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("fixture", ["rgb_job", "thermal_job", "sliced_job"])
-def test_predict_gives_the_boxes_of_evaluation(fixture: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+def test_predict_gives_the_boxes_of_evaluation(fixture: str, request: pytest.FixtureRequest, predicted,
+                                               tmp_path: Path) -> None:
     job = request.getfixturevalue(fixture)
-    images = Path(json.loads((job / "job.json").read_text())["config"]["data"]["val"]["path"])
     expected = _evaluation(job, tmp_path / "eval.json")
-    out = tmp_path / "pred"
-    res = CliRunner().invoke(app, ["predict", str(job), str(images), "--out", str(out), "--device", "cpu",
-                                   "--save-images"])
-    assert res.exit_code == 0, res.output
-    rows = json.loads((out / "predictions.json").read_text())
+    cli = predicted(fixture)
+    images, out, rows, res = cli.images, cli.out, cli.rows, cli
     assert len(rows) > 20 and len({tuple(r["bbox"]) for r in rows}) > len(rows) // 2  # frames answer differently
     assert unmatched(rows, expected) == []
     assert {r["category_name"] for r in rows} <= {"car", "person"} and {r["category_id"] for r in rows} <= {3, 7}
@@ -94,7 +120,8 @@ def test_predict_gives_the_boxes_of_evaluation(fixture: str, request: pytest.Fix
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_exports_carry_names_and_rebuild_the_model_that_gives_its_boxes(rgb_job: Path, tmp_path: Path) -> None:
+def test_exports_carry_names_and_rebuild_the_model_that_gives_its_boxes(rgb_job: Path, predicted,
+                                                                       tmp_path: Path) -> None:
     import onnx
     import torchvision
 
@@ -105,7 +132,7 @@ def test_exports_carry_names_and_rebuild_the_model_that_gives_its_boxes(rgb_job:
     from musubi.tasks.rebuild import rebuild_model
 
     images = rgb_job.parent.parent / "set" / "images"
-    reference = musubi.predict(rgb_job, images, device="cpu").rows
+    reference = predicted("rgb_job").rows  # the job's own boxes (`musubi predict`, = evaluation's: the test above)
     record = export_job(rgb_job)
     assert record["classes"] == ["person", "car"] and record["recipe"]["input"]["resize_longest"] == 96
     meta = {p.key: p.value for p in onnx.load(str(rgb_job / "export" / "model.onnx")).metadata_props}
@@ -147,11 +174,11 @@ def test_exports_carry_names_and_rebuild_the_model_that_gives_its_boxes(rgb_job:
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_sources_arrays_globs_and_refusals(rgb_job: Path, tmp_path: Path) -> None:
+def test_sources_arrays_globs_and_refusals(rgb_job: Path, predicted, tmp_path: Path) -> None:
     from PIL import Image
 
     images = rgb_job.parent.parent / "set" / "images"
-    whole = musubi.predict(rgb_job, images, device="cpu")
+    whole = predicted("rgb_job")  # the folder through `musubi predict`; the API below takes an array and a glob
     frame = np.asarray(Image.open(images / "frame_1.png").convert("RGB"))
     from_array = musubi.predict(rgb_job, [frame], device="cpu")
     assert from_array.images[0].name == "array0" and from_array.images[0].names
@@ -200,11 +227,29 @@ def test_edge_script_imports_only_onnxruntime_numpy_and_pillow() -> None:
         {"numpy", "onnxruntime", "PIL"}
 
 
+def edge_json(manifest: Path, image: Path) -> dict[str, Any]:
+    """The edge script's `--json` answer for one image, from its own main() loaded in this process (the same code
+    a run as a program executes; the test runs it as a program too, where it must stand alone)."""
+    import contextlib
+    import importlib.util
+    import io
+
+    spec = importlib.util.spec_from_file_location("edge_predict", EDGE)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        code = module.main([str(manifest), str(image), "--json"])
+    assert code == 0, printed.getvalue()
+    return json.loads(printed.getvalue())
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("fixture", ["rgb_job", "sliced_job"])
 def test_edge_script_gives_predicts_boxes_from_the_manifest_alone(fixture: str, request: pytest.FixtureRequest,
-                                                                  tmp_path: Path) -> None:
+                                                                  predicted, tmp_path: Path) -> None:
     import subprocess
     import sys
 
@@ -234,14 +279,11 @@ def test_edge_script_gives_predicts_boxes_from_the_manifest_alone(fixture: str, 
     if fixture == "sliced_job":  # the deployable unit is what was measured: tile, overlap and merge shipped
         assert model["slice"]["tile"] == 64 and model["slice"]["overlap"] == 0.25 and model["slice"]["merge"] == "nmm"
         assert model["measured"]["metrics"].startswith("whole frame") and "9 tiles" in model["fps"]["unit"]
-    reference = musubi.predict(job, images, device="cpu").rows
+    reference = predicted(fixture).rows  # the job through torch (`musubi predict`, = evaluation's)
     ids = {1: 3, 2: 7}  # label -> the annotation file's category id
     rows = []
     for image in sorted(images.iterdir()):
-        done = subprocess.run([sys.executable, str(EDGE), str(manifest), str(image), "--json"], capture_output=True,
-                              text=True, timeout=300, check=False)
-        assert done.returncode == 0, done.stderr
-        for d in json.loads(done.stdout)["detections"]:
+        for d in edge_json(manifest, image)["detections"]:
             x1, y1, x2, y2 = d["box"]
             rows.append({"file_name": image.name, "category_id": ids[d["label"]], "bbox": [x1, y1, x2 - x1, y2 - y1],
                          "score": d["score"], "name": d["name"]})
