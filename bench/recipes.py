@@ -39,6 +39,7 @@ class Recipe:
 RECIPES: dict[str, Recipe] = {
     "classify-synthetic": Recipe(("train", "examples/classify-synthetic.yaml", "--out", "{out}"), "cpu", "top1", 0.9),
     "quickstart": Recipe(("quickstart",), "cpu", "top1", 0.95),
+    "own-model": Recipe(("train", "examples/own_model/job.yaml", "--out", "{out}"), "cpu", "acc", 0.9),
     "detect-synthetic": Recipe(("train", "examples/detect-synthetic.yaml", "--out", "{out}"), "cpu", "map50", 0.15),
     "lm-fsdp": Recipe(("train", "examples/lm-fsdp.yaml", "--out", "{out}"), "cpu", "val_acc", 0.5),
     "fleet-demo": Recipe(("run", "examples/fleet-demo.yaml", "--out", "{out}"), "cpu", "map50", 0.1),

@@ -11,7 +11,15 @@ import difflib
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from musubi.config.success import SuccessSpec
 
@@ -220,7 +228,8 @@ class AugmentSpec(StrictModel):
 
 
 class DataSpec(StrictModel):
-    """Where samples come from: `synthetic:` or `train:` (+ optional `val:`) on disk."""
+    """Where samples come from: `synthetic:` or `train:` (+ optional `val:`) on disk; neither for a user task that
+    brings its own data (its loader fields still apply)."""
 
     synthetic: SyntheticSpec | None = Field(None, description="Generated data (no files).")
     train: DataSplit | None = Field(None, description="Training split on disk.")
@@ -286,8 +295,6 @@ class DataSpec(StrictModel):
 
     @model_validator(mode="after")
     def _one_source(self) -> DataSpec:
-        if self.synthetic is None and self.train is None:
-            raise ValueError("give either data.synthetic or data.train")
         if self.synthetic is not None and (self.train is not None or self.val is not None):
             raise ValueError("data.synthetic and data.train/val are exclusive: choose one source")
         if isinstance(self.workers, int) and not 0 <= self.workers <= 64:
@@ -412,7 +419,7 @@ class TrainSpec(StrictModel):
         None, ge=1, le=MAX_COUNT, description="Log scalars (metrics.jsonl, console) every N optimizer steps. None: "
         "every total_steps // 20 steps, 1 to 10, so a short run's curve still has 20 points (or one a step) and a "
         "long one logs every 10 steps; in a pipe (CI, a log file: no progress bar) the console then shows about 5 "
-        "step lines of a short run, at least one each 10 steps.",
+        "step lines of a short run, one each 50 steps of a long one.",
     )
     eval_every: int = Field(1, ge=1, le=MAX_COUNT, description="Validate every N epochs (and at the end).")
     early_stop: EarlyStopSpec | None = Field(
@@ -555,6 +562,11 @@ class EvalSpec(StrictModel):
         "max_detections): eval.json records both.")
 
 
+#: Musubi's own tasks, and a model name each for the error that asks for one.
+BUILTIN_TASKS = ("classification", "detection", "lm")
+EXAMPLE_MODEL = {"classification": "resnet18", "detection": "fasterrcnn_mobilenet_v3_large_320_fpn", "lm": "gpt"}
+
+
 class JobSpec(StrictModel):
     """One training job: a task (model + data + loss + metric) and how to train it."""
 
@@ -563,7 +575,10 @@ class JobSpec(StrictModel):
         max_length=MAX_TEXT_CHARS,
         description="classification, detection, lm, or a user task as `module:function`."
     )
-    model: ShortStr = Field(description="Model name within the task (e.g. resnet50, fcos_resnet50_fpn, gpt).")
+    model: ShortStr | None = Field(
+        None, validate_default=True, description="Model name within the task (e.g. resnet50, fcos_resnet50_fpn, "
+        "gpt); required by the built-in tasks. A user task builds its own model: leave it out, or give a name the "
+        "task reads (spec.model).")
     model_args: dict[Annotated[str, Field(max_length=64)], ScalarArg] = Field(
         default_factory=dict, max_length=64, description="Keyword arguments for the model constructor."
     )
@@ -572,7 +587,10 @@ class JobSpec(StrictModel):
         "weights of the model by name (DEFAULT, an enum member such as COCO_V1 or IMAGENET1K_V2, or "
         "ResNet50_Weights.IMAGENET1K_V2) read from $TORCH_HOME/hub/checkpoints and transferred (the head is "
         "left fresh). Nothing is downloaded.")
-    data: DataSpec = Field(description="Data source.")
+    data: DataSpec = Field(
+        None, validate_default=True, description="Data source (synthetic: or train:/val:) and how it is loaded; "
+        "required by the built-in tasks. A user task that reads its own data leaves it out (or gives only the "
+        "loader's fields: workers, prefetch, ...); its datasets are its own.")
     train: TrainSpec = Field(default_factory=TrainSpec, description="Optimisation.")
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec, description="Checkpointing.")
     success: SuccessSpec = Field(default_factory=SuccessSpec, description="Success criteria the run checks "
@@ -586,6 +604,45 @@ class JobSpec(StrictModel):
     @classmethod
     def _name(cls, v: str) -> str:
         return check_safe_name(v)
+
+    @property
+    def builtin(self) -> bool:
+        """Whether the task is one of Musubi's (classification, detection, lm), not a user's `module:function`."""
+        return self.task in BUILTIN_TASKS
+
+    @property
+    def own_data(self) -> bool:
+        """A user task that reads its own data: `data:` names no source (the datasets are the task's)."""
+        return not self.builtin and self.data.synthetic is None and self.data.train is None
+
+    def model_label(self) -> str:
+        """The model in words for lines and messages: its name, or "the task's own model" (a user task's)."""
+        return self.model or "the task's own model"
+
+    # Only a user task builds its own model and reads its own data: a built-in one needs both named. Field
+    # validators (run on the defaults too), so the one-line error names the field.
+    @field_validator("model")
+    @classmethod
+    def _built_in_task_needs_a_model(cls, v: str | None, info: ValidationInfo) -> str | None:
+        task = info.data.get("task")
+        if v is None and task in BUILTIN_TASKS:
+            raise ValueError(f"task {task} needs a model name, e.g. model: {EXAMPLE_MODEL[task]}; only a user task "
+                             "(`module:function`) builds its own")
+        return v
+
+    @field_validator("data", mode="before")
+    @classmethod
+    def _data_section_or_none(cls, v: Any) -> Any:
+        return {} if v is None else v  # left out: the loader's defaults, no source (a user task's own data)
+
+    @field_validator("data")
+    @classmethod
+    def _built_in_task_needs_data(cls, v: DataSpec, info: ValidationInfo) -> DataSpec:
+        task = info.data.get("task")
+        if v.synthetic is None and v.train is None and task in BUILTIN_TASKS:
+            raise ValueError(f"task {task} needs a source: data.synthetic or data.train (+ data.val); only a user "
+                             "task (`module:function`) reads its own")
+        return v
 
     @model_validator(mode="after")
     def _classes_need_coco(self) -> JobSpec:
@@ -635,7 +692,7 @@ class JobSpec(StrictModel):
     @field_validator("task")
     @classmethod
     def _task(cls, v: str) -> str:
-        if v in {"classification", "detection", "lm"}:
+        if v in BUILTIN_TASKS:
             return v
         if re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*", v):
             return v

@@ -15,6 +15,7 @@ from typing import Any
 from musubi.config.batch_plan import scale_lr
 from musubi.config.job import JobSpec
 from musubi.contract.errors import ConfigError
+from musubi.tasks.data_line import describe_data
 
 #: Changes listed in an error line before "(+N more)".
 _SHOWN_CHANGES = 3
@@ -96,7 +97,8 @@ def plan_lines(spec: JobSpec, nproc: int, kind: str, run_dir: Path, resume: bool
     """What `musubi train --dry-run` prints: ranks, batches, LR and why, data, output; nothing is started."""
     t = spec.train
     ranks = f"{nproc} {'GPU' if kind == 'cuda' else 'CPU (gloo)'} rank{'s' if nproc > 1 else ''}"
-    lines = [f"job {spec.name}: task {spec.task}, model {spec.model}", f"ranks: {ranks}"]
+    model = f"model {spec.model}" if spec.model else "its own model"
+    lines = [f"job {spec.name}: task {spec.task}, {model}", f"ranks: {ranks}"]
     if t.batch == "auto":
         lines.append("batch: auto: probed on every rank at start (the minimum that fits; LR follows it)")
     else:
@@ -108,13 +110,7 @@ def plan_lines(spec: JobSpec, nproc: int, kind: str, run_dir: Path, resume: bool
                f"{t.lr_rule} rule: {t.lr:g} tuned at base_batch {t.base_batch}, x ({g}/{t.base_batch})"
                + ("^0.5" if t.lr_rule == "sqrt" else ""))
         lines.append(f"lr: {lr:.4g} ({why}); {t.optimizer}, {t.schedule}, {t.warmup_steps} warmup step(s)")
-    d = spec.data
-    if d.synthetic is not None:
-        s = d.synthetic
-        data = f"synthetic: {s.train_size} train / {s.val_size} val samples"
-    else:
-        data = f"train {d.train.path if d.train else '-'}; val {d.val.path if d.val else '-'}"
-    lines.append(f"data: {data}")
+    lines.append(f"data: {describe_data(spec)}")  # a user task's own data: its sizes, or who provides it
     steps = f"max {t.max_steps} steps" if t.max_steps else "no step limit"
     lines.append(f"training: {t.epochs} epoch(s), {steps}; precision {t.precision}, strategy {t.strategy}")
     lines.append(f"output: {run_dir / spec.name}" + (" (resumed)" if resume else " (new)"))

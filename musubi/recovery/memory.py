@@ -143,7 +143,7 @@ def shrink_after_oom(spec: JobSpec, per_rank: int, accumulation: int, world: int
             figures = (f" ({oom.get('mem_peak_allocated_gib')} GiB peak allocated of "
                        f"{oom.get('mem_total_gib')} GiB)")
         raise ConfigError(
-            f"out of memory: {spec.model} at per-rank batch {per_rank} on rank {oom['rank']} in "
+            f"out of memory: {spec.model_label()} at per-rank batch {per_rank} on rank {oom['rank']} in "
             f"{oom['phase']} (step {oom['step']}){figures}; halving would go below train.min_batch="
             f"{t.min_batch}: use strategy fsdp, a smaller input or model, or lower train.min_batch"
         )

@@ -77,6 +77,11 @@ class Task(abc.ABC):
         """Map-style validation set, or None when the job has none."""
         return None
 
+    def data_sizes(self) -> dict[str, int] | None:
+        """Samples per split of data the task reads on its own ({"train": n, "val": m}), when it can tell them
+        without reading the data; None: the dry run says "provided by task X" (the console counts them at start)."""
+        return None
+
     def collate(self, samples: list[Any]) -> Any:
         """Samples -> batch (on the host)."""
         return default_collate(samples)

@@ -184,7 +184,7 @@ def probe_batch(task: Task, world: World, precision: str, optimizer_factory: Any
     agreed = world.all_reduce_min(good)
     if agreed < 1:
         raise ConfigError(
-            f"batch: auto found no batch that fits ({task.spec.model}, precision {precision}); even one sample "
+            f"batch: auto found no batch that fits ({task.spec.model_label()}, precision {precision}); even one sample "
             "runs out of memory: use strategy fsdp, a smaller input or model"
         )
     total = trial.total / GIB if trial.total else None

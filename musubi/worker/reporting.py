@@ -60,15 +60,17 @@ def log_interval(total_steps: int) -> int:
     return max(1, min(LONGEST_LOG_INTERVAL, total_steps // CURVE_POINTS))
 
 
-#: Console lines a short run prints in a pipe (CI, a log file) when `train.log_every` is unset.
+#: Console lines a short run prints in a pipe (CI, a log file) when `train.log_every` is unset, and the most
+#: steps between two of them on a long run.
 CONSOLE_LINES = 5
+LONGEST_CONSOLE_INTERVAL = 50
 
 
 def console_interval(total_steps: int, log_every: int) -> int:
     """Steps between the console's step lines in a pipe: about CONSOLE_LINES over a short run (its metrics.jsonl
-    keeps the CURVE_POINTS records), every log line of a long one (never sparser than LONGEST_LOG_INTERVAL steps or
-    the log interval); a multiple of `log_every`, so every console line is a logged record."""
-    wanted = min(-(-total_steps // CONSOLE_LINES), max(log_every, LONGEST_LOG_INTERVAL))
+    keeps the CURVE_POINTS records), one each LONGEST_CONSOLE_INTERVAL steps or so on a long one; a multiple of
+    `log_every`, so every console line is a logged record."""
+    wanted = min(-(-total_steps // CONSOLE_LINES), max(log_every, LONGEST_CONSOLE_INTERVAL))
     return log_every * max(1, wanted // log_every)
 
 

@@ -147,3 +147,17 @@ def test_measure_picks_the_fewest_workers_that_feed_best() -> None:
     # the real clock on this machine: only what cannot depend on its load
     chosen, rates = measure_workers(Items(), list, batch=4, max_workers=4, batches=3)
     assert chosen in rates and set(rates) <= {1, 2, 4} and all(r > 0 for r in rates.values())
+
+
+def test_the_feeder_line_says_where_the_work_runs_without_workers() -> None:
+    """0 loader workers (the default on a 1-core rank): the rank decodes, not "loader workers"; a CPU rank's line
+    says nothing of pinned memory (there is no copy to a GPU)."""
+    from musubi.worker.feed.loader_plan import LoaderPlan
+    from musubi.worker.feed.loaders import feeder_line
+
+    path = {"decode": "loader workers", "resize": "loader workers", "augment": "none"}
+    assert feeder_line(LoaderPlan(0, False, 4, True, "config", path), False) == \
+        "decode, resize in the rank (no loader worker); augment none"
+    assert feeder_line(LoaderPlan(2, True, 4, True, "config", path), True) == \
+        "decode loader workers; resize loader workers; augment none; 2 loader worker(s) (config), prefetch 4 a " \
+        "worker, pinned host memory"

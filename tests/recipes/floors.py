@@ -26,4 +26,6 @@ FLOORS: dict[str, Floor] = {
                                 "tests/api/test_api.py::test_train_through_the_api_on_two_cpu_ranks"),
     "quickstart": Floor("docs/guides/quickstart.md", "top1", 0.95,
                         "tests/api/test_quickstart.py::test_readme_quickstart_runs_as_written"),
+    "own-model": Floor("examples/own_model/job.yaml", "acc", 0.9,
+                       "tests/tasks/test_own_model.py::test_the_example_reaches_its_floor"),
 }

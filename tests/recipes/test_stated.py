@@ -9,10 +9,10 @@ import pytest
 from tests.conftest import REPO
 from tests.recipes.floors import FLOORS
 
-EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
+EXAMPLES = sorted([*(REPO / "examples").glob("*.yaml"), *(REPO / "examples").glob("*/job.yaml")])
 
 
-@pytest.mark.parametrize("path", EXAMPLES, ids=[p.name for p in EXAMPLES])
+@pytest.mark.parametrize("path", EXAMPLES, ids=[str(p.relative_to(REPO / "examples")) for p in EXAMPLES])
 def test_every_example_states_its_score_time_and_machine(path) -> None:
     """A `# Reaches:` line in the header: the metric and time on a named machine, or why none is measured."""
     header = path.read_text(encoding="utf-8").split("\nname:", 1)[0]

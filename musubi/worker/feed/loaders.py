@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader, Dataset, Subset
 from musubi.contract.errors import ConfigError
 from musubi.contract.world import World
 from musubi.tasks.base import Task
-from musubi.worker.feed.loader_plan import plan_loader
+from musubi.worker.feed.loader_plan import LoaderPlan, plan_loader
 from musubi.worker.feed.prefetch import DevicePrefetcher
 from musubi.worker.feed.sampler import ResumableDistributedSampler, ShardedEvalSampler
 
@@ -125,15 +125,7 @@ class TrainFeed:
                                                              "ahead": self.prefetcher.describe()})
             if world.is_main:
                 p = self.plan
-                # Without workers the rank's own process does the workers' part: say so, not "loader workers".
-                where = {k: "the rank" if v == "loader workers" and not p.workers else v for k, v in p.path.items()}
-                loader = (f"{p.workers} loader worker(s) ({p.source}), prefetch {p.prefetch} a worker" if p.workers
-                          else "no loader worker (the rank reads its own batches)")
-                # pinned: page-locked host memory for the copy to a GPU (a CPU rank copies nothing: not said)
-                memory = ("" if not world.is_cuda else ", pinned host memory" if p.pin_memory
-                          else ", pageable host memory")
-                log.info("feeder: decode %s; resize %s; augment %s; %s%s; device batches %s", where["decode"],
-                         where["resize"], where["augment"], loader, memory, p.path["ahead"])
+                log.info("feeder: %s; device batches %s", feeder_line(p, world.is_cuda), p.path["ahead"])
             self.loader = DataLoader(ds, batch_size=batch, sampler=self.sampler, collate_fn=task.collate,
                                      drop_last=True, generator=self.generator, **self.plan.kwargs())
             self.micro_per_epoch = len(self.sampler) // batch
@@ -255,6 +247,21 @@ class TrainFeed:
         """The process ids of the training loader's workers now (none: no workers, or no epoch started)."""
         reader = getattr(self, "reader", None)
         return [w.pid for w in getattr(getattr(reader, "current", None), "_workers", None) or [] if w.pid]
+
+
+def feeder_line(p: LoaderPlan, is_cuda: bool) -> str:
+    """Where the feed's stages run and how the loader is shaped, for the rank-0 feeder line."""
+    stages = ("decode", "resize", "augment")
+    # pinned: page-locked host memory for the copy to a GPU (a CPU rank copies nothing: not said)
+    memory = "" if not is_cuda else ", pinned host memory" if p.pin_memory else ", pageable host memory"
+    if p.workers:
+        return (f"{'; '.join(f'{k} {p.path[k]}' for k in stages)}; {p.workers} loader worker(s) ({p.source}), "
+                f"prefetch {p.prefetch} a worker{memory}")
+    # Without workers the rank's own process does the workers' part: say so, not "loader workers".
+    in_rank = [k for k in stages if p.path[k] == "loader workers"]
+    rest = [f"{k} {p.path[k]}" for k in stages if k not in in_rank]
+    return "; ".join(([f"{', '.join(in_rank)} in the rank (no loader worker)"] if in_rank else
+                      ["no loader worker"]) + rest) + memory
 
 
 class ValFeed:
