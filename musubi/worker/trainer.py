@@ -29,13 +29,14 @@ from musubi.recovery.memory import memory_figures
 from musubi.recovery.watchdog import Heartbeat
 from musubi.store.startup import mark
 from musubi.tasks.base import Task
+from musubi.tasks.data_line import describe_data
 from musubi.worker.bn_stats import recalibrate_bn, restore_bn, snapshot_bn
 from musubi.worker.early_stop import EarlyStop
 from musubi.worker.feed.loaders import TrainFeed, ValFeed
 from musubi.worker.log_window import LogWindow, PendingLine, agree_parts, check_finite, queue_line
 from musubi.worker.ordered_reduce import needs_ordered_reduce, ordered_allreduce_hook
 from musubi.worker.precision import autocast, make_scaler, resolve_precision
-from musubi.worker.reporting import MetricsWriter, ProgressBar, log_interval
+from musubi.worker.reporting import MetricsWriter, ProgressBar, console_interval, log_interval
 from musubi.worker.rng import RankRng, capture_rng, restore_rng
 from musubi.worker.schedule import lr_factor
 from musubi.worker.step_events import (
@@ -148,6 +149,8 @@ class Trainer:
         if self.injector:  # `data_stall` sleeps in the wait for the batch: the `data` section
             self.feed.before_batch = self.injector.data_delay
         self.val = ValFeed(task, world, self.plan.per_rank, spec.data.workers, spec.data.pin_memory)
+        if world.is_main and spec.own_data:  # no data: section to say it: the samples the task's datasets hold
+            log.info("data: %s", describe_data(spec, {"train": self.feed.dataset_size, "val": self.val.size}))
         self.steps_per_epoch = self.feed.micro_per_epoch // self.plan.accumulation
         if self.steps_per_epoch < 1:
             raise ConfigError(
@@ -160,8 +163,12 @@ class Trainer:
         self.total_steps = min(total, t.max_steps) if t.max_steps else total
         #: Where this process stops: the end of training, or an earlier stop point (--max-steps).
         self.stop_step = min(self.total_steps, opts.stop_at_step or self.total_steps)
+        #: Steps between console lines in a pipe (a terminal has the bar): the log interval the user wrote, else
+        #: a few lines over a short run (reporting.console_interval).
+        self.console_every = t.log_every or 0
         if t.log_every is None:  # unset: from the run's length (reporting.log_interval), for every reader of the spec
             t.log_every = log_interval(self.total_steps)
+            self.console_every = console_interval(self.total_steps, t.log_every)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lr_factor(t.warmup_steps, self.total_steps, t.schedule)
         )
@@ -406,7 +413,8 @@ class Trainer:
         # A line of its own: the LR is rescaled with the global batch, and a surprising one must be seen.
         log.info("%s", lr_line(plan.lr, t.lr, t.base_batch, plan.global_batch, t.lr_rule))
         if self.step < self.stop_step:  # the first step also starts the loader workers: the next line is step log_every's
-            log.info("first step (loader workers start, warm-up)...")
+            workers = getattr(getattr(self.feed, "plan", None), "workers", 0)  # none: the rank reads its own batches
+            log.info("first step (%swarm-up)...", "loader workers start, " if workers else "")
 
     def train_step(self, batches: Iterator[Any]) -> bool:
         """One optimizer step over the next micro-batches of `batches`; False: the epoch holds no further step."""
@@ -531,7 +539,8 @@ class Trainer:
                           at=line.wall_time)
         if bar is not None:
             bar.figures(line.samples_per_s, mean_loss)
-        if self.console is not None and not self.console.is_terminal:
+        if (self.console is not None and not self.console.is_terminal
+                and (line.step % self.console_every == 0 or line.step == self.stop_step)):
             log.info("step %d/%d loss %.4f %.1f samples/s", line.step, self.total_steps, mean_loss,
                      line.samples_per_s)
 

@@ -132,7 +132,7 @@ def test_report_draws_one_bar_per_attempt(tmp_path: Path) -> None:
     assert html.count("<title>a&lt;b&gt; 0-10 s</title>") == 1
     assert html.count("<title>a&lt;b&gt;#1 20-40 s</title>") == 2  # the retry on 2 GPUs: a bar in each lane
     assert html.count("<title>a&lt;b&gt;#1 evaluation 40-44 s</title>") == 2  # its tail after the release
-    assert "3 attempt(s) on 2 device(s), 44 s" in html and "<b>" not in html
+    assert "3 attempt(s) on 2 GPU(s), 44 s" in html and "<b>" not in html and ">GPU 1</text>" in html
     assert "Start-up per job" in html and "rank import (python, torch)" in html
     assert fleet_section(tmp_path / "nothing") == ""
 
