@@ -105,8 +105,7 @@ def configure_threads(spec, pinned: Pinning | None) -> str:  # noqa: ANN001 - a 
     if spec.data.workers is None:
         spec.data.workers = default_workers(cores)
         if spec.data.workers < DEFAULT_WORKERS:  # said in the same line: why this rank loads with fewer
-            chosen = (f" (the default {DEFAULT_WORKERS} fitted to {cores} core(s): one stays the training loop's; "
-                      "set data.workers to choose)")
+            chosen = f" (default {DEFAULT_WORKERS} fitted to {cores} core(s); data.workers sets it)"
     if spec.data.workers == "auto":
         spec.data.workers = auto_workers(cores)
     # `measure`: the feed times the loader later, at most `auto` workers; threads are planned for that many.

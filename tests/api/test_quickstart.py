@@ -3,6 +3,7 @@ image folder, export .pt, load it into torchvision; the run holds its stated flo
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 from pathlib import Path
@@ -13,6 +14,8 @@ from bench.recipes import newcomer_env, quickstart_script
 from tests.recipes.floors import FLOORS
 
 REPO = Path(__file__).resolve().parents[2]
+#: The quickstart's console on 2 CPU ranks (data block, training, export, the load into torchvision): 24 lines.
+QUICKSTART_LINES = 25
 
 
 @pytest.mark.slow
@@ -32,3 +35,13 @@ def test_readme_quickstart_runs_as_written(tmp_path: Path) -> None:
     assert (tmp_path / "runs" / "my-images" / "my-images" / "export" / "model.pt").is_file()
     # the LR is the one written (no base_batch): no rule line, and the ranks say so
     assert "lr 0.05 (lr_rule none" in (tmp_path / "runs" / "my-images" / "my-images" / "logs" / "rank0.log").read_text()
+    # a console short enough to read (91 lines before issue 45, 61 of them the checklist's table): the checklist's
+    # summary, every failing or warning item in full, the table in its file; no warning of Musubi's own defaults
+    lines = text.splitlines()
+    assert len(lines) <= QUICKSTART_LINES, f"{len(lines)} console lines (at most {QUICKSTART_LINES}):\n{text}"
+    checklist = json.loads((tmp_path / "runs" / "my-images" / "checklist.json").read_text())
+    for item in checklist["items"]:
+        if item["status"] in ("FAIL", "WARN"):
+            assert f"{item['status']} " in text and item["found"] in text, (item, text)
+    assert "full checklist: runs/my-images/checklist.json" in text and "run checklist" not in text
+    assert "oversubscribe" not in text and "GPU" not in text  # defaults fit the 2 CPU ranks; words fit the machine
