@@ -92,8 +92,9 @@ def measure_baselines(spec: FleetSpec, run_dir: Path, devices: list[int], kind: 
         else:
             todo.append((job, key))
     if todo:
-        console.print(Text(f"measuring single-GPU baselines ({steps} steps) of {len(todo)} distributed job(s) "
-                           f"on {min(len(devices), len(todo))} device(s)"))
+        unit = "GPU" if kind == "cuda" else "CPU slot"
+        console.print(Text(f"measuring single-{'GPU' if kind == 'cuda' else 'rank'} baselines ({steps} steps) of "
+                           f"{len(todo)} distributed job(s) on {min(len(devices), len(todo))} {unit}(s)"))
         free: queue.Queue[int] = queue.Queue()
         for d in devices:
             free.put(d)
