@@ -55,7 +55,11 @@ def test_bad_input_exit_codes(tmp_path: Path) -> None:
     code, out = invoke("leaderboard", str(tmp_path), "--weights", "0.7")
     assert code == 2 and "--weights '0.7'" in out
     code, out = invoke("export", str(tmp_path / "nope"))
-    assert code == 2 and "no job config" in out
+    assert code == 2 and out.strip() == f"error: {tmp_path / 'nope'}: no such job directory; give RUN/JOB of a run"
+    (tmp_path / "bare").mkdir()
+    (tmp_path / "bare" / "job.json").write_text(json.dumps({"status": "done"}))  # a record without its config
+    code, out = invoke("export", str(tmp_path / "bare"))
+    assert code == 2 and "job.json: no job config (key 'config')" in out, out
     code, out = invoke("export", str(tmp_path), "--format", "tflite")
     assert code == 2 and "use onnx or pt" in out
 
