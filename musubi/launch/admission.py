@@ -71,13 +71,48 @@ def _covered(key: str, allowed: list[str] | None) -> bool:
     return allowed is None or any(key == a or key.startswith(a + ".") for a in allowed)
 
 
+#: Compares equal to nothing: a key without a schema default is always a change.
+_NO_DEFAULT = object()
+
+
+def _absent(record: dict[str, Any], key: str) -> bool:
+    """Whether the dotted `key` (or a section above it) is missing from a recorded job config."""
+    node: Any = record
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return True
+        node = node[part]
+    return False
+
+
+def _default_of(key: str) -> Any:
+    """The JSON value a job gets for the dotted `key` when its file leaves it out (a sentinel when the key is
+    not a schema field with a default, so nothing compares equal to it)."""
+    model: Any = JobSpec
+    info = None
+    for part in key.split("."):
+        fields = getattr(model, "model_fields", None)
+        if fields is None or part not in fields:
+            return _NO_DEFAULT
+        info = fields[part]
+        ann = info.annotation
+        subs = [a for a in (ann, *getattr(ann, "__args__", ())) if isinstance(a, type) and hasattr(a, "model_fields")]
+        model = subs[0] if subs else None
+    if info is None or info.is_required():
+        return _NO_DEFAULT
+    value = info.get_default(call_default_factory=True)
+    return value.model_dump(mode="json") if hasattr(value, "model_dump") else value
+
+
 def check_resume(record: dict[str, Any], config: dict[str, Any], allowed: list[str] | None,
                  job_json: Path) -> list[dict[str, Any]]:
     """The changes a resume may make to the recorded job; ConfigError naming those --allow-changes lacks."""
     old = record.get("config")
     if not isinstance(old, dict):
         return []
-    changes = config_changes(old, config)
+    # A field added to the schema after the run was recorded is absent from the record; at its default it
+    # trains as the run did before the field existed, so an upgrade alone never blocks a resume.
+    changes = [c for c in config_changes(old, config) if not (_absent(old, c[0]) and c[2] == _default_of(c[0]))]
     refused = [c for c in changes if not _covered(c[0], allowed)]
     if refused:
         shown = "; ".join(f"{k} {b!r} -> {a!r}" for k, b, a in refused[:_SHOWN_CHANGES])
