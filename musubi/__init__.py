@@ -7,12 +7,18 @@ from typing import Any
 from musubi.config.version import VERSION as __version__
 
 #: The Python API (musubi/api.py), imported on first use: `import musubi` stays cheap (no torch).
-_API = ("train", "run", "predict", "RunResult", "JobOutcome")
+_API = ("train", "run", "predict", "evaluate", "export", "load", "RunResult", "JobOutcome", "Exported")
 
 __all__ = ["__version__", *_API]
 
 
 def __getattr__(name: str) -> Any:
+    if name == "evaluate":
+        # The package musubi.evaluate is callable as the API's evaluate: importing any of its modules binds
+        # `musubi.evaluate` to the package anyway, so the one name means one thing (see its __init__).
+        import musubi.evaluate
+
+        return musubi.evaluate
     if name in _API:
         from musubi import api
 

@@ -1,5 +1,6 @@
-"""The Python API: `musubi.train` and `musubi.run`, the two launching commands as functions, and
-`musubi.predict` (a trained, exported or registered model on images, folders, videos or arrays).
+"""The Python API: `musubi.train` and `musubi.run`, the two launching commands as functions,
+`musubi.predict` (a trained, exported or registered model on images, folders, videos or arrays), and
+`musubi.evaluate`, `musubi.export`, `musubi.load` (musubi/evaluate/python_api.py, re-exported here).
 
 Each call does what the command line does (validation, preflight, torchrun, the
 run checklist) and returns a `RunResult` read back from the run directory, so a
@@ -23,6 +24,7 @@ import yaml
 from musubi.checkpoint.checkpoint import best_checkpoint, latest_checkpoint
 from musubi.contract.errors import ConfigError
 from musubi.contract.run_files import RUN_FILES
+from musubi.evaluate.python_api import Exported, as_keywords, evaluate, export, load
 from musubi.records.evidence import read_json_or_none
 from musubi.store.rundir import read_jsonl
 
@@ -248,13 +250,23 @@ def run(fleet: str | Path, *, out: str | Path | None = None, resume: bool = Fals
                      ok=len(done) == len(jobs) and cl.ok)
 
 
-def predict(model: str | Path, source: Any, *, out: str | Path | None = None, checkpoint: str | int | None = None,
-            conf: float | None = None, save_images: bool = False, device: str | None = None,
-            db: str | Path | None = None) -> Any:
-    """`musubi predict`: MODEL (job dir, .onnx/.pt export or registry NAME[:VERSION]) on SOURCE (image, folder,
-    glob, video, a numpy array or a list); a PredictResult: per image boxes in file pixels, class names, and the
-    COCO results rows (written to OUT/predictions.json when `out` is given)."""
+#: musubi.predict's keywords: `musubi predict`'s options (tests/api/test_parity.py compares them).
+PREDICT_KEYWORDS = ("out", "checkpoint", "conf", "save_images", "device", "db")
+
+
+def predict(model: Any, source: Any, *, out: str | Path | None = None,  # noqa: ANN401 - a path, name or Predictor
+            checkpoint: str | int = "last", conf: float | None = None, save_images: bool = False,
+            device: str | None = None, db: str | Path | None = None) -> Any:
+    """`musubi predict`: MODEL (job dir, .onnx/.pt export, registry NAME[:VERSION], or a model `musubi.load`
+    returned) on SOURCE (image, folder, glob, video, a numpy array or a list); a PredictResult: per image boxes in
+    file pixels, class names, and the COCO results rows (written to OUT/predictions.json when `out` is given)."""
     from musubi.evaluate.predict import predict as run
 
-    return run(model, source, out=out, checkpoint=checkpoint, conf=conf, save_images=save_images, device=device,
-               db=db)
+    try:
+        return run(model, source, out=out, checkpoint=checkpoint, conf=conf, save_images=save_images,
+                   device=device, db=db)
+    except ConfigError as e:
+        raise type(e)(as_keywords(str(e), PREDICT_KEYWORDS)) from None
+
+
+__all__ = ["Exported", "JobOutcome", "RunResult", "evaluate", "export", "load", "predict", "run", "train"]

@@ -186,13 +186,19 @@ def run_predict(predictor: Predictor, frames: list[Frame], out: Path | None = No
     return PredictResult(predictor.described, task, list(recipe.get("classes") or []), results, rows, out, recipe)
 
 
-def predict(model: str | Path, source: Any, *, out: str | Path | None = None, checkpoint: str | int | None = None,
-            conf: float | None = None, save_images: bool = False, device: str | None = None,
-            db: str | Path | None = None, on_image: Callable[[ImageResult], None] | None = None) -> PredictResult:
-    """Predict with MODEL (job dir, .onnx/.pt export or registry NAME[:VERSION]) on SOURCE (image, folder, glob,
-    video, numpy array or a list of them); results in file pixels with class names."""
+def predict(model: str | Path | Predictor, source: Any, *, out: str | Path | None = None,
+            checkpoint: str | int | None = None, conf: float | None = None, save_images: bool = False,
+            device: str | None = None, db: str | Path | None = None,
+            on_image: Callable[[ImageResult], None] | None = None) -> PredictResult:
+    """Predict with MODEL (job dir, .onnx/.pt export, registry NAME[:VERSION], or a Predictor already loaded by
+    `musubi.load`) on SOURCE (image, folder, glob, video, numpy array or a list of them); results in file pixels
+    with class names."""
     from musubi.evaluate.fps import resolve_device
 
+    if isinstance(model, Predictor) and (checkpoint not in (None, "last") or device is not None or db is not None):
+        raise ConfigError(f"model {model.described}: already loaded; its checkpoint, device and db were chosen "
+                          "when it was loaded (give them to musubi.load)")
     frames = resolve_source(source)
-    predictor = load_predictor(model, checkpoint, resolve_device(device), Path(db) if db is not None else None)
+    predictor = model if isinstance(model, Predictor) else \
+        load_predictor(model, checkpoint, resolve_device(device), Path(db) if db is not None else None)
     return run_predict(predictor, frames, Path(out) if out is not None else None, conf, save_images, on_image)

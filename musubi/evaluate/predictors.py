@@ -37,6 +37,16 @@ class Predictor:
     described: str  # what was loaded, for the console and predictions.json
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
 
+    @property
+    def classes(self) -> list[str]:
+        """The class names, index order of the model's outputs (detection label i is classes[i - 1])."""
+        return list(self.recipe.get("classes") or [])
+
+    @property
+    def task(self) -> str:
+        """classification or detection."""
+        return str(self.recipe.get("task"))
+
     def detect(self, images: list[HostImage]) -> list[dict[str, Tensor]]:
         """Detections per image ({"boxes" xyxy, "scores", "labels"} in model-input pixels, on the CPU)."""
         raise NotImplementedError
@@ -60,6 +70,11 @@ class JobPredictor(Predictor):
         self.job = load_job_model(job_dir, checkpoint)
         self.job.model.to(device)
         super().__init__(inference_recipe(self.job), f"{job_dir} (step {self.job.step})", device)
+
+    @property
+    def model(self) -> nn.Module:
+        """The job's model (eval mode, on this predictor's device)."""
+        return self.job.model
 
     @torch.no_grad()
     def detect(self, images: list[HostImage]) -> list[dict[str, Tensor]]:
@@ -132,6 +147,7 @@ class OnnxPredictor(Predictor):
             raise ConfigError(f"{path}: no musubi inference recipe (not in its metadata, no export.json beside it); "
                               "predict with a file written by `musubi export`, or the job directory")
         self.session, runtime = onnx_session(path, device, threads)  # threads None: onnx_session's default
+        self.model: nn.Module | None = None  # no torch module: the graph runs in `session`
         self.input_name = self.session.get_inputs()[0].name
         super().__init__(recipe, described or f"{path} ({runtime})", device)
 

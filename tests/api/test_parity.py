@@ -66,3 +66,42 @@ def test_dry_run_returns_the_plan_and_dir_lists_the_api(tiny_job, tmp_path: Path
     assert "ranks: 3 CPU (gloo) ranks" in lines and lines[-1].startswith("checks passed:")
     assert not (tmp_path / "r").exists()
     assert {"train", "run", "predict"} <= set(dir(musubi))
+
+
+#: The evaluate, export and predict commands beside their calls: CLI parameter name -> API keyword (typer's
+#: `format_` is the flag --format). Every other parameter has the same name on both sides.
+RENAMED = {"export": {"format_": "format"}}
+#: The commands' arguments: the calls take them positionally, under these names.
+ARGUMENTS = {"evaluate": ("job_dir",), "export": ("job_dir",), "predict": ("model", "source")}
+
+
+@pytest.mark.parametrize("command", ["evaluate", "export", "predict"])
+def test_evaluate_export_predict_take_their_commands_options(command: str) -> None:
+    """Same options, same names, same defaults; the call's keywords are its documented keyword list."""
+    from musubi.api import PREDICT_KEYWORDS
+    from musubi.evaluate.python_api import EVALUATE_KEYWORDS, EXPORT_KEYWORDS
+
+    params = typer.main.get_command(app).commands[command].params
+    renamed = RENAMED.get(command, {})
+    cli = {renamed.get(p.name, p.name): p for p in params if p.name != "help"}
+    call = getattr(musubi.api, command)
+    api = inspect.signature(call).parameters
+    assert set(cli) == set(api), sorted(set(cli) ^ set(api))
+    keywords = {"evaluate": EVALUATE_KEYWORDS, "export": EXPORT_KEYWORDS, "predict": PREDICT_KEYWORDS}[command]
+    assert set(keywords) == set(api) - set(ARGUMENTS[command])
+    for name in ARGUMENTS[command]:
+        assert api[name].kind is api[name].POSITIONAL_OR_KEYWORD and api[name].default is api[name].empty
+    for name in keywords:
+        assert api[name].kind is api[name].KEYWORD_ONLY, name
+        assert api[name].default == cli[name].default, (name, api[name].default, cli[name].default)
+
+
+def test_load_takes_predicts_model_options() -> None:
+    """musubi.load(model, ...) picks the model as `musubi predict` does: its checkpoint, device and db options."""
+    from musubi.evaluate.python_api import LOAD_KEYWORDS
+
+    cli = {p.name: p for p in typer.main.get_command(app).commands["predict"].params}
+    api = inspect.signature(musubi.load).parameters
+    assert set(api) == {"model", *LOAD_KEYWORDS}
+    for name in LOAD_KEYWORDS:
+        assert api[name].default == cli[name].default, name
