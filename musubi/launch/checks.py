@@ -4,8 +4,9 @@
 Cheap checks come first and import no torch: the job file, the model name (a generated table), the data's
 folders, the run folder, the ranks against the GPUs or cores, the batch against the train split. A job
 refused by any of them is refused in well under a second, before a byte is written. Then the checks that
-need torch: a resumed run's checkpoint, the task's own checks (the model built on the meta device), and
-last the machine's preflight (seconds; every refusal above is cheaper).
+need torch: a resumed run's checkpoint, the task's own checks (the model built on the meta device), the
+metrics keep_best and early_stop watch against those the task's validation reports, a changed resume's model
+against the checkpoint's signature, and last the machine's preflight (seconds; every refusal above is cheaper).
 """
 
 from __future__ import annotations
@@ -220,10 +221,72 @@ def check_resume_checkpoint(a: Admitted) -> None:
         return
     from musubi.checkpoint.checkpoint import latest_checkpoint
 
-    if latest_checkpoint(a.job_dir / RUN_FILES.checkpoints) is None:
+    found = latest_checkpoint(a.job_dir / RUN_FILES.checkpoints)
+    if found is not None:  # the world it was written by, before torchrun starts ranks of another
+        check_resume_world(found.path, found.marker, a.nproc * a.req.nnodes, a.req.nnodes)
+    else:
         a.from_start = True
         say(a.req, f"resume: no committed checkpoint in {a.job_dir / RUN_FILES.checkpoints}: starting from step 0 in "
                    "this folder (the earlier attempts' logs are kept)")
+
+
+def check_resume_world(path: Path, marker: dict, ranks: int, nnodes: int) -> None:
+    """An exact resume needs the world size the checkpoint was written by (its marker's world_size)."""
+    # The ranks check it again (checkpoint.load_checkpoint): a torchrun elastic restart can change the world
+    # after this launcher's check.
+    written = int(marker.get("world_size", ranks))
+    if written != ranks:
+        use = f"--nproc {written}" if nnodes == 1 else f"--nproc and --nnodes that make {written} ranks"
+        raise ConfigError(f"{path}: written by {written} ranks, this run has {ranks}; exact resume needs the same "
+                          f"world size: use {use}")
+
+
+def check_resume_model(a: Admitted) -> None:
+    """--resume with changes to the job: the model they build (on the meta device) is the one the checkpoint holds
+    (the signature of its parameter names and shapes, recorded in the marker)."""
+    if not (a.req.resume and a.changes):
+        return  # an unchanged job builds the model that wrote the checkpoint (the ranks check it again)
+    import torch
+
+    from musubi.checkpoint.checkpoint import latest_checkpoint, model_signature
+
+    found = latest_checkpoint(a.job_dir / RUN_FILES.checkpoints, warn=False)
+    if found is None or found.marker.get("signature") is None:
+        return
+    from musubi.tasks.registry import build_task
+
+    try:
+        with torch.device("meta"):
+            signature = model_signature(build_task(a.spec).build_model())
+    except Exception:  # noqa: BLE001 - a model that cannot be built on meta: the ranks compare the signature
+        return
+    # The ranks compare it again (checkpoint.load_checkpoint): they build the model for real.
+    if signature != found.marker["signature"]:
+        raise ConfigError(f"{found.path}: checkpoint is of another model (signature {found.marker['signature']} != "
+                          f"{signature}); resume with the job that wrote it or start a new run directory")
+
+
+def check_metric_names(a: Admitted) -> None:
+    """checkpoint.best_metric (keep_best) and train.early_stop.metric name a metric the task's validation reports,
+    where the task declares them (Task.metric_names)."""
+    from musubi.tasks.registry import build_task
+
+    task = build_task(a.spec)
+    names = task.metric_names()
+    if names is None:
+        return  # the task cannot say before a validation: the ranks check at the first one
+    # The ranks check again at each validation (saver.check_metric, trainer.watch_patience): a task's declaration
+    # could miss a key its metric adds.
+    reported = ", ".join(sorted(names))
+    ck, early = a.spec.checkpoint, a.spec.train.early_stop
+    best = ck.best_metric or task.primary_metric
+    if ck.enabled and ck.keep_best > 0 and best not in names:
+        raise ConfigError(f"checkpoint.best_metric {best!r} is not a validation metric of this task (it reports "
+                          f"{reported}); fix it or set keep_best: 0")
+    watched = (early.metric or task.primary_metric) if early is not None else None
+    if watched is not None and watched not in names:
+        raise ConfigError(f"train.early_stop.metric {watched!r} is not a validation metric of this task (it reports "
+                          f"{reported}); fix it")
 
 
 def check_task(a: Admitted) -> None:
@@ -275,6 +338,8 @@ CHECKS: tuple[Check, ...] = (
     Check("tracking", check_tracking_backend),
     Check("resume checkpoint", check_resume_checkpoint, torch=True),
     Check("task", check_task, torch=True),
+    Check("validation metrics", check_metric_names, torch=True),
+    Check("resume model", check_resume_model, torch=True),
     Check("preflight", check_machine, torch=True),
 )
 

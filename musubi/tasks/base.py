@@ -48,6 +48,11 @@ class Task(abc.ABC):
         """Fail fast, before any worker starts: unknown model, missing files (raise ConfigError)."""
         return None  # tasks override; the default has nothing to check
 
+    def metric_names(self) -> frozenset[str] | None:
+        """The names a validation of this task reports (its metric's keys), or None when it cannot say before one
+        runs; the launcher checks checkpoint.best_metric and train.early_stop.metric against them."""
+        return None
+
     def plan_spec(self) -> Any:
         """The model as the planner sees it (a `musubi.plan.spec.ModelSpec`), or None when it cannot say.
 

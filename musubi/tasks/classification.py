@@ -421,6 +421,10 @@ class ClassificationTask(Task):
         """Logits [B,K]."""
         return _logits(model(batch[0]))
 
+    def metric_names(self) -> frozenset[str]:
+        """ClassificationMetric's keys: top5 with five classes or more."""
+        return frozenset({"top1", "val_loss", "top5"} if self.num_classes() >= 5 else {"top1", "val_loss"})
+
     def make_metric(self, device: torch.device) -> Metric:
         """A fresh top-1/top-5/loss accumulator."""
         return ClassificationMetric(self.num_classes(), device)

@@ -41,7 +41,7 @@ from musubi.data.synthetic_detection import (
 )
 from musubi.tasks import detr, efficientdet
 from musubi.tasks.base import Metric, Reducer, Task, move_to
-from musubi.tasks.coco_map import coco_map
+from musubi.tasks.coco_map import STATS, coco_map
 from musubi.tasks.detection_cap import max_detections_record
 from musubi.tasks.model_check import REFUSED_DETECTORS, check_detector
 from musubi.tasks.pretrained import check_start_weights, load_start_weights
@@ -669,6 +669,10 @@ class DetectionTask(Task):
         return [sliced_predict(model, image, sl.tile, sl.overlap, batch=max(1, len(images)), iou=sl.nms_iou,
                                merge=sl.merge, match_metric=sl.match_metric)
                 for image in images]
+
+    def metric_names(self) -> frozenset[str]:
+        """coco_map's keys (DetectionMetric)."""
+        return frozenset(STATS)
 
     def make_metric(self, device: torch.device) -> Metric:
         """A fresh mAP accumulator (ConfigError if the eval extra is not installed)."""

@@ -162,6 +162,10 @@ class LMTask(Task):
         """Logits [B,T,V]."""
         return model(batch[0])
 
+    def metric_names(self) -> frozenset[str]:
+        """LMMetric's keys."""
+        return frozenset({"val_loss", "val_ppl", "val_acc"})
+
     def make_metric(self, device: torch.device) -> Metric:
         """A fresh loss/perplexity/accuracy accumulator."""
         return LMMetric(device)

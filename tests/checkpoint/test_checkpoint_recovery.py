@@ -12,6 +12,7 @@ import pytest
 from musubi.checkpoint.checkpoint import MARKER, committed_checkpoints, latest_checkpoint, verify
 from musubi.launch.launch import prepare
 from musubi.launch.request import TrainRequest
+from tests.cli.helpers import one_line_error
 from tests.conftest import write_tiny_job
 from tests.support.runs import train
 
@@ -108,21 +109,35 @@ def test_existing_run_is_never_overwritten(finished_run: Path, tiny_job) -> None
     assert (finished_run / "metrics.jsonl").read_bytes() == before
 
 
+def files_of(run: Path) -> dict[str, tuple[int, int]]:
+    """Every file under `run` with its size and modification time: what a refusal must leave as it was."""
+    return {str(p.relative_to(run)): (p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(run.rglob("*"))
+            if p.is_file()}
+
+
 def test_checkpoint_of_another_model_is_refused(finished_run: Path, tiny_job) -> None:
-    ckpts = sorted(p.name for p in (finished_run / "checkpoints").iterdir())
-    code, out = train(str(tiny_job(model_args={"hidden": 48}, checkpoint=CHECKPOINT)), "--nproc", "2", "--out",
-                      str(finished_run.parent), "--resume", "--allow-changes", "model_args")
-    assert code == 2, out
-    assert "another model" in out and "\n" not in out.strip().split("error: ", 1)[1].split(" (logs:")[0]
-    assert sorted(p.name for p in (finished_run / "checkpoints").iterdir()) == ckpts
+    """Refused by the launch (the changed job's model built on the meta device against the signature in the
+    checkpoint's marker): before torchrun starts and before a byte is written; the dry run refuses the same."""
+    before = files_of(finished_run.parent)
+    for extra in ([], ["--dry-run"]):
+        code, out = train(str(tiny_job(model_args={"hidden": 48}, checkpoint=CHECKPOINT)), "--nproc", "2", "--out",
+                          str(finished_run.parent), "--resume", "--allow-changes", "model_args", *extra)
+        assert code == 2 and "checkpoint is of another model" in one_line_error(out), out
+        assert files_of(finished_run.parent) == before
 
 
 def test_other_world_size_is_refused(finished_run: Path, tiny_job) -> None:
-    record = json.loads((finished_run / "job.json").read_text())  # stopped, not finished: the workers decide
+    """Refused by the launch from the checkpoint's marker (its world_size), before torchrun starts and before a
+    byte is written; the dry run refuses the same."""
+    record = json.loads((finished_run / "job.json").read_text())  # stopped, not finished: the checks decide
     (finished_run / "job.json").write_text(json.dumps({**record, "status": "stopped"}))
-    code, out = train(str(tiny_job(checkpoint=CHECKPOINT)), "--nproc", "1", "--out", str(finished_run.parent),
-                      "--resume")
-    assert code == 2 and "--nproc 2" in out
+    before = files_of(finished_run.parent)
+    for extra in ([], ["--dry-run"]):
+        code, out = train(str(tiny_job(checkpoint=CHECKPOINT)), "--nproc", "1", "--out", str(finished_run.parent),
+                          "--resume", *extra)
+        line = one_line_error(out)
+        assert code == 2 and "written by 2 ranks, this run has 1" in line and "use --nproc 2" in line, out
+        assert files_of(finished_run.parent) == before
 
 
 def test_keep_best_ranks_evaluated_weights_and_readers_verify_checksums(finished_run: Path, caplog) -> None:
@@ -157,13 +172,6 @@ def test_keep_best_ranks_evaluated_weights_and_readers_verify_checksums(finished
         model = load_job_model(root.parent)
     assert model.step == 15
     assert any(str(kept[-1].path) in r.getMessage() and "checksum" in r.getMessage() for r in caplog.records)
-
-
-def test_best_metric_no_eval_produces_is_one_line_config_error(tiny_job, tmp_path: Path) -> None:
-    job = tiny_job(checkpoint={"keep_best": 1, "best_metric": "accuracy"}, train={"epochs": 1})
-    code, out = train(str(job), "--nproc", "2", "--out", str(tmp_path / "run"))
-    assert code == 2 and "checkpoint.best_metric 'accuracy' is not a validation metric" in out, out
-    assert "acc" in out.split("best_metric", 1)[1]
 
 
 def test_checkpoint_choice_best_last_and_step(finished_run: Path, tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ from musubi.cli import app
 from musubi.launch import checks
 from musubi.launch.request import TrainRequest
 from tests.cli.helpers import one_line_error, run
-from tests.conftest import REPO
+from tests.conftest import REPO, write_tiny_job
 
 #: A built-in classifier on generated data: the cheap checks know its model, data and sample count.
 CLASSIFIER = {"name": "cls", "task": "classification", "model": "resnet18",
@@ -115,6 +115,24 @@ def test_the_dry_run_and_the_launch_run_the_same_list_of_checks(tmp_path: Path,
     # the cheap checks come first: nothing that needs torch runs before the last of them
     flags = [c.torch for c in checks.CHECKS]
     assert flags == sorted(flags)
+
+
+def test_a_metric_no_validation_reports_is_refused_before_the_launch(tmp_path: Path) -> None:
+    """checkpoint.best_metric (keep_best) and train.early_stop.metric against the task's declared metric names:
+    one line, exit 2, nothing written, launch and dry run alike (the ranks no longer find it at a validation)."""
+    (tmp_path / "best").mkdir()
+    (tmp_path / "early").mkdir()
+    best = write_tiny_job(tmp_path / "best", checkpoint={"keep_best": 1, "best_metric": "accuracy"}, train={"epochs": 1})
+    early = write_tiny_job(tmp_path / "early", checkpoint={"keep_best": 0},
+                           train={"epochs": 1, "early_stop": {"metric": "accuracy", "patience": 2}})
+    for job, words in ((best, "checkpoint.best_metric 'accuracy' is not a validation metric of this task (it "
+                              "reports acc, val_count); fix it or set keep_best: 0"),
+                       (early, "train.early_stop.metric 'accuracy' is not a validation metric of this task (it "
+                               "reports acc, val_count); fix it")):
+        for extra in ([], ["--dry-run"]):
+            code, out = run(str(job), "--nproc", "2", "--out", str(tmp_path / "run"), "--device", "cpu", *extra)
+            assert code == 2 and words in one_line_error(out), out
+            assert not (tmp_path / "run").exists()
 
 
 def test_positional_overrides_are_set_overrides(tmp_path: Path) -> None:

@@ -71,6 +71,9 @@ class TinyTask(Task):
     def predict(self, model, batch):
         return model(batch[0])
 
+    def metric_names(self) -> frozenset[str]:
+        return frozenset({"acc", "val_count"})
+
     def make_metric(self, device) -> Metric:
         return AccMetric()
 
