@@ -279,14 +279,16 @@ class ClassificationTask(Task):
                     )
                 if len(image_folder(data.val.path, self.classes(), self.image_size(), self._max_pixels)) == 0:
                     raise ConfigError(f"data.val: {data.val.path} holds no images; add some or drop data.val")
-        self._check_input_size()
-        probe = self._meta_model()
+        probe = self._check_input_size()  # the model as the job builds it, on meta: built once, not again
+        if probe is None:
+            probe = self._meta_model()
         if self.spec.weights:
             check_start_weights(self.spec.weights, self.spec.model, probe)
 
-    def _size_problem(self, size: int) -> str | None:
-        """Why the model cannot take `size`-px images (built and run a training forward on the meta device: no
-        memory, no compute), or None when it can, or when it cannot be built there (RegNet: checked at build)."""
+    def _size_problem(self, size: int) -> tuple[str | None, nn.Module | None]:
+        """(why the model cannot take `size`-px images, the model built there): built and run a training forward
+        on the meta device (no memory, no compute); (None, model) when it can, (None, None) when it cannot be
+        built there (RegNet: checked at build)."""
         data = self.spec.data.model_copy(update={"image_size": size, "synthetic": None})
         args = ClassificationTask(self.spec.model_copy(update={"data": data})).model_args()  # its size-given args
         try:
@@ -295,23 +297,24 @@ class ClassificationTask(Task):
                 # batch 2: BatchNorm refuses one value per channel in training mode
                 _logits(model.train()(torch.empty(2, 3, size, size)))
         except NotImplementedError:
-            return None
+            return None, None
         except (ConfigError, RuntimeError, ValueError, AssertionError, IndexError) as e:
             # create_model's ConfigError blames model_args; the builder's own words are in its context
-            return one_line(e.__context__ if isinstance(e, ConfigError) and e.__context__ is not None else e)
-        return None
+            return one_line(e.__context__ if isinstance(e, ConfigError) and e.__context__ is not None else e), None
+        return None, model
 
-    def _check_input_size(self) -> None:
+    def _check_input_size(self) -> nn.Module | None:
         """ConfigError, before launch, for an image size the model cannot take (alexnet at 32 px, inception_v3
-        under 75, maxvit_t off multiples of 224, vit_h_14 off multiples of 14), naming a size it takes."""
+        under 75, maxvit_t off multiples of 224, vit_h_14 off multiples of 14), naming a size it takes; else the
+        model built on the meta device at the job's size (its args are the job's), None where it was not built."""
         size = self.image_size()
-        why = self._size_problem(size)
+        why, model = self._size_problem(size)
         if why is None:
-            return
+            return model
         order = [s for s in SIZE_CANDIDATES if s > size] + [s for s in reversed(SIZE_CANDIDATES) if s < size]
-        fits = next((s for s in order if self._size_problem(s) is None), None)
+        fits = next((s for s in order if self._size_problem(s)[0] is None), None)
         if fits is None:
-            return  # no size helps: not a size problem; building the model (_meta_model) says what is wrong
+            return None  # no size helps: not a size problem; building the model (_meta_model) says what is wrong
         where = "data.synthetic.image_size" if self.spec.data.synthetic is not None else "data.image_size"
         raise ConfigError(f"model: {self.spec.model} cannot take {size}-px images ({why}); it takes e.g. {fits} "
                           f"px: set {where}")
