@@ -3,6 +3,7 @@
     python bench/soak.py --device cpu --nprocs 2 --minutes 3 --fault-every 20 --seed 0 --out /tmp/soak
     python bench/soak.py --device cuda --nprocs 2 --minutes 4 --fault-every 30 --seed 0 --out DIR   # GPUs
     python bench/soak.py ... --dry-run        # the job, the schedule and the expected wall time; starts nothing
+    python bench/soak.py --jobs 3 ...         # a fleet: 3 jobs at once, faults striking random jobs' ranks
 
 Faults (`--kinds`, default all), one at a time, in shuffled rounds so that every kind comes up:
 
@@ -27,9 +28,15 @@ faults whatever a recovery costs on the machine. At the end the job is stopped (
 - without numeric faults (nan, oom), the final weights equal an uninterrupted run's to the same step
   (deterministic mode; `--no-reference` skips that run).
 
+A fleet (`--jobs N`, bench/soak_fleet.py): N launches of the job at once (OUT/job{i}/), each fault
+`--fault-every` seconds after the previous one struck, on a random job (seeded), the others training on;
+every job is checked as above (but the weights: one reference run per job would double the soak), and the
+figures are given per job and in total (effective training time over the sum of the jobs' wall times).
+
 Figures (bench/soak_records.py says where each comes from): effective training time (productive step
 time / wall time), and per fault its recovery split into detection, teardown, restart, reload, first
-step and lost steps. Writes OUT/soak.json and OUT/soak.md (the table); exit 1 if a check failed.
+step and lost steps; each restart's own parts (torchrun's rendezvous, the new interpreters, imports, process
+group, task and batch, model, checkpoint load, loop set-up) from rank 0's start-up marks. Writes OUT/soak.json and OUT/soak.md (the table); exit 1 if a check failed.
 """
 
 from __future__ import annotations
@@ -38,7 +45,6 @@ import argparse
 import json
 import os
 import random
-import signal
 import subprocess
 import sys
 import time
@@ -52,20 +58,17 @@ if str(REPO) not in sys.path:  # run as a script: `bench` is a folder of the rep
     sys.path.insert(0, str(REPO))
 
 from bench import soak_records as rec  # noqa: E402
+from bench.soak_fleet import Fleet  # noqa: E402
+from bench.soak_job import JOB_NAME, Soak  # noqa: E402
 
 KINDS = ("kill", "hang", "nan", "oom", "disk_full", "torn", "preempt")
-#: Seconds a fault may take to strike (an armed checkpoint fault waits for the next save) or to be recovered
-#: from before the soak stops and reports it as not recovered.
-STRIKE_TIMEOUT_S = 60.0
-RECOVER_TIMEOUT_S = 180.0
-JOB_NAME = "soak"
 
 
 def default_job(device: str) -> dict[str, Any]:
     """The soak's job: a ResNet-18 classifier on generated images, deterministic, many restarts allowed.
 
     CPU: 32-pixel images, batch 8 per rank (a step of tens of ms on 2 gloo ranks). GPU: 64 pixels, batch 64
-    per rank. bf16 so that a NaN falls back to fp32 (in fp32 there is nothing safer: see recovery/numerics.py).
+    per rank. bf16, so that a first NaN falls back to fp32; later ones retry in fp32 (recovery/numerics.py).
     """
     cpu = device == "cpu"
     return {
@@ -91,10 +94,13 @@ def soak_job(base: dict[str, Any]) -> dict[str, Any]:
     return job
 
 
-def schedule(kinds: list[str], nprocs: int, wall_s: float, every_s: float, seed: int) -> list[dict[str, Any]]:
+def schedule(kinds: list[str], nprocs: int, wall_s: float, every_s: float, seed: int, jobs: int = 1
+             ) -> list[dict[str, Any]]:
     """Seeded faults: each `every_s` seconds (+-25 %) of training after the previous one's recovery (the first
     after the job's first step), kinds in shuffled rounds, a random rank each. As many as could fit
-    if recoveries took no time; the soak's wall time ends the list."""
+    if recoveries took no time; the soak's wall time ends the list. A fleet (`jobs` > 1): each fault `every_s`
+    after the previous one struck, on a random job (drawn apart, so a job's faults are those of a lone soak)."""
+    pick = random.Random(f"jobs-{seed}")
     rng = random.Random(seed)
     out: list[dict[str, Any]] = []
     bag: list[str] = []
@@ -105,178 +111,9 @@ def schedule(kinds: list[str], nprocs: int, wall_s: float, every_s: float, seed:
         kind = bag.pop()
         out.append({"n": n, "kind": kind, "gap_s": round(every_s * (1 + rng.uniform(-0.25, 0.25)), 1),
                     "rank": rng.randrange(nprocs),
-                    "phase": rng.choice(["forward", "backward"]) if kind == "oom" else None})
+                    "phase": rng.choice(["forward", "backward"]) if kind == "oom" else None,
+                    **({"job": pick.randrange(jobs)} if jobs > 1 else {})})
     return out
-
-
-class Soak:
-    """Drives one job: launches, injects, relaunches after a preemption, watches commits, stops it."""
-
-    def __init__(self, args: argparse.Namespace, job_file: Path, out: Path) -> None:
-        self.args, self.job_file, self.out = args, job_file, out
-        self.run_dir = out / "run"
-        self.job_dir = self.run_dir / JOB_NAME
-        self.proc: subprocess.Popen | None = None
-        self.commits: dict[int, float] = {}  # step -> commit time (marker), every checkpoint ever committed
-        self.launch_exits: list[float] = []
-        self.log = open(out / "soak.log", "a", encoding="utf-8")  # noqa: SIM115 - the soak's own console
-
-    def say(self, msg: str) -> None:
-        line = f"[{time.strftime('%H:%M:%S')}] {msg}"
-        print(line, flush=True)
-        self.log.write(line + "\n")
-        self.log.flush()
-
-    # -- the job's processes ----------------------------------------------------------------------
-    def launch(self, resume: bool) -> None:
-        """`musubi train` in a session of its own (a preemption signals the whole group)."""
-        env = dict(os.environ, MUSUBI_INJECT="armed", LOGLEVEL="INFO",  # torchrun's restart lines, timestamped
-                   PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
-        cmd = [sys.executable, "-m", "musubi.cli", "train", str(self.job_file), "--nproc", str(self.args.nprocs),
-               "--device", self.args.device, "--out", str(self.run_dir), "--no-check", *(["--resume"] if resume else [])]
-        with open(self.out / "train.log", "a", encoding="utf-8") as f:
-            self.proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT,
-                                         start_new_session=True)
-
-    def stop(self, grace_s: float = 60.0) -> float:
-        """SIGTERM the job's process group (a preemption); SIGKILL what is left after `grace_s`; the exit time."""
-        assert self.proc is not None
-        try:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-        try:
-            self.proc.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-        t = time.time()
-        self.launch_exits.append(t)
-        return t
-
-    def attempts(self) -> list[rec.Attempt]:
-        return rec.read_attempts(self.job_dir)
-
-    def training(self, after: str | None) -> rec.Attempt | None:
-        """The newest attempt if it is not `after` and has finished a step since it started training (a fault may
-        strike before the first checkpoint: a preempted run without one resumes from step 0 in its folder)."""
-        atts = self.attempts()
-        a = atts[-1] if atts else None
-        if a is None or a.id == after or not a.steps or a.train_start is None:
-            return None
-        return a if a.steps[-1][0] >= a.train_start else None
-
-    def pid_of(self, attempt: str, rank: int) -> int | None:
-        hb = rec._json(self.job_dir / "heartbeat" / f"a{attempt}-rank{rank}.json")  # noqa: SLF001
-        return int(hb["pid"]) if isinstance(hb, dict) and "pid" in hb else None
-
-    def poll_commits(self) -> None:
-        """Note every checkpoint the moment its marker appears (retention deletes old ones later)."""
-        root = self.job_dir / "checkpoints"
-        for d in root.glob("step-*") if root.is_dir() else []:
-            step = int(d.name.split("-")[1])
-            if step not in self.commits:
-                marker = rec._json(d / "COMMITTED")  # noqa: SLF001
-                if isinstance(marker, dict) and "time" in marker:
-                    self.commits[step] = float(marker["time"])
-
-    def wait_for(self, until: float, cond: Any) -> Any:
-        """Poll (commits too) until `cond()` is truthy or the wall clock passes `until`; its value or None."""
-        while time.time() < until:
-            self.poll_commits()
-            got = cond()
-            if got:
-                return got
-            if self.proc is not None and self.proc.poll() is not None:
-                return None  # the job ended on its own: a failure, the caller reports it
-            time.sleep(0.1)
-        return None
-
-    # -- faults -----------------------------------------------------------------------------------
-    def arm(self, n: int, spec: str) -> Path:
-        """Drop a fault for the ranks to pick up (written whole, then renamed into place)."""
-        d = self.job_dir / "logs" / "inject"
-        d.mkdir(parents=True, exist_ok=True)
-        tmp = d / f".armed-{n}.tmp"
-        tmp.write_text(spec + "\n", encoding="utf-8")
-        tmp.replace(d / f"armed-{n}.txt")
-        return d
-
-    def strike(self, f: dict[str, Any], a: rec.Attempt) -> float | None:
-        """Inject fault `f` into attempt `a`; when it struck (None: it never did)."""
-        kind, rank = f["kind"], f["rank"]
-        if kind in ("kill", "hang"):
-            pid = self.pid_of(a.id, rank)
-            if pid is None:
-                return None
-            t = time.time()
-            os.kill(pid, signal.SIGKILL if kind == "kill" else signal.SIGSTOP)
-            return t
-        if kind == "preempt":
-            t = time.time()
-            self.stop()
-            self.launch(resume=True)
-            return t
-        spec = {"nan": f"nan:rank={rank}", "oom": f"oom:rank={rank},phase={f['phase']}",
-                "disk_full": "disk_full", "torn": f"ckpt_kill:rank={rank},phase=write"}[kind]
-        d = self.arm(f["n"], spec)
-        # The fault's index in the injector: file N's first (only) fault (contract/inject.py ARMED_INDEX).
-        from musubi.contract.inject import ARMED_INDEX
-
-        marks = f"fired-{ARMED_INDEX + f['n'] * 100}-rank*"
-
-        def fired() -> float | None:
-            times = []
-            for p in d.glob(marks):
-                text = p.read_text(encoding="utf-8")
-                times.append(float(text.rsplit("time=", 1)[1]) if "time=" in text else p.stat().st_mtime)
-            return min(times) if times else None
-
-        return self.wait_for(time.time() + STRIKE_TIMEOUT_S, fired)
-
-    # -- the soak ---------------------------------------------------------------------------------
-    def run(self, faults: list[dict[str, Any]]) -> dict[str, Any]:
-        wall_s = self.args.minutes * 60
-        t0 = time.time()
-        self.launch(resume=False)
-        self.say(f"launched {JOB_NAME} on {self.args.nprocs} {self.args.device} rank(s); {len(faults)} fault(s) "
-                 f"scheduled over {wall_s:.0f} s")
-        done: list[dict[str, Any]] = []
-        prev: str | None = None
-        end = t0 + wall_s
-        for f in faults:
-            # The job trains again (a new attempt after a restarting fault); then `gap_s` seconds of training.
-            a = self.wait_for(end, lambda p=prev: self.training(p))
-            if a is None:
-                break
-            self.wait_for(min(end, time.time() + f["gap_s"]), lambda: False)
-            a = self.training(prev)
-            if a is None or time.time() >= end:
-                break
-            f["t"] = self.strike(f, a)
-            if f["t"] is None:
-                f["error"] = "the fault never struck"
-                self.say(f"fault {f['n']} {f['kind']}: never struck")
-                done.append(f)
-                break
-            f["t_s"] = round(f["t"] - t0, 2)
-            self.say(f"fault {f['n']}: {f['kind']} (rank {f['rank']}) at {f['t_s']} s, attempt {a.id}")
-            done.append(f)
-            if f["kind"] in rec.RESTARTING:
-                prev = a.id
-                b = self.wait_for(max(end, time.time() + RECOVER_TIMEOUT_S), lambda p=prev: self.training(p))
-                if b is None:
-                    f["error"] = "not recovered: the job did not train again"
-                    self.say(f"fault {f['n']}: the job did not train again; stopping the soak")
-                    break
-                prev = None
-                self.say(f"  training again: attempt {b.id} from step {b.resumed}")
-        self.wait_for(end, lambda: False)
-        exited = self.proc.poll() if self.proc is not None else None  # ended on its own, before the soak ended it
-        t_end = self.stop()
-        self.poll_commits()
-        self.say(f"stopped after {t_end - t0:.0f} s")
-        return {"t0": t0, "t_end": t_end, "faults": done, "job_exit": exited}
 
 
 def analyse(soak: Soak, run: dict[str, Any]) -> dict[str, Any]:
@@ -338,6 +175,29 @@ def _steps_per_epoch(job_dir: Path) -> int | None:
     return None
 
 
+def fleet_result(fleet: Fleet, runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each job analysed as a lone soak, and the fleet's sums: effective training time over every job's wall time,
+    the faults of every job (each with its `job`), medians per kind and of the restart's parts, the problems."""
+    jobs = [analyse(s, run) for s, run in zip(fleet.soaks, runs, strict=True)]
+    faults = sorted((f for r in jobs for f in r["faults"]), key=lambda f: f["n"])
+    wall = sum(r["wall_s"] for r in jobs)
+    productive = sum(r["productive_s"] for r in jobs)
+    return {"jobs": [{k: r[k] for k in ("wall_s", "productive_s", "effective_training_time", "attempts", "launches",
+                                        "final_step", "commits", "silent_restarts", "lost_committed_checkpoints",
+                                        "checkpoints", "problems")} | {"faults": len(r["faults"])} for r in jobs],
+            "wall_s": round(max(r["wall_s"] for r in jobs), 2), "productive_s": round(productive, 2),
+            "effective_training_time": round(productive / wall, 4) if wall > 0 else None,
+            "effective_after_first_step": None,
+            "attempts": sum(r["attempts"] for r in jobs), "launches": sum(r["launches"] for r in jobs),
+            "final_step": [r["final_step"] for r in jobs],
+            "silent_restarts": [f"job{i}: {a}" for i, r in enumerate(jobs) for a in r["silent_restarts"]],
+            "lost_committed_checkpoints": sum(r["lost_committed_checkpoints"] for r in jobs),
+            "checkpoints": [c for r in jobs for c in r["checkpoints"]],
+            "numeric_faults": sorted({k for r in jobs for k in r["numeric_faults"]}),
+            "by_kind": rec.by_kind([f for f in faults if f.get("recovery")]), "restart_split": rec.restart_split(faults),
+            "faults": faults, "problems": [f"job{i}: {p}" for i, r in enumerate(jobs) for p in r["problems"]]}
+
+
 def compare_reference(soak: Soak, result: dict[str, Any]) -> None:
     """An uninterrupted run to the soak's last committed step: the final weights must be equal, bit for bit."""
     from musubi.checkpoint.checkpoint import latest_checkpoint
@@ -377,6 +237,7 @@ def _pct(x: float | None) -> str:
 
 def markdown(result: dict[str, Any]) -> str:
     """The soak as tables: the summary, each fault's recovery split, the medians per kind."""
+    fleet = result.get("jobs")
     lines = [f"Soak: {result['command']}", "",
              f"- card: {result['card']}; commit {result['commit']}; {result['date']}",
              f"- wall {result['wall_s']:.0f} s, {len(result['faults'])} fault(s), {result['attempts']} attempt(s) in "
@@ -390,6 +251,14 @@ def markdown(result: dict[str, Any]) -> str:
              + ("" if result.get("reference") else f" (not compared: numeric faults {', '.join(result['numeric_faults'])})"
                 if result["numeric_faults"] else ""),
              f"- checks: {'all passed' if not result['problems'] else '; '.join(result['problems'])}", "",
+             *([f"A fleet of {len(fleet)} jobs (effective training time: productive step time of every job / the "
+                "sum of their wall times):", "",
+                "| job | faults | attempts | launches | final step | effective | silent restarts | lost commits | "
+                "checks |", "|---|---|---|---|---|---|---|---|---|",
+                *(f"| job{i} | {j['faults']} | {j['attempts']} | {j['launches']} | {j['final_step']} | "
+                  f"{_pct(j['effective_training_time'])} | {len(j['silent_restarts'])} | "
+                  f"{j['lost_committed_checkpoints']} | {'passed' if not j['problems'] else 'FAILED'} |"
+                  for i, j in enumerate(fleet)), ""] if fleet else []),
              "| # | fault | rank | at s | detection s | teardown s | restart s | reload s (load) | first step s | "
              "fault → step s | lost steps (s) | ok |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -397,6 +266,7 @@ def markdown(result: dict[str, Any]) -> str:
         r = f.get("recovery") or {}
         ok = "yes" if r.get("recovered") and r.get("detected") else "NO"
         extra = f" (next commit {_fmt(r.get('next_commit_s'))} s)" if f["kind"] == "disk_full" else ""
+        extra += f" on job{f['job']}" if "job" in f else ""
         lines.append(f"| {f['n']} | {f['kind']}{extra} | {f['rank'] if f['kind'] not in ('disk_full', 'preempt') else '—'}"
                      f" | {_fmt(f.get('t_s'))} | {_fmt(r.get('detection_s'))} | {_fmt(r.get('teardown_s'))} | "
                      f"{_fmt(r.get('restart_s'))} | {_fmt(r.get('reload_s'))} ({_fmt(r.get('load_checkpoint_s'))}) | "
@@ -475,10 +345,13 @@ def _commit() -> str:
         return "unknown"
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
+    """The soak's options, checked; the fault kinds."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     ap.add_argument("--nprocs", type=int, default=2, help="ranks of the job")
+    ap.add_argument("--jobs", type=int, default=1, help="soak a fleet of this many jobs at once (each --nprocs "
+                    "ranks); faults strike random jobs, --fault-every apart")
     ap.add_argument("--minutes", type=float, default=3.0, help="wall time of the soak (the job under faults)")
     ap.add_argument("--fault-every", type=float, default=30.0,
                     help="seconds of training between a recovery and the next fault (+-25 %%, seeded)")
@@ -495,10 +368,15 @@ def main(argv: list[str] | None = None) -> int:
     bad = [k for k in kinds if k not in KINDS]
     if bad or not kinds:
         ap.error(f"--kinds {args.kinds!r}: use a comma list of {', '.join(KINDS)}")
-    if args.nprocs < 1 or args.minutes <= 0 or args.fault_every <= 0:
-        ap.error("--nprocs, --minutes and --fault-every must be positive")
+    if args.nprocs < 1 or args.jobs < 1 or args.minutes <= 0 or args.fault_every <= 0:
+        ap.error("--nprocs, --jobs, --minutes and --fault-every must be positive")
     if args.out.exists() and any(args.out.iterdir()) and not args.dry_run:
         ap.error(f"--out {args.out}: not empty; choose a new folder")
+    return args, kinds
+
+
+def build_job(args: argparse.Namespace) -> dict[str, Any]:
+    """The soaked job: --job or the built-in one, made fit to soak, --set applied."""
     base = yaml.safe_load(args.job.read_text(encoding="utf-8")) if args.job else default_job(args.device)
     job = soak_job(base)
     job["name"] = JOB_NAME
@@ -509,35 +387,55 @@ def main(argv: list[str] | None = None) -> int:
         for p in parents:
             node = node.setdefault(p, {})
         node[leaf] = yaml.safe_load(value)
+    return job
+
+
+def print_plan(args: argparse.Namespace, job: dict[str, Any], faults: list[dict[str, Any]], command: str,
+               reference: bool) -> None:
+    """--dry-run: the job, the schedule and the expected wall time."""
+    print(f"soak plan: {command}")
+    what = f"{args.jobs} jobs of " if args.jobs > 1 else ""
+    print(f"job ({what}{args.nprocs} {args.device} rank(s)):\n" + yaml.safe_dump(job, sort_keys=False).rstrip())
+    print(f"faults ({len(faults)}, seed {args.seed}):")
+    print("  (each: seconds after the previous fault " + ("struck, on a random job" if args.jobs > 1 else
+                                                          "'s recovery") + "; the wall time ends the list)")
+    for f in faults:
+        who = "" if f["kind"] in ("disk_full", "preempt") else f" rank {f['rank']}"
+        on = f" on job{f['job']}" if "job" in f else ""
+        print(f"  +{f['gap_s']:5.1f} s  {f['kind']}{who}{on}" + (f" ({f['phase']})" if f.get("phase") else ""))
+    print(f"expected wall time: {args.minutes * 60:.0f} s of soak + ~30 s of stop and checks"
+          + (" + an uninterrupted reference run (at most the soak's productive time)" if reference else
+             " (no reference run: " + ("--no-reference" if args.no_reference else "a fleet" if args.jobs > 1 else
+                                       "numeric faults change the weights") + ")"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, kinds = parse_args(argv)
+    job = build_job(args)
     wall_s = args.minutes * 60
-    faults = schedule(kinds, args.nprocs, wall_s, args.fault_every, args.seed)
+    faults = schedule(kinds, args.nprocs, wall_s, args.fault_every, args.seed, args.jobs)
     numeric = any(f["kind"] in rec.NUMERIC for f in faults)
-    reference = not args.no_reference and not numeric
+    # A fleet checks every job's checkpoints, not the weights (one reference run per job would double its time).
+    reference = not args.no_reference and not numeric and args.jobs == 1
     command = "python bench/soak.py " + " ".join(sys.argv[1:] if argv is None else argv)
     if args.dry_run:
-        print(f"soak plan: {command}")
-        print(f"job ({args.nprocs} {args.device} rank(s)):\n" + yaml.safe_dump(job, sort_keys=False).rstrip())
-        print(f"faults ({len(faults)}, seed {args.seed}):")
-        print("  (each: seconds of training after the previous fault's recovery; the wall time ends the list)")
-        for f in faults:
-            who = "" if f["kind"] in ("disk_full", "preempt") else f" rank {f['rank']}"
-            print(f"  +{f['gap_s']:5.1f} s  {f['kind']}{who}" + (f" ({f['phase']})" if f.get("phase") else ""))
-        print(f"expected wall time: {wall_s:.0f} s of soak + ~30 s of stop and checks"
-              + (" + an uninterrupted reference run (at most the soak's productive time)" if reference else
-                 " (no reference run: " + ("--no-reference" if args.no_reference else "numeric faults change the "
-                                           "weights") + ")"))
+        print_plan(args, job, faults, command, reference)
         return 0
     args.out.mkdir(parents=True, exist_ok=True)
     job_file = args.out / "soak-job.yaml"
     job_file.write_text(yaml.safe_dump(job, sort_keys=False), encoding="utf-8")
-    soak = Soak(args, job_file, args.out)
-    run = soak.run(faults)
-    result = {"command": command, "card": _card(args.device), "commit": _commit(),
-              "date": time.strftime("%Y-%m-%d %H:%M"), "device": args.device, "nprocs": args.nprocs,
-              "seed": args.seed, "kinds": kinds, "fault_every_s": args.fault_every, **analyse(soak, run)}
-    if reference and not any(f["kind"] in rec.NUMERIC for f in result["faults"]):
-        compare_reference(soak, result)
-    result["cadence"] = cadence(soak, result, result["faults"])
+    head = {"command": command, "card": _card(args.device), "commit": _commit(), "date": time.strftime("%Y-%m-%d %H:%M"),
+            "device": args.device, "nprocs": args.nprocs, "jobs_n": args.jobs, "seed": args.seed, "kinds": kinds,
+            "fault_every_s": args.fault_every}
+    if args.jobs > 1:
+        fleet = Fleet(args, job_file, args.out, args.jobs)
+        result = {**head, **fleet_result(fleet, fleet.run(faults, wall_s))}
+    else:
+        soak = Soak(args, job_file, args.out)
+        result = {**head, **analyse(soak, soak.run(faults))}
+        if reference and not any(f["kind"] in rec.NUMERIC for f in result["faults"]):
+            compare_reference(soak, result)
+        result["cadence"] = cadence(soak, result, result["faults"])
     result["ok"] = not result["problems"]
     (args.out / "soak.json").write_text(json.dumps(result, indent=1, default=str), encoding="utf-8")
     table = markdown(result)

@@ -164,11 +164,12 @@ def _startup_marks(job_dir: Path, t0: float, t1: float, slack: float = 0.5) -> d
 
 
 #: A restart and its reload, part by part (bench/soak.py's "where a restart's time goes"): (name, from, to), each a
-#: rank 0 start-up mark (store/startup.py) or `down` (the old ranks gone), `start` (the new attempt's main()
-#: began: progress file), `train` (its first step starts).
+#: rank 0 start-up mark (store/startup.py) or `down` (the old ranks gone), `spawn` (torchrun's `Starting worker
+#: group`), `start` (the new attempt's main() began: progress file), `train` (its first step starts). Not the
+#: `worker` mark: a process's creation time is read from /proc in whole seconds of boot time (off by up to 1 s).
 RESTART_PARTS: tuple[tuple[str, str, str], ...] = (
-    ("spawn_s", "down", "worker"),          # torchrun: re-rendezvous of the agent, new processes created
-    ("entry_s", "worker", "start"),         # the interpreter and the entry's imports (worker.py), the pinning
+    ("rendezvous_s", "down", "spawn"),      # torchrun's agent: its own re-rendezvous before it starts new ranks
+    ("entry_s", "spawn", "start"),          # new interpreters, the entry's imports (worker.py), the pinning
     ("imports_s", "start", "imported"),     # torch and the rank's modules, the job record
     ("world_s", "imported", "world"),       # rendezvous of the ranks and the process group
     ("task_batch_s", "world", "batch"),     # watchdog, cores, the task (its imports, data sets), the batch
@@ -178,11 +179,16 @@ RESTART_PARTS: tuple[tuple[str, str, str], ...] = (
 )
 
 
-def restart_parts(job_dir: Path, t_down: float, nxt: Attempt) -> dict[str, float | None]:
+def restart_parts(job_dir: Path, t_down: float, nxt: Attempt, torchrun: list[tuple[float, str]]
+                  ) -> dict[str, float | None]:
     """Where one restart's time went, from rank 0's marks: each of RESTART_PARTS in seconds (None: a mark missing)."""
     if nxt.train_start is None:
         return {}
     marks = _startup_marks(job_dir, t_down, nxt.train_start, slack=0.05)
+    marks.pop("worker", None)
+    spawn = _first_after(torchrun, t_down, r"Starting worker group", slack=0.0)
+    if spawn is not None and spawn <= nxt.start:
+        marks["spawn"] = spawn
     marks.update(down=t_down, start=nxt.start, train=nxt.train_start)
     return {name: _r(marks[b] - marks[a]) if a in marks and b in marks else None for name, a, b in RESTART_PARTS}
 
@@ -233,7 +239,7 @@ def recovery(job_dir: Path, fault: dict[str, Any], attempts: list[Attempt], torc
         lost_steps=max(0, (reached or 0) - resumed),
         lost_s=_r(max(0.0, t - t_resumed)) if t_resumed is not None and (reached or 0) > resumed else 0.0,
         next_attempt=nxt.id,
-        parts=restart_parts(job_dir, t_down, nxt),
+        parts=restart_parts(job_dir, t_down, nxt, torchrun),
     )
     return out
 

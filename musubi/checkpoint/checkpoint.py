@@ -23,10 +23,8 @@ import hashlib
 import json
 import logging
 import os
-import re
 import shutil
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,21 +40,19 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from musubi.checkpoint.safe_dcp import (
-    SafeFileSystemReader,
-    SafeLoadPlanner,
-    describe_failure,
-    full_state,
-    outside_link,
-)
+# The torch-free part (marker, verification) lives in committed.py; its names are re-exported for importers.
+from musubi.checkpoint.committed import CHECKPOINT_DIR, Committed, listing, sha256, step_dir
+from musubi.checkpoint.committed import MARKER as MARKER
+from musubi.checkpoint.committed import STATE_FILE as STATE_FILE
+from musubi.checkpoint.committed import committed_checkpoints as committed_checkpoints
+from musubi.checkpoint.committed import latest_checkpoint as latest_checkpoint
+from musubi.checkpoint.committed import verify as verify
+from musubi.checkpoint.safe_dcp import SafeFileSystemReader, SafeLoadPlanner, describe_failure, full_state
 from musubi.contract.errors import ConfigError
 from musubi.contract.world import World
 
 log = logging.getLogger("musubi.checkpoint")
 
-MARKER = "COMMITTED"
-STATE_FILE = "state.json"
-_DIR_RE = re.compile(r"^step-(\d{9})$")
 
 
 def model_signature(model: nn.Module) -> str:
@@ -65,11 +61,6 @@ def model_signature(model: nn.Module) -> str:
     for name, t in sorted(model.state_dict().items()):
         h.update(f"{name}:{tuple(t.shape)};".encode())
     return h.hexdigest()[:16]
-
-
-def step_dir(root: Path, step: int) -> Path:
-    """Directory of the checkpoint taken after optimizer step `step`."""
-    return root / f"step-{step:09d}"
 
 
 def _fsync_write(path: Path, text: str) -> None:
@@ -85,88 +76,6 @@ def _fsync_write(path: Path, text: str) -> None:
         os.fsync(dfd)
     finally:
         os.close(dfd)
-
-
-def _listing(d: Path) -> dict[str, int]:
-    return {p.name: p.stat().st_size for p in sorted(d.iterdir()) if p.is_file() and p.name != MARKER}
-
-
-def _sha256(path: Path) -> str:
-    # hashlib releases the GIL on large buffers: a background commit does not stall the training thread.
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
-
-
-def _skip(warn: bool, msg: str, *args: Any) -> None:
-    if warn:
-        log.warning(msg, *args)
-
-
-@dataclass(frozen=True)
-class Committed:
-    """A checkpoint whose marker is valid and whose files match it."""
-
-    path: Path
-    step: int
-    marker: dict[str, Any]
-
-
-def verify(d: Path, checksums: bool = False, warn: bool = True) -> Committed | None:
-    """The checkpoint in `d` if it is committed and intact, else None (with the reason logged).
-
-    Sizes are always compared with the marker; `checksums` also re-reads every file
-    and compares its SHA-256 (done once, on the checkpoint a resume is about to load).
-    """
-    m = _DIR_RE.match(d.name)
-    if not m or not d.is_dir():
-        return None
-    marker_path = d / MARKER
-    if not marker_path.is_file():
-        _skip(warn, "skipping %s: no %s marker (a save that did not finish)", d, MARKER)
-        return None
-    try:
-        marker = json.loads(marker_path.read_text(encoding="utf-8"))
-        files = marker["files"]
-        step = int(marker["step"])
-    except (ValueError, KeyError, TypeError):
-        _skip(warn, "skipping %s: unreadable %s marker", d, MARKER)
-        return None
-    if step != int(m.group(1)):
-        _skip(warn, "skipping %s: marker says step %s", d, step)
-        return None
-    if (escape := outside_link(d)) is not None:
-        log.warning("skipping %s: %s (a checkpoint is read from the job's own folder only)", d.name, escape)
-        return None
-    actual = _listing(d)
-    for name, size in files.items():
-        if actual.get(name) != size:
-            _skip(warn, "skipping %s: %s is missing or has the wrong size (damaged checkpoint)", d, name)
-            return None
-    if checksums:
-        for name, digest in marker.get("sha256", {}).items():
-            if _sha256(d / name) != digest:
-                _skip(warn, "skipping %s: %s fails its SHA-256 checksum (corrupted checkpoint)", d, name)
-                return None
-    return Committed(d, step, marker)
-
-
-def committed_checkpoints(root: Path, warn: bool = True) -> list[Committed]:
-    """All intact committed checkpoints under `root`, oldest first."""
-    if not root.is_dir():
-        return []
-    found = [verify(d, warn=warn) for d in sorted(root.iterdir()) if _DIR_RE.match(d.name)]
-    return [c for c in found if c is not None]
-
-
-def latest_checkpoint(root: Path, checksums: bool = False, warn: bool = True) -> Committed | None:
-    """The newest intact committed checkpoint, or None; damaged newer ones are skipped with a warning."""
-    if not root.is_dir():
-        return None
-    for d in sorted((d for d in root.iterdir() if _DIR_RE.match(d.name)), reverse=True):
-        found = verify(d, checksums, warn)
-        if found is not None:
-            return found
-    return None
 
 
 def _rank_key(rank: int) -> str:
@@ -230,14 +139,14 @@ def commit(d: Path, step: int, trainer_state: dict[str, Any], world_size: int,
            metric: dict[str, float] | None = None) -> None:
     """Rank 0, once every rank's shards are durable: write state.json, then the marker (last)."""
     _fsync_write(d / STATE_FILE, json.dumps(trainer_state, indent=1))
-    files = _listing(d)
+    files = listing(d)
     marker = {
         "step": step,
         "world_size": world_size,
         "signature": trainer_state.get("signature"),
         "time": time.time(),
         "files": files,
-        "sha256": {name: _sha256(d / name) for name in files},
+        "sha256": {name: sha256(d / name) for name in files},
         "metric": metric or {},
     }
     _fsync_write(d / MARKER, json.dumps(marker, indent=1))
@@ -268,7 +177,7 @@ def retain(root: Path, keep_last: int, keep_best: int = 0, best_metric: str | No
     newest = committed[-1].step if committed else -1
     deleted = []
     for d in sorted(root.iterdir()):
-        m = _DIR_RE.match(d.name)
+        m = CHECKPOINT_DIR.match(d.name)
         if not m or d in keep:
             continue
         if int(m.group(1)) < newest:

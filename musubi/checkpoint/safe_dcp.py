@@ -29,6 +29,7 @@ from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 
+from musubi.checkpoint.committed import outside_link as outside_link
 from musubi.contract.errors import ConfigError
 from musubi.tasks.weights import load_refusal
 
@@ -170,18 +171,3 @@ def full_state(ckpt_dir: Path, keys: frozenset[str] | None = None) -> dict[str, 
             raise ConfigError(reader.refused) from None
         raise
     return state
-
-
-def outside_link(ckpt_dir: Path) -> str | None:
-    """Why a checkpoint directory reaches outside its `checkpoints/` folder through a symlink, or None.
-
-    A checkpoint is loaded from the job's own folder only; weights from anywhere else are
-    named explicitly (`weights:`), never followed through a link planted in a run directory.
-    """
-    root = ckpt_dir.parent.resolve()
-    if ckpt_dir.is_symlink() or ckpt_dir.resolve().parent != root:
-        return f"{ckpt_dir.name} is a symlink to {ckpt_dir.resolve()}"
-    for p in ckpt_dir.iterdir():
-        if p.is_symlink() and p.resolve().parent != ckpt_dir.resolve():
-            return f"{ckpt_dir.name}/{p.name} is a symlink to {p.resolve()}"
-    return None

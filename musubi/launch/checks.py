@@ -2,11 +2,12 @@
 `musubi train --dry-run` runs in full (then stops).
 
 Cheap checks come first and import no torch: the job file, the model name (a generated table), the data's
-folders, the run folder, the ranks against the GPUs or cores, the batch against the train split. A job
-refused by any of them is refused in well under a second, before a byte is written. Then the checks that
-need torch: a resumed run's checkpoint, the task's own checks (the model built on the meta device), the
-metrics keep_best and early_stop watch against those the task's validation reports, a changed resume's model
-against the checkpoint's signature, and last the machine's preflight (seconds; every refusal above is cheaper).
+folders, the run folder, the ranks against the GPUs or cores, the batch against the train split, a resumed
+run's checkpoint (its marker). A job refused by any of them is refused in well under a second, before a
+byte is written. Then the checks that need torch: the task's own checks (the model built on the meta
+device), the metrics keep_best and early_stop watch against those the task's validation reports, a changed
+resume's model against the checkpoint's signature, and last the machine's preflight (seconds; every refusal
+above is cheaper).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from musubi.checkpoint.committed import latest_checkpoint
 from musubi.config.batch_plan import plan_batch, rule_line
 from musubi.config.job import JobSpec
 from musubi.config.load import load_job
@@ -214,13 +216,12 @@ def check_tracking_backend(a: Admitted) -> None:
 
 
 def check_resume_checkpoint(a: Admitted) -> None:
-    """--resume: the committed checkpoint to continue from (the reader imports torch.distributed.checkpoint); none
-    (a run stopped before its first save, e.g. preempted) starts from step 0 in the same folder, keeping what the
-    earlier attempts left (logs, job.json's history), instead of refusing both --resume and the folder."""
+    """--resume: the committed checkpoint to continue from (markers and sizes, no torch; the ranks check the
+    checksums of the one they load); none (a run stopped before its first save, e.g. preempted) starts from step 0
+    in the same folder, keeping what the earlier attempts left (logs, job.json's history), instead of refusing
+    both --resume and the folder."""
     if not a.req.resume:
         return
-    from musubi.checkpoint.checkpoint import latest_checkpoint
-
     found = latest_checkpoint(a.job_dir / RUN_FILES.checkpoints)
     if found is not None:  # the world it was written by, before torchrun starts ranks of another
         check_resume_world(found.path, found.marker, a.nproc * a.req.nnodes, a.req.nnodes)
@@ -246,13 +247,12 @@ def check_resume_model(a: Admitted) -> None:
     (the signature of its parameter names and shapes, recorded in the marker)."""
     if not (a.req.resume and a.changes):
         return  # an unchanged job builds the model that wrote the checkpoint (the ranks check it again)
-    import torch
-
-    from musubi.checkpoint.checkpoint import latest_checkpoint, model_signature
-
     found = latest_checkpoint(a.job_dir / RUN_FILES.checkpoints, warn=False)
     if found is None or found.marker.get("signature") is None:
         return
+    import torch
+
+    from musubi.checkpoint.checkpoint import model_signature
     from musubi.tasks.registry import build_task
 
     try:
@@ -336,7 +336,7 @@ CHECKS: tuple[Check, ...] = (
     Check("core list", check_core_list),
     Check("batch", check_batch),
     Check("tracking", check_tracking_backend),
-    Check("resume checkpoint", check_resume_checkpoint, torch=True),
+    Check("resume checkpoint", check_resume_checkpoint),
     Check("task", check_task, torch=True),
     Check("validation metrics", check_metric_names, torch=True),
     Check("resume model", check_resume_model, torch=True),

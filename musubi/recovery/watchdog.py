@@ -46,6 +46,8 @@ from musubi.contract.world import attempt_id
 
 log = logging.getLogger("musubi.watchdog")
 
+#: The longest wait for the peers' stacks after a hang (their faulthandler writes within milliseconds).
+STACKS_WAIT_S = 0.5
 #: Phases whose length is not a step's: they get the collective timeout, not the step-derived one.
 LONG_PHASES = frozenset({"setup", "eval", "checkpoint", "finish"})
 #: What a rank blocked in a phase is waiting for (CPU ranks have no flight recorder to say it).
@@ -114,6 +116,14 @@ def _atomic_json(path: Path, rec: HeartbeatRecord | dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
+def _stopped(pid: int) -> bool:
+    """Whether process `pid` is stopped (SIGSTOP, a debugger): it handles no signal until continued."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_STOPPED
+    except (psutil.Error, OSError):
+        return True  # gone: nothing to wait for either
+
+
 def _dump_flight_recorder(path: Path) -> bool:
     """This rank's collective flight recorder (NCCL, and gloo where torch records it), if any."""
     try:
@@ -150,7 +160,7 @@ class Watchdog:
         self._thread = threading.Thread(target=self._run, name="musubi-watchdog", daemon=True)
         self.pid = os.getpid()
         self.host = socket.gethostname()
-        self.stacks = self.hang_dir / f"stacks-a{self.attempt}-rank{self.rank}.txt"
+        self.stacks = self._stacks_of(self.rank)
         self._stacks_file: Any = None
 
     # -- timeouts ----------------------------------------------------------------
@@ -248,19 +258,34 @@ class Watchdog:
         return states if stalled else None
 
     # -- what a hang does ----------------------------------------------------------
+    def _stacks_of(self, rank: int) -> Path:
+        return self.hang_dir / f"stacks-a{self.attempt}-rank{rank}.txt"
+
     def _ask_peers_for_stacks(self, states: dict[int, dict[str, Any]]) -> list[int]:
-        """SIGUSR1 to the peers on this host (their faulthandler writes their stacks); wait a moment."""
-        asked = []
+        """SIGUSR1 to the peers on this host (their faulthandler writes their stacks); wait until each peer that can
+        answer has (its stacks file grew), at most STACKS_WAIT_S. A stopped peer (SIGSTOP) cannot answer before it
+        is killed: it is not waited for (a fixed 0.5 s wait was a hang's whole detection-to-exit time)."""
+        asked, pending = [], {}
         for r, st in states.items():
             if r == self.rank or st.get("host") != self.host or not st.get("pid"):
                 continue
+            before = self._stacks_of(r).stat().st_size if self._stacks_of(r).exists() else 0
             try:
                 os.kill(int(st["pid"]), signal.SIGUSR1)
                 asked.append(r)
             except (OSError, AttributeError):
                 continue
-        if asked:
-            time.sleep(0.5)  # let them write before torchrun ends them
+            if not _stopped(int(st["pid"])):
+                pending[r] = before
+        deadline = time.monotonic() + STACKS_WAIT_S
+        while pending and time.monotonic() < deadline:
+            time.sleep(0.01)
+            for r, before in list(pending.items()):
+                path = self._stacks_of(r)
+                if path.exists() and path.stat().st_size > before:
+                    del pending[r]
+        if pending:  # a writer may still be mid-dump: a moment more for its last frames
+            time.sleep(0.05)
         return asked
 
     def _end_stopped(self, states: dict[int, dict[str, Any]], culprits: list[int]) -> list[int]:

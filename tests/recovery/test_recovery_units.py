@@ -191,6 +191,51 @@ def test_goodput_from_a_killed_attempt(tmp_path: Path) -> None:
     assert g["productive_s"] == pytest.approx(10.0, abs=0.01) and g["goodput"] == pytest.approx(10 / 28, abs=1e-3)
 
 
+def test_a_hang_waits_for_live_peers_stacks_not_for_a_stopped_one(tmp_path: Path) -> None:
+    """The peers' stacks are asked for (SIGUSR1) and waited for until written; a stopped culprit is not waited for
+    (it cannot answer: the fixed 0.5 s wait this replaced was a hang's whole detection-to-exit time)."""
+    import signal
+    import subprocess
+    import sys
+
+    exits: list[int] = []
+    hb = Heartbeat()
+    wd = Watchdog(tmp_path, 0, 3, WatchdogSpec(floor_s=2, factor=10), 600.0, hb, exit_fn=exits.append)
+    wd.start()
+    wd.stop()  # its files exist; no thread judges in the background
+    peers = []
+    for r in (1, 2):  # rank 1 answers, rank 2 is stopped
+        code = ("import faulthandler, signal, sys, time; "
+                f"f = open({str(wd.hang_dir / f'stacks-a{wd.attempt}-rank{r}.txt')!r}, 'a'); "
+                "faulthandler.register(signal.SIGUSR1, file=f, all_threads=True); print('ready', flush=True); "
+                "time.sleep(60)")
+        p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+        assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+        peers.append(p)
+    try:
+        peers[1].send_signal(signal.SIGSTOP)
+        import psutil
+
+        deadline = time.monotonic() + 10
+        while psutil.Process(peers[1].pid).status() != psutil.STATUS_STOPPED and time.monotonic() < deadline:
+            time.sleep(0.01)  # the stop is delivered asynchronously
+        hb.step, hb.seq, hb.phase = 7, 32, "backward"
+        base = {"step": 7, "phase": "between steps", "seq": 30, "host": wd.host, "stalled_s": 9, "timeout_s": 2}
+        states = {0: {"rank": 0, "step": 7, "phase": "backward", "seq": 32, "host": wd.host, "pid": wd.pid,
+                      "stalled_s": 0, "timeout_s": 2},
+                  2: {**base, "rank": 2, "pid": peers[1].pid}}
+        t = time.monotonic()
+        wd.on_hang(states)  # only the stopped culprit on this host: nothing to wait for
+        assert time.monotonic() - t < 0.4 and exits == [EXIT_HANG]
+        states[1] = {**base, "rank": 1, "pid": peers[0].pid}
+        wd.on_hang(states)
+        assert "most recent call first" in (wd.hang_dir / f"stacks-a{wd.attempt}-rank1.txt").read_text()
+    finally:
+        for p in peers:
+            p.kill()
+            p.wait()
+
+
 def test_goodput_names_a_nan_exit_and_a_signal(tmp_path: Path) -> None:
     """A NaN's exit (76) is named numerics, not a hang (the hang's code was 76 too); a signal by its name."""
     t = time.time()

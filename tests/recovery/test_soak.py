@@ -5,7 +5,8 @@ One soak of 90 s (module-scoped: one launch shared by every assertion) of the te
 in a seeded order, as many as the machine's restarts leave time for (a restart costs 10-20 s of
 torch imports on the shared 2-core machine: 2 to 4 faults there). No numeric fault, so its final weights must
 equal an uninterrupted run's. NaN, OOM and preemption are soaked by bench/soak.py's full runs
-(docs/guides/checkpoints.md#the-soak-benchsoakpy); the injection they use is tested below.
+(docs/guides/checkpoints.md#the-soak-benchsoakpy); the injection they use is tested below. A fleet soak
+(`--jobs 2`, 45 s, a kill and a hang on different jobs) checks the second mode the same way, job by job.
 """
 
 from __future__ import annotations
@@ -67,12 +68,45 @@ def test_consistent_at_the_end(soaked: dict) -> None:
     assert "effective training time" in md and "| hang |" in md
 
 
+@pytest.fixture(scope="module")
+def fleet_soaked(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    tmp = tmp_path_factory.mktemp("fleet")
+    job = {**TINY_JOB, "checkpoint": {"every_steps": 20, "async_mode": "thread"}, "watchdog": {"floor_s": 3}}
+    (tmp / "tiny.yaml").write_text(yaml.safe_dump(job), encoding="utf-8")
+    # Seed 3: the first fault (a kill) strikes job0, the second (a hang) job1.
+    code = soak.main(["--device", "cpu", "--nprocs", "2", "--jobs", "2", "--minutes", "0.75", "--fault-every", "3",
+                      "--seed", "3", "--kinds", "kill,hang", "--job", str(tmp / "tiny.yaml"), "--out", str(tmp / "out")])
+    result = json.loads((tmp / "out" / "soak.json").read_text(encoding="utf-8"))
+    return {"code": code, "result": result, "out": tmp / "out"}
+
+
+@pytest.mark.timeout(200)
+def test_a_fleet_soak_recovers_every_job(fleet_soaked: dict) -> None:
+    r = fleet_soaked["result"]
+    assert fleet_soaked["code"] == 0 and r["ok"], r["problems"]
+    assert len(r["jobs"]) == 2 and len(r["faults"]) >= 2, r["faults"]
+    assert {f["job"] for f in r["faults"]} == {0, 1}  # faults struck both jobs
+    for f in r["faults"]:
+        assert f["recovery"]["detected"] and f["recovery"]["recovered"], f
+    for j in r["jobs"]:  # each job consistent on its own
+        assert j["checkpoints"] and all(c["loads"] and c["position_ok"] for c in j["checkpoints"]), j
+        assert j["silent_restarts"] == [] and j["lost_committed_checkpoints"] == 0 and j["launches"] == 1
+    assert r["attempts"] == 2 + len(r["faults"])  # each job's first attempt, one more per fault
+    assert 0 < r["effective_training_time"] < 1 and "reference" not in r
+    md = (fleet_soaked["out"] / "soak.md").read_text(encoding="utf-8")
+    assert "| job0 |" in md and "| job1 |" in md and " on job1 |" in md
+
+
 def test_schedule_is_seeded_and_covers_every_kind() -> None:
     a = soak.schedule(list(soak.KINDS), 2, 600, 30, seed=7)
     assert a == soak.schedule(list(soak.KINDS), 2, 600, 30, seed=7)
     assert {f["kind"] for f in a[:len(soak.KINDS)]} == set(soak.KINDS)  # one shuffled round holds each kind
     assert all(22.5 <= f["gap_s"] <= 37.5 for f in a) and len(a) == 26  # as many as fit 600 s at 0.75 x 30 s
     assert soak.schedule(list(soak.KINDS), 2, 600, 30, seed=8) != a
+    # A fleet's schedule: the same faults, each on a random job (drawn apart from the rest of the schedule).
+    fleet = soak.schedule(list(soak.KINDS), 2, 600, 30, seed=7, jobs=3)
+    assert [{k: v for k, v in f.items() if k != "job"} for f in fleet] == a
+    assert {f["job"] for f in fleet} == {0, 1, 2} and fleet == soak.schedule(list(soak.KINDS), 2, 600, 30, 7, 3)
 
 
 def test_young_daly() -> None:
