@@ -338,6 +338,9 @@ def _card(device: str) -> str:
 
 
 def _commit() -> str:
+    """The commit measured: MUSUBI_COMMIT where the caller names it (a copied tree's .git may be stale), else git."""
+    if os.environ.get("MUSUBI_COMMIT"):
+        return os.environ["MUSUBI_COMMIT"]
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
                               timeout=10).stdout.strip() or "unknown"

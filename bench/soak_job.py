@@ -183,6 +183,15 @@ class Soak:
                     break
                 prev = None
                 self.say(f"  training again: attempt {b.id} from step {b.resumed}")
+            else:
+                # A failed save is recovered by the next commit (no restart): strike nothing before it, or the
+                # next fault's restart hides whether it came (a slow machine saw a hang land 2 s after a full disk).
+                ok = self.wait_for(max(end, time.time() + RECOVER_TIMEOUT_S),
+                                   lambda t_fault=f["t"]: any(t > t_fault for t in self.commits.values()))
+                if ok is None:
+                    self.say(f"fault {f['n']}: no checkpoint committed after it; stopping the soak")
+                    break
+                self.say("  committed again after the failed save")
         self.wait_for(end, lambda: False)
         exited = self.proc.poll() if self.proc is not None else None  # ended on its own, before the soak ended it
         t_end = self.stop()

@@ -7,6 +7,7 @@ import json
 from typer.testing import CliRunner
 
 from musubi.cli import app
+from tests.support.pythonpath import repo_on_path
 
 
 def test_env_block_and_json(monkeypatch) -> None:
@@ -44,5 +45,5 @@ def test_env_record_reads_torchvision_without_importing_it() -> None:
     probe = ("import sys; from musubi.store.rundir import torchvision_version as v; got = v();"
              "print('imported:', 'torchvision' in sys.modules); import torchvision; print(got == torchvision.__version__)")
     res = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300,
-                         env=dict(os.environ, PYTHONPATH=str(REPO)))
+                         env=dict(os.environ, PYTHONPATH=repo_on_path(REPO)))
     assert res.stdout.split() == ["imported:", "False", "True"], res.stdout + res.stderr

@@ -13,6 +13,7 @@ import yaml
 
 from tests.cli.helpers import one_line_error, run
 from tests.conftest import REPO
+from tests.support.pythonpath import repo_on_path
 
 
 def _recorded_run(job: Path, run_dir: Path, status: str, **config_changes: dict) -> Path:
@@ -90,7 +91,7 @@ def test_resume_of_a_finished_run_is_reported_without_launching(tiny_job, tmp_pa
     job = tiny_job()
     job_dir = _recorded_run(job, tmp_path / "r", "done")
     before = (job_dir / "job.json").read_bytes()
-    env = dict(os.environ, PYTHONPATH=str(REPO), MUSUBI_DEVICE="cpu")
+    env = dict(os.environ, PYTHONPATH=repo_on_path(REPO), MUSUBI_DEVICE="cpu")
     probe = ("import sys, runpy; sys.argv = ['musubi'] + sys.argv[1:]\n"
              "try:\n    runpy.run_module('musubi.cli', run_name='__main__')\n"
              "except SystemExit as e:\n    code = e.code\nelse:\n    code = 0\n"
@@ -104,7 +105,7 @@ def test_resume_of_a_finished_run_is_reported_without_launching(tiny_job, tmp_pa
 
 def test_config_errors_come_before_torch(tiny_job, tmp_path: Path) -> None:
     """A missing file, a bad key in the file and a bad --set: exit 2, one line, torch never imported."""
-    env = dict(os.environ, PYTHONPATH=str(REPO))
+    env = dict(os.environ, PYTHONPATH=repo_on_path(REPO))
     probe = ("import sys, runpy; sys.argv = ['musubi'] + sys.argv[1:]\n"
              "try:\n    runpy.run_module('musubi.cli', run_name='__main__')\n"
              "except SystemExit as e:\n    code = e.code\n"

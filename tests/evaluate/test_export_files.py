@@ -227,5 +227,8 @@ def test_rcnn_differences_at_its_rpn_ties_are_explained(tmp_path: Path) -> None:
     # the RPN's own ties, with torch's box head on ONNX Runtime's proposals giving ONNX Runtime's boxes exactly.
     assert parity["kinds"].get("proposals", 0) > 0
     for probe in parity["proposals"]:
-        assert probe["same_graph"] and probe["replay_kinds"] == {} and probe["replay_exact"] == 100
+        # Exact here (torch 2.14); torch 2.11 (the GPU machine's CPU suite) left one NMS tie in the replay: what
+        # the replay does not reproduce must itself be an explained kind, every other box exact.
+        assert probe["same_graph"] and set(probe["replay_kinds"]) <= set(EXPLAINED) - {"proposals"}
+        assert probe["replay_exact"] >= 100 - sum(probe["replay_kinds"].values())
         assert set(probe["kinds"]) <= set(EXPLAINED) - {"proposals"}

@@ -21,6 +21,7 @@ from musubi.config.load import load_fleet
 from musubi.evaluate.external import read_external_eval
 from musubi.tasks.registry import build_task
 from tests.conftest import REPO
+from tests.support.pythonpath import repo_on_path
 
 DEMO = REPO / "examples" / "fleet-demo.yaml"
 
@@ -37,7 +38,7 @@ def test_demo_batchnorm_statistics_follow_a_short_run() -> None:
 
 @pytest.mark.slow
 def test_demo_external_program_learns_and_writes_its_eval(tmp_path: Path) -> None:
-    env = {**os.environ, "MUSUBI_JOB_DIR": str(tmp_path), "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "MUSUBI_JOB_DIR": str(tmp_path), "PYTHONPATH": repo_on_path(REPO)}
     done = subprocess.run(
         [sys.executable, str(REPO / "examples/external/tiny_detector.py"), "--steps", "11", "--batch", "2",
          "--image-size", "96"],

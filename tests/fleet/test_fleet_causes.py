@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.support.pythonpath import repo_on_path
+
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -51,7 +53,7 @@ def test_external_causes_from_the_log_and_a_broken_contract_is_not_retrained(tmp
         {"name": "badcsv", "command": ["job.py", "badcsv"], "retries": 1, "metrics_from": "ultralytics"},
         {"name": "twice", "command": ["job.py", "twice"], "retries": 1}]}))
     out = tmp_path / "run"
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = dict(os.environ, PYTHONPATH=repo_on_path(ROOT))
     res = subprocess.run([sys.executable, "-m", "musubi.cli", "run", str(fleet), "--out", str(out), "--device",
                           "cpu", "--cpu-slots", "2", "--no-check"], env=env, cwd=tmp_path, capture_output=True,
                          text=True, timeout=240)

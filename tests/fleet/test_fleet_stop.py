@@ -14,6 +14,8 @@ import psutil
 import pytest
 import yaml
 
+from tests.support.pythonpath import repo_on_path
+
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -50,7 +52,7 @@ def test_sigterm_stops_every_job_tree_and_resume_is_locked_out_while_live(tmp_pa
     fleet.write_text(yaml.safe_dump({"name": "stop", "jobs": [
         {"name": "a", "command": ["job.py"]}, {"name": "b", "command": ["job.py"]}]}))
     out = tmp_path / "run"
-    env = dict(os.environ, PYTHONPATH=str(ROOT), MUSUBI_STOP_GRACE="2")
+    env = dict(os.environ, PYTHONPATH=repo_on_path(ROOT), MUSUBI_STOP_GRACE="2")
     base = ["--out", str(out), "--device", "cpu", "--cpu-slots", "2", "--no-check"]
     live = subprocess.Popen(_cli(str(fleet), *base, env=env), env=env, cwd=tmp_path, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)

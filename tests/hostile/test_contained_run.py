@@ -15,6 +15,7 @@ import pytest
 from musubi.contract.rendezvous import bind_address, torchrun_module
 from musubi.launch.launch import worker_env
 from tests.hostile.guard import REPO, listing
+from tests.support.pythonpath import repo_on_path
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -30,7 +31,7 @@ def test_single_node_job_listens_on_loopback_only(tmp_path: Path) -> None:
     out = tmp_path / "listen.json"
     argv = [sys.executable, *torchrun_module(), "--standalone", "--nnodes=1", "--nproc-per-node=2",
             "--max-restarts=0", "-m", "tests.hostile.listen_probe", str(out)]
-    env = {**worker_env("cpu", 2, False), "PYTHONPATH": str(REPO)}
+    env = {**worker_env("cpu", 2, False), "PYTHONPATH": repo_on_path(REPO)}
     proc = subprocess.run(argv, env=env, cwd=REPO, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rec = json.loads(out.read_text())
@@ -57,7 +58,7 @@ def test_run_writes_only_inside_out_with_umask_and_no_secrets(tmp_path: Path) ->
     out = tmp_path / "runs" / "r1"
     before = listing([tmp_path, REPO], {out})
     env = {k: v for k, v in os.environ.items() if k not in ("HOME", "TMPDIR")}
-    env.update(SECRET_VALUES, HOME=str(home), TMPDIR=str(tmp), PYTHONPATH=str(REPO), MUSUBI_DEVICE="cpu",
+    env.update(SECRET_VALUES, HOME=str(home), TMPDIR=str(tmp), PYTHONPATH=repo_on_path(REPO), MUSUBI_DEVICE="cpu",
                CUDA_VISIBLE_DEVICES="")
     proc = subprocess.run([sys.executable, "-m", "musubi.cli", "train", str(job), "--out", str(out), "--nproc", "1",
                            "--device", "cpu", "--no-check"], env=env, cwd=cwd, capture_output=True, text=True,

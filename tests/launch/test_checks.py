@@ -17,6 +17,7 @@ from musubi.launch import checks
 from musubi.launch.request import TrainRequest
 from tests.cli.helpers import one_line_error, run
 from tests.conftest import REPO, write_tiny_job
+from tests.support.pythonpath import repo_on_path
 
 #: A built-in classifier on generated data: the cheap checks know its model, data and sample count.
 CLASSIFIER = {"name": "cls", "task": "classification", "model": "resnet18",
@@ -43,7 +44,7 @@ def write_job(directory: Path, **changes: dict) -> Path:
 
 def probe(args: list[str], cwd: Path) -> tuple[int, str, bool]:
     """(exit code, stdout+stderr, torch imported) of `musubi ARGS` in a fresh interpreter."""
-    env = dict(os.environ, PYTHONPATH=str(REPO))
+    env = dict(os.environ, PYTHONPATH=repo_on_path(REPO))
     res = subprocess.run([sys.executable, "-c", PROBE, *args], capture_output=True, text=True, env=env, cwd=cwd,
                          timeout=120)
     return res.returncode, res.stdout + res.stderr, "torch imported: True" in res.stdout

@@ -17,6 +17,7 @@ from musubi.contract.errors import ConfigError
 from musubi.launch.launch import torchrun_argv
 from musubi.launch.multinode import make_rendezvous, parse_endpoint
 from tests.conftest import REPO
+from tests.support.pythonpath import repo_on_path
 from tests.support.runs import final_state, train
 
 
@@ -31,7 +32,7 @@ def _node(job: Path, out: Path, rank: int, port: int, *extra: str, nnodes: int =
     argv = [sys.executable, "-m", "musubi.cli", "train", str(job), "--nproc", "1", "--device", "cpu", "--out",
             str(out), "--nnodes", str(nnodes), "--node-rank", str(rank), "--rdzv-endpoint", f"127.0.0.1:{port}",
             "--no-check", *extra]
-    env = dict(os.environ, PYTHONPATH=str(REPO), COLUMNS="400")
+    env = dict(os.environ, PYTHONPATH=repo_on_path(REPO), COLUMNS="400")
     return subprocess.Popen(argv, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 

@@ -21,6 +21,7 @@ from musubi.cli import app
 from musubi.config.load import load_fleet
 from musubi.fleet.slurm import batch_script, nice_values, sbatch_options
 from tests.conftest import REPO
+from tests.support.pythonpath import repo_on_path
 from tests.support.runs import final_state
 
 FLEET = {
@@ -63,7 +64,7 @@ def _job(jid: str) -> dict[str, str]:
 
 
 def _musubi_run(*args: str) -> subprocess.Popen:
-    env = dict(os.environ, PYTHONPATH=str(REPO), COLUMNS="200")
+    env = dict(os.environ, PYTHONPATH=repo_on_path(REPO), COLUMNS="200")
     return subprocess.Popen([sys.executable, "-m", "musubi.cli", "run", *args], cwd=REPO, env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
 

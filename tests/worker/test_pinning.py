@@ -17,6 +17,7 @@ from musubi.launch import pin_plan
 from musubi.launch.pin_plan import apply_to_env, plan_pinning
 from musubi.topology.cores import Cpu
 from musubi.worker.pinning import auto_workers, intra_op_threads, rank_cpus
+from tests.support.pythonpath import repo_on_path
 
 from ..topology.recorded import PCIE8, recorded
 
@@ -153,7 +154,7 @@ print(p.cpus, sorted(os.sched_getaffinity(early.native_id)), os.waitstatus_to_ex
                     reason="needs Linux and 2 CPUs")
 def test_rank_pins_its_threads_and_loader_workers() -> None:
     cpu = max(os.sched_getaffinity(0))
-    env = dict(os.environ, MUSUBI_CPUS=f"{min(os.sched_getaffinity(0))};{cpu}", PYTHONPATH=str(REPO))
+    env = dict(os.environ, MUSUBI_CPUS=f"{min(os.sched_getaffinity(0))};{cpu}", PYTHONPATH=repo_on_path(REPO))
     out = subprocess.run([sys.executable, "-c", RANK.replace("{CPU}", f"{{{cpu}}}")], env=env, capture_output=True,
                          text=True, timeout=60, check=True).stdout.split("\n")[0]
     assert out == f"({cpu},) [{cpu}] 0"
