@@ -121,9 +121,12 @@ def job_problem(job: TaskJob | CommandJob, base: Path, torch_checks: bool) -> st
         elif not torch_checks:
             fleet_job_checks(job.spec, min(job.widths))
         else:
+            from musubi.launch.checks import check_task_metrics
             from musubi.tasks.registry import build_task  # torch: after every job's cheap checks
 
-            build_task(job.spec).validate()
+            task = build_task(job.spec)
+            task.validate()
+            check_task_metrics(job.spec, task)
             check_tracking(job.spec.tracking)
     except ConfigError as e:
         msg = str(e)

@@ -16,6 +16,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from musubi.checkpoint.committed import latest_checkpoint
 from musubi.config.batch_plan import plan_batch, rule_line
@@ -30,6 +31,9 @@ from musubi.launch.multinode import make_rendezvous
 from musubi.launch.ranks import resolve_world
 from musubi.launch.request import PreflightFailed, RunFinished, TrainRequest
 from musubi.store.rundir import default_run_dir, read_json
+
+if TYPE_CHECKING:  # the type only: tasks import torch
+    from musubi.tasks.base import Task
 from musubi.tasks.model_check import check_model
 
 
@@ -267,18 +271,25 @@ def check_resume_model(a: Admitted) -> None:
 
 
 def check_metric_names(a: Admitted) -> None:
-    """checkpoint.best_metric (keep_best) and train.early_stop.metric name a metric the task's validation reports,
-    where the task declares them (Task.metric_names)."""
+    """checkpoint.best_metric (keep_best) and train.early_stop.metric name a metric the task's validation reports.
+    A fleet checked every job this way before it started any (fleet/run.py job_problem): not again here."""
+    if a.req.fleet_member:
+        return
     from musubi.tasks.registry import build_task
 
-    task = build_task(a.spec)
+    check_task_metrics(a.spec, build_task(a.spec))
+
+
+def check_task_metrics(spec: JobSpec, task: Task) -> None:
+    """ConfigError when the job watches a metric `task` declares it never reports (Task.metric_names; a task that
+    declares none is checked by the ranks at the first validation)."""
     names = task.metric_names()
     if names is None:
-        return  # the task cannot say before a validation: the ranks check at the first one
+        return
     # The ranks check again at each validation (saver.check_metric, trainer.watch_patience): a task's declaration
     # could miss a key its metric adds.
     reported = ", ".join(sorted(names))
-    ck, early = a.spec.checkpoint, a.spec.train.early_stop
+    ck, early = spec.checkpoint, spec.train.early_stop
     best = ck.best_metric or task.primary_metric
     if ck.enabled and ck.keep_best > 0 and best not in names:
         raise ConfigError(f"checkpoint.best_metric {best!r} is not a validation metric of this task (it reports "

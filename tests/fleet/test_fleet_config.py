@@ -90,6 +90,14 @@ def test_unknown_model_and_missing_command_refused_before_start(tmp_path: Path) 
         check_command(job, tmp_path)
 
 
+def test_a_watched_metric_no_validation_reports_is_refused_before_start(tmp_path: Path) -> None:
+    """The fleet runs the launch's metric check for every job before any starts (its members skip it then)."""
+    data = tiny_fleet()
+    data["jobs"][1].update(task="classification", model="resnet18", checkpoint={"best_metric": "top7", "keep_best": 1})
+    with pytest.raises(ConfigError, match="job 'b'.*checkpoint.best_metric 'top7' is not a validation metric"):
+        validate_fleet(load_fleet(write(tmp_path, data)), tmp_path)
+
+
 def test_external_job_gets_an_explicit_environment(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("SECRET_TOKEN", "x")
     monkeypatch.setenv("NCCL_NVLS_ENABLE", "0")

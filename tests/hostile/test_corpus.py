@@ -244,7 +244,7 @@ def committed_checkpoint(root: Path, extra: dict | None = None) -> Path:
     """A DCP checkpoint with a valid COMMITTED marker, as Musubi lays it out (step 1)."""
     import torch.distributed.checkpoint as dcp
 
-    from musubi.checkpoint.checkpoint import MARKER, _listing
+    from musubi.checkpoint.committed import MARKER, listing
 
     d = root / "checkpoints" / "step-000000001"
     d.mkdir(parents=True)
@@ -253,15 +253,15 @@ def committed_checkpoint(root: Path, extra: dict | None = None) -> Path:
         dcp.save(state, checkpoint_id=str(d))
     (d / "state.json").write_text("{}", encoding="utf-8")
     recommit(d)
-    assert (d / MARKER).is_file() and _listing(d)
+    assert (d / MARKER).is_file() and listing(d)
     return d
 
 
 def recommit(d: Path) -> None:
     """Rewrite the marker to match the files (what an attacker who edits a checkpoint would do)."""
-    from musubi.checkpoint.checkpoint import MARKER, _listing
+    from musubi.checkpoint.committed import MARKER, listing
 
-    (d / MARKER).write_text(json.dumps({"step": 1, "world_size": 1, "files": _listing(d)}), encoding="utf-8")
+    (d / MARKER).write_text(json.dumps({"step": 1, "world_size": 1, "files": listing(d)}), encoding="utf-8")
 
 
 def _ckpt_metadata_payload(g: Guard) -> object:
