@@ -70,6 +70,18 @@ def resolve_mode(asked: str, cuda: bool = True) -> str:
     return asked
 
 
+def _write_and_tear(writer: FileSystemWriter, plan: Any, planner: Any) -> Future:
+    """Write the shards as DCP does, then cut the first one in half: what a write stopped mid-file leaves."""
+    fut = FileSystemWriter.write_data(writer, plan, planner)
+    results = fut.wait() if hasattr(fut, "wait") else fut.result()
+    for r in results:
+        shard = Path(writer.path) / r.storage_data.relative_path
+        if shard.is_file():
+            os.truncate(shard, shard.stat().st_size // 2)
+            break
+    return fut
+
+
 class _KillingWriter(FileSystemWriter):
     """Fault injection (`ckpt_kill:phase=write`): the rank dies while its shards are being written.
 
@@ -83,13 +95,7 @@ class _KillingWriter(FileSystemWriter):
         self.kill_pid = kill_pid
 
     def write_data(self, plan: Any, planner: Any) -> Future:
-        fut = super().write_data(plan, planner)
-        results = fut.wait() if hasattr(fut, "wait") else fut.result()
-        for r in results:
-            shard = Path(self.path) / r.storage_data.relative_path
-            if shard.is_file():
-                os.truncate(shard, shard.stat().st_size // 2)
-                break
+        fut = _write_and_tear(self, plan, planner)
         os.kill(self.kill_pid, signal.SIGKILL)
         os.kill(os.getpid(), signal.SIGKILL)
         return fut  # not reached
@@ -104,13 +110,7 @@ class _FullDiskWriter(FileSystemWriter):
     """
 
     def write_data(self, plan: Any, planner: Any) -> Future:
-        fut = super().write_data(plan, planner)
-        results = fut.wait() if hasattr(fut, "wait") else fut.result()
-        for r in results:
-            shard = Path(self.path) / r.storage_data.relative_path
-            if shard.is_file():
-                os.truncate(shard, shard.stat().st_size // 2)
-                break
+        _write_and_tear(self, plan, planner)
         raise OSError(errno.ENOSPC, f"No space left on device (injected by {INJECT_ENV} disk_full)", self.path)
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from musubi.contract.run_files import RUN_FILES
+from musubi.evaluate.registry import file_sha256
 
 #: Files of the export, in JOB/export/ (the ONNX graph itself is JOB/model.onnx, an external job's model file).
 TORCHSCRIPT_FILE = "framework.torchscript"
@@ -88,16 +89,6 @@ class ExportUnavailable(Exception):
     """The framework's model could not be had: the one-line reason is the message."""
 
 
-def _sha256(path: Path) -> str:
-    import hashlib
-
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _env() -> dict[str, str]:
     """The export's environment: the evaluation step's (the job's GPUs, its threads), without Musubi's own Python
     path (another venv must not see it), and offline (Ultralytics would otherwise fetch fonts or pip-install)."""
@@ -111,8 +102,8 @@ def export_current(job_dir: Path, weights: Path, earlier: dict[str, Any] | None)
     best.pt (sha256) and JOB/model.onnx unchanged since."""
     model = job_dir / RUN_FILES.onnx
     try:
-        return (earlier is not None and model.is_file() and earlier.get("sha256") == _sha256(model)
-                and earlier.get("weights_sha256") == _sha256(weights))
+        return (earlier is not None and model.is_file() and earlier.get("sha256") == file_sha256(model)
+                and earlier.get("weights_sha256") == file_sha256(weights))
     except OSError:
         return False
 
@@ -155,8 +146,8 @@ def export_ultralytics(job_dir: Path, weights: Path, python: str | None, device:
         "call": "YOLO(best.pt).export(format='onnx', " + ", ".join(f"{k}={v!r}" for k, v in result["call"].items())
                 + ")",
         "nms": bool(result["nms"]), "imgsz": result["imgsz"], "task": result["task"],
-        "weights": str(weights), "weights_sha256": _sha256(weights), "file": RUN_FILES.onnx,
-        "sha256": _sha256(model), "seconds": round(seconds, 2), "log": f"{RUN_FILES.export}/{LOG_FILE}",
+        "weights": str(weights), "weights_sha256": file_sha256(weights), "file": RUN_FILES.onnx,
+        "sha256": file_sha256(model), "seconds": round(seconds, 2), "log": f"{RUN_FILES.export}/{LOG_FILE}",
         "classes": result["names"],
     }
     if "torchscript" in result:

@@ -51,6 +51,16 @@ class Admitted:
     changes: list[dict] = field(default_factory=list)  # --resume: fields that differ from `before` (allowed)
     from_start: bool = False  # --resume of a run stopped before its first checkpoint: step 0 in the same folder
     preflight: object | None = None  # the preflight's report (PreflightReport), None when skipped
+    built_task: Task | None = field(default=None, repr=False)  # see `task`
+
+    @property
+    def task(self) -> Task:
+        """The job's task (torch), built once for every check that needs it."""
+        if self.built_task is None:
+            from musubi.tasks.registry import build_task
+
+            self.built_task = build_task(self.spec)
+        return self.built_task
 
     @property
     def follower(self) -> bool:
@@ -257,11 +267,10 @@ def check_resume_model(a: Admitted) -> None:
     import torch
 
     from musubi.checkpoint.checkpoint import model_signature
-    from musubi.tasks.registry import build_task
 
     try:
         with torch.device("meta"):
-            signature = model_signature(build_task(a.spec).build_model())
+            signature = model_signature(a.task.build_model())
     except Exception:  # noqa: BLE001 - a model that cannot be built on meta: the ranks compare the signature
         return
     # The ranks compare it again (checkpoint.load_checkpoint): they build the model for real.
@@ -275,9 +284,7 @@ def check_metric_names(a: Admitted) -> None:
     A fleet checked every job this way before it started any (fleet/run.py job_problem): not again here."""
     if a.req.fleet_member:
         return
-    from musubi.tasks.registry import build_task
-
-    check_task_metrics(a.spec, build_task(a.spec))
+    check_task_metrics(a.spec, a.task)
 
 
 def check_task_metrics(spec: JobSpec, task: Task) -> None:
@@ -305,9 +312,7 @@ def check_task(a: Admitted) -> None:
     A fleet checked every job this way before it started any (fleet/run.py validate_fleet): not again here."""
     if a.req.fleet_member:
         return
-    from musubi.tasks.registry import build_task
-
-    build_task(a.spec).validate()
+    a.task.validate()
 
 
 def check_machine(a: Admitted) -> None:
