@@ -81,6 +81,14 @@ def _print_validation(console: Console) -> None:
 
     console.print(table_text("fit set (the constants were chosen on these rows): " + FIT_CSV.name,
                              check_table(FIT_CSV)), highlight=False, markup=False)
+    from musubi.plan.fit import leave_one_source_out
+
+    loso = leave_one_source_out()
+    console.print(table_text("fit set, leave one source out (each source predicted by matmul and hbm refitted on the "
+                             "other sources' rows; no constant depends on the other sets' rows): "
+                             + "; ".join(f"without {src}: matmul {f.matmul:g}, hbm {f.hbm:g}" for src, f, _ in loso),
+                             [c for _, _, checks in loso for c in checks], by="source"),
+                  highlight=False, markup=False)
     console.print(table_text("held-out set (no fit reads it): " + HELDOUT_CSV.name, check_table(HELDOUT_CSV)),
                   highlight=False, markup=False)
     console.print(table_text("held-out set from the printed layouts only (what `musubi plan --layout` gets; the "

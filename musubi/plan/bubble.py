@@ -42,3 +42,58 @@ def in_flight_factor(schedule: str, pp: int, vpp: int = 1, micro_batches: int | 
     if schedule == "interleaved":
         return warm * (1.0 + (pp - 1) / (pp * vpp))
     raise ValueError(f"unknown schedule {schedule!r}")
+
+
+def warmup_forwards(schedule: str, pp: int, vpp: int, rank: int) -> int:
+    """Forward passes (of one model chunk) pipeline rank `rank` runs before its first backward.
+
+    Megatron-LM's schedules (megatron/core/pipeline_parallel/schedules.py): 1F1B
+    `pp - rank - 1`; interleaved `2 (pp - rank - 1) + (vpp - 1) pp` (the group of micro-batches
+    per virtual stage is pp). ZB-H1 keeps 1F1B's warm-up (and memory).
+    """
+    if schedule == "interleaved":
+        return 2 * (pp - rank - 1) + (vpp - 1) * pp
+    if schedule in ("1f1b", "zb"):
+        return pp - rank - 1
+    raise ValueError(f"unknown schedule {schedule!r}")
+
+
+def held_layer_microbatches(schedule: str, pp: int, vpp: int, micro_batches: int, rank: int,
+                            chunk_layers: list[float]) -> float:
+    """Peak activations rank `rank` keeps for backward, in layer x micro-batch units.
+
+    Walks the rank's own order of work: warm-up forwards, then one forward and one backward in
+    turn. Forward k runs model chunk (k // pp) mod vpp, backward k runs chunk vpp - 1 - (k // pp)
+    mod vpp (Megatron's interleaved order; one chunk without interleaving). `chunk_layers[c]` is
+    the layers of the rank's chunk c, so uneven chunks (a first stage that also holds the
+    embedding) weigh what they hold. With even chunks the peak is Korthikanti 2022 sec. 4.2.3's
+    closed form: L/p x p (1 + (p - 1)/(p v)) layers on the first stage.
+    """
+    if pp <= 1:
+        return float(chunk_layers[0]) if chunk_layers else 0.0
+    v = vpp if schedule == "interleaved" else 1
+    if len(chunk_layers) != v:
+        raise ValueError(f"{len(chunk_layers)} chunk sizes for {v} model chunks")
+    total = micro_batches * v
+    warm = min(warmup_forwards(schedule, pp, v, rank), total)
+    held = [0] * v
+    peak = 0.0
+    done_f = done_b = 0
+
+    def forward() -> None:
+        nonlocal done_f, peak
+        held[(done_f // pp) % v] += 1
+        done_f += 1
+        peak = max(peak, sum(n * layers for n, layers in zip(held, chunk_layers, strict=True)))
+
+    def backward() -> None:
+        nonlocal done_b
+        held[v - 1 - (done_b // pp) % v] -= 1
+        done_b += 1
+
+    for _ in range(warm):
+        forward()
+    while done_f < total:  # steady state: one forward, one backward; the cool-down only frees memory
+        forward()
+        backward()
+    return peak

@@ -37,7 +37,9 @@ def _micro_choices(layout: Layout, global_batch: int) -> list[int]:
 def _vpp_choices(spec: ModelSpec, layout: Layout) -> list[int]:
     if isinstance(spec, GenericSpec) or layout.pp <= 1:
         return [1]
-    return [v for v in VPP_CHOICES if spec.layers % (layout.pp * v) == 0] or [1]
+    # even chunks, or even once the embedding and the output layer count as one layer each (memory.chunk_layers)
+    return [v for v in VPP_CHOICES if spec.layers % (layout.pp * v) == 0
+            or (spec.layers + 2) % (layout.pp * v) == 0] or [1]
 
 
 def complete_layout(spec: ModelSpec, cluster: Cluster, layout: Layout, given: frozenset[str], global_batch: int,

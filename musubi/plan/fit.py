@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from musubi.plan.efficiency import DEFAULT_EFFICIENCY, Efficiency
-from musubi.plan.validate import FIT_CSV, check_row, load_rows
+from musubi.plan.validate import FIT_CSV, Check, check_row, load_rows
 
 MATMUL_GRID = (0.70, 0.725, 0.75, 0.775, 0.80, 0.825, 0.85)
 HBM_GRID = (0.5, 0.55, 0.6, 0.65, 0.7)
@@ -28,9 +28,8 @@ class Fit:
     max_error: float
 
 
-def fit_constants(path: Path = FIT_CSV, base: Efficiency = DEFAULT_EFFICIENCY) -> Fit:
-    """Grid-search matmul and hbm on the rows of `path` (the fit set); least mean |error| wins."""
-    rows = load_rows(path)
+def fit_rows(rows: list[dict[str, str]], base: Efficiency = DEFAULT_EFFICIENCY) -> Fit:
+    """Grid-search matmul and hbm on `rows`; least mean |error| wins."""
     best: Fit | None = None
     for matmul in MATMUL_GRID:
         for hbm in HBM_GRID:
@@ -41,3 +40,23 @@ def fit_constants(path: Path = FIT_CSV, base: Efficiency = DEFAULT_EFFICIENCY) -
                 best = fit
     assert best is not None
     return best
+
+
+def fit_constants(path: Path = FIT_CSV, base: Efficiency = DEFAULT_EFFICIENCY) -> Fit:
+    """Grid-search matmul and hbm on the rows of `path` (the fit set); least mean |error| wins."""
+    return fit_rows(load_rows(path), base)
+
+
+def leave_one_source_out(path: Path = FIT_CSV, base: Efficiency = DEFAULT_EFFICIENCY) -> list[tuple[str, Fit, list[Check]]]:
+    """Each source of the fit set predicted by constants refitted on the other sources' rows alone.
+
+    What the model does on a paper it did not see: (source, the refit, that source's checks). Only the
+    fit set's rows move a constant, so the held-out, gathered and never-seen sets need no such pass.
+    """
+    rows = load_rows(path)
+    out = []
+    for source in sorted({row["source"] for row in rows}):
+        refit = fit_rows([row for row in rows if row["source"] != source], base)
+        eff = replace(base, matmul=refit.matmul, hbm=refit.hbm)
+        out.append((source, refit, [check_row(row, eff) for row in rows if row["source"] == source]))
+    return out

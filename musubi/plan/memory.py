@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 
-from musubi.plan.bubble import in_flight_factor
+from musubi.plan.bubble import held_layer_microbatches
 from musubi.plan.errors import PlanError
 from musubi.plan.layout import Layout, check_layout, micro_batches
 from musubi.plan.spec import GenericSpec, ModelSpec, TransformerSpec
@@ -88,13 +88,44 @@ class MemoryBreakdown:
         return {**asdict(self), "allocated": self.allocated, "total": self.total}
 
 
-def stage_layers(spec: TransformerSpec, layout: Layout) -> tuple[int, int]:
-    """(layers on the first stage, layers on the last stage); leftovers go to the first stages."""
+def chunk_layers(spec: TransformerSpec, layout: Layout) -> list[int]:
+    """Layers of each model chunk in Megatron's order (chunk c of pipeline rank r is c x pp + r).
+
+    Even when the layers divide. When they do not, the embedding and the output layer (with the
+    loss) count as one layer each, so the first and the last chunk take one layer fewer: BLOOM's
+    `--pp-partition-method type:transformer|embedding` (70 layers on 12 stages: 5, 6 x 10, 5;
+    bigscience train/tr11-176B-ml/README.md) and Llama 3 405B (126 layers on 16 stages, "we reduce one
+    Transformer layer each from the first and the last stages", Dubey et al. 2024, sec. 3.3.2);
+    Megatron-LM's --account-for-embedding/loss-in-pipeline-split. Leftover units go to the chunks after
+    the first.
+    """
     chunks = layout.pp * layout.vpp
     base, extra = divmod(spec.layers, chunks)
-    first = sum(base + (1 if c * layout.pp < extra else 0) for c in range(layout.vpp))
-    last = sum(base + (1 if (c * layout.pp + layout.pp - 1) < extra else 0) for c in range(layout.vpp))
-    return first, last
+    if extra == 0:
+        return [base] * chunks
+    base, extra = divmod(spec.layers + 2, chunks)
+    counts = [base + (1 if 0 < c <= extra else 0) for c in range(chunks)]
+    counts[0] -= 1
+    counts[-1] -= 1
+    return counts
+
+
+def rank_chunks(spec: TransformerSpec, layout: Layout, rank: int) -> list[int]:
+    """Layers of each model chunk pipeline rank `rank` holds (one entry per virtual stage)."""
+    chunks = chunk_layers(spec, layout)
+    return [chunks[c * layout.pp + rank] for c in range(layout.vpp)]
+
+
+def stage_layers(spec: TransformerSpec, layout: Layout) -> tuple[int, int]:
+    """(layers on the first stage, layers on the last stage)."""
+    return sum(rank_chunks(spec, layout, 0)), sum(rank_chunks(spec, layout, layout.pp - 1))
+
+
+def heaviest_middle_rank(spec: TransformerSpec, layout: Layout) -> int | None:
+    """The pipeline rank between the first and the last with the most layers (the earliest on a tie), or None."""
+    if layout.pp <= 2:
+        return None
+    return max(range(1, layout.pp - 1), key=lambda r: (sum(rank_chunks(spec, layout, r)), -r))
 
 
 def layer_params_per_gpu(spec: TransformerSpec, layout: Layout) -> tuple[float, float, float]:
@@ -142,6 +173,19 @@ def activation_bytes_per_layer(spec: TransformerSpec, layout: Layout, moe: bool 
     return outside + (inside + core) / t
 
 
+def largest_operator_params(spec: TransformerSpec, layout: Layout) -> float:
+    """Parameters of the largest single weight one GPU holds (a per-parameter ZeRO-3 gather's unit).
+
+    ZeRO-Infinity (Rajbhandari et al. 2021, sec. 3) names the h x 4h MLP projection as a
+    Transformer's largest operator; the (fused) SwiGLU input projection, the fused QKV and, with a
+    large vocabulary, the embedding can be larger, so all are compared. Split over TP.
+    """
+    h, kvd, t = spec.hidden, spec.kv * spec.head_dim, layout.tp
+    ffn = spec.moe_ffn if spec.is_moe and spec.moe_layers == spec.layers else spec.ffn
+    ops = [h * (h + 2 * kvd), h * ffn * (spec.mlp_matrices - 1), ffn * h, spec.vocab * h]
+    return max(ops) / t
+
+
 def _transformer_memory(spec: TransformerSpec, layout: Layout, global_batch: int,
                         precision: Precision) -> MemoryBreakdown:
     layout_m = micro_batches(layout, global_batch)
@@ -153,32 +197,42 @@ def _transformer_memory(spec: TransformerSpec, layout: Layout, global_batch: int
     layer_input = 2 * tokens * spec.hidden / (layout.tp if layout.sequence_parallel else 1)
     frac_moe = spec.moe_layers / spec.layers
     avg_layer = (1 - frac_moe) * per_layer + frac_moe * per_moe_layer
-    first_layers, last_layers = stage_layers(spec, layout)
-    flight = in_flight_factor(layout.pipeline_schedule, layout.pp, layout.vpp, layout_m)
+    schedule, pp = layout.pipeline_schedule, layout.pp
+    largest_op = largest_operator_params(spec, layout)
 
-    def stored(layers_on_stage: int, microbatches_held: float) -> float:
+    def stored(held: float) -> float:
         # Full recompute stores only each layer's input, plus one layer's working set during backward.
         if layout.recompute == "full":
-            return layers_on_stage * microbatches_held * layer_input + max(per_layer, per_moe_layer)
-        return layers_on_stage * microbatches_held * avg_layer
+            return held * layer_input + max(per_layer, per_moe_layer)
+        return held * avg_layer
 
+    # The first stage holds the most micro-batches in flight, the last owns the logits, and with an uneven
+    # split a middle stage may hold more layers than either (rank 1: the most in flight of the middle ones).
+    middle = heaviest_middle_rank(spec, layout)
+    ranks = [0] + ([pp - 1] if pp > 1 else []) + ([middle] if middle is not None else [])
     best: MemoryBreakdown | None = None
-    pp = layout.pp
-    for first, last, layers, held in (
-        (True, pp == 1, first_layers, flight * pp),  # stage 0 holds p micro-batches (1F1B)
-        (pp == 1, True, last_layers, 1.0),  # the last stage holds one, but owns the logits
-    ):
+    for rank in ranks:
+        first, last = rank == 0, rank == pp - 1
+        chunks = rank_chunks(spec, layout, rank)
+        layers = sum(chunks)
+        held = held_layer_microbatches(schedule, pp, layout.vpp, layout_m, rank,
+                                       chunks if schedule == "interleaved" else [layers])
         dense, expert = stage_params(spec, layout, layers, first, last)
         z = layout.zero
         weights = precision.weights * (dense / shard + expert / expert_shard if z >= 3 else dense + expert)
         grads = precision.grads * (dense / shard + expert / expert_shard if z >= 2 else dense + expert)
         optim = precision.optimizer * (dense / shard + expert / expert_shard if z >= 1 else dense + expert)
-        acts = stored(layers, held)
+        acts = stored(held)
         buffers = precision.weight_copy * (dense + expert)
         if last:  # logits and softmax for the loss
             buffers += precision.logits * tokens * spec.vocab / layout.tp
-        if z >= 3:  # two unsharded layers (the one computing, the one prefetched) with their grads
+        if z >= 3 and layout.gather == "node":
+            # per-unit flat buffers (PyTorch FSDP): two unsharded layers (computing, prefetched) with their grads
             buffers += 2 * (precision.weights + precision.grads) * (dense + expert) / max(layers, 1)
+        elif z >= 3:
+            # per-parameter gathers (DeepSpeed ZeRO-3): the operator computing and the one prefetched, each with
+            # its gradient; ZeRO-Infinity's "model state working memory" (Rajbhandari et al. 2021, sec. 3)
+            buffers += 2 * (precision.weights + precision.grads) * largest_op
         mem = MemoryBreakdown(weights / GIB, grads / GIB, optim / GIB, acts / GIB, buffers / GIB, RESERVE_GIB)
         if best is None or mem.total > best.total:
             best = mem

@@ -23,7 +23,15 @@ from musubi.plan.compute import ACT_BYTES, Device, Groups, LayerTimes, device, l
 from musubi.plan.efficiency import DEFAULT_EFFICIENCY, Efficiency
 from musubi.plan.flops import hardware_flops_per_step, model_flops_per_step
 from musubi.plan.layout import Layout, check_layout, micro_batches, resolve_layout
-from musubi.plan.memory import PRECISIONS, MemoryBreakdown, estimate_memory, stage_layers, stage_params
+from musubi.plan.memory import (
+    PRECISIONS,
+    MemoryBreakdown,
+    estimate_memory,
+    heaviest_middle_rank,
+    rank_chunks,
+    stage_layers,
+    stage_params,
+)
 from musubi.plan.spec import GenericSpec, ModelSpec, TransformerSpec
 from musubi.plan.straggler import straggler_tax
 
@@ -236,7 +244,11 @@ def _predict_transformer(spec: TransformerSpec, cluster: Cluster, layout: Layout
         return f, b
 
     first_layers, last_layers = stage_layers(spec, layout)
+    # first, last and (uneven split) the heaviest middle stage: one of them is the slowest
+    middle = heaviest_middle_rank(spec, layout)
+    mid_layers = sum(rank_chunks(spec, layout, middle)) if middle is not None else 0
     stages = [stage(first_layers, pp == 1)] + ([stage(last_layers, True)] if pp > 1 else [])
+    stages += [stage(mid_layers, False)] if middle is not None else []
     slow_f, slow_b = max(stages, key=lambda fb: fb[0] + fb[1])
     t_max = slow_f + slow_b
     t_avg = (spec.layers * ((1 - frac_moe) * (dense.fwd + dense.bwd) + frac_moe * (moe.fwd + moe.bwd))
@@ -244,7 +256,7 @@ def _predict_transformer(spec: TransformerSpec, cluster: Cluster, layout: Layout
     bubble = bubble_fraction(layout.pipeline_schedule, pp, m, layout.vpp)
 
     comm = _Comm()
-    layers_slow = first_layers if stages[0] == (slow_f, slow_b) else last_layers
+    layers_slow = [first_layers, last_layers, mid_layers][stages.index((slow_f, slow_b))]
     n_moe_slow = layers_slow * frac_moe
     for busy, exposed, link in (
         (dense.tp_busy * (layers_slow - n_moe_slow) + moe.tp_busy * n_moe_slow,
@@ -268,6 +280,8 @@ def _predict_transformer(spec: TransformerSpec, cluster: Cluster, layout: Layout
     params = [stage_params(spec, layout, first_layers, True, pp == 1)]
     if pp > 1:
         params.append(stage_params(spec, layout, last_layers, False, True))
+    if middle is not None:
+        params.append(stage_params(spec, layout, mid_layers, False, False))
     dense_p, expert_p = max(params, key=sum)
     dpc = _dp_comm(layout, dense_p * grad_bytes, expert_p * grad_bytes, weight_ratio, dp_link, edp_link, m,
                    slow_f, slow_b, units=max(1, round(layers_slow)) + 1)

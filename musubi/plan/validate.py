@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import csv
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from musubi.plan.catalog import get_gpu
-from musubi.plan.cluster import make_cluster
+from musubi.plan.cluster import Cluster, make_cluster
 from musubi.plan.complete import complete_layout
 from musubi.plan.efficiency import DEFAULT_EFFICIENCY, Efficiency
 from musubi.plan.layout import DEFAULT_OVERLAP, Layout, given_keys, parse_layout
@@ -90,9 +90,17 @@ def row_layout(row: dict[str, str]) -> Layout:
                   gather=row.get("gather") or "nic", overlap=overlaps)
 
 
+def row_cluster(row: dict[str, str]) -> Cluster:
+    """The row's machines: its catalog GPU, with the network the source printed (`nic_gbps`) when it differs."""
+    gpu = get_gpu(row["gpu"])
+    if row.get("nic_gbps"):  # e.g. Jean Zay (BLOOM): 4x 100 Gb/s Omni-Path per 8 GPUs, not a DGX's 8x 200 Gb/s
+        gpu = replace(gpu, nic_gbps=float(row["nic_gbps"]))
+    return make_cluster(gpu, int(row["n_gpus"]))
+
+
 def predict_row(row: dict[str, str], eff: Efficiency = DEFAULT_EFFICIENCY) -> Prediction:
     """The planner's prediction for one row's model, machine and layout."""
-    cluster = make_cluster(get_gpu(row["gpu"]), int(row["n_gpus"]))
+    cluster = row_cluster(row)
     precision = row.get("memory_precision") or "mixed"
     return predict(row_spec(row), cluster, row_layout(row), int(row["global_batch_seqs"]), eff,
                    memory_precision=precision)
@@ -127,7 +135,7 @@ def check_row(row: dict[str, str], eff: Efficiency = DEFAULT_EFFICIENCY) -> Chec
 
 def predict_published(row: dict[str, str], eff: Efficiency = DEFAULT_EFFICIENCY) -> Prediction:
     """What `musubi plan --layout PUBLISHED --json` predicts: only the printed knobs, the planner fills the rest."""
-    cluster = make_cluster(get_gpu(row["gpu"]), int(row["n_gpus"]))
+    cluster = row_cluster(row)
     text = row["published_layout"]
     spec, batch = row_spec(row), int(row["global_batch_seqs"])
     layout, _ = complete_layout(spec, cluster, parse_layout(text), given_keys(text), batch, eff)
@@ -145,9 +153,10 @@ def check_table(path: Path, eff: Efficiency = DEFAULT_EFFICIENCY, published: boo
     return [check(row, eff) for row in load_rows(path) if not published or row.get("published_layout")]
 
 
-def summary(checks: list[Check]) -> dict[str, tuple[int, float, float]]:
-    """Per regime, overall, and overall without the rows marked known-off: (rows, mean |error|, max |error|)."""
-    groups = {regime: [c for c in checks if c.regime == regime] for regime in sorted({c.regime for c in checks})}
+def summary(checks: list[Check], by: str = "regime") -> dict[str, tuple[int, float, float]]:
+    """Per regime (or source), overall, and overall without the rows marked known-off: (rows, mean, max |error|)."""
+    keys = sorted({getattr(c, by) for c in checks})
+    groups = {key: [c for c in checks if getattr(c, by) == key] for key in keys}
     groups["all"] = checks
     if any(c.known_off for c in checks):
         groups["all but known-off"] = [c for c in checks if not c.known_off]
@@ -159,13 +168,13 @@ def summary(checks: list[Check]) -> dict[str, tuple[int, float, float]]:
     return out
 
 
-def table_text(title: str, checks: list[Check]) -> str:
-    """A plain-text table of the checks and their per-regime summary."""
+def table_text(title: str, checks: list[Check], by: str = "regime") -> str:
+    """A plain-text table of the checks and their summary per regime (or per `by`: "source")."""
     lines = [title, f"  {'run':22} {'regime':9} {'quantity':15} {'predicted':>10} {'measured':>10} {'error':>8}  "
                     "dominant term"]
     lines += [f"  {c.name:22} {c.regime:9} {c.quantity:15} {c.predicted:10.3g} {c.measured:10.3g} "
               f"{100 * c.error:+7.1f}%  {c.dominant}{'  (known off)' if c.known_off else ''}" for c in checks]
-    for regime, (n, mean, worst) in summary(checks).items():
+    for regime, (n, mean, worst) in summary(checks, by).items():
         lines.append(f"  {regime:17} {n:3} rows: mean |error| {100 * mean:5.1f} %, max {100 * worst:5.1f} %")
     reasons = {c.known_off for c in checks if c.known_off and c.known_off != "as above"}
     lines += [f"  known off: {reason}" for reason in sorted(reasons)]

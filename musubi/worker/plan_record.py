@@ -36,7 +36,8 @@ def plan_record(spec: JobSpec, model: Any, world_size: int, plan: BatchPlan, pre
                 device_name: str | None) -> dict[str, Any]:
     """The record for one job: model spec, layout, batch, the GPU's catalog name and the predictions."""
     zero = 3 if spec.train.strategy == "fsdp" else 0
-    layout = f"dp={world_size},zero={zero},micro={plan.per_rank}"
+    # PyTorch FSDP2 gathers one flat buffer per wrapped block (gather=node): its memory holds whole blocks
+    layout = f"dp={world_size},zero={zero},micro={plan.per_rank}" + (",gather=node" if zero == 3 else "")
     # PyTorch autocast keeps fp32 weights and gradients; AdamW adds two fp32 moments, SGD one.
     memory_precision = "amp" if spec.train.optimizer == "adamw" else "amp-sgd"
     gpu = gpu_for_device(device_name) if device_name else None

@@ -30,7 +30,7 @@ def _record(world: int = 4, device: str | None = "NVIDIA H200") -> dict:
 
 def test_plan_record_describes_the_job_as_the_runtime_runs_it() -> None:
     rec = _record()
-    assert rec["layout"] == "dp=4,zero=3,micro=8" and rec["global_batch"] == 32 and rec["gpu"] == "H200"
+    assert rec["layout"] == "dp=4,zero=3,micro=8,gather=node" and rec["global_batch"] == 32 and rec["gpu"] == "H200"
     assert rec["memory_precision"] == "amp" and rec["model"]["mlp"] == "gelu" and rec["model"]["tied_embeddings"]
     mem = rec["predicted"]["memory_gib"]
     # 4 layers x 12 x 512^2 + 8000 x 512 embedding + positions: ~17 M parameters, 16 bytes each over 4 shards
@@ -61,7 +61,7 @@ def test_calibration_from_a_run_reads_step_time_and_bandwidth(tmp_path: Path) ->
     run = _run_dir(tmp_path, [10.0, 320.0, 300.0, 340.0])  # the first record (warm-up) is skipped
     data = calibration_from_run(run)
     assert data["step_time_s"] == pytest.approx(32 / 320.0)
-    assert data["allreduce_busbw_gbps"] == {"nvlink": 300.0} and data["layout"] == "dp=4,zero=3,micro=8"
+    assert data["allreduce_busbw_gbps"] == {"nvlink": 300.0} and data["layout"] == "dp=4,zero=3,micro=8,gather=node"
     eff, report = load_calibration(run)
     assert report["from_run"]["log_records"] == 3 and eff.step_scale > 0 and report["gpu"] == "H200"
     # Calibrated on its own run, the planner predicts that run's step time exactly.

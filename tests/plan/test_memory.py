@@ -15,7 +15,14 @@ from musubi.plan import (
     resolve_layout,
 )
 from musubi.plan.errors import PlanError
-from musubi.plan.memory import GIB, activation_bytes_per_layer
+from musubi.plan.memory import (
+    GIB,
+    activation_bytes_per_layer,
+    chunk_layers,
+    largest_operator_params,
+    rank_chunks,
+    stage_layers,
+)
 from musubi.plan.spec import TransformerSpec
 
 GPT22 = preset("gpt-22b")
@@ -92,3 +99,42 @@ def test_largest_micro_batch_is_the_edge_of_fitting() -> None:
     assert estimate_memory_gib(spec, replace(lay, micro=micro), 8 * micro) <= 79.6
     assert estimate_memory_gib(spec, replace(lay, micro=micro + 1), 8 * (micro + 1)) > 79.6
     assert largest_micro_batch(preset("llama3-405b"), resolve_layout(Layout(), 8), 79.6) == 0
+
+
+def test_uneven_split_counts_embedding_and_loss_as_layers() -> None:
+    """BLOOM 176B (70 layers, pp 12, `type:transformer|embedding`): 5, 6 x 10, 5 (bigscience
+    train/tr11-176B-ml/README.md); Llama 3 405B (126 layers, pp 16): one layer fewer on the first and the
+    last stage (Dubey et al. 2024, sec. 3.3.2). Even splits stay even."""
+    bloom = TransformerSpec(name="bloom", layers=70, hidden=14336, heads=112, vocab=250880, seq=2048, mlp="gelu")
+    assert chunk_layers(bloom, Layout(tp=4, pp=12, dp=8)) == [5] + [6] * 10 + [5]
+    llama = preset("llama3-405b")
+    assert isinstance(llama, TransformerSpec) and llama.layers == 126
+    assert stage_layers(llama, Layout(tp=8, pp=16, dp=1)) == (7, 7)
+    chunks = chunk_layers(llama, Layout(tp=8, pp=16, dp=1, vpp=4))
+    assert sum(chunks) == 126 and chunks[0] == 1 and chunks[-1] == 1 and set(chunks[1:-1]) == {2}
+    assert rank_chunks(llama, Layout(tp=8, pp=16, dp=1, vpp=4), 0) == [1, 2, 2, 2]
+    assert chunk_layers(GPT22, Layout(pp=4, dp=1)) == [GPT22.layers // 4] * 4
+
+
+def test_zero3_working_set_per_parameter_or_per_unit() -> None:
+    """gather=nic (DeepSpeed ZeRO-3, per-parameter gathers): the largest operator and the one prefetched, each
+    with its gradient; for GPT the h x 4h projection, ZeRO-Infinity's "model state working memory" 4 x hd x 4hd
+    bytes (Rajbhandari et al. 2021, sec. 3). gather=node (PyTorch FSDP, one flat buffer a block): two blocks."""
+    spec = preset("gpt-530b")
+    assert isinstance(spec, TransformerSpec)
+    h = spec.hidden
+    assert largest_operator_params(spec, Layout()) == 4 * h * h
+    lay = resolve_layout(Layout(zero=3, recompute="full", micro=4, attention="unfused"), 640)
+    logits = 6 * 4 * spec.seq * spec.vocab  # one stage: it also owns the loss
+    nic = estimate_memory(spec, lay, 2560)
+    assert nic.buffers * GIB - logits == pytest.approx(2 * (4 * h * 4 * h))
+    node = estimate_memory(spec, replace(lay, gather="node"), 2560)
+    assert node.buffers * GIB - logits == pytest.approx(2 * 4 * spec.dense_layer_params(), rel=0.02)  # + embedding
+    assert nic.total < 80 < node.total  # Narayanan 2021 Table 2 ran this (micro-batch 4) on 80 GB A100s
+
+
+def test_megatron_distributed_optimizer_bytes_per_parameter() -> None:
+    """Megatron-LM docs (distrib_optimizer.md): bf16 params with fp32 grads keep 6 + 12/d bytes per parameter."""
+    spec, dp = preset("llama3-8b"), 8
+    mem = estimate_memory(spec, Layout(dp=dp, zero=1), global_batch=dp, precision="mixed-fp32-grads")
+    assert (mem.weights + mem.grads + mem.optimizer) * GIB / spec.params() == pytest.approx(6 + 12 / dp)
