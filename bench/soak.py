@@ -3,6 +3,7 @@
     python bench/soak.py --device cpu --nprocs 2 --minutes 3 --fault-every 20 --seed 0 --out /tmp/soak
     python bench/soak.py --device cuda --nprocs 2 --minutes 4 --fault-every 30 --seed 0 --out DIR   # GPUs
     python bench/soak.py ... --dry-run        # the job, the schedule and the expected wall time; starts nothing
+    python bench/soak.py ... --faults 4       # the first 4 faults (one round of 4 kinds), ended once recovered
     python bench/soak.py --jobs 3 ...         # a fleet: 3 jobs at once, faults striking random jobs' ranks
 
 Faults (`--kinds`, default all), one at a time, in shuffled rounds so that every kind comes up:
@@ -358,6 +359,9 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     ap.add_argument("--minutes", type=float, default=3.0, help="wall time of the soak (the job under faults)")
     ap.add_argument("--fault-every", type=float, default=30.0,
                     help="seconds of training between a recovery and the next fault (+-25 %%, seeded)")
+    ap.add_argument("--faults", type=int, default=0,
+                    help="strike the schedule's first N faults and end the soak once the last is recovered "
+                    "(--minutes stays the upper bound); 0: as many as --minutes holds")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--kinds", default=",".join(KINDS), help=f"comma list of {', '.join(KINDS)}")
     ap.add_argument("--out", type=Path, required=True, help="an empty or new folder")
@@ -373,6 +377,10 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
         ap.error(f"--kinds {args.kinds!r}: use a comma list of {', '.join(KINDS)}")
     if args.nprocs < 1 or args.jobs < 1 or args.minutes <= 0 or args.fault_every <= 0:
         ap.error("--nprocs, --jobs, --minutes and --fault-every must be positive")
+    if args.faults < 0 or args.faults > args.minutes * 60 // (0.75 * args.fault_every):
+        ap.error(f"--faults {args.faults}: give 0 (as many as the minutes hold) up to "
+                 f"{int(args.minutes * 60 // (0.75 * args.fault_every))} at --minutes {args.minutes:g} and "
+                 f"--fault-every {args.fault_every:g}; or raise --minutes")
     if args.out.exists() and any(args.out.iterdir()) and not args.dry_run:
         ap.error(f"--out {args.out}: not empty; choose a new folder")
     return args, kinds
@@ -406,7 +414,9 @@ def print_plan(args: argparse.Namespace, job: dict[str, Any], faults: list[dict[
         who = "" if f["kind"] in ("disk_full", "preempt") else f" rank {f['rank']}"
         on = f" on job{f['job']}" if "job" in f else ""
         print(f"  +{f['gap_s']:5.1f} s  {f['kind']}{who}{on}" + (f" ({f['phase']})" if f.get("phase") else ""))
-    print(f"expected wall time: {args.minutes * 60:.0f} s of soak + ~30 s of stop and checks"
+    print(f"expected wall time: {'at most ' if args.faults else ''}{args.minutes * 60:.0f} s of soak"
+          + (f" (it ends once the {args.faults} faults are recovered)" if args.faults else "")
+          + " + ~30 s of stop and checks"
           + (" + an uninterrupted reference run (at most the soak's productive time)" if reference else
              " (no reference run: " + ("--no-reference" if args.no_reference else "a fleet" if args.jobs > 1 else
                                        "numeric faults change the weights") + ")"))
@@ -417,6 +427,8 @@ def main(argv: list[str] | None = None) -> int:
     job = build_job(args)
     wall_s = args.minutes * 60
     faults = schedule(kinds, args.nprocs, wall_s, args.fault_every, args.seed, args.jobs)
+    if args.faults:  # the first N; the soak ends once they are recovered (Soak.run, Fleet.run)
+        faults = faults[:args.faults]
     numeric = any(f["kind"] in rec.NUMERIC for f in faults)
     # A fleet checks every job's checkpoints, not the weights (one reference run per job would double its time).
     reference = not args.no_reference and not numeric and args.jobs == 1
@@ -429,7 +441,7 @@ def main(argv: list[str] | None = None) -> int:
     job_file.write_text(yaml.safe_dump(job, sort_keys=False), encoding="utf-8")
     head = {"command": command, "card": _card(args.device), "commit": _commit(), "date": time.strftime("%Y-%m-%d %H:%M"),
             "device": args.device, "nprocs": args.nprocs, "jobs_n": args.jobs, "seed": args.seed, "kinds": kinds,
-            "fault_every_s": args.fault_every}
+            "fault_every_s": args.fault_every, "faults_asked": args.faults or None}
     if args.jobs > 1:
         fleet = Fleet(args, job_file, args.out, args.jobs)
         result = {**head, **fleet_result(fleet, fleet.run(faults, wall_s))}

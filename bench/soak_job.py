@@ -192,6 +192,9 @@ class Soak:
                     self.say(f"fault {f['n']}: no checkpoint committed after it; stopping the soak")
                     break
                 self.say("  committed again after the failed save")
+        else:
+            if self.args.faults:  # every fault asked for struck and was recovered: nothing left to wait for
+                end = time.time()
         self.wait_for(end, lambda: False)
         exited = self.proc.poll() if self.proc is not None else None  # ended on its own, before the soak ended it
         t_end = self.stop()
