@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -169,7 +170,8 @@ def _json_search(result: SearchResult) -> dict[str, Any]:
 
 def _inputs(model: str | None, spec: Path | None, gpu: str | None, gpus: int | None, nodes: int | None,
             seq: int | None, global_batch: int | None, topology: Path | None,
-            calibrate: list[Path] | None) -> tuple[ModelSpec, Cluster, int, Any, dict[str, Any] | None]:
+            calibrate: list[Path] | None,
+            nic_gbps: float | None = None) -> tuple[ModelSpec, Cluster, int, Any, dict[str, Any] | None]:
     """The planner's inputs from the options: model, cluster (catalog GPU, or fitted to a measured node), global
     batch, efficiency constants (calibrated or default) and the calibration's report; PlanError naming a bad one."""
     if gpu is None or gpus is None:
@@ -184,6 +186,10 @@ def _inputs(model: str | None, spec: Path | None, gpu: str | None, gpus: int | N
             catalog_gpu = fit_to_topology(catalog_gpu, load_topology(topology))
         except ConfigError as e:
             raise PlanError(str(e)) from None
+    if nic_gbps is not None:  # the cluster's own network (e.g. 4x 100 Gb/s per 8 GPUs = 6.25), not the catalog build
+        if nic_gbps <= 0:
+            raise PlanError(f"--nic-gbps {nic_gbps:g}: must be > 0 (GB/s per GPU per direction)")
+        catalog_gpu = dataclasses.replace(catalog_gpu, nic_gbps=nic_gbps)
     cluster = make_cluster(catalog_gpu, gpus, nodes)
     batch = global_batch if global_batch is not None else model_spec.global_batch
     if not batch:
@@ -219,6 +225,8 @@ def plan_command(
     gpu: str | None = typer.Option(None, "--gpu", help="GPU type from the catalog (H100-SXM, A100-80GB, ...)."),
     gpus: int | None = typer.Option(None, "--gpus", help="Number of GPUs."),
     nodes: int | None = typer.Option(None, "--nodes", help="Number of nodes (default: catalog node size)."),
+    nic_gbps: float | None = typer.Option(None, "--nic-gbps", help="Network GB/s per GPU per direction (NICs per "
+                                          "node x line rate / GPUs per node; default: the catalog's build)."),
     seq: int | None = typer.Option(None, "--seq", help="Sequence length in tokens (default: the spec's)."),
     global_batch: int | None = typer.Option(None, "--global-batch", help="Sequences (samples) per step."),
     layout: str | None = typer.Option(None, "--layout", help="Evaluate one layout: tp=8,pp=16,dp=64,cp=1,"
@@ -243,7 +251,7 @@ def plan_command(
         if top < 1:
             raise PlanError(f"--top {top}: must be >= 1")
         model_spec, cluster, batch, eff, report = _inputs(model, spec, gpu, gpus, nodes, seq, global_batch,
-                                                          topology, calibrate)
+                                                          topology, calibrate, nic_gbps)
         if layout is not None:
             # knobs the layout leaves out (micro, vpp, recompute) are set to the fastest that fit (complete.py)
             one_layout, filled = complete_layout(model_spec, cluster, parse_layout(layout), given_keys(layout), batch,

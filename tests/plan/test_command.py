@@ -85,6 +85,7 @@ def test_layout_that_does_not_fit_is_reported_not_refused() -> None:
      "global batch 12 is not a multiple of dp=8"),
     (("--spec", "missing.yaml", "--gpu", "H100-SXM", "--gpus", "8"), "does not exist"),
     (("--model", "llama3-8b", "--gpu", "H100-SXM", "--gpus", "8", "--top", "0"), "--top 0"),
+    (("--model", "llama3-8b", "--gpu", "H100-SXM", "--gpus", "8", "--nic-gbps", "0"), "--nic-gbps 0: must be > 0"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args: tuple[str, ...], needle: str) -> None:
     code, out = run(*args)
@@ -117,6 +118,18 @@ def test_validate_prints_fit_and_heldout_tables_per_regime() -> None:
     assert code == 0, out
     assert "fit set" in out and "held-out set (no fit reads it)" in out
     assert "fsdp" in out and "ms-175b-12288" in out and "llama3-405b-16k" in out
+    assert "leave one source out" in out and "without Narayanan2021-Table1: matmul" in out
+    assert "bloom-176b-384" in out
+
+
+def test_nic_gbps_sets_the_clusters_network() -> None:
+    """A slower network (Jean Zay: 4x 100 Gb/s Omni-Path for 8 GPUs = 6.25 GB/s a GPU) lengthens a step whose
+    data-parallel traffic crosses nodes."""
+    base = ("--model", "gpt3-175b", "--gpu", "A100-80GB", "--gpus", "384", "--global-batch", "1536", "--layout",
+            "tp=4,pp=12,zero=1,recompute=full,micro=2,overlap=none", "--json")
+    _, dgx = run(*base)
+    _, slow = run(*base, "--nic-gbps", "6.25")
+    assert json.loads(slow)["step_time_s"] > json.loads(dgx)["step_time_s"]
 
 
 def test_one_layout_explains_its_terms() -> None:
