@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from bench import plan_blind_gather as gather
 from bench import plan_blind_score as blind
 from musubi.plan.catalog import get_gpu
 from musubi.plan.layout import parse_layout
@@ -36,6 +37,10 @@ def test_every_row_names_a_catalog_gpu_a_source_and_a_measurement(row: dict[str,
     layout = parse_layout(row["published_layout"])
     assert layout.tp * layout.pp * layout.cp * layout.dp == int(row["n_gpus"])
     assert blind.spec_fields(row)["layers"] == int(row["layers"])
+
+
+def test_the_csv_is_what_the_gather_script_writes() -> None:
+    assert gather.csv_text(gather.blind_rows()) == blind.BLIND_CSV.read_text(encoding="utf-8")
 
 
 def test_no_blind_source_is_in_the_validation_tables() -> None:
