@@ -453,6 +453,13 @@ class TrainSpec(StrictModel):
     max_restarts: int = Field(
         3, ge=0, le=100, description="Coordinated restarts of all ranks (torchrun) after a rank fails or OOMs."
     )
+    warm_spare: bool = Field(
+        True,
+        description="Start each rank (and each restart of it) by forking a warm spare that imported torch and "
+        "the rank's modules once per launch and node, instead of a new interpreter (seconds saved per rank and "
+        "restart). The ranks start the plain way when the spare is not ready or refuses; false: always the "
+        "plain way (an environment switch turns it off for every launch; docs/guides/fault-injection.md).",
+    )
 
     @field_validator("batch")
     @classmethod

@@ -33,3 +33,5 @@ MUSUBI_COMM_PROBE = "MUSUBI_COMM_PROBE"
 MUSUBI_STOP_GRACE = "MUSUBI_STOP_GRACE"
 #: A run id a user may set; it differs between any two runs, so `musubi compare` does not report it.
 MUSUBI_RUN_ID = "MUSUBI_RUN_ID"
+#: `0` turns the launch's warm spare off (ranks start a fresh interpreter each), whatever train.warm_spare says.
+MUSUBI_WARM_SPARE = "MUSUBI_WARM_SPARE"

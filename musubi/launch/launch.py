@@ -26,6 +26,7 @@ from musubi.launch.checks import admit, say
 from musubi.launch.job_record import close_attempt, open_record
 from musubi.launch.multinode import Rendezvous, rendezvous_error
 from musubi.launch.request import RunFinished, TrainRequest, TrainResult
+from musubi.launch.spare import WarmSpare, client_command, start_spare, stop_spare, wanted
 from musubi.store.startup import mark
 
 
@@ -48,25 +49,28 @@ def prepare(req: TrainRequest) -> tuple[Path, Path, dict, int, str]:
     return a.run_dir, a.job_dir, record, a.nproc, a.kind
 
 
-def _wait(proc: subprocess.Popen, deadline_s: float | None) -> tuple[int, bool]:
-    """torchrun's exit code; past the deadline torchrun and every worker it started are ended (TERM, then KILL)."""
+def _wait(proc: subprocess.Popen, deadline_s: float | None, spare: WarmSpare | None = None) -> tuple[int, bool]:
+    """torchrun's exit code; past the deadline torchrun and every worker it started are ended (TERM, then KILL),
+    the ranks under the warm spare (its children, not torchrun's) included."""
     from musubi.launch.proctree import stop_trees
 
     try:
         return proc.wait(timeout=deadline_s), False
     except subprocess.TimeoutExpired:
-        stop_trees([proc], grace=15)
+        stop_trees([proc] + ([spare.proc] if spare is not None else []), grace=15)
         return proc.wait(), True
 
 
 def torchrun_argv(job_dir: Path, nproc: int, resume: bool, stop_at_step: int | None, max_restarts: int = 0,
                   probe_only: bool = False, extra: list[str] | None = None,
-                  rdzv: Rendezvous | None = None, from_start: bool = False) -> list[str]:
+                  rdzv: Rendezvous | None = None, from_start: bool = False,
+                  entry: list[str] | None = None) -> list[str]:
     """The torchrun command line of one job: single-node (its own free port on loopback) or one node's agent.
 
     `--max-restarts`: when a rank fails (an OOM, a crash), torchrun stops the others and
     restarts all of them (on every node); the workers resume from the newest committed checkpoint.
     `from_start`: a --resume the checks found no checkpoint for; the ranks resume if one appeared, else start at 0.
+    `entry`: what torchrun starts per rank (the warm spare's client, launch/spare.py); default `-m` the worker.
     """
     from musubi.contract.rendezvous import torchrun_module
 
@@ -78,7 +82,7 @@ def torchrun_argv(job_dir: Path, nproc: int, resume: bool, stop_at_step: int | N
             f"--max-restarts={max_restarts}", "--monitor-interval=0.1",
             # torchrun's own files (per-attempt error records) stay in the run, not in $TMPDIR.
             f"--log-dir={job_dir / RUN_FILES.logs / 'torchelastic'}",
-            *(extra or []), "-m", "musubi.worker.worker", str(job_dir)]
+            *(extra or []), *(entry or ["-m", "musubi.worker.worker"]), str(job_dir)]
     if probe_only:
         argv.append("--probe-only")
     if resume:
@@ -162,6 +166,7 @@ class Spawned:
     follower: bool  # another node's agent: node 0 records the job's outcome
     pump: threading.Thread | None = None
     probe_out: str | None = None
+    spare: WarmSpare | None = None  # the ranks' warm spare (launch/spare.py), stopped once torchrun ended
 
 
 def spawn(req: TrainRequest, run_dir: Path, job_dir: Path, record: dict, nproc: int, kind: str) -> Spawned:
@@ -185,8 +190,11 @@ def spawn(req: TrainRequest, run_dir: Path, job_dir: Path, record: dict, nproc: 
         env.update(rdzv.socket_env(os.environ))
     (logs / f"pinning{node}.txt").write_text(pins.note + "\n", encoding="utf-8")
     restarts = 0 if req.probe_only else int(train["max_restarts"])
+    # The ranks' imports paid once per launch: a warm spare forks each rank (and each restart) from itself.
+    spare = start_spare(job_dir, env, logs / f"spare{node}.log") if wanted(train, env) else None
     argv = torchrun_argv(job_dir, nproc, req.resume, req.max_steps, restarts, req.probe_only, pins.torchrun_args,
-                         rdzv, from_start=bool(record.get("from_start")))
+                         rdzv, from_start=bool(record.get("from_start")),
+                         entry=client_command(spare) if spare is not None else None)
     started = time.time()
     if rdzv is None or rdzv.node_rank == 0:
         for name, when in req.marks.items():
@@ -195,10 +203,16 @@ def spawn(req: TrainRequest, run_dir: Path, job_dir: Path, record: dict, nproc: 
     where = f" on node {rdzv.node_rank} of {rdzv.nnodes}" if rdzv is not None else ""
     say(req, f"launching {nproc} {'GPU' if kind == 'cuda' else 'CPU'} rank{'s' if nproc > 1 else ''}{where} "
         f"(torchrun); each imports torch and joins the process group...")
-    proc = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, text=True, errors="replace",
-                            stdout=subprocess.PIPE if req.probe_only else (subprocess.DEVNULL if req.quiet else None),
-                            start_new_session=req.deadline_s is not None)  # its own group: the deadline ends all
-    s = Spawned(proc, run_dir, job_dir, record, node, started, follower=rdzv is not None and not rdzv.is_first)
+    try:
+        proc = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, text=True, errors="replace",
+                                stdout=subprocess.PIPE if req.probe_only else (subprocess.DEVNULL if req.quiet else None),
+                                start_new_session=req.deadline_s is not None)  # its own group: the deadline ends all
+    except BaseException:
+        if spare is not None:
+            stop_spare(spare)
+        raise
+    s = Spawned(proc, run_dir, job_dir, record, node, started, follower=rdzv is not None and not rdzv.is_first,
+                spare=spare)
     if req.probe_only:
         assert proc.stdout is not None
         s.probe_out = proc.stdout.read()
@@ -221,7 +235,7 @@ def wait(req: TrainRequest, s: Spawned) -> Ended:
 
     old_term = _term_as_interrupt()
     try:
-        code, timed_out = _wait(s.proc, req.deadline_s)
+        code, timed_out = _wait(s.proc, req.deadline_s, s.spare)
         ended = Ended(code, timed_out)
     except KeyboardInterrupt:
         s.proc.terminate()
@@ -229,6 +243,8 @@ def wait(req: TrainRequest, s: Spawned) -> Ended:
     finally:
         if old_term is not None:
             signal.signal(signal.SIGTERM, old_term)
+        if s.spare is not None:
+            stop_spare(s.spare)
     reap_checkpoint_daemons(s.job_dir)  # checkpoint processes of ranks that died (they hold our pipes)
     if s.pump is not None:
         s.pump.join(timeout=5)

@@ -36,8 +36,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run one rank of a job; returns the process exit code.
+def main(argv: list[str] | None = None, started: float | None = None) -> int:
+    """Run one rank of a job; returns the process exit code. `started`: when the rank's process began (a rank
+    forked by the launch's warm spare, worker/spare.py: its client's start), else this process's creation.
 
     The cyclic garbage collector is off from here until training starts, where fit() collects set-up's
     garbage, freezes what lives on and turns the collector back on (trainer.settle_heap). Set-up mostly creates
@@ -49,12 +50,12 @@ def main(argv: list[str] | None = None) -> int:
     """
     gc.disable()
     try:
-        return run(parse_args(argv))
+        return run(parse_args(argv), started)
     finally:
         gc.enable()
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, started: float | None = None) -> int:
     """One rank: setup -> train -> finish; a failure anywhere becomes its records and exit code."""
     rank = int(os.environ.get("RANK", "0"))
     restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
@@ -65,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
     pinned = pin_rank(int(os.environ.get("LOCAL_RANK", "0")))
     t_start = time.time()
     if rank == 0:  # the one rank that writes the start-up marks (store/startup.py)
-        startup.mark(args.job_dir, "worker", psutil.Process().create_time())
+        startup.mark(args.job_dir, "worker", started if started is not None else psutil.Process().create_time())
     job = None
     try:
         # torch and every module of the rank: after argument parsing (a fast --help) and the pinning

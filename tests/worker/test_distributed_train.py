@@ -131,6 +131,18 @@ def test_rank0_owns_shared_files(two_ranks: tuple[Path, Path]) -> None:
     assert abs(sum(launcher) - (marks["launcher"] - marks["entered"])) < 0.01, parts
 
 
+def test_the_ranks_were_forked_by_the_warm_spare(two_ranks: tuple[Path, Path]) -> None:
+    """By default each rank is forked from the launch's warm spare (worker/spare.py), not a new interpreter:
+    the spare logged rank 0's pid (the one that wrote the start-up marks), and no client fell back."""
+    _, jd = two_ranks
+    rank0 = {json.loads(ln)["pid"] for ln in (jd / "startup.jsonl").read_text().splitlines()
+             if json.loads(ln)["mark"] == "worker"}
+    spare_log = (jd / "logs" / "spare.log").read_text()
+    assert "warm spare ready" in spare_log and spare_log.count("rank pid ") == 2, spare_log
+    assert all(f"rank pid {pid} forked" in spare_log for pid in rank0), (rank0, spare_log)
+    assert "warm spare not used" not in (jd / "logs" / "torchrun.log").read_text()
+
+
 def test_fsdp_matches_ddp(two_ranks: tuple[Path, Path], tmp_path: Path) -> None:
     """FSDP2 (fully_shard) on 2 gloo ranks: the same weights as the module's DDP run. FSDP2's stop/resume, bitwise,
     is the resume matrix's (tests/checkpoint/resume_matrix/test_resume_fsdp.py: a GPT with accumulation, every

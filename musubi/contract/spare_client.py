@@ -1,0 +1,248 @@
+"""The thin client torchrun starts for a rank when the launch has a warm spare, and the wire both ends speak.
+
+torchrun starts `python -I -S .../spare_client.py SPARE_DIR READY_S musubi.worker.worker -- JOB_DIR [flags]`
+(`--no-python`) in place of `python -m musubi.worker.worker JOB_DIR [flags]`. This file is the whole client and imports the
+standard library only (run isolated, without site: it starts in a few tens of ms), so a rank no longer pays
+the interpreter's imports of torch and Musubi: the warm spare of its launch (musubi/worker/spare.py) paid
+them once and forks the rank from itself. The client:
+
+- connects to the spare's socket in SPARE_DIR (waiting up to READY_S seconds while the spare imports), sends
+  its argv, working directory, environment, CPU affinity and its fds 0/1/2, and gets back the rank's pid;
+- forwards SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 to the rank (torchrun signals the client);
+- ends exactly as the rank did: the same exit code, or killed by the same signal, so torchrun's restarts,
+  its error files (TORCHELASTIC_ERROR_FILE rides in the environment) and the exit-code table
+  (contract/exits.py) see no difference;
+- falls back, when the spare refused, is gone, is not ready in time or never ran, to exec'ing the plain
+  `python -m musubi.worker.worker ...` (the path without a spare; the module is the client's third argument), saying why once (rank 0) on stderr,
+  which is the job's torchrun log.
+
+If torchrun SIGKILLs the client, the spare sees its connection close and SIGKILLs the rank.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import struct
+import sys
+import time
+from typing import NoReturn
+
+#: The socket the spare listens on, inside its 0700 folder (a short path: AF_UNIX paths hold ~107 bytes).
+SOCKET_NAME = "spare.sock"
+#: The spare writes its pid here first: a client waiting for the socket knows a spare that died.
+PID_NAME = "spare.pid"
+#: The spare writes why it will not serve here (its imports failed, threads alive): the clients fall back.
+REFUSED_NAME = "refused.txt"
+#: Signals torchrun (or a user) sends a rank, forwarded to the rank the spare forked.
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+#: A wait between looks for the socket while the spare still imports (s).
+POLL_S = 0.02
+_HEAD = struct.Struct("!I")  # the byte length of the JSON body that follows
+
+
+class Unavailable(Exception):
+    """The spare cannot serve this rank; the message says why (the client then starts the plain way)."""
+
+
+def send_message(sock: socket.socket, obj: dict, fds: list[int] | None = None) -> None:
+    """One message: a 4-byte length, then JSON; `fds` travel with the length (SCM_RIGHTS)."""
+    body = json.dumps(obj).encode()
+    head = _HEAD.pack(len(body))
+    if fds:
+        socket.send_fds(sock, [head], fds)
+        sock.sendall(body)
+    else:
+        sock.sendall(head + body)
+
+
+def receive_message(sock: socket.socket, max_fds: int = 0) -> tuple[dict | None, list[int]]:
+    """The next message and the fds sent with it; (None, []) when the peer closed the connection first."""
+    fds: list[int] = []
+    head = b""
+    while len(head) < _HEAD.size:
+        if max_fds and not head:
+            chunk, got, _, _ = socket.recv_fds(sock, _HEAD.size, max_fds)
+            fds += got
+        else:
+            chunk = sock.recv(_HEAD.size - len(head))
+        if not chunk:
+            for fd in fds:
+                os.close(fd)
+            return None, []
+        head += chunk
+    (size,) = _HEAD.unpack(head)
+    body = bytearray()
+    while len(body) < size:
+        chunk = sock.recv(min(1 << 16, size - len(body)))
+        if not chunk:
+            for fd in fds:
+                os.close(fd)
+            return None, []
+        body += chunk
+    return json.loads(body), fds
+
+
+def process_created() -> float:
+    """Wall-clock time this process was created (what psutil's create_time() reads, from /proc)."""
+    try:
+        with open("/proc/self/stat", encoding="ascii") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22: start time, clock ticks since boot
+        with open("/proc/stat", encoding="ascii") as f:
+            btime = next(int(line.split()[1]) for line in f if line.startswith("btime"))
+        return btime + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return time.time()
+
+
+def connect(spare_dir: str, ready_s: float) -> socket.socket:
+    """A connection to the spare once it listens; Unavailable if it refused, died or is not ready in time."""
+    path = os.path.join(spare_dir, SOCKET_NAME)
+    deadline = time.monotonic() + ready_s
+    while True:
+        refused = os.path.join(spare_dir, REFUSED_NAME)
+        if os.path.exists(refused):
+            with open(refused, encoding="utf-8", errors="replace") as f:
+                raise Unavailable(f.read().strip() or "the warm spare refused")
+        if os.path.exists(path):
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                sock.connect(path)
+                return sock
+            except OSError as e:  # the socket is there but nobody listens: the spare stopped
+                sock.close()
+                raise Unavailable(f"the warm spare does not answer on {path} ({e.strerror})") from None
+        if not os.path.isdir(spare_dir):
+            raise Unavailable(f"the warm spare's folder {spare_dir} is gone")
+        pid = _spare_pid(spare_dir)
+        if pid is not None and not _alive(pid):
+            raise Unavailable(f"the warm spare (pid {pid}) ended before it was ready")
+        if time.monotonic() >= deadline:
+            raise Unavailable(f"the warm spare was not ready within {ready_s:g} s")
+        time.sleep(POLL_S)
+
+
+def _spare_pid(spare_dir: str) -> int | None:
+    try:
+        with open(os.path.join(spare_dir, PID_NAME), encoding="ascii") as f:
+            return int(f.read().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class Forwarder:
+    """Signal handlers that pass each forwarded signal on to the rank (kept while its pid is not known yet)."""
+
+    def __init__(self) -> None:
+        self.pid: int | None = None
+        self.pending: list[int] = []
+        for sig in FORWARDED:
+            signal.signal(sig, self.handle)
+
+    def handle(self, signum: int, frame: object) -> None:  # noqa: ARG002
+        """Forward `signum` to the rank, or keep it until the rank's pid is known."""
+        if self.pid is None:
+            self.pending.append(signum)
+            return
+        try:
+            os.kill(self.pid, signum)
+        except ProcessLookupError:
+            pass
+
+    def attach(self, pid: int) -> None:
+        """The rank is `pid`: deliver what arrived before it was known."""
+        self.pid = pid
+        for sig in self.pending:
+            self.handle(sig, None)
+        self.pending.clear()
+
+    def restore(self) -> None:
+        """Default handlers back (before an exec or a death by signal); a signal kept is delivered to ourselves."""
+        for sig in FORWARDED:
+            signal.signal(sig, signal.SIG_DFL if sig != signal.SIGINT else signal.default_int_handler)
+        for sig in self.pending:
+            die_by(sig)
+
+
+def die_by(sig: int) -> NoReturn:
+    """End this process by `sig` with its default action, as the rank ended."""
+    if sig != signal.SIGKILL:
+        signal.signal(sig, signal.SIG_DFL)
+    os.kill(os.getpid(), sig)
+    time.sleep(1.0)  # a stopping signal may be delivered late: never fall through to exit 0
+    os._exit(128 + sig)
+
+
+def fall_back(module: str, args: list[str], why: str, forwarder: Forwarder | None = None) -> NoReturn:
+    """Start the rank the plain way (exec of `python -m MODULE ARGS`), saying why once per launch (rank 0)."""
+    if os.environ.get("RANK", "0") == "0" and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0":
+        sys.stderr.write(f"musubi: warm spare not used ({why}); each rank starts a fresh interpreter\n")
+        sys.stderr.flush()
+    if forwarder is not None:
+        forwarder.restore()
+    os.execv(sys.executable, [sys.executable, "-m", module, *args])
+
+
+def request(module: str, args: list[str], started: float) -> dict:
+    """What the spare needs to become this rank: its module, argv, working directory, environment, process state."""
+    return {"module": module, "argv": args, "cwd": os.getcwd(), "env": dict(os.environ), "started": started,
+            "affinity": sorted(os.sched_getaffinity(0)), "umask": _umask()}
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def run(argv: list[str]) -> int:
+    """`SPARE_DIR READY_S MODULE -- ARGS...`: `MODULE.main(ARGS)` as a rank forked by the spare; returns (or
+    dies) as the rank did."""
+    started = process_created()
+    if len(argv) < 4 or argv[3] != "--":
+        sys.stderr.write("usage: spare_client.py SPARE_DIR READY_S MODULE -- [the module's arguments]\n")
+        return 2
+    spare_dir, module, args = argv[0], argv[2], argv[4:]
+    forwarder = Forwarder()
+    try:
+        sock = connect(spare_dir, float(argv[1]))
+    except (Unavailable, ValueError) as e:
+        fall_back(module, args, str(e), forwarder)
+    try:
+        send_message(sock, request(module, args, started), [0, 1, 2])
+        reply, _ = receive_message(sock)
+    except OSError as e:
+        fall_back(module, args, f"the warm spare's connection failed ({e})", forwarder)
+    if reply is None or "pid" not in reply:
+        fall_back(module, args, (reply or {}).get("refused", "the warm spare closed the connection"), forwarder)
+    forwarder.attach(int(reply["pid"]))
+    try:
+        end, _ = receive_message(sock)
+    except OSError:
+        end = None
+    if end is None or "status" not in end:  # the spare died: its ranks die with it (PR_SET_PDEATHSIG)
+        sys.stderr.write(f"musubi: the warm spare ended before rank pid {reply['pid']}; the rank was killed\n")
+        return 1
+    status = int(end["status"])
+    if os.WIFSIGNALED(status):
+        die_by(os.WTERMSIG(status))
+    return os.waitstatus_to_exitcode(status) if not os.WIFEXITED(status) else os.WEXITSTATUS(status)
+
+
+if __name__ == "__main__":
+    code = run(sys.argv[1:])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

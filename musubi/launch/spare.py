@@ -1,0 +1,77 @@
+"""The launcher's side of the warm spare: start it beside torchrun, point torchrun at its client, stop it.
+
+A new rank used to be a new interpreter that imported torch, DCP, torch._dynamo and Musubi's rank modules:
+seconds per rank and per restart (the 2x H200 soak: entry and imports ~9 s of a ~13 s restart). Now the
+launcher starts one warm spare per node and launch (`python -m musubi.worker.spare`, named as a string: the
+launcher never imports the rank's side) that imports them once, and torchrun starts a thin client
+(contract/spare_client.py) per rank that has the spare fork the rank. The ranks are the spare's children,
+not torchrun's: stop_trees is handed the spare beside torchrun, and the spare SIGKILLs a rank whose client
+is gone. Off with `train.warm_spare: false` or MUSUBI_WARM_SPARE=0; a client that finds no ready spare
+starts its rank the plain way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from musubi.contract import spare_client
+from musubi.contract.env import MUSUBI_WARM_SPARE
+
+#: The module the spare runs (`python -m`): the rank's side, named, not imported.
+SPARE_MODULE = "musubi.worker.spare"
+#: The rank's entry (`python -m` without a spare; the spare calls its main()).
+WORKER_MODULE = "musubi.worker.worker"
+#: Seconds a rank's client waits for the spare to finish its imports before it starts the plain way. The
+#: spare starts before torchrun, which imports torch too, so a client rarely waits long; a waiting client
+#: loses nothing against importing by itself, so the wait is generous.
+READY_S = 60.0
+
+
+@dataclass
+class WarmSpare:
+    """A started spare: its process and its 0700 folder (socket, pid, refusal)."""
+
+    proc: subprocess.Popen
+    folder: Path
+
+
+def wanted(train: dict, env: dict[str, str]) -> bool:
+    """Whether this launch starts a warm spare: the job's `train.warm_spare` and no MUSUBI_WARM_SPARE=0."""
+    return bool(train.get("warm_spare", True)) and env.get(MUSUBI_WARM_SPARE, "1").strip() not in ("0", "false")
+
+
+def start_spare(job_dir: Path, env: dict[str, str], log_path: Path) -> WarmSpare:
+    """Start the spare with the ranks' environment (its imports read OMP_NUM_THREADS and the like as they
+    will); its output goes to `log_path`. It dies with this process (PR_SET_PDEATHSIG)."""
+    folder = Path(tempfile.mkdtemp(prefix="musubi-spare-"))  # 0700, short: a Unix socket path holds ~107 bytes
+    with open(log_path, "a", encoding="utf-8") as log:
+        # A session of its own: a Ctrl-C at the terminal is the launcher's to handle, not the spare's.
+        proc = subprocess.Popen([sys.executable, "-m", SPARE_MODULE, str(folder), str(job_dir), str(os.getpid())],
+                                env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+    return WarmSpare(proc, folder)
+
+
+def client_command(spare: WarmSpare, ready_s: float = READY_S, module: str = WORKER_MODULE) -> list[str]:
+    """What torchrun runs per rank instead of `-m musubi.worker.worker` (the worker's arguments follow)."""
+    return ["--no-python", sys.executable, "-I", "-S", spare_client.__file__, str(spare.folder), f"{ready_s:g}",
+            module, "--"]
+
+
+def stop_spare(spare: WarmSpare, grace_s: float = 5.0) -> None:
+    """End the spare (torchrun has ended: its ranks have too, or get SIGTERM now) and remove its folder."""
+    if spare.proc.poll() is None:
+        spare.proc.terminate()
+        try:
+            spare.proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            spare.proc.kill()  # its ranks die with it (PR_SET_PDEATHSIG)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                spare.proc.wait(timeout=5)
+    shutil.rmtree(spare.folder, ignore_errors=True)

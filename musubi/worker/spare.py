@@ -1,0 +1,359 @@
+"""A launch's warm spare: one process per node that imports what a rank imports once, then forks the ranks.
+
+`python -m musubi.worker.spare SPARE_DIR JOB_DIR LAUNCHER_PID`, started by the launcher (launch/spare.py)
+beside torchrun. It imports torch, torch.distributed and its checkpoint package, torch._dynamo, the rank's
+modules and the job's task module (no CUDA call, no parallel torch op), freezes those objects out of the
+collector's reach, checks that no thread would outlive a fork, and listens on `SPARE_DIR/spare.sock` (the
+folder is 0700, and a peer of another uid is refused by SO_PEERCRED). Each rank torchrun starts is a thin
+client (contract/spare_client.py) that sends its argv, environment and fds 0/1/2; the spare forks a child
+that becomes the rank (`musubi.worker.worker.main`; `--entry` names another module with a main(argv, started)
+and `--warm` other modules to import, for the tests), sends the client the child's pid, and its wait status when it ends.
+A rank then starts in milliseconds, and a restart by torchrun (--max-restarts) forks from the same warm
+spare: the imports are paid once per launch, not once per rank and restart.
+
+One thread does everything (a selector over the listening socket, the clients' connections and a pidfd per
+child): a fork from a process with other threads could copy a lock some thread held. A client whose
+connection closes (torchrun SIGKILLed it) has its rank SIGKILLed. The spare dies with the launcher
+(PR_SET_PDEATHSIG), and its ranks die with the spare; SIGTERM makes it stop accepting, pass SIGTERM to its
+ranks and exit once they ended. Anything it cannot do is written to SPARE_DIR/refused.txt: the clients then
+start their ranks the plain way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import gc
+import importlib
+import json
+import logging
+import os
+import selectors
+import signal
+import socket
+import struct
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import NoReturn
+
+from musubi.contract.run_files import RUN_FILES
+from musubi.contract.spare_client import PID_NAME, REFUSED_NAME, SOCKET_NAME, receive_message, send_message
+
+log = logging.getLogger("musubi.spare")
+
+#: What a rank imports before its first step, imported here once (each costs seconds in a new interpreter).
+RANK_MODULES = ("torch", "torch.distributed", "torch.distributed.checkpoint", "torch._dynamo", "musubi.worker.rank")
+#: The rank's entry: a module with `main(argv, started=...) -> int`, what a client's fall-back runs as `-m`.
+WORKER_ENTRY = "musubi.worker.worker"
+#: The built-in tasks' modules (tasks/registry.py imports them by name); a user's task is `module:function`.
+BUILTIN_TASKS = {"classification": "musubi.tasks.classification", "detection": "musubi.tasks.detection",
+                 "lm": "musubi.tasks.lm"}
+#: Seconds a connected client gets to send its request (a stalled one must not hold the spare).
+REQUEST_TIMEOUT_S = 10.0
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+#: Signals the spare sets handlers for; a rank gets the defaults back.
+STOPPING = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+def die_with_parent(parent: int) -> None:
+    """SIGKILL this process when the thread that created it ends; at once if `parent` is already gone."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    if os.getppid() != parent:  # the parent ended before the prctl: nobody would kill us later
+        os._exit(1)
+
+
+def task_module(job_dir: Path) -> str | None:
+    """The module the job's task lives in (JOB/job.json, written by the launcher), or None."""
+    try:
+        task = json.loads((job_dir / RUN_FILES.job).read_text(encoding="utf-8"))["config"]["task"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if not isinstance(task, str):
+        return None
+    return BUILTIN_TASKS.get(task, task.partition(":")[0] if ":" in task else None)
+
+
+def warm(job_dir: Path, modules: list[str]) -> list[str]:
+    """Import `modules` (those a rank imports before its first step) and the job's task module; the task modules
+    that failed (the rank imports them again and reports the error itself)."""
+    for name in modules:
+        importlib.import_module(name)
+    failed = []
+    name = task_module(job_dir)
+    if name is not None:
+        if os.getcwd() not in sys.path:  # like tasks/registry.py: user modules resolve from the working folder
+            sys.path.insert(0, os.getcwd())
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - the rank's own import names the error in one line
+            failed.append(name)
+    return failed
+
+
+def live_threads() -> int:
+    """Threads of this process a fork would leave behind: counted after a probe fork, since a library that
+    stops its pool at fork (OpenBLAS, through pthread_atfork) leaves none."""
+    if len(os.listdir("/proc/self/task")) == 1:
+        return 1
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+    return len(os.listdir("/proc/self/task"))
+
+
+def peer(conn: socket.socket) -> tuple[int, int]:
+    """(pid, uid) of the process at the other end of a Unix socket (SO_PEERCRED: pid, uid, gid)."""
+    pid, uid, _ = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+    return pid, uid
+
+
+@dataclass
+class Child:
+    """A rank the spare forked, the client connection it answers to, and its pidfd (readable once it ended)."""
+
+    pid: int
+    conn: socket.socket
+    pidfd: int
+    connected: bool = True
+
+
+@dataclass
+class Spare:
+    """The listening socket and the ranks forked so far."""
+
+    spare_dir: Path
+    listener: socket.socket
+    sel: selectors.BaseSelector
+    entry: str
+    children: dict[int, Child] = field(default_factory=dict)  # by pid
+    stop_asked: bool = False  # set by a signal handler; serve() acts on it
+    stopping: bool = False
+
+    def serve(self) -> None:
+        """Accept clients and reap ranks until asked to stop and no rank is left."""
+        while not (self.stopping and not self.children):
+            for key, _ in self.sel.select(timeout=0.5):
+                kind, payload = key.data
+                if kind == "accept" and not self.stop_asked:
+                    self.accept()
+                elif kind == "exit":
+                    self.reap(payload)
+                elif kind == "client":  # the client's end closed (or it sent what it should not): its rank goes
+                    self.client_gone(payload)
+            if self.stop_asked and not self.stopping:
+                self.stopping = True
+                self.sel.unregister(self.listener)
+                self.listener.close()
+                for c in self.children.values():
+                    _kill(c.pid, signal.SIGTERM)
+
+    def ask_stop(self, signum: int, frame: object) -> None:  # noqa: ARG002
+        """SIGTERM/SIGINT/SIGHUP: accept no more clients, pass SIGTERM to the ranks, exit once they ended."""
+        self.stop_asked = True
+
+    def accept(self) -> None:
+        """One client: check its uid, read its request, fork its rank, send it the rank's pid."""
+        conn, _ = self.listener.accept()
+        try:
+            client, uid = peer(conn)
+            if uid != os.getuid():
+                send_message(conn, {"refused": "the warm spare serves its own user only"})
+                conn.close()
+                return
+            conn.settimeout(REQUEST_TIMEOUT_S)
+            req, fds = receive_message(conn, max_fds=3)
+        except OSError:
+            conn.close()
+            return
+        if req is None or len(fds) != 3:
+            for fd in fds:
+                os.close(fd)
+            conn.close()
+            return
+        conn.settimeout(None)
+        why = None
+        if req.get("module") != self.entry:
+            why = f"the warm spare runs {self.entry}, not {req.get('module')}"
+        elif (threads := live_threads()) > 1:  # never fork beside a thread: the client starts the plain way
+            why = f"{threads} threads alive in the warm spare"
+            self.refuse(why)
+        if why is not None:
+            with contextlib.suppress(OSError):
+                send_message(conn, {"refused": why})
+            conn.close()
+            for fd in fds:
+                os.close(fd)
+            return
+        sys.stdout.flush()
+        sys.stderr.flush()
+        # A signal between the fork and the child's own handlers waits (blocked) for the defaults, not ours.
+        signal.pthread_sigmask(signal.SIG_BLOCK, STOPPING)
+        pid = os.fork()
+        if pid == 0:
+            become_rank(self.entry, req, fds, os.getppid(), self.own_fds(conn))
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPPING)
+        print(f"rank pid {pid} forked for client pid {client}", file=sys.stderr, flush=True)
+        for fd in fds:
+            os.close(fd)
+        pidfd = os.pidfd_open(pid)
+        child = Child(pid, conn, pidfd)
+        self.children[pid] = child
+        self.sel.register(pidfd, selectors.EVENT_READ, ("exit", child))
+        self.sel.register(conn, selectors.EVENT_READ, ("client", child))
+        try:
+            send_message(conn, {"pid": pid})
+        except OSError:
+            _kill(pid, signal.SIGKILL)
+
+    def own_fds(self, conn: socket.socket) -> list[int]:
+        """Every fd the spare holds (a rank closes them all): the selector, the listener, the connections."""
+        fds = [self.listener.fileno(), conn.fileno()]
+        if hasattr(self.sel, "fileno"):
+            fds.append(self.sel.fileno())
+        for c in self.children.values():
+            fds += [c.conn.fileno(), c.pidfd]
+        return [fd for fd in fds if fd >= 0]
+
+    def reap(self, child: Child) -> None:
+        """The rank ended: its wait status to its client, and the bookkeeping closed."""
+        _, status = os.waitpid(child.pid, 0)
+        self.sel.unregister(child.pidfd)
+        os.close(child.pidfd)
+        if child.connected:
+            self.sel.unregister(child.conn)
+            try:
+                send_message(child.conn, {"status": status})
+            except OSError:
+                pass  # the client is gone already: nobody to tell
+        child.conn.close()
+        del self.children[child.pid]
+
+    def client_gone(self, child: Child) -> None:
+        """The client's connection closed before its rank ended (torchrun killed it): kill the rank."""
+        self.sel.unregister(child.conn)
+        child.connected = False
+        _kill(child.pid, signal.SIGKILL)  # its pidfd then reports the end, and reap() closes the rest
+
+    def refuse(self, why: str) -> None:
+        """Tell every later client to start the plain way (they read SPARE_DIR/refused.txt)."""
+        refuse(self.spare_dir, why)
+
+
+def refuse(spare_dir: Path, why: str) -> None:
+    """Write why the spare will not serve, for the clients to read and say."""
+    tmp = spare_dir / (REFUSED_NAME + ".tmp")
+    tmp.write_text(why + "\n", encoding="utf-8")
+    os.replace(tmp, spare_dir / REFUSED_NAME)
+
+
+def _kill(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def become_rank(entry: str, req: dict, fds: list[int], spare_pid: int, spare_fds: list[int]) -> NoReturn:
+    """In the forked child: take over the client's fds, environment and state, run the rank, exit with its code."""
+    code = 1
+    try:
+        for fd in spare_fds:
+            os.close(fd)
+        os.setsid()  # like torchrun's workers: a session of its own (a Ctrl-C of the terminal is torchrun's)
+        die_with_parent(spare_pid)
+        for target, fd in enumerate(fds):
+            os.dup2(fd, target)
+            os.close(fd)
+        for sig in STOPPING:
+            signal.signal(sig, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # what a new interpreter has
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPPING)  # blocked around the fork (Spare.accept)
+        os.chdir(req["cwd"])
+        os.environ.clear()
+        os.environ.update(req["env"])
+        os.umask(int(req["umask"]))
+        os.sched_setaffinity(0, req["affinity"])  # torchrun's NUMA binding (numactl) bound the client
+        module = sys.modules[entry]
+        sys.argv = [module.__file__ or entry, *req["argv"]]
+        if "numpy" in sys.modules:  # a new interpreter would seed numpy's global generator from fresh entropy
+            sys.modules["numpy"].random.seed()
+        code = module.main(list(req["argv"]), started=float(req["started"]))
+        logging.shutdown()
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except BaseException:  # noqa: BLE001 - the rank's end is its exit code; the traceback goes to its stderr
+        traceback.print_exc()
+        code = 1
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)  # as worker.py's __main__: no interpreter teardown (gloo threads)
+
+
+def listen(spare_dir: Path) -> socket.socket:
+    """The listening socket, readable and writable by this user only."""
+    path = spare_dir / SOCKET_NAME
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old = os.umask(0o177)
+    try:
+        sock.bind(str(path) + ".tmp")
+    finally:
+        os.umask(old)
+    sock.listen(64)
+    os.replace(str(path) + ".tmp", path)  # clients see the socket only once it listens
+    return sock
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The spare's command line (the launcher's: launch/spare.py start_spare)."""
+    ap = argparse.ArgumentParser(prog="musubi-spare")
+    ap.add_argument("spare_dir", type=Path, help="its 0700 folder: the socket, its pid, a refusal")
+    ap.add_argument("job_dir", type=Path, help="the job (job.json names its task module)")
+    ap.add_argument("parent", type=int, help="the launcher's pid: the spare dies with it")
+    ap.add_argument("--entry", default=WORKER_ENTRY, help="the module whose main(argv, started) a rank runs")
+    ap.add_argument("--warm", default=",".join(RANK_MODULES), help="modules to import before serving, comma-separated")
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`SPARE_DIR JOB_DIR LAUNCHER_PID`: warm up, then serve ranks until stopped."""
+    args = parse_args(argv)
+    spare_dir, job_dir = args.spare_dir, args.job_dir
+    die_with_parent(args.parent)
+    (spare_dir / PID_NAME).write_text(f"{os.getpid()}\n", encoding="ascii")
+    gc.disable()  # the imports' objects live as long as the process: no collection need walk them (worker.py)
+    t0 = time.monotonic()
+    try:
+        failed = warm(job_dir, [m for m in args.warm.split(",") if m] + [args.entry])
+    except Exception as e:  # noqa: BLE001 - any failure: the clients start their ranks the plain way
+        refuse(spare_dir, f"the warm spare's imports failed: {type(e).__name__}: {e}")
+        return 1
+    gc.collect()
+    gc.freeze()
+    gc.enable()
+    threads = live_threads()
+    if threads > 1:
+        refuse(spare_dir, f"{threads} threads alive in the warm spare after its imports")
+        return 1
+    sel = selectors.DefaultSelector()
+    spare = Spare(spare_dir, listen(spare_dir), sel, args.entry)
+    sel.register(spare.listener, selectors.EVENT_READ, ("accept", None))
+    for sig in STOPPING:
+        signal.signal(sig, spare.ask_stop)
+    print(f"warm spare ready in {time.monotonic() - t0:.2f} s (pid {os.getpid()})"
+          + (f"; task module(s) {', '.join(failed)} not imported" if failed else ""), file=sys.stderr, flush=True)
+    spare.serve()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
