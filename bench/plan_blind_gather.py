@@ -237,6 +237,28 @@ def blind_rows() -> list[dict[str, object]]:
         assumed="global batch 512 and micro-batch 8 from pretrain/tinyllama.py at the same commit (num_of_devices 8); FSDP full "
                 "shard (Lightning FSDPStrategy default, activation_checkpointing_policy None); FlashAttention-2 and fused "
                 "LayerNorm/SwiGLU/cross-entropy/rotary kernels; the README's 8-GPU single node", gather="node")
+    # IBM fms-fsdp: PyTorch FSDP + torch.compile, Llama 2 shapes, batch 2 per GPU, seq 4096 (7B and 34B left out)
+    fms = ("https://github.com/foundation-model-stack/fms-fsdp/blob/ed74fd5ddec00e309eac20f478de883464c86526/"
+           "README.md")
+    for size, layers, hidden, heads, kv, ffn, a100, h100 in ((13, 40, 5120, 40, 40, 13824, 2150, 4850),
+                                                            (70, 80, 8192, 64, 8, 28672, 410, 890)):
+        for gpu, n, tps, net in (("A100-80GB", 128, a100, "A100 80G 128 GPUs with 400Gbps"),
+                                 ("H100-SXM", 96, h100, "H100 96 GPUs with 800 Gbps")):
+            add(name=f"fms-fsdp-llama2-{size}b-{gpu.split('-')[0].lower()}-{n}g", regime="fsdp",
+                source="IBM2024-fms-fsdp-README", url=fms,
+                table=f"'Training throughput benchmarks' row {size}b (FSDP, compile Y, Selective AC, batch 2), column '{net}'",
+                gpu=gpu, n_gpus=n, arch="llama", layers=layers, hidden=hidden, heads=heads, kv_heads=kv, ffn=ffn,
+                seq=4096, vocab=32000, global_batch_seqs=2 * n, micro_batch=2, tp=1, pp=1, cp=1, dp=n, vpp="",
+                zero_stage=3, recompute="selective", sequence_parallel="no", attention="flash", overlap="",
+                measured_tokens_per_s_per_gpu=tps, flops_convention="",
+                published_layout=f"dp={n},zero=3,micro=2", known_off="",
+                assumed="Llama 2 shapes from fms_fsdp/utils/config_utils.py at this commit (vocab 32,000 the LLaMAConfig "
+                        "default); seq 4096 and batch 2 per GPU (config/training.py defaults; no accumulation assumed); "
+                        "fms-fsdp's 'Selective AC' checkpoints a fraction of the blocks (fraction not printed), so "
+                        "recompute is left out of the published layout; torch.compile on; SDPA flash attention; the "
+                        "network is 400 Gb/s (A100) or 800 Gb/s (H100), read as per node, far below the catalog's "
+                        "per-GPU InfiniBand", gather="node")
+
     return rows
 
 
