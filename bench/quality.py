@@ -33,19 +33,30 @@ else pycocotools: the same backend on both sides). Musubi runs as a user would r
 checkpoints and TensorBoard (time, not quality) and CPU pinning (several runs share the machine at once).
 
 Runs are independent, so they share the machine: up to K processes a GPU (a 2-GPU run takes a slot on each),
-K the smallest that the --budget-s plan fits (from an estimate of each run's time: the recipes' step,
-start-up and validation figures, each with its source below, or the times measured by an earlier result
-file, --calibrate; `--dry-run --gpus N` prints the plan). What the plan cannot fit is refused before
-anything starts; what the budget cuts is killed and reported as cut, not judged.
+K the smallest that the --budget-s plan fits (bench/quality_plan.py: each run's start-up, steps and
+validations from the recipes' figures, or as measured by an earlier call, --calibrate; `--dry-run --gpus N`
+prints the plan). What the plan cannot fit is refused before anything starts; what the budget cuts is killed
+and reported as cut, not judged.
+
+A device call lasts at most 10 minutes, the bench's runs may not: `--runs NAME,...` runs a part of the plan,
+`--finish A.json` runs what an earlier call left unfinished (its models, seeds, rank counts and recipes) and
+writes the merged report beside its own, and `bench/quality.py merge A.json B.json` merges result files of
+the same recipes, data and card kind into one report with the verdicts over all their seeds
+(bench/quality_merge.py).
 
 On a lent 2-GPU machine (no network; the device call carries `.whl`: pydantic 2.14.4, pydantic-core
 2.50.5, annotated-types 0.8.0, typing-inspection 0.4.5, faster-coco-eval 1.8.0 as cp312 manylinux wheels,
 see docs/gpu-tier.md; scikit-learn, transformers, scipy and matplotlib are in its image), in one call of
-~8.3 minutes (at most ~9.4: the budget, 540 s, stops what is left):
+~8.8 minutes planned (at most ~9.4: the budget, 540 s, stops what is left):
 
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
         .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD || exit; PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 \
         python3 bench/quality.py --device cuda --nprocs 1,2 --seeds 0,1,2 --work /tmp/quality --out-dir $OUT
+
+and a call that finishes a cut one (the same prefix), then the merged report:
+
+    python3 bench/quality.py --device cuda --finish bench/results/A.json --calibrate bench/results/A.json \
+        --budget-s 540 --work /tmp/quality --out-dir $OUT
 
 CPU rehearsal (here; tiny: proves the plumbing, not quality):
 
@@ -53,8 +64,9 @@ CPU rehearsal (here; tiny: proves the plumbing, not quality):
 
 Writes quality-DATE-CARD-COMMIT.json (every run's record, the rows, the verdicts), .md (a table and a
 verdict per model, for BENCHMARKS.md) and .png (training loss and validation metric against samples seen,
-side by side, and every seed's final metric) to --out-dir (default bench/results) and, where $OUT is set,
-copies them there with the runs' logs (-logs.tgz).
+side by side, and every seed's final metric) to --out-dir (default bench/results; -2, -3 added rather than
+overwrite a file of the same day and commit) and, where $OUT is set, copies them there with the runs' logs
+(-logs.tgz); with --finish also quality-DATE-CARD-COMMIT+COMMIT-merged.{json,md,png}.
 """
 
 from __future__ import annotations
@@ -69,7 +81,7 @@ import subprocess
 import sys
 import tarfile
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -78,248 +90,28 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench import quality_data, quality_report  # noqa: E402
+from bench import quality_data, quality_merge, quality_report  # noqa: E402
+from bench.quality_plan import (  # noqa: E402
+    BUDGET_S,
+    MAX_PER_DEVICE,
+    REPORT_S,
+    SETUP_S,
+    Run,
+    choose_per_device,
+    estimate_s,
+    evaluations,
+    first_fit,
+    fixed_s,
+    order_runs,
+    plan_runs,
+    read_calibration,
+    replan,
+    simulate,
+    steps_of,
+    worst_error,
+)
+from bench.quality_recipes import DATA_SCALES, DEFAULT_MODELS, RECIPES, Recipe, trained_as  # noqa: E402
 from musubi.config.job import TrainSpec  # noqa: E402
-
-
-@dataclass(frozen=True)
-class Recipe:
-    """One model's training, identical on both sides; the cost figures only plan the time."""
-
-    key: str
-    label: str
-    task: str
-    model: str
-    model_args: dict[str, Any]
-    image_size: int
-    epochs: int
-    global_batch: int
-    optimizer: str
-    lr: float
-    weight_decay: float
-    warmup_steps: int
-    metric: str
-    floor: float  # the plain loop's mean must reach this for the comparison to mean anything
-    momentum: float = 0.9
-    grad_clip: float | None = None
-    log_every: int = 10
-    eval_every: int | None = None  # epochs between validations (None: at the end only); both sides alike
-    #: Planning only, seconds on one H100/H200 with the GPU to itself (BENCHMARKS.md figures, see COSTS):
-    #: a training step at the global batch on one GPU; the share of it that scales with a rank's images
-    #: (the rest is per-step launch and host work, the same at any rank count); the start (process, imports,
-    #: data sets, model; Musubi's launcher, torchrun and first step) and exit; one validation.
-    gpu_step_s: float = 0.1
-    gpu_image_share: float = 0.5
-    gpu_fixed_s: dict[str, float] = field(default_factory=lambda: {"plain": 15.0, "musubi": 30.0})
-    gpu_eval_s: float = 3.0
-    #: Per step on one CPU rank of this 2-core machine at the rehearsal's sizes (its rehearsal of these recipes, load
-    #: 12-15: resnet18 1.7 s, Faster R-CNN 38 s, RT-DETR 54 s at 16 images); the start-up there is ~25 s (plain) and
-    #: ~55 s (Musubi) with the validation.
-    cpu_step_s: float = 1.0
-
-
-#: The cost figures (planning only) are fitted to the 27 runs of these recipes at 4 epochs on 2x H200, 4 runs a
-#: GPU (bench/results/quality-2026-11-28-2xH200-2c8e561-wip.json): with SHARE_SLOWDOWN and start-up off the
-#: GPU, the simulated run times match the measured ones within 7 s (root mean square) and the makespan within
-#: 3 % (381 s simulated, ~375 s measured). They are the first estimates (session 19's logs, the model zoo's and
-#: bench/recipes.py's runs) x 0.75 for steps and validations and x 0.9 for start-up.
-RECIPES: dict[str, Recipe] = {r.key: r for r in (
-    # 1438 train digits / 64 = 22 steps an epoch x 15 = 330 steps; measured (2c8e561-wip, 4 a GPU): a run 18-21 s
-    # (plain), 34-43 s (Musubi 1 GPU), 38-40 s (2 GPUs); 330 steps launch-bound (no gain from half a batch a rank).
-    Recipe("classifier", "resnet18 classifier, digits 32 px", "classification", "resnet18", {}, 32, epochs=15,
-           global_batch=64, optimizer="sgd", lr=0.1, weight_decay=5e-4, warmup_steps=20, metric="top1",
-           floor=0.9, eval_every=3, gpu_step_s=0.015, gpu_image_share=0.0,
-           gpu_fixed_s={"plain": 11.0, "musubi": 31.5}, gpu_eval_s=0.6, cpu_step_s=1.7),
-    # 800 scenes / 16 = 50 steps an epoch. torchvision's MobileNetV3-Large 320 FPN builder at its own input
-    # size, 320 px: the 256 px scenes are upscaled by the model's transform (both sides), so the digits meet its
-    # anchors (32-512 px) and its stride-16 map is 20 x 20 (at 160 px on 160 px scenes, session 19, 300 steps of
-    # 32, its mAP50 spread over 0.13-0.46 by seed). The zoo's RPN sampling sizes, twice its proposals and RoIs
-    # for 8-16 digits an image; AdamW, clipping at 10. At 4 epochs (2c8e561-wip) mAP50 was still rising by 0.1-0.2
-    # an epoch at the end and spread over 0.35-0.72 by seed: 6 here. Measured at 4 epochs, 4 a GPU: a run
-    # 82-93 s (plain), 96-124 s (Musubi 1 GPU), 74-101 s (2 GPUs); ~75 % of a step is per image (session 19:
-    # 0.50-0.63 s a step of 32, 0.31-0.34 of 16).
-    Recipe("cnn_detector", "Faster R-CNN MobileNetV3-320 FPN at 320 px, digit scenes 256 px", "detection",
-           "fasterrcnn_mobilenet_v3_large_320_fpn",
-           {"min_size": 320, "max_size": 320, "rpn_pre_nms_top_n_train": 600, "rpn_post_nms_top_n_train": 200,
-            "rpn_pre_nms_top_n_test": 300, "rpn_post_nms_top_n_test": 200, "rpn_batch_size_per_image": 128,
-            "box_batch_size_per_image": 128},
-           256, epochs=6, global_batch=16, optimizer="adamw", lr=1.5e-3, weight_decay=1e-4, warmup_steps=30,
-           metric="map50", floor=0.3, grad_clip=10.0, eval_every=2, gpu_step_s=0.195, gpu_image_share=0.75,
-           gpu_fixed_s={"plain": 12.6, "musubi": 36.0}, gpu_eval_s=1.9, cpu_step_s=38.0),
-    # 800 scenes / 16 = 50 steps an epoch. transformers' RT-DETR with ResNet-18 (Musubi's `rtdetr_r18`
-    # preset; the plain loop builds the same config from transformers), 100 queries, at the scenes' 256 px.
-    # The zoo's recipe (AdamW 4e-4 at 16, clipping at 0.1 as DETR recipes do): mAP50 0.73 after 300 steps
-    # of 16 there. At 4 epochs (2c8e561-wip) mAP50 was ~0 at 100 steps, 0.26-0.77 at 150, 0.39-0.82 at 200: 6 here.
-    # Measured at 4 epochs, 4 a GPU: a run 88-100 s (plain), 106-130 s (Musubi 1 GPU), 94-119 s (2 GPUs); half of
-    # a step per image (matching, denoising groups) assumed.
-    Recipe("detr", "RT-DETR r18 (transformers), digit scenes 256 px", "detection", "rtdetr_r18",
-           {"num_queries": 100}, 256, epochs=6, global_batch=16, optimizer="adamw", lr=4e-4, weight_decay=1e-4,
-           warmup_steps=30, metric="map50", floor=0.3, grad_clip=0.1, eval_every=2, gpu_step_s=0.225,
-           gpu_image_share=0.5, gpu_fixed_s={"plain": 14.4, "musubi": 36.0}, gpu_eval_s=2.25, cpu_step_s=54.0),
-    # Not in the default run: the other DETR family Musubi ships, transformers' D-FINE-N (HGNetV2-B0, 4 M
-    # parameters), the same recipe (the zoo's D-FINE-N, AdamW 4e-4 at 16, reached mAP50 0.91 after 300 steps of
-    # 16 at 160 px on thermal frames, session 5). Costs: unmeasured here; the zoo's D-FINE-N stepped 0.24 s alone
-    # against RT-DETR's ~0.25 at 160 px, so RT-DETR's figures, a step 7 % shorter.
-    Recipe("dfine", "D-FINE-N (transformers), digit scenes 256 px", "detection", "dfine_n",
-           {"num_queries": 100}, 256, epochs=6, global_batch=16, optimizer="adamw", lr=4e-4, weight_decay=1e-4,
-           warmup_steps=30, metric="map50", floor=0.3, grad_clip=0.1, eval_every=2, gpu_step_s=0.21,
-           gpu_image_share=0.5, gpu_fixed_s={"plain": 14.4, "musubi": 36.0}, gpu_eval_s=2.25, cpu_step_s=40.0),
-)}
-
-#: The models of a run without --models: a classifier, a CNN detector, a DETR-family detector (issue 43).
-DEFAULT_MODELS = ("classifier", "cnn_detector", "detr")
-#: Data-set sizes: `full` for the comparison, `smoke` for a CPU rehearsal of the plumbing.
-DATA_SCALES = {"full": quality_data.DataParams(),
-               "smoke": quality_data.DataParams(train_scenes=64, val_scenes=16)}
-#: Slow-down of a run for each other process past its start-up on its GPU (planning only; --calibrate
-#: replaces the estimates with measured times). These models are launch-bound (one rank of the zoo's small
-#: detectors kept an H200 15-25 % busy, session 5), so a few share a GPU, not for free: with the recipes' figures
-#: above, this rule reproduces the 2c8e561-wip run (4 a GPU) and session 19's seed-2 start times (197-207 s
-#: measured, 201-214 s simulated with that session's recipes).
-SHARE_SLOWDOWN = 0.25
-#: Seconds before the first run starts (writing both data sets: 7 s on this 2-core machine) and after the
-#: last ends (the report, the plot, the logs' archive), in the budget's plan.
-SETUP_S, REPORT_S = 10.0, 10.0
-#: Default --budget-s on GPUs: the data and every run. The default plan on 2 GPUs is estimated at 476 s of it
-#: (the command ~8.3 minutes with the install before and the report after); the rest is room for the
-#: estimate's error, past which the last runs are cut (reported, not judged).
-BUDGET_S = 540.0
-#: Runs a GPU at once that the SHARE_SLOWDOWN rule was checked at (session 19); more is extrapolation.
-MAX_PER_DEVICE = 4
-
-
-# -- the runs and their plan --------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Run:
-    """One training: a model, a side (plain | musubi), its ranks, a seed."""
-
-    model: str
-    side: str
-    nproc: int
-    seed: int
-
-    @property
-    def name(self) -> str:
-        """The run's folder and label, e.g. detr-musubi4-s1."""
-        return f"{self.model}-{self.side}{self.nproc if self.side == 'musubi' else ''}-s{self.seed}"
-
-
-def plan_runs(models: list[str], seeds: list[int], nprocs: list[int]) -> list[Run]:
-    """Every run: per model and seed, the plain loop and Musubi at each rank count."""
-    return [Run(m, side, n, s) for m in models for s in seeds
-            for side, n in [("plain", 1)] + [("musubi", n) for n in nprocs]]
-
-
-def steps_of(recipe: Recipe, params: quality_data.DataParams, max_steps: int | None) -> int:
-    """Optimizer steps of a run (the same on both sides: same global batch, last partial batch dropped)."""
-    n = (params.train_scenes if recipe.task == "detection"
-         else round(quality_data.DIGITS * (1 - params.val_fraction)))
-    total = n // recipe.global_batch * recipe.epochs
-    return min(total, max_steps) if max_steps else total
-
-
-def evaluations(recipe: Recipe, steps: int, params: quality_data.DataParams) -> int:
-    """Validations of a run: every `eval_every` epochs and at its end (Musubi's rule, the plain loop's too)."""
-    per_epoch = max(1, (params.train_scenes if recipe.task == "detection"
-                        else round(quality_data.DIGITS * (1 - params.val_fraction))) // recipe.global_batch)
-    epochs = -(-steps // per_epoch)
-    every = recipe.eval_every or recipe.epochs
-    return epochs // every + (epochs % every != 0)
-
-
-def step_s(recipe: Recipe, nproc: int) -> float:
-    """Seconds of a step with the GPU to itself when the global batch is split over `nproc` ranks."""
-    return recipe.gpu_step_s * (1 - recipe.gpu_image_share + recipe.gpu_image_share / nproc)
-
-
-def estimate_s(run: Run, recipe: Recipe, steps: int, device: str, calibration: dict[str, float],
-               params: quality_data.DataParams = DATA_SCALES["full"]) -> float:
-    """Seconds the run takes with its GPU (or the CPU) to itself: measured earlier where known, else the
-    recipe's figures."""
-    key = f"{run.model}/{run.side}/{run.nproc}"
-    if key in calibration:
-        return calibration[key]
-    if device == "cpu":
-        return (25.0 if run.side == "plain" else 55.0) + steps * recipe.cpu_step_s
-    return (recipe.gpu_fixed_s[run.side] + steps * step_s(recipe, run.nproc)
-            + evaluations(recipe, steps, params) * recipe.gpu_eval_s)
-
-
-def first_fit(queue: list[Run], load: list[int], per_device: int, devices: int) -> Run | None:
-    """The first queued run of the earliest seed not fully started that has a free slot on enough devices.
-    Later seeds wait: backfilling them would starve a 4-GPU run (it needs a slot on every GPU at once) and
-    leave a budget cut with whole seeds of one side missing."""
-    free = sum(c < per_device for c in load)
-    return next((r for r in queue if r.seed == queue[0].seed and free >= min(r.nproc, devices)), None)
-
-
-def fixed_s(run: Run, recipe: Recipe, device: str, est: float) -> float:
-    """The part of a run's estimate that does not share its GPU: start-up (imports, launcher, data, model) and
-    exit, CPU work (see RECIPES for the runs this split was checked against)."""
-    return min(est, 20.0 if device == "cpu" else recipe.gpu_fixed_s[run.side])
-
-
-def simulate(runs: list[Run], est: dict[Run, float], devices: int, per_device: int,
-             fixed: dict[Run, float] | None = None) -> tuple[float, list[Run]]:
-    """Makespan of list scheduling: runs in the given order, each started as soon as it has a free slot on
-    `nproc` devices (the least loaded; on the CPU, the one device). A run first spends `fixed` seconds of
-    its estimate starting (its slot taken, its GPU not), then the rest on the GPU, at 1 / (1 + SHARE_SLOWDOWN
-    x (k - 1)) of its own speed while k runs past their start share its busiest device, k changing as runs
-    start and end (processor sharing). Also the order runs would start in."""
-    fixed = fixed or {}
-    slots, busy = [0] * devices, [0] * devices
-    running: dict[Run, list] = {}  # run -> [devices, start-up seconds left, GPU seconds left]
-    now, started, queue = 0.0, [], list(runs)
-    while queue or running:
-        while (fit := first_fit(queue, slots, per_device, devices)) is not None:
-            devs = sorted(range(devices), key=lambda d: slots[d])[: min(fit.nproc, devices)]
-            for d in devs:
-                slots[d] += 1
-            start = min(fixed.get(fit, 0.0), est[fit])
-            running[fit] = [devs, start, est[fit] - start]
-            if not start:
-                for d in devs:
-                    busy[d] += 1
-            queue.remove(fit)
-            started.append(fit)
-        rate = {r: 1.0 if st > 0 else 1.0 / (1.0 + SHARE_SLOWDOWN * (max(busy[d] for d in devs) - 1))
-                for r, (devs, st, _) in running.items()}
-        dt = min((st if st > 0 else left / rate[r]) for r, (_, st, left) in running.items())
-        now += dt
-        for r, item in list(running.items()):
-            devs, st, left = item
-            if st > 0:
-                item[1] = st - dt
-                if item[1] <= 1e-9:
-                    item[1] = 0.0
-                    for d in devs:
-                        busy[d] += 1
-            else:
-                item[2] = left - dt * rate[r]
-            if item[1] == 0.0 and item[2] <= 1e-9:
-                del running[r]
-                for d in devs:
-                    slots[d] -= 1
-                    busy[d] -= 1
-    return now, started
-
-
-def choose_per_device(runs: list[Run], est: dict[Run, float], devices: int, budget_s: float, max_per: int,
-                      fixed: dict[Run, float] | None = None) -> tuple[int | None, dict[int, float]]:
-    """The fewest processes a device whose simulated makespan fits the budget (None: none does), and the
-    makespan of each tried."""
-    tried = {}
-    for k in range(1, max_per + 1):
-        tried[k] = simulate(runs, est, devices, k, fixed)[0]
-        if tried[k] <= budget_s:
-            return k, tried
-    return None, tried
-
-
-def order_runs(runs: list[Run], est: dict[Run, float]) -> list[Run]:
-    """Seed by seed (a budget cut then costs the last seed's runs, not one side's), and within a seed the
-    widest first (they need every device at once), then the longest."""
-    return sorted(runs, key=lambda r: (r.seed, -r.nproc, -est[r]))
 
 
 # -- one run: its command ------------------------------------------------------------------------------
@@ -394,7 +186,8 @@ def read_plain(path: Path) -> dict[str, Any]:
     """The plain loop's record: final metrics, loss log, LR, steps."""
     rec = json.loads(path.read_text())
     return {"final": rec["final"], "log": rec["log"], "evals": rec.get("evals", []), "steps": rec["steps"],
-            "lr": rec["lr"], "global_batch": rec["global_batch"], "train_s": rec["train_s"]}
+            "lr": rec["lr"], "global_batch": rec["global_batch"], "train_s": rec["train_s"],
+            "eval_s": rec.get("eval_s")}
 
 
 def read_musubi(job_dir: Path) -> dict[str, Any]:
@@ -407,18 +200,6 @@ def read_musubi(job_dir: Path) -> dict[str, Any]:
     final = {k: v for k, v in evals[-1].items() if k != "step"} if evals else {}
     return {"final": final, "log": log, "evals": evals, "steps": summary.get("steps"), "lr": summary.get("lr"),
             "global_batch": summary.get("global_batch"), "train_s": summary.get("train_s")}
-
-
-def lr_check(rec: dict[str, Any], recipe: Recipe, plain_log: list[dict[str, Any]] | None) -> dict[str, Any]:
-    """Whether a run used the recipe's LR, global batch and step count, and its logged LR curve the plain
-    loop's (max relative difference over the steps both logged)."""
-    out = {"lr_as_written": rec.get("lr") is not None and abs(rec["lr"] - recipe.lr) <= 1e-12 * recipe.lr,
-           "global_batch_equal": rec.get("global_batch") == recipe.global_batch}
-    if plain_log:
-        ref = {p["step"]: p["lr"] for p in plain_log}
-        diffs = [abs(p["lr"] - ref[p["step"]]) / recipe.lr for p in rec.get("log", []) if p["step"] in ref]
-        out["lr_curve_max_rel_diff"] = max(diffs) if diffs else None
-    return out
 
 
 # -- running them ---------------------------------------------------------------------------------------
@@ -539,7 +320,8 @@ def finish(item: Launched, args: argparse.Namespace, work: Path, status: str) ->
     item.log.close()
     run, folder = item.run, work / "runs" / item.run.name
     rec: dict[str, Any] = {"status": status, "wall_s": round(time.monotonic() - item.start, 1),
-                           "sharing": item.sharing, "devices": item.devices}
+                           "start_s": round(item.start - args.t0, 1), "sharing": item.sharing,
+                           "devices": item.devices}
     try:
         got = read_plain(folder / "plain.json") if run.side == "plain" else read_musubi(folder / "run" / run.name)
     except (OSError, ValueError, KeyError) as e:
@@ -571,27 +353,19 @@ def device_count(device: str) -> int:
     return torch.cuda.device_count()
 
 
-def read_calibration(path: Path | None) -> dict[str, float]:
-    """model/side/nproc -> the mean wall time of those runs in an earlier result file, corrected to a GPU
-    to itself by the sharing each ran under."""
-    if path is None:
-        return {}
-    times: dict[str, list[float]] = {}
-    for r in json.loads(path.read_text())["records"]:
-        if r["status"] == "ok":
-            times.setdefault(f"{r['model']}/{r['side']}/{r['nproc']}", []).append(
-                r["wall_s"] / (1 + SHARE_SLOWDOWN * r.get("sharing", 0)))
-    return {k: sum(v) / len(v) for k, v in times.items()}
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog="`bench/quality.py merge A.json B.json` "
+                                 "merges result files into one report (bench/quality_merge.py)")
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     ap.add_argument("--nprocs", default=None, help="Musubi's rank counts besides the plain loop (default 1,4 on "
                     "cuda, 1,2 on cpu)")
-    ap.add_argument("--seeds", default="0,1,2")
-    ap.add_argument("--models", default=",".join(DEFAULT_MODELS), help=f"from {', '.join(RECIPES)} (default "
-                    f"{','.join(DEFAULT_MODELS)})")
+    ap.add_argument("--seeds", default=None, help="seeds (default 0,1,2)")
+    ap.add_argument("--models", default=None, help=f"from {', '.join(RECIPES)} (default {','.join(DEFAULT_MODELS)})")
+    ap.add_argument("--runs", default=None, help="NAME,...: only these runs of the plan (names as in the report, "
+                    "e.g. detr-musubi2-s1,detr-plain-s2)")
+    ap.add_argument("--finish", default=None, help="A.json[,B.json]: run what these earlier calls left (every run of "
+                    "their models, seeds and rank counts not finished in them, trained as their recipes say), then "
+                    "write this call's report and the merged one")
     ap.add_argument("--budget-s", type=float, default=None, help=f"wall time for all the runs (default {BUDGET_S:.0f} on "
                     "cuda, 7200 on cpu); a plan that does not fit is refused, the runs still going at its end are "
                     "stopped")
@@ -603,22 +377,27 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     "fit the budget)")
     ap.add_argument("--max-steps", type=int, default=None, help="cap every run's steps (rehearsals); the "
                     "cosine ends there on both sides")
-    ap.add_argument("--data-scale", choices=sorted(DATA_SCALES), default="full")
+    ap.add_argument("--data-scale", choices=sorted(DATA_SCALES), default=None, help="full (default) or smoke")
     ap.add_argument("--workers", type=int, default=2, help="data-loader workers a rank, both sides")
     ap.add_argument("--work", type=Path, default=None, help="data and run folders (default a temporary folder)")
     ap.add_argument("--out-dir", type=Path, default=REPO / "bench" / "results")
-    ap.add_argument("--calibrate", type=Path, default=None, help="an earlier result JSON: plan with its times")
+    ap.add_argument("--calibrate", type=Path, default=None, help="an earlier call's result JSON: plan with the "
+                    "start-up, step and validation times it measured")
     ap.add_argument("--epochs", default="", help="MODEL=N,...: train those models N epochs instead of their "
                     "recipe's (e.g. a second call for the detectors alone: cnn_detector=6,detr=6)")
     ap.add_argument("--dry-run", action="store_true", help="print the plan and stop")
     a = ap.parse_args(argv)
+    a.recipes = dict(RECIPES)  # this run's recipes: RECIPES with --epochs applied (or the finished calls')
+    a.earlier = []
+    if a.finish:
+        finish_from(a, ap)
     a.nprocs = [int(n) for n in (a.nprocs or ("1,4" if a.device == "cuda" else "1,2")).split(",")]
-    a.seeds = [int(s) for s in a.seeds.split(",")]
-    a.models = [m for m in a.models.split(",") if m]
+    a.seeds = [int(s) for s in (a.seeds or "0,1,2").split(",")]
+    a.models = [m for m in (a.models or ",".join(DEFAULT_MODELS)).split(",") if m]
+    a.data_scale = a.data_scale or "full"
     unknown = sorted(set(a.models) - set(RECIPES))
     if unknown:
         ap.error(f"--models: unknown {', '.join(unknown)}; choose from {', '.join(RECIPES)}")
-    a.recipes = dict(RECIPES)  # this run's recipes: RECIPES with --epochs applied
     for item in filter(None, a.epochs.split(",")):
         key, _, n = item.partition("=")
         if key not in RECIPES or not n.isdigit() or int(n) < 1:
@@ -629,27 +408,83 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return a
 
 
+def finish_from(a: argparse.Namespace, ap: argparse.ArgumentParser) -> None:
+    """--finish: the earlier calls' files (refused unless they merge), and this call's settings from them."""
+    given = [flag for flag, value in (("--models", a.models), ("--seeds", a.seeds), ("--nprocs", a.nprocs),
+                                      ("--epochs", a.epochs), ("--max-steps", a.max_steps),
+                                      ("--data-scale", a.data_scale)) if value]
+    if given:
+        ap.error(f"--finish takes {', '.join(given)} from the earlier calls' files; leave {given[0]} out "
+                 "(--runs picks a part of what is left)")
+    try:
+        a.earlier = [(p, quality_merge.load(Path(p))) for p in a.finish.split(",") if p]
+        quality_merge.check(a.earlier)
+        a.recipes.update(trained_as({k: v for _, r in a.earlier for k, v in r["recipes"].items()}))
+    except (quality_merge.MergeRefused, ValueError) as e:
+        ap.error(f"--finish: {e}")
+    first = a.earlier[0][1]
+    if first["device"] != a.device:
+        ap.error(f"--finish: the earlier calls ran on {first['device']}; pass --device {first['device']}")
+    scale = [k for k, v in DATA_SCALES.items() if asdict(v) == first["data"].get("params")]
+    if not scale:
+        ap.error("--finish: the earlier calls' data are neither --data-scale full nor smoke; rerun them")
+    a.models = ",".join(dict.fromkeys(m for _, r in a.earlier for m in r["recipes"]))
+    a.seeds = ",".join(str(s) for s in sorted({s for _, r in a.earlier for s in r["seeds"]}))
+    a.nprocs = ",".join(str(n) for n in sorted({n for _, r in a.earlier for n in r["nprocs"]}))
+    a.max_steps, a.data_scale = first.get("max_steps"), scale[0]
+
+
+def chosen_runs(a: argparse.Namespace) -> list[Run]:
+    """The runs of this call: the plan of --models, --seeds, --nprocs, less what --finish's files finished,
+    restricted to --runs."""
+    runs = plan_runs(a.models, a.seeds, a.nprocs)
+    done = {r["name"] for _, result in a.earlier for r in result["records"] if r["status"] == "ok"}
+    runs = [r for r in runs if r.name not in done]
+    if a.runs:
+        wanted = [n for n in a.runs.split(",") if n]
+        unknown = sorted(set(wanted) - {r.name for r in plan_runs(a.models, a.seeds, a.nprocs)})
+        if unknown:
+            raise SystemExit(f"--runs: {', '.join(unknown)} not in the plan of --models/--seeds/--nprocs "
+                             f"(names look like {runs[0].name if runs else 'detr-musubi2-s1'}); fix the names")
+        finished = sorted(set(wanted) & done)
+        if finished:
+            raise SystemExit(f"--runs: {', '.join(finished)} already finished in --finish's files; leave them out")
+        runs = [r for r in runs if r.name in wanted]
+    if not runs:
+        raise SystemExit("nothing to run: every run of the plan finished in --finish's files (merge them: "
+                         "bench/quality.py merge A.json B.json)")
+    return runs
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["merge"]:
+        return quality_merge.main(argv[1:])
     a = parse_args(argv)
-    t0 = time.monotonic()
+    t0 = a.t0 = time.monotonic()
     params = DATA_SCALES[a.data_scale]
     visible = device_count(a.device)
     devices = a.gpus if a.device == "cuda" and a.gpus else visible
     if a.device == "cuda" and devices > visible and not a.dry_run:
         raise SystemExit(f"--gpus {devices}: only {visible} GPUs visible")
-    if a.device == "cuda" and max(a.nprocs) > devices:
-        raise SystemExit(f"--nprocs {max(a.nprocs)} needs {max(a.nprocs)} GPUs; {devices} visible")
-    for m in a.models:
-        r = a.recipes[m]
-        for n in a.nprocs:
-            if r.global_batch % n:
-                raise SystemExit(f"{m}: global batch {r.global_batch} does not split over {n} ranks; change --nprocs")
-    runs = plan_runs(a.models, a.seeds, a.nprocs)
-    calibration = read_calibration(a.calibrate)
+    runs = chosen_runs(a)
+    if a.device == "cuda" and max(r.nproc for r in runs) > devices:
+        raise SystemExit(f"--nprocs {max(r.nproc for r in runs)} needs {max(r.nproc for r in runs)} GPUs; "
+                         f"{devices} visible")
+    for r in runs:
+        if a.recipes[r.model].global_batch % r.nproc:
+            raise SystemExit(f"{r.model}: global batch {a.recipes[r.model].global_batch} does not split over "
+                             f"{r.nproc} ranks; change --nprocs")
+    try:
+        calibration = read_calibration(a.calibrate)
+    except (OSError, ValueError, KeyError) as e:
+        raise SystemExit(f"--calibrate {a.calibrate}: {type(e).__name__}: {e}; pass one call's result JSON") from e
+    if a.calibrate:
+        print(calibration_text(a.calibrate, calibration), flush=True)
     est = {r: estimate_s(r, a.recipes[r.model], steps_of(a.recipes[r.model], params, a.max_steps), a.device,
                          calibration, params) for r in runs}
     runs = order_runs(runs, est)
-    fixed = {r: fixed_s(r, a.recipes[r.model], a.device, est[r]) for r in runs}
+    fixed = {r: fixed_s(r, a.recipes[r.model], a.device, est[r], calibration) for r in runs}
     runs_budget = a.budget_s - SETUP_S  # the data are written inside the budget
     if a.device == "cpu":
         per, tried = 1, {1: simulate(runs, est, 1, 1, fixed)[0]}
@@ -663,7 +498,7 @@ def main(argv: list[str] | None = None) -> int:
     print(plan_text(a, runs, est, params, devices, tried), flush=True)
     if not fits:
         raise SystemExit(f"the plan does not fit --budget-s {a.budget_s:.0f} (estimate {SETUP_S + min(tried.values()):.0f}"
-                         " s at best with the data): fewer --seeds or --models, or a larger budget")
+                         " s at best with the data): fewer --seeds, --models or --runs, or a larger budget")
     print(f"running {per} a device at once: about {SETUP_S + tried[per] + REPORT_S:.0f} s for the whole command",
           flush=True)
     if a.dry_run:
@@ -678,18 +513,30 @@ def main(argv: list[str] | None = None) -> int:
     return report(a, runs, outcome, record, per, tried, time.monotonic() - t0, work, est)
 
 
+def calibration_text(path: Path, calibration: dict[str, Any]) -> str:
+    """What --calibrate read, and how well this plan replays that call with it (its worst finished run)."""
+    result = json.loads(path.read_text())
+    name, err = worst_error(result, replan(result, trained_as(result["recipes"]), calibration))
+    return (f"calibration: {len(calibration)} configurations from {path.name}; replayed with them, the plan puts "
+            f"that call's finished runs within {abs(err):.0%} of their wall times (worst: {name}, {err:+.0%})")
+
+
 def plan_text(a: argparse.Namespace, runs: list[Run], est: dict[Run, float], params: quality_data.DataParams,
               devices: int, tried: dict[int, float]) -> str:
     """The plan: per model its steps, validations and each configuration's estimated run time alone, then the
     makespan by runs a device."""
     where = "GPU" if a.device == "cuda" else "CPU"
-    lines = [f"plan: {len(runs)} runs ({', '.join(a.models)}; seeds {a.seeds}; plain + Musubi x{a.nprocs}) on "
-             f"{devices} {where}{'s' if devices > 1 else ''}"]
-    for m in a.models:
+    seeds = sorted({r.seed for r in runs})
+    lines = [f"plan: {len(runs)} runs ({', '.join(dict.fromkeys(r.model for r in runs))}; seeds {seeds}; "
+             f"{', '.join(dict.fromkeys(r.name.split('-')[-2] for r in runs))}) on {devices} {where}"
+             f"{'s' if devices > 1 else ''}"]
+    for m in dict.fromkeys(r.model for r in runs):
         r = a.recipes[m]
         steps = steps_of(r, params, a.max_steps)
-        alone = {("plain" if x.side == "plain" else f"musubi{x.nproc}"): est[x] for x in runs
-                 if x.model == m and x.seed == a.seeds[0]}
+        alone: dict[str, float] = {}
+        for x in runs:
+            if x.model == m:
+                alone.setdefault("plain" if x.side == "plain" else f"musubi{x.nproc}", est[x])
         lines.append(f"  {m}: {r.model}, {steps} steps x {r.global_batch}, {evaluations(r, steps, params)} "
                      "validations; s a run alone: " + ", ".join(f"{k} {v:.0f}" for k, v in alone.items()))
     lines.append(f"estimated makespan by runs a device (+{SETUP_S:.0f} s of data first): "
@@ -699,7 +546,8 @@ def plan_text(a: argparse.Namespace, runs: list[Run], est: dict[Run, float], par
 
 def report(a: argparse.Namespace, runs: list[Run], outcome: dict[Run, dict[str, Any]], data_record: dict,
            per: int, tried: dict[int, float], wall: float, work: Path, est: dict[Run, float] | None = None) -> int:
-    """Records, rows, verdicts; the JSON, the table and the plot; a copy under $OUT."""
+    """Records, rows, verdicts; the JSON, the table and the plot (and, with --finish, the merged report's); a
+    copy under $OUT."""
     from bench.gpu_tier import card, versions
     from bench.provenance import commit
 
@@ -710,38 +558,53 @@ def report(a: argparse.Namespace, runs: list[Run], outcome: dict[Run, dict[str, 
         if est:
             rec["estimate_alone_s"] = round(est[r], 1)  # the plan's figure, beside the measured wall_s and sharing
         if r.side == "musubi" and "lr" in rec:
-            rec["lr_check"] = lr_check(rec, a.recipes[r.model], plain_logs.get((r.model, r.seed)))
+            recipe = a.recipes[r.model]
+            rec["lr_check"] = quality_report.lr_check(rec, recipe.lr, recipe.global_batch,
+                                                      plain_logs.get((r.model, r.seed)))
         records.append(rec)
-    models = {m: {**asdict(a.recipes[m]), "label": a.recipes[m].label} for m in a.models}
-    rows = quality_report.summarise(records, models, a.nprocs)
+    models = {m: asdict(a.recipes[m]) for m in dict.fromkeys(r.model for r in runs)}
+    nprocs = sorted({r.nproc for r in runs if r.side == "musubi"}) or a.nprocs
+    rows = quality_report.summarise(records, models, nprocs)
     tag, card_text = card() if a.device == "cuda" else ("cpu", f"{os.cpu_count()} CPU cores")
     word = "GPUs" if a.device == "cuda" else "CPU ranks"
     sha = commit()
-    stem = f"quality-{dt.date.today().isoformat()}-{tag}-{sha.replace('+dirty', '-dirty')}"
-    a.out_dir.mkdir(parents=True, exist_ok=True)
+    stem = free_stem(a.out_dir, f"quality-{dt.date.today().isoformat()}-{tag}-{sha.replace('+dirty', '-dirty')}")
+    seeds = sorted({r.seed for r in runs})
     result = {"bench": "quality", "commit": sha, "card": card_text, "versions": versions(),
-              "command": " ".join(sys.argv), "device": a.device, "nprocs": a.nprocs, "seeds": a.seeds,
+              "command": " ".join(sys.argv), "device": a.device, "nprocs": nprocs, "seeds": seeds,
               "runs_per_device": per, "estimated_makespan_s": tried, "wall_s": round(wall, 1),
               "budget_s": a.budget_s, "max_steps": a.max_steps, "data": data_record,
               "recipes": models, "rows": rows, "verdicts": quality_report.model_verdicts(rows), "records": records}
-    json_path = a.out_dir / f"{stem}.json"
-    json_path.write_text(json.dumps(result, indent=1, default=str) + "\n")
-    table = quality_report.markdown(rows, word)
     head = (f"Quality parity, {card_text}, commit {sha}, {dt.date.today().isoformat()}: `{' '.join(sys.argv)}` "
-            f"({len(a.seeds)} seeds, {per} runs a device at once, {wall:.0f} s)\n\n")
-    (a.out_dir / f"{stem}.md").write_text(head + table)
-    png = a.out_dir / f"{stem}.png"
-    quality_report.plot(records, models, a.nprocs, png, f"quality parity, {card_text}, {sha}", word)
-    print("\n" + head + table, flush=True)
-    print(f"wrote {json_path}, {stem}.md, {stem}.png", flush=True)
+            f"({len(seeds)} seeds, {per} runs a device at once, {wall:.0f} s)\n\n")
+    paths = quality_report.write_files(result, a.out_dir, stem, head, word)
+    print("\n" + head + quality_report.markdown(rows, word), flush=True)
+    print(f"wrote {', '.join(str(p) for p in paths)}", flush=True)
+    if a.earlier:
+        try:
+            result, merged_paths, text = quality_merge.write([*a.earlier, (str(paths[0]), result)], a.out_dir)
+        except quality_merge.MergeRefused as e:  # checked before the runs: only a changed data record lands here
+            print(f"merge refused: {e}", flush=True)
+            return 2
+        print("\n" + text + f"\nwrote {', '.join(str(p) for p in merged_paths)}", flush=True)
+        paths += merged_paths
     if os.environ.get("OUT"):
         out = Path(os.environ["OUT"])
-        for p in (json_path, a.out_dir / f"{stem}.md", png):
+        for p in paths:
             if (out / p.name).resolve() != p.resolve():  # --out-dir $OUT: already there
                 shutil.copy(p, out / p.name)
         archive_logs(work, out / f"{stem}-logs.tgz")
-    judged = [r for r in rows if r["side"] == "musubi"]
-    return 0 if judged and all(r["verdict"] == "PASS" for r in judged) else 1
+    return 0 if quality_merge.passed(result) else 1
+
+
+def free_stem(out_dir: Path, stem: str) -> str:
+    """`stem`, or stem-2, -3, ...: a second call of the day at the same commit (finishing the first) must not
+    overwrite the first call's files."""
+    n, free = 1, stem
+    while (out_dir / f"{free}.json").exists():
+        n += 1
+        free = f"{stem}-{n}"
+    return free
 
 
 def archive_logs(work: Path, path: Path) -> None:

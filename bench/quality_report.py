@@ -16,6 +16,7 @@ says so; its seed spread (max - min) says whether the recipe has converged far e
 
 from __future__ import annotations
 
+import json
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
@@ -203,3 +204,28 @@ def plot(records: list[dict[str, Any]], models: dict[str, dict[str, Any]], nproc
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def lr_check(rec: dict[str, Any], lr: float, global_batch: int, plain_log: list[dict[str, Any]] | None
+             ) -> dict[str, Any]:
+    """Whether a Musubi run used the recipe's LR and global batch, and its logged LR curve the plain loop's
+    (max relative difference over the steps both logged)."""
+    out = {"lr_as_written": rec.get("lr") is not None and abs(rec["lr"] - lr) <= 1e-12 * lr,
+           "global_batch_equal": rec.get("global_batch") == global_batch}
+    if plain_log:
+        ref = {p["step"]: p["lr"] for p in plain_log}
+        diffs = [abs(p["lr"] - ref[p["step"]]) / lr for p in rec.get("log", []) if p["step"] in ref]
+        out["lr_curve_max_rel_diff"] = max(diffs) if diffs else None
+    return out
+
+
+def write_files(result: dict[str, Any], out_dir: Path, stem: str, head: str, device_word: str) -> list[Path]:
+    """A result's three files in `out_dir`: STEM.json (all of it), STEM.md (`head`, then the tables) and
+    STEM.png (the curves and every seed's final metric)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = [out_dir / f"{stem}.json", out_dir / f"{stem}.md", out_dir / f"{stem}.png"]
+    paths[0].write_text(json.dumps(result, indent=1, default=str) + "\n")
+    paths[1].write_text(head + markdown(result["rows"], device_word))
+    plot(result["records"], result["recipes"], result["nprocs"], paths[2],
+         f"quality parity, {result['card']}, {result['commit']}", device_word)
+    return paths

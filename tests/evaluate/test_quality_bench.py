@@ -12,6 +12,7 @@ import yaml
 from PIL import Image
 
 from bench import quality
+from bench import quality_plan as plan
 from musubi.config.batch_plan import plan_batch
 from musubi.config.job import JobSpec
 
@@ -154,7 +155,7 @@ def test_plan_shares_devices_and_refuses_what_does_not_fit() -> None:
     # one at a time on 2 devices: the wide run, then the two narrow ones side by side
     assert quality.simulate(ordered, est, devices=2, per_device=1)[0] == pytest.approx(20.0)
     # two a device: all three at once, slowed by sharing
-    assert quality.simulate(ordered, est, 2, 2)[0] == pytest.approx(10.0 * (1 + quality.SHARE_SLOWDOWN))
+    assert quality.simulate(ordered, est, 2, 2)[0] == pytest.approx(10.0 * (1 + plan.SHARE_SLOWDOWN))
     assert quality.choose_per_device(ordered, est, 2, budget_s=15.0, max_per=4)[0] == 2
     assert quality.choose_per_device(ordered, est, 2, budget_s=5.0, max_per=4)[0] is None
     # a later seed never jumps ahead of a 4-GPU run still waiting for a slot on every GPU
@@ -165,7 +166,7 @@ def test_plan_shares_devices_and_refuses_what_does_not_fit() -> None:
     assert quality.simulate(ordered[1:], est, 1, 2, fixed=dict.fromkeys(runs, 10.0))[0] == pytest.approx(10.0)
     # half of it: the GPU halves overlap, each at 1 / (1 + SHARE_SLOWDOWN)
     half = quality.simulate(ordered[1:], est, 1, 2, fixed=dict.fromkeys(runs, 5.0))[0]
-    assert half == pytest.approx(5.0 + 5.0 * (1 + quality.SHARE_SLOWDOWN))
+    assert half == pytest.approx(5.0 + 5.0 * (1 + plan.SHARE_SLOWDOWN))
     with pytest.raises(SystemExit, match="does not fit"):
         quality.main(["--device", "cpu", "--models", "detr", "--budget-s", "10", "--dry-run"])
 
@@ -178,10 +179,10 @@ def test_a_runs_estimate_counts_its_validations_and_its_ranks_share_of_the_batch
     assert quality.evaluations(replace(det, epochs=5, eval_every=1), 5 * per_epoch, params) == 5
     assert quality.evaluations(replace(det, epochs=5, eval_every=None), 5 * per_epoch, params) == 1
     assert quality.evaluations(replace(det, epochs=5, eval_every=1), 3, params) == 1  # --max-steps 3
-    one, two = quality.step_s(det, 1), quality.step_s(det, 2)
+    one, two = plan.step_s(det, 1), plan.step_s(det, 2)
     assert one == det.gpu_step_s and two == pytest.approx(det.gpu_step_s * (1 - det.gpu_image_share / 2))
     clf = quality.RECIPES["classifier"]
-    assert quality.step_s(clf, 2) == quality.step_s(clf, 1)  # launch-bound: a smaller batch is no faster
+    assert plan.step_s(clf, 2) == plan.step_s(clf, 1)  # launch-bound: a smaller batch is no faster
     run = quality.Run("cnn_detector", "musubi", 1, 0)
     steps = quality.steps_of(det, params, None)
     est = quality.estimate_s(run, det, steps, "cuda", {}, params)
@@ -284,3 +285,216 @@ def test_epochs_override_changes_this_runs_recipe_only(capsys: pytest.CaptureFix
     for bad in ("detr=0", "nope=3", "detr"):
         with pytest.raises(SystemExit):
             quality.parse_args(["--epochs", bad])
+
+
+# -- the plan's time: calibration from an earlier call, and the recipes' own figures (2x H200 result files) --
+RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results"
+FOUR_A_GPU = RESULTS / "quality-2026-11-28-2xH200-2c8e561-wip.json"  # 27 runs, 4 epochs, 4 a GPU
+TWO_A_GPU = RESULTS / "quality-2026-11-28-2xH200-6c906c8.json"  # detectors, 8 epochs, 2 a GPU, cut at 542 s
+
+
+def _errors(result: dict, predicted: dict) -> dict[str, float]:
+    return {r["name"]: (predicted[r["name"]][1] - predicted[r["name"]][0]) / r["wall_s"] - 1
+            for r in result["records"] if r["status"] == "ok"}
+
+
+def test_calibrating_from_the_4_a_gpu_call_predicts_the_2_a_gpu_calls_runs_within_15_percent() -> None:
+    """The morning's miss: calibrated from 200-step runs 4 a GPU, 400-step runs 2 a GPU were planned 1.8x too
+    fast (the measured walls were reused whatever the steps, and deflated whole, start-up too, by the sharing
+    at launch). Now each configuration's start-up, step and validation are measured apart and re-scaled."""
+    calibration = plan.read_calibration(FOUR_A_GPU)
+    target = json.loads(TWO_A_GPU.read_text())
+    predicted = plan.replan(target, quality.trained_as(target["recipes"]), calibration)
+    errors = _errors(target, predicted)
+    assert len(errors) == 10 and max(map(abs, errors.values())) <= 0.15, errors
+    # where the runs stood when the budget cut the call: the last finished run's end, predicted and replayed
+    measured = plan.timeline(target)
+    last = max((r["name"] for r in target["records"] if r["status"] == "ok"), key=lambda n: measured[n][1])
+    assert predicted[last][1] == pytest.approx(measured[last][1], rel=0.15)
+    # the whole call: 18 runs of ~2 minutes, 2 a GPU, do not fit 540 s (the plan said 442 s)
+    assert max(end for _, end in predicted.values()) > 700
+
+
+def test_the_recipes_own_figures_predict_both_gpu_calls() -> None:
+    two = json.loads(TWO_A_GPU.read_text())
+    errors = _errors(two, plan.replan(two, quality.trained_as(two["recipes"]), {}))
+    assert max(map(abs, errors.values())) <= 0.15, errors
+    four = json.loads(FOUR_A_GPU.read_text())
+    predicted = plan.replan(four, quality.trained_as(four["recipes"]), {})
+    # 4 a GPU the replayed order drifts (runs end in another order), so the makespan, not each run, is held
+    assert max(e for _, e in predicted.values()) == pytest.approx(max(e for _, e in plan.timeline(four).values()),
+                                                                  rel=0.10)
+
+
+def test_the_timeline_replays_the_recorded_placement_and_refuses_another() -> None:
+    four = json.loads(FOUR_A_GPU.read_text())
+    spans = plan.timeline(four)
+    assert len(spans) == 27 and min(s for s, _ in spans.values()) == 0.0
+    assert all(spans[r["name"]][1] - spans[r["name"]][0] == pytest.approx(r["wall_s"]) for r in four["records"])
+    four["records"][5]["devices"] = [1 - four["records"][5]["devices"][0]]
+    with pytest.raises(ValueError, match="cannot calibrate"):
+        plan.timeline(four)
+    # a file that records its starts is read as it is
+    recorded = {"records": [{"name": "a", "wall_s": 5.0, "start_s": 2.0}], "runs_per_device": 1}
+    assert plan.timeline(recorded) == {"a": (2.0, 7.0)}
+
+
+def _timed(model: str, side: str, seed: int, start: float, wall: float, train: float, steps: int) -> dict:
+    return {"model": model, "side": side, "nproc": 1, "seed": seed, "status": "ok", "wall_s": wall,
+            "start_s": start, "train_s": train, "steps": steps, "devices": [0], "sharing": 0, "eval_s": 0.0,
+            "evals": [{"step": steps, "top1": 0.5, "eval_s": 0.0}],
+            "name": quality.Run(model, side, 1, seed).name}
+
+
+def test_calibration_deflates_only_the_gpu_part_by_the_sharing_it_met_and_scales_by_steps() -> None:
+    recipe = {"gpu_eval_s": 0.0, "gpu_fixed_s": {"plain": 1.0, "musubi": 1.0}}
+    # two runs on one GPU: 10 s of start-up each, then 100 s of GPU side by side the whole time
+    result = {"records": [_timed("m", "plain", 0, 0.0, 110.0, 100.0, 200),
+                          _timed("m", "musubi", 0, 0.0, 110.0, 100.0, 200)],
+              "recipes": {"m": recipe}, "runs_per_device": 2}
+    cost = plan.calibrate(result)["m/plain/1"]
+    assert cost.fixed_s == pytest.approx(10.0)
+    assert cost.step_s == pytest.approx(100.0 / (1 + plan.SHARE_SLOWDOWN) / 200)
+    # twice the steps, alone: start-up once, the GPU part twice as long
+    rec = quality.RECIPES["classifier"]
+    est = plan.estimate_s(quality.Run("m", "plain", 1, 0), replace(rec, eval_every=None), 400, "cuda",
+                          {"m/plain/1": cost}, quality.DATA_SCALES["full"])
+    assert est == pytest.approx(10.0 + 2 * 100.0 / (1 + plan.SHARE_SLOWDOWN))
+    assert plan.fixed_s(quality.Run("m", "plain", 1, 0), rec, "cuda", est, {"m/plain/1": cost}) == pytest.approx(10.0)
+    # the same runs one after the other: nothing to deflate
+    result["records"][1]["start_s"] = 110.0
+    assert plan.calibrate(result)["m/musubi/1"].step_s == pytest.approx(100.0 / 200)
+
+
+# -- finishing over several calls: --finish, --runs and merge --------------------------------------------
+def _result(seeds: list[int], commit: str, card: str = "2x NVIDIA H200, driver 580.1", **over: object) -> dict:
+    recipe = {"metric": "top1", "label": "clf", "floor": 0.9, "global_batch": 64, "lr": 0.1, "epochs": 15,
+              "gpu_step_s": 0.02}
+    recs = [_record("c", side, n, s, v) for s in seeds for side, n, v in (("plain", 1, 0.95 + s / 100),
+                                                                            ("musubi", 1, 0.955 + s / 100))]
+    for r in recs:
+        r["name"] = quality.Run(r["model"], r["side"], r["nproc"], r["seed"]).name
+        r["lr"], r["global_batch"] = 0.1, 64
+        r["log"] = [{"step": 10, "loss": 0.5, "lr": 0.1}]
+    result = {"bench": "quality", "commit": commit, "card": card, "versions": "v", "command": f"call {commit}",
+              "device": "cuda", "nprocs": [1], "seeds": seeds, "runs_per_device": 2, "wall_s": 100.0,
+              "max_steps": None, "data": {"params": {"seed": 0, "train_scenes": 800}}, "recipes": {"c": recipe},
+              "records": recs}
+    result.update(over)
+    return result
+
+
+def test_merge_judges_the_seeds_of_several_calls_together(tmp_path: Path) -> None:
+    a, b = _result([0, 1], "aaaaaaa"), _result([2], "bbbbbbb", card="1x NVIDIA H200, driver 590.2")
+    a["records"][-1]["status"], a["records"][-1]["final"] = "cut by the budget", {}  # musubi seed 1: cut in A ...
+    b["records"] += [{**a["records"][-1], "status": "ok", "final": {"top1": 0.965}}]  # ... finished in B
+    b["recipes"]["c"]["gpu_step_s"] = 0.05  # a planning figure: not a difference
+    merged, paths, text = quality.quality_merge.write([("quality-2026-11-28-2xH200-aaaaaaa.json", a),
+                                                       ("quality-2026-11-29-1xH200-bbbbbbb.json", b)], tmp_path)
+    assert [p.name for p in paths] == [f"quality-2026-11-29-2xH200-aaaaaaa+bbbbbbb-merged{s}"
+                                       for s in (".json", ".md", ".png")]
+    recs = {r["name"]: r for r in merged["records"]}
+    assert sorted(recs) == sorted(f"c-{arm}-s{s}" for arm in ("plain", "musubi1") for s in (0, 1, 2))
+    assert recs["c-musubi1-s1"]["status"] == "ok" and recs["c-musubi1-s1"]["call"].endswith("bbbbbbb.json")
+    assert recs["c-musubi1-s2"]["lr_check"] == {"lr_as_written": True, "global_batch_equal": True,
+                                                "lr_curve_max_rel_diff": 0.0}
+    row = next(r for r in merged["rows"] if r["side"] == "musubi")
+    assert row["verdict"] == "PASS" and merged["seeds"] == [0, 1, 2]
+    assert "merged from 2 calls" in text and json.loads(paths[0].read_text())["verdicts"] == {"c": "PASS"}
+
+
+@pytest.mark.parametrize(("change", "match"), [
+    ({"device": "cpu"}, "device 'cpu'"),
+    ({"card": "2x NVIDIA H100 80GB HBM3, driver 580.1"}, "card"),
+    ({"max_steps": 3}, "max_steps 3"),
+    ({"data": {"params": {"seed": 0, "train_scenes": 64}}}, r"data differ .*\(train_scenes\)"),
+    ({"recipes": {"c": {"metric": "top1", "label": "clf", "floor": 0.9, "global_batch": 64, "lr": 0.2,
+                        "epochs": 15}}}, "recipe 'c' differs .* in lr"),
+])
+def test_merge_refuses_files_that_did_not_train_alike(change: dict, match: str, tmp_path: Path) -> None:
+    a, b = _result([0, 1], "aaaaaaa"), _result([2], "bbbbbbb", **change)
+    with pytest.raises(quality.quality_merge.MergeRefused, match=match):
+        quality.quality_merge.merge([("A.json", a), ("B.json", b)])
+    for name, result in (("A.json", a), ("B.json", b)):
+        (tmp_path / name).write_text(json.dumps(result))
+    assert quality.main(["merge", str(tmp_path / "A.json"), str(tmp_path / "B.json"), "--out-dir",
+                         str(tmp_path / "out")]) == 2
+    assert not (tmp_path / "out").exists()  # nothing written
+
+
+def test_merge_refuses_a_run_finished_twice_and_a_single_file() -> None:
+    a, b = _result([0, 1], "aaaaaaa"), _result([1, 2], "bbbbbbb")
+    with pytest.raises(quality.quality_merge.MergeRefused, match="c-plain-s1 finished in both A.json and B.json"):
+        quality.quality_merge.merge([("A.json", a), ("B.json", b)])
+    with pytest.raises(quality.quality_merge.MergeRefused, match="two result files"):
+        quality.quality_merge.merge([("A.json", a)])
+
+
+def test_finish_plans_what_the_cut_call_left_and_fits_one_device_call(capsys: pytest.CaptureFixture[str]) -> None:
+    """The lead's next call: seed 1 of Musubi on 2 GPUs and seed 2 of every arm, 2 GPUs, within 540 s."""
+    a = quality.parse_args(["--device", "cuda", "--finish", str(TWO_A_GPU)])
+    left = sorted(r.name for r in quality.chosen_runs(a))
+    assert left == sorted([f"{m}-musubi2-s1" for m in ("cnn_detector", "detr")]
+                          + [f"{m}-{arm}-s2" for m in ("cnn_detector", "detr") for arm in ("plain", "musubi1", "musubi2")])
+    assert a.recipes["detr"].epochs == a.recipes["cnn_detector"].epochs == 8 and a.data_scale == "full"
+    assert quality.main(["--device", "cuda", "--gpus", "2", "--finish", str(TWO_A_GPU), "--calibrate", str(TWO_A_GPU),
+                         "--budget-s", "540", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "plan: 8 runs" in out and "calibration: 6 configurations" in out
+    whole = float(out.split("about ")[1].split(" s for the whole command")[0])
+    assert whole <= 540 * 0.85  # room for the estimate's error (~10 % a run)
+    a = quality.parse_args(["--device", "cuda", "--finish", str(TWO_A_GPU), "--runs", "detr-plain-s2"])
+    assert [r.name for r in quality.chosen_runs(a)] == ["detr-plain-s2"]
+    for bad in (["--runs", "detr-plain-s0"], ["--runs", "detr-plain-s9"]):
+        with pytest.raises(SystemExit, match="--runs: detr-plain-s"):
+            quality.chosen_runs(quality.parse_args(["--device", "cuda", "--finish", str(TWO_A_GPU), *bad]))
+    with pytest.raises(SystemExit):
+        quality.parse_args(["--finish", str(TWO_A_GPU), "--seeds", "2"])
+    assert "--finish takes --seeds" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        quality.parse_args(["--device", "cpu", "--finish", str(TWO_A_GPU)])
+    assert "pass --device cuda" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_cpu_call_finished_by_a_second_merges_into_one_report(tmp_path: Path) -> None:
+    """Call 1 runs the plain loop only (--runs); call 2 (--finish) runs what is left, Musubi on one rank, and
+    writes its own report and the merged one; `merge` of the two files gives the same rows."""
+    pytest.importorskip("sklearn")
+    out = tmp_path / "out"
+    common = ["--device", "cpu", "--work", str(tmp_path / "work"), "--out-dir", str(out)]
+    assert quality.main([*common, "--nprocs", "1", "--seeds", "0", "--max-steps", "2", "--data-scale", "smoke",
+                         "--models", "classifier", "--runs", "classifier-plain-s0"]) == 1  # no Musubi run: no PASS
+    (first,) = out.glob("quality-*.json")
+    assert [r["name"] for r in json.loads(first.read_text())["records"]] == ["classifier-plain-s0"]
+    assert quality.main([*common, "--finish", str(first)]) == 1  # one seed: "too few seeds", no PASS
+    # the second file: stem-2 when both calls ran at one commit (not overwriting the first)
+    (second,) = set(out.glob("quality-*.json")) - {first} - set(out.glob("*-merged.json"))
+    assert [r["name"] for r in json.loads(second.read_text())["records"]] == ["classifier-musubi1-s0"]
+    (merged_file,) = out.glob("quality-*-merged.json")
+    merged = json.loads(merged_file.read_text())
+    recs = {r["name"]: r for r in merged["records"]}
+    assert sorted(recs) == ["classifier-musubi1-s0", "classifier-plain-s0"]
+    assert {r["status"] for r in recs.values()} == {"ok"} and {r["steps"] for r in recs.values()} == {2}
+    # the LR curve is checked against the plain run of the other call
+    assert recs["classifier-musubi1-s0"]["lr_check"]["lr_curve_max_rel_diff"] == 0.0
+    assert recs["classifier-musubi1-s0"]["final"]["top1"] == pytest.approx(
+        recs["classifier-plain-s0"]["final"]["top1"], abs=0.01)
+    assert (merged_file.with_suffix(".md")).read_text().startswith("Quality parity") and merged_file.with_suffix(
+        ".png").stat().st_size > 1000
+    again = tmp_path / "again"
+    assert quality.main(["merge", str(first), str(second), "--out-dir", str(again)]) == 1
+    (twice,) = again.glob("*.json")
+    assert json.loads(twice.read_text())["rows"] == merged["rows"]
+    # nothing is left to finish: said, not run
+    with pytest.raises(SystemExit, match="nothing to run"):
+        quality.main([*common, "--finish", f"{first},{second}"])
+
+
+def test_a_second_call_at_the_same_commit_does_not_overwrite_the_first(tmp_path: Path) -> None:
+    assert quality.free_stem(tmp_path, "quality-x") == "quality-x"
+    (tmp_path / "quality-x.json").write_text("{}")
+    assert quality.free_stem(tmp_path, "quality-x") == "quality-x-2"
+    (tmp_path / "quality-x-2.json").write_text("{}")
+    assert quality.free_stem(tmp_path, "quality-x") == "quality-x-3"
