@@ -76,6 +76,8 @@ def held_layer_microbatches(schedule: str, pp: int, vpp: int, micro_batches: int
         raise ValueError(f"{len(chunk_layers)} chunk sizes for {v} model chunks")
     total = micro_batches * v
     warm = min(warmup_forwards(schedule, pp, v, rank), total)
+    if len(set(chunk_layers)) == 1:  # even chunks: the count of chunk-micro-batches alive peaks at warm-up + 1
+        return min(warm + 1, total) * float(chunk_layers[0])
     held = [0] * v
     peak = 0.0
     done_f = done_b = 0
