@@ -6,19 +6,19 @@ from typing import Any
 
 from musubi.config.version import VERSION as __version__
 
-#: The Python API (musubi/api.py), imported on first use: `import musubi` stays cheap (no torch).
-_API = ("train", "run", "predict", "evaluate", "export", "load", "RunResult", "JobOutcome", "Exported")
+# `musubi.evaluate` is the call (`musubi evaluate` as a function), bound here once and for good: importing the
+# package musubi.evaluate (which this line does first) is what would otherwise bind the name to the package, and
+# later imports of its modules never rebind it. The package keeps its modules: `from musubi.evaluate import
+# leaderboard`. python_api imports no torch, so `import musubi` stays cheap.
+from musubi.evaluate.python_api import evaluate
 
-__all__ = ["__version__", *_API]
+#: The rest of the Python API (musubi/api.py), imported on first use: `import musubi` stays cheap (no torch).
+_API = ("train", "run", "predict", "export", "load", "RunResult", "JobOutcome", "Exported")
+
+__all__ = ["__version__", "evaluate", *_API]
 
 
 def __getattr__(name: str) -> Any:
-    if name == "evaluate":
-        # The package musubi.evaluate is callable as the API's evaluate: importing any of its modules binds
-        # `musubi.evaluate` to the package anyway, so the one name means one thing (see its __init__).
-        import musubi.evaluate
-
-        return musubi.evaluate
     if name in _API:
         from musubi import api
 

@@ -84,11 +84,19 @@ def test_bad_input_raises_one_line_with_keyword_names(job: Path, tmp_path: Path)
 
 
 def test_musubi_evaluate_is_one_callable_name() -> None:
-    """`musubi.evaluate` is the package and the call, before and after one of its modules is imported; importing
-    it loads no torch."""
-    code = ("import sys, inspect, musubi; e = musubi.evaluate; assert 'torch' not in sys.modules; "
-            "assert callable(e) and 'checkpoint' in inspect.signature(e).parameters; "
-            "import musubi.evaluate.job_eval as j; assert musubi.evaluate is e and j.evaluate_job; "
-            "assert callable(musubi.evaluate) and {'evaluate', 'export', 'load'} <= set(dir(musubi)); print('ok')")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
-    assert out.stdout.strip() == "ok", out.stderr
+    """`musubi.evaluate` is the call (python_api.evaluate, a plain function) before and after a module of the
+    package musubi.evaluate is imported, whichever comes first; the package is a plain module that keeps its
+    modules and lazy names; importing either loads no torch."""
+    code = ("import sys, types, inspect, {first}; import musubi; e = musubi.evaluate; "
+            "assert 'torch' not in sys.modules; "
+            "assert isinstance(e, types.FunctionType) and e.__module__ == 'musubi.evaluate.python_api'; "
+            "assert 'checkpoint' in inspect.signature(e).parameters; "
+            "import musubi.evaluate.job_eval; from musubi.evaluate import job_eval as j, leaderboard; "
+            "from musubi.evaluate import build_leaderboard; "
+            "assert musubi.evaluate is e and j.evaluate_job and build_leaderboard is leaderboard.build_leaderboard; "
+            "assert type(sys.modules['musubi.evaluate']) is types.ModuleType; "
+            "assert {{'evaluate', 'export', 'load'}} <= set(dir(musubi)); print('ok')")
+    for first in ("musubi", "musubi.evaluate.leaderboard"):
+        out = subprocess.run([sys.executable, "-c", code.format(first=first)], capture_output=True, text=True,
+                             timeout=120, cwd=REPO)
+        assert out.stdout.strip() == "ok", (first, out.stderr)

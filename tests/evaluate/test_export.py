@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from musubi.contract.errors import ConfigError
-from musubi.evaluate import evaluate_job, export_job
+from musubi.evaluate import evaluate_job, export_job, onnx_export
 from musubi.evaluate.onnx_export import ParityError
 from musubi.evaluate.parity import compare_tensors
 from musubi.evaluate.registry import file_sha256
@@ -43,7 +43,7 @@ def test_failed_parity_keeps_the_earlier_export(cls_job: Path, monkeypatch: pyte
     if not (cls_job / "export" / "model.onnx").is_file():
         export_job(cls_job)
     before = file_sha256(cls_job / "export" / "model.onnx")
-    monkeypatch.setattr("musubi.evaluate.onnx_export.compare_tensors",
+    monkeypatch.setattr(onnx_export, "compare_tensors",
                         lambda ref, got: {"ok": False, "problem": "forced mismatch"})
     with pytest.raises(ParityError, match="forced mismatch") as info:
         export_job(cls_job)
@@ -129,7 +129,7 @@ def test_language_model_export(tmp_path: Path) -> None:
 
 def test_failed_export_does_not_fail_the_evaluation(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     job = make_task_job(tmp_path / "run", TINY_USER, steps=1, metrics={"acc": 0.5})
-    monkeypatch.setattr("musubi.evaluate.onnx_export.compare_tensors",
+    monkeypatch.setattr(onnx_export, "compare_tensors",
                         lambda ref, got: {"ok": False, "problem": "forced mismatch"})
     record = evaluate_job(job, device="cpu", export=True, fps_runs=2, fps_warmup=0)
     assert "forced mismatch" in record["export"]["error"]

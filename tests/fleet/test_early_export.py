@@ -126,8 +126,7 @@ def _checkpoint(root: Path, step: int) -> Path:
 
 
 def test_ship_reuses_an_export_of_the_newest_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import musubi.evaluate.onnx_export as onnx_export
-    import musubi.evaluate.registry as registry
+    from musubi.evaluate import onnx_export, registry
 
     run = tmp_path / "run"
     job = run / "cls"

@@ -24,8 +24,7 @@ def _spec(tmp_path: Path) -> Any:
 
 
 def _ship(tmp_path: Path, run: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[list[Path], str]:
-    import musubi.evaluate.onnx_export as onnx_export
-    import musubi.evaluate.registry as registry
+    from musubi.evaluate import onnx_export, registry
 
     exported: list[Path] = []
 
