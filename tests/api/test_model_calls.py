@@ -4,6 +4,7 @@ process, saved with the runtime's own checkpointer), and their refusals: one lin
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -100,3 +101,13 @@ def test_musubi_evaluate_is_one_callable_name() -> None:
         out = subprocess.run([sys.executable, "-c", code.format(first=first)], capture_output=True, text=True,
                              timeout=120, cwd=REPO)
         assert out.stdout.strip() == "ok", (first, out.stderr)
+
+
+def test_no_code_reaches_the_evaluate_package_through_the_attribute() -> None:
+    """`musubi.evaluate` is the call, so `import musubi.evaluate.X as Y` and monkeypatch's "musubi.evaluate.X.f"
+    (both go through the attribute) fail at run time; `from musubi.evaluate import X` is the way."""
+    bad = re.compile(r"^\s*import musubi\.evaluate\.\w+ as |[\"']musubi\.evaluate\.\w+\.\w+[\"']", re.M)
+    hits = [f"{p.relative_to(REPO)}" for folder in ("musubi", "tests", "bench", "examples")
+            for p in sorted((REPO / folder).rglob("*.py")) if bad.search(p.read_text(encoding="utf-8"))
+            and p.name != "test_model_calls.py"]
+    assert not hits, hits
