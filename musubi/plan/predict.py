@@ -2,12 +2,13 @@
 
 Step time of the slowest pipeline stage (Megatron-style synchronous step):
 
-    step = [m t_max + bubble m t_avg + m pp_exposed + dp_exposed + optimizer] (1 + straggler tax)
+    step = [m t_max + bubble m t_avg + m pp_exposed + dp_exposed + tied + optimizer] (1 + straggler tax)
 
 t_max / t_avg: one micro-batch (forward + backward + recompute + exposed layer collectives)
 on the slowest / an average stage; m: micro-batches per step; bubble: bubble.py;
 dp_exposed: the gradient (and ZeRO parameter) collectives that do not hide under the
-last backward; optimizer: Adam's update streaming 28 bytes per local parameter.
+last backward; tied: a tied embedding's gradient all-reduce between the first and last stage;
+optimizer: Adam's update streaming 28 bytes per local parameter.
 """
 
 from __future__ import annotations
@@ -273,6 +274,13 @@ def _predict_transformer(spec: TransformerSpec, cluster: Cluster, layout: Layout
     pp_busy = m * 2 * layout.vpp * send
     pp_exposed = 0.0 if "pp" in layout.overlap else pp_busy
     comm.add(pp_link, pp_busy, pp_exposed)
+    # a tied embedding lives on the first and the last stage: after the backward their two copies' gradients are
+    # all-reduced (Megatron's embedding group, finalize_model_grads; DeepSpeed's tied modules), outside any overlap
+    tied_s = 0.0
+    if spec.tied_embeddings and pp > 1:
+        tied_link = place_group(cluster, eff, tp * cp * dp * (pp - 1), 2)
+        tied_s = all_reduce_s(PRECISIONS[memory_precision].grads * spec.vocab * spec.hidden / tp, tied_link)
+        comm.add(tied_link, tied_s, tied_s)
 
     # data parallel: gradients of the most loaded stage (dense params over dp x cp, experts over dp x cp / ep).
     grad_bytes = PRECISIONS[memory_precision].grads
@@ -293,9 +301,9 @@ def _predict_transformer(spec: TransformerSpec, cluster: Cluster, layout: Layout
     optimizer = OPTIMIZER_BYTES_PER_PARAM * owned / dev.hbm
 
     pipeline = m * t_max + bubble * m * t_avg
-    step_raw = pipeline + pp_exposed + dp_exposed + optimizer
+    step_raw = pipeline + pp_exposed + dp_exposed + tied_s + optimizer
     breakdown = {
-        "compute_s": m * t_max - sum(comm.exposed.values()) + dp_exposed + pp_exposed,
+        "compute_s": m * t_max - sum(comm.exposed.values()) + dp_exposed + pp_exposed + tied_s,
         "bubble_s": bubble * m * t_avg,
         "exposed_comm_s": sum(comm.exposed.values()),
         "optimizer_s": optimizer,

@@ -204,3 +204,21 @@ def test_printed_layouts_that_ran_fit_in_memory() -> None:
     p = predict_row(row)
     assert p.fits, p.memory_gib_per_gpu
     assert predict_published(row).layout == p.layout.replace(",attention=unfused", "")
+
+
+def test_tied_embedding_gradients_are_all_reduced_between_first_and_last_stage() -> None:
+    """A tied embedding has a copy on the first and the last pipeline stage; after the backward their gradients
+    are all-reduced over those two ranks (Megatron-LM finalize_model_grads' embedding group; DeepSpeed's tied
+    modules), outside any overlap. BLOOM: 250880 x 14336 / tp 4 fp32 gradients over Jean Zay's network."""
+    from dataclasses import replace as dc_replace
+
+    from musubi.plan.comm import all_reduce_s
+
+    row = next(r for r in load_rows(HELDOUT_CSV) if r["name"] == "bloom-176b-384")
+    spec, lay, cluster = row_spec(row), row_layout(row), row_cluster(row)
+    tied = predict(spec, cluster, lay, 2048, memory_precision="mixed-fp32-grads")
+    untied = predict(dc_replace(spec, tied_embeddings=False), cluster, lay, 2048, memory_precision="mixed-fp32-grads")
+    link = place_group(cluster, DEFAULT_EFFICIENCY, 4 * 8 * 11, 2)
+    expected = all_reduce_s(4 * 250880 * 14336 / 4, link)
+    assert link.tier == "network" and expected > 0.5
+    assert tied.step_time_s - untied.step_time_s == pytest.approx(expected * (1 + tied.straggler_tax), rel=1e-6)
