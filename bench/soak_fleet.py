@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import soak_records as rec
-from bench.soak_job import RECOVER_TIMEOUT_S, Soak
+from bench.soak_job import RECOVER_TIMEOUT_S, Console, Soak
 
 
 class Fleet:
@@ -28,13 +28,7 @@ class Fleet:
         for i in range(jobs):
             (out / f"job{i}").mkdir(parents=True, exist_ok=True)
             self.soaks.append(Soak(args, job_file, out / f"job{i}", name=f"job{i}"))
-        self.log = open(out / "soak.log", "a", encoding="utf-8")  # noqa: SIM115 - the fleet's own console
-
-    def say(self, msg: str) -> None:
-        line = f"[{time.strftime('%H:%M:%S')}] {msg}"
-        print(line, flush=True)
-        self.log.write(line + "\n")
-        self.log.flush()
+        self.console = Console(out / "soak.log")  # the fleet's own
 
     def wait_for(self, until: float, cond: Any) -> Any:
         """Poll every job's commits until `cond()` is truthy or the clock passes `until`; its value or None (also
@@ -55,7 +49,7 @@ class Fleet:
         t0 = time.time()
         for s in self.soaks:
             s.launch(resume=False)
-        self.say(f"launched {len(self.soaks)} jobs of {self.soaks[0].args.nprocs} {self.soaks[0].args.device} rank(s); "
+        self.console.say(f"launched {len(self.soaks)} jobs of {self.soaks[0].args.nprocs} {self.soaks[0].args.device} rank(s); "
                  f"{len(faults)} fault(s) scheduled over {wall_s:.0f} s")
         end = t0 + wall_s
         struck: dict[int, str | None] = {i: None for i in range(len(self.soaks))}  # job -> attempt struck last
@@ -76,11 +70,11 @@ class Fleet:
             done.append(f)
             if f["t"] is None:
                 f["error"] = "the fault never struck"
-                self.say(f"fault {f['n']} {f['kind']} on job{j}: never struck")
+                self.console.say(f"fault {f['n']} {f['kind']} on job{j}: never struck")
                 break
             f["t_s"] = round(f["t"] - t0, 2)
             last = f["t"]
-            self.say(f"fault {f['n']}: {f['kind']} on job{j} (rank {f['rank']}) at {f['t_s']} s, attempt {a.id}")
+            self.console.say(f"fault {f['n']}: {f['kind']} on job{j} (rank {f['rank']}) at {f['t_s']} s, attempt {a.id}")
             if f["kind"] in rec.RESTARTING:
                 struck[j] = a.id
         # Every struck job trains again before the end (its recovery is measured whole), within the usual bound.
@@ -100,5 +94,5 @@ class Fleet:
             t_end = s.stop()
             s.poll_commits()
             runs.append({"t0": t0, "t_end": t_end, "faults": [f for f in done if f["job"] == j], "job_exit": exited})
-        self.say(f"stopped after {time.time() - t0:.0f} s")
+        self.console.say(f"stopped after {time.time() - t0:.0f} s")
         return runs

@@ -21,6 +21,21 @@ RECOVER_TIMEOUT_S = 180.0
 JOB_NAME = "soak"
 
 
+class Console:
+    """A soak's console (one job's or the fleet's): each line timestamped, named, printed and appended to its log."""
+
+    def __init__(self, path: Path, name: str = "") -> None:
+        self.file = open(path, "a", encoding="utf-8")  # noqa: SIM115 - open for the soak's whole life
+        self.prefix = f"{name}: " if name else ""
+
+    def say(self, msg: str) -> None:
+        """`[HH:MM:SS] name: msg` on stdout and in the log, flushed (a killed soak keeps what it said)."""
+        line = f"[{time.strftime('%H:%M:%S')}] {self.prefix}{msg}"
+        print(line, flush=True)
+        self.file.write(line + "\n")
+        self.file.flush()
+
+
 class Soak:
     """Drives one job: launches, injects, relaunches after a preemption, watches commits, stops it."""
 
@@ -31,13 +46,7 @@ class Soak:
         self.proc: subprocess.Popen | None = None
         self.commits: dict[int, float] = {}  # step -> commit time (marker), every checkpoint ever committed
         self.launch_exits: list[float] = []
-        self.log = open(out / "soak.log", "a", encoding="utf-8")  # noqa: SIM115 - the soak's own console
-
-    def say(self, msg: str) -> None:
-        line = f"[{time.strftime('%H:%M:%S')}] {self.name + ': ' if self.name else ''}{msg}"
-        print(line, flush=True)
-        self.log.write(line + "\n")
-        self.log.flush()
+        self.console = Console(out / "soak.log", name)
 
     # -- the job's processes ----------------------------------------------------------------------
     def launch(self, resume: bool) -> None:
@@ -151,7 +160,7 @@ class Soak:
         wall_s = self.args.minutes * 60
         t0 = time.time()
         self.launch(resume=False)
-        self.say(f"launched {JOB_NAME} on {self.args.nprocs} {self.args.device} rank(s); {len(faults)} fault(s) "
+        self.console.say(f"launched {JOB_NAME} on {self.args.nprocs} {self.args.device} rank(s); {len(faults)} fault(s) "
                  f"scheduled over {wall_s:.0f} s")
         done: list[dict[str, Any]] = []
         prev: str | None = None
@@ -168,30 +177,30 @@ class Soak:
             f["t"] = self.strike(f, a)
             if f["t"] is None:
                 f["error"] = "the fault never struck"
-                self.say(f"fault {f['n']} {f['kind']}: never struck")
+                self.console.say(f"fault {f['n']} {f['kind']}: never struck")
                 done.append(f)
                 break
             f["t_s"] = round(f["t"] - t0, 2)
-            self.say(f"fault {f['n']}: {f['kind']} (rank {f['rank']}) at {f['t_s']} s, attempt {a.id}")
+            self.console.say(f"fault {f['n']}: {f['kind']} (rank {f['rank']}) at {f['t_s']} s, attempt {a.id}")
             done.append(f)
             if f["kind"] in rec.RESTARTING:
                 prev = a.id
                 b = self.wait_for(max(end, time.time() + RECOVER_TIMEOUT_S), lambda p=prev: self.training(p))
                 if b is None:
                     f["error"] = "not recovered: the job did not train again"
-                    self.say(f"fault {f['n']}: the job did not train again; stopping the soak")
+                    self.console.say(f"fault {f['n']}: the job did not train again; stopping the soak")
                     break
                 prev = None
-                self.say(f"  training again: attempt {b.id} from step {b.resumed}")
+                self.console.say(f"  training again: attempt {b.id} from step {b.resumed}")
             else:
                 # A failed save is recovered by the next commit (no restart): strike nothing before it, or the
                 # next fault's restart hides whether it came (a slow machine saw a hang land 2 s after a full disk).
                 ok = self.wait_for(max(end, time.time() + RECOVER_TIMEOUT_S),
                                    lambda t_fault=f["t"]: any(t > t_fault for t in self.commits.values()))
                 if ok is None:
-                    self.say(f"fault {f['n']}: no checkpoint committed after it; stopping the soak")
+                    self.console.say(f"fault {f['n']}: no checkpoint committed after it; stopping the soak")
                     break
-                self.say("  committed again after the failed save")
+                self.console.say("  committed again after the failed save")
         else:
             if self.args.faults:  # every fault asked for struck and was recovered: nothing left to wait for
                 end = time.time()
@@ -199,5 +208,5 @@ class Soak:
         exited = self.proc.poll() if self.proc is not None else None  # ended on its own, before the soak ended it
         t_end = self.stop()
         self.poll_commits()
-        self.say(f"stopped after {t_end - t0:.0f} s")
+        self.console.say(f"stopped after {t_end - t0:.0f} s")
         return {"t0": t0, "t_end": t_end, "faults": done, "job_exit": exited}
