@@ -539,6 +539,8 @@ def plan_text(a: argparse.Namespace, runs: list[Run], est: dict[Run, float], par
                 alone.setdefault("plain" if x.side == "plain" else f"musubi{x.nproc}", est[x])
         lines.append(f"  {m}: {r.model}, {steps} steps x {r.global_batch}, {evaluations(r, steps, params)} "
                      "validations; s a run alone: " + ", ".join(f"{k} {v:.0f}" for k, v in alone.items()))
+    if a.earlier or a.runs:  # a part of the plan: which part
+        lines.append("  runs: " + ", ".join(r.name for r in runs))
     lines.append(f"estimated makespan by runs a device (+{SETUP_S:.0f} s of data first): "
                  + ", ".join(f"{k}: {v:.0f} s" for k, v in tried.items()) + f"; budget {a.budget_s:.0f} s")
     return "\n".join(lines)
