@@ -434,6 +434,18 @@ def finish_from(a: argparse.Namespace, ap: argparse.ArgumentParser) -> None:
     a.max_steps, a.data_scale = first.get("max_steps"), scale[0]
 
 
+def check_card(earlier: list[tuple[str, dict[str, Any]]], card_text: str | None = None) -> None:
+    """--finish on GPUs: refuse before any run starts when this machine's cards are not the earlier calls' (the
+    merge would refuse the runs after they cost their time)."""
+    from bench.gpu_tier import card
+
+    here = quality_merge.card_kind(card_text if card_text is not None else card()[1])
+    there = quality_merge.card_kind(earlier[0][1]["card"])
+    if here != there:
+        raise SystemExit(f"--finish: this machine has {here or 'no GPU'}, {earlier[0][0]} ran on {there}: runs on "
+                         "other cards are not merged with them; finish on the same kind of card, or start anew")
+
+
 def chosen_runs(a: argparse.Namespace) -> list[Run]:
     """The runs of this call: the plan of --models, --seeds, --nprocs, less what --finish's files finished,
     restricted to --runs."""
@@ -467,6 +479,8 @@ def main(argv: list[str] | None = None) -> int:
     devices = a.gpus if a.device == "cuda" and a.gpus else visible
     if a.device == "cuda" and devices > visible and not a.dry_run:
         raise SystemExit(f"--gpus {devices}: only {visible} GPUs visible")
+    if a.earlier and a.device == "cuda" and not a.dry_run:
+        check_card(a.earlier)
     runs = chosen_runs(a)
     if a.device == "cuda" and max(r.nproc for r in runs) > devices:
         raise SystemExit(f"--nprocs {max(r.nproc for r in runs)} needs {max(r.nproc for r in runs)} GPUs; "

@@ -498,3 +498,10 @@ def test_a_second_call_at_the_same_commit_does_not_overwrite_the_first(tmp_path:
     assert quality.free_stem(tmp_path, "quality-x") == "quality-x-2"
     (tmp_path / "quality-x-2.json").write_text("{}")
     assert quality.free_stem(tmp_path, "quality-x") == "quality-x-3"
+
+
+def test_finish_refuses_other_cards_before_any_run() -> None:
+    earlier = [("A.json", {"card": "2x NVIDIA H200, driver 580.159.04"})]
+    quality.check_card(earlier, "1x NVIDIA H200, driver 590.1")  # the count and the driver may differ
+    with pytest.raises(SystemExit, match="this machine has NVIDIA H100 80GB HBM3, A.json ran on NVIDIA H200"):
+        quality.check_card(earlier, "2x NVIDIA H100 80GB HBM3, driver 580.159.04")
