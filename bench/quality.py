@@ -419,6 +419,8 @@ def finish_from(a: argparse.Namespace, ap: argparse.ArgumentParser) -> None:
     try:
         a.earlier = [(p, quality_merge.load(Path(p))) for p in a.finish.split(",") if p]
         quality_merge.check(a.earlier)
+        if len(a.earlier) > 1:  # a run finished in two of them: refused now, not after this call's runs
+            quality_merge.merge(a.earlier)
         a.recipes.update(trained_as({k: v for _, r in a.earlier for k, v in r["recipes"].items()}))
     except (quality_merge.MergeRefused, ValueError) as e:
         ap.error(f"--finish: {e}")

@@ -422,12 +422,19 @@ def test_merge_refuses_files_that_did_not_train_alike(change: dict, match: str, 
     assert not (tmp_path / "out").exists()  # nothing written
 
 
-def test_merge_refuses_a_run_finished_twice_and_a_single_file() -> None:
+def test_merge_refuses_a_run_finished_twice_and_a_single_file(tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
     a, b = _result([0, 1], "aaaaaaa"), _result([1, 2], "bbbbbbb")
     with pytest.raises(quality.quality_merge.MergeRefused, match="c-plain-s1 finished in both A.json and B.json"):
         quality.quality_merge.merge([("A.json", a), ("B.json", b)])
     with pytest.raises(quality.quality_merge.MergeRefused, match="two result files"):
         quality.quality_merge.merge([("A.json", a)])
+    # --finish of such files is refused before it runs anything
+    (tmp_path / "A.json").write_text(json.dumps(a))
+    (tmp_path / "B.json").write_text(json.dumps(b))
+    with pytest.raises(SystemExit):
+        quality.parse_args(["--finish", f"{tmp_path / 'A.json'},{tmp_path / 'B.json'}"])
+    assert "--finish: c-plain-s1 finished in both" in capsys.readouterr().err
 
 
 def test_finish_plans_what_the_cut_call_left_and_fits_one_device_call(capsys: pytest.CaptureFixture[str]) -> None:
