@@ -5,8 +5,8 @@ An asynchronous save's writer (DCP's checkpoint process in `process` mode, a thr
 CPU placement: the rank's pinned cores (worker/pinning.py), which its training thread and its loader
 workers already fill. Level with them, the writer takes a share of those cores from the step for the
 seconds a save lasts (issue 46: steps ran at 82 % (process) / 75 % (thread) of their speed while a
-1.9 GB save was in flight). `BackgroundWriter` lowers the priority of the thread that writes (nice
-+WRITER_NICE, Linux: nice is per thread and threads it starts inherit it), so the writer gets the
+1.9 GB save was in flight). `BackgroundWriter` writes from a thread of its own at a lower priority (nice
++WRITER_NICE, Linux: nice is per thread), so the writer gets the
 cycles the rank leaves idle and the save takes longer only when the cores are busy. It stays on the
 rank's own cores: the machine's other cores belong to other ranks or other jobs of the fleet.
 """
@@ -39,13 +39,35 @@ def lower_this_thread(nice: int = WRITER_NICE) -> int | None:
 
 
 class BackgroundWriter(FileSystemWriter):
-    """DCP's file-system writer whose writing thread (in the checkpoint process, or the rank's writer thread)
-    runs at nice `nice` (pickled with the writer into DCP's checkpoint process)."""
+    """DCP's file-system writer whose shards are written by a thread of their own at nice `nice` (pickled with the
+    writer into DCP's checkpoint process).
+
+    A thread per save, not the caller's: the caller in process mode is the checkpoint process's one serving
+    thread, which outlives the save, and a nice once lowered cannot be raised without privileges; lowered in
+    place, every later save of that process would write at the first save's nice, whatever it asked
+    (bench/checkpoint.py interleaves nices in one launch). The caller waits for the thread:
+    DCP's `write_data` returns once the shards are written, as before.
+    """
 
     def __init__(self, path: str, nice: int = WRITER_NICE) -> None:
         super().__init__(path)
         self.nice = nice
 
     def write_data(self, plan: Any, planner: Any) -> Future:
-        lower_this_thread(self.nice)
-        return super().write_data(plan, planner)
+        if self.nice <= 0:
+            return super().write_data(plan, planner)
+        box: dict[str, Any] = {}
+
+        def write() -> None:
+            lower_this_thread(self.nice)
+            try:
+                box["future"] = FileSystemWriter.write_data(self, plan, planner)
+            except BaseException as e:  # noqa: BLE001 - handed to the caller, which raises it as DCP expects
+                box["error"] = e
+
+        t = threading.Thread(target=write, name="musubi-ckpt-write", daemon=True)
+        t.start()
+        t.join()
+        if "error" in box:
+            raise box["error"]
+        return box["future"]

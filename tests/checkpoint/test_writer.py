@@ -39,21 +39,86 @@ def test_only_the_calling_thread_is_lowered_and_never_raised() -> None:
 
 
 class _Recording(BackgroundWriter):
+    """Notes the nice of the thread that writes the shards, and the thread's name."""
+
+    def __init__(self, path: str, nice: int = WRITER_NICE) -> None:
+        super().__init__(path, nice)
+        self.seen: list[tuple[str, int]] = []
+
     def write_data(self, plan: Any, planner: Any) -> Future:
-        fut = super().write_data(plan, planner)
-        self.nice_seen = _nice()
-        return fut
+        return super().write_data(plan, _NotingPlanner(planner, self.seen))
+
+
+class _NotingPlanner:
+    """The planner, noting (thread, nice) whenever the writer resolves an item: that is, while it writes."""
+
+    def __init__(self, planner: Any, seen: list[tuple[str, int]]) -> None:
+        self.planner, self.seen = planner, seen
+
+    def resolve_data(self, item: Any) -> Any:
+        self.seen.append((threading.current_thread().name, _nice()))
+        return self.planner.resolve_data(item)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.planner, name)
+
+
+def _state() -> dict[str, torch.Tensor]:
+    return {"w": torch.arange(12, dtype=torch.float32).reshape(3, 4), "step": torch.tensor(7)}
 
 
 def test_a_save_written_from_a_writer_thread_is_niced_and_loads_back(tmp_path: Path) -> None:
-    """As in thread mode: DCP's save runs in a thread of the rank; the writer lowers that thread only."""
-    state = {"w": torch.arange(12, dtype=torch.float32).reshape(3, 4), "step": torch.tensor(7)}
+    """As in thread mode: DCP's save runs in a thread of the rank; only the thread that writes is lowered."""
     writer = _Recording(str(tmp_path / "ckpt"))
     mine = _nice()
-    t = threading.Thread(target=lambda: dcp.save(state, storage_writer=writer, no_dist=True))
+    callers: list[int] = []
+
+    def save() -> None:
+        dcp.save(_state(), storage_writer=writer, no_dist=True)
+        callers.append(_nice())
+
+    t = threading.Thread(target=save)
     t.start()
     t.join()
-    assert writer.nice_seen == max(mine, WRITER_NICE) and _nice() == mine
+    assert writer.seen and {n for _, n in writer.seen} == {max(mine, WRITER_NICE)}
+    assert {name for name, _ in writer.seen} == {"musubi-ckpt-write"}
+    assert callers == [mine] and _nice() == mine  # DCP's saving thread and the training thread keep theirs
     back = {"w": torch.zeros(3, 4), "step": torch.tensor(0)}
     dcp.load(back, checkpoint_id=str(tmp_path / "ckpt"), no_dist=True)
-    assert torch.equal(back["w"], state["w"]) and int(back["step"]) == 7
+    assert torch.equal(back["w"], _state()["w"]) and int(back["step"]) == 7
+
+
+def test_a_long_lived_caller_writes_each_save_at_the_nice_it_asks(tmp_path: Path) -> None:
+    """As in process mode: one serving thread runs every save; a nice-10 save does not leave it at nice 10
+    for a nice-0 save after it."""
+    mine = _nice()
+    first, second = _Recording(str(tmp_path / "a")), _Recording(str(tmp_path / "b"), nice=0)
+
+    def serve() -> None:
+        dcp.save(_state(), storage_writer=first, no_dist=True)
+        dcp.save(_state(), storage_writer=second, no_dist=True)
+
+    t = threading.Thread(target=serve, name="serving")
+    t.start()
+    t.join()
+    assert {n for _, n in first.seen} == {max(mine, WRITER_NICE)}
+    assert {n for _, n in second.seen} == {mine} and {name for name, _ in second.seen} == {"serving"}
+
+
+class _Failing(BackgroundWriter):
+    def __init__(self, path: str) -> None:
+        super().__init__(path)
+
+    def write_data(self, plan: Any, planner: Any) -> Future:
+        return super().write_data(plan, _Boom())
+
+
+class _Boom:
+    def resolve_data(self, item: Any) -> Any:
+        raise OSError(28, "No space left on device (test)")
+
+
+def test_a_write_that_fails_in_the_writing_thread_raises_in_the_caller(tmp_path: Path) -> None:
+    writer = _Failing(str(tmp_path / "ckpt"))
+    with pytest.raises(BaseException, match="No space left"):
+        dcp.save(_state(), storage_writer=writer, no_dist=True)
