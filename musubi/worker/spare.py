@@ -108,6 +108,16 @@ def live_threads() -> int:
     return len(os.listdir("/proc/self/task"))
 
 
+def cuda_driver_loaded() -> bool:
+    """Whether the CUDA driver library is mapped into this process: an import called into CUDA (even
+    `torch.cuda.is_available()` initializes the driver), and a child forked after that cannot use the GPU."""
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as f:
+            return any("libcuda.so" in line for line in f)
+    except OSError:
+        return False
+
+
 def peer(conn: socket.socket) -> tuple[int, int]:
     """(pid, uid) of the process at the other end of a Unix socket (SO_PEERCRED: pid, uid, gid)."""
     pid, uid, _ = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
@@ -344,6 +354,9 @@ def main(argv: list[str] | None = None) -> int:
     if threads > 1:
         refuse(spare_dir, f"{threads} threads alive in the warm spare after its imports")
         return 1
+    if cuda_driver_loaded():
+        refuse(spare_dir, "the warm spare's imports loaded the CUDA driver (a forked rank could not use it)")
+        return 1
     sel = selectors.DefaultSelector()
     spare = Spare(spare_dir, listen(spare_dir), sel, args.entry)
     sel.register(spare.listener, selectors.EVENT_READ, ("accept", None))
@@ -356,4 +369,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # no interpreter teardown of torch's modules: the launcher waits for this exit
