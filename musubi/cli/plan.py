@@ -17,7 +17,7 @@ from musubi.contract.exits import EXIT_FAILED
 from musubi.plan.calibrate import load_calibrations
 from musubi.plan.catalog import get_gpu
 from musubi.plan.cluster import Cluster, fit_to_topology, make_cluster
-from musubi.plan.complete import complete_layout, stack_range
+from musubi.plan.complete import complete_layout, faster_over_memory, stack_range
 from musubi.plan.efficiency import DEFAULT_EFFICIENCY
 from musubi.plan.errors import PlanError
 from musubi.plan.layout import given_keys, parse_layout
@@ -202,11 +202,14 @@ def _inputs(model: str | None, spec: Path | None, gpu: str | None, gpus: int | N
 
 def _show_layout(console: Console, as_json: bool, one: Prediction, cluster: Cluster, micro: int,
                  filled: dict[str, Any], spread: tuple[Prediction, Prediction, list[str]] | None,
-                 report: dict[str, Any] | None) -> None:
-    """One layout's prediction: the table, the range over what --layout left unsaid, the knobs the planner chose."""
+                 report: dict[str, Any] | None, over: Prediction | None = None) -> None:
+    """One layout's prediction: the table, the range over what --layout left unsaid, the knobs the planner chose,
+    and the faster filling the memory model rejected (`over`)."""
+    over_json = None if over is None else {"layout": over.layout, "step_time_s": over.step_time_s, "mfu": over.mfu,
+                                           "memory_gib_per_gpu": over.memory_gib_per_gpu}
     if as_json:
         print(json.dumps({**one.as_dict(), "filled": filled, "range": _range_json(spread),
-                          "calibration": report}, indent=1))
+                          "faster_over_memory": over_json, "calibration": report}, indent=1))
         return
     _print_one(console, one, cluster, micro)
     if spread is not None:
@@ -217,6 +220,10 @@ def _show_layout(console: Console, as_json: bool, one: Prediction, cluster: Clus
     if filled:
         console.print("chosen by the planner (not in --layout; fastest that fits): "
                       + ", ".join(f"{k}={v}" for k, v in filled.items()), highlight=False)
+    if over is not None:
+        console.print(f"faster if it fits: {over.layout}: MFU {_pct(over.mfu)}, step {over.step_time_s:.3g} s, but "
+                      f"{over.memory_gib_per_gpu:.1f} GiB predicted of {cluster.gpu.memory_gib:g} (name its knobs "
+                      "in --layout to take it)", highlight=False)
 
 
 def plan_command(
@@ -258,6 +265,8 @@ def plan_command(
                                                  eff, precision)
             one = predict(model_spec, cluster, one_layout, batch, eff, precision)
             spread = stack_range(model_spec, cluster, one_layout, given_keys(layout), batch, eff, precision)
+            over = faster_over_memory(model_spec, cluster, parse_layout(layout), given_keys(layout), batch, eff,
+                                      precision)
         else:
             found = search(model_spec, cluster, batch, eff, precision, top=top)
     except PlanError as e:
@@ -267,7 +276,7 @@ def plan_command(
     if not console.is_terminal:  # piped or captured: do not squeeze the layout column to 80 characters
         console = Console(width=PIPE_WIDTH)
     if layout is not None:
-        _show_layout(console, as_json, one, cluster, one_layout.micro, filled, spread, report)
+        _show_layout(console, as_json, one, cluster, one_layout.micro, filled, spread, report, over)
         return
     if as_json:
         print(json.dumps({"model": model_spec.name, "gpu": cluster.gpu.name, "gpus": cluster.n_gpus,

@@ -42,32 +42,60 @@ def _vpp_choices(spec: ModelSpec, layout: Layout) -> list[int]:
             or (spec.layers + 2) % (layout.pp * v) == 0] or [1]
 
 
-def complete_layout(spec: ModelSpec, cluster: Cluster, layout: Layout, given: frozenset[str], global_batch: int,
-                    eff: Efficiency = DEFAULT_EFFICIENCY, precision: str = "bf16",
-                    memory_precision: str = "mixed") -> tuple[Layout, dict[str, str]]:
-    """The layout with its unnamed knobs set to the fastest values that fit; and what was chosen, knob by knob."""
+def _fill_candidates(spec: ModelSpec, cluster: Cluster, layout: Layout, given: frozenset[str], global_batch: int,
+                     eff: Efficiency, precision: str, memory_precision: str) -> tuple[Layout, list[str],
+                                                                                     list[tuple[Layout, Prediction]]]:
+    """The resolved layout, its open knobs, and every candidate filling of them with its prediction."""
     layout = resolve_layout(layout, cluster.n_gpus)
     open_knobs = [k for k in FILLABLE if k not in given and not (k == "vpp" and layout.pp <= 1)]
     if not open_knobs:
-        return layout, {}
+        return layout, [], []
     options = {
         "micro": _micro_choices(layout, global_batch) if "micro" in open_knobs else [layout.micro],
         "vpp": _vpp_choices(spec, layout) if "vpp" in open_knobs else [layout.vpp],
         "recompute": list(RECOMPUTE) if "recompute" in open_knobs else [layout.recompute],
     }
-    best: tuple[float, Layout] | None = None
+    out: list[tuple[Layout, Prediction]] = []
     for micro, vpp, rec in itertools.product(options["micro"], options["vpp"], options["recompute"]):
         candidate = replace(layout, micro=micro, vpp=vpp, recompute=rec)
         try:
-            p: Prediction = predict(spec, cluster, candidate, global_batch, eff, precision, memory_precision)
+            out.append((candidate, predict(spec, cluster, candidate, global_batch, eff, precision, memory_precision)))
         except PlanError:  # e.g. interleaving needs the micro-batch count to be a multiple of pp
             continue
-        if p.fits and (best is None or p.step_time_s < best[0]):
-            best = (p.step_time_s, candidate)
-    if best is None:  # nothing fits: leave the defaults, the prediction will say "does not fit"
+    return layout, open_knobs, out
+
+
+def complete_layout(spec: ModelSpec, cluster: Cluster, layout: Layout, given: frozenset[str], global_batch: int,
+                    eff: Efficiency = DEFAULT_EFFICIENCY, precision: str = "bf16",
+                    memory_precision: str = "mixed") -> tuple[Layout, dict[str, str]]:
+    """The layout with its unnamed knobs set to the fastest values that fit; and what was chosen, knob by knob."""
+    layout, open_knobs, candidates = _fill_candidates(spec, cluster, layout, given, global_batch, eff, precision,
+                                                      memory_precision)
+    fitting = [(p.step_time_s, lay) for lay, p in candidates if p.fits]
+    if not fitting:  # nothing fits (or nothing was open): leave the defaults, the prediction will say so
         return layout, {}
-    chosen = best[1]
+    chosen = min(fitting, key=lambda t: t[0])[1]
     return chosen, {k: str(getattr(chosen, k)) for k in open_knobs}
+
+
+def faster_over_memory(spec: ModelSpec, cluster: Cluster, layout: Layout, given: frozenset[str], global_batch: int,
+                       eff: Efficiency = DEFAULT_EFFICIENCY, precision: str = "bf16",
+                       memory_precision: str = "mixed") -> Prediction | None:
+    """The fastest filling the memory model rejected, when it beats the one that fits; None otherwise.
+
+    The fill rests on the memory model: a published run may have fitted what the model puts a few GiB over
+    (Llama 3 405B's interleaved pipeline at 8k GPUs: 90.8 GiB predicted on 80 GB H100s), so the planner says
+    what it gave up and for how much memory.
+    """
+    _, _, candidates = _fill_candidates(spec, cluster, layout, given, global_batch, eff, precision, memory_precision)
+    fitting = [p for _, p in candidates if p.fits]
+    over = [p for _, p in candidates if not p.fits]
+    if not over:
+        return None
+    fastest = min(over, key=lambda p: p.step_time_s)
+    if fitting and fastest.step_time_s >= min(p.step_time_s for p in fitting):
+        return None
+    return fastest
 
 
 #: Stack facts a layout may leave out, and the values a stack of the last five years may have.

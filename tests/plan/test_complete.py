@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 
 from musubi.plan import get_gpu, make_cluster, predict
-from musubi.plan.complete import complete_layout, stack_range
+from musubi.plan.complete import complete_layout, faster_over_memory, stack_range
 from musubi.plan.layout import given_keys, parse_layout
 from musubi.plan.spec import preset
 from musubi.plan.validate import GATHERED_CSV, HELDOUT_CSV, NEVERSEEN_CSV, check_table, load_rows, summary
@@ -93,3 +93,23 @@ def test_gathered_and_never_seen_sets_name_their_sources() -> None:
     assert NEVERSEEN_CSV.read_text().startswith("# NEVER-SEEN SET")
     names = {r["name"] for r in load_rows(GATHERED_CSV)}
     assert not names & {r["name"] for r in load_rows(NEVERSEEN_CSV)}
+
+
+def test_the_fill_says_what_memory_made_it_give_up() -> None:
+    """Llama 3 405B at 8,192 H100s as printed (TP 8 x PP 16, ZeRO-1): the fastest filling (4 virtual stages) is
+    predicted over 80 GB, so the fill keeps vpp 1 and names the faster one with its memory; where the fastest
+    filling fits there is nothing to name."""
+    llama = preset("llama3-405b")
+    cluster = make_cluster(get_gpu("H100-SXM"), 8192)
+    text = "tp=8,pp=16,dp=64,zero=1"
+    chosen, _ = complete_layout(llama, cluster, parse_layout(text), given_keys(text), 2048)
+    over = faster_over_memory(llama, cluster, parse_layout(text), given_keys(text), 2048)
+    assert chosen.vpp == 1 and over is not None and "vpp=4" in over.layout
+    assert not over.fits and over.memory_gib_per_gpu > 79.6
+    assert over.step_time_s < predict(llama, cluster, chosen, 2048).step_time_s
+    small = make_cluster(get_gpu("H200"), 8)  # 140 GB: recompute none fits
+    one = "zero=1,micro=1"  # only recompute is open, and none (the fastest) fits
+    assert faster_over_memory(preset("llama3-8b"), small, parse_layout(one), given_keys(one), 64) is None
+    code, out = run("--model", "llama3-405b", "--gpu", "H100-SXM", "--gpus", "8192", "--global-batch", "2048",
+                    "--layout", text, "--json")
+    assert code == 0 and json.loads(out)["faster_over_memory"]["layout"] == over.layout
