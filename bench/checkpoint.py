@@ -34,6 +34,15 @@ is blocked <= 5 % of a synchronous save, and steps run at >= 95 % of their speed
    them) competes with the step as in training.
 2. recovery (not with --no-recovery): `musubi train` of the same model with `MUSUBI_INJECT=kill:rank=1,step=K`;
    from the job's goodput.json, the seconds from the failure to the next attempt's first step. Target <= 60 s.
+3. the GIL probe (`--gil-probe`, one process, no torchrun): a GPU-like step (small tensor ops, then a sleep as a
+   device sync) beside DCP saves from a thread, interleaved over the writer's nice and the switch interval.
+
+Why the heap is settled (measured on the 2-core CPU machine, 2026-11-28): in thread mode the writer shares the
+rank's GIL, and a save's allocations run the collector on the writer thread; a full collection of an unsettled
+rank (~347 000 objects) took 224-505 ms there, and one ran inside a 726 ms step of a thread-mode save (4x256
+GPT, --no-settle); settled, the same collection takes ~0.01 ms. `musubi train` settles its heap, so the bench
+does too; the single 270-330 ms steps of thread mode on 2x H200 (session 20, unsettled) most likely were this.
+Each rank reports `full_collection_ms` (before and after settling) and every save its collections.
 
 Prints a summary and writes bench-results/checkpoint.json (or --json-out).
 """
@@ -218,6 +227,13 @@ def gc_figures(events: list[tuple[float, float, int, str]]) -> dict[str, Any]:
             "threads": sorted({e[3] for e in events})}
 
 
+def timed_ms(fn: Any) -> float:
+    """Milliseconds one call of `fn` takes."""
+    t0 = time.perf_counter()
+    fn()
+    return round(1e3 * (time.perf_counter() - t0), 2)
+
+
 def worker(args: argparse.Namespace) -> None:
     """One rank: steady steps, synchronous saves, then rounds of async saves (every variant) with steps beside."""
     pinned = None
@@ -270,8 +286,12 @@ def worker(args: argparse.Namespace) -> None:
 
     for _ in range(args.warmup):
         step()
+    # What one full collection costs this rank (a stall when it runs inside a step): before the heap is settled,
+    # then after (not with --no-settle).
+    full_ms = {"unsettled": timed_ms(gc.collect), "tracked_objects": len(gc.get_objects())}
     if not args.no_settle:
         settle_heap()  # as Trainer.fit: set-up's garbage collected, what lives on frozen, the collector on
+        full_ms["settled"] = timed_ms(gc.collect)
     gclog = GcLog()
     state_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     state_bytes += sum(t.numel() * t.element_size() for s in opt.state.values() for t in s.values()
@@ -282,6 +302,7 @@ def worker(args: argparse.Namespace) -> None:
     out: dict[str, Any] = {"state_gb_per_rank": round(state_bytes / 1e9, 3), "world": world.size,
                            "steady_step_s": statistics.median(steady), "device": str(world.device),
                            "settled_heap": not args.no_settle, "gc_frozen": gc.get_freeze_count(),
+                           "full_collection_ms": full_ms,
                            "switch_interval_ms": round(sys.getswitchinterval() * 1e3, 3),
                            "pinned": pinned.describe() if pinned else None}
     if world.is_cuda:
@@ -550,7 +571,9 @@ def print_report(result: dict[str, Any], args: argparse.Namespace) -> None:
     summ = result["summary"]
     print(f"checkpoint saves probe: {s.get('gpu', s['device'])} x{args.nproc}, state {s['state_gb_per_rank']} GB "
           f"per rank (model + AdamW), steady step {s['steady_step_s'] * 1e3:.1f} ms, sync save "
-          f"{s['sync_save_s']:.2f} s; heap {'settled' if s['settled_heap'] else 'NOT settled'}; "
+          f"{s['sync_save_s']:.2f} s; heap {'settled' if s['settled_heap'] else 'NOT settled'} (a full collection "
+          f"of its {s['full_collection_ms']['tracked_objects']} objects {s['full_collection_ms']['unsettled']} ms, "
+          f"settled {s['full_collection_ms'].get('settled', 'n/a')} ms); "
           f"{s['rounds']} round(s) of {len(summ['variants'])} variants (longest {s['longest_round_s']} s), "
           f"order shuffled per round (seed {args.seed})")
     for label, v in summ["variants"].items():

@@ -92,6 +92,8 @@ def test_one_launch_measures_every_variant_in_shuffled_rounds_within_its_budget(
     labels = ["process/nice0", "process/nice10", "thread/nice0", "thread/nice10"]
     assert saves["rounds"] == 2  # the budget (16 s, 1 s after the teardown's share) was gone: --min-rounds only
     assert saves["settled_heap"] and saves["gc_frozen"] > 0  # as musubi train's heap
+    full = saves["full_collection_ms"]
+    assert full["tracked_objects"] > 10_000 and full["settled"] < full["unsettled"]  # settling is what makes it cheap
     assert [s["variant"] for s in saves["saves"]] == cb.round_order(labels, 0, 0) + cb.round_order(labels, 0, 1)
     for s in saves["saves"]:
         assert s["blocked_s"] > 0 and s["base_step_s"] > 0 and set(s["gc"]) >= {"collections", "max_ms", "threads"}
