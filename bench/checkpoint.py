@@ -668,6 +668,9 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="musubi-ckpt-bench-"))
     t0 = time.perf_counter()
     deadline = time.time() + args.budget_s - TEARDOWN_S
+    print(f"saves probe: {len(todo)} variants ({', '.join(v[0] for v in todo)}) x {args.min_rounds}..{args.rounds} "
+          f"rounds, each started while the longest round so far still ends {TEARDOWN_S:.0f} s before the "
+          f"{args.budget_s:.0f} s budget", flush=True)
     saves = run_saves(args, spec, tmp, deadline)
     saves_s = round(time.perf_counter() - t0, 1)
     recovery = None if args.no_recovery else run_recovery(args, spec, tmp)
