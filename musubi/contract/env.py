@@ -33,5 +33,8 @@ MUSUBI_COMM_PROBE = "MUSUBI_COMM_PROBE"
 MUSUBI_STOP_GRACE = "MUSUBI_STOP_GRACE"
 #: A run id a user may set; it differs between any two runs, so `musubi compare` does not report it.
 MUSUBI_RUN_ID = "MUSUBI_RUN_ID"
+#: The pid torchrun started for a rank the warm spare forked (its thin client): torchrun's log names the rank by it.
+#: Set by the spare in the rank's environment; the heartbeat records it beside the rank's own pid.
+MUSUBI_CLIENT_PID = "MUSUBI_CLIENT_PID"
 #: `0` turns the launch's warm spare off (ranks start a fresh interpreter each), whatever train.warm_spare says.
 MUSUBI_WARM_SPARE = "MUSUBI_WARM_SPARE"

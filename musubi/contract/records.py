@@ -77,6 +77,7 @@ class HeartbeatRecord(TypedDict):
 
     rank: int
     pid: int
+    launched_pid: int  # the pid torchrun knows the rank by (the warm spare's client; else `pid`)
     host: str
     attempt: str
     step: int

@@ -13,14 +13,15 @@ them once and forks the rank from itself. The client:
   its error files (TORCHELASTIC_ERROR_FILE rides in the environment) and the exit-code table
   (contract/exits.py) see no difference;
 - falls back, when the spare refused, is gone, is not ready in time or never ran, to exec'ing the plain
-  `python -m musubi.worker.worker ...` (the path without a spare; the module is the client's third argument), saying why once (rank 0) on stderr,
-  which is the job's torchrun log.
+  `python -m musubi.worker.worker ...` (the path without a spare; the module is the client's third argument),
+  saying why once an attempt (rank 0) on stderr, which is the job's torchrun log.
 
 If torchrun SIGKILLs the client, the spare sees its connection close and SIGKILLs the rank.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
@@ -28,7 +29,7 @@ import socket
 import struct
 import sys
 import time
-from typing import NoReturn
+from typing import Any, NoReturn
 
 #: The socket the spare listens on, inside its 0700 folder (a short path: AF_UNIX paths hold ~107 bytes).
 SOCKET_NAME = "spare.sock"
@@ -41,6 +42,20 @@ FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signa
 #: A wait between looks for the socket while the spare still imports (s).
 POLL_S = 0.02
 _HEAD = struct.Struct("!I")  # the byte length of the JSON body that follows
+
+
+def exits() -> Any:
+    """musubi/contract/exits.py (the one exit-code table), loaded by path on the rare ends that need a code of
+    their own: this file runs isolated (`-I -S`), with no package to import it from, and a rank's usual end
+    passes its own code through."""
+    mod = sys.modules.get("musubi_contract_exits")
+    if mod is None:
+        spec = importlib.util.spec_from_file_location("musubi_contract_exits",
+                                                      os.path.join(os.path.dirname(__file__), "exits.py"))
+        mod = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+        sys.modules[spec.name] = mod  # type: ignore[union-attr]  # dataclasses looks its module up by name
+        spec.loader.exec_module(mod)  # type: ignore[union-attr]
+    return mod
 
 
 class Unavailable(Exception):
@@ -182,12 +197,12 @@ def die_by(sig: int) -> NoReturn:
         signal.signal(sig, signal.SIG_DFL)
     os.kill(os.getpid(), sig)
     time.sleep(1.0)  # a stopping signal may be delivered late: never fall through to exit 0
-    os._exit(128 + sig)
+    os._exit(exits().after_signal(sig))
 
 
 def fall_back(module: str, args: list[str], why: str, forwarder: Forwarder | None = None) -> NoReturn:
-    """Start the rank the plain way (exec of `python -m MODULE ARGS`), saying why once per launch (rank 0)."""
-    if os.environ.get("RANK", "0") == "0" and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0":
+    """Start the rank the plain way (exec of `python -m MODULE ARGS`), saying why once per attempt (rank 0)."""
+    if os.environ.get("RANK", "0") == "0":  # one line an attempt, not one a rank
         sys.stderr.write(f"musubi: warm spare not used ({why}); each rank starts a fresh interpreter\n")
         sys.stderr.flush()
     if forwarder is not None:
@@ -213,7 +228,7 @@ def run(argv: list[str]) -> int:
     started = process_created()
     if len(argv) < 4 or argv[3] != "--":
         sys.stderr.write("usage: spare_client.py SPARE_DIR READY_S MODULE -- [the module's arguments]\n")
-        return 2
+        return exits().EXIT_CONFIG
     spare_dir, module, args = argv[0], argv[2], argv[4:]
     forwarder = Forwarder()
     try:
@@ -234,7 +249,7 @@ def run(argv: list[str]) -> int:
         end = None
     if end is None or "status" not in end:  # the spare died: its ranks die with it (PR_SET_PDEATHSIG)
         sys.stderr.write(f"musubi: the warm spare ended before rank pid {reply['pid']}; the rank was killed\n")
-        return 1
+        return exits().EXIT_FAILED
     status = int(end["status"])
     if os.WIFSIGNALED(status):
         die_by(os.WTERMSIG(status))

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from musubi.contract.env import MUSUBI_CLIENT_PID
 from musubi.contract.errors import ConfigError
 
 
@@ -156,6 +157,11 @@ def shutdown_world() -> None:
         finally:
             _SIDE_GROUP = None
             dist.destroy_process_group()
+
+
+def launched_pid() -> int:
+    """The pid torchrun started for this rank: the warm spare's client when the spare forked it, else our own."""
+    return _env_int(MUSUBI_CLIENT_PID, os.getpid())
 
 
 def attempt_id() -> str:

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from musubi.contract.env import MUSUBI_DEVICE
+from musubi.contract.env import MUSUBI_CLIENT_PID, MUSUBI_DEVICE
 from musubi.contract.exits import EXIT_CONFIG, EXIT_FAILED, EXIT_OK
 from musubi.contract.run_files import RUN_FILES
 from musubi.launch.checks import admit, say
@@ -95,6 +95,7 @@ def torchrun_argv(job_dir: Path, nproc: int, resume: bool, stop_at_step: int | N
 def worker_env(kind: str, nproc: int, deterministic: bool, job_dir: Path | None = None) -> dict[str, str]:
     """Environment of the workers: device kind, thread counts, determinism switches, hang diagnostics."""
     env = dict(os.environ)
+    env.pop(MUSUBI_CLIENT_PID, None)  # a launch from inside a forked rank: its ranks are not that client
     if job_dir is not None:
         from musubi.preflight import diagnostic_env
 

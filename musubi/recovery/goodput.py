@@ -8,7 +8,8 @@ Inputs, all in the job directory:
 - `heartbeat/a{attempt}-rank{r}.json`: every rank's last heartbeat (when it was last alive);
 - `logs/hang/hang-a{attempt}.json`, `memory/applied-oom-*.json`: the causes that name themselves;
 - `logs/torchrun.log`: torchrun's `failed (exitcode: -9) local_rank: 1 (pid: N)` lines, matched
-  to a rank and attempt by the pid each heartbeat records;
+  to a rank and attempt by the pids each heartbeat records (the rank's own, and the one torchrun
+  started: the warm spare's client, when the spare forked the rank);
 - `logs/exits/a{attempt}-rank{r}.json`: the error each failing rank recorded; a rank whose error
   says it lost a peer ("connection closed by peer") is a victim, and a rank that left no record
   while its peers did died without a word (SIGKILL, the kernel's OOM killer);
@@ -95,12 +96,14 @@ _EXIT_RE = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: (\
 
 
 def _pids(job_dir: Path) -> dict[int, tuple[str, int]]:
-    """pid -> (attempt, rank), from every heartbeat file."""
+    """pid -> (attempt, rank), from every heartbeat file: the rank's own pid and the one torchrun knows it by (a
+    rank forked by the warm spare: its client's)."""
     out = {}
     for p in (job_dir / RUN_FILES.heartbeat).glob("a*-rank*.json"):
         try:
             rec = json.loads(p.read_text(encoding="utf-8"))
-            out[int(rec["pid"])] = (str(rec["attempt"]), int(rec["rank"]))
+            out[int(rec["pid"])] = out[int(rec.get("launched_pid", rec["pid"]))] = (str(rec["attempt"]),
+                                                                                     int(rec["rank"]))
         except (ValueError, KeyError, OSError):
             continue
     return out

@@ -42,7 +42,7 @@ from musubi.config.job import WatchdogSpec
 from musubi.contract.exits import EXIT_HANG
 from musubi.contract.records import HeartbeatRecord
 from musubi.contract.run_files import RUN_FILES
-from musubi.contract.world import attempt_id
+from musubi.contract.world import attempt_id, launched_pid
 
 log = logging.getLogger("musubi.watchdog")
 
@@ -159,6 +159,7 @@ class Watchdog:
         self._seen: dict[int, tuple[int, float]] = {}  # rank -> (seq, local monotonic time it last moved)
         self._thread = threading.Thread(target=self._run, name="musubi-watchdog", daemon=True)
         self.pid = os.getpid()
+        self.launched_pid = launched_pid()
         self.host = socket.gethostname()
         self.stacks = self._stacks_of(self.rank)
         self._stacks_file: Any = None
@@ -211,7 +212,7 @@ class Watchdog:
 
     def _publish(self) -> None:
         hb = self.hb
-        rec = HeartbeatRecord(rank=self.rank, pid=self.pid, host=self.host, attempt=self.attempt, step=hb.step,
+        rec = HeartbeatRecord(rank=self.rank, pid=self.pid, launched_pid=self.launched_pid, host=self.host, attempt=self.attempt, step=hb.step,
                               phase=hb.phase, seq=hb.seq, time=round(time.time(), 3),
                               timeout_s=round(self.timeout_for(hb.phase), 2), t_train_start=hb.t_train_start,
                               resumed_step=hb.resumed_step)
@@ -299,6 +300,7 @@ class Watchdog:
                 continue
             try:
                 proc = psutil.Process(int(st["pid"]))
+                # A rank forked by the launch's warm spare shows the spare's command line (musubi.worker.spare).
                 if proc.status() == psutil.STATUS_STOPPED and "musubi.worker" in " ".join(proc.cmdline()):
                     proc.kill()
                     ended.append(r)

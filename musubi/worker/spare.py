@@ -40,6 +40,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NoReturn
 
+from musubi.contract.env import MUSUBI_CLIENT_PID
+from musubi.contract.exits import EXIT_FAILED, EXIT_OK
 from musubi.contract.run_files import RUN_FILES
 from musubi.contract.spare_client import PID_NAME, REFUSED_NAME, SOCKET_NAME, receive_message, send_message
 
@@ -65,7 +67,7 @@ def die_with_parent(parent: int) -> None:
     if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
     if os.getppid() != parent:  # the parent ended before the prctl: nobody would kill us later
-        os._exit(1)
+        os._exit(EXIT_FAILED)
 
 
 def task_module(job_dir: Path) -> str | None:
@@ -100,10 +102,10 @@ def live_threads() -> int:
     """Threads of this process a fork would leave behind: counted after a probe fork, since a library that
     stops its pool at fork (OpenBLAS, through pthread_atfork) leaves none."""
     if len(os.listdir("/proc/self/task")) == 1:
-        return 1
+        return EXIT_FAILED
     pid = os.fork()
     if pid == 0:
-        os._exit(0)
+        os._exit(EXIT_OK)
     os.waitpid(pid, 0)
     return len(os.listdir("/proc/self/task"))
 
@@ -207,7 +209,7 @@ class Spare:
         signal.pthread_sigmask(signal.SIG_BLOCK, STOPPING)
         pid = os.fork()
         if pid == 0:
-            become_rank(self.entry, req, fds, os.getppid(), self.own_fds(conn))
+            become_rank(self.entry, req, fds, os.getppid(), self.own_fds(conn), client)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPPING)
         print(f"rank pid {pid} forked for client pid {client}", file=sys.stderr, flush=True)
         for fd in fds:
@@ -270,9 +272,10 @@ def _kill(pid: int, sig: int) -> None:
         pass
 
 
-def become_rank(entry: str, req: dict, fds: list[int], spare_pid: int, spare_fds: list[int]) -> NoReturn:
+def become_rank(entry: str, req: dict, fds: list[int], spare_pid: int, spare_fds: list[int],
+                client: int) -> NoReturn:
     """In the forked child: take over the client's fds, environment and state, run the rank, exit with its code."""
-    code = 1
+    code = EXIT_FAILED
     try:
         for fd in spare_fds:
             os.close(fd)
@@ -288,6 +291,7 @@ def become_rank(entry: str, req: dict, fds: list[int], spare_pid: int, spare_fds
         os.chdir(req["cwd"])
         os.environ.clear()
         os.environ.update(req["env"])
+        os.environ[MUSUBI_CLIENT_PID] = str(client)  # torchrun's log names this rank by its client's pid
         os.umask(int(req["umask"]))
         os.sched_setaffinity(0, req["affinity"])  # torchrun's NUMA binding (numactl) bound the client
         module = sys.modules[entry]
@@ -297,10 +301,10 @@ def become_rank(entry: str, req: dict, fds: list[int], spare_pid: int, spare_fds
         code = module.main(list(req["argv"]), started=float(req["started"]))
         logging.shutdown()
     except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        code = e.code if isinstance(e.code, int) else (EXIT_OK if e.code is None else EXIT_FAILED)
     except BaseException:  # noqa: BLE001 - the rank's end is its exit code; the traceback goes to its stderr
         traceback.print_exc()
-        code = 1
+        code = EXIT_FAILED
     finally:
         try:
             sys.stdout.flush()
@@ -346,17 +350,17 @@ def main(argv: list[str] | None = None) -> int:
         failed = warm(job_dir, [m for m in args.warm.split(",") if m] + [args.entry])
     except Exception as e:  # noqa: BLE001 - any failure: the clients start their ranks the plain way
         refuse(spare_dir, f"the warm spare's imports failed: {type(e).__name__}: {e}")
-        return 1
+        return EXIT_FAILED
     gc.collect()
     gc.freeze()
     gc.enable()
     threads = live_threads()
     if threads > 1:
         refuse(spare_dir, f"{threads} threads alive in the warm spare after its imports")
-        return 1
+        return EXIT_FAILED
     if cuda_driver_loaded():
         refuse(spare_dir, "the warm spare's imports loaded the CUDA driver (a forked rank could not use it)")
-        return 1
+        return EXIT_FAILED
     sel = selectors.DefaultSelector()
     spare = Spare(spare_dir, listen(spare_dir), sel, args.entry)
     sel.register(spare.listener, selectors.EVENT_READ, ("accept", None))
@@ -365,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"warm spare ready in {time.monotonic() - t0:.2f} s (pid {os.getpid()})"
           + (f"; task module(s) {', '.join(failed)} not imported" if failed else ""), file=sys.stderr, flush=True)
     spare.serve()
-    return 0
+    return EXIT_OK
 
 
 if __name__ == "__main__":

@@ -104,6 +104,24 @@ def test_a_sigkilled_client_takes_its_rank_with_it(spare, tmp_path: Path) -> Non
     assert wait_for(lambda: not Path(f"/proc/{rank}").exists()), f"rank {rank} outlived its SIGKILLed client"
 
 
+def test_a_spare_that_dies_takes_its_ranks_and_later_clients_start_plain(tmp_path: Path) -> None:
+    """The spare killed under a running rank: the rank dies with it (PR_SET_PDEATHSIG), its client exits 1 and
+    says so (torchrun restarts), and the restarted rank's client finds nobody listening and starts plain."""
+    proc = start(tmp_path)
+    assert wait_for(lambda: (tmp_path / spare_client.SOCKET_NAME).exists()), "the spare never listened"
+    pid_file = tmp_path / "pid"
+    c = client(tmp_path, "wait", str(pid_file))
+    assert wait_for(pid_file.exists), "the rank never started"
+    rank = int(pid_file.read_text())
+    proc.kill()
+    proc.wait(timeout=30)
+    _, err = c.communicate(timeout=30)
+    assert c.returncode == 1 and "the warm spare ended before rank" in err, err
+    assert wait_for(lambda: not Path(f"/proc/{rank}").exists()), f"rank {rank} outlived its spare"
+    _, err = fell_back(client(tmp_path, "info", "5"))
+    assert "does not answer" in err
+
+
 def fell_back(c: subprocess.Popen) -> tuple[dict, str]:
     out, err = c.communicate(timeout=60)
     assert c.returncode == 5, (out, err)
@@ -170,3 +188,10 @@ def test_the_knob_and_the_variable_turn_it_off() -> None:
     assert wanted({"warm_spare": True}, {}) and wanted({}, {MUSUBI_WARM_SPARE: "1"})
     assert not wanted({"warm_spare": False}, {})
     assert not wanted({"warm_spare": True}, {MUSUBI_WARM_SPARE: "0"})
+
+
+def test_a_client_without_its_arguments_says_how_and_exits_2() -> None:
+    """The one end the client spells itself reads the exit-code table (EXIT_CONFIG), loaded by path."""
+    r = subprocess.run([sys.executable, "-I", "-S", spare_client.__file__, "only-one"], capture_output=True,
+                       text=True, timeout=30)
+    assert r.returncode == 2 and "usage: spare_client.py SPARE_DIR READY_S MODULE --" in r.stderr, r
