@@ -99,10 +99,26 @@ def job_dict(shape: dict, cpu: bool, every: int, steps: int) -> dict:
 
 
 # -- what the launcher and the tests share: the variants, their order, the verdicts ---------------------------
-def variants(modes: str, nices: str) -> list[tuple[str, str, int]]:
-    """(label, async mode, writer nice) of every variant: `mode/niceN` for each mode and nice."""
-    return [(f"{m}/nice{n}", m, n) for m in modes.split(",") if m
-            for n in (int(x) for x in str(nices).split(",") if x.strip())]
+def variants(modes: str, nices: str, aheads: str = "") -> list[tuple[str, str, int, int | None]]:
+    """(label, async mode, writer nice, writer copy-ahead in bytes or None for DCP's) of every variant:
+    `mode/niceN` for each mode and nice, `mode/niceN/aheadM` (M in MB) when copy-aheads are listed."""
+    ahead = [float(x) for x in str(aheads).split(",") if x.strip()]
+    return [(f"{m}/nice{n}" + (f"/ahead{a:g}" if ahead else ""), m, n, int(a * 1e6) if ahead else None)
+            for m in modes.split(",") if m for n in (int(x) for x in str(nices).split(",") if x.strip())
+            for a in (ahead or [None])]
+
+
+def paired_base(label: str, labels: list[str], part: str) -> str | None:
+    """The label `label` is paired with along `part` ("nice": nice 0; "ahead": the first copy-ahead listed),
+    None when `label` is that base itself or the base was not measured."""
+    parts = label.split("/")
+    i = next((k for k, x in enumerate(parts) if x.startswith(part)), None)
+    if i is None:
+        return None
+    firsts = [x.split("/")[i] for x in labels if len(x.split("/")) == len(parts)]
+    base_part = f"{part}0" if part == "nice" else firsts[0]
+    base = "/".join(parts[:i] + [base_part] + parts[i + 1:])
+    return base if base != label and base in labels else None
 
 
 def round_order(labels: list[str], seed: int, round_no: int) -> list[str]:
@@ -176,19 +192,21 @@ def summarise(saves: list[dict[str, Any]], sync_save_s: float, labels: list[str]
         out[label] = row
     paired: dict[str, Any] = {}
     for label in labels:
-        mode, nice = label.split("/nice")
-        base = f"{mode}/nice0"
-        if nice == "0" or base not in labels:
-            continue
-        a = {s["round"]: s["throughput"] for s in saves if s["variant"] == label}
-        b = {s["round"]: s["throughput"] for s in saves if s["variant"] == base}
-        diffs = [a[r] - b[r] for r in sorted(a) if r in b and a[r] is not None and b[r] is not None]
-        lo, hi, cov = median_interval(diffs)
-        paired[f"{label} - {base}"] = {
-            "median_points": round(100 * statistics.median(diffs), 2) if diffs else None,
-            "interval_points": [round(100 * lo, 2), round(100 * hi, 2)] if diffs else None, "coverage": round(cov, 3),
-            "reads": ("not settled" if len(diffs) < VERDICT_ROUNDS or lo <= 0 <= hi else
-                      f"nice {nice} {'faster' if lo > 0 else 'slower'} during the save")}
+        for part in ("nice", "ahead"):
+            base = paired_base(label, labels, part)
+            if base is None:
+                continue
+            a = {s["round"]: s["throughput"] for s in saves if s["variant"] == label}
+            b = {s["round"]: s["throughput"] for s in saves if s["variant"] == base}
+            diffs = [a[r] - b[r] for r in sorted(a) if r in b and a[r] is not None and b[r] is not None]
+            lo, hi, cov = median_interval(diffs)
+            what = next(x for x in label.split("/") if x.startswith(part))
+            paired[f"{label} - {base}"] = {
+                "median_points": round(100 * statistics.median(diffs), 2) if diffs else None,
+                "interval_points": [round(100 * lo, 2), round(100 * hi, 2)] if diffs else None,
+                "coverage": round(cov, 3),
+                "reads": ("not settled" if len(diffs) < VERDICT_ROUNDS or lo <= 0 <= hi else
+                          f"{part} {what[len(part):]} {'faster' if lo > 0 else 'slower'} during the save")}
     return {"variants": out, "paired": paired}
 
 
@@ -329,7 +347,7 @@ def worker(args: argparse.Namespace) -> None:
     out["sync_saves_s"] = [round(s, 3) for s in sync_s]
     sync.close()
 
-    todo = variants(args.modes, args.writer_nice)
+    todo = variants(args.modes, args.writer_nice, args.writer_copy_ahead_mb)
     savers = {}
     t_warm = time.perf_counter()
     for mode in args.modes.split(","):  # the process mode starts its checkpoint process on its first save
@@ -346,10 +364,11 @@ def worker(args: argparse.Namespace) -> None:
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return float(t.item())
 
-    def measured(label: str, mode: str, nice: int, round_no: int) -> dict[str, Any]:
+    def measured(label: str, mode: str, nice: int, ahead: int | None, round_no: int) -> dict[str, Any]:
         """One save against the steps just before it."""
         saver = savers[mode]
         saver.writer_nice = nice
+        saver.writer_copy_ahead = ahead
         for _ in range(args.settle_steps):
             agreed(False, dist.ReduceOp.MIN)
             step()
@@ -403,8 +422,8 @@ def worker(args: argparse.Namespace) -> None:
             break  # the next round would end past the budget's deadline (on some rank's clock)
         t_round = time.perf_counter()
         for label in round_order(labels, args.seed, r):
-            _, mode, nice = by_label[label]
-            saves.append(measured(label, mode, nice, r))
+            _, mode, nice, ahead = by_label[label]
+            saves.append(measured(label, mode, nice, ahead, r))
         longest = max(longest, time.perf_counter() - t_round)
         rounds_run += 1
     for saver in savers.values():
@@ -430,6 +449,7 @@ def run_saves(args: argparse.Namespace, spec: dict, tmp: Path, deadline: float) 
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc}",
            str(Path(__file__).resolve()), "--worker", "--job-json", str(job_json), "--ckpt-root", str(tmp / "ckpt"),
            "--result", str(result), "--modes", args.modes, "--writer-nice", str(args.writer_nice),
+           "--writer-copy-ahead-mb", str(args.writer_copy_ahead_mb),
            "--steps", str(args.steps), "--warmup", str(args.warmup), "--sync-repeats", str(args.sync_repeats),
            "--settle-steps", str(args.settle_steps), "--base-steps", str(args.base_steps),
            "--max-overlap-steps", str(args.max_overlap_steps), "--rounds", str(args.rounds),
@@ -557,12 +577,13 @@ def gil_probe(args: argparse.Namespace) -> dict[str, Any]:
                       "settled_heap": not args.no_settle}, "rows": rows, "saves": saves}
 
 
-def default_label(cpu: bool) -> str:
-    """The variant a job gets with nothing set: async_mode auto (process on GPU ranks, thread on CPU ranks) and
-    the writer's default nice."""
+def default_label(cpu: bool, labels: list[str]) -> str:
+    """The variant a job gets with nothing set: async_mode auto (process on GPU ranks, thread on CPU ranks), the
+    writer's default nice and DCP's default copy-ahead (10 MB, where copy-aheads are compared)."""
     from musubi.checkpoint.writer import WRITER_NICE
 
-    return f"{'thread' if cpu else 'process'}/nice{WRITER_NICE}"
+    label = f"{'thread' if cpu else 'process'}/nice{WRITER_NICE}"
+    return label if label in labels or f"{label}/ahead10" not in labels else f"{label}/ahead10"
 
 
 def print_report(result: dict[str, Any], args: argparse.Namespace) -> None:
@@ -608,6 +629,9 @@ def main() -> None:
     ap.add_argument("--modes", default="process,thread", help="async modes to measure")
     ap.add_argument("--writer-nice", default="0,10", help="nices of the save's writing thread to measure "
                     "(comma list; 0: the rank's own priority)")
+    ap.add_argument("--writer-copy-ahead-mb", default="",
+                    help="DCP copy-aheads of the writer to compare, MB (e.g. 10,0; 0: no CUDA call in the writer); "
+                         "default: DCP's, not a variant")
     ap.add_argument("--budget-s", type=float, default=200.0,
                     help="seconds for the saves launch, start-up included: rounds are planned to fit")
     ap.add_argument("--rounds", type=int, default=20, help="at most this many rounds")
@@ -647,10 +671,13 @@ def main() -> None:
     bad = [m for m in args.modes.split(",") if m not in ("process", "thread")]
     if bad or not args.modes:
         raise SystemExit(f"--modes {args.modes!r}: async modes are process and thread (a comma list of them)")
-    try:
-        todo = variants(args.modes, args.writer_nice)
-    except ValueError:
-        raise SystemExit(f"--writer-nice {args.writer_nice!r}: give whole numbers, e.g. 0,10") from None
+    for flag, value, parse in (("--writer-nice", args.writer_nice, int), ("--writer-copy-ahead-mb",
+                                                                          args.writer_copy_ahead_mb, float)):
+        try:
+            [parse(x) for x in str(value).split(",") if x.strip()]
+        except ValueError:
+            raise SystemExit(f"{flag} {value!r}: give numbers separated by commas, e.g. 0,10") from None
+    todo = variants(args.modes, args.writer_nice, args.writer_copy_ahead_mb)
     if not todo or args.min_rounds < 1 or args.rounds < args.min_rounds:
         raise SystemExit("--writer-nice needs a value, and 1 <= --min-rounds <= --rounds")
     if args.gil_probe:
@@ -675,7 +702,7 @@ def main() -> None:
     saves_s = round(time.perf_counter() - t0, 1)
     recovery = None if args.no_recovery else run_recovery(args, spec, tmp)
     result = {"shape": shape, "nproc": args.nproc, "cpu": args.cpu, "budget_s": args.budget_s, "saves_s": saves_s,
-              "default_variant": default_label(args.cpu),
+              "default_variant": default_label(args.cpu, [v[0] for v in todo]),
               "summary": summarise(saves["saves"], saves["sync_save_s"], [v[0] for v in todo]),
               "saves": saves, "recovery": recovery, "seconds": round(time.perf_counter() - t0, 1), "dir": str(tmp),
               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}

@@ -162,6 +162,8 @@ class Checkpointer:
         self.reuse_buffers = True
         #: nice of the async save's writing thread (checkpoint/writer.py); 0 writes at the rank's priority.
         self.writer_nice = WRITER_NICE
+        #: DCP's copy-ahead of the async save's writer in bytes (checkpoint/writer.py); None: DCP's default.
+        self.writer_copy_ahead: int | None = None
         self._host: HostStager | None = None
         self.inflight: _InFlight | None = None
         self._records: list[dict[str, Any]] = []
@@ -249,7 +251,7 @@ class Checkpointer:
         if writer is None and self.injector.disk_full_at(step):
             writer = _FullDiskWriter(str(d))
         if writer is None and self.mode != "off":  # the async writer yields the rank's cores to the step
-            writer = BackgroundWriter(str(d), self.writer_nice)
+            writer = BackgroundWriter(str(d), self.writer_nice, self.writer_copy_ahead)
         if self.mode == "off":
             try:
                 dcp.save(state, checkpoint_id=str(d), storage_writer=writer)

@@ -49,8 +49,16 @@ class BackgroundWriter(FileSystemWriter):
     DCP's `write_data` returns once the shards are written, as before.
     """
 
-    def __init__(self, path: str, nice: int = WRITER_NICE) -> None:
-        super().__init__(path)
+    def __init__(self, path: str, nice: int = WRITER_NICE, copy_ahead: int | None = None) -> None:
+        # copy_ahead: DCP's per_thread_copy_ahead (bytes); None keeps DCP's default (10 MB). Where CUDA is available
+        # DCP's loader then syncs the writing thread's current CUDA stream every that many bytes: device 0's in a
+        # thread that never chose one (a checkpoint process, a writer thread of any rank), though the tensors it
+        # writes are host copies already. 0 selects DCP's serial loader: no CUDA call in the writer. Measured
+        # nowhere yet: bench/checkpoint.py --writer-copy-ahead-mb 10,0 compares them on GPUs.
+        if copy_ahead is None:
+            super().__init__(path)
+        else:
+            super().__init__(path, per_thread_copy_ahead=copy_ahead)
         self.nice = nice
 
     def write_data(self, plan: Any, planner: Any) -> Future:

@@ -23,7 +23,11 @@ _spec.loader.exec_module(cb)
 def test_every_mode_meets_every_nice_and_each_round_shuffles_them_alike_on_every_call() -> None:
     v = cb.variants("process,thread", "0,10")
     assert [x[0] for x in v] == ["process/nice0", "process/nice10", "thread/nice0", "thread/nice10"]
-    assert v[1] == ("process/nice10", "process", 10)
+    assert v[1] == ("process/nice10", "process", 10, None)  # DCP's copy-ahead unless copy-aheads are compared
+    w = cb.variants("process", "10", "10,0")
+    assert w == [("process/nice10/ahead10", "process", 10, 10_000_000), ("process/nice10/ahead0", "process", 10, 0)]
+    assert cb.default_label(False, [x[0] for x in w]) == "process/nice10/ahead10"
+    assert cb.default_label(True, [x[0] for x in v]) == "thread/nice10"
     labels = [x[0] for x in v]
     orders = [cb.round_order(labels, 0, r) for r in range(6)]
     assert all(sorted(o) == sorted(labels) for o in orders)
@@ -52,6 +56,14 @@ def test_a_verdict_needs_the_whole_interval_on_one_side_and_five_rounds() -> Non
 def _save(variant: str, r: int, thr: float, blocked: float = 0.05) -> dict:
     return {"variant": variant, "round": r, "throughput": thr, "blocked_s": blocked, "durable_s": 4.0,
             "worst_step_ms": 40.0, "gc": {"collections": [3, 1, 1 if thr < 0.9 else 0], "max_ms": 2.0}}
+
+
+def test_each_variant_is_paired_with_nice_zero_and_with_the_first_copy_ahead() -> None:
+    labels = [x[0] for x in cb.variants("process,thread", "0,10", "10,0")]
+    assert cb.paired_base("thread/nice10/ahead0", labels, "nice") == "thread/nice0/ahead0"
+    assert cb.paired_base("thread/nice10/ahead0", labels, "ahead") == "thread/nice10/ahead10"
+    assert cb.paired_base("thread/nice0/ahead10", labels, "nice") is None  # the base itself
+    assert cb.paired_base("process/nice10", ["process/nice10"], "nice") is None  # nice 0 not measured
 
 
 def test_the_summary_pairs_each_nice_with_nice_zero_by_round() -> None:
@@ -109,7 +121,8 @@ def test_one_launch_measures_every_variant_in_shuffled_rounds_within_its_budget(
 
 def test_bad_options_are_refused_in_one_line() -> None:
     for args, words in ((["--modes", "proc"], "async modes are process and thread"),
-                        (["--writer-nice", "ten"], "give whole numbers"),
+                        (["--writer-nice", "ten"], "--writer-nice 'ten': give numbers"),
+                        (["--writer-copy-ahead-mb", "10,x"], "--writer-copy-ahead-mb '10,x': give numbers"),
                         (["--rounds", "2", "--min-rounds", "3"], "--min-rounds <= --rounds")):
         res = subprocess.run([sys.executable, str(REPO / "bench" / "checkpoint.py"), *args], cwd=REPO,
                              capture_output=True, text=True, timeout=60)
