@@ -426,6 +426,8 @@ def worker(args: argparse.Namespace) -> None:
             saves.append(measured(label, mode, nice, ahead, r))
         longest = max(longest, time.perf_counter() - t_round)
         rounds_run += 1
+        if world.is_main:  # every finished round on disk: a call cut short still leaves its rounds
+            Path(args.result).write_text(json.dumps({**out, "rounds": rounds_run, "saves": saves, "partial": True}))
     for saver in savers.values():
         saver.close()
     gclog.close()
@@ -445,7 +447,9 @@ def run_saves(args: argparse.Namespace, spec: dict, tmp: Path, deadline: float) 
                MUSUBI_DEVICE="cpu" if args.cpu else "cuda")
     if args.pin:
         env[MUSUBI_CPUS] = split_cores(args.nproc)
-    result = tmp / "saves.json"
+    # beside --json-out, rewritten after every round: a device call cut short still brings its rounds back
+    result = args.json_out.with_name(args.json_out.stem + ".rounds.json")
+    result.parent.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc}",
            str(Path(__file__).resolve()), "--worker", "--job-json", str(job_json), "--ckpt-root", str(tmp / "ckpt"),
            "--result", str(result), "--modes", args.modes, "--writer-nice", str(args.writer_nice),

@@ -93,7 +93,8 @@ def launch(tmp_path_factory: pytest.TempPathFactory) -> dict:
                           "--base-steps", "4", "--steps", "4", "--sync-repeats", "1", "--json-out", str(out)],
                          cwd=REPO, env=env, capture_output=True, text=True, timeout=280)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
-    return {"json": json.loads(out.read_text()), "stdout": res.stdout}
+    return {"json": json.loads(out.read_text()), "stdout": res.stdout,
+            "rounds": json.loads(out.with_name("checkpoint.rounds.json").read_text())}
 
 
 @pytest.mark.slow
@@ -115,6 +116,8 @@ def test_one_launch_measures_every_variant_in_shuffled_rounds_within_its_budget(
     assert all(v["throughput"]["verdict"] == "not settled (2 round(s), 5 needed)"
                for v in summ.values() if v["throughput"]["median"] is not None)
     assert r["default_variant"] == "thread/nice10"  # CPU ranks: async_mode auto is thread
+    # the ranks' own file, rewritten after every round (a cut-short call keeps its rounds), ends complete
+    assert launch["rounds"]["rounds"] == 2 and "partial" not in launch["rounds"]
     out = launch["stdout"]
     assert "2 round(s) of 4 variants" in out and "default (thread/nice10, async_mode auto)" in out
 
