@@ -44,7 +44,13 @@ GPT, --no-settle); settled, the same collection takes ~0.01 ms. `musubi train` s
 does too; the single 270-330 ms steps of thread mode on 2x H200 (session 20, unsettled) most likely were this.
 Each rank reports `full_collection_ms` (before and after settling) and every save its collections.
 
-Prints a summary and writes bench-results/checkpoint.json (or --json-out).
+Prints a summary and writes bench-results/checkpoint.json (or --json-out); beside it, NAME.rounds.json holds the
+ranks' figures, rewritten after every round (a device call cut short still brings its finished rounds back).
+
+The GPU call that settles issue 46's saves question (2 GPUs, ~3.5 min; the device command in full):
+    set -o pipefail; python3 bench/checkpoint.py --nproc 2 --pin --no-recovery --budget-s 200 --step-lists \
+        --json-out $OUT/checkpoint-saves.json 2>&1 | grep -v -e ' - INFO - ' -e Warning | tail -40
+and the copy-ahead lever after it (same length): add `--writer-nice 10 --writer-copy-ahead-mb 10,0`.
 """
 
 from __future__ import annotations
