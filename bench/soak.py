@@ -79,7 +79,7 @@ def default_job(device: str) -> dict[str, Any]:
         "train": {"epochs": 10_000, "batch": 8 if cpu else 64, "lr": 0.02, "base_batch": 16 if cpu else 128,
                   "precision": "bf16", "deterministic": True, "max_restarts": 100, "log_every": 10,
                   "min_batch": 1},
-        "checkpoint": {"every_steps": 25 if cpu else 100, "keep_last": 3},
+        "checkpoint": {"every_steps": "auto", "keep_last": 3},
         "watchdog": {"floor_s": 10.0},
         "tracking": {"tensorboard": False},
     }
@@ -91,7 +91,7 @@ def soak_job(base: dict[str, Any]) -> dict[str, Any]:
     train = job.setdefault("train", {})
     train.update(deterministic=True, max_restarts=100, epochs=10_000)
     train.pop("max_steps", None)  # the soak ends the job, not its length
-    job.setdefault("checkpoint", {}).setdefault("every_steps", 25)
+    job.setdefault("checkpoint", {}).setdefault("every_steps", "auto")  # Young/Daly, measured by the job
     return job
 
 
@@ -287,14 +287,21 @@ def markdown(result: dict[str, Any]) -> str:
                   "| " + " | ".join(_fmt(split.get(n)) for n in names) + " |"]
     if result.get("cadence"):
         c = result["cadence"]
-        lines += ["", f"Checkpoint cadence (Young/Daly, τ = √(2·δ·M)): δ = {c['save_cost_s']} s blocked per save, "
-                  f"M = {c['mtbf_s']} s between faults → every {c['interval_s']} s ≈ {c['every_steps']} steps "
-                  f"(the job saved every {c['configured_every_steps']})."]
+        used = c.get("auto")
+        saved = (f"the job's auto cadence chose {used['choices']} time(s): every {used['every_steps_median']} steps "
+                 f"(median; first {used['first_every_steps']} at M {used['first_mtbf_s']:,.0f} s ({used['first_mtbf_from']}), "
+                 f"last {used['last_every_steps']}), {used['saves']} save(s) measured"
+                 if used else f"the job saved every {c['configured_every_steps']}")
+        lines += ["", f"Checkpoint cadence (Young/Daly, τ = √(2·δ·M)): δ = {c['save_cost_s']} s per save "
+                  f"({c['save_cost_from']}), M = {c['mtbf_s']} s between faults → every {c['interval_s']} s ≈ "
+                  f"{c['every_steps']} steps; {saved}."]
     return "\n".join(lines) + "\n"
 
 
 def cadence(soak: Soak, result: dict[str, Any], faults: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """Young/Daly's checkpoint interval from this soak's measured save cost and fault rate."""
+    """Young/Daly's checkpoint interval from this soak's measured save cost and fault rate, beside what the job's
+    auto cadence chose (JOB/cadence.jsonl). The save cost: the job's own measure where it made one (the step
+    blocked + the slower steps while the save was written), else the time the step was blocked."""
     from musubi.plan.cadence import young_daly_interval
 
     blocked = [float(r["blocked_s"]) for r in _metrics(soak.job_dir) if r.get("kind") == "checkpoint"
@@ -303,19 +310,34 @@ def cadence(soak: Soak, result: dict[str, Any], faults: list[dict[str, Any]]) ->
     struck = [f for f in faults if f.get("t") is not None]
     if not blocked or len(struck) < 1 or len(steps) < 2:
         return None
-    delta = rec.median(blocked)
+    from musubi.contract.run_files import RUN_FILES
+
+    records = _metrics(soak.job_dir, RUN_FILES.cadence)
+    choices = [r for r in records if r.get("event") == "choice"]
+    measured = [(r["cost_s"], r["blocked_s"], r["slowed_s"]) for r in records if r.get("event") == "save"]
+    if measured:
+        delta = rec.median([m[0] for m in measured])
+        delta_from = (f"the job's measure over {len(measured)} save(s): step blocked "
+                      f"{rec.median([m[1] for m in measured])} s + slower steps {rec.median([m[2] for m in measured])} s")
+    else:
+        delta, delta_from = rec.median(blocked), "blocked"
     mtbf = result["wall_s"] / len(struck)
     tau = young_daly_interval(delta, mtbf)
     times = sorted(t for t, _ in steps)
     step_s = rec.median([b - a for a, b in zip(times, times[1:], strict=False) if 0 < b - a < 5]) or 0.0
     spec = yaml.safe_load(soak.job_file.read_text(encoding="utf-8"))
-    return {"save_cost_s": delta, "mtbf_s": round(mtbf, 1), "interval_s": round(tau, 2), "step_s": step_s,
+    auto = {"choices": len(choices), "every_steps_median": rec.median([c["every_steps"] for c in choices]),
+            "first_every_steps": choices[0]["every_steps"], "first_mtbf_s": choices[0]["mtbf_s"],
+            "first_mtbf_from": choices[0]["mtbf_from"], "last_every_steps": choices[-1]["every_steps"],
+            "saves": len(measured)} if choices else None
+    return {"save_cost_s": round(delta, 4), "save_cost_from": delta_from, "mtbf_s": round(mtbf, 1),
+            "interval_s": round(tau, 2), "step_s": step_s,
             "every_steps": max(1, round(tau / step_s)) if step_s else None,
-            "configured_every_steps": spec.get("checkpoint", {}).get("every_steps")}
+            "configured_every_steps": spec.get("checkpoint", {}).get("every_steps"), "auto": auto}
 
 
-def _metrics(job_dir: Path) -> list[dict[str, Any]]:
-    path = job_dir / "metrics.jsonl"
+def _metrics(job_dir: Path, name: str = "metrics.jsonl") -> list[dict[str, Any]]:
+    path = job_dir / name
     out = []
     for line in path.read_text(encoding="utf-8").splitlines() if path.is_file() else []:
         try:

@@ -196,15 +196,16 @@ class Checkpointer:
                                             use_async_staging=False, use_non_blocking_copy=cuda))
 
     # -- cadence -----------------------------------------------------------------
-    def due_after_step(self, step: int, last: bool, validated_next: bool) -> bool:
-        """Whether optimizer step `step` is saved at its end: every `checkpoint.every_steps` steps.
+    def due_after_step(self, step: int, last: bool, validated_next: bool, auto_due: bool = False) -> bool:
+        """Whether optimizer step `step` is saved at its end: every `checkpoint.every_steps` steps, or under
+        `every_steps: auto` where the ranks' agreed cadence says (`auto_due`, worker/save_cadence.py).
 
         Not the last step (it is saved where training ends, after its validation), and under keep_best
         not a step whose weights are validated next (saved after that, carrying its metric).
         """
         every = self.spec.every_steps
-        return (self.enabled and bool(every) and not last and step % every == 0
-                and not (validated_next and self.keeps_best))
+        due = auto_due if every == "auto" else bool(every) and step % every == 0
+        return self.enabled and due and not last and not (validated_next and self.keeps_best)
 
     def due_at_epoch_end(self, validated: bool, last: bool) -> bool:
         """Whether the end of an epoch (or of training inside one) is saved.

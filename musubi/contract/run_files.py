@@ -25,6 +25,7 @@ class RunFiles:
     summary: str = "summary.json"  # the trainer's end-of-run summary
     eval: str = "eval.json"  # validation metrics, FPS and how it was measured
     goodput: str = "goodput.json"  # productive vs lost time over the attempts
+    cadence: str = "cadence.jsonl"  # checkpoint.every_steps auto: each interval chosen, its inputs and saves measured
     metrics_from: str = "metrics_from.json"  # an external job's declared metrics adapter (fleet.CommandJob)
     startup: str = "startup.jsonl"  # start-up marks of every process of the job (store/startup.py)
     onnx: str = "model.onnx"  # the exported graph: RUN/JOB/export/ (built-in) or RUN/JOB/ (an external job's)

@@ -15,6 +15,7 @@ from typing import Any
 from musubi.config.batch_plan import scale_lr
 from musubi.config.job import JobSpec
 from musubi.contract.errors import ConfigError
+from musubi.recovery.fault_rate import cadence_plan
 from musubi.tasks.data_line import describe_data
 
 #: Changes listed in an error line before "(+N more)".
@@ -148,5 +149,6 @@ def plan_lines(spec: JobSpec, nproc: int, kind: str, run_dir: Path, resume: bool
     lines.append(f"data: {describe_data(spec)}")  # a user task's own data: its sizes, or who provides it
     steps = f"max {t.max_steps} steps" if t.max_steps else "no step limit"
     lines.append(f"training: {t.epochs} epoch(s), {steps}; precision {t.precision}, strategy {t.strategy}")
+    lines.append(f"checkpoints: {cadence_plan(spec.checkpoint, nproc, run_dir / spec.name)['rule']}")
     lines.append(f"output: {run_dir / spec.name}" + (" (resumed)" if resume else " (new)"))
     return lines

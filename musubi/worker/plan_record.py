@@ -24,6 +24,7 @@ from musubi.plan.errors import PlanError
 from musubi.plan.layout import parse_layout
 from musubi.plan.memory import estimate_memory
 from musubi.plan.predict import predict
+from musubi.recovery.fault_rate import cadence_plan
 from musubi.store.rundir import write_json
 from musubi.tasks.base import Task
 
@@ -75,6 +76,8 @@ def write_plan_record(job_dir: Path, spec: JobSpec, task: Task, world: World, pl
         return
     name = torch.cuda.get_device_name(world.device) if world.device.type == "cuda" else None
     record = plan_record(spec, model, world.size, plan, precision, name)
+    # The checkpoint cadence and its inputs (the prior or this job's fault history); the choices: JOB/cadence.jsonl.
+    record["checkpoint_cadence"] = cadence_plan(spec.checkpoint, world.size, job_dir)
     write_json(job_dir / PLAN_FILE, record)
     pred = record.get("predicted") or {}
     if "memory_gib" in pred:

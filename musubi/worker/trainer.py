@@ -38,6 +38,7 @@ from musubi.worker.ordered_reduce import needs_ordered_reduce, ordered_allreduce
 from musubi.worker.precision import autocast, make_scaler, resolve_precision
 from musubi.worker.reporting import MetricsWriter, ProgressBar, console_interval, log_interval
 from musubi.worker.rng import RankRng, capture_rng, restore_rng
+from musubi.worker.save_cadence import AutoCadence
 from musubi.worker.schedule import lr_factor
 from musubi.worker.step_events import (
     AFTER_BACKWARD,
@@ -185,6 +186,10 @@ class Trainer:
                                        scheduler=self.scheduler, scaler=self.scaler)
         self.checkpointer = Checkpointer(self.ckpt_root, spec.checkpoint, world, self.injector, self.states,
                                          task.primary_metric, self.telemetry.path, validated=bool(self.val))
+        #: checkpoint.every_steps auto: the interval rank 0 measures and chooses, every rank agrees on (save_cadence.py).
+        self.cadence = AutoCadence(spec.checkpoint, world, job_dir, self.checkpointer, self.steps_per_epoch,
+                                   self.model, self.optimizer) \
+            if spec.checkpoint.every_steps == "auto" and self.checkpointer.enabled else None
         # The step's listeners (step_events.py); fit adds its own (the log line, checkpoint cadence) after these.
         self.events = StepEvents()
         attach_telemetry(self.events, self.telemetry)
@@ -269,8 +274,11 @@ class Trainer:
             return
         self.flush_line()  # a non-finite loss of the last interval read stops the run before it is saved
         self.phase = "checkpoint"
+        t_save = self.cadence.saving(self.step) if self.cadence is not None else 0.0
         # keep_best ranks a checkpoint by the evaluation of its own weights, never an earlier step's.
         self.checkpointer.save(self.step, metric=self.last_eval if self.last_eval_step == self.step else {})
+        if self.cadence is not None:  # every rank saves at the same steps: the next interval is agreed here
+            self.cadence.saved(self.step, t_save)
 
     def flush_checkpoint_records(self) -> None:
         """Finished saves (time the step was blocked, time to durable) into metrics.jsonl (rank 0)."""
@@ -369,6 +377,9 @@ class Trainer:
         self.events.on(STEP_END, self.log_step)
         self.events.on(STEP_END, self.save_after_step)
         self.events.on(EPOCH_END, self.save_at_epoch_end)
+        if self.cadence is not None:
+            self.cadence.start(self.step)
+            self.events.on(EPOCH_END, self.cadence.pause)  # a validation's time is no step's
         if self.world.is_main:
             FirstStepMarks(self.job_dir, self.world.device, self.step + 1).attach(self.events)
         self.events.fire(FIT_START, self.step)
@@ -547,7 +558,11 @@ class Trainer:
     def save_after_step(self, step: int) -> None:
         """Save when the checkpointer's cadence says so (a step that ends a validated epoch may wait for it)."""
         validated_next = self.micro >= self.usable_micro and self._eval_due(self.epoch + 1)
-        if self.checkpointer.due_after_step(step, step >= self.stop_step, validated_next):
+        cadence = self.cadence
+        if cadence is not None:
+            cadence.step_end(step)
+        if self.checkpointer.due_after_step(step, step >= self.stop_step, validated_next,
+                                            cadence is not None and cadence.due(step)):
             self.save()
 
     def save_at_epoch_end(self, epoch: int) -> None:
