@@ -22,6 +22,7 @@ import pytest
 
 from musubi.contract import spare_client
 from musubi.contract.env import MUSUBI_WARM_SPARE
+from musubi.launch.launch import torchrun_argv
 from musubi.launch.spare import WarmSpare, client_command, stop_spare, wanted
 
 REPO = Path(__file__).resolve().parents[2]
@@ -195,3 +196,16 @@ def test_a_client_without_its_arguments_says_how_and_exits_2() -> None:
     r = subprocess.run([sys.executable, "-I", "-S", spare_client.__file__, "only-one"], capture_output=True,
                        text=True, timeout=30)
     assert r.returncode == 2 and "usage: spare_client.py SPARE_DIR READY_S MODULE --" in r.stderr, r
+
+
+def test_torchrun_starts_the_client_in_place_of_the_worker_module(tmp_path: Path) -> None:
+    """With a spare torchrun runs the isolated client (`--no-python`), the worker's arguments after `--`."""
+
+    spare = WarmSpare(None, tmp_path)  # type: ignore[arg-type]
+    argv = torchrun_argv(tmp_path / "job", 2, True, None, entry=client_command(spare))
+    tail = argv[argv.index("--no-python"):]
+    assert "-m" not in tail and tail == ["--no-python", sys.executable, "-I", "-S", spare_client.__file__,
+                                         str(tmp_path), "60", "musubi.worker.worker", "--", str(tmp_path / "job"),
+                                         "--resume"]
+    plain = torchrun_argv(tmp_path / "job", 2, True, None)
+    assert plain[-4:] == ["-m", "musubi.worker.worker", str(tmp_path / "job"), "--resume"]
