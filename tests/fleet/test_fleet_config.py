@@ -98,6 +98,29 @@ def test_a_watched_metric_no_validation_reports_is_refused_before_start(tmp_path
         validate_fleet(load_fleet(write(tmp_path, data)), tmp_path)
 
 
+def test_jobs_alike_but_for_their_names_are_checked_with_torch_once(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A config that passed is not built again for the next job alike (the seed fleet's 38 task jobs are 2
+    configs); a problem is found for every job that has it, each message naming its own job."""
+    from musubi.tasks import registry
+
+    built: list[str] = []
+    build = registry.build_task
+    monkeypatch.setattr(registry, "build_task", lambda spec: built.append(spec.name) or build(spec))
+    data = tiny_fleet()
+    data["jobs"] = [{"name": "a"}, {"name": "b"}, {"name": "c", "train": {"lr": 0.2}}, {"name": "d"}]
+    validate_fleet(load_fleet(write(tmp_path, data)), tmp_path)
+    assert built == ["a", "c"]  # b and d are a's config under other names; c's learning rate is its own
+    built.clear()
+    bad = {"checkpoint": {"best_metric": "top7", "keep_best": 1}}
+    data["jobs"] = [{"name": "a"}, {"name": "x", **bad}, {"name": "y", **bad}]
+    with pytest.raises(ConfigError) as ei:
+        validate_fleet(load_fleet(write(tmp_path, data)), tmp_path)
+    lines = str(ei.value).splitlines()
+    assert built == ["a", "x", "y"] and len(lines) == 2, lines
+    assert lines[0].startswith("job 'x'") and lines[1].startswith("job 'y'") and all("top7" in ln for ln in lines)
+
+
 def test_external_job_gets_an_explicit_environment(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("SECRET_TOKEN", "x")
     monkeypatch.setenv("NCCL_NVLS_ENABLE", "0")
