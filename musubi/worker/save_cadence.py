@@ -99,6 +99,7 @@ class AutoCadence:
         self.parts: deque[tuple[float, float]] = deque(maxlen=RECENT)  # (blocked, slowed) of each measured save
         self.pending: dict[str, Any] | None = None  # the save in flight being measured
         self.last_t: float | None = None
+        self.clock = time.perf_counter  # seconds, monotonic (a test sets its own)
         self.t0 = time.time()
         self.history = None
         self.prior_s = spec.mtbf_s or prior_mtbf(world.size)
@@ -118,13 +119,13 @@ class AutoCadence:
 
     def step_end(self, step: int) -> None:
         """An optimizer step ended: time it (rank 0), and agree on the first interval at the probe step."""
-        now = time.perf_counter()
+        now = self.clock()
         if self.world.is_main and self.last_t is not None:
             self._timed(now - self.last_t, now)
         self.last_t = now
         if step == self.probe_step and self.next_step is None:
             self.agree(step)
-            self.last_t = time.perf_counter()
+            self.last_t = self.clock()
 
     def pause(self, _epoch: int = 0) -> None:
         """An epoch ended (its validation, its save): the next step's time starts afresh."""
@@ -137,13 +138,13 @@ class AutoCadence:
     def saving(self, step: int) -> float:
         """A save of `step` starts (every rank); return its start (perf_counter)."""
         if self.world.is_main and self.pending is not None:  # the previous save is still being written: done now
-            self._finish(time.perf_counter(), ok=True)
-        return time.perf_counter()
+            self._finish(self.clock(), ok=True)
+        return self.clock()
 
     def saved(self, step: int, t_start: float) -> None:
         """The save of `step` returned (every rank): agree on the next interval; rank 0 starts measuring it."""
         self.agree(step)
-        now = time.perf_counter()
+        now = self.clock()
         if self.world.is_main and self.checkpointer.enabled:
             self.pending = {"step": step, "t0": t_start, "blocked_s": now - t_start, "slowed_s": 0.0}
             if self.checkpointer.inflight is None:  # synchronous: durable on return

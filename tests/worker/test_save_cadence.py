@@ -13,8 +13,6 @@ import pytest
 from tests.conftest import write_tiny_job
 from tests.support.runs import committed_steps, train
 
-pytestmark = [pytest.mark.slow]
-
 STEPS = 160  # 2 epochs of 80 steps: 1280 samples / (8 per rank x 2 ranks)
 STALL_MS = 300  # every save holds the step this long (MUSUBI_INJECT ckpt_stall): a save cost the rule must see
 KILL_STEP = 120
@@ -50,6 +48,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             "committed": sorted(committed_steps(job_dir))}
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_every_rank_saves_at_the_agreed_steps(run: dict[str, Any]) -> None:
     saves, choices = run["saves"], run["choices"]
@@ -60,6 +59,7 @@ def test_every_rank_saves_at_the_agreed_steps(run: dict[str, Any]) -> None:
     assert STEPS in run["committed"]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_the_interval_adapts_to_the_save_cost_and_the_faults(run: dict[str, Any]) -> None:
     choices = run["choices"]
@@ -88,3 +88,67 @@ def test_dry_run_says_the_rule_and_its_inputs(tmp_path: Path) -> None:
     line = next(x for x in out.splitlines() if x.startswith("checkpoints:"))
     assert "every_steps auto" in line and "√(2·δ·M)" in line and "Llama 3" in line and "for 2 rank(s)" in line
     assert not (tmp_path / "run").exists()
+
+
+class Inflight:
+    """What AutoCadence reads of the checkpointer's save in flight: its step and rank 0's commit result."""
+
+    def __init__(self, step: int) -> None:
+        self.step, self.done = step, {}
+
+
+class Saves:
+    """The checkpointer as AutoCadence sees it: enabled, and at most one save in flight."""
+
+    enabled = True
+    inflight: Inflight | None = None
+
+
+@pytest.mark.timeout(60)
+def test_save_cost_is_blocked_time_plus_slower_steps_in_one_process(tmp_path: Path) -> None:
+    """One rank (no process group): δ = blocked + each step's time over the median while the save writes; a failed
+    save tells nothing; the measures are written as they finish and the next attempt starts from them."""
+    import torch
+
+    from musubi.config.job import CheckpointSpec
+    from musubi.contract.world import World
+    from musubi.worker.save_cadence import PROBE_STEPS, AutoCadence
+
+    model = torch.nn.Linear(4, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    world = World(rank=0, local_rank=0, size=1, device=torch.device("cpu"), backend="gloo")
+    saves = Saves()
+    cad = AutoCadence(CheckpointSpec(every_steps="auto", mtbf_s=100), world, tmp_path, saves, 1000, model, opt)
+    cad.start(0)
+    now = [0.0]
+    cad.clock = lambda: now[0]  # the test moves time: deterministic step times
+
+    def step(n: int, seconds: float) -> None:
+        now[0] += seconds
+        cad.step_end(n)
+
+    for n in range(1, PROBE_STEPS + 2):  # steps of 0.1 s; the first interval is chosen at the probe step
+        step(n, 0.1)
+    first = cad.choose(PROBE_STEPS + 1)
+    assert first["save_cost_from"].startswith("first guess: one step") and first["step_s"] == pytest.approx(0.1)
+    assert cad.next_step == PROBE_STEPS + 1 + first["every_steps"]
+    t0 = cad.saving(20)
+    now[0] += 0.5  # the step is held 0.5 s by the save
+    saves.inflight = Inflight(20)
+    cad.saved(20, t0)
+    step(21, 0.3)  # two steps 0.2 s slower while it writes
+    step(22, 0.3)
+    saves.inflight.done = {"ok": True}  # rank 0 committed it
+    step(23, 0.1)
+    (m,) = [r for r in map(json.loads, (tmp_path / "cadence.jsonl").read_text().splitlines()) if r["event"] == "save"]
+    assert (m["blocked_s"], m["slowed_s"], m["cost_s"]) == pytest.approx((0.5, 0.4, 0.9))
+    assert m["durable_s"] == pytest.approx(1.2)
+    assert cad.choose(23)["save_cost_s"] == pytest.approx(0.9)
+    t0 = cad.saving(30)
+    saves.inflight = Inflight(30)
+    cad.saved(30, t0)
+    saves.inflight.done = {"ok": False}  # a full disk: not a measure of what saves cost
+    step(31, 0.1)
+    assert len(cad.costs) == 1 and cad.pending is None
+    again = AutoCadence(CheckpointSpec(every_steps="auto", mtbf_s=100), world, tmp_path, saves, 1000, model, opt)
+    assert list(again.costs) == [m["cost_s"]]  # a restart starts from the saves measured before it
