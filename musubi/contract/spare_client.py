@@ -33,7 +33,7 @@ from typing import Any, NoReturn
 
 #: The socket the spare listens on, inside its 0700 folder (a short path: AF_UNIX paths hold ~107 bytes).
 SOCKET_NAME = "spare.sock"
-#: The spare writes its pid here first: a client waiting for the socket knows a spare that died.
+#: The launcher writes the spare's pid here as it starts it: a client waiting for the socket knows a spare that died.
 PID_NAME = "spare.pid"
 #: The spare writes why it will not serve here (its imports failed, threads alive): the clients fall back.
 REFUSED_NAME = "refused.txt"

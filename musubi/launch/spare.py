@@ -55,6 +55,8 @@ def start_spare(job_dir: Path, env: dict[str, str], log_path: Path) -> WarmSpare
         # A session of its own: a Ctrl-C at the terminal is the launcher's to handle, not the spare's.
         proc = subprocess.Popen([sys.executable, "-m", SPARE_MODULE, str(folder), str(job_dir), str(os.getpid())],
                                 env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+    # Written here, not by the spare: a client learns at once of a spare that died before it could write anything.
+    (folder / spare_client.PID_NAME).write_text(f"{proc.pid}\n", encoding="ascii")
     return WarmSpare(proc, folder)
 
 

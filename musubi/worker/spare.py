@@ -43,7 +43,7 @@ from typing import NoReturn
 from musubi.contract.env import MUSUBI_CLIENT_PID
 from musubi.contract.exits import EXIT_FAILED, EXIT_OK
 from musubi.contract.run_files import RUN_FILES
-from musubi.contract.spare_client import PID_NAME, REFUSED_NAME, SOCKET_NAME, receive_message, send_message
+from musubi.contract.spare_client import REFUSED_NAME, SOCKET_NAME, receive_message, send_message
 
 log = logging.getLogger("musubi.spare")
 
@@ -68,6 +68,16 @@ def die_with_parent(parent: int) -> None:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
     if os.getppid() != parent:  # the parent ended before the prctl: nobody would kill us later
         os._exit(EXIT_FAILED)
+
+
+def unsupported(parent: int) -> str | None:
+    """Set this process to die with the launcher; why a spare cannot run here (no prctl, no pidfd), or None."""
+    try:
+        die_with_parent(parent)
+        os.close(os.pidfd_open(os.getpid()))  # each rank's end is read from a pidfd (Linux 5.3)
+    except (AttributeError, OSError) as e:
+        return f"the warm spare cannot run on this system ({e})"
+    return None
 
 
 def task_module(job_dir: Path) -> str | None:
@@ -342,8 +352,10 @@ def main(argv: list[str] | None = None) -> int:
     """`SPARE_DIR JOB_DIR LAUNCHER_PID`: warm up, then serve ranks until stopped."""
     args = parse_args(argv)
     spare_dir, job_dir = args.spare_dir, args.job_dir
-    die_with_parent(args.parent)
-    (spare_dir / PID_NAME).write_text(f"{os.getpid()}\n", encoding="ascii")
+    why = unsupported(args.parent)
+    if why is not None:
+        refuse(spare_dir, why)
+        return EXIT_FAILED
     gc.disable()  # the imports' objects live as long as the process: no collection need walk them (worker.py)
     t0 = time.monotonic()
     try:

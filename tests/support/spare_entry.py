@@ -42,7 +42,9 @@ def main(argv: list[str], started: float | None = None) -> int:
         return 99
     if cmd == "wait":
         signal.signal(signal.SIGTERM, on_term)
-        Path(argv[1]).write_text(str(os.getpid()), encoding="ascii")
+        tmp = Path(argv[1] + ".tmp")  # written whole, then renamed: the test never reads a half-written pid
+        tmp.write_text(str(os.getpid()), encoding="ascii")
+        os.replace(tmp, argv[1])
         time.sleep(60)
         return 0
     return 64
