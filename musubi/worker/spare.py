@@ -120,12 +120,28 @@ def live_threads() -> int:
     return len(os.listdir("/proc/self/task"))
 
 
-def cuda_driver_loaded() -> bool:
-    """Whether the CUDA driver library is mapped into this process: an import called into CUDA (even
-    `torch.cuda.is_available()` initializes the driver), and a child forked after that cannot use the GPU."""
+def cuda_initialized() -> bool:
+    """Whether this process has initialized CUDA (cuInit opens the driver's device files): a child forked after
+    that cannot use the GPU. The driver library merely mapped is not that: on the 2x H200 image (torch 2.11) the
+    spare's imports map libcuda.so, and refusing on it turned the spare off on every GPU run (soak, 2026-11-28).
+    A DataLoader parent forks its workers with the library mapped too. So the test is the device files cuInit
+    opens and torch's own flag."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        return True
+    try:
+        fds = os.listdir("/proc/self/fd")
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}").startswith("/dev/nvidia"):
+                return True
+        except OSError:
+            continue
     try:
         with open("/proc/self/maps", encoding="utf-8", errors="replace") as f:
-            return any("libcuda.so" in line for line in f)
+            return any(" /dev/nvidia" in line for line in f)
     except OSError:
         return False
 
@@ -370,8 +386,8 @@ def main(argv: list[str] | None = None) -> int:
     if threads > 1:
         refuse(spare_dir, f"{threads} threads alive in the warm spare after its imports")
         return EXIT_FAILED
-    if cuda_driver_loaded():
-        refuse(spare_dir, "the warm spare's imports loaded the CUDA driver (a forked rank could not use it)")
+    if cuda_initialized():
+        refuse(spare_dir, "the warm spare's imports initialized CUDA (a forked rank could not use it)")
         return EXIT_FAILED
     sel = selectors.DefaultSelector()
     spare = Spare(spare_dir, listen(spare_dir), sel, args.entry)

@@ -209,3 +209,16 @@ def test_torchrun_starts_the_client_in_place_of_the_worker_module(tmp_path: Path
                                          "--resume"]
     plain = torchrun_argv(tmp_path / "job", 2, True, None)
     assert plain[-4:] == ["-m", "musubi.worker.worker", str(tmp_path / "job"), "--resume"]
+
+
+def test_cuda_counts_as_initialized_by_torchs_flag_or_the_driver_files_not_by_imports(monkeypatch) -> None:
+    # The 2x H200 soak (2026-11-28): the spare's imports mapped libcuda.so without initializing CUDA, and the
+    # old test (the library mapped) refused the spare on every GPU run. Imports alone must not count.
+    import torch
+    import torchvision  # noqa: F401 - its extensions link the driver library on CUDA builds
+
+    from musubi.worker.spare import cuda_initialized
+
+    assert not cuda_initialized()
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    assert cuda_initialized()
