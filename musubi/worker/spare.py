@@ -123,7 +123,7 @@ def live_threads() -> int:
 def cuda_initialized() -> bool:
     """Whether this process has initialized CUDA (cuInit opens the driver's device files): a child forked after
     that cannot use the GPU. The driver library merely mapped is not that: on the 2x H200 image (torch 2.11) the
-    spare's imports map libcuda.so, and refusing on it turned the spare off on every GPU run (soak, 2026-11-28).
+    spare's imports map libcuda.so, and refusing on it turned the spare off on every GPU run (BENCHMARKS.md, Recovery).
     A DataLoader parent forks its workers with the library mapped too. So the test is the device files cuInit
     opens and torch's own flag."""
     torch = sys.modules.get("torch")
