@@ -1,6 +1,6 @@
 """Score the planner on the blind set (bench/plan_blind_runs.csv) as an outside scorer would.
 
-    python bench/plan_blind_score.py [--csv bench/plan_blind_runs.csv] [--json OUT.json]
+    python bench/plan_blind_score.py [--csv bench/plan_blind_runs.csv] [--apart PREFIX ...] [--json OUT.json]
 
 Each row is predicted from its `published_layout` alone through the public CLI,
 `musubi plan --spec SPEC --gpu G --gpus N --seq S --global-batch B --layout PUBLISHED --json`
@@ -8,7 +8,9 @@ Each row is predicted from its `published_layout` alone through the public CLI,
 GPU in the row's convention where a row gives that instead). Prints one line a row, the mean and
 worst absolute error (overall and per regime), and the trend with scale of each family (the same
 model and source at several GPU counts): the sign of the change from the fewest to the most GPUs,
-measured against predicted, a change under 1 % counting as flat.
+measured against predicted, a change under 1 % counting as flat. `--apart PREFIX` scores the rows
+whose name starts with PREFIX in a table of their own (rows that stopped being blind, e.g. a run the
+modeller has since added to a check set), so the blind figures stay blind.
 
 The set is scored once, at the end of a modelling round; the rows were gathered by someone who
 did not read the planner's model code and are kept outside musubi/plan/data/validation/ so that
@@ -148,8 +150,18 @@ def summary(scored: list[Scored]) -> list[tuple[str, int, float, float, str]]:
     return out
 
 
-def report(scored: list[Scored]) -> str:
-    """The score as plain text: one line a row, the error summary, the trend signs."""
+def report(scored: list[Scored], apart: tuple[str, ...] = ()) -> str:
+    """The score as plain text: the blind rows, then any rows scored apart (`apart`: name prefixes)."""
+    blind = [s for s in scored if not s.name.startswith(apart)] if apart else scored
+    text = "BLIND ROWS\n" + report_table(blind)
+    away = [s for s in scored if s.name.startswith(apart)] if apart else []
+    if away:
+        text += f"\n\nSCORED APART (no longer blind: {', '.join(apart)})\n" + report_table(away)
+    return text
+
+
+def report_table(scored: list[Scored]) -> str:
+    """One group as plain text: one line a row, the error summary, the trend signs."""
     lines = [f"{'row':36} {'GPUs':>5} {'quantity':13} {'measured':>9} {'predicted':>9} {'error':>7}  dominant  filled"]
     lines += [f"{s.name:36} {s.n_gpus:5d} {s.quantity:13} {s.measured:9.1f} {s.predicted:9.1f} {s.error:+7.1%}  "
               f"{s.dominant:9} {s.filled}" for s in scored]
@@ -167,15 +179,19 @@ def main(argv: list[str] | None = None) -> int:
     """Predict every blind row through the CLI, print the score, optionally write it as JSON."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--csv", type=Path, default=BLIND_CSV, help="the blind set")
+    parser.add_argument("--apart", action="append", default=[], metavar="PREFIX",
+                        help="score rows whose name starts with PREFIX apart (no longer blind); repeatable")
     parser.add_argument("--json", type=Path, help="also write every scored row and the summary here")
     args = parser.parse_args(argv)
     rows = load_rows(args.csv)
     with tempfile.TemporaryDirectory() as tmp:
         scored = [score_row(row, cli_predict(row, Path(tmp))) for row in rows]
-    print(report(scored))
+    apart = tuple(args.apart)
+    print(report(scored, apart))
     if args.json:
-        args.json.write_text(json.dumps({"rows": [asdict(s) | {"error": s.error} for s in scored],
-                                         "summary": summary(scored), "trends": trends(scored)}, indent=1))
+        blind = [s for s in scored if not (apart and s.name.startswith(apart))]
+        args.json.write_text(json.dumps({"rows": [asdict(s) | {"error": s.error} for s in scored], "apart": apart,
+                                         "summary": summary(blind), "trends": trends(blind)}, indent=1))
     return 0
 
 

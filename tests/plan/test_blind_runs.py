@@ -65,6 +65,9 @@ def test_trend_signs_count_a_change_under_one_percent_as_flat() -> None:
             s("c-8g", 8, 100, 100)]
     assert [(f, ok) for f, *_, ok in blind.trends(rows)] == [("a", False), ("b", True)]  # c has one GPU count
     assert blind.summary(rows)[-1][:2] == ("all", 5)
+    text = blind.report(rows, apart=("b-",))
+    blind_part, apart_part = text.split("SCORED APART")
+    assert "a-64g" in blind_part and "b-64g" not in blind_part and "b-64g" in apart_part
 
 
 def test_an_unknown_arch_is_refused_with_the_choices() -> None:
