@@ -148,13 +148,18 @@ def _spare_pid(spare_dir: str) -> int | None:
 
 
 def _alive(pid: int) -> bool:
+    """Whether `pid` runs: a zombie (ended, not yet reaped by the launcher) does not."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return True
 
 
 class Forwarder:

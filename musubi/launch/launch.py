@@ -192,7 +192,12 @@ def spawn(req: TrainRequest, run_dir: Path, job_dir: Path, record: dict, nproc: 
     (logs / f"pinning{node}.txt").write_text(pins.note + "\n", encoding="utf-8")
     restarts = 0 if req.probe_only else int(train["max_restarts"])
     # The ranks' imports paid once per launch: a warm spare forks each rank (and each restart) from itself.
-    spare = start_spare(job_dir, env, logs / f"spare{node}.log") if wanted(train, env) else None
+    spare = None
+    if wanted(train, env):
+        try:
+            spare = start_spare(job_dir, env, logs / f"spare{node}.log")
+        except OSError as e:  # no folder for its socket: the ranks start the plain way, and the log says why
+            (logs / f"spare{node}.log").write_text(f"warm spare not started: {e}\n", encoding="utf-8")
     argv = torchrun_argv(job_dir, nproc, req.resume, req.max_steps, restarts, req.probe_only, pins.torchrun_args,
                          rdzv, from_start=bool(record.get("from_start")),
                          entry=client_command(spare) if spare is not None else None)

@@ -47,10 +47,24 @@ def wanted(train: dict, env: dict[str, str]) -> bool:
     return bool(train.get("warm_spare", True)) and env.get(MUSUBI_WARM_SPARE, "1").strip() not in ("0", "false")
 
 
+#: The longest socket path bind() takes (sun_path holds 108 bytes with its NUL) and the spare binds SOCKET + ".tmp".
+MAX_SOCKET_PATH = 107
+
+
+def socket_folder(env: dict[str, str]) -> Path:
+    """A fresh 0700 folder whose socket path fits AF_UNIX: under the ranks' TMPDIR when it is short enough, else
+    under /tmp or /dev/shm (a long TMPDIR, as a scheduler's per-job scratch or a test's, made bind() fail)."""
+    longest = len("/musubi-spare-XXXXXXXX/") + len(spare_client.SOCKET_NAME) + len(".tmp")
+    for base in (env.get("TMPDIR") or tempfile.gettempdir(), "/tmp", "/dev/shm"):
+        if len(base) + longest <= MAX_SOCKET_PATH and os.path.isdir(base) and os.access(base, os.W_OK | os.X_OK):
+            return Path(tempfile.mkdtemp(prefix="musubi-spare-", dir=base))
+    raise OSError("no folder for the warm spare's socket: TMPDIR, /tmp and /dev/shm are too long or not writable")
+
+
 def start_spare(job_dir: Path, env: dict[str, str], log_path: Path) -> WarmSpare:
     """Start the spare with the ranks' environment (its imports read OMP_NUM_THREADS and the like as they
     will); its output goes to `log_path`. It dies with this process (PR_SET_PDEATHSIG)."""
-    folder = Path(tempfile.mkdtemp(prefix="musubi-spare-"))  # 0700, short: a Unix socket path holds ~107 bytes
+    folder = socket_folder(env)
     with open(log_path, "a", encoding="utf-8") as log:
         # A session of its own: a Ctrl-C at the terminal is the launcher's to handle, not the spare's.
         proc = subprocess.Popen([sys.executable, "-m", SPARE_MODULE, str(folder), str(job_dir), str(os.getpid())],

@@ -365,8 +365,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`SPARE_DIR JOB_DIR LAUNCHER_PID`: warm up, then serve ranks until stopped."""
+    """`SPARE_DIR JOB_DIR LAUNCHER_PID`: warm up, then serve ranks until stopped. Whatever fails before it
+    serves is written to SPARE_DIR/refused.txt at once: a client must not wait out READY_S for a spare that
+    died (a dead child of the launcher is a zombie until reaped, alive to a signal 0)."""
     args = parse_args(argv)
+    try:
+        return run(args)
+    except Exception as e:
+        with contextlib.suppress(OSError):
+            refuse(args.spare_dir, f"the warm spare failed: {type(e).__name__}: {e}")
+        raise
+
+
+def run(args: argparse.Namespace) -> int:
+    """Warm up, listen, serve (main's body)."""
     spare_dir, job_dir = args.spare_dir, args.job_dir
     why = unsupported(args.parent)
     if why is not None:

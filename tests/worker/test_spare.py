@@ -222,3 +222,41 @@ def test_cuda_counts_as_initialized_by_torchs_flag_or_the_driver_files_not_by_im
     assert not cuda_initialized()
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
     assert cuda_initialized()
+
+
+def test_a_long_tmpdir_puts_the_socket_folder_where_its_path_fits(tmp_path: Path) -> None:
+    # A scheduler's per-job scratch (or a test's tmp_path) as TMPDIR made bind() fail: "AF_UNIX path too long".
+    from musubi.launch.spare import MAX_SOCKET_PATH, socket_folder
+
+    long_tmp = tmp_path / ("x" * 90)
+    long_tmp.mkdir()
+    folder = socket_folder({"TMPDIR": str(long_tmp)})
+    try:
+        assert len(str(folder / (spare_client.SOCKET_NAME + ".tmp"))) <= MAX_SOCKET_PATH
+        assert folder.stat().st_mode & 0o077 == 0
+    finally:
+        folder.rmdir()
+    short = socket_folder({"TMPDIR": str(tmp_path)}) if len(str(tmp_path)) < 60 else None
+    if short is not None:
+        assert short.parent == tmp_path
+        short.rmdir()
+
+
+def test_a_spare_that_fails_after_its_imports_is_not_waited_for(tmp_path: Path) -> None:
+    # Its folder's socket path too long for bind(): the spare dies, and says so at once in refused.txt, so the
+    # client falls back with the reason instead of waiting out its READY_S (the dead spare is a zombie of its
+    # launcher until reaped, which a signal 0 finds alive).
+    folder = tmp_path / ("y" * 110)
+    folder.mkdir()
+    proc = start(folder)
+    assert proc.wait(timeout=60) != 0
+    assert "AF_UNIX path too long" in (folder / spare_client.REFUSED_NAME).read_text()
+    _, err = fell_back(client(folder, "info", "5", ready_s=600))
+    assert "the warm spare failed: OSError" in err
+
+
+def test_a_zombie_spare_counts_as_ended() -> None:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    assert wait_for(lambda: open(f"/proc/{proc.pid}/stat").read().rsplit(")", 1)[1].split()[0] == "Z")
+    assert not spare_client._alive(proc.pid)  # noqa: SLF001 - the rule the client waits by
+    proc.wait()
