@@ -67,7 +67,9 @@ def test_the_interval_adapts_to_the_save_cost_and_the_faults(run: dict[str, Any]
     assert first["save_cost_from"].startswith("first guess") and first["mtbf_from"] == "checkpoint.mtbf_s"
     assert later and all(c["save_cost_s"] >= STALL_MS / 1000 for c in later), later
     assert max(c["every_steps"] for c in later) > first["every_steps"]  # a dearer save: saved less often
-    assert all(c["every_steps"] <= 80 for c in choices)  # never less often than an epoch
+    # never less often than an epoch, unless a save takes longer than that to be durable (that bound wins: the
+    # next save would wait for it; a loaded machine's make test got there)
+    assert all(c["every_steps"] <= 80 or c["bound"] == "durable" for c in choices), choices
     # the attempt after the kill measures M from the job's history (one fault), and starts from the save costs
     # measured before it (no first guess again)
     after = [c for c in choices if c["mtbf_from"].startswith("measured: 1 fault(s)")]
