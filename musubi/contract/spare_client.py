@@ -132,7 +132,7 @@ def connect(spare_dir: str, ready_s: float) -> socket.socket:
         if not os.path.isdir(spare_dir):
             raise Unavailable(f"the warm spare's folder {spare_dir} is gone")
         pid = _spare_pid(spare_dir)
-        if pid is not None and not _alive(pid):
+        if pid is not None and not process_alive(pid):
             raise Unavailable(f"the warm spare (pid {pid}) ended before it was ready")
         if time.monotonic() >= deadline:
             raise Unavailable(f"the warm spare was not ready within {ready_s:g} s")
@@ -147,7 +147,7 @@ def _spare_pid(spare_dir: str) -> int | None:
         return None
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
     """Whether `pid` runs: a zombie (ended, not yet reaped by the launcher) does not."""
     try:
         os.kill(pid, 0)

@@ -10,21 +10,26 @@ from musubi.config.job import JobSpec
 from musubi.contract.errors import ConfigError
 from musubi.tasks.base import Task
 
+#: Built-in task names: the module and class of each (imported on use; the warm spare pre-imports the module).
+BUILTIN_TASK_CLASSES: dict[str, tuple[str, str]] = {
+    "classification": ("musubi.tasks.classification", "ClassificationTask"),
+    "detection": ("musubi.tasks.detection", "DetectionTask"),
+    "lm": ("musubi.tasks.lm", "LMTask"),
+}
+
+
+def task_module(task: str) -> str | None:
+    """The module a job's `task` lives in: a built-in's, or a user task's `module` of `module:function`."""
+    if task in BUILTIN_TASK_CLASSES:
+        return BUILTIN_TASK_CLASSES[task][0]
+    return task.partition(":")[0] if ":" in task else None
+
 
 def build_task(spec: JobSpec) -> Task:
     """The Task object for a job (validated by the caller with `task.validate()`)."""
-    if spec.task == "classification":
-        from musubi.tasks.classification import ClassificationTask
-
-        return ClassificationTask(spec)
-    if spec.task == "detection":
-        from musubi.tasks.detection import DetectionTask
-
-        return DetectionTask(spec)
-    if spec.task == "lm":
-        from musubi.tasks.lm import LMTask
-
-        return LMTask(spec)
+    if spec.task in BUILTIN_TASK_CLASSES:
+        module, cls = BUILTIN_TASK_CLASSES[spec.task]
+        return getattr(importlib.import_module(module), cls)(spec)
     module_name, _, func_name = spec.task.partition(":")
     # Like `python -m`, resolve user modules from the working directory too (the
     # workers, started as `python -m`, see it; the console script would not).

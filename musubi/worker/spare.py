@@ -44,6 +44,7 @@ from musubi.contract.env import MUSUBI_CLIENT_PID
 from musubi.contract.exits import EXIT_FAILED, EXIT_OK
 from musubi.contract.run_files import RUN_FILES
 from musubi.contract.spare_client import REFUSED_NAME, SOCKET_NAME, receive_message, send_message
+from musubi.tasks import registry
 
 log = logging.getLogger("musubi.spare")
 
@@ -51,9 +52,6 @@ log = logging.getLogger("musubi.spare")
 RANK_MODULES = ("torch", "torch.distributed", "torch.distributed.checkpoint", "torch._dynamo", "musubi.worker.rank")
 #: The rank's entry: a module with `main(argv, started=...) -> int`, what a client's fall-back runs as `-m`.
 WORKER_ENTRY = "musubi.worker.worker"
-#: The built-in tasks' modules (tasks/registry.py imports them by name); a user's task is `module:function`.
-BUILTIN_TASKS = {"classification": "musubi.tasks.classification", "detection": "musubi.tasks.detection",
-                 "lm": "musubi.tasks.lm"}
 #: Seconds a connected client gets to send its request (a stalled one must not hold the spare).
 REQUEST_TIMEOUT_S = 10.0
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
@@ -88,7 +86,7 @@ def task_module(job_dir: Path) -> str | None:
         return None
     if not isinstance(task, str):
         return None
-    return BUILTIN_TASKS.get(task, task.partition(":")[0] if ":" in task else None)
+    return registry.task_module(task)
 
 
 def warm(job_dir: Path, modules: list[str]) -> list[str]:

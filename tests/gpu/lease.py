@@ -16,17 +16,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from musubi.contract.spare_client import process_alive  # a zombie counts as ended
+
 LEASE = Path(os.environ.get("MUSUBI_GPU_LEASE", "/tmp/musubi-gpu-lease.json"))
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 @contextmanager
@@ -40,8 +32,8 @@ def _locked() -> Iterator[dict]:
             state = {}
         state.setdefault("held", {})  # gpu id -> pid
         state.setdefault("waiting", {})  # pid -> gpus wanted
-        state["held"] = {g: p for g, p in state["held"].items() if _alive(int(p))}
-        state["waiting"] = {p: n for p, n in state["waiting"].items() if _alive(int(p))}
+        state["held"] = {g: p for g, p in state["held"].items() if process_alive(int(p))}
+        state["waiting"] = {p: n for p, n in state["waiting"].items() if process_alive(int(p))}
         yield state
         LEASE.write_text(json.dumps(state))
         fcntl.flock(lock, fcntl.LOCK_UN)

@@ -258,5 +258,5 @@ def test_a_spare_that_fails_after_its_imports_is_not_waited_for(tmp_path: Path) 
 def test_a_zombie_spare_counts_as_ended() -> None:
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
     assert wait_for(lambda: open(f"/proc/{proc.pid}/stat").read().rsplit(")", 1)[1].split()[0] == "Z")
-    assert not spare_client._alive(proc.pid)  # noqa: SLF001 - the rule the client waits by
+    assert not spare_client.process_alive(proc.pid)  # the rule the client waits by
     proc.wait()
