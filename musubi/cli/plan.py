@@ -17,7 +17,7 @@ from musubi.contract.exits import EXIT_FAILED
 from musubi.plan.calibrate import load_calibrations
 from musubi.plan.catalog import get_gpu
 from musubi.plan.cluster import Cluster, fit_to_topology, make_cluster
-from musubi.plan.complete import complete_layout, faster_over_memory, stack_range
+from musubi.plan.complete import FILL_MEMORY_TOLERANCE, complete_layout, faster_over_memory, stack_range
 from musubi.plan.efficiency import DEFAULT_EFFICIENCY
 from musubi.plan.errors import PlanError
 from musubi.plan.layout import given_keys, parse_layout
@@ -218,7 +218,8 @@ def _show_layout(console: Console, as_json: bool, one: Prediction, cluster: Clus
                       f"{_pct(slow.mfu)} to {_pct(fast.mfu)}, step {fast.step_time_s:.3g} to "
                       f"{slow.step_time_s:.3g} s (name them in --layout to pin them)", highlight=False)
     if filled:
-        console.print("chosen by the planner (not in --layout; fastest that fits): "
+        console.print("chosen by the planner (not in --layout; fastest that fits, within the memory model's "
+                      f"{FILL_MEMORY_TOLERANCE:.0%} error): "
                       + ", ".join(f"{k}={v}" for k, v in filled.items()), highlight=False)
     if over is not None:
         console.print(f"faster if it fits: {over.layout}: MFU {_pct(over.mfu)}, step {over.step_time_s:.3g} s, but "
