@@ -39,6 +39,7 @@ MCORE = "https://github.com/NVIDIA/Megatron-LM/blob/f2e5db402c44ae309aa6448bcb4a
 AUTOMODEL = "https://github.com/NVIDIA-NeMo/Automodel/blob/e45812012456b0a6fb6b8d02eb9b29e2b5884d5a/"
 FA2 = "https://arxiv.org/abs/2307.08691"
 FA_REPO = "https://github.com/Dao-AILab/flash-attention/blob/0251105a2fb19d2957484b7f023cd8c115286ced/"
+NANOTRON = "https://github.com/huggingface/nanotron/blob/c252843039cc167ff8d6894b87172af4637eb14b/"
 H100_BF16_PEAK = 989.0  # TFLOP/s dense BF16, the peak Megatron-LM's MFU column divides by
 MEGATRON_DGX_H100 = "DGX H100 (8x H100-SXM 80GB, NVLink, 8x 400 Gb/s InfiniBand per node)"
 
@@ -51,6 +52,13 @@ def megatron_flops_per_seq(seq: int, layers: int, hidden: int, vocab: int) -> fl
 def fa2_flops_per_token(params: float, layers: int, hidden: int, seq: int) -> float:
     """FlashAttention-2 paper sec. 4.2: 6 x seqlen x params + 12 x layers x hidden x seqlen^2, per token."""
     return 6 * params + 12 * layers * hidden * seq
+
+
+def nanotron_flops_per_token(layers: int, hidden: int, ffn: int, vocab: int, seq: int) -> float:
+    """nanotron's get_flops (models/llama.py at NANOTRON) per token, MHA: 3 x (qkv, logits, out, SwiGLU, head)."""
+    fwd = 2 * layers * hidden * 3 * hidden + 4 * layers * hidden * seq + 2 * layers * hidden * hidden
+    fwd += 6 * layers * hidden * ffn + 2 * hidden * vocab
+    return 3 * fwd
 
 
 def blind_rows() -> list[dict[str, object]]:
@@ -73,7 +81,7 @@ def blind_rows() -> list[dict[str, object]]:
     # Nemotron-4 15B, Table 2: 8-way TP + DP with a distributed optimizer, batch ramp at 4096 tokens a sequence
     for dp, n, sec, mfu, gbs in ((96, 768, 0.57, 34.3, 384), (192, 1536, 0.58, 33.3, 768), (288, 2304, 0.64, 30.5, 1152)):
         add(name=f"nemotron4-15b-tab2-{n}g", regime="tp-dp", source="Parmar2024-Nemotron-4-15B-Table2", url=NEMOTRON15,
-            table=f"Table 2 (batch size ramp) row DP {dp}, {n} GPUs, {sec} s/iteration, MFU {mfu} %, batch {gbs}; sec. 2.3 (8-way TP, distributed optimizer)",
+            table=f"Table 2 (batch size ramp) row DP {dp}, {n} GPUs, {sec} s/iteration, MFU {mfu} %, batch {gbs}; the 'Pre-training' paragraph (8-way TP, distributed optimizer)",
             gpu="H100-SXM", n_gpus=n, arch="nemotron", layers=32, hidden=6144, heads=48, kv_heads=8, ffn=24576, seq=4096,
             vocab=256000, global_batch_seqs=gbs, micro_batch="", tp=8, pp=1, cp=1, dp=dp, vpp="", zero_stage=1,
             recompute="", sequence_parallel="", attention="flash", measured_tflops_per_gpu="",
@@ -82,11 +90,11 @@ def blind_rows() -> list[dict[str, object]]:
             assumed="tokens/s per GPU = batch x 4096 / iteration time / GPUs (the table's MFU is kept in measured_fraction_of_peak, "
                     "Chowdhery/Korthikanti convention); shape from the report's Table 1 (32 x 6144, 48 heads, 8 KV heads, "
                     "squared-ReLU 4h MLP, 256k vocab, untied, RoPE, no biases); micro-batch, sequence parallelism, recompute and "
-                    "attention kernel not printed (flash assumed, Megatron-LM/NeMo on H100); " + MEGATRON_DGX_H100 + " as sec. 2.3 says")
+                    "attention kernel not printed (flash assumed, Megatron-LM/NeMo on H100); " + MEGATRON_DGX_H100 + " as the 'Pre-training' paragraph says")
     # Nemotron-4 340B, Table 2: TP 8 x PP 12 interleaved + DP with a distributed optimizer
     for dp, n, sec, mfu, gbs in ((16, 1536, 10.3, 42.4, 768), (32, 3072, 10.3, 42.3, 1536), (64, 6144, 8.0, 41.0, 2304)):
         add(name=f"nemotron4-340b-tab2-{n}g", regime="3d", source="NVIDIA2024-Nemotron-4-340B-Table2", url=NEMOTRON340,
-            table=f"Table 2 (batch size ramp) row DP {dp}, {n} GPUs, {sec} s/iteration, MFU {mfu} %, batch {gbs}; sec. 2.3 (TP 8, PP 12 with interleaving)",
+            table=f"Table 2 (batch size ramp) row DP {dp}, {n} GPUs, {sec} s/iteration, MFU {mfu} %, batch {gbs}; the training-details text (768 DGX H100 nodes, TP 8, PP 12 with interleaving, distributed optimizer)",
             gpu="H100-SXM", n_gpus=n, arch="nemotron", layers=96, hidden=18432, heads=96, kv_heads=8, ffn=73728, seq=4096,
             vocab=256000, global_batch_seqs=gbs, micro_batch="", tp=8, pp=12, cp=1, dp=dp, vpp="", zero_stage=1,
             recompute="", sequence_parallel="", attention="flash", measured_tflops_per_gpu="",
@@ -110,7 +118,7 @@ def blind_rows() -> list[dict[str, object]]:
                 "(expensive activations saved, manual backward) and xformers memory-efficient attention (flash assumed); "
                 "4M-token batch = 2048 sequences of 2048; 'around 380' is a rounded figure; ffn 22016 from the released checkpoint")
     # NeMo-Megatron-Launcher README 7.1.2: GPT 5B and 175B on DGX A100 80GB nodes, tokens/s (all GPUs)
-    for nodes, tps in ((1, 40345), (2, 79815), (4, 161754), (8, 312774), (16, 659481), (32, 1159288)):
+    for nodes, tps in ((1, 40345), (4, 161754), (32, 1159288)):  # of 1, 2, 4, 8, 16, 32 nodes: the ends and one between
         n = nodes * 8
         add(name=f"nemo-launcher-gpt5b-{n}g", regime="dp", source="NVIDIA2022-NeMo-Megatron-Launcher-README",
             url=NML + "README.md", table=f"README 7.1.2 'Training Performance Results' 5B row, {nodes} nodes: {tps} tokens per second",
@@ -125,7 +133,7 @@ def blind_rows() -> list[dict[str, object]]:
                     "one (its comment 'MBS=2, TPS=2 ... for 80GB nodes' disagrees on TP); GPT-2 BPE vocab 50257 padded to 50304; "
                     "learned positions, tied head (NeMo defaults); fused-softmax attention (no flash in NeMo 22.x); DGX A100 "
                     "SuperPOD (8x A100-SXM 80GB, 8x 200 Gb/s HDR InfiniBand per node)")
-    for nodes, tps in ((8, 7500), (16, 14950), (32, 29537), (64, 58211), (128, 109684)):
+    for nodes, tps in ((8, 7500), (32, 29537), (128, 109684)):  # of 8, 16, 32, 64, 128 nodes: the ends and one between
         n = nodes * 8
         add(name=f"nemo-launcher-gpt175b-{n}g", regime="3d", source="NVIDIA2022-NeMo-Megatron-Launcher-README",
             url=NML + "README.md", table=f"README 7.1.2 'Training Performance Results' 175B row, {nodes} nodes: {tps} tokens per second",
@@ -193,8 +201,7 @@ def blind_rows() -> list[dict[str, object]]:
                 "shards over dp x cp (64) or dp (32) is not printed; " + MEGATRON_DGX_H100)
     # FlashAttention-2 paper, Table 1: GPT-3 1.3B / 2.7B on 8x A100 80GB, FlashAttention-2 column
     for size, layers, hidden, heads, seq, tflops, micro, gbs in (
-            ("1.3b", 24, 2048, 16, 2048, 196, 8, 512), ("1.3b", 24, 2048, 16, 8192, 220, 4, 128),
-            ("2.7b", 32, 2560, 20, 2048, 205, 4, 512), ("2.7b", 32, 2560, 20, 8192, 225, 4, 128)):
+            ("1.3b", 24, 2048, 16, 8192, 220, 4, 128), ("2.7b", 32, 2560, 20, 2048, 205, 4, 512)):  # two of the four
         params = params_b("gpt", layers, hidden, heads, 0, 0, 50264, seq) * 1e9
         ctx = f"{seq // 1024}k"
         add(name=f"fa2-gpt3-{size}-{ctx}-8g", regime="dp", source="Dao2023-FlashAttention-2-Table1", url=FA2,
@@ -212,6 +219,38 @@ def blind_rows() -> list[dict[str, object]]:
                     "gpt3-2.7B-flash-8k: DDP with ZeRO-1 optimizer sharding, micro-batch for 80 GB, global batch 512 at 2k and "
                     "128 at 8k, no checkpointing, bf16, fused MLP/LayerNorm/dropout kernels), assumed to be the measured ones; "
                     "one DGX A100 node (8x A100-SXM 80GB, NVLink)")
+    # nanotron v0.5 benchmarks (README 'Benchmarks', docs/benchmark_summary.svg): best layout per model size and node
+    # count on H100, global batch 256 x 4096 tokens at every scale; some of the cells (the ends of each model's range)
+    shapes = {"1.34b": (16, 2048, 32, 8192), "3.57b": (28, 3072, 32, 8192), "8.86b": (32, 4096, 32, 14336),
+              "80b": (80, 8192, 64, 28672)}
+    for size, nodes, dp, tp, pp, gas, mbs, zero, mfu in (
+            ("1.34b", 1, 4, 1, 2, 16, 4, 1, 44.32), ("1.34b", 64, 128, 2, 2, 1, 2, 1, 5.25),
+            ("3.57b", 1, 4, 1, 2, 32, 2, 1, 46.68), ("3.57b", 64, 128, 4, 1, 1, 2, 1, 10.49),
+            ("8.86b", 1, 2, 1, 4, 128, 1, 1, 45.22), ("8.86b", 4, 16, 1, 2, 16, 1, 1, 43.31),
+            ("8.86b", 16, 16, 8, 1, 2, 8, 0, 36.33), ("8.86b", 64, 128, 4, 1, 1, 2, 0, 18.69),
+            ("80b", 4, 1, 8, 4, 256, 1, 0, 14.76), ("80b", 16, 1, 4, 32, 256, 1, 0, 34.29),
+            ("80b", 64, 32, 16, 1, 4, 2, 1, 17.79)):
+        layers, hidden, heads, ffn = shapes[size]
+        n = nodes * 8
+        assert dp * tp * pp == n and dp * gas * mbs == 256, (size, nodes)
+        regime = "dp" if tp == 1 and pp == 1 else ("tp-dp" if pp == 1 else ("pp-dp" if tp == 1 else "3d"))
+        add(name=f"nanotron05-llama{size}-{n}g", regime=regime, source="HF2025-nanotron-v0.5-benchmarks",
+            url=NANOTRON + "docs/benchmark_summary.svg",
+            table=f"README 'Benchmarks' figure (docs/benchmark_summary.svg): {size.upper()} at {nodes} nodes, DP {dp} TP {tp} PP {pp} GAS {gas} MBS {mbs} ZeRO-{zero}, MFU {mfu}",
+            gpu="H100-SXM", n_gpus=n, arch="llama", layers=layers, hidden=hidden, heads=heads, kv_heads=heads, ffn=ffn,
+            seq=4096, vocab=131072, global_batch_seqs=256, micro_batch=mbs, tp=tp, pp=pp, cp=1, dp=dp, vpp="",
+            zero_stage=zero, recompute="", sequence_parallel="yes" if tp > 1 else "no", attention="flash",
+            measured_tflops_per_gpu=round(mfu / 100 * H100_BF16_PEAK, 1), measured_fraction_of_peak=round(mfu / 100, 4),
+            measured_tokens_per_s_per_gpu=round(mfu / 100 * H100_BF16_PEAK * 1e12 / nanotron_flops_per_token(layers, hidden, ffn, 131072, 4096), 1),
+            flops_convention="mfu", published_layout=f"tp={tp},pp={pp},dp={dp},zero={zero},micro={mbs}",
+            assumed="the figure prints MFU and the layout; tokens/s per GPU = MFU x 989 TFLOP/s (nanotron's H100 peak) / "
+                    "nanotron's model FLOPs per token (get_flops in src/nanotron/models/llama.py: 3 x forward, full "
+                    "attention, SwiGLU, head); shapes from scripts/scaling_benchmarks.py at this commit (SwiGLU, MHA since "
+                    "NUM_KEY_VALUE_HEADS is None, vocab 131,072, seq 4096, tied embeddings below 4B: the printed sizes "
+                    "1.34/3.57/8.86/80.0B match), global batch 256 sequences = DP x GAS x MBS in every cell; TP mode "
+                    "reduce-scatter (sequence parallel), 1F1B pipeline, flash attention, no recompute named; HF's H100 "
+                    "cluster (8x H100-SXM 80GB per node; its network not printed here); the arch 'llama' is untied, the "
+                    "1.34B/3.57B are tied (a head's worth of memory)")
     return rows
 
 
