@@ -169,7 +169,7 @@ def blind_rows() -> list[dict[str, object]]:
                     "MLP and untied embeddings (the printed sizes match untied: 177B = 96 x 12h^2 + 2 x 131072 x 12288) "
                     "written as arch nemotron with kv_heads = heads; vocab 131,072 and seq 4096 printed; "
                     "--overlap-param-gather printed, which needs the distributed optimizer (zero=1); micro-batch, interleaving, "
-                    "sequence parallelism and recompute not printed; TE attention (flash assumed); " + MEGATRON_DGX_H100)
+                    "sequence parallelism and recompute not printed; TE attention (flash assumed); the cluster is not named (" + MEGATRON_DGX_H100 + " assumed)")
     # Megatron-Core r0.8.0 README: the 177B strong-scaled from 96 to 4608 GPUs at batch 1152, MFU 47 % -> 42 %
     for n, mfu in ((96, 0.47), (4608, 0.42)):
         tflops = round(mfu * H100_BF16_PEAK, 1)
@@ -185,7 +185,7 @@ def blind_rows() -> list[dict[str, object]]:
             assumed="only the MFU at the two ends is printed (whole per cent, so +-1 % of the figure); TFLOP/s = MFU x 989, then "
                     "tokens/s as the model-table rows; TP 8 x PP 6 taken from the model table's 177B row (2304 GPUs, the same "
                     "batch 1152), the strong-scaling figure labels every point '177B' but does not print the layout; "
-                    "as the model table otherwise (untied GPT, zero=1, micro-batch and interleaving not printed); " + MEGATRON_DGX_H100)
+                    "as the model table otherwise (untied GPT, zero=1, micro-batch and interleaving not printed); the cluster is not named (" + MEGATRON_DGX_H100 + " assumed)")
     # NeMo Automodel (PyTorch FSDP2 backend), pre-training table, DGX-H100 BF16: Llama 3.1 70B on 64 GPUs
     add(name="automodel-llama31-70b-fsdp2-64g", regime="fsdp", source="NVIDIA2026-NeMo-Automodel-performance-summary",
         url=AUTOMODEL + "docs/performance-summary.md",
