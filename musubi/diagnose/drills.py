@@ -68,6 +68,24 @@ CPU_DRILL_JOB: dict[str, Any] = {
 CPU_STEP_MS = 33.0  # its healthy step time (2 gloo ranks), what the fault sizes are computed from
 
 
+#: How a suite trains one drill: (job, out, nproc, device, steps, inject, sets) -> (job folder, wall s).
+TrainOnce = Callable[[Path, Path, int, str, int, str, tuple[str, ...]], tuple[Path, float]]
+
+
+def train_args(job: Path, out: Path, nproc: int, device: str, steps: int, sets: tuple[str, ...] = ()) -> list[str]:
+    """The arguments of one drill's `musubi train` (after `musubi`): no preflight, `steps` steps, `sets` applied."""
+    args = ["train", str(job), "--nproc", str(nproc), "--device", device, "--out", str(out), "--no-check",
+            "--set", f"train.max_steps={steps}"]
+    for s in sets:
+        args += ["--set", s]
+    return args
+
+
+def job_folder(out: Path) -> Path:
+    """The job folder a drill's `musubi train --out OUT` wrote (the one holding job.json)."""
+    return next(p for p in out.iterdir() if (p / RUN_FILES.job).is_file())
+
+
 def train_once(job: Path, out: Path, nproc: int, device: str, steps: int, inject: str = "",
                sets: tuple[str, ...] = (), timeout_s: float = 900,
                env_extra: dict[str, str] | None = None) -> tuple[Path, float]:
@@ -75,10 +93,7 @@ def train_once(job: Path, out: Path, nproc: int, device: str, steps: int, inject
     env = dict(os.environ)
     env[MUSUBI_INJECT] = inject
     env.update(env_extra or {})
-    cmd = [sys.executable, "-m", "musubi.cli", "train", str(job), "--nproc", str(nproc), "--device", device,
-           "--out", str(out), "--no-check", "--set", f"train.max_steps={steps}"]
-    for s in sets:
-        cmd += ["--set", s]
+    cmd = [sys.executable, "-m", "musubi.cli", *train_args(job, out, nproc, device, steps, sets)]
     t0 = time.perf_counter()
     # Its own session, so a run past its time is stopped whole: SIGTERM to the group reaches torchrun,
     # which stops its ranks (killing only the CLI would leave torchrun restarting them, orphaned).
@@ -97,8 +112,7 @@ def train_once(job: Path, out: Path, nproc: int, device: str, steps: int, inject
     wall = time.perf_counter() - t0
     if p.returncode != 0:
         raise RuntimeError(f"musubi train failed ({p.returncode}): {stdout[-1500:]}\n{stderr[-2500:]}")
-    jobs = [p for p in out.iterdir() if (p / RUN_FILES.job).is_file()]
-    return jobs[0], wall
+    return job_folder(out), wall
 
 
 def judge(scenario: Scenario, job_dir: Path) -> dict[str, Any]:
@@ -143,8 +157,9 @@ def judge(scenario: Scenario, job_dir: Path) -> dict[str, Any]:
 
 def run_suite(job: Path, names: list[str], runs: int, nproc: int, device: str, steps: int, step_ms: float,
               workdir: Path, log: Callable[[str], None] = print, keep: bool = False,
-              extra_sets: tuple[str, ...] = ()) -> list[dict[str, Any]]:
-    """Every scenario `runs` times (interleaved, so a drift of the machine hits all alike)."""
+              extra_sets: tuple[str, ...] = (), train: TrainOnce = train_once) -> list[dict[str, Any]]:
+    """Every scenario `runs` times (interleaved, so a drift of the machine hits all alike), each trained by `train`
+    (a subprocess each by default; the test suite's trainer runs the same CLI in its own process)."""
     rows = []
     for i in range(runs):
         for name in names:
@@ -152,8 +167,7 @@ def run_suite(job: Path, names: list[str], runs: int, nproc: int, device: str, s
             out = workdir / f"{name}-{i}"
             shutil.rmtree(out, ignore_errors=True)
             try:
-                job_dir, wall = train_once(job, out, nproc, device, steps, sc.inject(step_ms),
-                                           (*extra_sets, *sc.sets))
+                job_dir, wall = train(job, out, nproc, device, steps, sc.inject(step_ms), (*extra_sets, *sc.sets))
             except (RuntimeError, subprocess.TimeoutExpired) as e:  # one failed run must not lose the rest
                 rows.append({"scenario": name, "run": i, "ok": False, "label": "error", "error": str(e)[-2000:],
                              "coverage_min": None, "step_ms": None, "stragglers": [], "live_flags": []})

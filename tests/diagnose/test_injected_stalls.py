@@ -1,4 +1,9 @@
-"""Injected stalls land where the scenario suite expects them: the blocking part of a save, the data wait."""
+"""Injected stalls land where the scenario suite expects them: the blocking part of a save.
+
+The data stall's place (the wait for the batch, `data`, not `h2d`, step by step through the real loop) is
+checked on the scenario suite's data-stall drill (test_scenarios.py), which trains that fault anyway: a launch of
+its own here cost ~12 s of the suite for the same property.
+"""
 
 from __future__ import annotations
 
@@ -59,22 +64,3 @@ def test_async_mode_off_is_accepted_from_set(raw: str) -> None:
     data = apply_overrides({"checkpoint": {}}, [f"checkpoint.async_mode={raw}"])
     assert CheckpointSpec(**data["checkpoint"]).async_mode == "off"
 
-
-def test_data_stall_sleeps_in_the_data_wait(tiny_job, tmp_path: Path) -> None:
-    """Through the real loop (1 rank, gloo): an injected data stall is recorded as `data`, not `h2d`."""
-    import json
-    import os
-    import subprocess
-    import sys
-
-    env = dict(os.environ, MUSUBI_INJECT="data_stall:ms=60")
-    out = tmp_path / "run"
-    res = subprocess.run([sys.executable, "-m", "musubi.cli", "train", str(tiny_job()), "--nproc", "1",
-                          "--device", "cpu", "--out", str(out), "--no-check", "--set", "train.max_steps=8"],
-                         capture_output=True, text=True, env=env, timeout=110)
-    assert res.returncode == 0, res.stdout[-1000:] + res.stderr[-2000:]
-    (tele,) = out.glob("*/telemetry/rank0.jsonl")
-    steps = [r for r in map(json.loads, tele.read_text().splitlines()) if r.get("kind") == "step" and r["step"] > 1]
-    assert steps
-    for r in steps:
-        assert r["host"].get("data", 0.0) >= 55.0 and r["host"].get("h2d", 0.0) < 30.0, r["host"]
