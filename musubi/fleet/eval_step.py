@@ -8,6 +8,10 @@ its leaderboard settings, local.export_request) asks it to export the model to O
 exactly as ship() would (export and parity, no ONNX Runtime timing), if the job ranks within the top-k
 among the run's jobs evaluated so far. An export that fails is recorded and the job still ranks (the
 fleet exports again when it ships).
+
+`--external`: the fleet's job is an external command: its evaluation reads the eval.json (or the framework's files)
+it wrote and times a model only where it left one, so the step imports neither torch nor the task registry up
+front (~5 s of CPU a job; what a model timing needs is imported when it runs).
 """
 
 from __future__ import annotations
@@ -104,21 +108,27 @@ def export_if_ranked(job_dir: Path, ask: ExportAsk) -> dict[str, Any] | None:
 
 def main(argv: list[str] | None = None) -> int:
     """Evaluate one finished job (metrics, FPS by the documented protocol); exit 2 on bad input."""
-    args = argv if argv is not None else sys.argv[1:]
-    after = None
-    if len(args) == 3 and args[0] == "--after":
-        after, args = Path(args[1]), args[2:]
-    if len(args) != 1:
-        print("usage: python -m musubi.fleet.eval_step [--after FILE] JOB_DIR", file=sys.stderr)
+    args = list(argv if argv is not None else sys.argv[1:])
+    after, external = None, False
+    while len(args) > 1 and args[0] in ("--after", "--external"):
+        if args[0] == "--external":
+            external, args = True, args[1:]
+        elif len(args) > 2:
+            after, args = Path(args[1]), args[2:]
+        else:
+            break
+    if len(args) != 1 or args[0].startswith("--"):
+        print("usage: python -m musubi.fleet.eval_step [--after FILE] [--external] JOB_DIR", file=sys.stderr)
         return EXIT_CONFIG
     job_dir = Path(args[0])
-    # Everything the evaluation imports, imported now (before the wait when started early): torch,
-    # torchvision, the task registry, model loading, FPS timing and ONNX export. No CUDA call here.
-    import torch
-    import torchvision  # noqa: F401
+    if not external:
+        # Everything a task job's evaluation imports, imported now (before the wait when started early): torch,
+        # torchvision, the task registry, model loading, FPS timing and ONNX export. No CUDA call here.
+        import torch  # noqa: F401
+        import torchvision  # noqa: F401
 
-    from musubi.evaluate import evaluate_job, fps, model_io, onnx_export  # noqa: F401
-    from musubi.tasks import registry  # noqa: F401
+        from musubi.evaluate import evaluate_job, fps, model_io, onnx_export  # noqa: F401
+        from musubi.tasks import registry  # noqa: F401
 
     mark(job_dir, "eval_ready")
     if after is not None and not wait_for(after):
@@ -133,7 +143,14 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_NO_RESULTS
     ask = export_ask(after) if after is not None else None
     try:
-        result = evaluate_job(job_dir, reached=lambda name: mark(job_dir, name))
+        if external:  # what evaluate_job does for a job without a task config, without importing model loading
+            from musubi.evaluate.job_eval import evaluate_external_job
+
+            result = evaluate_external_job(job_dir, None, None, None)
+        else:
+            from musubi.evaluate import evaluate_job
+
+            result = evaluate_job(job_dir, reached=lambda name: mark(job_dir, name))
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_CONFIG
@@ -142,7 +159,8 @@ def main(argv: list[str] | None = None) -> int:
     # the FPS runs left in the caching allocator goes back to the GPU first: the next job builds its model and
     # probes its batch while this process may still export (only its CUDA context stays, until it exits).
     gc.collect()
-    if torch.cuda.is_initialized():
+    torch = sys.modules.get("torch")  # not imported by an external job's step unless its model timing needed it
+    if torch is not None and torch.cuda.is_initialized():
         torch.cuda.empty_cache()
     mark(job_dir, EVAL_GPU_DONE)
     if ask is not None and result.get("kind") == "task":

@@ -341,7 +341,7 @@ class LocalFleet:
         st = self.states[run.job.name]
         env = dict(os.environ, **jobs.gpu_env(st.gpus, self.kind, self.threads * len(st.gpus)))
         argv = [sys.executable, "-m", "musubi.fleet.eval_step", *(["--after", str(after)] if after else []),
-                str(self.run_dir / run.job.name)]
+                *(["--external"] if isinstance(run.job, CommandJob) else []), str(self.run_dir / run.job.name)]
         cpus = cpus_value(self.cores, st.gpus) if self.cores is not None else None
         mark(self.run_dir / run.job.name, "eval_spawned")
         proc = subprocess.Popen(argv, env=env, stdout=run.log_file, stderr=subprocess.STDOUT,

@@ -179,6 +179,17 @@ def machine(req: FleetRequest) -> tuple[list[int], str]:
     return list(range(slots)), "cpu"
 
 
+def recorded_executor(run_dir: Path) -> str | None:
+    """The executor an earlier `musubi run` used for this run directory (None when unknown).
+
+    Here, not beside the executors: reading it imports no torch, so a `--resume` refused at once (a live run
+    holds the folder, another executor asked) costs ~1 s of CPU instead of ~6."""
+    try:
+        return json.loads((run_dir / RUN_FILES.fleet).read_text(encoding="utf-8")).get("executor", "local")
+    except (OSError, ValueError):
+        return None
+
+
 def run_fleet(req: FleetRequest, console: Console | None = None) -> tuple[Path, dict[str, JobState]]:
     """Run a fleet to the end; returns the run directory and every job's final state."""
     console = console or Console()
@@ -188,8 +199,6 @@ def run_fleet(req: FleetRequest, console: Console | None = None) -> tuple[Path, 
         req.marks.setdefault("process", started)
     earlier = None
     if req.resume and req.out is not None:
-        from musubi.fleet.slurm import recorded_executor  # imports the executors (torch): a resume only
-
         earlier = recorded_executor(req.out)
     executor = req.executor or earlier or "local"
     if executor not in ("local", "slurm"):

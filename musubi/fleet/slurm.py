@@ -15,7 +15,6 @@ Musubi runs on the login node and polls; it schedules nothing itself.
 
 from __future__ import annotations
 
-import json
 import logging
 import shlex
 import shutil
@@ -305,12 +304,4 @@ class SlurmFleet:
     def _say(self, text: str) -> None:
         self.console.print(text, highlight=False, markup=False)
         log.info("%s", text)
-
-
-def recorded_executor(run_dir: Path) -> str | None:
-    """The executor an earlier `musubi run` used for this run directory (None when unknown)."""
-    try:
-        return json.loads((run_dir / RUN_FILES.fleet).read_text(encoding="utf-8")).get("executor", "local")
-    except (OSError, ValueError):
-        return None
 

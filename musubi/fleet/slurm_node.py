@@ -118,7 +118,8 @@ def main(argv: list[str] | None = None) -> int:
         return code
     if code == 0:
         # The evaluation step of the local executor, on this job's own allocation.
-        code = subprocess.call([sys.executable, "-m", "musubi.fleet.eval_step", str(run_dir / name)],
+        external = [] if info["kind"] == "task" else ["--external"]  # its step imports no torch
+        code = subprocess.call([sys.executable, "-m", "musubi.fleet.eval_step", *external, str(run_dir / name)],
                                stdin=subprocess.DEVNULL)
     marker.parent.mkdir(parents=True, exist_ok=True)
     marker.write_text(f"{code}\n", encoding="utf-8")

@@ -157,6 +157,61 @@ def test_a_fleet_members_launcher_imports_no_torch(tmp_path: Path) -> None:
     assert imports_torch(False, "cpu")  # alone: the task's checks build the model (torch)
 
 
+def test_an_external_jobs_evaluation_step_imports_no_torch_and_records_what_evaluate_job_does(tmp_path: Path) -> None:
+    """The fleet runs `eval_step --external` for a command job: its eval.json is read and validated as
+    evaluate_job would, without importing torch and torchvision up front (~5 s of CPU a job on 2 cores); a bad
+    eval.json is still refused (exit 2) and a missing one is still the contract's error (exit 3)."""
+    from musubi.contract.exits import EXIT_CONFIG, EXIT_NO_RESULTS
+    from musubi.evaluate.job_eval import evaluate_job
+
+    def step(job: Path, *flags: str) -> tuple[int, str, bool]:
+        code = ("import sys; from musubi.fleet import eval_step; "
+                f"rc = eval_step.main([*{list(flags)!r}, {str(job)!r}]); print('torch' in sys.modules); sys.exit(rc)")
+        res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+        return res.returncode, res.stderr, res.stdout.strip().splitlines()[-1] == "True"
+
+    reported = {"metrics": {"top1": 0.5}, "primary_metric": "top1", "fps": {"fps": 12.0}}
+    ext, ref = tmp_path / "ext", tmp_path / "ref"
+    for d in (ext, ref):
+        d.mkdir()
+        (d / "eval.json").write_text(json.dumps(reported))
+    code, err, torch_seen = step(ext, "--external")
+    assert code == 0 and not torch_seen, err[-2000:]
+    ours, theirs = json.loads((ext / "eval.json").read_text()), evaluate_job(ref)
+    assert {k: v for k, v in ours.items() if k != "evaluated"} == {k: v for k, v in theirs.items() if k != "evaluated"}
+    (ext / "eval.json").write_text(json.dumps({"metrics": {"top1": "high"}}))
+    code, err, _ = step(ext, "--external")
+    assert code == EXIT_CONFIG and "error:" in err, err[-2000:]
+    (ext / "eval.json").unlink()
+    code, err, _ = step(ext, "--external")
+    assert code == EXIT_NO_RESULTS and "exited 0 without writing it" in err, err[-2000:]
+    assert step(ext, "--external", "--after")[0] == EXIT_CONFIG  # a flag without its value: usage, not a guess
+
+
+def test_a_resume_refused_for_a_live_run_imports_no_torch(tmp_path: Path) -> None:
+    """`musubi run --resume` on a folder a live run holds is refused before the executors (torch) are imported:
+    the refusal cost 5.8 s of CPU (the executor's name read through fleet/slurm.py), now ~0.5 s."""
+    from musubi.fleet.stop import run_lock
+
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text("name: f\njobs:\n- {name: a, command: [job.py]}\n")
+    (tmp_path / "job.py").write_text("")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "fleet.json").write_text(json.dumps({"executor": "local", "jobs": {}}))
+    code = ("import sys; from pathlib import Path; from musubi.contract.errors import ConfigError; "
+            "from musubi.fleet.run import FleetRequest, run_fleet\n"
+            f"try: run_fleet(FleetRequest(fleet_path=Path({str(fleet)!r}), out=Path({str(run)!r}), resume=True, "
+            "check=False, device='cpu', cpu_slots=1))\n"
+            "except ConfigError as e: print(e)\n"
+            "print('torch' in sys.modules)")
+    with run_lock(run):  # this process is the live run
+        res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    said, torch_seen = res.stdout.strip().splitlines()[-2:]
+    assert "is in use by a live `musubi run`" in said and torch_seen == "False", res.stdout
+
+
 def test_the_fleets_own_start_up_in_parts() -> None:
     """`musubi run` marks its start-up (fleet/run.py FLEET_STARTUP): each part runs from the previous mark
     present (from the interpreter's start), and "in all" to the last."""
