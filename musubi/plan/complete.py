@@ -7,7 +7,8 @@ moves 4x the bytes of one micro-batch of 4), and a 16-stage pipeline at 32 micro
 47 % without interleaving and 12 % with 4 virtual stages. A team that trained the run tuned what
 it did not print, so the planner does the same, within the memory: each knob the layout does not
 name is set to the value with the shortest predicted step among those whose memory fits the GPU
-(recompute: none, selective, full; micro: the divisors of the per-replica batch up to 64; vpp:
+(recompute: none, selective, full on every layer or on the first 1/4, 1/2 or 3/4 of each chunk's layers;
+micro: the divisors of the per-replica batch up to 64; vpp:
 1 and the virtual-stage counts that divide the layers; zero: 0 or 1). A knob the layout names is never changed.
 
 ZeRO-1 is a fill, not a default, for the same reason: sharding the optimizer state over the data
@@ -58,6 +59,18 @@ def _vpp_choices(spec: ModelSpec, layout: Layout) -> list[int]:
             or (spec.layers + 2) % (layout.pp * v) == 0] or [1]
 
 
+def _recompute_choices(spec: ModelSpec, layout: Layout, vpp: int) -> list[tuple[str, int]]:
+    """(recompute, recompute_layers) the fill may choose: none, selective, full on every layer, and full on the
+    first quarter, half or three quarters of each model chunk's layers (block recompute), when chunks have
+    several layers."""
+    choices = [(r, 0) for r in RECOMPUTE]
+    if isinstance(spec, GenericSpec):
+        return choices
+    chunk = -(-spec.layers // (layout.pp * vpp))
+    blocks = sorted({round(chunk * k / 4) for k in (1, 2, 3)} - {0, chunk})
+    return choices + [("full", n) for n in blocks]
+
+
 def _fill_candidates(spec: ModelSpec, cluster: Cluster, layout: Layout, given: frozenset[str], global_batch: int,
                      eff: Efficiency, precision: str, memory_precision: str) -> tuple[Layout, list[str],
                                                                                      list[tuple[Layout, Prediction]]]:
@@ -71,17 +84,19 @@ def _fill_candidates(spec: ModelSpec, cluster: Cluster, layout: Layout, given: f
     options = {
         "micro": _micro_choices(layout, global_batch) if "micro" in open_knobs else [layout.micro],
         "vpp": _vpp_choices(spec, layout) if "vpp" in open_knobs else [layout.vpp],
-        "recompute": list(RECOMPUTE) if "recompute" in open_knobs else [layout.recompute],
         "zero": list(ZERO_FILL) if "zero" in open_knobs else [layout.zero],
     }
     out: list[tuple[Layout, Prediction]] = []
-    for micro, vpp, rec, zero in itertools.product(options["micro"], options["vpp"], options["recompute"],
-                                                   options["zero"]):
-        candidate = replace(layout, micro=micro, vpp=vpp, recompute=rec, zero=zero)
-        try:
-            out.append((candidate, predict(spec, cluster, candidate, global_batch, eff, precision, memory_precision)))
-        except PlanError:  # e.g. interleaving needs the micro-batch count to be a multiple of pp
-            continue
+    for micro, vpp, zero in itertools.product(options["micro"], options["vpp"], options["zero"]):
+        recomputes = (_recompute_choices(spec, layout, vpp) if "recompute" in open_knobs
+                      else [(layout.recompute, layout.recompute_layers)])
+        for rec, rec_layers in recomputes:
+            candidate = replace(layout, micro=micro, vpp=vpp, recompute=rec, recompute_layers=rec_layers, zero=zero)
+            try:
+                out.append((candidate, predict(spec, cluster, candidate, global_batch, eff, precision,
+                                               memory_precision)))
+            except PlanError:  # e.g. interleaving needs the micro-batch count to be a multiple of pp
+                continue
     return layout, open_knobs, out
 
 
@@ -100,7 +115,10 @@ def complete_layout(spec: ModelSpec, cluster: Cluster, layout: Layout, given: fr
     if not fitting:  # nothing fits (or nothing was open): leave the defaults, the prediction will say so
         return layout, {}
     chosen = min(fitting, key=lambda t: t[0])[1]
-    return chosen, {k: str(getattr(chosen, k)) for k in open_knobs}
+    filled = {k: str(getattr(chosen, k)) for k in open_knobs}
+    if "recompute" in open_knobs and chosen.recompute_layers:
+        filled["recompute_layers"] = str(chosen.recompute_layers)
+    return chosen, filled
 
 
 def faster_over_memory(spec: ModelSpec, cluster: Cluster, layout: Layout, given: frozenset[str], global_batch: int,

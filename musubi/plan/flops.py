@@ -64,21 +64,22 @@ def model_flops_per_step(spec: ModelSpec, global_batch: int) -> float:
     return 3 * forward_flops_per_sequence(spec) * global_batch
 
 
-def recompute_flops_per_step(spec: ModelSpec, recompute: str, global_batch: int) -> float:
-    """FLOPs that activation recomputation adds to a step: full = layer forwards, selective = attention core."""
+def recompute_flops_per_step(spec: ModelSpec, recompute: str, global_batch: int, share: float = 1.0) -> float:
+    """FLOPs that activation recomputation adds to a step: full = layer forwards (of `share` of the layers, with
+    block recompute), selective = attention core."""
     if isinstance(spec, GenericSpec):
         return spec.flops_per_sample * global_batch if recompute == "full" else 0.0
     s = spec.seq
     if recompute == "full":
-        return (forward_flops_per_sequence(spec) - logits_forward_flops(spec, s)) * global_batch
+        return share * (forward_flops_per_sequence(spec) - logits_forward_flops(spec, s)) * global_batch
     if recompute == "selective":
         return spec.layers * attention_core_flops(spec, s, s) * global_batch
     return 0.0
 
 
-def hardware_flops_per_step(spec: ModelSpec, recompute: str, global_batch: int) -> float:
+def hardware_flops_per_step(spec: ModelSpec, recompute: str, global_batch: int, share: float = 1.0) -> float:
     """Model FLOPs plus recomputation: what the GPUs actually execute (HFU numerator)."""
-    return model_flops_per_step(spec, global_batch) + recompute_flops_per_step(spec, recompute, global_batch)
+    return model_flops_per_step(spec, global_batch) + recompute_flops_per_step(spec, recompute, global_batch, share)
 
 
 def narayanan_hfu_flops(batch: int, seq: int, layers: int, hidden: int, vocab: int) -> float:

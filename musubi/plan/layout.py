@@ -28,7 +28,7 @@ GATHERS = ("nic", "node")
 #: framework overlaps them with GEMMs (TransformerEngine userbuffers): add `overlap=...,tp`.
 DEFAULT_OVERLAP = frozenset({"dp", "pp", "cp"})
 
-_INT_KEYS = ("tp", "pp", "dp", "cp", "ep", "vpp", "zero", "micro")
+_INT_KEYS = ("tp", "pp", "dp", "cp", "ep", "vpp", "zero", "micro", "recompute_layers")
 _KEYS = (*_INT_KEYS, "recompute", "sp", "schedule", "attention", "gather", "overlap")
 
 
@@ -44,6 +44,10 @@ class Layout:
     vpp: int = 1  # interleaved virtual stages per GPU
     zero: int = 0  # 0 plain DP, 1 optimizer sharded, 2 + gradients, 3 + weights (FSDP)
     recompute: str = "none"
+    #: with recompute=full, how many layers of each model chunk are recomputed (Megatron-LM's
+    #: --recompute-method block --recompute-num-layers N; fms-fsdp's and torchtitan's "every k-th block"
+    #: activation checkpointing); 0: every layer. The others keep all their activations.
+    recompute_layers: int = 0
     micro: int = 1  # micro-batch in sequences (samples)
     sp: bool | None = None  # sequence parallel; None: on whenever tp > 1
     schedule: str | None = None  # None: interleaved when vpp > 1, else 1f1b
@@ -75,7 +79,10 @@ class Layout:
             parts.append(f"ep={self.ep}")
         if self.vpp > 1:
             parts.append(f"vpp={self.vpp}")
-        parts += [f"zero={self.zero}", f"recompute={self.recompute}", f"micro={self.micro}"]
+        parts += [f"zero={self.zero}", f"recompute={self.recompute}"]
+        if self.recompute_layers and self.recompute == "full":
+            parts.append(f"recompute_layers={self.recompute_layers}")
+        parts.append(f"micro={self.micro}")
         if self.sp is not None and self.tp > 1:
             parts.append(f"sp={'yes' if self.sp else 'no'}")
         if self.schedule == "zb":
@@ -130,9 +137,10 @@ def parse_layout(text: str) -> Layout:
                 number = int(value)
             except ValueError:
                 raise PlanError(f"layout {key}={value}: expected a whole number") from None
-            low = 0 if key == "zero" else 1
+            low = 0 if key in ("zero", "recompute_layers") else 1
             if number < low or (key == "zero" and number > 3):
-                raise PlanError(f"layout {key}={value}: must be {'0..3' if key == 'zero' else '>= 1'}")
+                bound = {"zero": "0..3", "recompute_layers": ">= 0 (0: every layer)"}.get(key, ">= 1")
+                raise PlanError(f"layout {key}={value}: must be {bound}")
             values[key] = number
         elif key == "recompute":
             values[key] = _choice(key, value, RECOMPUTE)
@@ -200,6 +208,13 @@ def check_layout(layout: Layout, spec: ModelSpec, global_batch: int) -> None:
         if layout.pp * layout.vpp > spec.layers:
             raise PlanError(f"pp={layout.pp} x vpp={layout.vpp} = {layout.pp * layout.vpp} stages for "
                             f"{spec.layers} layers: at most one stage per layer")
+        if layout.recompute_layers and layout.recompute != "full":
+            raise PlanError(f"recompute_layers={layout.recompute_layers} needs recompute=full (it says how many "
+                            f"layers of each chunk are fully recomputed); got recompute={layout.recompute}")
+        chunk = -(-spec.layers // (layout.pp * layout.vpp))
+        if layout.recompute_layers > chunk:
+            raise PlanError(f"recompute_layers={layout.recompute_layers}: a model chunk has at most {chunk} layers "
+                            f"here; use 1..{chunk}, or 0 for every layer")
         if layout.vpp > 1 and layout.pp == 1:
             raise PlanError(f"vpp={layout.vpp} needs pp > 1 (interleaving splits pipeline stages)")
         if layout.pipeline_schedule == "interleaved" and layout.vpp == 1:

@@ -121,6 +121,22 @@ def stage_layers(spec: TransformerSpec, layout: Layout) -> tuple[int, int]:
     return sum(rank_chunks(spec, layout, 0)), sum(rank_chunks(spec, layout, layout.pp - 1))
 
 
+def recomputed_share(spec: TransformerSpec, layout: Layout, rank: int | None = None) -> float:
+    """Share of the layers (of pipeline rank `rank`, or of the whole model) whose forward is recomputed.
+
+    recompute=full recomputes every layer unless `recompute_layers` = N says only the first N of each model
+    chunk (Megatron-LM's block method: "the first N layers of each pipeline stage (chunk)", its
+    --recompute-num-layers help); selective and none recompute no whole layer.
+    """
+    if layout.recompute != "full":
+        return 0.0
+    if not layout.recompute_layers:
+        return 1.0
+    chunks = rank_chunks(spec, layout, rank) if rank is not None else chunk_layers(spec, layout)
+    total = sum(chunks)
+    return sum(min(layout.recompute_layers, c) for c in chunks) / total if total else 0.0
+
+
 def heaviest_middle_rank(spec: TransformerSpec, layout: Layout) -> int | None:
     """The pipeline rank between the first and the last with the most layers (the earliest on a tie), or None."""
     if layout.pp <= 2:
@@ -200,10 +216,11 @@ def _transformer_memory(spec: TransformerSpec, layout: Layout, global_batch: int
     schedule, pp = layout.pipeline_schedule, layout.pp
     largest_op = largest_operator_params(spec, layout)
 
-    def stored(held: float) -> float:
-        # Full recompute stores only each layer's input, plus one layer's working set during backward.
-        if layout.recompute == "full":
-            return held * layer_input + max(per_layer, per_moe_layer)
+    def stored(held: float, share: float) -> float:
+        # A recomputed layer stores only its input, plus one layer's working set during backward; with block
+        # recompute (`share` < 1) the other layers keep everything.
+        if share > 0:
+            return held * (share * layer_input + (1 - share) * avg_layer) + max(per_layer, per_moe_layer)
         return held * avg_layer
 
     # The first stage holds the most micro-batches in flight, the last owns the logits, and with an uneven
@@ -222,7 +239,7 @@ def _transformer_memory(spec: TransformerSpec, layout: Layout, global_batch: int
         weights = precision.weights * (dense / shard + expert / expert_shard if z >= 3 else dense + expert)
         grads = precision.grads * (dense / shard + expert / expert_shard if z >= 2 else dense + expert)
         optim = precision.optimizer * (dense / shard + expert / expert_shard if z >= 1 else dense + expert)
-        acts = stored(held)
+        acts = stored(held, recomputed_share(spec, layout, rank))
         buffers = precision.weight_copy * (dense + expert)
         if last:  # logits and softmax for the loss
             buffers += precision.logits * tokens * spec.vocab / layout.tp

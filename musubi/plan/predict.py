@@ -30,6 +30,7 @@ from musubi.plan.memory import (
     estimate_memory,
     heaviest_middle_rank,
     rank_chunks,
+    recomputed_share,
     stage_layers,
     stage_params,
 )
@@ -120,7 +121,8 @@ class _MicroBatch:
     cp_exposed: float
 
 
-def _micro_batch(lt: LayerTimes, layout: Layout) -> _MicroBatch:
+def _micro_batch(lt: LayerTimes, layout: Layout, share: float) -> _MicroBatch:
+    """One micro-batch through one layer; `share` of the layers rerun their forward inside backward."""
     ov = layout.overlap
     tp_f = _hidden(lt.tp_fwd, lt.gemm_fwd, "tp" in ov)
     tp_b = _hidden(lt.tp_bwd, 2 * lt.gemm_fwd, "tp" in ov)
@@ -132,10 +134,11 @@ def _micro_batch(lt: LayerTimes, layout: Layout) -> _MicroBatch:
     bwd = lt.bwd + tp_b + ep_b + cp_b
     tp_busy, ep_busy, cp_busy = lt.tp_fwd + lt.tp_bwd, lt.ep_fwd + lt.ep_bwd, lt.cp_fwd + lt.cp_bwd
     tp_exp, ep_exp, cp_exp = tp_f + tp_b, ep_f + ep_b, cp_f + cp_b
-    if layout.recompute == "full":  # the forward, collectives included, runs again inside backward
-        bwd += fwd
-        tp_busy, ep_busy, cp_busy = tp_busy + lt.tp_fwd, ep_busy + lt.ep_fwd, cp_busy + lt.cp_fwd
-        tp_exp, ep_exp, cp_exp = tp_exp + tp_f, ep_exp + ep_f, cp_exp + cp_f
+    if share > 0:  # the forward, collectives included, runs again inside backward (on `share` of the layers)
+        bwd += share * fwd
+        tp_busy, ep_busy, cp_busy = (tp_busy + share * lt.tp_fwd, ep_busy + share * lt.ep_fwd,
+                                     cp_busy + share * lt.cp_fwd)
+        tp_exp, ep_exp, cp_exp = tp_exp + share * tp_f, ep_exp + share * ep_f, cp_exp + share * cp_f
     elif layout.recompute == "selective":
         bwd += lt.attn_core
     return _MicroBatch(fwd, bwd, tp_busy, tp_exp, ep_busy, ep_exp, cp_busy, cp_exp)
@@ -152,7 +155,8 @@ def _ring_bytes(nbytes: float, link: Link) -> float:
 
 
 def _dp_comm(layout: Layout, dense_bytes: float, expert_bytes: float, weight_ratio: float, dp_link: Link,
-             edp_link: Link, m: int, fwd_mb: float, bwd_mb: float, units: int = 1) -> DataParallelComm:
+             edp_link: Link, m: int, fwd_mb: float, bwd_mb: float, units: int = 1,
+             recomputed: float = 0.0) -> DataParallelComm:
     """The data-parallel collectives of one step.
 
     ZeRO-3 / FSDP gathers the weights of each unit (a layer) before its forward and again before
@@ -170,7 +174,7 @@ def _dp_comm(layout: Layout, dense_bytes: float, expert_bytes: float, weight_rat
     if layout.zero >= 3:
         gather = sum(_sharded_s(all_gather_s, b * weight_ratio, ln, units) for b, ln in links)
         scatter = sum(_sharded_s(reduce_scatter_s, b, ln, units) for b, ln in links)
-        bwd_gathers = 2 if layout.recompute == "full" else 1
+        bwd_gathers = 1 + recomputed  # a recomputed forward gathers its weights again
         busy = m * ((1 + bwd_gathers) * gather + scatter)
         sent = m * sum(_ring_bytes(b * (1 + bwd_gathers) * weight_ratio + b, ln) for b, ln in links)
 
@@ -208,7 +212,8 @@ def _finish(spec: ModelSpec, cluster: Cluster, layout: Layout, global_batch: int
         breakdown["calibration_s"] = step - step_raw * (1 + tax)
     peak = cluster.gpu.peak(precision)
     model = model_flops_per_step(spec, global_batch)
-    hardware = hardware_flops_per_step(spec, layout.recompute, global_batch)
+    share = recomputed_share(spec, layout) if isinstance(spec, TransformerSpec) else 1.0
+    hardware = hardware_flops_per_step(spec, layout.recompute, global_batch, share)
     return Prediction(
         model=spec.name, gpu=cluster.gpu.name, n_gpus=n, layout=layout.text(), global_batch=global_batch,
         seq=seq, step_time_s=step, tokens_per_s=global_batch * seq / step,
@@ -233,8 +238,9 @@ def _predict_transformer(spec: TransformerSpec, cluster: Cluster, layout: Layout
     m = micro_batches(layout, global_batch)
 
     dense_times = layer_times(spec, layout, dev, groups, moe=False)
-    dense = _micro_batch(dense_times, layout)
-    moe = _micro_batch(layer_times(spec, layout, dev, groups, moe=True), layout) if spec.is_moe else dense
+    share = recomputed_share(spec, layout)
+    dense = _micro_batch(dense_times, layout, share)
+    moe = _micro_batch(layer_times(spec, layout, dev, groups, moe=True), layout, share) if spec.is_moe else dense
     frac_moe = spec.moe_layers / spec.layers
     logit_f, logit_b = logits_times(spec, layout, dev)
 
@@ -292,7 +298,7 @@ def _predict_transformer(spec: TransformerSpec, cluster: Cluster, layout: Layout
         params.append(stage_params(spec, layout, mid_layers, False, False))
     dense_p, expert_p = max(params, key=sum)
     dpc = _dp_comm(layout, dense_p * grad_bytes, expert_p * grad_bytes, weight_ratio, dp_link, edp_link, m,
-                   slow_f, slow_b, units=max(1, round(layers_slow)) + 1)
+                   slow_f, slow_b, units=max(1, round(layers_slow)) + 1, recomputed=share)
     dp_exposed = dpc.exposed_s
     comm.add(dp_link, dpc.busy_s, dp_exposed)
 
