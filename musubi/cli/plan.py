@@ -17,7 +17,13 @@ from musubi.contract.exits import EXIT_FAILED
 from musubi.plan.calibrate import load_calibrations
 from musubi.plan.catalog import get_gpu
 from musubi.plan.cluster import Cluster, fit_to_topology, make_cluster
-from musubi.plan.complete import FILL_MEMORY_TOLERANCE, complete_layout, faster_over_memory, stack_range
+from musubi.plan.complete import (
+    FILL_MEMORY_TOLERANCE,
+    complete_layout,
+    faster_over_memory,
+    fits_instead,
+    stack_range,
+)
 from musubi.plan.efficiency import DEFAULT_EFFICIENCY
 from musubi.plan.errors import PlanError
 from musubi.plan.layout import given_keys, parse_layout
@@ -101,7 +107,7 @@ def _print_validation(console: Console) -> None:
                              check_table(NEVERSEEN_CSV)), highlight=False, markup=False)
 
 
-def _print_one(console: Console, p: Prediction, cluster: Cluster, micro: int) -> None:
+def _print_one(console: Console, p: Prediction, cluster: Cluster, micro: int, quiet_fit: bool = False) -> None:
     table = Table(title=Text(f"{p.model} on {p.n_gpus} x {p.gpu}: {p.layout}"), show_header=False,
                   title_justify="left")
     table.add_column("what")
@@ -128,7 +134,7 @@ def _print_one(console: Console, p: Prediction, cluster: Cluster, micro: int) ->
     for k, v in rows:
         table.add_row(k, v)
     console.print(table)
-    if not p.fits:
+    if not p.fits and not quiet_fit:  # quiet_fit: the caller prints its own line (a fill within the model's error)
         console.print(f"[bold yellow]does not fit:[/] {p.memory_gib_per_gpu:.1f} GiB > "
                       f"{cluster.gpu.memory_gib:g} GiB per GPU", highlight=False)
 
@@ -202,16 +208,31 @@ def _inputs(model: str | None, spec: Path | None, gpu: str | None, gpus: int | N
 
 def _show_layout(console: Console, as_json: bool, one: Prediction, cluster: Cluster, micro: int,
                  filled: dict[str, Any], spread: tuple[Prediction, Prediction, list[str]] | None,
-                 report: dict[str, Any] | None, over: Prediction | None = None) -> None:
+                 report: dict[str, Any] | None, over: Prediction | None = None,
+                 instead: Prediction | None = None) -> None:
     """One layout's prediction: the table, the range over what --layout left unsaid, the knobs the planner chose,
-    and the faster filling the memory model rejected (`over`)."""
-    over_json = None if over is None else {"layout": over.layout, "step_time_s": over.step_time_s, "mfu": over.mfu,
-                                           "memory_gib_per_gpu": over.memory_gib_per_gpu}
+    the faster filling the memory model rejected (`over`), and, when the fill took a filling predicted over the
+    GPU's memory (within the model's error), the fastest that fits outright (`instead`)."""
+    def brief(p: Prediction | None) -> dict[str, Any] | None:
+        return None if p is None else {"layout": p.layout, "step_time_s": p.step_time_s, "mfu": p.mfu,
+                                       "memory_gib_per_gpu": p.memory_gib_per_gpu}
+
+    margin = None
+    if filled and not one.fits:
+        margin = {"over_by": one.memory_gib_per_gpu / cluster.gpu.memory_gib - 1,
+                  "within_model_error": FILL_MEMORY_TOLERANCE, "may_not_fit": True, "fits_instead": brief(instead)}
     if as_json:
         print(json.dumps({**one.as_dict(), "filled": filled, "range": _range_json(spread),
-                          "faster_over_memory": over_json, "calibration": report}, indent=1))
+                          "faster_over_memory": brief(over), "memory_margin": margin, "calibration": report},
+                         indent=1))
         return
-    _print_one(console, one, cluster, micro)
+    _print_one(console, one, cluster, micro, quiet_fit=margin is not None)
+    if margin is not None:
+        alt = (f"{instead.layout} fits at step {instead.step_time_s:.3g} s, MFU {_pct(instead.mfu)}"
+               if instead is not None else "no filling fits outright")
+        console.print(f"[bold yellow]may not fit:[/] memory {one.memory_gib_per_gpu:.1f} GiB of "
+                      f"{cluster.gpu.memory_gib:g}: over by {_pct(margin['over_by'])}, within the memory model's "
+                      f"{FILL_MEMORY_TOLERANCE:.0%} error; {alt}", highlight=False)
     if spread is not None:
         fast, slow, unknown = spread
         console.print(f"range over what --layout does not say ({', '.join(unknown)}): MFU "
@@ -268,6 +289,8 @@ def plan_command(
             spread = stack_range(model_spec, cluster, one_layout, given_keys(layout), batch, eff, precision)
             over = faster_over_memory(model_spec, cluster, parse_layout(layout), given_keys(layout), batch, eff,
                                       precision)
+            instead = fits_instead(model_spec, cluster, parse_layout(layout), given_keys(layout), batch, eff,
+                                   precision) if filled else None
         else:
             found = search(model_spec, cluster, batch, eff, precision, top=top)
     except PlanError as e:
@@ -277,7 +300,7 @@ def plan_command(
     if not console.is_terminal:  # piped or captured: do not squeeze the layout column to 80 characters
         console = Console(width=PIPE_WIDTH)
     if layout is not None:
-        _show_layout(console, as_json, one, cluster, one_layout.micro, filled, spread, report, over)
+        _show_layout(console, as_json, one, cluster, one_layout.micro, filled, spread, report, over, instead)
         return
     if as_json:
         print(json.dumps({"model": model_spec.name, "gpu": cluster.gpu.name, "gpus": cluster.n_gpus,

@@ -141,6 +141,19 @@ def faster_over_memory(spec: ModelSpec, cluster: Cluster, layout: Layout, given:
     return fastest
 
 
+def fits_instead(spec: ModelSpec, cluster: Cluster, layout: Layout, given: frozenset[str], global_batch: int,
+                 eff: Efficiency = DEFAULT_EFFICIENCY, precision: str = "bf16",
+                 memory_precision: str = "mixed") -> Prediction | None:
+    """The fastest filling predicted to fit outright, when the one the fill took is only within the memory model's
+    error (predicted over the GPU's memory); None when the fill's choice fits or nothing fits outright."""
+    chosen, _ = complete_layout(spec, cluster, layout, given, global_batch, eff, precision, memory_precision)
+    if predict(spec, cluster, chosen, global_batch, eff, precision, memory_precision).fits:
+        return None
+    _, _, candidates = _fill_candidates(spec, cluster, layout, given, global_batch, eff, precision, memory_precision)
+    strict = [p for _, p in candidates if p.fits]
+    return min(strict, key=lambda p: p.step_time_s) if strict else None
+
+
 #: Stack facts a layout may leave out, and the values a stack of the last five years may have.
 STACK_ALTERNATIVES: dict[str, tuple[str, ...]] = {"attention": ("flash", "flash1", "unfused"),
                                                   "overlap": ("default", "none"), "gather": ("nic", "node")}

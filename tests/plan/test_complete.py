@@ -178,3 +178,43 @@ def test_the_fill_takes_a_filling_within_the_memory_models_error_and_not_beyond(
     assert not p.fits and fits_for_fill(p, cluster)  # the prediction still says it is over; the fill takes it
     over = predict(spec, cluster, parse_layout(text + ",zero=0,recompute=none"), 32)
     assert over.memory_gib_per_gpu > cluster.gpu.memory_gib * 1.1 and not fits_for_fill(over, cluster)
+
+
+def _nemotron340() -> tuple[object, object]:
+    from musubi.plan.spec import TransformerSpec
+
+    spec = TransformerSpec(name="nemotron4-340b", layers=96, hidden=18432, heads=96, kv_heads=8, ffn_hidden=73728,
+                           vocab=256000, seq=4096, mlp="gelu", norm="layernorm")
+    return spec, make_cluster(get_gpu("H100-SXM"), 128)
+
+
+def test_a_fill_over_memory_says_so_in_one_line_and_in_json(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The lead's review of the tolerance: a filled layout predicted over the GPU's memory says by how much, that it
+    may not fit, and which filling fits outright (text and --json)."""
+    spec_file = tmp_path / "n.yaml"
+    spec_file.write_text("layers: 96\nhidden: 18432\nheads: 96\nkv_heads: 8\nffn_hidden: 73728\nvocab: 256000\n"
+                         "seq: 4096\nmlp: gelu\nnorm: layernorm\n")
+    args = ("--spec", str(spec_file), "--gpu", "H100-SXM", "--gpus", "128", "--global-batch", "32",
+            "--layout", "tp=8,pp=8,dp=2,vpp=12,micro=1")
+    code, out = run(*args)
+    lines = [ln for ln in out.splitlines() if ln.startswith("may not fit:")]
+    assert code == 0 and len(lines) == 1 and "does not fit" not in out
+    assert "over by 2.3 %" in lines[0] and "recompute=full" in lines[0] and "fits at step" in lines[0]
+    code, out = run(*args, "--json")
+    margin = json.loads(out)["memory_margin"]
+    assert margin["may_not_fit"] and 0 < margin["over_by"] <= margin["within_model_error"] == 0.08
+    assert margin["fits_instead"]["memory_gib_per_gpu"] <= 79.6
+    # a layout that fits outright carries no margin; a fully named one over memory keeps the plain line
+    code, out = run(*args[:-1], "tp=8,pp=8,dp=2,vpp=12,micro=1,zero=1,recompute=full", "--json")
+    assert json.loads(out)["memory_margin"] is None
+    code, out = run(*args[:-1], "tp=8,pp=8,dp=2,vpp=12,micro=1,zero=0,recompute=none")
+    assert "does not fit:" in out and "may not fit" not in out
+
+
+def test_the_search_still_recommends_only_layouts_predicted_to_fit() -> None:
+    from musubi.plan.search import search
+
+    spec, cluster = _nemotron340()
+    found = search(spec, cluster, 32, top=50)  # type: ignore[arg-type]
+    assert found.candidates and all(p.fits for p in found.candidates)
+    assert all(p.memory_gib_per_gpu <= cluster.gpu.memory_gib for p in found.candidates)  # type: ignore[attr-defined]
