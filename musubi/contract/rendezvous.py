@@ -114,8 +114,9 @@ def torchrun_module() -> list[str]:
     return ["-m", "musubi.contract.rendezvous"]
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run torchrun with bound stores."""
+def main(argv: list[str] | None = None, started: float | None = None) -> int:  # noqa: ARG001
+    """Run torchrun with bound stores. `started` is the warm spare's entry contract (worker/spare.py forks this
+    agent and hands every entry its start time); the agent has no use for it."""
     import gc
 
     # Importing torch.distributed.run (all of torch) creates objects that live on: collections meanwhile free

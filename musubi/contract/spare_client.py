@@ -1,22 +1,25 @@
-"""The thin client torchrun starts for a rank when the launch has a warm spare, and the wire both ends speak.
+"""The thin client that has the warm spare fork a rank or torchrun's agent, and the wire both ends speak.
 
 torchrun starts `python -I -S .../spare_client.py SPARE_DIR READY_S musubi.worker.worker -- JOB_DIR [flags]`
-(`--no-python`) in place of `python -m musubi.worker.worker JOB_DIR [flags]`. This file is the whole client and imports the
-standard library only (run isolated, without site: it starts in a few tens of ms), so a rank no longer pays
-the interpreter's imports of torch and Musubi: the warm spare of its launch (musubi/worker/spare.py) paid
-them once and forks the rank from itself. The client:
+(`--no-python`) in place of `python -m musubi.worker.worker JOB_DIR [flags]`, and the launcher starts torchrun's
+agent as `... spare_client.py SPARE_DIR READY_S musubi.contract.rendezvous -- [torchrun's arguments]` in place
+of `python -m musubi.contract.rendezvous ...`. This file is the whole client and imports the standard library
+only (run isolated, without site: it starts in a few tens of ms), so neither the agent nor a rank pays the
+interpreter's imports of torch and Musubi: the warm spare of its launch (musubi/worker/spare.py) paid them
+once and forks the process from itself (the spare serves only the entries it was started with). The client:
 
 - connects to the spare's socket in SPARE_DIR (waiting up to READY_S seconds while the spare imports), sends
   its argv, working directory, environment, CPU affinity and its fds 0/1/2, and gets back the rank's pid;
-- forwards SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 to the rank (torchrun signals the client);
-- ends exactly as the rank did: the same exit code, or killed by the same signal, so torchrun's restarts,
-  its error files (TORCHELASTIC_ERROR_FILE rides in the environment) and the exit-code table
-  (contract/exits.py) see no difference;
+- forwards SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 to the process (torchrun signals a rank's
+  client, the launcher or a terminal the agent's);
+- ends exactly as the process did: the same exit code, or killed by the same signal, so torchrun's restarts,
+  its error files (TORCHELASTIC_ERROR_FILE rides in the environment), the launcher's reading of torchrun's
+  end and the exit-code table (contract/exits.py) see no difference;
 - falls back, when the spare refused, is gone, is not ready in time or never ran, to exec'ing the plain
-  `python -m musubi.worker.worker ...` (the path without a spare; the module is the client's third argument),
-  saying why once an attempt (rank 0) on stderr, which is the job's torchrun log.
+  `python -m MODULE ...` (the path without a spare; the module is the client's third argument), saying why
+  once an attempt (the agent, rank 0) on stderr, which is the job's torchrun log.
 
-If torchrun SIGKILLs the client, the spare sees its connection close and SIGKILLs the rank.
+If the client is SIGKILLed, the spare sees its connection close and SIGKILLs the process.
 """
 
 from __future__ import annotations
@@ -206,9 +209,10 @@ def die_by(sig: int) -> NoReturn:
 
 
 def fall_back(module: str, args: list[str], why: str, forwarder: Forwarder | None = None) -> NoReturn:
-    """Start the rank the plain way (exec of `python -m MODULE ARGS`), saying why once per attempt (rank 0)."""
-    if os.environ.get("RANK", "0") == "0":  # one line an attempt, not one a rank
-        sys.stderr.write(f"musubi: warm spare not used ({why}); each rank starts a fresh interpreter\n")
+    """Start the process the plain way (exec of `python -m MODULE ARGS`), saying why once per attempt (the agent,
+    rank 0)."""
+    if os.environ.get("RANK", "0") == "0":  # one line an attempt, not one a rank (the agent has no RANK)
+        sys.stderr.write(f"musubi: warm spare not used ({why}); {module} starts in a fresh interpreter\n")
         sys.stderr.flush()
     if forwarder is not None:
         forwarder.restore()
@@ -252,8 +256,8 @@ def run(argv: list[str]) -> int:
         end, _ = receive_message(sock)
     except OSError:
         end = None
-    if end is None or "status" not in end:  # the spare died: its ranks die with it (PR_SET_PDEATHSIG)
-        sys.stderr.write(f"musubi: the warm spare ended before rank pid {reply['pid']}; the rank was killed\n")
+    if end is None or "status" not in end:  # the spare died: its children die with it (PR_SET_PDEATHSIG)
+        sys.stderr.write(f"musubi: the warm spare ended before {module} pid {reply['pid']}; it was killed\n")
         return exits().EXIT_FAILED
     status = int(end["status"])
     if os.WIFSIGNALED(status):

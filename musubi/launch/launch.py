@@ -26,7 +26,7 @@ from musubi.launch.checks import admit, say
 from musubi.launch.job_record import close_attempt, open_record
 from musubi.launch.multinode import Rendezvous, rendezvous_error
 from musubi.launch.request import RunFinished, TrainRequest, TrainResult
-from musubi.launch.spare import WarmSpare, client_command, start_spare, stop_spare, wanted
+from musubi.launch.spare import WarmSpare, agent_command, client_command, start_spare, stop_spare, wanted
 from musubi.store.startup import mark
 
 
@@ -51,7 +51,7 @@ def prepare(req: TrainRequest) -> tuple[Path, Path, dict, int, str]:
 
 def _wait(proc: subprocess.Popen, deadline_s: float | None, spare: WarmSpare | None = None) -> tuple[int, bool]:
     """torchrun's exit code; past the deadline torchrun and every worker it started are ended (TERM, then KILL),
-    the ranks under the warm spare (its children, not torchrun's) included."""
+    the agent and the ranks under the warm spare (its children, not the launcher's or torchrun's) included."""
     from musubi.launch.proctree import stop_trees
 
     try:
@@ -64,20 +64,21 @@ def _wait(proc: subprocess.Popen, deadline_s: float | None, spare: WarmSpare | N
 def torchrun_argv(job_dir: Path, nproc: int, resume: bool, stop_at_step: int | None, max_restarts: int = 0,
                   probe_only: bool = False, extra: list[str] | None = None,
                   rdzv: Rendezvous | None = None, from_start: bool = False,
-                  entry: list[str] | None = None) -> list[str]:
+                  entry: list[str] | None = None, agent: list[str] | None = None) -> list[str]:
     """The torchrun command line of one job: single-node (its own free port on loopback) or one node's agent.
 
     `--max-restarts`: when a rank fails (an OOM, a crash), torchrun stops the others and
     restarts all of them (on every node); the workers resume from the newest committed checkpoint.
     `from_start`: a --resume the checks found no checkpoint for; the ranks resume if one appeared, else start at 0.
     `entry`: what torchrun starts per rank (the warm spare's client, launch/spare.py); default `-m` the worker.
+    `agent`: what runs torchrun's agent (the warm spare's client); default this Python, `-m` the bound rendezvous.
     """
     from musubi.contract.rendezvous import torchrun_module
 
     # torchrun behind a rendezvous bound to the endpoint's address (127.0.0.1 for `--standalone`), never to
     # every interface.
     where = rdzv.torchrun_args() if rdzv is not None else ["--standalone", "--nnodes=1"]
-    argv = [sys.executable, *torchrun_module(), *where, f"--nproc-per-node={nproc}",
+    argv = [*(agent or [sys.executable, *torchrun_module()]), *where, f"--nproc-per-node={nproc}",
             # torchrun's own default: a rank's exit (done, OOM, crash) is acted on within 0.1 s, not 0.5 s.
             f"--max-restarts={max_restarts}", "--monitor-interval=0.1",
             # torchrun's own files (per-attempt error records) stay in the run, not in $TMPDIR.
@@ -191,7 +192,7 @@ def spawn(req: TrainRequest, run_dir: Path, job_dir: Path, record: dict, nproc: 
         env.update(rdzv.socket_env(os.environ))
     (logs / f"pinning{node}.txt").write_text(pins.note + "\n", encoding="utf-8")
     restarts = 0 if req.probe_only else int(train["max_restarts"])
-    # The ranks' imports paid once per launch: a warm spare forks each rank (and each restart) from itself.
+    # torch imported once per launch: a warm spare forks torchrun's agent and each rank (and restart) from itself.
     spare = None
     if wanted(train, env):
         try:
@@ -200,7 +201,8 @@ def spawn(req: TrainRequest, run_dir: Path, job_dir: Path, record: dict, nproc: 
             (logs / f"spare{node}.log").write_text(f"warm spare not started: {e}\n", encoding="utf-8")
     argv = torchrun_argv(job_dir, nproc, req.resume, req.max_steps, restarts, req.probe_only, pins.torchrun_args,
                          rdzv, from_start=bool(record.get("from_start")),
-                         entry=client_command(spare) if spare is not None else None)
+                         entry=client_command(spare) if spare is not None else None,
+                         agent=agent_command(spare) if spare is not None else None)
     started = time.time()
     if rdzv is None or rdzv.node_rank == 0:
         for name, when in req.marks.items():

@@ -1,13 +1,16 @@
-"""The launcher's side of the warm spare: start it beside torchrun, point torchrun at its client, stop it.
+"""The launcher's side of the warm spare: start it, start torchrun's agent through its client, point torchrun
+at its client, stop it.
 
 A new rank used to be a new interpreter that imported torch, DCP, torch._dynamo and Musubi's rank modules:
 seconds per rank and per restart (the 2x H200 soak: entry and imports ~9 s of a ~13 s restart). Now the
 launcher starts one warm spare per node and launch (`python -m musubi.worker.spare`, named as a string: the
 launcher never imports the rank's side) that imports them once, and torchrun starts a thin client
-(contract/spare_client.py) per rank that has the spare fork the rank. The ranks are the spare's children,
-not torchrun's: stop_trees is handed the spare beside torchrun, and the spare SIGKILLs a rank whose client
-is gone. Off with `train.warm_spare: false` or MUSUBI_WARM_SPARE=0; a client that finds no ready spare
-starts its rank the plain way.
+(contract/spare_client.py) per rank that has the spare fork the rank. torchrun's agent, which imported all of
+torch too, is started the same way: the launcher runs the client with the agent's entry, and the spare forks
+the agent. The agent and the ranks are the spare's children: stop_trees is handed the spare beside the
+agent's client, the spare SIGKILLs a child whose client is gone, and its children die with it (and it with
+the launcher). Off with `train.warm_spare: false` or MUSUBI_WARM_SPARE=0; a client that finds no ready spare
+starts its process the plain way.
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ from musubi.contract.env import MUSUBI_WARM_SPARE
 SPARE_MODULE = "musubi.worker.spare"
 #: The rank's entry (`python -m` without a spare; the spare calls its main()).
 WORKER_MODULE = "musubi.worker.worker"
+#: torchrun's agent behind the bound rendezvous (`python -m` without a spare; the spare calls its main()).
+AGENT_MODULE = "musubi.contract.rendezvous"
 #: Seconds a rank's client waits for the spare to finish its imports before it starts the plain way. The
 #: spare starts before torchrun, which imports torch too, so a client rarely waits long; a waiting client
 #: loses nothing against importing by itself, so the wait is generous.
@@ -76,12 +81,21 @@ def start_spare(job_dir: Path, env: dict[str, str], log_path: Path) -> WarmSpare
 
 def client_command(spare: WarmSpare, ready_s: float = READY_S, module: str = WORKER_MODULE) -> list[str]:
     """What torchrun runs per rank instead of `-m musubi.worker.worker` (the worker's arguments follow)."""
-    return ["--no-python", sys.executable, "-I", "-S", spare_client.__file__, str(spare.folder), f"{ready_s:g}",
-            module, "--"]
+    return ["--no-python", *client_argv(spare, ready_s, module)]
+
+
+def agent_command(spare: WarmSpare, ready_s: float = READY_S) -> list[str]:
+    """What the launcher runs instead of `python -m musubi.contract.rendezvous` (torchrun's arguments follow)."""
+    return client_argv(spare, ready_s, AGENT_MODULE)
+
+
+def client_argv(spare: WarmSpare, ready_s: float, module: str) -> list[str]:
+    """The isolated client that has `spare` fork `module`'s process, before the module's own arguments."""
+    return [sys.executable, "-I", "-S", spare_client.__file__, str(spare.folder), f"{ready_s:g}", module, "--"]
 
 
 def stop_spare(spare: WarmSpare, grace_s: float = 5.0) -> None:
-    """End the spare (torchrun has ended: its ranks have too, or get SIGTERM now) and remove its folder."""
+    """End the spare (torchrun's agent has ended: its ranks have too, or get SIGTERM now) and remove its folder."""
     if spare.proc.poll() is None:
         spare.proc.terminate()
         try:

@@ -1,15 +1,18 @@
-"""A launch's warm spare: one process per node that imports what a rank imports once, then forks the ranks.
+"""A launch's warm spare: one process per node that imports torch once, then forks torchrun's agent and the ranks.
 
 `python -m musubi.worker.spare SPARE_DIR JOB_DIR LAUNCHER_PID`, started by the launcher (launch/spare.py)
-beside torchrun. It imports torch, torch.distributed and its checkpoint package, torch._dynamo, the rank's
-modules and the job's task module (no CUDA call, no parallel torch op), freezes those objects out of the
-collector's reach, checks that no thread would outlive a fork, and listens on `SPARE_DIR/spare.sock` (the
-folder is 0700, and a peer of another uid is refused by SO_PEERCRED). Each rank torchrun starts is a thin
-client (contract/spare_client.py) that sends its argv, environment and fds 0/1/2; the spare forks a child
-that becomes the rank (`musubi.worker.worker.main`; `--entry` names another module with a main(argv, started)
-and `--warm` other modules to import, for the tests), sends the client the child's pid, and its wait status when it ends.
-A rank then starts in milliseconds, and a restart by torchrun (--max-restarts) forks from the same warm
-spare: the imports are paid once per launch, not once per rank and restart.
+before torchrun. It imports torch, torch.distributed and its checkpoint package, torch._dynamo, torchrun
+(torch.distributed.run), the rank's modules and the job's task module (no CUDA call, no parallel torch op),
+freezes those objects out of the collector's reach, checks that no thread would outlive a fork, and listens on
+`SPARE_DIR/spare.sock` (the folder is 0700, and a peer of another uid is refused by SO_PEERCRED). A thin client
+(contract/spare_client.py) sends its entry module, argv, environment and fds 0/1/2; the spare forks a child that
+becomes that entry's process, sends the client the child's pid, and its wait status when it ends. The launcher
+starts torchrun's agent through such a client (entry `musubi.contract.rendezvous`), and the agent starts one
+per rank (entry `musubi.worker.worker`). Only the entries named on the spare's command line are served
+(`--entry`, by default those two: a client cannot have the spare run any other module; the tests name a tiny
+one, and `--warm` other modules to import). The agent and each rank then start in milliseconds, and a restart
+by torchrun (--max-restarts) forks from the same warm spare: torch is imported once per launch and node, not
+once by the agent and once per rank and restart.
 
 One thread does everything (a selector over the listening socket, the clients' connections and a pidfd per
 child): a fork from a process with other threads could copy a lock some thread held. A client whose
@@ -50,8 +53,12 @@ log = logging.getLogger("musubi.spare")
 
 #: What a rank imports before its first step, imported here once (each costs seconds in a new interpreter).
 RANK_MODULES = ("torch", "torch.distributed", "torch.distributed.checkpoint", "torch._dynamo", "musubi.worker.rank")
+#: What torchrun's agent imports beyond them (~20 ms more once the rank's modules are in).
+AGENT_MODULES = ("torch.distributed.run",)
 #: The rank's entry: a module with `main(argv, started=...) -> int`, what a client's fall-back runs as `-m`.
 WORKER_ENTRY = "musubi.worker.worker"
+#: torchrun's agent behind the bound rendezvous (contract/rendezvous.py), the same kind of entry.
+AGENT_ENTRY = "musubi.contract.rendezvous"
 #: Seconds a connected client gets to send its request (a stalled one must not hold the spare).
 REQUEST_TIMEOUT_S = 10.0
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
@@ -167,7 +174,7 @@ class Spare:
     spare_dir: Path
     listener: socket.socket
     sel: selectors.BaseSelector
-    entry: str
+    entries: tuple[str, ...]  # the modules a client may ask for (the allowlist)
     children: dict[int, Child] = field(default_factory=dict)  # by pid
     stop_asked: bool = False  # set by a signal handler; serve() acts on it
     stopping: bool = False
@@ -215,8 +222,9 @@ class Spare:
             return
         conn.settimeout(None)
         why = None
-        if req.get("module") != self.entry:
-            why = f"the warm spare runs {self.entry}, not {req.get('module')}"
+        entry = req.get("module")
+        if entry not in self.entries:  # never a module a client names: only the launch's own entries
+            why = f"the warm spare runs {' and '.join(self.entries)} only, not {entry!r}"
         elif (threads := live_threads()) > 1:  # never fork beside a thread: the client starts the plain way
             why = f"{threads} threads alive in the warm spare"
             self.refuse(why)
@@ -233,9 +241,10 @@ class Spare:
         signal.pthread_sigmask(signal.SIG_BLOCK, STOPPING)
         pid = os.fork()
         if pid == 0:
-            become_rank(self.entry, req, fds, os.getppid(), self.own_fds(conn), client)
+            become(entry, req, fds, os.getppid(), self.own_fds(conn), client)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPPING)
-        print(f"rank pid {pid} forked for client pid {client}", file=sys.stderr, flush=True)
+        what = "torchrun agent" if entry == AGENT_ENTRY else "rank"
+        print(f"{what} pid {pid} forked for client pid {client}", file=sys.stderr, flush=True)
         for fd in fds:
             os.close(fd)
         pidfd = os.pidfd_open(pid)
@@ -296,14 +305,16 @@ def _kill(pid: int, sig: int) -> None:
         pass
 
 
-def become_rank(entry: str, req: dict, fds: list[int], spare_pid: int, spare_fds: list[int],
-                client: int) -> NoReturn:
-    """In the forked child: take over the client's fds, environment and state, run the rank, exit with its code."""
+def become(entry: str, req: dict, fds: list[int], spare_pid: int, spare_fds: list[int], client: int) -> NoReturn:
+    """In the forked child: take over the client's fds, environment and state, run the entry (a rank or torchrun's
+    agent), end as a new interpreter running it would (its exit code; an uncaught Ctrl-C by SIGINT)."""
     code = EXIT_FAILED
     try:
         for fd in spare_fds:
             os.close(fd)
-        os.setsid()  # like torchrun's workers: a session of its own (a Ctrl-C of the terminal is torchrun's)
+        # A session of its own, like torchrun's workers: a Ctrl-C of the terminal reaches the client, which
+        # forwards it (the agent's client is the launcher's child, in the launcher's group as torchrun was).
+        os.setsid()
         die_with_parent(spare_pid)
         for target, fd in enumerate(fds):
             os.dup2(fd, target)
@@ -315,7 +326,8 @@ def become_rank(entry: str, req: dict, fds: list[int], spare_pid: int, spare_fds
         os.chdir(req["cwd"])
         os.environ.clear()
         os.environ.update(req["env"])
-        os.environ[MUSUBI_CLIENT_PID] = str(client)  # torchrun's log names this rank by its client's pid
+        if entry != AGENT_ENTRY:  # the agent's ranks must not inherit it: each is named by its own client
+            os.environ[MUSUBI_CLIENT_PID] = str(client)  # torchrun's log names this rank by its client's pid
         os.umask(int(req["umask"]))
         os.sched_setaffinity(0, req["affinity"])  # torchrun's NUMA binding (numactl) bound the client
         module = sys.modules[entry]
@@ -325,7 +337,16 @@ def become_rank(entry: str, req: dict, fds: list[int], spare_pid: int, spare_fds
         code = module.main(list(req["argv"]), started=float(req["started"]))
         logging.shutdown()
     except SystemExit as e:
+        if e.code is not None and not isinstance(e.code, int):  # what the interpreter does with sys.exit("why")
+            print(e.code, file=sys.stderr)
         code = e.code if isinstance(e.code, int) else (EXIT_OK if e.code is None else EXIT_FAILED)
+    except KeyboardInterrupt:  # an interpreter ends by SIGINT on an uncaught Ctrl-C: the client mirrors a signal
+        traceback.print_exc()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+        code = EXIT_FAILED
     except BaseException:  # noqa: BLE001 - the rank's end is its exit code; the traceback goes to its stderr
         traceback.print_exc()
         code = EXIT_FAILED
@@ -357,9 +378,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("spare_dir", type=Path, help="its 0700 folder: the socket, its pid, a refusal")
     ap.add_argument("job_dir", type=Path, help="the job (job.json names its task module)")
     ap.add_argument("parent", type=int, help="the launcher's pid: the spare dies with it")
-    ap.add_argument("--entry", default=WORKER_ENTRY, help="the module whose main(argv, started) a rank runs")
-    ap.add_argument("--warm", default=",".join(RANK_MODULES), help="modules to import before serving, comma-separated")
-    return ap.parse_args(argv)
+    ap.add_argument("--entry", action="append", dest="entries",
+                    help="a module with main(argv, started) a client may ask for (repeatable; by default the "
+                         "rank's and torchrun's agent: the allowlist)")
+    ap.add_argument("--warm", default=",".join(RANK_MODULES + AGENT_MODULES),
+                    help="modules to import before serving, comma-separated")
+    args = ap.parse_args(argv)
+    args.entries = tuple(args.entries or (WORKER_ENTRY, AGENT_ENTRY))
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -385,7 +411,7 @@ def run(args: argparse.Namespace) -> int:
     gc.disable()  # the imports' objects live as long as the process: no collection need walk them (worker.py)
     t0 = time.monotonic()
     try:
-        failed = warm(job_dir, [m for m in args.warm.split(",") if m] + [args.entry])
+        failed = warm(job_dir, [m for m in args.warm.split(",") if m] + list(args.entries))
     except Exception as e:  # noqa: BLE001 - any failure: the clients start their ranks the plain way
         refuse(spare_dir, f"the warm spare's imports failed: {type(e).__name__}: {e}")
         return EXIT_FAILED
@@ -400,7 +426,7 @@ def run(args: argparse.Namespace) -> int:
         refuse(spare_dir, "the warm spare's imports initialized CUDA (a forked rank could not use it)")
         return EXIT_FAILED
     sel = selectors.DefaultSelector()
-    spare = Spare(spare_dir, listen(spare_dir), sel, args.entry)
+    spare = Spare(spare_dir, listen(spare_dir), sel, args.entries)
     sel.register(spare.listener, selectors.EVENT_READ, ("accept", None))
     for sig in STOPPING:
         signal.signal(sig, spare.ask_stop)

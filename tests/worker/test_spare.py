@@ -1,4 +1,5 @@
-"""The warm spare and its thin client as real processes on a tiny entry (tests/support/spare_entry.py).
+"""The warm spare and its thin client as real processes on a tiny entry (tests/support/spare_entry.py), then
+torchrun's agent forked by a real launch's spare.
 
 One spare (no torch: `--warm ""`) serves the module's clients; a client is what torchrun would start per rank.
 A rank forked by the spare must be indistinguishable to torchrun from one started the plain way: its output on
@@ -11,19 +12,23 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 import pytest
 
 from musubi.contract import spare_client
 from musubi.contract.env import MUSUBI_WARM_SPARE
 from musubi.launch.launch import torchrun_argv
-from musubi.launch.spare import WarmSpare, client_command, stop_spare, wanted
+from musubi.launch.spare import WarmSpare, agent_command, client_command, stop_spare, wanted
+from tests.conftest import write_tiny_job
 
 REPO = Path(__file__).resolve().parents[2]
 ENTRY = "tests.support.spare_entry"
@@ -117,7 +122,7 @@ def test_a_spare_that_dies_takes_its_ranks_and_later_clients_start_plain(tmp_pat
     proc.kill()
     proc.wait(timeout=30)
     _, err = c.communicate(timeout=30)
-    assert c.returncode == 1 and "the warm spare ended before rank" in err, err
+    assert c.returncode == 1 and f"the warm spare ended before {ENTRY} pid {rank}; it was killed" in err, err
     assert wait_for(lambda: not Path(f"/proc/{rank}").exists()), f"rank {rank} outlived its spare"
     _, err = fell_back(client(tmp_path, "info", "5"))
     assert "does not answer" in err
@@ -209,6 +214,11 @@ def test_torchrun_starts_the_client_in_place_of_the_worker_module(tmp_path: Path
                                          "--resume"]
     plain = torchrun_argv(tmp_path / "job", 2, True, None)
     assert plain[-4:] == ["-m", "musubi.worker.worker", str(tmp_path / "job"), "--resume"]
+    assert plain[:3] == [sys.executable, "-m", "musubi.contract.rendezvous"]
+    # torchrun's agent too: the launcher runs the client, which has the spare fork the agent
+    forked = torchrun_argv(tmp_path / "job", 2, True, None, entry=client_command(spare), agent=agent_command(spare))
+    assert forked[:9] == [sys.executable, "-I", "-S", spare_client.__file__, str(tmp_path), "60",
+                          "musubi.contract.rendezvous", "--", "--standalone"]
 
 
 def test_cuda_counts_as_initialized_by_torchs_flag_or_the_driver_files_not_by_imports(monkeypatch) -> None:
@@ -260,3 +270,128 @@ def test_a_zombie_spare_counts_as_ended() -> None:
     assert wait_for(lambda: open(f"/proc/{proc.pid}/stat").read().rsplit(")", 1)[1].split()[0] == "Z")
     assert not spare_client.process_alive(proc.pid)  # the rule the client waits by
     proc.wait()
+
+
+# --- torchrun's agent forked by a real launch's spare (gloo, 2 ranks) -----------------------------------------------
+# Three tests share one live `musubi train` (a job far longer than they wait), in this order: the agent is the
+# spare's child with a fresh process's state; the spare serves its two entries only; SIGKILLing the launcher then
+# ends every process of the launch (the spare dies with the launcher, its children with the spare).
+
+
+def musubi_train(job: Path, out: Path) -> subprocess.Popen:
+    """`musubi train JOB` on 2 CPU ranks, its output piped."""
+    env = dict(os.environ, MUSUBI_DEVICE="cpu", CUDA_VISIBLE_DEVICES="")
+    env.pop(MUSUBI_WARM_SPARE, None)
+    return subprocess.Popen([sys.executable, "-m", "musubi.cli", "train", str(job), "--nproc", "2", "--device", "cpu",
+                             "--out", str(out), "--no-check"], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+@dataclass
+class Live:
+    """A training launch in flight: the launcher, its job folder, its spare's pid and folder, the agent's pid."""
+
+    proc: subprocess.Popen
+    job_dir: Path
+    spare_pid: int
+    spare_dir: Path
+    agent: int
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
+    tmp = tmp_path_factory.mktemp("live")
+    proc = musubi_train(write_tiny_job(tmp, train={"epochs": 5000}), tmp / "run")
+    jd = tmp / "run" / "tiny"
+    try:
+        assert wait_for(lambda: any(p.stat().st_size for p in (jd / "progress").glob("*.jsonl")), timeout=180), \
+            proc.poll()
+        log = (jd / "logs" / "spare.log").read_text()
+        agent = int(log.split("torchrun agent pid ")[1].split()[0])
+        (spare,) = [c for c in psutil.Process(proc.pid).children() if "musubi.worker.spare" in c.cmdline()]
+        yield Live(proc, jd, spare.pid, Path(spare.cmdline()[3]), agent)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate(timeout=60)
+
+
+def unix_inodes(folder: Path) -> set[str]:
+    """Inodes of the Unix sockets bound in `folder`, listening or accepted (/proc/net/unix)."""
+    lines = Path("/proc/net/unix").read_text().splitlines()[1:]
+    return {f"socket:[{f[6]}]" for f in (ln.split() for ln in lines) if len(f) > 7 and f[7].startswith(str(folder))}
+
+
+def signal_state(pid: int) -> dict[str, str]:
+    """The blocked and ignored signal masks of `pid`."""
+    rows = (ln.split(":") for ln in Path(f"/proc/{pid}/status").read_text().splitlines())
+    return {k: v.strip() for k, v in rows if k in ("SigBlk", "SigIgn")}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_torchruns_agent_is_forked_by_the_spare_with_a_fresh_processs_state(live: Live) -> None:
+    agent = psutil.Process(live.agent)
+    client = [c for c in psutil.Process(live.proc.pid).children() if spare_client.__file__ in c.cmdline()]
+    assert len(client) == 1 and "musubi.contract.rendezvous" in client[0].cmdline(), client
+    log = (live.job_dir / "logs" / "spare.log").read_text()
+    assert f"torchrun agent pid {live.agent} forked for client pid {client[0].pid}" in log, log
+    assert agent.ppid() == live.spare_pid and os.getsid(live.agent) == live.agent
+    # torchrun's rank clients are the agent's children, the ranks the spare's; none fell back
+    rank_clients = agent.children()
+    assert len(rank_clients) == 2 and all(spare_client.__file__ in c.cmdline() for c in rank_clients)
+    assert log.count("rank pid ") == 2 and "warm spare not used" not in (live.job_dir / "logs" / "torchrun.log").read_text()
+    # No fd of the spare's: its socket (listening or a client's), its log, a pidfd
+    fds = {os.readlink(f"/proc/{live.agent}/fd/{fd}") for fd in os.listdir(f"/proc/{live.agent}/fd")}
+    spare_fds = unix_inodes(live.spare_dir) | {str(live.job_dir / "logs" / "spare.log"), "anon_inode:[pidfd]"}
+    assert unix_inodes(live.spare_dir) and not fds & spare_fds, fds & spare_fds
+    # Signals neither blocked nor ignored beyond what a new interpreter ignores (SIGPIPE, SIGXFSZ)
+    fresh = subprocess.run([sys.executable, "-c", "print(open('/proc/self/status').read())"], capture_output=True,
+                           text=True, check=True).stdout
+    assert signal_state(live.agent) == {k: v.strip() for k, v in (ln.split(":") for ln in fresh.splitlines() if ":" in ln)
+                                        if k in ("SigBlk", "SigIgn")}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_the_spare_serves_the_rank_and_the_agent_only(live: Live) -> None:
+    """A client of the same user asking for another module is refused in one line; nothing is forked."""
+    spare_log = live.job_dir / "logs" / "spare.log"
+    forked = spare_log.read_text().count(" forked for client pid ")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(30)
+    sock.connect(str(live.spare_dir / spare_client.SOCKET_NAME))
+    with sock, open(os.devnull) as null:
+        spare_client.send_message(sock, spare_client.request("os", ["-c", "print(1)"], time.time()), [null.fileno()] * 3)
+        reply, _ = spare_client.receive_message(sock)
+    assert reply == {"refused": "the warm spare runs musubi.worker.worker and musubi.contract.rendezvous only, "
+                                "not 'os'"}, reply
+    assert spare_log.read_text().count(" forked for client pid ") == forked == 3
+    assert not (live.spare_dir / spare_client.REFUSED_NAME).exists(), "one bad client must not turn the spare off"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_sigkilled_launcher_leaves_no_agent_rank_or_spare(live: Live) -> None:
+    tree = psutil.Process(live.proc.pid).children(recursive=True)
+    assert {live.agent, live.spare_pid} <= {p.pid for p in tree} and len(tree) >= 7, tree  # + 2 ranks, 3 clients
+    live.proc.kill()
+    live.proc.communicate(timeout=60)
+    _, alive = psutil.wait_procs(tree, timeout=60)
+    assert not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE], alive
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_a_refusing_spare_still_launches_agent_and_ranks_the_plain_way(tmp_path: Path) -> None:
+    """The task module starts a thread at import: the spare refuses to fork, and torchrun's agent and rank 0 each
+    say so once and start as new interpreters; the job completes."""
+    proc = musubi_train(write_tiny_job(tmp_path, task="tests.support.threaded_task:make"), tmp_path / "run")
+    out, _ = proc.communicate(timeout=360)
+    assert proc.returncode == 0, out
+    logs = tmp_path / "run" / "tiny" / "logs"
+    torchrun_log = (logs / "torchrun.log").read_text()
+    for module in ("musubi.contract.rendezvous", "musubi.worker.worker"):
+        said = [ln for ln in torchrun_log.splitlines() if ln.endswith(f"; {module} starts in a fresh interpreter")]
+        assert len(said) == 1 and "threads alive in the warm spare after its imports" in said[0], torchrun_log
+    assert "forked" not in (logs / "spare.log").read_text()
