@@ -13,12 +13,24 @@ per-GPU figure). FLASH_HALF_SEQ comes from a published sweep at a fixed number o
 Triton FA2 329, 390, 434, 458, 471, 477; FlashAttention-3 430, 517, 566, 590, 614, 621): both
 kernels sit at 0.69 of their 16k rate at 512, 0.82-0.83 at 1k, 0.91 at 2k, 0.95-0.96 at 4k
 (tests/plan/test_attention.py holds the check).
+
+The backward kernel climbs more slowly: it pays per key block what the forward pays per query row
+and more (dQ accumulation across key blocks, the recomputed scores, dK/dV written per block), so it
+reaches half its plateau FLASH_BWD_EXTRA_SEQ keys later than the forward:
+
+    backward rate(s) = plateau x s / (s + FLASH_HALF_SEQ + FLASH_BWD_EXTRA_SEQ)
+
+measured on the lent H200 (bench/gemm_shapes.py, 2026-11-28, torch 2.11 SDPA flash backend = FA2,
+causal, head dim 128, batch x seq = 16k): backward over forward rate 0.54, 0.62, 0.72, 0.81, 0.87,
+0.96 at seq 512 .. 16k; the constant is their median excess (640-1260 keys; 800).
 """
 
 from __future__ import annotations
 
 #: Sequence length at which a fused attention kernel runs at half its plateau rate (tokens).
 FLASH_HALF_SEQ = 230.0
+#: How many more keys the backward kernel needs than the forward to reach half its plateau (measured, H200).
+FLASH_BWD_EXTRA_SEQ = 800.0
 
 
 def flash_rate_fraction(plateau: float, seq: float) -> float:
@@ -26,3 +38,10 @@ def flash_rate_fraction(plateau: float, seq: float) -> float:
     if seq <= 0:
         raise ValueError(f"seq must be > 0, got {seq}")
     return plateau * seq / (seq + FLASH_HALF_SEQ)
+
+
+def flash_bwd_rate_fraction(plateau: float, seq: float) -> float:
+    """Fraction of dense peak a fused attention kernel's backward reaches on keys of length `seq`."""
+    if seq <= 0:
+        raise ValueError(f"seq must be > 0, got {seq}")
+    return plateau * seq / (seq + FLASH_HALF_SEQ + FLASH_BWD_EXTRA_SEQ)

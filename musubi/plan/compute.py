@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from musubi.plan.attention import flash_rate_fraction
+from musubi.plan.attention import flash_bwd_rate_fraction, flash_rate_fraction
 from musubi.plan.cluster import Cluster
 from musubi.plan.comm import Link, all_reduce_s, all_to_all_s, reduce_scatter_s
 from musubi.plan.efficiency import Efficiency
@@ -134,7 +134,8 @@ def layer_times(spec: TransformerSpec, layout: Layout, dev: Device, groups: Grou
         plateau = dev.flash if layout.attention == "flash" else dev.flash1
         rate = dev.peak * flash_rate_fraction(plateau, s_loc)
         core_fwd = 0.5 * 4 * tokens * spec.seq * h / t / rate
-        core_bwd = 2.5 * core_fwd
+        # backward: 2.5x the forward's FLOPs at the backward kernel's (slower-climbing) rate
+        core_bwd = 2.5 * core_fwd * rate / (dev.peak * flash_bwd_rate_fraction(plateau, s_loc))
         core_bytes = 0.0
     else:
         core_fwd = gemm_s(dev, s_loc, d, spec.seq, b * heads) + gemm_s(dev, s_loc, spec.seq, d, b * heads)

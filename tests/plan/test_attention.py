@@ -37,3 +37,24 @@ def test_kernel_generations_from_their_papers():
     assert h100["flash"] == 0.35
     # Ampere-style kernels keep on Hopper the share FA2 keeps (no wgmma): 0.325 x 0.35 / 0.5.
     assert h100["flash1"] == pytest.approx(DEFAULT_EFFICIENCY.flash1 * h100["flash"] / DEFAULT_EFFICIENCY.flash)
+
+
+#: Measured on the lent H200 (bench/gemm_shapes.py, 2026-11-28, commit 86f0d45, torch 2.11 SDPA flash backend,
+#: causal, head dim 128, 16 heads, batch x seq = 16k): forward and forward + backward TFLOP/s (backward = 2.5x the
+#: forward's FLOPs), from bench/results/gemm-shapes-2026-11-28-1xH200-86f0d45.json.
+H200_FA2_FWD = (184.205, 241.456, 279.288, 301.849, 314.262, 320.803)
+H200_FA2_FWD_BWD = (114.102, 168.831, 218.987, 258.001, 284.012, 312.082)
+
+
+def test_backward_climbs_more_slowly_as_measured_on_h200():
+    """The backward's rate over the forward's at each length, modelled (s + 230) / (s + 230 + 800), against the
+    measured ratio: within 12 % at every length, and both rise to ~1 by 16k."""
+    from musubi.plan.attention import flash_bwd_rate_fraction
+
+    for seq, fwd, both in zip(SEQS, H200_FA2_FWD, H200_FA2_FWD_BWD, strict=True):
+        bwd = 2.5 / (3.5 / both - 1 / fwd)  # the backward's own rate from the two timings
+        modelled = flash_bwd_rate_fraction(1.0, seq) / flash_rate_fraction(1.0, seq)
+        assert modelled == pytest.approx(bwd / fwd, rel=0.12), seq
+    assert flash_bwd_rate_fraction(0.35, 512) < 0.5 * flash_rate_fraction(0.35, 512)
+    # the plateau the catalog gives Hopper's FA2 (0.35 of peak, FA3 paper) is what the H200 reaches at 16k
+    assert H200_FA2_FWD[-1] / 989.5 == pytest.approx(get_gpu("H200").achieved["flash"], rel=0.1)
