@@ -37,7 +37,9 @@ started before and closed after the timed block. Run under torchrun, one rank pe
 
     torchrun --nproc-per-node 1 bench/telemetry_ab.py fcos --cycles 8 --json $OUT/ab-fcos.json
 
-CPU rehearsal (resnet18 at 32 px, gloo): `torchrun --nproc-per-node 1 bench/telemetry_ab.py resnet50 --cpu`.
+CPU rehearsal (resnet18 at 32 px, gloo): `torchrun --nproc-per-node 1 bench/telemetry_ab.py resnet50 --cpu`;
+`--cpu-model squeezenet1_1` (any torchvision classifier) stands in a smaller one: what tests/diagnose runs, where
+resnet18's 11.7 M parameters made a step ~1 s on the shared 2-core machine, most of the test's time.
 """
 
 from __future__ import annotations
@@ -55,7 +57,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torchvision
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.paired_blocks import add_block_options, chosen_modes, paired_rows, report  # noqa: E402
@@ -98,13 +99,18 @@ class SpinEventRecorder(SpanRecorder):
         return time.perf_counter_ns(), ev
 
 
-def build(model: str, batch: int | None, device: torch.device, cpu: bool):
-    """plain_ddp.py's model, data and loss (smaller on CPU); returns (module, step_loss, per-GPU batch)."""
+def build(model: str, batch: int | None, device: torch.device, cpu: bool, cpu_model: str = "resnet18"):
+    """plain_ddp.py's model, data and loss (smaller on CPU: `cpu_model` for resnet50); returns (module, step_loss,
+    per-GPU batch)."""
+    # Imported here, not at the top: torchvision pulls in torch._dynamo (seconds of CPU), which a refused
+    # command line need not pay.
+    import torchvision
+
     amp = torch.autocast("cuda", dtype=torch.bfloat16) if not cpu else torch.autocast("cpu", dtype=torch.bfloat16)
     if model == "resnet50":
         batch = batch or (8 if cpu else 256)
         side = 32 if cpu else 224
-        m = (torchvision.models.resnet18() if cpu else torchvision.models.resnet50())
+        m = (torchvision.models.get_model(cpu_model) if cpu else torchvision.models.resnet50())
         m = m.to(device, memory_format=torch.channels_last)
         x = torch.randn(batch, 3, side, side, device=device).to(memory_format=torch.channels_last)
         y = torch.randint(0, 1000, (batch,), device=device)
@@ -201,13 +207,25 @@ def _sampler_cost(folder: Path) -> dict[str, Any] | None:
             "p95": round(vals[min(len(vals) - 1, int(0.95 * len(vals)))], 3), "max": round(vals[-1], 3)}
 
 
+def cpu_models() -> list[str]:
+    """The torchvision classifiers `--cpu-model` may name."""
+    import torchvision
+
+    return torchvision.models.list_models(module=torchvision.models)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("model", choices=("resnet50", "fcos"))
     ap.add_argument("--batch", type=int, default=None, help="per-GPU batch (default: the reference's)")
+    ap.add_argument("--cpu-model", default="resnet18",
+                    help="with --cpu, the torchvision classifier that stands in for resnet50 (at 32 px)")
     add_block_options(ap, MODES, DEFAULT_MODES, block=15, cpu_help="rehearsal on CPU (gloo)")
     args = ap.parse_args()
     modes = chosen_modes(args.modes, "off", MODES)
+    if args.cpu and args.cpu_model not in cpu_models():
+        raise SystemExit(f"--cpu-model {args.cpu_model}: not a torchvision classifier; give one such as resnet18 "
+                         "or squeezenet1_1")
 
     local = int(os.environ.get("LOCAL_RANK", 0))
     cores = pin(local)
@@ -221,7 +239,7 @@ def main() -> None:
         torch.backends.cudnn.benchmark = True
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(rank)
-    model, step_loss, batch = build(args.model, args.batch, device, args.cpu)
+    model, step_loss, batch = build(args.model, args.batch, device, args.cpu, args.cpu_model)
     ids = None if args.cpu else [local]
 
     def net(m: torch.nn.Module, hook: SpanRecorder | None = None) -> tuple[Any, torch.optim.Optimizer]:
@@ -322,7 +340,8 @@ def main() -> None:
         r.close()
     if rank == 0:
         rows = paired_rows(per_mode, "off")
-        out = {"model": args.model, "world": world, "per_gpu_batch": batch, "block_steps": args.block,
+        out = {"model": args.model, "cpu_model": args.cpu_model if args.cpu and args.model == "resnet50" else None,
+               "world": world, "per_gpu_batch": batch, "block_steps": args.block,
                "cycles": args.cycles, "warmup": args.warmup, "cores_per_rank": cores,
                "device": torch.cuda.get_device_name(device) if not args.cpu else "cpu",
                "torch": torch.__version__, "commit": os.environ.get("MUSUBI_COMMIT", ""),
