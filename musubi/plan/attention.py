@@ -20,9 +20,10 @@ reaches half its plateau FLASH_BWD_EXTRA_SEQ keys later than the forward:
 
     backward rate(s) = plateau x s / (s + FLASH_HALF_SEQ + FLASH_BWD_EXTRA_SEQ)
 
-measured on the lent H200 (bench/gemm_shapes.py, 2026-11-28, torch 2.11 SDPA flash backend = FA2,
-causal, head dim 128, batch x seq = 16k): backward over forward rate 0.54, 0.62, 0.72, 0.81, 0.87,
-0.96 at seq 512 .. 16k; the constant is their median excess (640-1260 keys; 800).
+measured on a lent H200 with bench/gemm_shapes.py (torch 2.11 SDPA flash backend = FA2, causal,
+head dim 128, batch x seq = 16k; the figures and their date: BENCHMARKS.md, planner): the backward's
+rate over the forward's rises from about half at seq 512 to ~1 at 16k; the constant is the median
+excess of those points (tests/plan/test_attention.py holds them).
 """
 
 from __future__ import annotations
