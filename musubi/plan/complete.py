@@ -155,7 +155,7 @@ def fits_instead(spec: ModelSpec, cluster: Cluster, layout: Layout, given: froze
 
 
 #: Stack facts a layout may leave out, and the values a stack of the last five years may have.
-STACK_ALTERNATIVES: dict[str, tuple[str, ...]] = {"attention": ("flash", "flash1", "unfused"),
+STACK_ALTERNATIVES: dict[str, tuple[str, ...]] = {"attention": ("flash", "flash1", "flash3", "unfused"),
                                                   "overlap": ("default", "none"), "gather": ("nic", "node")}
 
 

@@ -65,6 +65,7 @@ class Device:
     gemm_memory: float
     flash: float  # FlashAttention-2 class kernel's plateau fraction of peak
     flash1: float  # FlashAttention-1 / Triton-port kernel's plateau fraction of peak
+    flash3: float  # FlashAttention-3 / cuDNN fused attention (Hopper) plateau fraction of peak
 
 
 def device(cluster: Cluster, eff: Efficiency, precision: str) -> Device:
@@ -73,7 +74,7 @@ def device(cluster: Cluster, eff: Efficiency, precision: str) -> Device:
     achieved = cluster.gpu.achieved
     return Device(flops=peak * eff.fraction("matmul", achieved), peak=peak, hbm=cluster.gpu.hbm_gbps * 1e9 * eff.hbm,
                   gemm_memory=eff.gemm_memory, flash=eff.fraction("flash", achieved),
-                  flash1=eff.fraction("flash1", achieved))
+                  flash1=eff.fraction("flash1", achieved), flash3=eff.fraction("flash3", achieved))
 
 
 def gemm_flops(m: float, k: float, n: float, batch: float = 1.0) -> float:
@@ -128,10 +129,10 @@ def layer_times(spec: TransformerSpec, layout: Layout, dev: Device, groups: Grou
         act_width = (spec.top_k + spec.shared_experts) * fm / t
 
     # -- attention core ------------------------------------------------------------
-    if layout.attention in ("flash", "flash1"):
+    if layout.attention in ("flash", "flash1", "flash3"):
         # causal: the kernel skips the masked half of the square; backward reruns the scores. Its rate
         # climbs with the keys one kernel call sees (s / cp under context parallelism): attention.py.
-        plateau = dev.flash if layout.attention == "flash" else dev.flash1
+        plateau = {"flash": dev.flash, "flash1": dev.flash1, "flash3": dev.flash3}[layout.attention]
         rate = dev.peak * flash_rate_fraction(plateau, s_loc)
         core_fwd = 0.5 * 4 * tokens * spec.seq * h / t / rate
         # backward: 2.5x the forward's FLOPs at the backward kernel's (slower-climbing) rate

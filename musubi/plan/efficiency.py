@@ -33,6 +33,10 @@ class Efficiency:
     #: The first generation of fused kernels (FlashAttention-1 and its Triton port, 2022 to mid-2023):
     #: 25-40 % of A100 peak (the same abstract); the midpoint.
     flash1: float = 0.325
+    #: The Hopper generation (FlashAttention-3, cuDNN's fused attention that Transformer Engine and SDPA's
+    #: cuDNN backend run): wgmma/TMA kernels that exist only on Hopper and later, so elsewhere it runs what
+    #: FA2 runs and gets FA2's share; Hopper GPUs carry their measured share in the catalog (`achieved`).
+    flash3: float = 0.5
     #: Bus bandwidth NCCL ring/tree collectives reach, as a fraction of the link's per-direction rate.
     nvlink: float = 0.8
     pcie: float = 0.7
@@ -54,7 +58,7 @@ class Efficiency:
     measured: frozenset[str] = frozenset()
 
     def fraction(self, name: str, achieved: dict[str, float]) -> float:
-        """`matmul`, `flash` or `flash1` for one GPU: measured here, else the catalog's figure, else the global default."""
+        """`matmul`, `flash`, `flash1` or `flash3` for one GPU: measured here, else the catalog's figure, else the global default."""
         if name in self.measured or name not in achieved:
             return float(getattr(self, name))
         return achieved[name]

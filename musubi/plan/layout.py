@@ -16,7 +16,9 @@ RECOMPUTE = ("none", "selective", "full")
 SCHEDULES = ("1f1b", "interleaved", "zb")
 #: flash: FlashAttention-2 class (fused, causal-skipping); flash1: FlashAttention-1 / its Triton port
 #: (fused, slower: attention.py); unfused: batched GEMMs and a materialised softmax (Megatron 2021-22).
-ATTENTION = ("flash", "flash1", "unfused")
+#: flash3: FlashAttention-3 / cuDNN fused attention (Transformer Engine, SDPA's cuDNN backend; Hopper only,
+#: elsewhere what FA2 gets).
+ATTENTION = ("flash", "flash1", "flash3", "unfused")
 OVERLAPS = ("dp", "pp", "tp", "cp", "ep")
 #: Where weight-sharded (ZeRO-3 / FSDP) gathers and reduce-scatters cross nodes. nic: at one GPU's own
 #: NIC, what DeepSpeed ZeRO-3's per-parameter collectives moved on Selene in 2021 (Narayanan 2021
