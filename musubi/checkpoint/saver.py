@@ -413,9 +413,14 @@ def stop_checkpoint_process(grace_s: float = 3.0) -> None:
     try:
         if proc.is_alive():
             daemon._send(executor._CheckpointSaveProcessControlOpts.TERMINATE)
-            proc.join(timeout=grace_s)
-    except (OSError, AttributeError, ValueError):
+            # It closes its end of the pipe once it left its loop and destroyed its process group (EOF here);
+            # what remains is its interpreter's teardown, seconds of garbage collection over torch's modules
+            # with nothing left to write: ended at once, as the ranks end with os._exit.
+            pipe, until = daemon._process_pipe, time.monotonic() + grace_s
+            while pipe.poll(timeout=max(0.0, until - time.monotonic())):
+                pipe.recv()  # nothing is pending after wait(); read on to the EOF
+    except (OSError, AttributeError, ValueError, EOFError):
         pass
-    if proc.is_alive():  # stuck in its process group's teardown: its peers are gone
+    if proc.is_alive():  # in its interpreter's teardown, or stuck in its process group's: its peers are gone
         proc.kill()
         proc.join(timeout=grace_s)

@@ -8,14 +8,16 @@ behave like 2.11 and save several times in every mode, then resume from the last
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 import torch.distributed as dist
 
 from musubi.checkpoint import checkpoint as ckpt
-from musubi.checkpoint.saver import Checkpointer
+from musubi.checkpoint.saver import Checkpointer, stop_checkpoint_process
 from musubi.checkpoint.states import CheckpointStates, Held
 from musubi.config.job import CheckpointSpec
 from musubi.contract.inject import Injector
@@ -93,6 +95,13 @@ def _three_saves(tmp_path: Path, mode: str, reuse: bool, stagings: list[object])
         if reuse and mode != "off":  # the buffers of the first save are the ones of the later saves
             sizes.append(saver.host_buffer_bytes)
         saved[step] = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    if mode == "process":
+        # Its daemon is ended once it left its loop (EOF on its pipe), not waited for through its interpreter's
+        # teardown (seconds of gc over torch's modules): killed, though the grace is far longer than that.
+        daemon = _dcp_daemon()
+        saver.wait()
+        stop_checkpoint_process(grace_s=120)
+        assert not daemon.is_alive() and daemon.exitcode == -signal.SIGKILL, daemon.exitcode
     saver.close()
     assert len(set(sizes)) <= 1 and (not sizes or sizes[0] > 0), f"host buffers allocated again: {sizes}"
     records = saver.drain()
@@ -115,3 +124,11 @@ def _three_saves(tmp_path: Path, mode: str, reuse: bool, stagings: list[object])
     fresh.load_state_dict(full["model"])
     for k, v in fresh.state_dict().items():
         assert torch.equal(v, saved[6][k]), k
+
+
+def _dcp_daemon() -> Any:
+    """DCP's checkpoint process of this rank (multiprocessing.Process), started by the first process-mode save."""
+    from torch.distributed.checkpoint import _async_process_executor as executor
+
+    assert executor._CHECKPOINT_PROCESS is not None, "no checkpoint process after a process-mode save"
+    return executor._CHECKPOINT_PROCESS._save_process
