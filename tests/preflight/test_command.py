@@ -35,7 +35,13 @@ def test_cpu_machine_passes_one_line_per_result_and_writes_preflight_json(tmp_pa
     assert any("CPU ranks on gloo" in ln for ln in lines) and lines[-1].startswith("preflight passed:")
     saved = json.loads((tmp_path / "run" / "preflight.json").read_text())
     assert saved["ok"] is True and saved["readings"]["mode"] == "cpu"
-    assert saved["readings"]["comm"]["backend"] == "gloo" and saved["readings"]["comm"]["correct"] is True
+    comm = saved["readings"]["comm"]  # the real probe: a torchrun of 2 gloo ranks
+    assert comm["backend"] == "gloo" and comm["correct"] is True and comm["launcher"] == "torchrun"
+    assert comm["error"] is None and not comm["timed_out"] and comm["ranks"] == 2 and comm["nbytes"] == 4 << 20
+    assert comm["seconds"] and comm["seconds"] > 0 and comm["busbw_gbps"] and comm["busbw_gbps"] > 0
+    (said,) = [r for r in saved["results"] if r["check"] == "comm"]
+    assert said["status"] == "PASS" and said["found"].startswith("gloo all-reduce over 2 CPU ranks: 4 MiB in ")
+    assert f"PASS comm: {said['found']}" in lines
     assert {r["check"] for r in saved["results"]} >= {"stack", "gpus.present", "binding", "comm", "disk", "env"}
 
 

@@ -1,4 +1,8 @@
-"""Real processes: the gloo all-reduce probe under torchrun, the unique-device all-gather, hang diagnostics."""
+"""Real processes: the gloo all-reduce probe under torchrun, the unique-device all-gather, hang diagnostics.
+
+A gloo probe that passes (its reading: exact sums over 2 ranks, 4 MiB, a time and a bandwidth; its PASS line) is
+checked on `musubi check`'s own probe in test_command.py: a probe of its own here cost a torchrun of 2 ranks.
+"""
 
 from __future__ import annotations
 
@@ -18,15 +22,6 @@ from musubi.preflight.result import Status
 from musubi.worker.devices import DeviceIdentity, shared_device_error
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def test_gloo_allreduce_probe_on_two_cpu_ranks() -> None:
-    reading = CommProbe("gloo", 2, None, timeout_s=120).result()
-    assert reading.error is None and not reading.timed_out, reading
-    assert reading.correct is True and reading.ranks == 2 and reading.nbytes == 4 << 20
-    assert reading.seconds and reading.seconds > 0 and reading.busbw_gbps and reading.busbw_gbps > 0
-    r = check_comm(reading, TopologyReading(), [], {})[0]
-    assert r.status is Status.PASS and r.found.startswith("gloo all-reduce over 2 CPU ranks: 4 MiB in ")
 
 
 def test_nccl_probe_is_one_process_unless_asked_for_torchrun() -> None:
