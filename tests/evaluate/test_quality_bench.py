@@ -221,18 +221,33 @@ def test_musubi_job_trains_at_the_recipes_lr_and_global_batch(key: str, nproc: i
     assert int(opts["--eval-every"]) == spec.train.eval_every == (recipe.eval_every or recipe.epochs)
 
 
+@pytest.fixture(scope="module")
+def two_calls(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """The whole bench on the classifier, 2 steps, one seed, in two CPU calls that share their work folder: call 1
+    runs the plain loop only (--runs), call 2 (--finish) what is left, Musubi on 1 and 2 gloo ranks, and writes its
+    own report and the merged one. Each run once: the rehearsal and the merge read the same three runs (five runs
+    before, two of them the same plain loop and Musubi on one rank again, for the same assertions)."""
+    pytest.importorskip("sklearn")
+    tmp = tmp_path_factory.mktemp("quality")
+    out = tmp / "out"
+    common = ["--device", "cpu", "--work", str(tmp / "work"), "--out-dir", str(out)]
+    code_1 = quality.main([*common, "--nprocs", "1,2", "--seeds", "0", "--max-steps", "2", "--data-scale", "smoke",
+                           "--models", "classifier", "--runs", "classifier-plain-s0"])
+    (first,) = out.glob("quality-*.json")
+    code_2 = quality.main([*common, "--finish", str(first)])
+    return {"tmp": tmp, "out": out, "common": common, "first": first, "codes": (code_1, code_2)}
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
-def test_cpu_rehearsal_trains_both_sides_alike(tmp_path: Path) -> None:
+def test_cpu_rehearsal_trains_both_sides_alike(two_calls: dict) -> None:
     """The whole bench on the classifier, 2 steps: plain loop, Musubi on 1 and 2 gloo ranks, one seed."""
-    pytest.importorskip("sklearn")
-    out = tmp_path / "out"
-    code = quality.main(["--device", "cpu", "--nprocs", "1,2", "--seeds", "0", "--max-steps", "2", "--data-scale",
-                         "smoke", "--models", "classifier", "--work", str(tmp_path / "work"), "--out-dir", str(out)])
-    assert code == 1  # one seed: no verdict, so no PASS
-    (result_file,) = out.glob("quality-*-cpu-*.json")
-    result = json.loads(result_file.read_text())
-    recs = {r["name"]: r for r in result["records"]}
+    out, first = two_calls["out"], two_calls["first"]
+    assert two_calls["codes"] == (1, 1)  # one seed: no verdict, so no PASS
+    (merged_file,) = out.glob("quality-*-cpu-*-merged.json")
+    (second,) = set(out.glob("quality-*-cpu-*.json")) - {first, merged_file}
+    merged = json.loads(merged_file.read_text())
+    recs = {r["name"]: r for r in merged["records"]}
     plain, one, two = (recs[f"classifier-{side}-s0"] for side in ("plain", "musubi1", "musubi2"))
     assert [r["status"] for r in (plain, one, two)] == ["ok"] * 3 and {r["steps"] for r in (plain, one, two)} == {2}
     for r in (one, two):
@@ -242,7 +257,12 @@ def test_cpu_rehearsal_trains_both_sides_alike(tmp_path: Path) -> None:
     # One rank trains the plain loop's weights step for step: the same losses, the same validation.
     assert one["log"][-1]["loss"] == pytest.approx(plain["log"][-1]["loss"], rel=1e-4)
     assert one["final"]["top1"] == pytest.approx(plain["final"]["top1"], abs=0.01)
-    rows = {(r["side"], r["nproc"]): r for r in result["rows"]}
+    # the call that ran both Musubi runs reports them too (the LR as written; its curve is the merge's, beside the
+    # plain run of the other call)
+    call_2 = json.loads(second.read_text())
+    for r in call_2["records"]:
+        assert r["status"] == "ok" and r["lr_check"]["lr_as_written"] and r["lr_check"]["global_batch_equal"]
+    rows = {(r["side"], r["nproc"]): r for r in merged["rows"]}
     assert rows[("musubi", 2)]["verdict"] == "too few seeds"
     assert {p.suffix for p in out.iterdir()} == {".json", ".md", ".png"}
 
@@ -465,24 +485,20 @@ def test_finish_plans_what_the_cut_call_left_and_fits_one_device_call(capsys: py
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_a_cpu_call_finished_by_a_second_merges_into_one_report(tmp_path: Path) -> None:
-    """Call 1 runs the plain loop only (--runs); call 2 (--finish) runs what is left, Musubi on one rank, and
+def test_a_cpu_call_finished_by_a_second_merges_into_one_report(two_calls: dict) -> None:
+    """Call 1 runs the plain loop only (--runs); call 2 (--finish) runs what is left, Musubi on 1 and 2 ranks, and
     writes its own report and the merged one; `merge` of the two files gives the same rows."""
-    pytest.importorskip("sklearn")
-    out = tmp_path / "out"
-    common = ["--device", "cpu", "--work", str(tmp_path / "work"), "--out-dir", str(out)]
-    assert quality.main([*common, "--nprocs", "1", "--seeds", "0", "--max-steps", "2", "--data-scale", "smoke",
-                         "--models", "classifier", "--runs", "classifier-plain-s0"]) == 1  # no Musubi run: no PASS
-    (first,) = out.glob("quality-*.json")
+    tmp, out, common, first = two_calls["tmp"], two_calls["out"], two_calls["common"], two_calls["first"]
+    assert two_calls["codes"] == (1, 1)  # no verdict with one seed: no PASS, either call
     assert [r["name"] for r in json.loads(first.read_text())["records"]] == ["classifier-plain-s0"]
-    assert quality.main([*common, "--finish", str(first)]) == 1  # one seed: "too few seeds", no PASS
     # the second file: stem-2 when both calls ran at one commit (not overwriting the first)
     (second,) = set(out.glob("quality-*.json")) - {first} - set(out.glob("*-merged.json"))
-    assert [r["name"] for r in json.loads(second.read_text())["records"]] == ["classifier-musubi1-s0"]
+    assert sorted(r["name"] for r in json.loads(second.read_text())["records"]) == ["classifier-musubi1-s0",
+                                                                                   "classifier-musubi2-s0"]
     (merged_file,) = out.glob("quality-*-merged.json")
     merged = json.loads(merged_file.read_text())
     recs = {r["name"]: r for r in merged["records"]}
-    assert sorted(recs) == ["classifier-musubi1-s0", "classifier-plain-s0"]
+    assert sorted(recs) == ["classifier-musubi1-s0", "classifier-musubi2-s0", "classifier-plain-s0"]
     assert {r["status"] for r in recs.values()} == {"ok"} and {r["steps"] for r in recs.values()} == {2}
     # the LR curve is checked against the plain run of the other call
     assert recs["classifier-musubi1-s0"]["lr_check"]["lr_curve_max_rel_diff"] == 0.0
@@ -490,7 +506,7 @@ def test_a_cpu_call_finished_by_a_second_merges_into_one_report(tmp_path: Path) 
         recs["classifier-plain-s0"]["final"]["top1"], abs=0.01)
     assert (merged_file.with_suffix(".md")).read_text().startswith("Quality parity") and merged_file.with_suffix(
         ".png").stat().st_size > 1000
-    again = tmp_path / "again"
+    again = tmp / "again"
     assert quality.main(["merge", str(first), str(second), "--out-dir", str(again)]) == 1
     (twice,) = again.glob("*.json")
     assert json.loads(twice.read_text())["rows"] == merged["rows"]
