@@ -455,10 +455,11 @@ class TrainSpec(StrictModel):
     )
     warm_spare: bool = Field(
         True,
-        description="Start each rank (and each restart of it) by forking a warm spare that imported torch and "
-        "the rank's modules once per launch and node, instead of a new interpreter (seconds saved per rank and "
-        "restart). The ranks start the plain way when the spare is not ready or refuses; false: always the "
-        "plain way (an environment switch turns it off for every launch; docs/guides/checkpoints.md, Warm starts).",
+        description="Start torchrun's agent and each rank (and each restart of it) by forking a warm spare that "
+        "imported torch and the rank's modules once per launch and node, instead of a new interpreter (seconds "
+        "saved per rank and restart). They start the plain way when the spare is not ready or refuses; false: "
+        "always the plain way (an environment switch turns it off for every launch; docs/guides/checkpoints.md, "
+        "Warm starts).",
     )
 
     @field_validator("batch")
