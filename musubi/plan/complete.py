@@ -76,6 +76,8 @@ def _fill_candidates(spec: ModelSpec, cluster: Cluster, layout: Layout, given: f
                                                                                      list[tuple[Layout, Prediction]]]:
     """The resolved layout, its open knobs, and every candidate filling of them with its prediction."""
     layout = resolve_layout(layout, cluster.n_gpus)
+    if "recompute_layers" in given and "recompute" not in given:  # N layers recomputed says recompute=full
+        layout, given = replace(layout, recompute="full"), given | {"recompute"}
     replicas = (layout.dp or 1) * layout.cp  # ZeRO shards over data x context parallel ranks
     open_knobs = [k for k in FILLABLE if k not in given and not (k == "vpp" and layout.pp <= 1)
                   and not (k == "zero" and replicas <= 1)]

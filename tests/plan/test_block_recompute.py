@@ -62,3 +62,13 @@ def test_bad_recompute_layers_is_one_line() -> None:
     with pytest.raises(PlanError, match=">= 0"):
         parse_layout("recompute=full,recompute_layers=-1")
     assert "recompute_layers=2" in parse_layout(BASE + ",recompute=full,recompute_layers=2").text()
+
+
+def test_a_named_recompute_layers_is_kept_by_the_fill() -> None:
+    from musubi.plan.complete import complete_layout
+    from musubi.plan.layout import given_keys
+
+    cluster = make_cluster(get_gpu("A100-80GB"), 64)
+    text = BASE + ",recompute_layers=3"  # recompute left out: N layers recomputed means recompute=full
+    layout, chosen = complete_layout(GPT3, cluster, parse_layout(text), given_keys(text), 64)
+    assert (layout.recompute, layout.recompute_layers) == ("full", 3) and "recompute" not in chosen
