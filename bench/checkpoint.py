@@ -58,6 +58,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import logging
 import math
 import os
 import random
@@ -270,6 +271,7 @@ def worker(args: argparse.Namespace) -> None:
 
     from musubi.checkpoint.saver import Checkpointer
     from musubi.checkpoint.states import CheckpointStates, Held
+    from musubi.checkpoint.writer import WRITER_NICE
     from musubi.config.load import job_from_dict
     from musubi.contract.inject import Injector
     from musubi.contract.world import init_world, shutdown_world
@@ -328,7 +330,7 @@ def worker(args: argparse.Namespace) -> None:
                            "settled_heap": not args.no_settle, "gc_frozen": gc.get_freeze_count(),
                            "full_collection_ms": full_ms,
                            "switch_interval_ms": round(sys.getswitchinterval() * 1e3, 3),
-                           "pinned": pinned.describe() if pinned else None}
+                           "pinned": pinned.describe() if pinned else None, "writer_nice_default": WRITER_NICE}
     if world.is_cuda:
         out["gpu"] = torch.cuda.get_device_name(world.device)
 
@@ -587,12 +589,14 @@ def gil_probe(args: argparse.Namespace) -> dict[str, Any]:
                       "settled_heap": not args.no_settle}, "rows": rows, "saves": saves}
 
 
-def default_label(cpu: bool, labels: list[str]) -> str:
+def default_label(cpu: bool, labels: list[str], nice: int | None = None) -> str:
     """The variant a job gets with nothing set: async_mode auto (process on GPU ranks, thread on CPU ranks), the
-    writer's default nice and DCP's default copy-ahead (10 MB, where copy-aheads are compared)."""
-    from musubi.checkpoint.writer import WRITER_NICE
+    writer's default nice (`nice`: as the ranks reported it, so that this launcher never imports torch for it)
+    and DCP's default copy-ahead (10 MB, where copy-aheads are compared)."""
+    if nice is None:
+        from musubi.checkpoint.writer import WRITER_NICE as nice
 
-    label = f"{'thread' if cpu else 'process'}/nice{WRITER_NICE}"
+    label = f"{'thread' if cpu else 'process'}/nice{nice}"
     return label if label in labels or f"{label}/ahead10" not in labels else f"{label}/ahead10"
 
 
@@ -628,6 +632,15 @@ def print_report(result: dict[str, Any], args: argparse.Namespace) -> None:
     if rec:
         print(f"  recovery: a killed rank's job back to training after {rec['back_to_training_s']} s "
               f"(target <= 60 s); cause: {rec['cause']}; {rec['lost_steps']} step(s) redone")
+
+
+def end_now() -> None:
+    """Leave with everything written, skipping the interpreter's teardown: with torch imported it is seconds of
+    garbage collection over its modules (a rank here waited ~8 s for it under load; musubi's ranks skip it too)."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def main() -> None:
@@ -677,7 +690,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.worker:
         worker(args)
-        return
+        end_now()
     bad = [m for m in args.modes.split(",") if m not in ("process", "thread")]
     if bad or not args.modes:
         raise SystemExit(f"--modes {args.modes!r}: async modes are process and thread (a comma list of them)")
@@ -699,7 +712,7 @@ def main() -> None:
                   f"[{row['interval'][0]:.1%}..{row['interval'][1]:.1%}, {row['coverage']:.0%}]; save "
                   f"{row['save_s_median']:.2f} s; worst step {row['worst_step_ms']} ms")
         print(f"  -> {args.json_out}")
-        return
+        end_now()
     shape = SHAPES[args.shape or ("tiny" if args.tiny or args.cpu else "gpu")]
     spec = job_dict(shape, args.cpu, every=5, steps=max(args.kill_step + 8, 20))
     tmp = Path(tempfile.mkdtemp(prefix="musubi-ckpt-bench-"))
@@ -712,7 +725,7 @@ def main() -> None:
     saves_s = round(time.perf_counter() - t0, 1)
     recovery = None if args.no_recovery else run_recovery(args, spec, tmp)
     result = {"shape": shape, "nproc": args.nproc, "cpu": args.cpu, "budget_s": args.budget_s, "saves_s": saves_s,
-              "default_variant": default_label(args.cpu, [v[0] for v in todo]),
+              "default_variant": default_label(args.cpu, [v[0] for v in todo], saves.get("writer_nice_default")),
               "summary": summarise(saves["saves"], saves["sync_save_s"], [v[0] for v in todo]),
               "saves": saves, "recovery": recovery, "seconds": round(time.perf_counter() - t0, 1), "dir": str(tmp),
               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
