@@ -106,9 +106,8 @@ def export_if_ranked(job_dir: Path, ask: ExportAsk) -> dict[str, Any] | None:
     return entry
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Evaluate one finished job (metrics, FPS by the documented protocol); exit 2 on bad input."""
-    args = list(argv if argv is not None else sys.argv[1:])
+def step_args(args: list[str]) -> tuple[Path | None, bool, Path] | None:
+    """(--after FILE or None, --external, JOB_DIR) of the step's command line; None when it is not one."""
     after, external = None, False
     while len(args) > 1 and args[0] in ("--after", "--external"):
         if args[0] == "--external":
@@ -118,9 +117,17 @@ def main(argv: list[str] | None = None) -> int:
         else:
             break
     if len(args) != 1 or args[0].startswith("--"):
+        return None
+    return after, external, Path(args[0])
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Evaluate one finished job (metrics, FPS by the documented protocol); exit 2 on bad input."""
+    parsed = step_args(list(argv if argv is not None else sys.argv[1:]))
+    if parsed is None:
         print("usage: python -m musubi.fleet.eval_step [--after FILE] [--external] JOB_DIR", file=sys.stderr)
         return EXIT_CONFIG
-    job_dir = Path(args[0])
+    after, external, job_dir = parsed
     if not external:
         # Everything a task job's evaluation imports, imported now (before the wait when started early): torch,
         # torchvision, the task registry, model loading, FPS timing and ONNX export. No CUDA call here.
