@@ -248,6 +248,21 @@ def _show_layout(console: Console, as_json: bool, one: Prediction, cluster: Clus
                       "in --layout to take it)", highlight=False)
 
 
+def _evaluate_layout(model_spec: ModelSpec, cluster: Cluster, layout: str, batch: int, eff: Any,
+                     precision: str) -> tuple[Any, dict[str, str], Prediction, Any, Prediction | None,
+                                              Prediction | None]:
+    """One `--layout`: the filled layout, what was filled, its prediction, the stack range, the faster filling
+    over memory, and the filling that fits outright when the fill took one within the memory model's error."""
+    # knobs the layout leaves out (micro, vpp, recompute, zero) are set to the fastest that fit (complete.py)
+    given, parsed = given_keys(layout), parse_layout(layout)
+    one_layout, filled = complete_layout(model_spec, cluster, parsed, given, batch, eff, precision)
+    one = predict(model_spec, cluster, one_layout, batch, eff, precision)
+    spread = stack_range(model_spec, cluster, one_layout, given, batch, eff, precision)
+    over = faster_over_memory(model_spec, cluster, parsed, given, batch, eff, precision)
+    instead = fits_instead(model_spec, cluster, parsed, given, batch, eff, precision) if filled else None
+    return one_layout, filled, one, spread, over, instead
+
+
 def plan_command(
     model: str | None = typer.Option(None, "--model", help="Preset model name (llama3-8b, llama3-405b, ...)."),
     spec: Path | None = typer.Option(None, "--spec", help="Model spec YAML (layers, hidden, heads, ...)."),
@@ -282,15 +297,8 @@ def plan_command(
         model_spec, cluster, batch, eff, report = _inputs(model, spec, gpu, gpus, nodes, seq, global_batch,
                                                           topology, calibrate, nic_gbps)
         if layout is not None:
-            # knobs the layout leaves out (micro, vpp, recompute) are set to the fastest that fit (complete.py)
-            one_layout, filled = complete_layout(model_spec, cluster, parse_layout(layout), given_keys(layout), batch,
-                                                 eff, precision)
-            one = predict(model_spec, cluster, one_layout, batch, eff, precision)
-            spread = stack_range(model_spec, cluster, one_layout, given_keys(layout), batch, eff, precision)
-            over = faster_over_memory(model_spec, cluster, parse_layout(layout), given_keys(layout), batch, eff,
-                                      precision)
-            instead = fits_instead(model_spec, cluster, parse_layout(layout), given_keys(layout), batch, eff,
-                                   precision) if filled else None
+            one_layout, filled, one, spread, over, instead = _evaluate_layout(model_spec, cluster, layout, batch,
+                                                                              eff, precision)
         else:
             found = search(model_spec, cluster, batch, eff, precision, top=top)
     except PlanError as e:
