@@ -276,7 +276,8 @@ class Trainer:
         self.phase = "checkpoint"
         t_save = self.cadence.saving(self.step) if self.cadence is not None else 0.0
         # keep_best ranks a checkpoint by the evaluation of its own weights, never an earlier step's.
-        self.checkpointer.save(self.step, metric=self.last_eval if self.last_eval_step == self.step else {})
+        self.checkpointer.save(self.step, metric=self.last_eval if self.last_eval_step == self.step else {},
+                               last=self.step >= self.stop_step)
         if self.cadence is not None:  # every rank saves at the same steps: the next interval is agreed here
             self.cadence.saved(self.step, t_save)
 

@@ -122,3 +122,35 @@ def test_a_write_that_fails_in_the_writing_thread_raises_in_the_caller(tmp_path:
     writer = _Failing(str(tmp_path / "ckpt"))
     with pytest.raises(BaseException, match="No space left"):
         dcp.save(_state(), storage_writer=writer, no_dist=True)
+
+
+def test_the_runs_last_save_writes_at_the_ranks_priority(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A save during training writes at WRITER_NICE (it yields to the steps); the run's last save, which the rank
+    only waits for, at the rank's own priority (on shared cores a niced writer would yield to other jobs instead)."""
+    from musubi.checkpoint import saver as saver_module
+    from musubi.checkpoint.checkpoint import committed_checkpoints
+    from musubi.checkpoint.states import CheckpointStates, Held
+    from musubi.config.job import CheckpointSpec
+    from musubi.contract.inject import Injector
+    from musubi.contract.world import World
+
+    written: list[int] = []
+
+    class Noting(_Recording):
+        def write_data(self, plan: Any, planner: Any) -> Future:
+            out = super().write_data(plan, planner)
+            written.append(next(n for _, n in self.seen))
+            return out
+
+    monkeypatch.setattr(saver_module, "BackgroundWriter", lambda path, nice, copy_ahead: Noting(path, nice))
+    model = torch.nn.Linear(4, 2)
+    states = CheckpointStates(model, torch.optim.SGD(model.parameters(), lr=0.1), train=Held({"step": 0}),
+                              rank=Held({}), signature="t")
+    world = World(rank=0, local_rank=0, size=1, device=torch.device("cpu"), backend="gloo")
+    saver = saver_module.Checkpointer(tmp_path, CheckpointSpec(async_mode="thread"), world, Injector(None, 0, None),
+                                      states)
+    saver.save(2)
+    saver.save(4, last=True)
+    saver.close()
+    assert written == [max(_nice(), WRITER_NICE), _nice()]
+    assert [c.step for c in committed_checkpoints(tmp_path, warn=False)] == [2, 4]
