@@ -44,7 +44,7 @@ def predict_command(
 ) -> None:
     """Run a trained, exported or registered model on images, a folder, a glob or a video; COCO results with names."""
     from musubi.evaluate.fps import resolve_device
-    from musubi.evaluate.predict import run_predict
+    from musubi.evaluate.predict import check_request, run_predict
     from musubi.evaluate.predict_sources import resolve_source
     from musubi.evaluate.predictors import load_predictor
 
@@ -52,6 +52,7 @@ def predict_command(
     target = out if out is not None else _default_out(model)
     try:
         frames = resolve_source(source)
+        check_request(target, conf, save_images)  # a bad option is refused before the model loads (seconds)
         predictor = load_predictor(model, checkpoint, resolve_device(device), db)
         console.print(Text(f"{predictor.described}: {predictor.recipe.get('task')}, classes "
                            f"{', '.join(predictor.recipe.get('classes') or []) or '-'}; {len(frames)} image(s)"))

@@ -138,6 +138,17 @@ def _check_out(out: Path) -> None:
                           "overwritten)")
 
 
+def check_request(out: Path | None, conf: float | None, save_images: bool) -> None:
+    """Refuse a bad --conf, --save-images without --out, or an --out that holds predictions already: called before
+    the model loads (a detector's load takes seconds), and again by run_predict."""
+    if conf is not None and not 0.0 <= conf <= 1.0:
+        raise ConfigError(f"--conf {conf}: a score threshold in [0, 1], e.g. 0.25")
+    if save_images and out is None:
+        raise ConfigError("save_images needs an output folder (--out DIR)")
+    if out is not None:
+        _check_out(out)
+
+
 def run_predict(predictor: Predictor, frames: list[Frame], out: Path | None = None, conf: float | None = None,
                 save_images: bool = False, on_image: Callable[[ImageResult], None] | None = None,
                 batch: int = BATCH) -> PredictResult:
@@ -146,12 +157,7 @@ def run_predict(predictor: Predictor, frames: list[Frame], out: Path | None = No
     task = recipe.get("task")
     if task not in ("detection", "classification"):
         raise ConfigError(f"predict: the model is a {task!r} model; predict runs detection and classification")
-    if conf is not None and not 0.0 <= conf <= 1.0:
-        raise ConfigError(f"--conf {conf}: a score threshold in [0, 1], e.g. 0.25")
-    if save_images and out is None:
-        raise ConfigError("save_images needs an output folder (--out DIR)")
-    if out is not None:
-        _check_out(out)
+    check_request(out, conf, save_images)
     drawn = None
     if out is not None and save_images:
         drawn = out / IMAGES_DIR
@@ -199,6 +205,8 @@ def predict(model: str | Path | Predictor, source: Any, *, out: str | Path | Non
         raise ConfigError(f"model {model.described}: already loaded; its checkpoint, device and db were chosen "
                           "when it was loaded (give them to musubi.load)")
     frames = resolve_source(source)
+    folder = Path(out) if out is not None else None
+    check_request(folder, conf, save_images)  # before the load: a bad option costs no model load
     predictor = model if isinstance(model, Predictor) else \
         load_predictor(model, checkpoint, resolve_device(device), Path(db) if db is not None else None)
-    return run_predict(predictor, frames, Path(out) if out is not None else None, conf, save_images, on_image)
+    return run_predict(predictor, frames, folder, conf, save_images, on_image)

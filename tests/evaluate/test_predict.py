@@ -197,6 +197,8 @@ def test_sources_arrays_globs_and_refusals(rgb_job: Path, predicted, tmp_path: P
         except ImportError:
             with pytest.raises(ConfigError, match="reading a video needs a reader: pip install av"):
                 musubi.predict(rgb_job, video, device="cpu")
+    with pytest.raises(ConfigError, match="a score threshold in"):  # refused before any model is looked up
+        musubi.predict(tmp_path / "no-such-job", images, device="cpu", conf=2)
     runner = CliRunner()
     for args, message in (
         (["predict", str(rgb_job), str(tmp_path / "none")], "no such file or folder"),
