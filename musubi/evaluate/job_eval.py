@@ -12,12 +12,15 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from musubi.contract.errors import ConfigError
 from musubi.contract.run_files import RUN_FILES
 from musubi.recovery.numerics import trained_precision
 from musubi.store.rundir import read_json, write_json
+
+if TYPE_CHECKING:  # model_io imports torch: an external job's evaluation imports none
+    from musubi.evaluate.model_io import JobModel
 
 EVAL_FILE = RUN_FILES.eval
 
@@ -46,14 +49,16 @@ def export_entry(exported: dict[str, Any]) -> dict[str, Any]:
             "sha256": exported["sha256"], "opset": exported["opset"], "parity_ok": exported["parity"]["ok"]}
 
 
-def export_evaluated(job_dir: Path) -> dict[str, Any]:
+def export_evaluated(job_dir: Path, loaded: JobModel | None = None) -> dict[str, Any]:
     """Export an evaluated task job exactly as the fleet's ship() does (export_job: ONNX and parity, no ONNX
-    Runtime FPS) and record it as eval.json's "export"; return that entry ({"error"} when it did not export)."""
-    from musubi.evaluate.onnx_export import export_job
+    Runtime FPS) and record it as eval.json's "export"; return that entry ({"error"} when it did not export).
+    `loaded`: the model its evaluation loaded (evaluate_job's on_loaded), exported as it is instead of read again
+    from its checkpoint (the same newest checkpoint; a detector's load is seconds of CPU)."""
+    from musubi.evaluate.onnx_export import export_job, export_loaded
 
     path = job_dir / EVAL_FILE
     try:
-        entry = export_entry(export_job(job_dir))
+        entry = export_entry(export_loaded(loaded) if loaded is not None else export_job(job_dir))
     except ConfigError as e:  # parity failure or no exporter: recorded, and ship() tries (and reports) again
         entry = {"error": str(e)}
     record = _read_eval(path)
@@ -64,10 +69,12 @@ def export_evaluated(job_dir: Path) -> dict[str, Any]:
 
 def evaluate_task_job(job_dir: Path, device: str | None, export: bool, fps_runs: int | None,
                       fps_warmup: int | None, reached: Callable[[str], None] | None = None,
-                      checkpoint: str | int | None = None) -> dict[str, Any]:
+                      checkpoint: str | int | None = None,
+                      on_loaded: Callable[[JobModel], None] | None = None) -> dict[str, Any]:
     """FPS (torch, then ONNX Runtime if exported) of a Musubi task job; eval.json updated. `reached(mark)`:
     told "eval_loaded" once the model is on its device and "eval_fps" once its FPS is measured (the fleet's
-    evaluation step marks them: where the step's seconds go)."""
+    evaluation step marks them: where the step's seconds go). `on_loaded(job)`: given the loaded model (back on
+    the CPU once its FPS is measured), for a later export that need not read the checkpoint again."""
     from musubi.evaluate.export_plan import export_plan
     from musubi.evaluate.fps import onnx_fps, torch_fps
     from musubi.evaluate.model_io import load_job_model, sample_batch
@@ -78,6 +85,8 @@ def evaluate_task_job(job_dir: Path, device: str | None, export: bool, fps_runs:
     path = job_dir / EVAL_FILE
     record = _read_eval(path)
     job = load_job_model(job_dir, checkpoint)
+    if on_loaded is not None:
+        on_loaded(job)
     if reached is not None:
         reached("eval_loaded")
     record.setdefault("metrics", {})
@@ -188,13 +197,14 @@ def _time_framework_export(job_dir: Path, spec: dict[str, Any], record: dict[str
 
 def evaluate_job(job_dir: Path, device: str | None = None, export: bool = False, fps_runs: int | None = None,
                  fps_warmup: int | None = None, reached: Callable[[str], None] | None = None,
-                 checkpoint: str | int | None = None) -> dict[str, Any]:
+                 checkpoint: str | int | None = None,
+                 on_loaded: Callable[[JobModel], None] | None = None) -> dict[str, Any]:
     """Evaluate one finished job (task or external) and rewrite its eval.json with "fps"; return the record.
 
     `device`: cpu, cuda or cuda:N (default: a GPU if visible). `fps_runs`/`fps_warmup`: timed and
     untimed runs (default 100/10 on a GPU, 10/3 on the CPU). `export`: also write export/model.onnx
     (parity-checked) and time it with ONNX Runtime. `checkpoint`: best, last or a step (task jobs; default the
-    newest).
+    newest). `on_loaded`: see evaluate_task_job (task jobs only).
     """
     from musubi.evaluate.model_io import is_task_job
 
@@ -202,7 +212,7 @@ def evaluate_job(job_dir: Path, device: str | None = None, export: bool = False,
     if not job_dir.is_dir():
         raise ConfigError(f"{job_dir}: no such job directory")
     if is_task_job(job_dir):
-        return evaluate_task_job(job_dir, device, export, fps_runs, fps_warmup, reached, checkpoint)
+        return evaluate_task_job(job_dir, device, export, fps_runs, fps_warmup, reached, checkpoint, on_loaded)
     if not any((job_dir / f).is_file() for f in (EVAL_FILE, RUN_FILES.job, RUN_FILES.metrics_from)):
         raise ConfigError(f"{job_dir}: neither job.json nor eval.json; not a job directory")
     if checkpoint not in (None, "last"):

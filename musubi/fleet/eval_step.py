@@ -83,9 +83,10 @@ def ranks_for_export(job_dir: Path, ask: ExportAsk) -> tuple[bool, str]:
     return mine["rank"] <= ask.top, where
 
 
-def export_if_ranked(job_dir: Path, ask: ExportAsk) -> dict[str, Any] | None:
+def export_if_ranked(job_dir: Path, ask: ExportAsk, loaded: Any = None) -> dict[str, Any] | None:
     """The early export of an evaluated job that ranks within the top-k so far: eval.json's "export" entry, or
-    None when it did not export; one line says which and why."""
+    None when it did not export; one line says which and why. `loaded`: the JobModel its evaluation loaded
+    (exported as it is, not read again from the checkpoint)."""
     from musubi.evaluate.job_eval import export_evaluated
 
     try:
@@ -96,7 +97,7 @@ def export_if_ranked(job_dir: Path, ask: ExportAsk) -> dict[str, Any] | None:
         print(f"no early export: {why}", flush=True)
         return None
     try:
-        entry = export_evaluated(job_dir)
+        entry = export_evaluated(job_dir, loaded)
     except Exception as e:  # noqa: BLE001 - an early export is an optimisation: never fail the job for it
         print(f"early export failed ({type(e).__name__}: {e}); ship() exports it if it ranks", file=sys.stderr,
               flush=True)
@@ -149,6 +150,7 @@ def main(argv: list[str] | None = None) -> int:
               "see the contract in the README", file=sys.stderr, flush=True)
         return EXIT_NO_RESULTS
     ask = export_ask(after) if after is not None else None
+    held: list[Any] = []  # the model the evaluation loaded, for the early export below
     try:
         if external:  # what evaluate_job does for a job without a task config, without importing model loading
             from musubi.evaluate.job_eval import evaluate_external_job
@@ -157,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             from musubi.evaluate import evaluate_job
 
-            result = evaluate_job(job_dir, reached=lambda name: mark(job_dir, name))
+            result = evaluate_job(job_dir, reached=lambda name: mark(job_dir, name), on_loaded=held.append)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_CONFIG
@@ -171,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.cuda.empty_cache()
     mark(job_dir, EVAL_GPU_DONE)
     if ask is not None and result.get("kind") == "task":
-        entry = export_if_ranked(job_dir, ask)
+        entry = export_if_ranked(job_dir, ask, held[0] if held else None)
         if entry is not None:
             result["export"] = entry
             mark(job_dir, "eval_exported")

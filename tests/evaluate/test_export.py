@@ -71,6 +71,24 @@ def test_user_task_export(tmp_path: Path) -> None:
     assert record["inputs"][0]["shape"] == ["batch", 16] and record["parity"]["ok"]
 
 
+def test_an_evaluated_model_is_exported_without_a_second_load(tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fleet's early export (eval_step): the model evaluate_job loaded (on_loaded) is exported as it is, the
+    checkpoint not read again; the entry is eval.json's "export", as export_job's would be."""
+    from musubi.evaluate.job_eval import export_evaluated
+
+    job = make_task_job(tmp_path / "run", TINY_USER, steps=1, metrics={"acc": 0.5})
+    held: list = []
+    evaluate_job(job, device="cpu", fps_runs=2, fps_warmup=0, on_loaded=held.append)
+    (loaded,) = held
+    assert loaded.job_dir == job and not loaded.model.training and loaded.step == 1
+    monkeypatch.setattr(onnx_export, "load_job_model", lambda *a, **k: pytest.fail("the checkpoint read again"))
+    entry = export_evaluated(job, loaded)
+    assert entry["parity_ok"] and json.loads((job / "eval.json").read_text())["export"] == entry
+    record = json.loads((job / "export" / "export.json").read_text())
+    assert record["checkpoint"] == str(loaded.checkpoint) and record["sha256"] == entry["sha256"]
+
+
 def test_export_needs_a_committed_checkpoint(tmp_path: Path) -> None:
     job = make_task_job(tmp_path / "run", TINY_USER, steps=1)
     for marker in (job / "checkpoints").glob("*/COMMITTED"):
