@@ -43,12 +43,14 @@ group, task and batch, model, checkpoint load, loop set-up) from rank 0's start-
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -199,6 +201,26 @@ def fleet_result(fleet: Fleet, runs: list[dict[str, Any]]) -> dict[str, Any]:
             "faults": faults, "problems": [f"job{i}: {p}" for i, r in enumerate(jobs) for p in r["problems"]]}
 
 
+@contextlib.contextmanager
+def _launch_env(set_: dict[str, str], drop: tuple[str, ...]) -> Iterator[None]:
+    """Within: the repository as the working folder, `set_` in the environment and `drop` out of it."""
+    saved = {k: os.environ.get(k) for k in (*set_, *drop)}
+    cwd = Path.cwd()
+    os.environ.update(set_)
+    for k in drop:
+        os.environ.pop(k, None)
+    os.chdir(REPO)
+    try:
+        yield
+    finally:
+        os.chdir(cwd)
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 def compare_reference(soak: Soak, result: dict[str, Any]) -> None:
     """An uninterrupted run to the soak's last committed step: the final weights must be equal, bit for bit."""
     from musubi.checkpoint.checkpoint import latest_checkpoint
@@ -208,14 +230,24 @@ def compare_reference(soak: Soak, result: dict[str, Any]) -> None:
     if last is None:
         result["reference"] = {"skipped": "no committed checkpoint"}
         return
+    from musubi.launch.launch import launch_train
+    from musubi.launch.request import TrainRequest
+
     ref_out = soak.out / "reference"
-    env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
-    env.pop("MUSUBI_INJECT", None)
-    cmd = [sys.executable, "-m", "musubi.cli", "train", str(soak.job_file), "--nproc", str(soak.args.nprocs),
-           "--device", soak.args.device, "--out", str(ref_out), "--no-check", "--max-steps", str(last.step)]
+    argv = ["musubi", "train", str(soak.job_file), "--nproc", str(soak.args.nprocs), "--device", soak.args.device,
+            "--out", str(ref_out), "--no-check", "--max-steps", str(last.step)]
     t = time.time()
-    with open(soak.out / "reference.log", "w", encoding="utf-8") as f:
-        code = subprocess.run(cmd, cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT).returncode
+    # Launched from this process, which reads the checkpoints with torch anyway (a `musubi train` subprocess imported it
+    # again for its checks: seconds of CPU), with what the soak's own launches have: the repository as the working
+    # folder and on PYTHONPATH (bench/soak_job.py), and no fault injection.
+    with open(soak.out / "reference.log", "w", encoding="utf-8") as f, _launch_env(
+            {"PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}, drop=("MUSUBI_INJECT",)):
+        f.write(" ".join(argv) + "\n")
+        res = launch_train(TrainRequest(job_path=soak.job_file, nproc=soak.args.nprocs, out=ref_out,
+                                        device=soak.args.device, check=False, quiet=True, max_steps=last.step,
+                                        argv=argv, say=lambda line: f.write(line + "\n")))
+        f.write(f"exit {res.code}" + (f": {res.error}" if res.error else "") + "\n")
+    code = res.code
     from musubi.checkpoint.checkpoint import read_full_state
 
     mine = flatten_tensors({k: v for k, v in read_full_state(last.path).items() if k in ("model", "optim")})
