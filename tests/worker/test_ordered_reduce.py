@@ -72,7 +72,10 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
 
 def test_ordered_hook_makes_gradients_independent_of_bucket_layout(tmp_path: Path) -> None:
     out = tmp_path / "result.pt"
-    mp.start_processes(_worker, args=(4, _free_port(), str(out)), nprocs=4, start_method="spawn", join=True)
+    # Forked from a server that imported torch once, not 4 interpreters importing it each (~5 s of CPU apiece);
+    # fresh processes all the same (not forks of this test process and its threads).
+    mp.get_context("forkserver").set_forkserver_preload(["torch", "torch.distributed", "torch.nn.parallel"])
+    mp.start_processes(_worker, args=(4, _free_port(), str(out)), nprocs=4, start_method="forkserver", join=True)
     result = torch.load(out)
     assert result[True], "ordered all-reduce: gradients depend on the bucket layout"
     assert result["close"], "ordered all-reduce is not DDP's mean"
