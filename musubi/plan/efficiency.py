@@ -44,6 +44,12 @@ class Efficiency:
     #: Fixed cost of one collective or send (launch + synchronisation), seconds.
     latency_s: dict[str, float] = field(default_factory=lambda: {"nvlink": 10e-6, "pcie": 15e-6,
                                                                   "network": 20e-6})
+    #: Compute slows by this fraction while a collective runs beside it: NCCL's kernels hold SMs (an all-gather's
+    #: 24 CTAs of an H100's 132) and HBM bandwidth the GEMMs would use. "Characterizing Compute-Communication
+    #: Overlap in GPU-Accelerated Distributed Deep Learning" (arXiv:2507.03114, abstract: GPT/LLaMA layers with
+    #: overlapped collectives on 4x A100, H100, MI250, MI210) measures 18.9 % average computational slowdown,
+    #: 40 % at most. A prior from that paper, not fitted.
+    contention: float = 0.189
     #: Per-rank step-time coefficient of variation behind the straggler tax (1 %: a healthy cluster).
     straggler_cv: float = 0.01
     #: Multiplies the predicted step time; 1 unless a calibration measured a whole step.

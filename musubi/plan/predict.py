@@ -102,9 +102,16 @@ class _Comm:
             self.exposed[link.tier] += exposed
 
 
-def _hidden(comm: float, under: float, overlapped: bool) -> float:
-    """Exposed part of `comm` seconds when it may overlap `under` seconds of compute."""
-    return max(0.0, comm - under) if overlapped else comm
+def _hidden(comm: float, under: float, overlapped: bool, contention: float = 0.0) -> float:
+    """Seconds `comm` adds to a step when it may overlap `under` seconds of compute.
+
+    Compute beside a running collective slows by `contention` (Efficiency.contention), so hiding is not free:
+    a collective shorter than the slowed compute adds comm x c / (1 + c) (the compute it delays); a longer one
+    adds comm - under (it is the critical path). Without overlap it adds all of itself.
+    """
+    if not overlapped:
+        return comm
+    return max(0.0, comm - under, comm * contention / (1 + contention))
 
 
 @dataclass(frozen=True)
@@ -121,15 +128,16 @@ class _MicroBatch:
     cp_exposed: float
 
 
-def _micro_batch(lt: LayerTimes, layout: Layout, share: float) -> _MicroBatch:
+def _micro_batch(lt: LayerTimes, layout: Layout, share: float, contention: float = 0.0) -> _MicroBatch:
     """One micro-batch through one layer; `share` of the layers rerun their forward inside backward."""
     ov = layout.overlap
-    tp_f = _hidden(lt.tp_fwd, lt.gemm_fwd, "tp" in ov)
-    tp_b = _hidden(lt.tp_bwd, 2 * lt.gemm_fwd, "tp" in ov)
-    ep_f = _hidden(lt.ep_fwd, lt.fwd, "ep" in ov)
-    ep_b = _hidden(lt.ep_bwd, lt.bwd, "ep" in ov)
-    cp_f = _hidden(lt.cp_fwd, lt.attn_core, "cp" in ov)
-    cp_b = _hidden(lt.cp_bwd, 2 * lt.attn_core, "cp" in ov)
+    c = contention
+    tp_f = _hidden(lt.tp_fwd, lt.gemm_fwd, "tp" in ov, c)
+    tp_b = _hidden(lt.tp_bwd, 2 * lt.gemm_fwd, "tp" in ov, c)
+    ep_f = _hidden(lt.ep_fwd, lt.fwd, "ep" in ov, c)
+    ep_b = _hidden(lt.ep_bwd, lt.bwd, "ep" in ov, c)
+    cp_f = _hidden(lt.cp_fwd, lt.attn_core, "cp" in ov, c)
+    cp_b = _hidden(lt.cp_bwd, 2 * lt.attn_core, "cp" in ov, c)
     fwd = lt.fwd + tp_f + ep_f + cp_f
     bwd = lt.bwd + tp_b + ep_b + cp_b
     tp_busy, ep_busy, cp_busy = lt.tp_fwd + lt.tp_bwd, lt.ep_fwd + lt.ep_bwd, lt.cp_fwd + lt.cp_bwd
@@ -156,7 +164,7 @@ def _ring_bytes(nbytes: float, link: Link) -> float:
 
 def _dp_comm(layout: Layout, dense_bytes: float, expert_bytes: float, weight_ratio: float, dp_link: Link,
              edp_link: Link, m: int, fwd_mb: float, bwd_mb: float, units: int = 1,
-             recomputed: float = 0.0) -> DataParallelComm:
+             recomputed: float = 0.0, contention: float = 0.0) -> DataParallelComm:
     """The data-parallel collectives of one step.
 
     ZeRO-3 / FSDP gathers the weights of each unit (a layer) before its forward and again before
@@ -179,19 +187,20 @@ def _dp_comm(layout: Layout, dense_bytes: float, expert_bytes: float, weight_rat
         sent = m * sum(_ring_bytes(b * (1 + bwd_gathers) * weight_ratio + b, ln) for b, ln in links)
 
         def exposed_of(comm: float, under: float) -> float:
-            return max(comm / units, _hidden(comm, under, overlapped)) if overlapped else comm
+            return max(comm / units, _hidden(comm, under, overlapped, contention)) if overlapped else comm
 
         exposed = m * (exposed_of(gather, fwd_mb) + exposed_of(bwd_gathers * gather + scatter, bwd_mb))
         window = m * (fwd_mb + bwd_mb)
     elif layout.zero >= 1:  # distributed optimizer: reduce-scatter grads, all-gather updated weights
         scatter = sum(reduce_scatter_s(b, ln) for b, ln in links)
         gather = sum(all_gather_s(b * weight_ratio, ln) for b, ln in links)
-        busy, exposed = scatter + gather, _hidden(scatter, bwd_mb, overlapped) + _hidden(gather, fwd_mb, overlapped)
+        busy = scatter + gather
+        exposed = _hidden(scatter, bwd_mb, overlapped, contention) + _hidden(gather, fwd_mb, overlapped, contention)
         sent = sum(_ring_bytes(b * (1 + weight_ratio), ln) for b, ln in links)
         window = bwd_mb + fwd_mb
     else:
         busy = sum(all_reduce_s(b, ln) for b, ln in links)
-        exposed = _hidden(busy, bwd_mb, overlapped)
+        exposed = _hidden(busy, bwd_mb, overlapped, contention)
         sent = sum(2 * _ring_bytes(b, ln) for b, ln in links)
         window = bwd_mb
     used = [ln for b, ln in links if b > 0 and ln.size > 1]
@@ -239,8 +248,9 @@ def _predict_transformer(spec: TransformerSpec, cluster: Cluster, layout: Layout
 
     dense_times = layer_times(spec, layout, dev, groups, moe=False)
     share = recomputed_share(spec, layout)
-    dense = _micro_batch(dense_times, layout, share)
-    moe = _micro_batch(layer_times(spec, layout, dev, groups, moe=True), layout, share) if spec.is_moe else dense
+    dense = _micro_batch(dense_times, layout, share, eff.contention)
+    moe = (_micro_batch(layer_times(spec, layout, dev, groups, moe=True), layout, share, eff.contention)
+           if spec.is_moe else dense)
     frac_moe = spec.moe_layers / spec.layers
     logit_f, logit_b = logits_times(spec, layout, dev)
 
@@ -298,7 +308,8 @@ def _predict_transformer(spec: TransformerSpec, cluster: Cluster, layout: Layout
         params.append(stage_params(spec, layout, mid_layers, False, False))
     dense_p, expert_p = max(params, key=sum)
     dpc = _dp_comm(layout, dense_p * grad_bytes, expert_p * grad_bytes, weight_ratio, dp_link, edp_link, m,
-                   slow_f, slow_b, units=max(1, round(layers_slow)) + 1, recomputed=share)
+                   slow_f, slow_b, units=max(1, round(layers_slow)) + 1, recomputed=share,
+                   contention=eff.contention)
     dp_exposed = dpc.exposed_s
     comm.add(dp_link, dpc.busy_s, dp_exposed)
 
@@ -330,7 +341,8 @@ def _predict_generic(spec: GenericSpec, cluster: Cluster, layout: Layout, global
     dp_link = place_group(cluster, eff, 1, dp)
     prec = PRECISIONS[memory_precision]
     comm = _Comm()
-    dpc = _dp_comm(layout, spec.params * prec.grads, 0.0, prec.weights / prec.grads, dp_link, dp_link, m, fwd, bwd)
+    dpc = _dp_comm(layout, spec.params * prec.grads, 0.0, prec.weights / prec.grads, dp_link, dp_link, m, fwd, bwd,
+                   contention=eff.contention)
     dp_exposed = dpc.exposed_s
     comm.add(dp_link, dpc.busy_s, dp_exposed)
     owned = spec.params / (dp if layout.zero >= 1 else 1)
