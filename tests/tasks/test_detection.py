@@ -245,7 +245,11 @@ def _rank_main(rank: int, init_file: str, out_dir: str) -> None:
 
 @pytest.mark.timeout(120)
 def test_distributed_map_equals_single_process(tmp_path: Path) -> None:
-    mp.spawn(_rank_main, args=(str(tmp_path / "pg"), str(tmp_path)), nprocs=2, join=True)
+    # Forked from a server that imported torch and torchvision once, not 2 interpreters importing them each
+    # (~5 s of CPU apiece); fresh processes all the same (not forks of this test process and its threads).
+    mp.get_context("forkserver").set_forkserver_preload(["torch", "torch.distributed", "torchvision"])
+    mp.start_processes(_rank_main, args=(str(tmp_path / "pg"), str(tmp_path)), nprocs=2, join=True,
+                       start_method="forkserver")
     single = _metric_over(list(range(6)), _identity)
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     assert 0.0 < single["map50"] < 1.0  # a non-trivial score, so a lost or doubled image would show
