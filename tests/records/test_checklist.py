@@ -281,15 +281,37 @@ def test_eval_lines_state_what_the_files_hold(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(300)
-def test_musubi_train_ends_with_its_checklist(tiny_job, tmp_path: Path) -> None:
+def test_musubi_train_ends_with_its_checklist(tiny_job, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A real 2-rank CPU job ends with its checklist; the same launch logs to a local MLflow store when the `mlflow`
+    extra is installed (`make test` installs it): its params and metrics once (rank 0). One launch for both."""
+    import importlib.util
+
     from tests.support.runs import train
 
-    code, out = train(str(tiny_job()), "--nproc", "2", "--out", str(tmp_path / "run"), "--no-check")
+    tracked = importlib.util.find_spec("mlflow") is not None
+    job = tiny_job(tracking={"mlflow": True, "mlflow_experiment": "exp-1"}) if tracked else tiny_job()
+    code, out = train(str(job), "--nproc", "2", "--out", str(tmp_path / "run"), "--no-check")
     assert code == 0, out
     cl = json.loads((tmp_path / "run" / "checklist.json").read_text())
     assert cl["ok"] and "run met its criteria" in out
     checks = {(i["job"], i["check"]): i["status"] for i in cl["items"]}
     assert checks[("tiny", "loss")] in ("PASS", "WARN") and checks[(None, "preflight")] == "WARN"
+    if not tracked:  # the MLflow half needs the `mlflow` extra; the checklist half ran
+        return
+    import mlflow
+
+    store = tmp_path / "run" / "mlruns"
+    assert store.is_dir()
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    client = mlflow.MlflowClient(tracking_uri=store.resolve().as_uri())
+    exp = client.get_experiment_by_name("exp-1")
+    runs = client.search_runs([exp.experiment_id])
+    assert len(runs) == 1  # rank 0 only
+    run = runs[0]
+    assert run.data.params["name"] == "tiny" and run.data.params["train.batch"]
+    losses = client.get_metric_history(run.info.run_id, "train/loss")
+    assert losses and all(m.value == m.value for m in losses)  # finite, one point per log record
+    assert (tmp_path / "run" / "tiny" / "mlflow_run_id").read_text() == run.info.run_id
 
 
 def test_low_goodput_without_failure_is_a_warning_on_a_long_run_only(tmp_path: Path) -> None:
