@@ -27,7 +27,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from musubi.checkpoint.checkpoint import latest_checkpoint
+from musubi.checkpoint.committed import latest_checkpoint  # the torch-free marker reader
 from musubi.config.fleet import CommandJob, FleetSpec, LeaderboardSpec, TaskJob
 from musubi.contract.env import MUSUBI_GATE, MUSUBI_GATE_PID, MUSUBI_JOB_DIR
 from musubi.contract.errors import ConfigError

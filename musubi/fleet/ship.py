@@ -8,7 +8,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from musubi.checkpoint.checkpoint import latest_checkpoint
+from musubi.checkpoint.committed import latest_checkpoint  # the torch-free marker reader
 from musubi.config.fleet import FleetSpec
 from musubi.contract.errors import ConfigError, one_line
 from musubi.contract.run_files import RUN_FILES

@@ -7,6 +7,7 @@ A recipe re-run months later is quietly not the same experiment; these fields ar
 from __future__ import annotations
 
 import subprocess
+import sys
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -54,13 +55,12 @@ def cudnn_version(packages: dict[str, str] | None = None) -> str | None:
     launcher, a fleet: they never run a kernel) from the cuDNN wheel torch loads, in torch's numbering:
     torch.backends.cudnn.version() would start CUDA to check the GPUs' compute capability (torch 2.14).
     `packages`: package_versions() when the caller has it already."""
+    torch = sys.modules.get("torch")  # not imported yet: CUDA is not started either (no import for a record)
     try:
-        import torch
-
-        if torch.cuda.is_initialized():
+        if torch is not None and torch.cuda.is_initialized():
             v = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
             return str(v) if v else None
-    except (ImportError, RuntimeError):
+    except RuntimeError:
         return None
     versions = packages if packages is not None else package_versions()
     wheel = versions.get("nvidia-cudnn-cu13") or versions.get("nvidia-cudnn-cu12")

@@ -88,21 +88,24 @@ def run_record(config: dict[str, Any], argv: list[str]) -> dict[str, Any]:
 
 def env_record() -> dict[str, Any]:
     """Provenance of the machine and stack (env.json)."""
-    import torch
+    from musubi.topology.visible import visible_gpus
 
+    version, cuda = torch_build()
     rec: dict[str, Any] = {
         "host": socket.gethostname(),
         "platform": platform.platform(),
         "python": sys.version.split()[0],
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
+        "torch": version,
+        "cuda": cuda,
         "cpu_count": os.cpu_count(),
         "gpus": [],
     }
     tv = torchvision_version()
     if tv is not None:
         rec["torchvision"] = tv
-    if torch.cuda.device_count() > 0:  # NVML's count: no CUDA driver start for a record (launch.visible_gpus)
+    if visible_gpus() > 0:  # NVML's count: no CUDA driver start for a record; torch only on a GPU machine
+        import torch
+
         try:
             rec["nccl"] = ".".join(str(v) for v in torch.cuda.nccl.version())
         except (AttributeError, RuntimeError):
@@ -118,6 +121,33 @@ def env_record() -> dict[str, Any]:
     rec["project"] = project_git()
     rec["env"] = relevant_env()
     return rec
+
+
+def torch_build() -> tuple[str, str | None]:
+    """torch's `__version__` and the CUDA it was built for (None: a CPU build), as torch.version holds them; read
+    from torch/version.py while torch is not imported yet: a `musubi run` of external commands needs no torch, and
+    importing it to tell two strings took ~5 s of its start-up on 2 cores."""
+    import re
+
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        return torch.__version__, torch.version.cuda
+    import importlib.util
+
+    spec = importlib.util.find_spec("torch")  # finds the package without running it
+    text = ""
+    if spec is not None and spec.submodule_search_locations:
+        try:
+            text = (Path(next(iter(spec.submodule_search_locations))) / "version.py").read_text(encoding="utf-8")
+        except OSError:
+            text = ""
+    version = re.search(r"""^__version__\s*=\s*['"]([^'"]+)['"]""", text, re.M)
+    cuda = re.search(r"""^cuda\s*(?::[^=]*)?=\s*(?:['"]([^'"]*)['"]|None)\s*$""", text, re.M)
+    if version is None or cuda is None:  # a layout we do not know: ask torch itself
+        import torch
+
+        return torch.__version__, torch.version.cuda
+    return version.group(1), cuda.group(1)
 
 
 def torchvision_version() -> str | None:
