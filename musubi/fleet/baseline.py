@@ -54,11 +54,26 @@ def _spec_file(job: TaskJob, steps: int, folder: Path) -> Path:
     return path
 
 
-def _measure(job: TaskJob, steps: int, folder: Path, device: int, kind: str) -> dict[str, Any]:
+def rank_env(devices: list[int], device: int, kind: str, pin: bool) -> dict[str, str]:
+    """The baseline rank's devices, threads and cores: what a fleet job's rank on `device` gets (LocalFleet: the
+    cores shared by the fleet's devices, on the CPU pinned to the slot's own cores), not every core of the machine
+    (on a busy CPU, two spinning intra-op threads made a step ~10x slower than the job's pinned ranks)."""
+    threads = max(1, (os.cpu_count() or 1) // max(1, len(devices)))
+    cpus = None
+    if pin and kind == "cpu":
+        from musubi.fleet.machine import cpus_value
+        from musubi.topology.cores import partition_cores, read_cpus
+
+        cpus = cpus_value(partition_cores(list(devices), {}, read_cpus()), [device])
+    return gpu_env([device], kind, threads, cpus)
+
+
+def _measure(job: TaskJob, steps: int, folder: Path, device: int, kind: str,
+             device_env: dict[str, str]) -> dict[str, Any]:
     out = folder / job.name
     argv = [sys.executable, "-m", "musubi.cli", "train", str(_spec_file(job, steps, folder)), "--out", str(out),
             "--nproc", "1", "--device", kind, "--no-check", "--fleet-member"]
-    env = {**os.environ, **gpu_env([device], kind, None), "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, **device_env, "PYTHONUNBUFFERED": "1"}
     t0 = time.perf_counter()
     try:
         res = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
@@ -103,7 +118,8 @@ def measure_baselines(spec: FleetSpec, run_dir: Path, devices: list[int], kind: 
             job, key = item
             device = free.get()
             try:
-                return job.name, key, _measure(job, steps, folder, device, kind)
+                return job.name, key, _measure(job, steps, folder, device, kind,
+                                               rank_env(devices, device, kind, spec.machine.pin_cpus))
             finally:
                 free.put(device)
 

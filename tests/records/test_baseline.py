@@ -4,6 +4,7 @@ caches it per job and machine, and the checklist reports speedup and scaling eff
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -37,6 +38,11 @@ def test_fleet_measures_caches_and_judges_its_speedup(tmp_path: Path) -> None:
     assert res.exit_code == 0, res.output
     base = json.loads((out / "baselines" / "dist.json").read_text())
     assert base["samples_per_s"] > 0 and base["steps"] == 6 and "cached" not in base
+    # The baseline's one rank has what each of the job's ranks has (its slot's cores and threads), not the machine
+    threads = [re.search(r"rank 0: (.*?): (\d+) intra-op", (d / "logs" / "rank0.log").read_text())
+               for d in (out / "baselines" / "dist" / "dist", out / "dist")]
+    assert all(threads) and threads[0].group(2) == threads[1].group(2), [t and t.group(0) for t in threads]
+    assert threads[0].group(1) == threads[1].group(1)  # slot 0's cores, as the job's rank 0
     cl = json.loads((out / "checklist.json").read_text())
     fig = cl["figures"]["dist"]
     # The checklist rounds its figures to 3 decimals: compare within that rounding.
