@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -303,17 +304,21 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
     tmp = tmp_path_factory.mktemp("live")
     proc = musubi_train(write_tiny_job(tmp, train={"epochs": 5000}), tmp / "run")
     jd = tmp / "run" / "tiny"
+    spare_dir = None
     try:
         assert wait_for(lambda: any(p.stat().st_size for p in (jd / "progress").glob("*.jsonl")), timeout=180), \
             proc.poll()
         log = (jd / "logs" / "spare.log").read_text()
         agent = int(log.split("torchrun agent pid ")[1].split()[0])
         (spare,) = [c for c in psutil.Process(proc.pid).children() if "musubi.worker.spare" in c.cmdline()]
-        yield Live(proc, jd, spare.pid, Path(spare.cmdline()[3]), agent)
+        spare_dir = Path(spare.cmdline()[3])
+        yield Live(proc, jd, spare.pid, spare_dir, agent)
     finally:
         if proc.poll() is None:
             proc.kill()
         proc.communicate(timeout=60)
+    if spare_dir is not None:  # a SIGKILLed launcher cannot remove its spare's folder
+        shutil.rmtree(spare_dir, ignore_errors=True)
 
 
 def unix_inodes(folder: Path) -> set[str]:
