@@ -15,7 +15,7 @@ from typing import Any
 
 from musubi.diagnose.timeline import JobTelemetry
 from musubi.telemetry.host_lag import foreign_share, host_lag, mean_figures
-from musubi.telemetry.spans import SECTIONS
+from musubi.telemetry.sections import SECTIONS
 from musubi.telemetry.step_record import sections_ms, wall_ms
 from musubi.telemetry.straggler import WARMUP, WINDOW, default_threshold, detect
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from musubi.contract.errors import ConfigError
 from musubi.diagnose.timeline import JobTelemetry
-from musubi.telemetry.spans import SECTIONS
+from musubi.telemetry.sections import SECTIONS
 from musubi.telemetry.step_record import local_work_ms, sections_ms, wall_ms
 from musubi.telemetry.straggler import WARMUP
 

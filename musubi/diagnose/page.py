@@ -20,7 +20,7 @@ from musubi.diagnose.fleet_view import fleet_section
 from musubi.diagnose.timeline import JobTelemetry
 from musubi.records.evidence import metric_records
 from musubi.store.rundir import read_jsonl
-from musubi.telemetry.spans import SECTIONS
+from musubi.telemetry.sections import SECTIONS
 
 CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
 

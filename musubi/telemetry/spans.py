@@ -23,12 +23,8 @@ from typing import Any
 
 import torch
 
+from musubi.telemetry.sections import BACKWARD, DATA, FORWARD, GRAD_COMM, LOG
 from musubi.telemetry.writer import TelemetryWriter
-
-DATA, H2D, FORWARD, BACKWARD, GRAD_COMM = "data", "h2d", "forward", "backward", "grad_comm"
-OPTIMIZER, LOG, CHECKPOINT, EVAL = "optimizer", "log", "checkpoint", "eval"
-#: Every section name a step record may hold, in step order.
-SECTIONS = (DATA, H2D, FORWARD, BACKWARD, GRAD_COMM, OPTIMIZER, LOG, CHECKPOINT, EVAL)
 
 Boundary = tuple[int, Any]  # (perf_counter_ns, CUDA event or None)
 

@@ -31,7 +31,8 @@ import torch
 from musubi.contract.inject import Injector, injected_oom
 from musubi.recovery.watchdog import Heartbeat
 from musubi.store.startup import mark
-from musubi.telemetry.spans import BACKWARD, CHECKPOINT, EVAL, FORWARD, OPTIMIZER, SpanRecorder
+from musubi.telemetry.sections import BACKWARD, CHECKPOINT, EVAL, FORWARD, OPTIMIZER
+from musubi.telemetry.spans import SpanRecorder
 
 PHASE = "phase"
 FIT_START = "fit_start"

@@ -378,3 +378,26 @@ def test_a_gpu_shared_with_another_process_is_said_under_the_bar_and_in_a_stragg
     # without the process figures (older runs, NVML unable to list): nothing said
     c = analyze(load_job(write_job(tmp_path / "old", gpu=True, busy=95.0)))
     assert "gpu_shared" not in c["figures"]["hardware"][1] and all(f["label"] != "gpu shared" for f in c["findings"])
+
+
+def test_report_process_never_imports_torch(tmp_path: Path) -> None:
+    """`musubi report` (HTML and --json) reads records, it computes with no tensor: its process must not
+    pay `import torch` (4-7 s of CPU). A fresh interpreter, so nothing this test process imported counts."""
+    import subprocess
+    import sys
+
+    write_job(tmp_path / "run" / "a", gpu=True, ckpt_every=10, ckpt_ms=200.0)
+    write_job(tmp_path / "run" / "b", slow_rank=1, factor=1.3)
+    (tmp_path / "run" / "a" / "plan.json").write_text(json.dumps({
+        "layout": "dp=2,zero=0,micro=8", "gpu": "H200", "global_batch": 16,
+        "predicted": {"step_time_s": 0.05, "mfu": 0.4, "memory_gib": {"allocated": 3.0}}}))
+    probe = ("import json, sys\nfrom musubi.cli import app\n"
+             "for args in (['-o', sys.argv[2]], ['--json']):\n"
+             "    try:\n        app(['report', sys.argv[1], *args])\n"
+             "    except SystemExit as e:\n        assert not e.code, e.code\n"
+             "print(json.dumps(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.'))))\n")
+    res = subprocess.run([sys.executable, "-c", probe, str(tmp_path / "run"), str(tmp_path / "r.html")],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert (tmp_path / "r.html").is_file() and '"jobs"' in res.stdout
+    assert json.loads(res.stdout.strip().splitlines()[-1]) == [], "musubi report imported torch"
