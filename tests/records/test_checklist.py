@@ -280,6 +280,7 @@ def test_eval_lines_state_what_the_files_hold(tmp_path: Path) -> None:
             assert _items(build_checklist(run))[(name, "eval")] == (in_fleet if fleet else alone, expected[name])
 
 
+@pytest.mark.slow  # a real 2-rank launch
 @pytest.mark.timeout(300)
 def test_musubi_train_ends_with_its_checklist(tiny_job, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A real 2-rank CPU job ends with its checklist; the same launch logs to a local MLflow store when the `mlflow`
