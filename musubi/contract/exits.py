@@ -47,6 +47,9 @@ EXIT_NUMERICS = 76
 EXIT_DEFECT = 77
 #: A rank's watchdog found the job hung (a peer stopped beating): every rank restarts.
 EXIT_HANG = 78
+#: The warm spare (launch/spare.py) ended under a process it had forked (a rank, torchrun's agent): the process
+#: died with it; its client (contract/spare_client.py) exits with this. The launcher relaunches without a spare.
+EXIT_SPARE_GONE = 79
 
 
 def after_signal(signum: int) -> int:
@@ -74,6 +77,8 @@ EXITS: tuple[ExitCode, ...] = (
     ExitCode(EXIT_DEFECT, "defect", "the same failure struck again after a restart: no more restarts", False,
              "rank"),
     ExitCode(EXIT_HANG, "hang", "the watchdog found a peer stopped: every rank restarts", True, "rank"),
+    ExitCode(EXIT_SPARE_GONE, "spare_gone", "the warm spare died under the rank or torchrun's agent it forked: "
+             "the launcher relaunches once without it, from the newest committed checkpoint", True, "rank"),
     ExitCode(EXIT_INTERRUPTED, "interrupted", "`musubi train` stopped by Ctrl-C or SIGTERM; --resume continues",
              False, "command"),
     ExitCode(EXIT_TERMINATED, "terminated", "a Slurm node's job stopped by SIGTERM (preemption, scancel)", False,

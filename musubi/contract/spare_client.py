@@ -19,7 +19,8 @@ once and forks the process from itself (the spare serves only the entries it was
   `python -m MODULE ...` (the path without a spare; the module is the client's third argument), saying why
   once an attempt (the agent, rank 0) on stderr, which is the job's torchrun log.
 
-If the client is SIGKILLed, the spare sees its connection close and SIGKILLs the process.
+If the client is SIGKILLed, the spare sees its connection close and SIGKILLs the process. If the spare dies, the process dies
+with it and the client exits EXIT_SPARE_GONE (79): the launcher relaunches without a spare.
 """
 
 from __future__ import annotations
@@ -258,7 +259,7 @@ def run(argv: list[str]) -> int:
         end = None
     if end is None or "status" not in end:  # the spare died: its children die with it (PR_SET_PDEATHSIG)
         sys.stderr.write(f"musubi: the warm spare ended before {module} pid {reply['pid']}; it was killed\n")
-        return exits().EXIT_FAILED
+        return exits().EXIT_SPARE_GONE  # the launcher tells the spare's death from the process's own failure
     status = int(end["status"])
     if os.WIFSIGNALED(status):
         die_by(os.WTERMSIG(status))

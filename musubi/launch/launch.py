@@ -16,7 +16,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from musubi.contract.env import MUSUBI_CLIENT_PID, MUSUBI_DEVICE
@@ -171,8 +171,10 @@ class Spawned:
     spare: WarmSpare | None = None  # the ranks' warm spare (launch/spare.py), stopped once torchrun ended
 
 
-def spawn(req: TrainRequest, run_dir: Path, job_dir: Path, record: dict, nproc: int, kind: str) -> Spawned:
-    """Start torchrun for the job: workers' environment and pinning, the start-up marks, stderr into the log."""
+def spawn(req: TrainRequest, run_dir: Path, job_dir: Path, record: dict, nproc: int, kind: str,
+          max_restarts: int | None = None, warm_spare: bool = True) -> Spawned:
+    """Start torchrun for the job: workers' environment and pinning, the start-up marks, stderr into the log
+    (`max_restarts`: torchrun's budget when not the job's; `warm_spare`: False for a relaunch after its death)."""
     from musubi.launch.pin_plan import apply_to_env, plan_pinning
     from musubi.topology.read import env_topology
 
@@ -191,10 +193,10 @@ def spawn(req: TrainRequest, run_dir: Path, job_dir: Path, record: dict, nproc: 
     if rdzv is not None:  # several nodes: the workers' sockets on the chosen interface, not loopback
         env.update(rdzv.socket_env(os.environ))
     (logs / f"pinning{node}.txt").write_text(pins.note + "\n", encoding="utf-8")
-    restarts = 0 if req.probe_only else int(train["max_restarts"])
+    restarts = 0 if req.probe_only else int(train["max_restarts"]) if max_restarts is None else max_restarts
     # torch imported once per launch: a warm spare forks torchrun's agent and each rank (and restart) from itself.
     spare = None
-    if wanted(train, env):
+    if warm_spare and wanted(train, env):
         try:
             spare = start_spare(job_dir, env, logs / f"spare{node}.log")
         except OSError as e:  # no folder for its socket: the ranks start the plain way, and the log says why
@@ -235,16 +237,19 @@ class Ended:
     code: int
     timed_out: bool = False
     interrupted: bool = False
+    spare_died: str | None = None  # how the warm spare died under torchrun's agent ("signal 9"): the agent died too
+    cause: str | None = None  # the launch's one-line error when the launcher knows it better than the ranks
 
 
 def wait(req: TrainRequest, s: Spawned) -> Ended:
     """Wait for torchrun; SIGTERM (e.g. from `musubi run`) stops it like Ctrl-C does; reap what the ranks left."""
     from musubi.checkpoint.daemons import reap_checkpoint_daemons
+    from musubi.launch.spare import died
 
     old_term = _term_as_interrupt()
     try:
         code, timed_out = _wait(s.proc, req.deadline_s, s.spare)
-        ended = Ended(code, timed_out)
+        ended = Ended(code, timed_out, spare_died=None if timed_out else died(s.spare, code))
     except KeyboardInterrupt:
         s.proc.terminate()
         ended = Ended(s.proc.wait(), interrupted=True)
@@ -274,6 +279,8 @@ def post_mortem(req: TrainRequest, s: Spawned, ended: Ended) -> TrainResult:
             status, err = "interrupted", "interrupted (Ctrl-C or SIGTERM): torchrun and its ranks were stopped"
         if err is None:
             err = f"torchrun exited with {ended.code}; see {log}"
+        if ended.cause is not None:
+            err_kind, err = "spare", ended.cause  # not a rank's failure: goodput's cause must not replace it
     if not s.follower:
         err = close_attempt(s.job_dir, s.record, code=ended.code, status=status, err=err, err_kind=err_kind,
                             started=s.started, timed_out=ended.timed_out, probe_only=req.probe_only)
@@ -293,4 +300,45 @@ def launch_train(req: TrainRequest) -> TrainResult:
     except RunFinished as done:  # reported from job.json alone: no torchrun, no torch
         return TrainResult(EXIT_OK, done.run_dir, done.job_dir, error=str(done), already_finished=True)
     s = spawn(req, run_dir, job_dir, record, nproc, kind)
-    return post_mortem(req, s, wait(req, s))
+    ended = wait(req, s)
+    if ended.spare_died is not None:
+        return without_spare(req, s, ended, nproc, kind)
+    return post_mortem(req, s, ended)
+
+
+def without_spare(req: TrainRequest, s: Spawned, ended: Ended, nproc: int, kind: str) -> TrainResult:
+    """The warm spare died and torchrun's agent (its child) with it: relaunch once without a spare, from the
+    newest committed checkpoint as a torchrun restart would, within what is left of train.max_restarts and the
+    deadline. Several nodes: this agent cannot rejoin the others' rendezvous, so the launch fails naming the fix."""
+    from musubi.checkpoint.committed import latest_checkpoint
+    from musubi.store.rundir import write_json
+
+    ckpt = latest_checkpoint(s.job_dir / RUN_FILES.checkpoints, warn=False)
+    step = ckpt.step if ckpt is not None else 0
+    why = f"warm spare died ({ended.spare_died})"
+    progress = s.job_dir / RUN_FILES.progress  # one file per torchrun attempt of this launch (job_record.py)
+    used = max(0, len(list(progress.glob(f"a{s.record['attempts']}.*.jsonl"))) - 1) if progress.is_dir() else 0
+    left_restarts = int(s.record["config"]["train"]["max_restarts"]) - used - 1  # the relaunch is a restart
+    left_s = None if req.deadline_s is None else req.deadline_s - (time.time() - s.started)
+    relaunch = False
+    if req.rendezvous is not None:
+        ended.cause = (f"{why} on node {req.rendezvous.node_rank}: torchrun's agent died with it and cannot rejoin "
+                       "the other nodes' rendezvous; set train.warm_spare: false (torchrun then restarts plain ranks)")
+    elif req.probe_only or left_restarts < 0 or (left_s is not None and left_s <= 0):
+        ended.cause = f"{why}: no restart left (train.max_restarts or the deadline); --resume continues from step {step}"
+    else:
+        relaunch, ended.cause = True, f"{why}: relaunched without it, from step {step}"
+    say(req, ended.cause)
+    first = post_mortem(req, s, ended)
+    if not relaunch:
+        return first
+    # A new launch of the same folder (job.json attempts + 1), as `--resume` makes one; the restarts torchrun
+    # made in the first and this relaunch itself come off the job's train.max_restarts.
+    record = {k: v for k, v in s.record.items() if k != "from_start"}
+    record.update(status="running", attempts=int(record["attempts"]) + 1, resume=True, relaunch=ended.cause,
+                  **({"from_start": True} if ckpt is None else {}))
+    write_json(s.job_dir / RUN_FILES.job, record)
+    again = replace(req, resume=True, deadline_s=left_s, marks={})
+    s2 = spawn(again, s.run_dir, s.job_dir, record, nproc, kind, max_restarts=left_restarts,
+               warm_spare=False)
+    return post_mortem(again, s2, wait(again, s2))

@@ -9,8 +9,10 @@ launcher never imports the rank's side) that imports them once, and torchrun sta
 torch too, is started the same way: the launcher runs the client with the agent's entry, and the spare forks
 the agent. The agent and the ranks are the spare's children: stop_trees is handed the spare beside the
 agent's client, the spare SIGKILLs a child whose client is gone, and its children die with it (and it with
-the launcher). Off with `train.warm_spare: false` or MUSUBI_WARM_SPARE=0; a client that finds no ready spare
-starts its process the plain way.
+the launcher). A spare that dies under the agent takes it along: the agent's client exits EXIT_SPARE_GONE,
+`died` says how the spare ended, and the launcher relaunches once without a spare (launch.without_spare). Off
+with `train.warm_spare: false` or MUSUBI_WARM_SPARE=0; a client that finds no ready spare starts its process the
+plain way.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from pathlib import Path
 
 from musubi.contract import spare_client
 from musubi.contract.env import MUSUBI_WARM_SPARE
+from musubi.contract.exits import EXIT_SPARE_GONE
 
 #: The module the spare runs (`python -m`): the rank's side, named, not imported.
 SPARE_MODULE = "musubi.worker.spare"
@@ -92,6 +95,22 @@ def agent_command(spare: WarmSpare, ready_s: float = READY_S) -> list[str]:
 def client_argv(spare: WarmSpare, ready_s: float, module: str) -> list[str]:
     """The isolated client that has `spare` fork `module`'s process, before the module's own arguments."""
     return [sys.executable, "-I", "-S", spare_client.__file__, str(spare.folder), f"{ready_s:g}", module, "--"]
+
+
+#: Seconds the launcher waits for a spare whose client said it ended (it exits first; its pid is reaped here).
+DEATH_WAIT_S = 5.0
+
+
+def died(spare: WarmSpare | None, agent_code: int) -> str | None:
+    """How the spare died under torchrun's agent ('signal 9', 'exit code 1'), when the agent's client exited
+    EXIT_SPARE_GONE (the spare, not the agent or a rank, ended the launch) and the spare ended unasked; else None."""
+    if spare is None or agent_code != EXIT_SPARE_GONE:
+        return None
+    try:
+        code = spare.proc.wait(timeout=DEATH_WAIT_S)
+    except subprocess.TimeoutExpired:  # alive: the client lost its connection some other way
+        return None
+    return f"signal {-code}" if code < 0 else f"exit code {code}"
 
 
 def stop_spare(spare: WarmSpare, grace_s: float = 5.0) -> None:

@@ -27,6 +27,7 @@ import pytest
 
 from musubi.contract import spare_client
 from musubi.contract.env import MUSUBI_WARM_SPARE
+from musubi.contract.exits import EXIT_SPARE_GONE
 from musubi.launch.launch import torchrun_argv
 from musubi.launch.spare import WarmSpare, agent_command, client_command, stop_spare, wanted
 from tests.conftest import write_tiny_job
@@ -112,8 +113,9 @@ def test_a_sigkilled_client_takes_its_rank_with_it(spare, tmp_path: Path) -> Non
 
 
 def test_a_spare_that_dies_takes_its_ranks_and_later_clients_start_plain(tmp_path: Path) -> None:
-    """The spare killed under a running rank: the rank dies with it (PR_SET_PDEATHSIG), its client exits 1 and
-    says so (torchrun restarts), and the restarted rank's client finds nobody listening and starts plain."""
+    """The spare killed under a running rank: the rank dies with it (PR_SET_PDEATHSIG), its client exits 79
+    (EXIT_SPARE_GONE: the launcher relaunches without a spare) and says so, and a later client finds nobody
+    listening and starts plain."""
     proc = start(tmp_path)
     assert wait_for(lambda: (tmp_path / spare_client.SOCKET_NAME).exists()), "the spare never listened"
     pid_file = tmp_path / "pid"
@@ -123,7 +125,8 @@ def test_a_spare_that_dies_takes_its_ranks_and_later_clients_start_plain(tmp_pat
     proc.kill()
     proc.wait(timeout=30)
     _, err = c.communicate(timeout=30)
-    assert c.returncode == 1 and f"the warm spare ended before {ENTRY} pid {rank}; it was killed" in err, err
+    assert c.returncode == EXIT_SPARE_GONE, err
+    assert f"the warm spare ended before {ENTRY} pid {rank}; it was killed" in err, err
     assert wait_for(lambda: not Path(f"/proc/{rank}").exists()), f"rank {rank} outlived its spare"
     _, err = fell_back(client(tmp_path, "info", "5"))
     assert "does not answer" in err

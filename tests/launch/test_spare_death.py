@@ -1,0 +1,123 @@
+"""A launch survives its warm spare's death: the spare SIGKILLed mid-run takes torchrun's agent and the ranks with
+it (PR_SET_PDEATHSIG); the launcher tells that from a failure of the job (the agent's client exits
+EXIT_SPARE_GONE and the spare ended unasked), relaunches once without a spare from the newest committed checkpoint,
+and the job finishes with the weights of a run nobody disturbed (a deterministic job).
+
+One real 2-rank gloo launch whose spare is killed, one undisturbed reference; every assertion shares them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+import pytest
+
+from musubi.contract.env import MUSUBI_INJECT, MUSUBI_WARM_SPARE
+from musubi.contract.exits import EXIT_SPARE_GONE
+from musubi.launch.spare import WarmSpare, died
+from tests.conftest import REPO, write_tiny_job
+from tests.support.runs import bitwise_equal, final_state
+
+#: 128 samples / (8 per rank x 2 ranks): 8 steps an epoch, 32 in all; a checkpoint every 8 steps; each batch
+#: delayed 100 ms, so the spare dies well before the end (the kill lands within a step of the first checkpoint).
+JOB = {"train": {"epochs": 4, "deterministic": True, "max_restarts": 2}, "checkpoint": {"every_steps": 8}}
+STALL = "data_stall:ms=100"
+FIRST = 8
+
+
+def musubi_train(job: Path, out: Path) -> subprocess.Popen:
+    """`musubi train JOB` on 2 CPU ranks with the warm spare on, every batch stalled, its output piped."""
+    env = dict(os.environ, MUSUBI_DEVICE="cpu", CUDA_VISIBLE_DEVICES="", **{MUSUBI_INJECT: STALL})
+    env.pop(MUSUBI_WARM_SPARE, None)
+    return subprocess.Popen([sys.executable, "-m", "musubi.cli", "train", str(job), "--nproc", "2", "--device", "cpu",
+                             "--out", str(out), "--no-check"], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+def wait_for(pred, timeout: float) -> bool:  # noqa: ANN001 - a no-argument predicate
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if pred():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@dataclass
+class Runs:
+    """The launch whose spare was killed and the undisturbed reference: exit codes, output, job folders."""
+
+    code: int
+    out: str
+    job_dir: Path
+    spare_pid: int
+    reference: Path
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
+    tmp = tmp_path_factory.mktemp("sparedeath")
+    job = write_tiny_job(tmp, **JOB)
+    proc = musubi_train(job, tmp / "killed")
+    jd = tmp / "killed" / "tiny"
+    try:
+        committed = jd / "checkpoints" / f"step-{FIRST:09d}" / "COMMITTED"
+        assert wait_for(committed.exists, timeout=240), (proc.poll(), proc.stdout and proc.stdout.read())
+        (spare,) = [c for c in psutil.Process(proc.pid).children() if "musubi.worker.spare" in c.cmdline()]
+        spare.send_signal(signal.SIGKILL)
+        out, _ = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate(timeout=60)
+    ref = musubi_train(job, tmp / "reference")
+    ref_out, _ = ref.communicate(timeout=240)
+    assert ref.returncode == 0, ref_out
+    return Runs(proc.returncode, out, jd, spare.pid, tmp / "reference" / "tiny")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_the_launch_finishes_and_job_json_names_the_cause(runs: Runs) -> None:
+    assert runs.code == 0, runs.out
+    record = json.loads((runs.job_dir / "job.json").read_text())
+    first, second = record["history"][-2:]
+    line = first["error"]
+    # The spare died by SIGKILL; the newest committed checkpoint when the launcher looked was step 8 (or a later
+    # one the ranks committed before the kill landed): the relaunch resumed from there.
+    assert line.startswith("warm spare died (signal 9): relaunched without it, from step "), line
+    step = int(line.rsplit(" ", 1)[1])
+    assert step >= FIRST and step % FIRST == 0, line
+    assert first["status"] == "failed" and first["exit_code"] == EXIT_SPARE_GONE, first
+    assert second["status"] == "done" and second["attempt"] == first["attempt"] + 1, second
+    assert record["status"] == "done" and record["relaunch"] == line
+    assert line in runs.out  # said on the console too
+    # The relaunch ran without a spare (the plain path): no agent forked in a second spare's log, ranks resumed.
+    rank0 = (runs.job_dir / "logs" / "rank0.log").read_text()
+    assert f"resumed from step-{step:09d}: step {step}" in rank0, rank0[-2000:]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_the_weights_equal_an_undisturbed_runs(runs: Runs) -> None:
+    assert runs.code == 0, runs.out
+    got, want = final_state(runs.job_dir), final_state(runs.reference)
+    assert got.keys() == want.keys()
+    assert all(bitwise_equal(got[k], want[k]) for k in want), [k for k in want if not bitwise_equal(got[k], want[k])]
+
+
+def test_only_a_spare_that_ended_under_its_agent_counts_as_dead() -> None:
+    dead = subprocess.Popen([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"])
+    dead.wait(timeout=60)
+    spare = WarmSpare(dead, Path("/nonexistent"))
+    assert died(spare, EXIT_SPARE_GONE) == "signal 9"
+    assert died(spare, 1) is None  # the agent's own failure: torchrun's exit as before
+    assert died(None, EXIT_SPARE_GONE) is None  # no spare: a code of the plain path
