@@ -48,6 +48,14 @@ class Task(abc.ABC):
         """Fail fast, before any worker starts: unknown model, missing files (raise ConfigError)."""
         return None  # tasks override; the default has nothing to check
 
+    def preload(self) -> None:
+        """Import the heavy libraries this job's model is built from, building nothing.
+
+        The warm spare calls it before it forks ranks (musubi/worker/spare.py), so a rank does not import them
+        again after the fork: an RT-DETR rank's transformers import was ~4.4 s of CPU per rank per launch.
+        """
+        return None  # tasks whose model needs more than their module's imports override
+
     def metric_names(self) -> frozenset[str] | None:
         """The names a validation of this task reports (its metric's keys), or None when it cannot say before one
         runs; the launcher checks checkpoint.best_metric and train.early_stop.metric against them."""

@@ -348,6 +348,13 @@ class DetectionTask(Task):
         kwargs.update(args)
         return kwargs
 
+    def preload(self) -> None:
+        """transformers for a DETR-family model, effdet for an EfficientDet (torchvision's are imported already)."""
+        if detr.is_detr_model(self.spec.model):
+            detr.preload(self.spec.model)
+        elif efficientdet.is_effdet_model(self.spec.model):
+            efficientdet.preload()
+
     def validate(self) -> None:
         """Unknown model or model_args, bad synthetic sizes, missing/broken COCO files or weights -> ConfigError."""
         spec = self.spec

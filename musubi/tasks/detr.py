@@ -118,6 +118,11 @@ def require_transformers(model: str) -> None:
         raise ConfigError(EXTRA_MESSAGE.format(model=model))
 
 
+def preload(model: str) -> None:
+    """Import the transformers classes of a preset (what building it imports first), building nothing."""
+    _classes(model)
+
+
 def _classes(model: str) -> tuple[type, type, type]:
     """(detector config class, backbone config class, model class) of a preset; imported on demand (heavy)."""
     require_transformers(model)

@@ -62,6 +62,11 @@ def require_effdet(model: str) -> None:
         raise ConfigError(EXTRA_MESSAGE.format(model=model))
 
 
+def preload() -> None:
+    """Import effdet (with timm), what building an EfficientDet imports first, building nothing."""
+    _effdet()
+
+
 def _effdet() -> Any:
     """The effdet package, imported on demand (heavy) with the hub switched off."""
     # timm must never reach for the hub: the backbone is built with pretrained=False, this is the belt.

@@ -97,8 +97,9 @@ def task_module(job_dir: Path) -> str | None:
 
 
 def warm(job_dir: Path, modules: list[str]) -> list[str]:
-    """Import `modules` (those a rank imports before its first step) and the job's task module; the task modules
-    that failed (the rank imports them again and reports the error itself)."""
+    """Import `modules` (those a rank imports before its first step), the job's task module and what a built-in
+    task's model is built from (Task.preload: transformers for a DETR, effdet); the task modules that failed (the
+    rank imports them again and reports the error itself)."""
     for name in modules:
         importlib.import_module(name)
     failed = []
@@ -110,7 +111,24 @@ def warm(job_dir: Path, modules: list[str]) -> list[str]:
             importlib.import_module(name)
         except Exception:  # noqa: BLE001 - the rank's own import names the error in one line
             failed.append(name)
+        else:
+            preload(job_dir)
     return failed
+
+
+def preload(job_dir: Path) -> None:
+    """A built-in task's model libraries (Task.preload), read from the job's config. Only built-in tasks: a user
+    task is built by calling the user's function, which the spare does not run. Any failure is the rank's to
+    report: it builds the model itself."""
+    try:
+        config = json.loads((job_dir / RUN_FILES.job).read_text(encoding="utf-8"))["config"]
+        if config.get("task") not in registry.BUILTIN_TASK_CLASSES:
+            return
+        from musubi.config.load import job_from_dict
+
+        registry.build_task(job_from_dict(config)).preload()
+    except Exception:  # noqa: BLE001 - the rank builds the model itself and names any error
+        return
 
 
 def live_threads() -> int:
