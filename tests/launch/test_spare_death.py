@@ -3,7 +3,8 @@ it (PR_SET_PDEATHSIG); the launcher tells that from a failure of the job (the ag
 EXIT_SPARE_GONE and the spare ended unasked), relaunches once without a spare from the newest committed checkpoint,
 and the job finishes with the weights of a run nobody disturbed (a deterministic job).
 
-One real 2-rank gloo launch whose spare is killed, one undisturbed reference; every assertion shares them.
+One real 2-rank gloo launch whose spare is killed, one undisturbed reference; every assertion shares them. A third
+launch, with no restart left (train.max_restarts: 0), fails as before, naming the spare's death.
 """
 
 from __future__ import annotations
@@ -62,26 +63,31 @@ class Runs:
     reference: Path
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
-    tmp = tmp_path_factory.mktemp("sparedeath")
-    job = write_tiny_job(tmp, **JOB)
-    proc = musubi_train(job, tmp / "killed")
-    jd = tmp / "killed" / "tiny"
+def kill_the_spare(job: Path, out: Path) -> tuple[int, str, int]:
+    """Launch `job`, SIGKILL its warm spare once step FIRST is committed; (exit code, output, the spare's pid)."""
+    proc = musubi_train(job, out)
     try:
-        committed = jd / "checkpoints" / f"step-{FIRST:09d}" / "COMMITTED"
+        committed = out / "tiny" / "checkpoints" / f"step-{FIRST:09d}" / "COMMITTED"
         assert wait_for(committed.exists, timeout=240), (proc.poll(), proc.stdout and proc.stdout.read())
         (spare,) = [c for c in psutil.Process(proc.pid).children() if "musubi.worker.spare" in c.cmdline()]
         spare.send_signal(signal.SIGKILL)
-        out, _ = proc.communicate(timeout=240)
+        text, _ = proc.communicate(timeout=240)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.communicate(timeout=60)
+    return proc.returncode, text, spare.pid
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
+    tmp = tmp_path_factory.mktemp("sparedeath")
+    job = write_tiny_job(tmp, **JOB)
+    code, out, spare_pid = kill_the_spare(job, tmp / "killed")
     ref = musubi_train(job, tmp / "reference")
     ref_out, _ = ref.communicate(timeout=240)
     assert ref.returncode == 0, ref_out
-    return Runs(proc.returncode, out, jd, spare.pid, tmp / "reference" / "tiny")
+    return Runs(code, out, tmp / "killed" / "tiny", spare_pid, tmp / "reference" / "tiny")
 
 
 @pytest.mark.slow
@@ -112,6 +118,19 @@ def test_the_weights_equal_an_undisturbed_runs(runs: Runs) -> None:
     got, want = final_state(runs.job_dir), final_state(runs.reference)
     assert got.keys() == want.keys()
     assert all(bitwise_equal(got[k], want[k]) for k in want), [k for k in want if not bitwise_equal(got[k], want[k])]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_with_no_restart_left_the_launch_fails_naming_the_spares_death(tmp_path: Path) -> None:
+    job = write_tiny_job(tmp_path, **{**JOB, "train": {**JOB["train"], "max_restarts": 0}})
+    code, out, _ = kill_the_spare(job, tmp_path / "run")
+    assert code == 1, out
+    record = json.loads((tmp_path / "run" / "tiny" / "job.json").read_text())
+    assert record["status"] == "failed" and len(record["history"]) == 1, record["history"]
+    line = record["history"][-1]["error"]
+    assert line.startswith("warm spare died (signal 9): no restart left (train.max_restarts or the deadline); "
+                           "--resume continues from step "), line
 
 
 def test_only_a_spare_that_ended_under_its_agent_counts_as_dead() -> None:
