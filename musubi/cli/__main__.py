@@ -1,5 +1,5 @@
 """`python -m musubi.cli`: the same command line as the `musubi` script."""
 
-from musubi.cli.app import app
+from musubi.cli.entry import main
 
-app()
+main()
