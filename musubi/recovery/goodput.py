@@ -38,6 +38,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from musubi.contract.exits import EXIT_SPARE_GONE
 from musubi.contract.exits import describe as describe_exit
 from musubi.contract.records import ExitRecord, ProgressLine
 from musubi.contract.run_files import RUN_FILES
@@ -149,6 +150,19 @@ def _heartbeat_ranks(job_dir: Path, attempt: str) -> list[int]:
     return sorted(int(p.stem.rsplit("rank", 1)[1]) for p in (job_dir / RUN_FILES.heartbeat).glob(f"a{attempt}-rank*.json"))
 
 
+def _spare_death(job_dir: Path, t0: float) -> dict[str, Any] | None:
+    """The launch this attempt ran in ended because its warm spare died (job.json history: the launcher's exit
+    EXIT_SPARE_GONE and its line): the agent and the ranks died with the spare, so no rank named itself."""
+    try:
+        history = json.loads((job_dir / RUN_FILES.job).read_text(encoding="utf-8")).get("history", [])
+    except (OSError, ValueError):
+        return None
+    for h in history:
+        if h.get("exit_code") == EXIT_SPARE_GONE and float(h.get("started", 0)) - 5 <= t0 <= float(h.get("ended", 0)):
+            return {"cause": "spare died", "ranks": [], "detail": str(h.get("error") or "the warm spare died")}
+    return None
+
+
 def _cause(job_dir: Path, attempt: str, t0: float, t1: float, exits: dict[str, list[tuple[int, int]]]
            ) -> dict[str, Any]:
     hang = job_dir / RUN_FILES.hangs / f"hang-a{attempt}.json"
@@ -162,6 +176,9 @@ def _cause(job_dir: Path, attempt: str, t0: float, t1: float, exits: dict[str, l
                "detail": f"rank(s) {', '.join(map(str, signalled))}: {describe_exit(code)} (torchrun)"}
         sig = signal_signature(code)
         return {**out, "signature": sig} if sig else out
+    spare = _spare_death(job_dir, t0)
+    if spare is not None:
+        return spare
     records = _exit_records(job_dir, attempt)
     own = {r: rec for r, rec in records.items() if not _VICTIM_RE.search(rec.get("message", ""))}
     if own:

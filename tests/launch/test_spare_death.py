@@ -109,6 +109,12 @@ def test_the_launch_finishes_and_job_json_names_the_cause(runs: Runs) -> None:
     # The relaunch ran without a spare (the plain path): no agent forked in a second spare's log, ranks resumed.
     rank0 = (runs.job_dir / "logs" / "rank0.log").read_text()
     assert f"resumed from step-{step:09d}: step {step}" in rank0, rank0[-2000:]
+    # The records name the cause (no rank could: the agent and the ranks died with the spare).
+    from musubi.recovery.goodput import compute_goodput
+
+    failures = compute_goodput(runs.job_dir)["failures"]
+    assert [f["cause"] for f in failures] == ["spare died"], failures
+    assert failures[0]["detail"] == line
 
 
 @pytest.mark.slow
