@@ -23,6 +23,9 @@ def drill_command(
     device: str | None = typer.Option(None, "--device", help="cuda or cpu (default: cuda if a GPU is visible)."),
     set_: list[str] = typer.Option([], "--set", help="Override a job field (repeatable)."),
     seed: int = typer.Option(0, "--seed", help="Seed of the fault draws (the same seed draws the same faults)."),
+    reference: Path | None = typer.Option(None, "--reference", help="A finished drill (or its reference/ folder) "
+                                          "of the same job, world and stack: compare against its reference run "
+                                          "instead of training one; refused if it differs or is damaged."),
     as_json: bool = typer.Option(False, "--json", help="Print the figures as JSON."),
 ) -> None:
     """Train a job under injected faults; print success rate, exactness, recovery time and goodput."""
@@ -31,7 +34,7 @@ def drill_command(
     console = out_console()
     try:
         req = DrillRequest(job_path=job, faults=parse_faults(faults), repeat=repeat, nproc=nproc, out=out,
-                           device=device, overrides=list(set_), seed=seed)
+                           device=device, overrides=list(set_), seed=seed, reference=reference)
         result = run_drill(req, progress=None if as_json else (lambda m: console.print(m, highlight=False)))
     except ConfigError as e:
         fail(str(e), EXIT_CONFIG)

@@ -1,8 +1,9 @@
 """`musubi drill JOB.yaml --faults kill,hang,ckpt_kill --repeat N`: a job trained under injected faults.
 
-First an uninterrupted reference run, then `repeat` runs per fault, each with one fault drawn at
-random (rank, step, and for `ckpt_kill` a checkpoint step and phase) and injected through
-`MUSUBI_INJECT`, the same mechanism as the tests. Every run is checked:
+First an uninterrupted reference run (or a finished one named by `--reference`, refused unless it
+is the same job, world and stack and intact: drill_reference.py), then `repeat` runs per fault,
+each with one fault drawn at random (rank, step, and for `ckpt_kill` a checkpoint step and phase)
+and injected through `MUSUBI_INJECT`, the same mechanism as the tests. Every run is checked:
 
 - it finished (torchrun restarted it, the workers resumed on their own);
 - its final weights and optimizer state equal the reference's, bit for bit (the drill sets
@@ -29,6 +30,15 @@ from typing import Any
 from musubi.contract.env import MUSUBI_INJECT
 from musubi.contract.errors import ConfigError
 from musubi.contract.run_files import RUN_FILES
+from musubi.launch.drill_reference import (  # noqa: F401  (flatten_tensors: the drill's public helpers stay here too)
+    Reference,
+    final_tensors,
+    flatten_tensors,
+    identity,
+    load_reference,
+    same_weights,
+    write_reference,
+)
 from musubi.store.rundir import read_jsonl
 
 FAULTS = ("kill", "hang", "ckpt_kill")
@@ -48,6 +58,7 @@ class DrillRequest:
     device: str | None = None
     overrides: list[str] = field(default_factory=list)
     seed: int = 0
+    reference: Path | None = None  # a finished drill's reference to compare against (none: train one)
 
 
 def parse_faults(text: str) -> list[str]:
@@ -57,44 +68,6 @@ def parse_faults(text: str) -> list[str]:
     if not names or bad:
         raise ConfigError(f"--faults {text!r}: use a comma list of {', '.join(FAULTS)}")
     return names
-
-
-def flatten_tensors(node: Any) -> dict[str, Any]:
-    """Every tensor of a nested state dict, keyed by its dotted path (`optim.state.x.exp_avg`)."""
-    import torch
-
-    flat: dict[str, torch.Tensor] = {}
-
-    def walk(prefix: str, node: Any) -> None:
-        if isinstance(node, torch.Tensor):
-            flat[prefix] = node
-        elif isinstance(node, dict):
-            for k, v in node.items():
-                walk(f"{prefix}.{k}" if prefix else str(k), v)
-        elif isinstance(node, (list, tuple)):
-            for i, v in enumerate(node):
-                walk(f"{prefix}.{i}", v)
-
-    walk("", node)
-    return flat
-
-
-def final_tensors(job_dir: Path) -> dict[str, Any]:
-    """Model and optimizer tensors of the newest committed checkpoint, flattened by key."""
-    from musubi.checkpoint.checkpoint import latest_checkpoint, read_full_state
-
-    ck = latest_checkpoint(job_dir / RUN_FILES.checkpoints, warn=False)
-    if ck is None:
-        return {}
-    full = read_full_state(ck.path)
-    return flatten_tensors({"model": full["model"], "optim": full["optim"]})
-
-
-def same_weights(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    """True when both hold the same keys and bitwise equal tensors."""
-    import torch
-
-    return bool(a) and set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in a)
 
 
 def _train(req: DrillRequest, out: Path, inject: str | None, deadline_s: float | None = None
@@ -196,37 +169,47 @@ def _check(kind: str, drawn: dict, job_dir: Path, code: int, ref: dict[str, Any]
     return row
 
 
-def run_drill(req: DrillRequest, progress: Any = None) -> dict[str, Any]:
-    """Reference run, then `repeat` faulted runs per fault; the figures (also written to OUT/drill.json)."""
+def _prepare(req: DrillRequest) -> tuple[Any, int, Path, dict[str, Any]]:
+    """(job spec, ranks, drill folder, the reference's identity), every refusal before anything is written."""
     from musubi.config.load import load_job
     from musubi.launch.ranks import resolve_world
     from musubi.store.rundir import default_run_dir
 
-    if req.repeat < 1:
-        raise ConfigError(f"--repeat {req.repeat}: must be >= 1")
     spec = load_job(req.job_path, req.overrides)
     if not spec.checkpoint.enabled:
         raise ConfigError("the drill needs checkpoints: set checkpoint.enabled: true")
     if spec.train.max_restarts < 1:
         raise ConfigError("the drill needs restarts: set train.max_restarts >= 1")
-    nproc, _kind = resolve_world(req.nproc, req.device)
+    nproc, device_kind = resolve_world(req.nproc, req.device)
     out = req.out or default_run_dir(f"drill-{spec.name}")
     if out.exists() and any(out.iterdir()):
         raise ConfigError(f"{out} already exists and is not empty; choose another --out")
+    # The reference run is trained with the drill's own override, so that is the job it must match.
+    ident = identity(load_job(req.job_path, [*req.overrides, "train.deterministic=true"]), nproc, device_kind)
+    return spec, nproc, out, ident
+
+
+def train_reference(req: DrillRequest, progress: Any = None) -> Reference:
+    """Only the reference run, recorded in OUT/reference: what later drills reuse with `--reference OUT`."""
+    _spec, _nproc, out, ident = _prepare(req)
+    out.mkdir(parents=True, exist_ok=True)
+    return _reference_run(req, out / "reference", ident, progress or (lambda _msg: None))
+
+
+def run_drill(req: DrillRequest, progress: Any = None) -> dict[str, Any]:
+    """Reference run, then `repeat` faulted runs per fault; the figures (also written to OUT/drill.json)."""
+    if req.repeat < 1:
+        raise ConfigError(f"--repeat {req.repeat}: must be >= 1")
+    spec, nproc, out, ident = _prepare(req)
+    given = load_reference(req.reference, ident) if req.reference else None  # refused before anything is written
     out.mkdir(parents=True, exist_ok=True)
     say = progress or (lambda _msg: None)
-    say(f"reference run (no fault) in {out / 'reference'}")
-    t_ref = time.monotonic()
-    code, ref_dir, err = _train(req, out / "reference", None)
-    ref_wall = time.monotonic() - t_ref
+    if given is not None:
+        say(f"reference run: {given.job_dir.parent} (same job, world and stack; final tensors intact)")
+    reference = given or _reference_run(req, out / "reference", ident, say)
     # Each faulted run: up to 3 x the reference, plus the hang timeout's floor and a minute, then it is ended.
-    deadline = 3 * ref_wall + spec.watchdog.floor_s + 60
-    if code != 0:
-        raise ConfigError(f"the reference run failed ({err}); fix the job before drilling it")
-    ref = final_tensors(ref_dir)
-    total = int(json.loads((ref_dir / RUN_FILES.summary).read_text(encoding="utf-8"))["total_steps"])
-    ckpt_steps = sorted({int(r["step"]) for r in read_jsonl(ref_dir / RUN_FILES.metrics)
-                         if r.get("kind") == "checkpoint" and r["step"] < total}) or [total]
+    deadline = 3 * reference.wall_s + spec.watchdog.floor_s + 60
+    ref, total, ckpt_steps, ref_dir = reference.tensors, reference.total_steps, reference.ckpt_steps, reference.job_dir
     rng = random.Random(req.seed)
     rows = []
     for kind in req.faults:
@@ -240,10 +223,26 @@ def run_drill(req: DrillRequest, progress: Any = None) -> dict[str, Any]:
             rows.append(row)
             say(f"{kind} {i + 1}/{req.repeat}: {spec_str} -> " + ("ok" if row["ok"] else "; ".join(row["problems"])))
     result = {"job": str(req.job_path), "nproc": nproc, "repeat": req.repeat, "total_steps": total,
-              "reference": str(ref_dir), "summary": summarize(rows), "runs": rows}
+              "reference": str(ref_dir), "reference_reused": given is not None, "summary": summarize(rows),
+              "runs": rows}
     (out / "drill.json").write_text(json.dumps(result, indent=1), encoding="utf-8")
     result["out"] = str(out)
     return result
+
+
+def _reference_run(req: DrillRequest, ref_run: Path, ident: dict[str, Any], say: Any) -> Reference:
+    """Train the uninterrupted run every faulted run is compared with, and record it for later drills."""
+    say(f"reference run (no fault) in {ref_run}")
+    t_ref = time.monotonic()
+    code, ref_dir, err = _train(req, ref_run, None)
+    if code != 0:
+        raise ConfigError(f"the reference run failed ({err}); fix the job before drilling it")
+    total = int(json.loads((ref_dir / RUN_FILES.summary).read_text(encoding="utf-8"))["total_steps"])
+    ckpt_steps = sorted({int(r["step"]) for r in read_jsonl(ref_dir / RUN_FILES.metrics)
+                         if r.get("kind") == "checkpoint" and r["step"] < total}) or [total]
+    ref = Reference(ref_dir, total, ckpt_steps, time.monotonic() - t_ref, final_tensors(ref_dir))
+    write_reference(ref_run, ident, ref)
+    return ref
 
 
 def summarize(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:

@@ -15,22 +15,27 @@ import pytest
 from typer.testing import CliRunner
 
 from musubi.cli import app
+from musubi.launch.drill_reference import REFERENCE_FILE
+from tests.recovery.conftest import DRILL_JOB
 
 REPEAT = int(os.environ.get("MUSUBI_DRILL_REPEAT", "1"))
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300 + 240 * REPEAT)]
 
 
-def test_drill_kill_writer_kill_and_hang(tiny_job, tmp_path: Path) -> None:
+def test_drill_kill_writer_kill_and_hang(tiny_job, tmp_path: Path, drill_reference: Path) -> None:
     """SIGKILL of a random rank, a writer killed mid-checkpoint, a hung rank: every run finishes with
-    the uninterrupted run's weights, never loads the partial checkpoint, and names the hung rank."""
-    job = tiny_job(checkpoint={"every_steps": 3, "async_mode": "thread"}, watchdog={"floor_s": 5})
+    the uninterrupted run's weights (the session's shared reference, named by --reference), never loads
+    the partial checkpoint, and names the hung rank."""
+    job = tiny_job(**DRILL_JOB)
     res = CliRunner().invoke(app, ["drill", str(job), "--faults", "kill,ckpt_kill,hang", "--repeat", str(REPEAT),
                                    "--nproc", "2", "--device", "cpu", "--out", str(tmp_path / "drill"),
-                                   "--seed", "5", "--json"])
+                                   "--seed", "5", "--reference", str(drill_reference), "--json"])
     drill = json.loads((tmp_path / "drill" / "drill.json").read_text())
     problems = [(r["inject"], r["problems"]) for r in drill["runs"] if not r["ok"]]
     assert res.exit_code == 0 and not problems, (res.output, problems)
+    assert drill["reference_reused"] and drill["reference"] == str(drill_reference / "reference" / "tiny")
+    assert not (tmp_path / "drill" / "reference").exists()  # compared with the shared one, not a run of its own
     s = drill["summary"]
     for kind in ("kill", "ckpt_kill", "hang"):
         assert s[kind]["success_rate"] == 1 and s[kind]["weights_equal"] == REPEAT, kind
@@ -41,6 +46,41 @@ def test_drill_kill_writer_kill_and_hang(tiny_job, tmp_path: Path) -> None:
         (f,) = json.loads((Path(r["run"]) / "tiny" / "goodput.json").read_text())["failures"]
         if r["fault"] in ("kill", "hang"):
             assert f["ranks"] == [r["rank"]], (r["inject"], f)  # the cause names the rank
+
+
+@pytest.mark.timeout(120)
+def test_drill_refuses_a_reference_of_another_run_or_damaged(tiny_job, tmp_path: Path, drill_reference: Path) -> None:
+    """--reference is refused in one line, before the drill writes or launches anything, when it is not a
+    reference, was made from another job config or another torch, or its final tensors are damaged."""
+    import shutil
+
+    job = tiny_job(**DRILL_JOB)
+
+    def refusal(ref: Path, *extra: str) -> str:
+        out = tmp_path / "drill"
+        res = CliRunner().invoke(app, ["drill", str(job), "--faults", "kill", "--nproc", "2", "--device", "cpu",
+                                       "--out", str(out), "--reference", str(ref), *extra])
+        assert res.exit_code == 2 and not out.exists(), res.output
+        (line,) = [ln for ln in res.output.splitlines() if ln.strip()]
+        return line
+
+    assert "no drill-reference.json" in refusal(tmp_path)
+    line = refusal(drill_reference, "--set", "train.lr=0.2")
+    assert "another run (config.train.lr: 0.1 there, 0.2 here)" in line, line
+    assert "another run (nproc: 2 there, 1 here)" in refusal(drill_reference, "--nproc", "1")
+    copy = tmp_path / "copy"
+    shutil.copytree(drill_reference, copy)
+    record_path = copy / "reference" / REFERENCE_FILE
+    record = json.loads(record_path.read_text())
+    record_path.write_text(json.dumps({**record, "identity": {**record["identity"], "torch": "2.0.0"}}))
+    assert "another run (torch: '2.0.0' there" in refusal(copy)
+    record_path.write_text(json.dumps({**record, "sha256": "0" * 64}))
+    assert "damaged: its final tensors are not the ones recorded" in refusal(copy)
+    record_path.write_text(json.dumps(record))
+    final = sorted((copy / "reference" / "tiny" / "checkpoints").glob("step-*"))[-1]
+    shard = sorted(final.glob("*.distcp"))[0]
+    shard.write_bytes(b"\0" * shard.stat().st_size)  # same size, other bytes: only the SHA-256 can tell
+    assert "damaged: its final checkpoint (step" in refusal(copy)
 
 
 @pytest.mark.timeout(120)
