@@ -24,10 +24,16 @@ ENGINE_CARDS = ("A100", "A30", "H100", "H200", "B200")
 #: Pixel agreement with the host decode, in 8-bit levels: decoders differ by IDCT rounding and chroma
 #: upsampling (nvImageCodec's own tests allow 6 at the maximum; the mean stays well under one level).
 MEAN_MAX, P999_MAX, ABS_MAX = 1.0, 6, 24
+#: torchvision's nvJPEG on the SMs upsamples 4:2:0 chroma without libjpeg's "fancy" (triangular) filter, so a
+#: few pixels at sharp colour edges differ by tens of levels while the mean stays far under one: measured on an
+#: H200 (torchvision 0.26) mean 0.074, p999 15, max 94 on the 16 frames (0.068 / 14 / 82 on the mixed batch);
+#: the GPU tier had asserted the engines' bounds on it and failed. Its own bounds: mean 3x, p999 1.6x measured.
+NVJPEG_MEAN_MAX, NVJPEG_P999_MAX, NVJPEG_ABS_MAX = 0.25, 24, 128
 
 
-def _close_to_host(row: dict, what: str) -> None:
-    assert row["mean_abs_diff"] <= MEAN_MAX and row["p999_abs_diff"] <= P999_MAX and row["max_abs_diff"] <= ABS_MAX, \
+def _close_to_host(row: dict, what: str, bounds: tuple[float, float, float] = (MEAN_MAX, P999_MAX, ABS_MAX)) -> None:
+    mean_max, p999_max, abs_max = bounds
+    assert row["mean_abs_diff"] <= mean_max and row["p999_abs_diff"] <= p999_max and row["max_abs_diff"] <= abs_max, \
         f"{what} differs from the host decode: {row}"
 
 
@@ -43,10 +49,11 @@ def test_every_jpeg_decoder_gives_the_host_pixels(musubi, tmp_path: Path, nproc:
             figure(f"jpeg decode {name}: % of a bf16 matmul loop stolen", row["steal_pct"])
     if not REHEARSAL:
         assert got["device"] != "cpu"
-    _close_to_host(rows["cuda"], "nvJPEG (torchvision)")
+    nvjpeg = (NVJPEG_MEAN_MAX, NVJPEG_P999_MAX, NVJPEG_ABS_MAX)
+    _close_to_host(rows["cuda"], "nvJPEG (torchvision)", nvjpeg)
     mixed = rows["cuda"]["mixed"]  # 4 baseline + 1 progressive on the device, the PNG on the host
     assert (mixed["device"], mixed["hardware"], mixed["host"]) == (5, 0, 1), mixed
-    _close_to_host(mixed, "a mixed batch through nvJPEG")
+    _close_to_host(mixed, "a mixed batch through nvJPEG", nvjpeg)
     if got["nvimgcodec"] is None or REHEARSAL:
         figure("jpeg decode hardware: not measured", got["hardware_why_not"])
         return
