@@ -13,12 +13,11 @@ CPU offload or with hybrid sharding were left out before any prediction.
 
 from __future__ import annotations
 
-import csv
-import io
 import sys
 from pathlib import Path
 
-from bench.plan_blind_gather import COLS, params_b
+from bench.plan_blind_gather import csv_text as first_set_csv_text
+from bench.plan_blind_gather import params_b
 
 OUT = Path(__file__).resolve().parent / "plan_blind_runs2.csv"
 HEADER = (
@@ -255,14 +254,8 @@ def blind_rows() -> list[dict[str, object]]:
 
 
 def csv_text(rows: list[dict[str, object]]) -> str:
-    """The CSV file: the header note, the column names, one line a row."""
-    out = io.StringIO()
-    out.write(HEADER)
-    writer = csv.DictWriter(out, fieldnames=COLS, lineterminator="\n")
-    writer.writeheader()
-    for row in rows:
-        writer.writerow({c: row.get(c, "") for c in COLS})
-    return out.getvalue()
+    """The CSV file in the first set's layout (plan_blind_gather.csv_text) under this set's header note."""
+    return first_set_csv_text(rows, HEADER)
 
 
 def main(argv: list[str]) -> int:

@@ -262,10 +262,10 @@ def blind_rows() -> list[dict[str, object]]:
     return rows
 
 
-def csv_text(rows: list[dict[str, object]]) -> str:
-    """The CSV file: the header note, the column names, one line a row."""
+def csv_text(rows: list[dict[str, object]], header: str = HEADER) -> str:
+    """The CSV file: the header note (a set's own), the column names, one line a row."""
     out = io.StringIO()
-    out.write(HEADER)
+    out.write(header)
     writer = csv.DictWriter(out, fieldnames=COLS, lineterminator="\n")
     writer.writeheader()
     for row in rows:
