@@ -222,12 +222,40 @@ def thread_share(cores: int, workers: int) -> int | None:
     return max(1, min(TEST_THREADS, 2 * cores // workers))
 
 
+#: Cores a pytest-xdist worker needs before it gets a slice of its own (see core_slice).
+SLICE_MIN_CORES = 2
+
+
+def core_slice(allowed: list[int], workers: int, worker: int) -> list[int] | None:
+    """The cores of xdist worker number `worker` of `workers`: its own contiguous slice of `allowed`, or None
+    when a slice would hold fewer than SLICE_MIN_CORES (the 2-core machine's three workers share both cores).
+    The launcher splits a job's ranks over the cores the launching process may use (its affinity, as under a
+    Slurm cgroup: topology/cores.py read_cpus), so a worker's jobs stay in its slice. Without it, on the GPU
+    machine (16 cores, 8 workers) every concurrent test's ranks were pinned to the same cores 0-7 and 8-15
+    with 8 threads each: the scenario drills' 33-ms steps took 200 ms and a 150-s bench timed out."""
+    share = len(allowed) // max(1, workers)
+    if share < SLICE_MIN_CORES:
+        return None
+    start = (worker % workers) * share  # a worker xdist started to replace a crashed one reuses a slice
+    return sorted(allowed)[start:start + share]
+
+
 def _share_cores_between_workers(config: pytest.Config) -> None:
-    """In an xdist worker: torch's threads set to this worker's share of the cores (see thread_share), and
-    OMP_NUM_THREADS for the jobs it starts to half of it (most launch two ranks; unset, the launcher would
-    give each rank cores / ranks, as if the machine were the job's alone)."""
-    workers = int(getattr(config, "workerinput", {}).get("workercount", 1))
-    share = thread_share(os.cpu_count() or 1, workers)
+    """In an xdist worker: its own slice of the cores where the machine has enough (core_slice), torch's
+    threads set to its share of the cores (see thread_share), and OMP_NUM_THREADS for the jobs it starts to
+    half of it (most launch two ranks; unset, the launcher would give each rank cores / ranks, as if the
+    machine were the job's alone)."""
+    info = getattr(config, "workerinput", {})
+    workers = int(info.get("workercount", 1))
+    allowed = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    digits = "".join(c for c in str(info.get("workerid", "")) if c.isdigit())
+    mine = core_slice(allowed, workers, int(digits)) if allowed and digits and workers > 1 else None
+    if mine is not None:
+        from musubi.worker.pinning import pin_all_threads
+
+        pin_all_threads(tuple(mine))  # every thread this worker has, and every process it starts
+    # A slice is this worker's alone: one thread a core of it (torch's default would count the machine's).
+    share = min(TEST_THREADS, len(mine)) if mine is not None else thread_share(os.cpu_count() or 1, workers)
     if share is None:
         return
     import torch

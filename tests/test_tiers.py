@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import committed_durations, slowest_files_first, starts_torchrun, thread_share
+from tests.conftest import committed_durations, core_slice, slowest_files_first, starts_torchrun, thread_share
 
 pytest_plugins = ["pytester"]
 CONFTEST = Path(__file__).resolve().parent / "conftest.py"
@@ -107,3 +108,21 @@ def test_many_xdist_workers_on_a_big_machine_share_its_cores() -> None:
     assert thread_share(2, 2) is None and thread_share(64, 2) is None
     assert thread_share(64, 24) == 4 and thread_share(64, 8) == 4 and thread_share(12, 8) == 3
     assert thread_share(4, 16) == 1 and thread_share(2, 3) == 1  # make test on the 2-core machine
+
+
+def test_xdist_workers_on_a_big_machine_get_disjoint_core_slices_their_jobs_stay_in(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """8 workers on 16 cores pinned every test's ranks to the same cores 0-7 and 8-15 (the GPU machine): each
+    worker now gets its own slice, and a job it launches splits that slice between its ranks."""
+    from musubi.contract.env import MUSUBI_CPUS
+    from musubi.launch.pin_plan import plan_pinning
+
+    slices = [core_slice(list(range(16)), 8, w) for w in range(8)]
+    assert all(s is not None and len(s) == 2 for s in slices)
+    assert sorted(c for s in slices for c in s) == list(range(16))  # disjoint, every core used
+    assert core_slice(list(range(16)), 8, 9) == slices[1]  # a replacement worker's number wraps around
+    assert core_slice([0, 1], 3, 0) is None and core_slice([0, 1], 2, 1) is None  # the 2-core machine: shared
+    assert core_slice(list(range(64)), 24, 23) == [46, 47]
+    # The launcher plans the ranks' cores inside the launching process's affinity (worker 2's slice here).
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(slices[2]))
+    assert plan_pinning(True, "cpu", 2, {}).env == {MUSUBI_CPUS: "4;5"}

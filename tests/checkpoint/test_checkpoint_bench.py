@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO
+from tests.support.pythonpath import repo_on_path
 
 _spec = importlib.util.spec_from_file_location("checkpoint_bench", REPO / "bench" / "checkpoint.py")
 cb = importlib.util.module_from_spec(_spec)
@@ -87,7 +88,7 @@ def launch(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """One CPU launch of the saves probe: 2 ranks, tiny GPT, 4 variants; a budget spent before the rounds start,
     so the rounds stop at --min-rounds though --rounds allows more."""
     out = tmp_path_factory.mktemp("ckpt-bench") / "checkpoint.json"
-    env = dict(os.environ, PYTHONPATH=str(REPO), MUSUBI_DEVICE="cpu", CUDA_VISIBLE_DEVICES="")
+    env = dict(os.environ, PYTHONPATH=repo_on_path(REPO), MUSUBI_DEVICE="cpu", CUDA_VISIBLE_DEVICES="")
     res = subprocess.run([sys.executable, str(REPO / "bench" / "checkpoint.py"), "--cpu", "--tiny", "--nproc", "2",
                           "--no-recovery", "--rounds", "4", "--min-rounds", "2", "--budget-s", "16",
                           "--base-steps", "4", "--steps", "4", "--sync-repeats", "1", "--json-out", str(out)],
