@@ -4,8 +4,8 @@ A drill compares every faulted run with a clean run of the same job. That run is
 faults, so a drill writes `reference/drill-reference.json` beside it (what the run was: the resolved job,
 the world, torch and musubi; what it ended with: its steps, checkpoint steps and a SHA-256 of its final
 tensors) and `musubi drill --reference DIR` reuses it instead of training it again. A reference is
-refused in one line when it is not the same run (another job config, world size, device, torch or
-musubi) or when it is damaged (its final checkpoint missing, not intact, or not the tensors recorded):
+refused in one line when it is not the same run (another job config, world size, device, torch, or
+musubi's version or code) or when it is damaged (its final checkpoint missing, not intact, or not the tensors recorded):
 a drill never compares against a wrong reference.
 """
 
@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from musubi.config.job import JobSpec
-from musubi.config.version import VERSION
+from musubi.config.version import VERSION, source_digest
 from musubi.contract.errors import ConfigError
 from musubi.contract.run_files import RUN_FILES
 
@@ -91,7 +91,8 @@ def tensors_digest(flat: dict[str, Any]) -> str:
 
 
 def identity(spec: JobSpec, nproc: int, device: str) -> dict[str, Any]:
-    """What makes two reference runs the same run: the resolved job (less WEIGHT_FREE), world, torch, musubi."""
+    """What makes two reference runs the same run: the resolved job (less WEIGHT_FREE), world, torch, musubi's
+    version and the digest of its code (a reference trained by other code of the same version is another run)."""
     import torch
 
     config = spec.model_dump(mode="json")
@@ -100,7 +101,8 @@ def identity(spec: JobSpec, nproc: int, device: str) -> dict[str, Any]:
         for key in path[:-1]:
             node = node[key]
         node.pop(path[-1], None)
-    return {"config": config, "nproc": nproc, "device": device, "torch": torch.__version__, "musubi": VERSION}
+    return {"config": config, "nproc": nproc, "device": device, "torch": torch.__version__, "musubi": VERSION,
+            "musubi_source": source_digest()}
 
 
 def write_reference(ref_run: Path, ident: dict[str, Any], ref: Reference) -> None:

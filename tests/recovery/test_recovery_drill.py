@@ -74,6 +74,9 @@ def test_drill_refuses_a_reference_of_another_run_or_damaged(tiny_job, tmp_path:
     record = json.loads(record_path.read_text())
     record_path.write_text(json.dumps({**record, "identity": {**record["identity"], "torch": "2.0.0"}}))
     assert "another run (torch: '2.0.0' there" in refusal(copy)
+    # Other code of the same version (the version stays 0.1.0 across changes): its digest tells.
+    record_path.write_text(json.dumps({**record, "identity": {**record["identity"], "musubi_source": "0" * 16}}))
+    assert "another run (musubi_source: '0000000000000000' there" in refusal(copy)
     record_path.write_text(json.dumps({**record, "sha256": "0" * 64}))
     assert "damaged: its final tensors are not the ones recorded" in refusal(copy)
     record_path.write_text(json.dumps(record))
