@@ -38,6 +38,7 @@ MDS_LONGSEQ = "examples_deepspeed/deepspeed4science/megatron_long_seq_support/"
 KEMPNER = "https://github.com/KempnerInstitute/KempnerForge/blob/abbbac33f7e484f1ef4b3aa786135322cf744397/"
 MLLAMA = "https://github.com/alibaba/Megatron-LLaMA/blob/e3d671a53d75c67c832a251f8a914c89be581d22/"
 GLM = "https://github.com/THUDM/GLM-130B/blob/964695129f4f1a388463c9a592ae9f56d8fce929/"
+MAXTEXT = "https://github.com/AI-Hypercomputer/maxtext/blob/efb6d9e4a2856198f8272dcbfb7d9c91eda0728e/"
 METASEQ = "https://github.com/facebookresearch/metaseq/blob/f7ffa5fd61cf90f498a36d365c13dd7f1a912ff7/"
 
 
@@ -119,6 +120,25 @@ def blind_rows() -> list[dict[str, object]]:
         assumed="tokens/s per GPU = 16 x 4096 / 0.721 s / 8 (22.19 sequences/s agrees); Llama 2 7B shape (32 x 4096, "
                 "MHA, SwiGLU 11,008, vocab 32,000); remat policy 'minimal_flash' saves the matmul outputs and recomputes "
                 "the rest (not a named recompute level: left to the planner); one DGX H100 node")
+
+    # --- AI-Hypercomputer MaxText, Llama 2 7B on one A3 VM (8 H100): the only row of its table without hybrid sharding
+    llama2_7b_params = 6_738_415_616  # MaxText counts every parameter: 32 x (4 h^2 + 3 h 11008 + 2 h) + 2 x 32000 h + h
+    maxtext_flops_per_token = 6 * llama2_7b_params + 6 * 32 * 32 * 128 * 4096  # 6 N + causal attention, as below
+    add(name="maxtext-a3-llama2-7b-fsdp-8g", regime="fsdp", source="Google2024-MaxText-A3-Llama2-7B-README",
+        url=MAXTEXT + "MaxText/configs/a3/llama_2_7b/README.md",
+        table="'Llama2-7B' table, row '1x A3 (h100-80gb-8)': 492 TFLOP/sec/chip",
+        gpu="H100-SXM", n_gpus=8, arch="llama", layers=32, hidden=4096, heads=32, kv_heads=32, ffn=11008, seq=4096,
+        vocab=32000, global_batch_seqs=32, micro_batch=4, tp=1, pp=1, dp=8, zero_stage=3, recompute="",
+        sequence_parallel="", attention="flash", measured_tflops_per_gpu=492,
+        measured_tokens_per_s_per_gpu=round(492e12 / maxtext_flops_per_token, 1), flops_convention="mfu",
+        published_layout="dp=8,zero=3,micro=4,attention=flash", gather="node",
+        assumed="tokens/s per GPU = 492e12 / MaxText's training FLOPs per token (calculate_tflops_training_per_device in "
+                "MaxText/maxtext_utils.py at this commit: 6 x all parameters + 12 x heads x layers x head_dim x seq / 2 for "
+                "causal attention); run from MaxText/configs/a3/llama_2_7b/1vm.sh at this commit: ici_fsdp_parallelism=8, "
+                "dcn_data_parallelism=1, per_device_batch_size=4, max_target_length=4096, attention=cudnn_flash_te, "
+                "remat_policy=minimal_flash (saves the matmul outputs: not a named recompute level), synthetic data; the "
+                "2-16 VM rows of the same table were left out: they shard within a VM and replicate across VMs "
+                "(dcn_data_parallelism=N, ici_fsdp_parallelism=8: hybrid sharding, which --layout cannot name)")
 
     # --- Megatron-DeepSpeed long-sequence support: GPT-30B, TP 32 on 4 DGX A100-40GB nodes ---------------------------
     for k in (2, 8, 32, 128):
