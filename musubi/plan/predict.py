@@ -52,6 +52,7 @@ class DataParallelComm:
     gbps: float  # bus bandwidth they get per GPU, GB/s (0: no traffic)
     window_s: float  # compute they may overlap with (0: issued after it, or overlap off)
     tier: str  # the slowest tier they cross ("" without data parallelism)
+    tail_s: float = 0.0  # of exposed_s: the last gradient bucket's collectives, which run after the backward
 
 
 @dataclass
@@ -162,9 +163,65 @@ def _ring_bytes(nbytes: float, link: Link) -> float:
     return (link.size - 1) / link.size * nbytes if link.size > 1 else 0.0
 
 
+#: Megatron-Core's default gradient bucket: max(40M, 1M x data-parallel size) parameters
+#: (`DistributedDataParallelConfig.bucket_size`: "larger DP sizes need larger buckets to ensure collectives do
+#: not become latency-bound"). Bucketed gradient collectives overlap the backward bucket by bucket.
+BUCKET_MIN_PARAMS = 40_000_000
+BUCKET_PARAMS_PER_RANK = 1_000_000
+
+
+#: PyTorch DDP's default `bucket_cap_mb` (25 MiB of gradients a bucket): what Musubi's own DDP workers use.
+DDP_BUCKET_BYTES = 25 * 2**20
+
+
+def dp_bucket_params(dp_size: int) -> int:
+    """Parameters in one gradient bucket of a data-parallel group of `dp_size` ranks (Megatron-Core's default)."""
+    return max(BUCKET_MIN_PARAMS, BUCKET_PARAMS_PER_RANK * dp_size)
+
+
+def megatron_bucket_bytes(dp_size: int, grad_bytes: float) -> float:
+    """Bytes of one Megatron-Core gradient bucket: `dp_bucket_params` x bytes per gradient."""
+    return dp_bucket_params(dp_size) * grad_bytes
+
+
+def torch_ddp_bucket_bytes(dp_size: int, grad_bytes: float) -> float:
+    """Bytes of one PyTorch DDP gradient bucket: 25 MiB whatever the group size."""
+    return float(DDP_BUCKET_BYTES)
+
+
+def _bucket_tail(layout: Layout, links: tuple[tuple[float, Link], ...], grad_bytes: float,
+                 weight_ratio: float, bucket_bytes: Callable[[int, float], float]) -> tuple[float, float]:
+    """(reduce, gather) seconds of the gradient collectives no overlap can hide: the last bucket's.
+
+    The bucket holding the first layers is ready only when the backward has finished, so its reduce (all-reduce,
+    or reduce-scatter with a sharded optimizer) runs after all compute; with a sharded optimizer the updated
+    weights of the first bucket are all-gathered before the next forward can start. At a fixed global batch a
+    larger data-parallel group means fewer micro-batches and a larger bucket (max(40M, 1M x dp) parameters), so
+    this tail grows with scale while the compute shrinks.
+    """
+    reduce = gather = 0.0
+    for nbytes, link in links:
+        if nbytes <= 0 or link.size <= 1:
+            continue
+        bucket = min(nbytes, bucket_bytes(link.size, grad_bytes))
+        if layout.zero >= 1:
+            reduce += reduce_scatter_s(bucket, link)
+            gather += all_gather_s(bucket * weight_ratio, link)
+        else:
+            reduce += all_reduce_s(bucket, link)
+    return reduce, gather
+
+
+def _overlapped_with_tail(comm: float, tail: float, under: float, contention: float) -> float:
+    """Seconds `comm` adds when all but its `tail` may hide under `under` seconds of compute; the tail runs alone."""
+    tail = min(tail, comm)
+    return _hidden(comm - tail, under, True, contention) + tail
+
+
 def _dp_comm(layout: Layout, dense_bytes: float, expert_bytes: float, weight_ratio: float, dp_link: Link,
              edp_link: Link, m: int, fwd_mb: float, bwd_mb: float, units: int = 1,
-             recomputed: float = 0.0, contention: float = 0.0) -> DataParallelComm:
+             recomputed: float = 0.0, contention: float = 0.0, grad_bytes: float = 2.0,
+             bucket_bytes: Callable[[int, float], float] = megatron_bucket_bytes) -> DataParallelComm:
     """The data-parallel collectives of one step.
 
     ZeRO-3 / FSDP gathers the weights of each unit (a layer) before its forward and again before
@@ -174,8 +231,11 @@ def _dp_comm(layout: Layout, dense_bytes: float, expert_bytes: float, weight_rat
     or, with `gather=node` (flat per-unit buffers: PyTorch FSDP), over the node's NICs.
     Prefetching hides a gather under the previous unit's compute, never the first unit's of a
     pass; when a pass has less compute than traffic, the rest is exposed.
+    Bucketed gradient collectives (DDP, ZeRO-1/2) hide under the last micro-batch's backward except
+    their last bucket, which is ready only when the backward ends (`_bucket_tail`).
     """
     overlapped = "dp" in layout.overlap
+    tail = 0.0  # ZeRO-3's per-unit traffic has its own first-unit exposure (exposed_of below)
     if layout.zero >= 3 and layout.gather == "nic":  # gather=node keeps the node-aggregated rings
         dp_link, edp_link = dp_link.one_nic(), edp_link.one_nic()
     links = ((dense_bytes, dp_link), (expert_bytes, edp_link))
@@ -195,18 +255,25 @@ def _dp_comm(layout: Layout, dense_bytes: float, expert_bytes: float, weight_rat
         scatter = sum(reduce_scatter_s(b, ln) for b, ln in links)
         gather = sum(all_gather_s(b * weight_ratio, ln) for b, ln in links)
         busy = scatter + gather
-        exposed = _hidden(scatter, bwd_mb, overlapped, contention) + _hidden(gather, fwd_mb, overlapped, contention)
+        if overlapped:
+            s_tail, g_tail = _bucket_tail(layout, links, grad_bytes, weight_ratio, bucket_bytes)
+            exposed = (_overlapped_with_tail(scatter, s_tail, bwd_mb, contention)
+                       + _overlapped_with_tail(gather, g_tail, fwd_mb, contention))
+            tail = min(s_tail, scatter) + min(g_tail, gather)
+        else:
+            exposed = scatter + gather
         sent = sum(_ring_bytes(b * (1 + weight_ratio), ln) for b, ln in links)
         window = bwd_mb + fwd_mb
     else:
         busy = sum(all_reduce_s(b, ln) for b, ln in links)
-        exposed = _hidden(busy, bwd_mb, overlapped, contention)
+        tail = min(busy, _bucket_tail(layout, links, grad_bytes, weight_ratio, bucket_bytes)[0]) if overlapped else 0.0
+        exposed = _overlapped_with_tail(busy, tail, bwd_mb, contention) if overlapped else busy
         sent = sum(2 * _ring_bytes(b, ln) for b, ln in links)
         window = bwd_mb
     used = [ln for b, ln in links if b > 0 and ln.size > 1]
     slowest = min(used, key=lambda ln: ln.busbw) if used else None
     return DataParallelComm(busy, exposed, sent, slowest.busbw / 1e9 if slowest else 0.0,
-                            window if overlapped else 0.0, slowest.tier if slowest else "")
+                            window if overlapped else 0.0, slowest.tier if slowest else "", tail)
 
 
 def _finish(spec: ModelSpec, cluster: Cluster, layout: Layout, global_batch: int, seq: int, step_raw: float,
@@ -309,7 +376,7 @@ def _predict_transformer(spec: TransformerSpec, cluster: Cluster, layout: Layout
     dense_p, expert_p = max(params, key=sum)
     dpc = _dp_comm(layout, dense_p * grad_bytes, expert_p * grad_bytes, weight_ratio, dp_link, edp_link, m,
                    slow_f, slow_b, units=max(1, round(layers_slow)) + 1, recomputed=share,
-                   contention=eff.contention)
+                   contention=eff.contention, grad_bytes=grad_bytes)
     dp_exposed = dpc.exposed_s
     comm.add(dp_link, dpc.busy_s, dp_exposed)
 
@@ -342,7 +409,7 @@ def _predict_generic(spec: GenericSpec, cluster: Cluster, layout: Layout, global
     prec = PRECISIONS[memory_precision]
     comm = _Comm()
     dpc = _dp_comm(layout, spec.params * prec.grads, 0.0, prec.weights / prec.grads, dp_link, dp_link, m, fwd, bwd,
-                   contention=eff.contention)
+                   contention=eff.contention, grad_bytes=prec.grads, bucket_bytes=torch_ddp_bucket_bytes)
     dp_exposed = dpc.exposed_s
     comm.add(dp_link, dpc.busy_s, dp_exposed)
     owned = spec.params / (dp if layout.zero >= 1 else 1)

@@ -151,3 +151,15 @@ def test_one_layout_says_why_gemm_efficiency_and_dp_traffic_against_its_window()
                    "--layout", "tp=1,pp=1,zero=3,recompute=full,micro=1", "--json")
     dp = json.loads(js)["data_parallel"]
     assert dp["tier"] == "network" and dp["exposed_s"] > dp["window_s"] > 0
+
+
+def test_the_why_names_the_last_gradient_bucket() -> None:
+    """A sharded optimizer across nodes: the exposed part is the last bucket (test_dp_buckets.py), and it says so."""
+    args = ("--model", "llama3-70b", "--gpu", "H100-SXM", "--gpus", "256", "--global-batch", "64",
+            "--layout", "tp=8,dp=32,zero=1,micro=2,recompute=none")
+    code, out = run(*args)
+    assert code == 0, out
+    assert "of which the last gradient bucket" in out
+    code, js = run(*args, "--json")
+    dp = json.loads(js)["data_parallel"]
+    assert 0 < dp["tail_s"] <= dp["exposed_s"] < dp["busy_s"]
