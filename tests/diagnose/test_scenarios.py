@@ -6,12 +6,18 @@ MUSUBI_DRILL_RUNS=10`
 runs the issue's full suite (or `python bench/telemetry.py --cpu --runs 10`). Each drill is `musubi train` through
 the CLI in this process (what `drills.train_once` runs as a subprocess, whose launcher imported torch again:
 ~4-7 s of CPU a drill on the 2-core machine); the ranks are real torchrun processes either way.
+
+A loaded machine's noise can reach a 10 %-slow rank's excess (the GPU machine's 8 xdist workers before each had
+cores of its own: healthy steps of 95 ms, the slow run's 205 ms, for 33 ms idle); the detector then rightly names
+no one. Such a drill is judged against the noise the healthy run beside it measured (`slow_rank_against_noise`):
+right only where that noise could not decide a rank 10 % slower, and the slowdown still shows in the telemetry.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import statistics
 import time
 from pathlib import Path
 
@@ -23,11 +29,54 @@ from musubi.cli import app
 from musubi.contract.env import MUSUBI_INJECT
 from musubi.diagnose import drills
 from musubi.diagnose.report import build_report
+from musubi.diagnose.timeline import load_job
+from musubi.telemetry.step_record import local_work_ms, wall_ms
+from musubi.telemetry.straggler import WARMUP, WINDOW, median_low
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 NAMES = os.environ.get("MUSUBI_DRILLS", "healthy,data_stall,slow_1.1,ckpt_stall").split(",")
 RUNS = int(os.environ.get("MUSUBI_DRILL_RUNS", "1"))
+
+#: How far above the bar the prediction from the healthy run's noise must be (a fraction of a step) for a 10 %-slow
+#: rank to count as decidable on this machine now: the slow run's own noise is a fresh draw of the same machine.
+MARGIN = 0.01
+
+
+def leads(job_dir: Path, rank: int, factor: float = 1.0) -> list[float]:
+    """Each steady step's local-work lead of `rank` over the other ranks' median, as a fraction of the step; with
+    `factor`, as it would be with (factor - 1) x that rank's step of extra work added (the `slow` fault)."""
+    out = []
+    for _, recs in (x for x in load_job(job_dir).aligned() if x[0] > WARMUP):
+        lead = local_work_ms(recs[rank]) - statistics.median(local_work_ms(r) for q, r in recs.items() if q != rank)
+        pause = (factor - 1) * wall_ms(recs[rank])
+        out.append((lead + pause) / (max(wall_ms(r) for r in recs.values()) + pause))
+    return out
+
+
+def predicted_low(healthy: Path, factor: float, rank: int) -> float:
+    """What the detector's test would give a rank `factor` x slower on this machine now, predicted from a healthy
+    run's own noise: the lowest, over every 20-step window, of the sign test's lower bound of the median lead."""
+    fractions = leads(healthy, rank, factor)
+    lows = [median_low(fractions[i:i + WINDOW]) for i in range(len(fractions) - WINDOW + 1)]
+    return min((x for x in lows if x is not None), default=0.0)
+
+
+def slow_rank_against_noise(row: dict, healthy: Path, slow: Path, threshold: float) -> tuple[bool, dict]:
+    """A slow-rank drill the detector did not flag by the deadline: right only when this machine's measured noise
+    (the healthy run beside it) could not tell a rank that much slower from the others, the injected slowdown still
+    shows against that noise (its lead over the healthy run's at least half of the fault's (factor - 1) / factor),
+    and no other rank is named. Returns (right, the figures)."""
+    sc = drills.SCENARIOS[row["scenario"]]
+    factor = float(sc.inject(drills.CPU_STEP_MS).split("factor=")[1])
+    predicted = predicted_low(healthy, factor, sc.rank)
+    shift = statistics.median(leads(slow, sc.rank)) - statistics.median(leads(healthy, sc.rank))
+    figures = {"predicted_low": round(predicted, 4), "bar": threshold, "lead_shift": round(shift, 4),
+               "fault_share": round((factor - 1) / factor, 4)}
+    right = (predicted < threshold + MARGIN and shift >= 0.5 * (factor - 1) / factor
+             and row["label"] in ("healthy compute bound", "straggler") and set(row["stragglers"]) <= {sc.rank}
+             and {rank for rank, _ in row["live_flags"]} <= {sc.rank})
+    return right, figures
 
 
 def test_scenarios_get_the_right_label(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -42,17 +91,30 @@ def test_scenarios_get_the_right_label(tmp_path: Path, monkeypatch: pytest.Monke
 
     job = tmp_path / "drill.yaml"
     job.write_text(yaml.safe_dump(drills.CPU_DRILL_JOB), encoding="utf-8")
-    rows = drills.run_suite(job, NAMES, RUNS, 2, "cpu", 60, drills.CPU_STEP_MS, tmp_path / "suite", keep=True,
+    work = tmp_path / "suite"
+    rows = drills.run_suite(job, NAMES, RUNS, 2, "cpu", 60, drills.CPU_STEP_MS, work, keep=True,
                             train=train_in_process)
+    threshold = drills.CPU_DRILL_JOB["telemetry"]["straggler_threshold"]
+    flagged_slow = []
     for r in rows:
+        if "flagged_at" in r and not (r["ok"] and r["flagged_in_time"]) and "healthy" in NAMES:
+            # On a machine too loaded to tell a rank 10 % slower from its noise, the detector rightly names no
+            # one (or names it late): asserted against the noise the healthy run beside it measured.
+            right, figures = slow_rank_against_noise(r, drills.job_folder(work / f"healthy-{r['run']}"),
+                                                     drills.job_folder(work / f"{r['scenario']}-{r['run']}"),
+                                                     threshold)
+            print(json.dumps({"scenario": r["scenario"], "run": r["run"], "not flagged, against the noise": figures}))
+            assert right, (r, figures)
+            continue
+        flagged_slow += [r] if "flagged_at" in r else []
         assert r["ok"], r
         assert r["coverage_min"] >= 0.95, r  # the spans cover each step's wall time
         if "flagged_at" in r:
             assert r["flagged_in_time"], r
         else:
             assert not r["false_straggler"], r
-    if "slow_1.1" in NAMES:
-        run = tmp_path / "suite" / "slow_1.1-0"
+    if any(r["scenario"] == "slow_1.1" and r["run"] == 0 for r in flagged_slow):
+        run = work / "slow_1.1-0"
         log = (run / "drill" / "logs" / "rank0.log").read_text(encoding="utf-8")
         assert "straggler: rank 1" in log and "backward" in log  # the live flag names rank and section
         other = (run / "drill" / "logs" / "rank1.log").read_text(encoding="utf-8")
@@ -63,7 +125,7 @@ def test_scenarios_get_the_right_label(tmp_path: Path, monkeypatch: pytest.Monke
         # Through the real loop, step by step on each rank: the injected stall is recorded as the wait for the
         # batch (`data`), not as the host-to-device copy (`h2d`).
         stall_ms = float(drills.SCENARIOS["data_stall"].inject(drills.CPU_STEP_MS).split("ms=")[1])
-        teles = sorted((tmp_path / "suite" / "data_stall-0").glob("*/telemetry/rank*.jsonl"))
+        teles = sorted((work / "data_stall-0").glob("*/telemetry/rank*.jsonl"))
         assert len(teles) == 2, teles
         for tele in teles:
             steps = [r for r in map(json.loads, tele.read_text().splitlines()) if r.get("kind") == "step"

@@ -18,9 +18,14 @@ import pytest
 
 from tests.conftest import REPO
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(330)]
 
 BENCH = REPO / "bench" / "telemetry_ab.py"
+
+
+#: A hang guard, not a speed bar: 11 s in make test on the 2-core machine; 150 s ran out on the GPU machine when
+#: 8 xdist workers' ranks were all pinned to the same cores (tests/conftest.py core_slice gives each its own now).
+RUN_TIMEOUT_S = 300
 
 
 def _run(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess:
@@ -28,7 +33,7 @@ def _run(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                            str(BENCH), "resnet50", "--cpu", "--cpu-model", "squeezenet1_1", "--warmup", "1",
                            "--block", "2", *extra],
-                          capture_output=True, text=True, env=env, timeout=150, cwd=REPO)
+                          capture_output=True, text=True, env=env, timeout=RUN_TIMEOUT_S, cwd=REPO)
 
 
 def test_every_mode_is_timed_each_cycle_and_the_hooked_copy_times_its_gradient_sync(tmp_path: Path) -> None:
