@@ -13,6 +13,7 @@ optimizer: Adam's update streaming 28 bytes per local parameter.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -189,6 +190,17 @@ def torch_ddp_bucket_bytes(dp_size: int, grad_bytes: float) -> float:
     return float(DDP_BUCKET_BYTES)
 
 
+def gradient_buckets(nbytes: float, dp_size: int, grad_bytes: float,
+                     bucket_bytes: Callable[[int, float], float] = megatron_bucket_bytes) -> int:
+    """Gradient buckets of `nbytes` on a data-parallel group of `dp_size`: each is a collective that pays its latency."""
+    return max(1, math.ceil(nbytes / bucket_bytes(dp_size, grad_bytes))) if nbytes > 0 else 0
+
+
+def _bucketed(collective: Callable[[float, Link], float], nbytes: float, link: Link, buckets: int) -> float:
+    """`buckets` collectives of nbytes / buckets each (NCCL's ring or tree latency paid by every one)."""
+    return buckets * collective(nbytes / buckets, link) if buckets > 0 else 0.0
+
+
 def _bucket_tail(layout: Layout, links: tuple[tuple[float, Link], ...], grad_bytes: float,
                  weight_ratio: float, bucket_bytes: Callable[[int, float], float]) -> tuple[float, float]:
     """(reduce, gather) seconds of the gradient collectives no overlap can hide: the last bucket's.
@@ -203,7 +215,7 @@ def _bucket_tail(layout: Layout, links: tuple[tuple[float, Link], ...], grad_byt
     for nbytes, link in links:
         if nbytes <= 0 or link.size <= 1:
             continue
-        bucket = min(nbytes, bucket_bytes(link.size, grad_bytes))
+        bucket = nbytes / gradient_buckets(nbytes, link.size, grad_bytes, bucket_bytes)
         if layout.zero >= 1:
             reduce += reduce_scatter_s(bucket, link)
             gather += all_gather_s(bucket * weight_ratio, link)
@@ -252,8 +264,9 @@ def _dp_comm(layout: Layout, dense_bytes: float, expert_bytes: float, weight_rat
         exposed = m * (exposed_of(gather, fwd_mb) + exposed_of(bwd_gathers * gather + scatter, bwd_mb))
         window = m * (fwd_mb + bwd_mb)
     elif layout.zero >= 1:  # distributed optimizer: reduce-scatter grads, all-gather updated weights
-        scatter = sum(reduce_scatter_s(b, ln) for b, ln in links)
-        gather = sum(all_gather_s(b * weight_ratio, ln) for b, ln in links)
+        counts = [gradient_buckets(b, ln.size, grad_bytes, bucket_bytes) for b, ln in links]
+        scatter = sum(_bucketed(reduce_scatter_s, b, ln, k) for (b, ln), k in zip(links, counts, strict=True))
+        gather = sum(_bucketed(all_gather_s, b * weight_ratio, ln, k) for (b, ln), k in zip(links, counts, strict=True))
         busy = scatter + gather
         if overlapped:
             s_tail, g_tail = _bucket_tail(layout, links, grad_bytes, weight_ratio, bucket_bytes)
@@ -265,7 +278,7 @@ def _dp_comm(layout: Layout, dense_bytes: float, expert_bytes: float, weight_rat
         sent = sum(_ring_bytes(b * (1 + weight_ratio), ln) for b, ln in links)
         window = bwd_mb + fwd_mb
     else:
-        busy = sum(all_reduce_s(b, ln) for b, ln in links)
+        busy = sum(_bucketed(all_reduce_s, b, ln, gradient_buckets(b, ln.size, grad_bytes, bucket_bytes)) for b, ln in links)
         tail = min(busy, _bucket_tail(layout, links, grad_bytes, weight_ratio, bucket_bytes)[0]) if overlapped else 0.0
         exposed = _overlapped_with_tail(busy, tail, bwd_mb, contention) if overlapped else busy
         sent = sum(2 * _ring_bytes(b, ln) for b, ln in links)

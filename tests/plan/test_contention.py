@@ -18,7 +18,7 @@ from musubi.plan import get_gpu, make_cluster, predict
 from musubi.plan.comm import all_reduce_s, place_group
 from musubi.plan.efficiency import DEFAULT_EFFICIENCY
 from musubi.plan.layout import parse_layout
-from musubi.plan.predict import megatron_bucket_bytes
+from musubi.plan.predict import gradient_buckets
 from musubi.plan.spec import preset
 
 C = DEFAULT_EFFICIENCY.contention
@@ -38,7 +38,8 @@ def test_a_hidden_gradient_all_reduce_costs_c_over_1_plus_c_of_itself() -> None:
     assert free.data_parallel is not None and paid.data_parallel is not None
     busy = paid.data_parallel.busy_s
     # all but the last gradient bucket fits under the backward; that bucket runs after it, alone (test_dp_buckets.py)
-    tail = all_reduce_s(megatron_bucket_bytes(32, 2), place_group(cluster, DEFAULT_EFFICIENCY, 1, 32))
+    grads = paid.data_parallel.bytes_per_gpu / (2 * 31 / 32)  # the ring sends 2 (n-1)/n of the gradient
+    tail = all_reduce_s(grads / gradient_buckets(grads, 32, 2), place_group(cluster, DEFAULT_EFFICIENCY, 1, 32))
     assert free.data_parallel.exposed_s == pytest.approx(tail, rel=1e-9)
     assert busy < paid.data_parallel.window_s
     assert paid.data_parallel.exposed_s == pytest.approx((busy - tail) * C / (1 + C) + tail, rel=1e-9)
