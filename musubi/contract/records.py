@@ -87,3 +87,28 @@ class HeartbeatRecord(TypedDict):
     timeout_s: float  # how long the peers wait for this phase
     t_train_start: float | None
     resumed_step: int | None
+
+
+class TaskQuery(TypedDict):
+    """What the launcher asks of the process that builds the job's task with torch (launch/task_checks.py): a
+    child of its warm spare, JSON in the spare's folder (or a call in the launcher itself when it has no spare)."""
+
+    config: dict  # the job's resolved config (JobSpec.resolved(), what job.json will hold)
+    validate: bool  # run the task's own checks (Task.validate; a fleet ran them before it started any job)
+    metrics: bool  # read the metric names its validation reports (Task.metric_names, primary_metric)
+    signature: bool  # the signature of the model built on the meta device (a changed --resume compares it)
+    params: bool  # its parameter count (the preflight's checkpoint-size estimate)
+    stack: bool  # torch's side of the preflight's stack reading (version, CUDA, NCCL, gloo)
+
+
+class TaskReadings(TypedDict, total=False):
+    """The answer to a TaskQuery: what was read, or the one line that refused the job (a key absent: not asked,
+    or, for signature and params, a model that cannot be built on the meta device)."""
+
+    error: str  # the ConfigError of the task's own checks (the launch exits EXIT_CONFIG with it)
+    crashed: str  # any other exception's "Type: message": the launcher reruns the checks itself, to raise it
+    metric_names: list[str] | None  # None: the task declares none
+    primary_metric: str
+    signature: str
+    params: int
+    stack: dict  # preflight/read/machine.py torch_side()

@@ -8,12 +8,18 @@ byte is written. Then the checks that need torch: the task's own checks (the mod
 device), the metrics keep_best and early_stop watch against those the task's validation reports, a changed
 resume's model against the checkpoint's signature, and last the machine's preflight (seconds; every refusal
 above is cheaper).
+
+What those need of torch is read in one go (launch/task_checks.py, a TaskReadings): by a child of the launch's
+warm spare when `admit` was given one to start (`musubi train`: the launcher then never imports torch), else in
+this process. The checks judge the readings the same way either way, with the same lines.
 """
 
 from __future__ import annotations
 
+import json
 import os
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -24,6 +30,7 @@ from musubi.config.job import JobSpec
 from musubi.config.load import load_job
 from musubi.contract.env import MUSUBI_CPUS, MUSUBI_NNODES
 from musubi.contract.errors import ConfigError
+from musubi.contract.exits import EXIT_OK
 from musubi.contract.run_files import RUN_FILES
 from musubi.data.presence import check_paths, check_train_size
 from musubi.launch import admission
@@ -32,8 +39,11 @@ from musubi.launch.ranks import resolve_world
 from musubi.launch.request import PreflightFailed, RunFinished, TrainRequest
 from musubi.store.rundir import default_run_dir, read_json
 
-if TYPE_CHECKING:  # the type only: tasks import torch
+if TYPE_CHECKING:  # the types only: tasks import torch
+    from musubi.launch.spare import WarmSpare
     from musubi.tasks.base import Task
+from musubi.contract.records import TaskQuery, TaskReadings
+from musubi.launch.task_checks import asks_anything, read_task
 from musubi.tasks.model_check import check_model
 
 
@@ -51,16 +61,18 @@ class Admitted:
     changes: list[dict] = field(default_factory=list)  # --resume: fields that differ from `before` (allowed)
     from_start: bool = False  # --resume of a run stopped before its first checkpoint: step 0 in the same folder
     preflight: object | None = None  # the preflight's report (PreflightReport), None when skipped
-    built_task: Task | None = field(default=None, repr=False)  # see `task`
+    spare: WarmSpare | None = None  # the launch's warm spare, started once the cheap checks passed (admit's `start`)
+    read: TaskReadings | None = field(default=None, repr=False)  # see `readings`
 
-    @property
-    def task(self) -> Task:
-        """The job's task (torch), built once for every check that needs it."""
-        if self.built_task is None:
-            from musubi.tasks.registry import build_task
-
-            self.built_task = build_task(self.spec)
-        return self.built_task
+    def readings(self) -> TaskReadings:
+        """What the checks that need torch read of the job's task, read once for all of them (task_query): by a
+        child of the warm spare when there is one, else here; ConfigError when the task's own checks refuse."""
+        if self.read is None:
+            query = task_query(self)
+            self.read = readings_of(query, self.spare) if asks_anything(query) else {}
+        if "error" in self.read:
+            raise ConfigError(self.read["error"])
+        return self.read
 
     @property
     def follower(self) -> bool:
@@ -73,6 +85,34 @@ def say(req: TrainRequest, line: str) -> None:
     """One start-up line on the console of `musubi train` (nothing for a dry run, a probe or a drill)."""
     if req.say is not None:
         req.say(line)
+
+
+def task_query(a: Admitted) -> TaskQuery:
+    """What this launch's checks need of torch: the task's checks and metrics (not a fleet's job: the fleet made
+    them), a changed --resume's model signature (when its checkpoint recorded one), the preflight's parameter count
+    and stack (unless --no-check)."""
+    req, spec = a.req, a.spec
+    signature = False
+    if req.resume and a.changes:
+        found = latest_checkpoint(a.job_dir / RUN_FILES.checkpoints, warn=False)
+        signature = found is not None and found.marker.get("signature") is not None
+    return TaskQuery(config=spec.resolved(), validate=not req.fleet_member, metrics=not req.fleet_member,
+                     signature=signature, params=req.check and spec.checkpoint.enabled, stack=req.check)
+
+
+def readings_of(query: TaskQuery, spare: WarmSpare | None) -> TaskReadings:
+    """The readings from a child of `spare`; read here when there is none, it cannot serve, or its child met an
+    unexpected exception (read again here, so it is raised as it always was)."""
+    if spare is not None:
+        from musubi.launch.spare import TASK_CHECKS_MODULE, run_in_spare
+
+        asked, answer = spare.folder / "task-query.json", spare.folder / "task-readings.json"
+        asked.write_text(json.dumps(query), encoding="utf-8")
+        if run_in_spare(spare, TASK_CHECKS_MODULE, [str(asked), str(answer)]) == EXIT_OK and answer.is_file():
+            read: TaskReadings = json.loads(answer.read_text(encoding="utf-8"))
+            if "crashed" not in read:
+                return read
+    return read_task(query)
 
 
 def check_job_file(a: Admitted) -> None:
@@ -264,14 +304,8 @@ def check_resume_model(a: Admitted) -> None:
     found = latest_checkpoint(a.job_dir / RUN_FILES.checkpoints, warn=False)
     if found is None or found.marker.get("signature") is None:
         return
-    import torch
-
-    from musubi.checkpoint.checkpoint import model_signature
-
-    try:
-        with torch.device("meta"):
-            signature = model_signature(a.task.build_model())
-    except Exception:  # noqa: BLE001 - a model that cannot be built on meta: the ranks compare the signature
+    signature = a.readings().get("signature")
+    if signature is None:  # a model that cannot be built on meta: the ranks compare the signature
         return
     # The ranks compare it again (checkpoint.load_checkpoint): they build the model for real.
     if signature != found.marker["signature"]:
@@ -284,24 +318,30 @@ def check_metric_names(a: Admitted) -> None:
     A fleet checked every job this way before it started any (fleet/run.py job_problem): not again here."""
     if a.req.fleet_member:
         return
-    check_task_metrics(a.spec, a.task)
+    read = a.readings()
+    check_metric_list(a.spec, read.get("metric_names"), str(read.get("primary_metric")))
 
 
 def check_task_metrics(spec: JobSpec, task: Task) -> None:
     """ConfigError when the job watches a metric `task` declares it never reports (Task.metric_names; a task that
     declares none is checked by the ranks at the first validation)."""
-    names = task.metric_names()
+    check_metric_list(spec, task.metric_names(), task.primary_metric)
+
+
+def check_metric_list(spec: JobSpec, names: Collection[str] | None, primary_metric: str) -> None:
+    """ConfigError when the job watches a metric outside `names`, those the task declares its validation reports
+    (None: it declares none); `primary_metric` is what keep_best and early_stop watch when the job names none."""
     if names is None:
         return
     # The ranks check again at each validation (saver.check_metric, trainer.watch_patience): a task's declaration
     # could miss a key its metric adds.
     reported = ", ".join(sorted(names))
     ck, early = spec.checkpoint, spec.train.early_stop
-    best = ck.best_metric or task.primary_metric
+    best = ck.best_metric or primary_metric
     if ck.enabled and ck.keep_best > 0 and best not in names:
         raise ConfigError(f"checkpoint.best_metric {best!r} is not a validation metric of this task (it reports "
                           f"{reported}); fix it or set keep_best: 0")
-    watched = (early.metric or task.primary_metric) if early is not None else None
+    watched = (early.metric or primary_metric) if early is not None else None
     if watched is not None and watched not in names:
         raise ConfigError(f"train.early_stop.metric {watched!r} is not a validation metric of this task (it reports "
                           f"{reported}); fix it")
@@ -312,7 +352,7 @@ def check_task(a: Admitted) -> None:
     A fleet checked every job this way before it started any (fleet/run.py validate_fleet): not again here."""
     if a.req.fleet_member:
         return
-    a.task.validate()
+    a.readings()  # the task's own checks ran with the readings; a refusal is raised here
 
 
 def check_machine(a: Admitted) -> None:
@@ -328,7 +368,9 @@ def check_machine(a: Admitted) -> None:
         # The preflight's environment check judges the variables for this many nodes.
         os.environ[MUSUBI_NNODES] = str(a.req.rendezvous.nnodes)
     say(a.req, "preflight: machine, disk and data checks...")
-    a.preflight = run_preflight(a.spec, a.nproc, a.kind, a.req.out)
+    read = a.readings()
+    a.preflight = run_preflight(a.spec, a.nproc, a.kind, a.req.out, params=read.get("params"),
+                                torch_read=read.get("stack"))
 
 
 @dataclass(frozen=True)
@@ -360,12 +402,27 @@ CHECKS: tuple[Check, ...] = (
 )
 
 
-def admit(req: TrainRequest) -> Admitted:
+def admit(req: TrainRequest, start: Callable[[Admitted], WarmSpare | None] | None = None) -> Admitted:
     """Run every check of the launch in order; the first refusal raises (ConfigError, PreflightFailed,
-    RunFinished) and nothing has been written."""
+    RunFinished) and nothing has been written. `start`: called once every check without torch passed, to start the
+    launch's warm spare (kept in `Admitted.spare`, stopped again if a later check refuses), unless this process
+    has torch already."""
     a = Admitted(req)
-    for check in CHECKS:
-        check.run(a)
+    # A launcher that imported torch already (the API in a notebook, the suite's in-process CLI) reads the task as
+    # cheaply itself, and starts no process for a job these checks may still refuse.
+    if "torch" in sys.modules:
+        start = None
+    try:
+        for check in CHECKS:
+            if check.torch and start is not None:
+                a.spare, start = start(a), None
+            check.run(a)
+    except BaseException:
+        if a.spare is not None:
+            from musubi.launch.spare import stop_spare
+
+            stop_spare(a.spare)
+        raise
     return a
 
 
@@ -386,32 +443,22 @@ def dry_run_plan(req: TrainRequest) -> list[str]:
     return lines
 
 
-def _checkpoint_bytes(spec: JobSpec) -> int | None:
-    """One checkpoint's size from the parameter count of the model built on the meta device."""
-    import torch
-
-    from musubi.preflight import checkpoint_bytes_estimate
-    from musubi.tasks.registry import build_task
-
-    try:
-        with torch.device("meta"):
-            params = sum(p.numel() for p in build_task(spec).build_model().parameters())
-    except Exception:  # noqa: BLE001 - a model that cannot be built on meta: the disk check guesses
-        return None
-    slots = 2 if spec.train.optimizer == "adamw" else 1
-    return checkpoint_bytes_estimate(params, optimizer_slots=slots)
-
-
-def run_preflight(spec: JobSpec, nproc: int, kind: str, out: Path | None):  # noqa: ANN201 - PreflightReport
-    """The preflight of `musubi check`, for this job's GPUs, data and output; raise PreflightFailed on a FAIL."""
+def run_preflight(spec: JobSpec, nproc: int, kind: str, out: Path | None, params: int | None = None,  # noqa: ANN201
+                  torch_read: dict | None = None):  # PreflightReport
+    """The preflight of `musubi check`, for this job's GPUs, data and output; raise PreflightFailed on a FAIL.
+    `params`: the model's parameter count (built on the meta device; None when it cannot be: the disk check guesses);
+    `torch_read`: torch's side of the stack reading, when another process took it."""
     from rich.console import Console
 
-    from musubi.preflight import data_targets, render, run_checks
+    from musubi.preflight import checkpoint_bytes_estimate, data_targets, render, run_checks
 
-    ckpt = _checkpoint_bytes(spec) if spec.checkpoint.enabled else 0
+    slots = 2 if spec.train.optimizer == "adamw" else 1
+    ckpt = (checkpoint_bytes_estimate(params, optimizer_slots=slots) if spec.checkpoint.enabled and params is not None
+            else None) or None
     # On CPU ranks the gloo all-reduce test tells little (loopback) and costs seconds: GPU runs only.
-    report = run_checks(None if kind == "cuda" else [], data_targets(spec.data), out or Path("runs"), ckpt or None,
-                        comm=kind == "cuda", keep_checkpoints=spec.checkpoint.keep_last, cpu_ranks=nproc)
+    report = run_checks(None if kind == "cuda" else [], data_targets(spec.data), out or Path("runs"), ckpt,
+                        comm=kind == "cuda", keep_checkpoints=spec.checkpoint.keep_last, cpu_ranks=nproc,
+                        torch_read=torch_read)
     if report.failed or report.warnings:
         from musubi.preflight.result import PreflightReport
 

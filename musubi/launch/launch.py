@@ -22,31 +22,76 @@ from pathlib import Path
 from musubi.contract.env import MUSUBI_CLIENT_PID, MUSUBI_DEVICE
 from musubi.contract.exits import EXIT_CONFIG, EXIT_FAILED, EXIT_OK
 from musubi.contract.run_files import RUN_FILES
-from musubi.launch.checks import admit, say
+from musubi.launch.checks import Admitted, admit, say
 from musubi.launch.job_record import close_attempt, open_record
 from musubi.launch.multinode import Rendezvous, rendezvous_error
 from musubi.launch.request import RunFinished, TrainRequest, TrainResult
-from musubi.launch.spare import WarmSpare, agent_command, client_command, start_spare, stop_spare, wanted
+from musubi.launch.spare import (
+    WarmSpare,
+    agent_command,
+    attach_log,
+    client_command,
+    start_spare,
+    stop_spare,
+    wanted,
+)
 from musubi.store.startup import mark
 
 
-def prepare(req: TrainRequest) -> tuple[Path, Path, dict, int, str]:
-    """Run the launch's checks, then lay out RUN/ and RUN/JOB/job.json (node 0 only: it owns the records)."""
-    a = admit(req)
+@dataclass
+class Prepared:
+    """A job past its checks with its records laid out: what spawn starts."""
+
+    run_dir: Path
+    job_dir: Path
+    record: dict
+    nproc: int
+    kind: str
+    spare: WarmSpare | None = None  # started during the checks (prepare's `warm`)
+
+
+def prepare(req: TrainRequest, warm: bool = False) -> Prepared:
+    """Run the launch's checks, then lay out RUN/ and RUN/JOB/job.json (node 0 only: it owns the records). `warm`:
+    start the warm spare once the cheap checks passed (early_spare), so that its imports overlap the rest and a
+    child of it runs the checks that need torch; stopped again on any refusal."""
+    a = admit(req, start=early_spare if warm else None)
+    try:
+        return _lay_out(req, a)
+    except BaseException:
+        if a.spare is not None:
+            stop_spare(a.spare)
+        raise
+
+
+def _lay_out(req: TrainRequest, a: Admitted) -> Prepared:
+    """The run's records of an admitted job (prepare's second half)."""
     req.marks["admitted"] = time.time()
     rdzv = req.rendezvous
     if a.follower:
         # Another node's agent: node 0 owns the records (shared storage, one writer); our workers start only
         # once every agent joined the rendezvous, so node 0 has written job.json by then.
         (a.job_dir / RUN_FILES.logs).mkdir(parents=True, exist_ok=True)
-        return a.run_dir, a.job_dir, {"config": a.spec.resolved(), "attempts": 0}, a.nproc, a.kind
+        return Prepared(a.run_dir, a.job_dir, {"config": a.spec.resolved(), "attempts": 0}, a.nproc, a.kind, a.spare)
     attempts = int(a.before.get("attempts", 0)) + 1 if req.resume else 1
     record = open_record(a.run_dir, a.job_dir, a.spec.resolved(), attempts=attempts, nproc=a.nproc, kind=a.kind,
                          resume=req.resume, nnodes=rdzv.nnodes if rdzv else 1, preflight=a.preflight,
                          fleet_member=req.fleet_member, before=a.before, changes=a.changes, argv=req.argv,
                          from_start=a.from_start)
     req.marks["prepared"] = time.time()
-    return a.run_dir, a.job_dir, record, a.nproc, a.kind
+    return Prepared(a.run_dir, a.job_dir, record, a.nproc, a.kind, a.spare)
+
+
+def early_spare(a: Admitted) -> WarmSpare | None:
+    """The launch's warm spare, started as the cheap checks passed, with the ranks' environment as far as it is known
+    before their pinning (worker_env); None when the job or the environment turns it off, or it cannot start (spawn
+    then tries again and writes why into the job's log)."""
+    env = worker_env(a.kind, a.nproc, bool(a.spec.train.deterministic))
+    if not wanted({"warm_spare": a.spec.train.warm_spare}, env):
+        return None
+    try:
+        return start_spare(a.spec.resolved(), env)
+    except OSError:
+        return None
 
 
 def _wait(proc: subprocess.Popen, deadline_s: float | None, spare: WarmSpare | None = None) -> tuple[int, bool]:
@@ -172,9 +217,10 @@ class Spawned:
 
 
 def spawn(req: TrainRequest, run_dir: Path, job_dir: Path, record: dict, nproc: int, kind: str,
-          max_restarts: int | None = None, warm_spare: bool = True) -> Spawned:
+          max_restarts: int | None = None, warm_spare: bool = True, spare: WarmSpare | None = None) -> Spawned:
     """Start torchrun for the job: workers' environment and pinning, the start-up marks, stderr into the log
-    (`max_restarts`: torchrun's budget when not the job's; `warm_spare`: False for a relaunch after its death)."""
+    (`max_restarts`: torchrun's budget when not the job's; `warm_spare`: False for a relaunch after its death;
+    `spare`: the one the checks started, else one is started here)."""
     from musubi.launch.pin_plan import apply_to_env, plan_pinning
     from musubi.topology.read import env_topology
 
@@ -195,10 +241,9 @@ def spawn(req: TrainRequest, run_dir: Path, job_dir: Path, record: dict, nproc: 
     (logs / f"pinning{node}.txt").write_text(pins.note + "\n", encoding="utf-8")
     restarts = 0 if req.probe_only else int(train["max_restarts"]) if max_restarts is None else max_restarts
     # torch imported once per launch: a warm spare forks torchrun's agent and each rank (and restart) from itself.
-    spare = None
-    if warm_spare and wanted(train, env):
+    if spare is None and warm_spare and wanted(train, env):
         try:
-            spare = start_spare(job_dir, env, logs / f"spare{node}.log")
+            spare = start_spare(record["config"], env)
         except OSError as e:  # no folder for its socket: the ranks start the plain way, and the log says why
             (logs / f"spare{node}.log").write_text(f"warm spare not started: {e}\n", encoding="utf-8")
     argv = torchrun_argv(job_dir, nproc, req.resume, req.max_steps, restarts, req.probe_only, pins.torchrun_args,
@@ -221,6 +266,8 @@ def spawn(req: TrainRequest, run_dir: Path, job_dir: Path, record: dict, nproc: 
         if spare is not None:
             stop_spare(spare)
         raise
+    if spare is not None:  # after torchrun started: the wait for the spare's imports overlaps the agent's start
+        attach_log(spare, logs / f"spare{node}.log")
     s = Spawned(proc, run_dir, job_dir, record, node, started, follower=rdzv is not None and not rdzv.is_first,
                 spare=spare)
     if req.probe_only:
@@ -296,13 +343,13 @@ def launch_train(req: TrainRequest) -> TrainResult:
     failures."""
     req.marks.setdefault("entered", time.time())
     try:
-        run_dir, job_dir, record, nproc, kind = prepare(req)
+        p = prepare(req, warm=True)
     except RunFinished as done:  # reported from job.json alone: no torchrun, no torch
         return TrainResult(EXIT_OK, done.run_dir, done.job_dir, error=str(done), already_finished=True)
-    s = spawn(req, run_dir, job_dir, record, nproc, kind)
+    s = spawn(req, p.run_dir, p.job_dir, p.record, p.nproc, p.kind, spare=p.spare)
     ended = wait(req, s)
     if ended.spare_died is not None:
-        return without_spare(req, s, ended, nproc, kind)
+        return without_spare(req, s, ended, p.nproc, p.kind)
     return post_mortem(req, s, ended)
 
 

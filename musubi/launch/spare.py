@@ -13,22 +13,30 @@ the launcher). A spare that dies under the agent takes it along: the agent's cli
 `died` says how the spare ended, and the launcher relaunches once without a spare (launch.without_spare). Off
 with `train.warm_spare: false` or MUSUBI_WARM_SPARE=0; a client that finds no ready spare starts its process the
 plain way.
+
+The spare starts as soon as the launch's cheap checks passed, before the job's folder exists (nothing is written
+there before a refusal): it reads the job's config from its own folder and writes its output there until `attach_log`
+hands it the job's log. Meanwhile its imports overlap the launcher's other work, and the launcher has it fork a child
+for the checks that need torch (`run_in_spare`, launch/task_checks.py), so the launcher never imports torch itself.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from musubi.contract import spare_client
 from musubi.contract.env import MUSUBI_WARM_SPARE
 from musubi.contract.exits import EXIT_SPARE_GONE
+from musubi.contract.run_files import RUN_FILES
 
 #: The module the spare runs (`python -m`): the rank's side, named, not imported.
 SPARE_MODULE = "musubi.worker.spare"
@@ -36,6 +44,10 @@ SPARE_MODULE = "musubi.worker.spare"
 WORKER_MODULE = "musubi.worker.worker"
 #: torchrun's agent behind the bound rendezvous (`python -m` without a spare; the spare calls its main()).
 AGENT_MODULE = "musubi.contract.rendezvous"
+#: The launch's checks that need torch (launch/task_checks.py): a child of the spare runs them for the launcher.
+TASK_CHECKS_MODULE = "musubi.launch.task_checks"
+#: What the launcher's spare may fork (its allowlist, on its command line).
+ENTRIES = (WORKER_MODULE, AGENT_MODULE, TASK_CHECKS_MODULE)
 #: Seconds a rank's client waits for the spare to finish its imports before it starts the plain way. The
 #: spare starts before torchrun, which imports torch too, so a client rarely waits long; a waiting client
 #: loses nothing against importing by itself, so the wait is generous.
@@ -44,10 +56,12 @@ READY_S = 60.0
 
 @dataclass
 class WarmSpare:
-    """A started spare: its process and its 0700 folder (socket, pid, refusal)."""
+    """A started spare: its process and its 0700 folder (socket, pid, refusal, the job's config, its early output)."""
 
     proc: subprocess.Popen
     folder: Path
+    log: Path | None = None  # the job's log its output belongs in (set once the job's folder exists)
+    attached: bool = False  # the spare writes to `log` itself (attach_log); else stop_spare copies its output there
 
 
 def wanted(train: dict, env: dict[str, str]) -> bool:
@@ -69,17 +83,62 @@ def socket_folder(env: dict[str, str]) -> Path:
     raise OSError("no folder for the warm spare's socket: TMPDIR, /tmp and /dev/shm are too long or not writable")
 
 
-def start_spare(job_dir: Path, env: dict[str, str], log_path: Path) -> WarmSpare:
-    """Start the spare with the ranks' environment (its imports read OMP_NUM_THREADS and the like as they
-    will); its output goes to `log_path`. It dies with this process (PR_SET_PDEATHSIG)."""
+def start_spare(config: dict, env: dict[str, str]) -> WarmSpare:
+    """Start the spare for the job of `config` (its resolved config) with the ranks' environment as far as the checks
+    know it (its imports read OMP_NUM_THREADS and the like; a rank follows its own thread count, worker/spare.py);
+    its output goes to its own folder until attach_log. It dies with this process (PR_SET_PDEATHSIG)."""
     folder = socket_folder(env)
-    with open(log_path, "a", encoding="utf-8") as log:
+    # The job's folder must not exist before the launch's checks passed: the spare reads the config from its own.
+    (folder / RUN_FILES.job).write_text(json.dumps({"config": config}), encoding="utf-8")
+    entries = [f"--entry={m}" for m in ENTRIES]
+    with open(folder / spare_client.LOG_NAME, "a", encoding="utf-8") as log:
         # A session of its own: a Ctrl-C at the terminal is the launcher's to handle, not the spare's.
-        proc = subprocess.Popen([sys.executable, "-m", SPARE_MODULE, str(folder), str(job_dir), str(os.getpid())],
-                                env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+        proc = subprocess.Popen([sys.executable, "-m", SPARE_MODULE, str(folder), str(folder), str(os.getpid()),
+                                 *entries], env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                start_new_session=True)
     # Written here, not by the spare: a client learns at once of a spare that died before it could write anything.
     (folder / spare_client.PID_NAME).write_text(f"{proc.pid}\n", encoding="ascii")
     return WarmSpare(proc, folder)
+
+
+def attach_log(spare: WarmSpare, log_path: Path, ready_s: float = READY_S) -> bool:
+    """Hand the spare the job's log (its output so far is copied into it first); False when it does not serve (it
+    refused, died or is not ready in time): stop_spare then copies its output there."""
+    spare.log = log_path
+    try:
+        sock = spare_client.connect(str(spare.folder), ready_s)
+    except spare_client.Unavailable:
+        return False
+    with sock, open(log_path, "a", encoding="utf-8") as log:
+        try:
+            spare_client.send_message(sock, {"log": True}, [log.fileno()])
+            reply, _ = spare_client.receive_message(sock)
+        except OSError:
+            return False
+    spare.attached = bool(reply and reply.get("log") == "attached")
+    return spare.attached
+
+
+def run_in_spare(spare: WarmSpare, module: str, args: list[str], ready_s: float = READY_S) -> int | None:
+    """Have the spare fork `module`'s main(args) with this process's environment, working folder and stdout/stderr,
+    and wait for it: its exit code, or None when the spare cannot (it refused, died or is not ready in time) and the
+    caller does the work itself."""
+    try:
+        sock = spare_client.connect(str(spare.folder), ready_s)
+    except spare_client.Unavailable:
+        return None
+    with sock, open(os.devnull, encoding="utf-8") as null:
+        try:
+            spare_client.send_message(sock, spare_client.request(module, args, time.time()), [null.fileno(), 1, 2])
+            reply, _ = spare_client.receive_message(sock)
+            if reply is None or "pid" not in reply:
+                return None
+            end, _ = spare_client.receive_message(sock)  # the child's wait status once it ended
+        except OSError:
+            return None
+    if end is None or "status" not in end:  # the spare died, and its child with it
+        return None
+    return os.waitstatus_to_exitcode(int(end["status"]))
 
 
 def client_command(spare: WarmSpare, ready_s: float = READY_S, module: str = WORKER_MODULE) -> list[str]:
@@ -114,7 +173,8 @@ def died(spare: WarmSpare | None, agent_code: int) -> str | None:
 
 
 def stop_spare(spare: WarmSpare, grace_s: float = 5.0) -> None:
-    """End the spare (torchrun's agent has ended: its ranks have too, or get SIGTERM now) and remove its folder."""
+    """End the spare (torchrun's agent has ended: its ranks have too, or get SIGTERM now), keep its output in the
+    job's log when it never wrote there itself, and remove its folder."""
     if spare.proc.poll() is None:
         spare.proc.terminate()
         try:
@@ -123,4 +183,7 @@ def stop_spare(spare: WarmSpare, grace_s: float = 5.0) -> None:
             spare.proc.kill()  # its ranks die with it (PR_SET_PDEATHSIG)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 spare.proc.wait(timeout=5)
+    if spare.log is not None and not spare.attached:
+        with contextlib.suppress(OSError), open(spare.log, "a", encoding="utf-8") as log:
+            log.write((spare.folder / spare_client.LOG_NAME).read_text(encoding="utf-8", errors="replace"))
     shutil.rmtree(spare.folder, ignore_errors=True)

@@ -38,11 +38,14 @@ def run_checks(
     keep_checkpoints: int = DEFAULT_KEEP,
     cpu_ranks: int = 2,
     comm_timeout_s: float = 90.0,
+    torch_read: dict | None = None,
 ) -> PreflightReport:
     """Check machine, stack, GPUs, binding, communication, disk, data and environment before a run.
 
     `gpus`: nvidia-smi indices to use, None for every visible GPU (CPU ranks if there is none),
     [] for CPU ranks. `ckpt_bytes`: one checkpoint's size, if known (see checkpoint_bytes_estimate).
+    `torch_read`: torch's part of the stack reading taken by another process (read_stack), so that this one
+    need not import torch (`musubi train`'s launcher: its warm spare read it).
     """
     t0 = time.perf_counter()
     nvml, topo = read_nvml()
@@ -67,7 +70,7 @@ def run_checks(
             topo = read_topo_smi()
         # The same model env.json keeps (musubi.topology): NUMA node and CPUs of each GPU where NVML gave links.
         topo = with_sysfs_places(nvml, topo)
-        stack = read_stack(nvml)
+        stack = read_stack(nvml, torch_read)
     except BaseException:
         if probe is not None:
             probe.cancel()

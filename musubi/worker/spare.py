@@ -1,15 +1,18 @@
 """A launch's warm spare: one process per node that imports torch once, then forks torchrun's agent and the ranks.
 
 `python -m musubi.worker.spare SPARE_DIR JOB_DIR LAUNCHER_PID`, started by the launcher (launch/spare.py)
-before torchrun. It imports torch, torch.distributed and its checkpoint package, torch._dynamo, torchrun
+once the launch's cheap checks passed, before the job's folder exists: JOB_DIR holds the job's job.json (the
+launcher's copy in SPARE_DIR), and its output goes to SPARE_DIR/spare.log until the launcher hands it the job's
+log (a `{"log": true}` message with the file's fd). It imports torch, torch.distributed and its checkpoint package, torch._dynamo, torchrun
 (torch.distributed.run), the rank's modules and the job's task module (no CUDA call, no parallel torch op),
 freezes those objects out of the collector's reach, checks that no thread would outlive a fork, and listens on
 `SPARE_DIR/spare.sock` (the folder is 0700, and a peer of another uid is refused by SO_PEERCRED). A thin client
 (contract/spare_client.py) sends its entry module, argv, environment and fds 0/1/2; the spare forks a child that
 becomes that entry's process, sends the client the child's pid, and its wait status when it ends. The launcher
 starts torchrun's agent through such a client (entry `musubi.contract.rendezvous`), and the agent starts one
-per rank (entry `musubi.worker.worker`). Only the entries named on the spare's command line are served
-(`--entry`, by default those two: a client cannot have the spare run any other module; the tests name a tiny
+per rank (entry `musubi.worker.worker`); the launcher also has it fork the launch's checks that need torch
+(entry `musubi.launch.task_checks`), so that the launcher never imports torch. Only the entries named on the spare's command line are served
+(`--entry`, by default the rank's and the agent's: a client cannot have the spare run any other module; the tests name a tiny
 one, and `--warm` other modules to import). The agent and each rank then start in milliseconds, and a restart
 by torchrun (--max-restarts) forks from the same warm spare: torch is imported once per launch and node, not
 once by the agent and once per rank and restart.
@@ -46,7 +49,7 @@ from typing import NoReturn
 from musubi.contract.env import MUSUBI_CLIENT_PID
 from musubi.contract.exits import EXIT_FAILED, EXIT_OK
 from musubi.contract.run_files import RUN_FILES
-from musubi.contract.spare_client import REFUSED_NAME, SOCKET_NAME, receive_message, send_message
+from musubi.contract.spare_client import LOG_NAME, REFUSED_NAME, SOCKET_NAME, receive_message, send_message
 from musubi.tasks import registry
 
 log = logging.getLogger("musubi.spare")
@@ -85,15 +88,19 @@ def unsupported(parent: int) -> str | None:
     return None
 
 
-def task_module(job_dir: Path) -> str | None:
-    """The module the job's task lives in (JOB/job.json, written by the launcher), or None."""
+def job_config(job_dir: Path) -> dict | None:
+    """The job's resolved config from JOB_DIR/job.json (the launcher's copy in the spare's folder), or None."""
     try:
-        task = json.loads((job_dir / RUN_FILES.job).read_text(encoding="utf-8"))["config"]["task"]
+        config = json.loads((job_dir / RUN_FILES.job).read_text(encoding="utf-8"))["config"]
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    if not isinstance(task, str):
-        return None
-    return registry.task_module(task)
+    return config if isinstance(config, dict) else None
+
+
+def task_module(config: dict | None) -> str | None:
+    """The module the job's task lives in, or None."""
+    task = config.get("task") if config is not None else None
+    return registry.task_module(task) if isinstance(task, str) else None
 
 
 def warm(job_dir: Path, modules: list[str]) -> list[str]:
@@ -103,7 +110,8 @@ def warm(job_dir: Path, modules: list[str]) -> list[str]:
     for name in modules:
         importlib.import_module(name)
     failed = []
-    name = task_module(job_dir)
+    config = job_config(job_dir)  # read once: the task module and the preload both come from it
+    name = task_module(config)
     if name is not None:
         if os.getcwd() not in sys.path:  # like tasks/registry.py: user modules resolve from the working folder
             sys.path.insert(0, os.getcwd())
@@ -112,17 +120,16 @@ def warm(job_dir: Path, modules: list[str]) -> list[str]:
         except Exception:  # noqa: BLE001 - the rank's own import names the error in one line
             failed.append(name)
         else:
-            preload(job_dir)
+            preload(config)
     return failed
 
 
-def preload(job_dir: Path) -> None:
-    """A built-in task's model libraries (Task.preload), read from the job's config. Only built-in tasks: a user
-    task is built by calling the user's function, which the spare does not run. Any failure is the rank's to
-    report: it builds the model itself."""
+def preload(config: dict | None) -> None:
+    """A built-in task's model libraries (Task.preload), from the job's config. Only built-in tasks: a user task is
+    built by calling the user's function, which the spare does not run. Any failure is the rank's to report: it
+    builds the model itself."""
     try:
-        config = json.loads((job_dir / RUN_FILES.job).read_text(encoding="utf-8"))["config"]
-        if config.get("task") not in registry.BUILTIN_TASK_CLASSES:
+        if config is None or config.get("task") not in registry.BUILTIN_TASK_CLASSES:
             return
         from musubi.config.load import job_from_dict
 
@@ -193,6 +200,7 @@ class Spare:
     listener: socket.socket
     sel: selectors.BaseSelector
     entries: tuple[str, ...]  # the modules a client may ask for (the allowlist)
+    threads: str | None = None  # OMP_NUM_THREADS when the spare imported torch (its thread pools' size)
     children: dict[int, Child] = field(default_factory=dict)  # by pid
     stop_asked: bool = False  # set by a signal handler; serve() acts on it
     stopping: bool = False
@@ -233,6 +241,9 @@ class Spare:
         except OSError:
             conn.close()
             return
+        if req is not None and req.get("log") is True and len(fds) == 1:
+            self.take_log(conn, fds[0])
+            return
         if req is None or len(fds) != 3:
             for fd in fds:
                 os.close(fd)
@@ -242,7 +253,9 @@ class Spare:
         why = None
         entry = req.get("module")
         if entry not in self.entries:  # never a module a client names: only the launch's own entries
-            why = f"the warm spare runs {' and '.join(self.entries)} only, not {entry!r}"
+            served = " and ".join([", ".join(self.entries[:-1]), self.entries[-1]] if len(self.entries) > 1
+                                   else self.entries)
+            why = f"the warm spare runs {served} only, not {entry!r}"
         elif (threads := live_threads()) > 1:  # never fork beside a thread: the client starts the plain way
             why = f"{threads} threads alive in the warm spare"
             self.refuse(why)
@@ -259,9 +272,9 @@ class Spare:
         signal.pthread_sigmask(signal.SIG_BLOCK, STOPPING)
         pid = os.fork()
         if pid == 0:
-            become(entry, req, fds, os.getppid(), self.own_fds(conn), client)
+            become(entry, req, fds, os.getppid(), self.own_fds(conn), client, self.threads)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPPING)
-        what = "torchrun agent" if entry == AGENT_ENTRY else "rank"
+        what = {AGENT_ENTRY: "torchrun agent", WORKER_ENTRY: "rank"}.get(entry, entry)
         print(f"{what} pid {pid} forked for client pid {client}", file=sys.stderr, flush=True)
         for fd in fds:
             os.close(fd)
@@ -274,6 +287,25 @@ class Spare:
             send_message(conn, {"pid": pid})
         except OSError:
             _kill(pid, signal.SIGKILL)
+
+    def take_log(self, conn: socket.socket, fd: int) -> None:
+        """The launcher's job log (its folder exists now): what the spare wrote so far is copied into it, then its
+        stdout and stderr write there."""
+        sys.stdout.flush()
+        sys.stderr.flush()
+        try:
+            with contextlib.suppress(OSError):
+                os.write(fd, (self.spare_dir / LOG_NAME).read_bytes())
+            os.dup2(fd, 1)
+            os.dup2(fd, 2)
+            reply = {"log": "attached"}
+        except OSError as e:
+            reply = {"log": f"not attached: {e}"}
+        finally:
+            os.close(fd)
+        with contextlib.suppress(OSError):
+            send_message(conn, reply)
+        conn.close()
 
     def own_fds(self, conn: socket.socket) -> list[int]:
         """Every fd the spare holds (a rank closes them all): the selector, the listener, the connections."""
@@ -323,9 +355,11 @@ def _kill(pid: int, sig: int) -> None:
         pass
 
 
-def become(entry: str, req: dict, fds: list[int], spare_pid: int, spare_fds: list[int], client: int) -> NoReturn:
+def become(entry: str, req: dict, fds: list[int], spare_pid: int, spare_fds: list[int], client: int,
+           threads: str | None = None) -> NoReturn:
     """In the forked child: take over the client's fds, environment and state, run the entry (a rank or torchrun's
-    agent), end as a new interpreter running it would (its exit code; an uncaught Ctrl-C by SIGINT)."""
+    agent), end as a new interpreter running it would (its exit code; an uncaught Ctrl-C by SIGINT). `threads`: the
+    spare's OMP_NUM_THREADS when it imported torch."""
     code = EXIT_FAILED
     try:
         for fd in spare_fds:
@@ -350,6 +384,7 @@ def become(entry: str, req: dict, fds: list[int], spare_pid: int, spare_fds: lis
         os.sched_setaffinity(0, req["affinity"])  # torchrun's NUMA binding (numactl) bound the client
         module = sys.modules[entry]
         sys.argv = [module.__file__ or entry, *req["argv"]]
+        follow_thread_count(threads)
         if "numpy" in sys.modules:  # a new interpreter would seed numpy's global generator from fresh entropy
             sys.modules["numpy"].random.seed()
         code = module.main(list(req["argv"]), started=float(req["started"]))
@@ -374,6 +409,16 @@ def become(entry: str, req: dict, fds: list[int], spare_pid: int, spare_fds: lis
             sys.stderr.flush()
         finally:
             os._exit(code)  # as worker.py's __main__: no interpreter teardown (gloo threads)
+
+
+def follow_thread_count(imported: str | None) -> None:
+    """torch's intra-op threads as OMP_NUM_THREADS says in this process's environment, as a new interpreter would
+    have them: the pools were sized from the spare's environment at its import (OpenMP and MKL read it once), and
+    the spare starts before the launcher knows the ranks' pinning."""
+    wanted = os.environ.get("OMP_NUM_THREADS", "").strip()
+    torch = sys.modules.get("torch")
+    if torch is not None and wanted != (imported or "").strip() and wanted.isdigit() and int(wanted) > 0:
+        torch.set_num_threads(int(wanted))
 
 
 def listen(spare_dir: Path) -> socket.socket:
@@ -426,6 +471,7 @@ def run(args: argparse.Namespace) -> int:
     if why is not None:
         refuse(spare_dir, why)
         return EXIT_FAILED
+    threads = os.environ.get("OMP_NUM_THREADS")  # what torch's thread pools are sized from (follow_thread_count)
     gc.disable()  # the imports' objects live as long as the process: no collection need walk them (worker.py)
     t0 = time.monotonic()
     try:
@@ -436,15 +482,15 @@ def run(args: argparse.Namespace) -> int:
     gc.collect()
     gc.freeze()
     gc.enable()
-    threads = live_threads()
-    if threads > 1:
-        refuse(spare_dir, f"{threads} threads alive in the warm spare after its imports")
+    alive = live_threads()
+    if alive > 1:
+        refuse(spare_dir, f"{alive} threads alive in the warm spare after its imports")
         return EXIT_FAILED
     if cuda_initialized():
         refuse(spare_dir, "the warm spare's imports initialized CUDA (a forked rank could not use it)")
         return EXIT_FAILED
     sel = selectors.DefaultSelector()
-    spare = Spare(spare_dir, listen(spare_dir), sel, args.entries)
+    spare = Spare(spare_dir, listen(spare_dir), sel, args.entries, threads)
     sel.register(spare.listener, selectors.EVENT_READ, ("accept", None))
     for sig in STOPPING:
         signal.signal(sig, spare.ask_stop)

@@ -106,7 +106,7 @@ def test_the_dry_run_and_the_launch_run_the_same_list_of_checks(tmp_path: Path,
     class Spawned(Exception):
         """Raised where torchrun would start."""
 
-    def no_spawn(*args: object) -> None:
+    def no_spawn(*args: object, **kwargs: object) -> None:
         raise Spawned
 
     monkeypatch.setattr(launch, "spawn", no_spawn)

@@ -18,7 +18,7 @@ FOUR = nvml(gpu(0), gpu(1), gpu(2, ecc_uncorrected=1), gpu(3))
 def _machine(monkeypatch: pytest.MonkeyPatch, machine, torch_stack, cvd: str | None) -> None:
     monkeypatch.setattr(runner, "read_nvml", lambda: (machine, TopologyReading()))
     monkeypatch.setattr(runner, "read_topo_smi", lambda: TopologyReading())
-    monkeypatch.setattr(runner, "read_stack", lambda nv: torch_stack)
+    monkeypatch.setattr(runner, "read_stack", lambda nv, torch_read=None: torch_stack)
     if cvd is None:
         monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     else:

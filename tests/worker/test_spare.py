@@ -362,7 +362,7 @@ def test_torchruns_agent_is_forked_by_the_spare_with_a_fresh_processs_state(live
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_the_spare_serves_the_rank_and_the_agent_only(live: Live) -> None:
+def test_the_spare_serves_the_launchs_entries_only(live: Live) -> None:
     """A client of the same user asking for another module is refused in one line; nothing is forked."""
     spare_log = live.job_dir / "logs" / "spare.log"
     forked = spare_log.read_text().count(" forked for client pid ")
@@ -372,9 +372,10 @@ def test_the_spare_serves_the_rank_and_the_agent_only(live: Live) -> None:
     with sock, open(os.devnull) as null:
         spare_client.send_message(sock, spare_client.request("os", ["-c", "print(1)"], time.time()), [null.fileno()] * 3)
         reply, _ = spare_client.receive_message(sock)
-    assert reply == {"refused": "the warm spare runs musubi.worker.worker and musubi.contract.rendezvous only, "
-                                "not 'os'"}, reply
-    assert spare_log.read_text().count(" forked for client pid ") == forked == 3
+    assert reply == {"refused": "the warm spare runs musubi.worker.worker, musubi.contract.rendezvous and "
+                                "musubi.launch.task_checks only, not 'os'"}, reply
+    # the launch's torch checks (for the launcher), torchrun's agent, two ranks
+    assert spare_log.read_text().count(" forked for client pid ") == forked == 4
     assert not (live.spare_dir / spare_client.REFUSED_NAME).exists(), "one bad client must not turn the spare off"
 
 

@@ -19,8 +19,9 @@ ENV_NAMES = ("MKL_NUM_THREADS", "MASTER_ADDR", "LOCAL_WORLD_SIZE", "WORLD_SIZE",
 _NODE_VARS = (MUSUBI_NNODES, "SLURM_JOB_NUM_NODES", "SLURM_NNODES", "PET_NNODES", "NNODES")
 
 
-def read_stack(nvml: NvmlReading) -> StackReading:
-    """torch build (CUDA version, arch list), CUDA availability, NCCL/gloo, and the driver from NVML."""
+def torch_side() -> dict:
+    """torch's part of the stack reading (build, CUDA availability and count, NCCL, gloo): StackReading's fields
+    less the driver's. Taken wherever torch is imported: the launcher's warm spare reads it for the preflight."""
     import torch
     import torch.distributed as dist
 
@@ -38,19 +39,18 @@ def read_stack(nvml: NvmlReading) -> StackReading:
             nccl_version = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
         except (AttributeError, RuntimeError):
             nccl_version = None
-    return StackReading(
-        torch_version=torch.__version__,
-        cuda_version=torch.version.cuda,
-        arch_list=tuple(torch.cuda.get_arch_list()) if available else (),
-        cuda_available=available,
-        cuda_device_count=count,
-        cuda_error=cuda_error,
-        nccl_available=nccl,
-        nccl_version=nccl_version,
-        gloo_available=dist.is_available() and dist.is_gloo_available(),
-        driver_version=nvml.driver_version,
-        driver_cuda_version=nvml.driver_cuda_version,
-    )
+    return {"torch_version": torch.__version__, "cuda_version": torch.version.cuda,
+            "arch_list": list(torch.cuda.get_arch_list()) if available else [], "cuda_available": available,
+            "cuda_device_count": count, "cuda_error": cuda_error, "nccl_available": nccl,
+            "nccl_version": nccl_version, "gloo_available": dist.is_available() and dist.is_gloo_available()}
+
+
+def read_stack(nvml: NvmlReading, torch_read: dict | None = None) -> StackReading:
+    """torch build (CUDA version, arch list), CUDA availability, NCCL/gloo, and the driver from NVML; `torch_read`:
+    torch's part as another process read it (torch_side), else read here."""
+    side = dict(torch_side() if torch_read is None else torch_read)
+    side["arch_list"] = tuple(side["arch_list"])
+    return StackReading(**side, driver_version=nvml.driver_version, driver_cuda_version=nvml.driver_cuda_version)
 
 
 def _first_int(text: str) -> int | None:
