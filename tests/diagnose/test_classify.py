@@ -401,3 +401,20 @@ def test_report_process_never_imports_torch(tmp_path: Path) -> None:
     assert res.returncode == 0, res.stderr[-2000:]
     assert (tmp_path / "r.html").is_file() and '"jobs"' in res.stdout
     assert json.loads(res.stdout.strip().splitlines()[-1]) == [], "musubi report imported torch"
+
+
+def test_a_slow_rank_not_flagged_is_right_only_where_the_noise_could_not_tell_it(tmp_path: Path) -> None:
+    """The scenario test's judgement of a 10 %-slow drill the detector did not flag (tests/diagnose/noise.py):
+    on a quiet machine it must have been flagged; on a noisy one the slowdown must still show against the noise."""
+    from tests.diagnose.noise import slow_rank_against_noise
+
+    row = {"scenario": "slow_1.1", "label": "healthy compute bound", "stragglers": [], "live_flags": []}
+    quiet, noisy = write_job(tmp_path / "quiet"), write_job(tmp_path / "noisy", noise=0.2, seed=1)
+    slow = write_job(tmp_path / "slow", slow_rank=1, factor=1.1, noise=0.2, seed=2)
+    not_slow = write_job(tmp_path / "not-slow", noise=0.2, seed=2)
+    right, figures = slow_rank_against_noise(row, quiet, slow, 0.07)
+    assert not right and figures["predicted_low"] >= 0.08, figures  # a quiet machine tells a 10 % rank apart
+    right, figures = slow_rank_against_noise(row, noisy, slow, 0.07)
+    assert right and figures["predicted_low"] < 0.08 and figures["shift_z"] >= 2.326, figures
+    assert not slow_rank_against_noise(row, noisy, not_slow, 0.07)[0]  # no slowdown to show: wrong
+    assert not slow_rank_against_noise({**row, "stragglers": [0]}, noisy, slow, 0.07)[0]  # another rank named

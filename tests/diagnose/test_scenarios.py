@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import time
 from pathlib import Path
 
@@ -29,55 +28,12 @@ from musubi.cli import app
 from musubi.contract.env import MUSUBI_INJECT
 from musubi.diagnose import drills
 from musubi.diagnose.report import build_report
-from musubi.diagnose.timeline import load_job
-from musubi.telemetry.step_record import local_work_ms, wall_ms
-from musubi.telemetry.straggler import WARMUP, WINDOW, median_low
+from tests.diagnose.noise import slow_rank_against_noise
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 NAMES = os.environ.get("MUSUBI_DRILLS", "healthy,data_stall,slow_1.1,ckpt_stall").split(",")
 RUNS = int(os.environ.get("MUSUBI_DRILL_RUNS", "1"))
-
-#: How far above the bar the prediction from the healthy run's noise must be (a fraction of a step) for a 10 %-slow
-#: rank to count as decidable on this machine now: the slow run's own noise is a fresh draw of the same machine.
-MARGIN = 0.01
-
-
-def leads(job_dir: Path, rank: int, factor: float = 1.0) -> list[float]:
-    """Each steady step's local-work lead of `rank` over the other ranks' median, as a fraction of the step; with
-    `factor`, as it would be with (factor - 1) x that rank's step of extra work added (the `slow` fault)."""
-    out = []
-    for _, recs in (x for x in load_job(job_dir).aligned() if x[0] > WARMUP):
-        lead = local_work_ms(recs[rank]) - statistics.median(local_work_ms(r) for q, r in recs.items() if q != rank)
-        pause = (factor - 1) * wall_ms(recs[rank])
-        out.append((lead + pause) / (max(wall_ms(r) for r in recs.values()) + pause))
-    return out
-
-
-def predicted_low(healthy: Path, factor: float, rank: int) -> float:
-    """What the detector's test would give a rank `factor` x slower on this machine now, predicted from a healthy
-    run's own noise: the lowest, over every 20-step window, of the sign test's lower bound of the median lead."""
-    fractions = leads(healthy, rank, factor)
-    lows = [median_low(fractions[i:i + WINDOW]) for i in range(len(fractions) - WINDOW + 1)]
-    return min((x for x in lows if x is not None), default=0.0)
-
-
-def slow_rank_against_noise(row: dict, healthy: Path, slow: Path, threshold: float) -> tuple[bool, dict]:
-    """A slow-rank drill the detector did not flag by the deadline: right only when this machine's measured noise
-    (the healthy run beside it) could not tell a rank that much slower from the others, the injected slowdown still
-    shows against that noise (its lead over the healthy run's at least half of the fault's (factor - 1) / factor),
-    and no other rank is named. Returns (right, the figures)."""
-    sc = drills.SCENARIOS[row["scenario"]]
-    factor = float(sc.inject(drills.CPU_STEP_MS).split("factor=")[1])
-    predicted = predicted_low(healthy, factor, sc.rank)
-    shift = statistics.median(leads(slow, sc.rank)) - statistics.median(leads(healthy, sc.rank))
-    figures = {"predicted_low": round(predicted, 4), "bar": threshold, "lead_shift": round(shift, 4),
-               "fault_share": round((factor - 1) / factor, 4)}
-    right = (predicted < threshold + MARGIN and shift >= 0.5 * (factor - 1) / factor
-             and row["label"] in ("healthy compute bound", "straggler") and set(row["stragglers"]) <= {sc.rank}
-             and {rank for rank, _ in row["live_flags"]} <= {sc.rank})
-    return right, figures
-
 
 def test_scenarios_get_the_right_label(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     def train_in_process(job: Path, out: Path, nproc: int, device: str, steps: int, inject: str,
