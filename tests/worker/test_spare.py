@@ -438,3 +438,40 @@ def test_the_spare_preloads_a_builtin_models_libraries_only(tmp_path: Path, task
         assert not any(m.startswith(("transformers.models.", "effdet")) for m in seen["after"]), seen["after"]
     else:
         assert loaded in seen["after"]
+
+
+def test_the_spare_reads_the_jobs_config_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One read of job.json gives the task module to import and the built-in model's libraries to preload."""
+    from musubi.worker import spare
+
+    config = {"name": "p", "task": "tests.support.tiny_task:make", "model": "mlp"}
+    (tmp_path / "job.json").write_text(json.dumps({"config": config}), encoding="utf-8")
+    reads: list[Path] = []
+    read_text = Path.read_text
+
+    def counted(self: Path, *args: object, **kwargs: object) -> str:
+        if self.name == "job.json":
+            reads.append(self)
+        return read_text(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Path, "read_text", counted)
+    assert spare.warm(tmp_path, []) == [] and reads == [tmp_path / "job.json"]
+
+
+def test_a_forked_rank_takes_the_thread_count_its_environment_gives(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch's pools were sized from the spare's OMP_NUM_THREADS at its import; the rank's own value wins, as in a
+    new interpreter, and an unchanged one is left alone."""
+    import torch
+
+    from musubi.worker.spare import follow_thread_count
+
+    before = torch.get_num_threads()
+    other = 1 if before != 1 else 2
+    monkeypatch.setenv("OMP_NUM_THREADS", str(other))
+    try:
+        follow_thread_count(imported=str(other))
+        assert torch.get_num_threads() == before  # what the spare imported with: nothing to change
+        follow_thread_count(imported=str(before))
+        assert torch.get_num_threads() == other
+    finally:
+        torch.set_num_threads(before)
