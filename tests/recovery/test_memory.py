@@ -122,11 +122,14 @@ def test_probe_agrees_on_the_smallest_rank_and_caches(tiny_job, tmp_path: Path, 
     detail = json.loads((tmp_path / "p1" / "tiny" / "memory" / "probe.json").read_text())
     assert detail["local_batch"] == 40  # rank 0's own answer; the agreed one is rank 1's
     assert not (tmp_path / "musubi.db").exists()  # a simulated limit never enters the cache
-    # without simulated limits the CPU probe grows to the data cap (64 per rank), then it is cached
+    # without simulated limits the CPU probe grows to the data cap (64 per rank), then it is cached (the probe
+    # writes the cache before a run trains: --probe-only stops there, the training after it is the next launch's)
     monkeypatch.delenv("MUSUBI_INJECT")
-    code, out = train(str(job), "--nproc", "2", "--out", str(tmp_path / "p2"))
-    assert code == 0, out
-    assert json.loads((tmp_path / "p2" / "tiny" / "summary.json").read_text())["per_rank_batch"] == 64
+    res = CliRunner().invoke(app, ["train", str(job), "--nproc", "2", "--device", "cpu", "--out",
+                                   str(tmp_path / "p2"), "--probe-only"])
+    assert res.exit_code == 0, res.output
+    probe = json.loads([ln for ln in res.output.splitlines() if ln.startswith("{")][-1])
+    assert probe["per_rank_batch"] == 64 and probe["source"] == "probe"
     assert (tmp_path / "musubi.db").exists()
     code, out = train(str(job), "--nproc", "2", "--out", str(tmp_path / "p3"))
     assert code == 0, out
