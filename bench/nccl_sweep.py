@@ -3,9 +3,10 @@
     torchrun --nproc-per-node 2 bench/nccl_sweep.py --gpu H200 [--out FILE.json]
     torchrun --nproc-per-node 2 bench/nccl_sweep.py --device cpu --gpu H200 --max-mib 1   # checks the script
 
-Why: musubi/plan/comm.py prices a collective as latency + bytes / bus bandwidth (NCCL's ring: an
-all-reduce moves 2 (n-1)/n S per rank, all-gather and reduce-scatter (n-1)/n S), with the `nvlink` latency
-and bandwidth fraction of musubi/plan/efficiency.py. The fixed-global-batch runs that lose throughput with
+Why: musubi/plan/comm.py prices a collective as NCCL's cheapest protocol for its size (latency + bytes / bus
+bandwidth; NCCL's ring: an all-reduce moves 2 (n-1)/n S per rank, all-gather and reduce-scatter (n-1)/n S),
+never under the per-call floor, with the `nvlink` fraction, `call_s` and `gather_share` of
+musubi/plan/efficiency.py (the last two measured by this script: bench/results/nccl-sweep-2026-11-28-2xH200-*.json). The fixed-global-batch runs that lose throughput with
 scale move smaller messages per collective; whether the latency term and the bandwidth fraction hold across
 message sizes is a measurement, not a training run. This script times `all_reduce`, `all_gather_into_tensor`
 and `reduce_scatter_tensor` of bf16 buffers from --min-kib to --max-mib (factors of 4), nccl-tests'

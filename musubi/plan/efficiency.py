@@ -41,9 +41,16 @@ class Efficiency:
     nvlink: float = 0.8
     pcie: float = 0.7
     network: float = 0.8
-    #: Fixed cost of one collective or send (launch + synchronisation), seconds.
+    #: Fixed cost of one send, all-to-all or context-parallel ring step (launch + synchronisation), seconds.
     latency_s: dict[str, float] = field(default_factory=lambda: {"nvlink": 10e-6, "pcie": 15e-6,
                                                                   "network": 20e-6})
+    #: The least one collective call costs through torch.distributed (NCCL launch, c10d's work and stream
+    #: bookkeeping), back to back, seconds: the median of the calls of 64 KiB-1 MiB on 2 H200 (torch 2.11,
+    #: NCCL 2.28; bench/results/nccl-sweep-2026-11-28-2xH200-2f2a503.json). all_gather serves reduce-scatter too.
+    call_s: dict[str, float] = field(default_factory=lambda: {"all_reduce": 27.5e-6, "all_gather": 44e-6})
+    #: All-gather / reduce-scatter bus bandwidth against all-reduce's inside a node: 267 / 331.5 GB/s at 1 GiB
+    #: on 2 H200 (the same sweep: all-gather 268.1, reduce-scatter 266.4, all-reduce 331.5).
+    gather_share: float = 0.8
     #: Compute slows by this fraction while a collective runs beside it: NCCL's kernels hold SMs (an all-gather's
     #: 24 CTAs of an H100's 132) and HBM bandwidth the GEMMs would use. "Characterizing Compute-Communication
     #: Overlap in GPU-Accelerated Distributed Deep Learning" (arXiv:2507.03114, abstract: GPT/LLaMA layers with

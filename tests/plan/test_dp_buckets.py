@@ -17,7 +17,14 @@ from dataclasses import replace
 import pytest
 
 from musubi.plan import get_gpu, make_cluster, predict
-from musubi.plan.comm import all_gather_s, all_reduce_s, place_group, reduce_scatter_s
+from musubi.plan.comm import (
+    PROTOCOLS,
+    all_gather_s,
+    all_reduce_s,
+    place_group,
+    reduce_scatter_s,
+    ring_latency_s,
+)
 from musubi.plan.efficiency import DEFAULT_EFFICIENCY
 from musubi.plan.layout import parse_layout
 from musubi.plan.predict import (
@@ -116,6 +123,9 @@ def test_every_bucket_pays_the_collectives_latency() -> None:
     k = gradient_buckets(grads, 8, 2)
     assert 200 < k < 240
     one = reduce_scatter_s(grads, link) + all_gather_s(grads, link)
-    latency = reduce_scatter_s(1.0, link) + all_gather_s(1.0, link)  # one byte: the fixed cost of each
-    assert p.data_parallel.busy_s == pytest.approx(one + (k - 1) * latency, rel=1e-3)
+    assert p.data_parallel.busy_s == pytest.approx(k * (reduce_scatter_s(grads / k, link)
+                                                        + all_gather_s(grads / k, link)), rel=1e-9)
+    # 80 MB buckets and the whole gradient both take NCCL's Simple protocol: k - 1 of its ring latencies more
+    simple = ring_latency_s(PROTOCOLS[-1], False, link)
+    assert p.data_parallel.busy_s == pytest.approx(one + 2 * (k - 1) * simple, rel=1e-3)
 

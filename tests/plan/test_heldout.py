@@ -15,7 +15,7 @@ import pytest
 
 from musubi.plan import DEFAULT_EFFICIENCY, Layout, get_gpu, make_cluster, predict, preset
 from musubi.plan.comm import place_group
-from musubi.plan.fit import fit_constants, leave_one_source_out
+from musubi.plan.fit import fit_constants, fit_rows, leave_one_source_out
 from musubi.plan.spec import with_seq
 from musubi.plan.validate import (
     FIT_CSV,
@@ -169,8 +169,9 @@ def test_table_text_counts_regimes() -> None:
 
 
 def test_leave_one_source_out_refits_without_the_source() -> None:
-    """Each fit-set source is predicted by constants refitted on the other source alone; the refit differs from
-    the full fit, the source's rows are all predicted, and no row of another set is read."""
+    """Each fit-set source is predicted by constants refitted on the other source alone (the refit is that
+    source's own fit, and differs from the full fit for at least one source), the source's rows are all
+    predicted, and no row of another set is read."""
     out = leave_one_source_out()
     rows = load_rows(FIT_CSV)
     assert [src for src, _, _ in out] == sorted({r["source"] for r in rows})
@@ -178,9 +179,12 @@ def test_leave_one_source_out_refits_without_the_source() -> None:
     full = fit_constants()
     for source, refit, checks in out:
         assert all(c.source == source for c in checks)
-        assert (refit.matmul, refit.hbm) != (full.matmul, full.hbm), source
+        assert refit == fit_rows([r for r in rows if r["source"] != source]), source
         errs = [abs(c.error) for c in checks]
-        assert sum(errs) / len(errs) <= 0.08, (source, errs)  # a paper it did not see: 3.9 % and 4.3 % (2026-11-28)
+        assert sum(errs) / len(errs) <= 0.08, (source, errs)  # a paper it did not see: 2.9 % and 3.2 % (2026-11-28)
+    # at least one source moves the constants when it is left out (since the collective curve of 2026-11-28,
+    # leaving Korthikanti's rows out no longer does: the other source picks the same pair)
+    assert any((refit.matmul, refit.hbm) != (full.matmul, full.hbm) for _, refit, _ in out)
     text = table_text("loso", [c for _, _, checks in out for c in checks], by="source")
     assert "Korthikanti2022-Table5" in text and "Narayanan2021-Table1" in text
 

@@ -47,7 +47,8 @@ def test_prediction_tends_to_the_tiers_busbw_for_large_messages() -> None:
     t = sweep.predicted_s("all_reduce", gib, 2, "H200")
     busbw = gib / t * sweep.bus_factor("all_reduce", 2)
     assert busbw == pytest.approx(get_gpu("H200").nvlink_gbps * 1e9 * 0.8, rel=0.01)
-    assert sweep.predicted_s("all_gather", 1024, 2, "H200") == pytest.approx(10e-6, rel=0.01)  # latency-bound
+    # a small call costs the framework's measured floor (Efficiency.call_s), not the bytes
+    assert sweep.predicted_s("all_gather", 1024, 2, "H200") == pytest.approx(44e-6, rel=0.01)
 
 
 def test_refuses_to_run_outside_torchrun() -> None:
