@@ -20,7 +20,7 @@ message size (latency + bytes / bandwidth), not one fraction. All-gather and red
 a node reach `Efficiency.gather_share` of all-reduce's bus bandwidth (measured). At thousands of
 ranks a ring's hops cost milliseconds per collective, paid once per sharded unit per micro-batch
 (predict.py); all-reduce takes NCCL's tree when it is cheaper.
-Check: bench/results/nccl-sweep-2026-11-28-2xH200-2f2a503.json (tests/plan/test_collective_curve.py).
+Check: bench/nccl_sweep.py on 2 H200 (BENCHMARKS.md, planner; tests/plan/test_collective_curve.py).
 """
 
 from __future__ import annotations

@@ -46,7 +46,7 @@ class Efficiency:
                                                                   "network": 20e-6})
     #: The least one collective call costs through torch.distributed (NCCL launch, c10d's work and stream
     #: bookkeeping), back to back, seconds: the median of the calls of 64 KiB-1 MiB on 2 H200 (torch 2.11,
-    #: NCCL 2.28; bench/results/nccl-sweep-2026-11-28-2xH200-2f2a503.json). all_gather serves reduce-scatter too.
+    #: NCCL 2.28; bench/nccl_sweep.py, BENCHMARKS.md planner). all_gather serves reduce-scatter too.
     call_s: dict[str, float] = field(default_factory=lambda: {"all_reduce": 27.5e-6, "all_gather": 44e-6})
     #: All-gather / reduce-scatter bus bandwidth against all-reduce's inside a node: 267 / 331.5 GB/s at 1 GiB
     #: on 2 H200 (the same sweep: all-gather 268.1, reduce-scatter 266.4, all-reduce 331.5).
