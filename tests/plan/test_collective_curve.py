@@ -109,7 +109,7 @@ def test_nccl_picks_ll_for_small_and_simple_for_large_messages() -> None:
 def test_a_ring_across_nodes_pays_network_steps_by_protocol() -> None:
     """An all-gather on 1,024 H100 (128 nodes): (n - nodes) NVLink steps and (nodes - 1) network steps, each at the
     protocol's hwLat, an NVLink step never under the network overhead NCCL charges a ring that leaves the node
-    (1 us, 3 us for Simple). Small per-unit gathers at scale take LL (1.3 ms), large ones Simple (4.8 ms)."""
+    (1 us, 3 us for Simple). Small per-unit gathers at scale take LL (1.2 ms), large ones Simple (4.8 ms)."""
     link = place_group(make_cluster(get_gpu("H100-SXM"), 1024), DEFAULT_EFFICIENCY, 1, 1024)
     assert link.tier == "network" and link.nodes == 128
     ll, _, simple = PROTOCOLS
