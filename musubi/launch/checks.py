@@ -43,7 +43,7 @@ if TYPE_CHECKING:  # the types only: tasks import torch
     from musubi.launch.spare import WarmSpare
     from musubi.tasks.base import Task
 from musubi.contract.records import TaskQuery, TaskReadings
-from musubi.launch.task_checks import asks_anything, read_task
+from musubi.launch.task_checks import ANSWER_NAME, QUERY_NAME, asks_anything, read_task
 from musubi.tasks.model_check import check_model
 
 
@@ -106,7 +106,7 @@ def readings_of(query: TaskQuery, spare: WarmSpare | None) -> TaskReadings:
     if spare is not None:
         from musubi.launch.spare import TASK_CHECKS_MODULE, run_in_spare
 
-        asked, answer = spare.folder / "task-query.json", spare.folder / "task-readings.json"
+        asked, answer = spare.folder / QUERY_NAME, spare.folder / ANSWER_NAME
         asked.write_text(json.dumps(query), encoding="utf-8")
         if run_in_spare(spare, TASK_CHECKS_MODULE, [str(asked), str(answer)]) == EXIT_OK and answer.is_file():
             read: TaskReadings = json.loads(answer.read_text(encoding="utf-8"))

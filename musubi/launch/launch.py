@@ -346,7 +346,12 @@ def launch_train(req: TrainRequest) -> TrainResult:
         p = prepare(req, warm=True)
     except RunFinished as done:  # reported from job.json alone: no torchrun, no torch
         return TrainResult(EXIT_OK, done.run_dir, done.job_dir, error=str(done), already_finished=True)
-    s = spawn(req, p.run_dir, p.job_dir, p.record, p.nproc, p.kind, spare=p.spare)
+    try:
+        s = spawn(req, p.run_dir, p.job_dir, p.record, p.nproc, p.kind, spare=p.spare)
+    except BaseException:
+        if p.spare is not None:  # started by the checks: no torchrun will take it along
+            stop_spare(p.spare)
+        raise
     ended = wait(req, s)
     if ended.spare_died is not None:
         return without_spare(req, s, ended, p.nproc, p.kind)

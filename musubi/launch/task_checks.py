@@ -20,6 +20,10 @@ from musubi.contract.errors import ConfigError
 from musubi.contract.exits import EXIT_CONFIG, EXIT_OK
 from musubi.contract.records import TaskQuery, TaskReadings
 
+#: The query and the answer, as files in the warm spare's 0700 folder (the child's argv names them).
+QUERY_NAME = "task-query.json"
+ANSWER_NAME = "task-readings.json"
+
 
 def asks_anything(query: TaskQuery) -> bool:
     """Whether the query needs torch at all (a fleet's job without the preflight asks nothing)."""
