@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ from musubi.evaluate.fps import (
     random_feeds,
     resolve_device,
     run_counts,
+    session_threads,
     summarise,
     time_runs,
     torch_fps,
@@ -108,24 +110,20 @@ def test_unreadable_onnx_names_the_file(tmp_path: Path) -> None:
 def test_onnx_sessions_keep_to_the_cores_the_process_is_pinned_to(tmp_path: Path) -> None:
     """A fleet pins each job's evaluation to its GPU's cores; ONNX Runtime left at its default starts a thread
     per physical core of the machine with affinities of its own (on 4x H200 an export's parity check kept all
-    64 cores busy): sessions take as many threads as the process has cores, and ORT's own pool no further."""
-    import subprocess
-    import sys
-
-    model = torch.nn.Linear(4, 2)
-    path = tmp_path / "m.onnx"
-    import warnings
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(model, (torch.randn(1, 4),), str(path), dynamo=False, input_names=["x"])
-    code = ("import os, sys, torch; os.sched_setaffinity(0, {0}); "
-            "from musubi.evaluate.fps import onnx_session, session_threads; "
-            f"s, _ = onnx_session(__import__('pathlib').Path({str(path)!r}), torch.device('cpu')); "
-            "o = s.get_session_options(); print(session_threads(), o.intra_op_num_threads, o.inter_op_num_threads)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.split() == ["1", "1", "1"]
+    64 cores busy): sessions take as many threads as the process has cores, and ORT's own pool no further.
+    In this process, pinned to one core while the session is made and restored after (a child process importing
+    torch for it cost 5-7 s of this test's time)."""
+    path = tiny_onnx(tmp_path / "m.onnx")
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(before)})
+    try:
+        session, _ = onnx_session(path, torch.device("cpu"))
+        options = session.get_session_options()
+        got = (session_threads(), options.intra_op_num_threads, options.inter_op_num_threads)
+    finally:
+        os.sched_setaffinity(0, before)
+    assert got == (1, 1, 1)
+    assert os.sched_getaffinity(0) == before
 
 
 def test_cpu_timings_run_at_one_stated_thread_count() -> None:
