@@ -264,9 +264,15 @@ def _share_cores_between_workers(config: pytest.Config) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, share // 2)))
 
 
+#: The variable a lent device machine returns files from: benches the tests run copy their results there when it
+#: is set (bench/quality.py put the CPU rehearsal's report into the GPU machine's $OUT), so the suite unsets it.
+LENT_OUT = "OUT"
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """Record torchrun launches where every report arrives (the main process, also under pytest-xdist);
-    in a worker, take only its share of the cores."""
+    in a worker, take only its share of the cores. In every process, no $OUT: a test writes under its tmp_path."""
+    os.environ.pop(LENT_OUT, None)  # before collection and module fixtures (the rehearsal's is one)
     if not hasattr(config, "workerinput"):  # an xdist worker: its reports go to the main process
         config.pluginmanager.register(_LaunchRecorder(config), "musubi-launch-recorder")
     else:

@@ -126,3 +126,23 @@ def test_xdist_workers_on_a_big_machine_get_disjoint_core_slices_their_jobs_stay
     # The launcher plans the ranks' cores inside the launching process's affinity (worker 2's slice here).
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(slices[2]))
     assert plan_pinning(True, "cpu", 2, {}).env == {MUSUBI_CPUS: "4;5"}
+
+
+def test_the_suite_writes_nothing_into_a_lent_machines_out(pytester: pytest.Pytester,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """On the GPU machine $OUT is what comes back: the rehearsal's bench copied its report there. Unset for every
+    test, module fixtures included (they run before any function-scoped fixture could unset it)."""
+    pytester.makeconftest(CONFTEST.read_text(encoding="utf-8"))
+    pytester.makepyfile(test_out="""
+        import os
+        import pytest
+
+        @pytest.fixture(scope="module")
+        def seen():
+            return os.environ.get("OUT")
+
+        def test_no_out(seen):
+            assert seen is None and "OUT" not in os.environ
+    """)
+    monkeypatch.setenv("OUT", str(pytester.path / "lent-out"))
+    pytester.runpytest_subprocess("-p", "no:cacheprovider").assert_outcomes(passed=1)
