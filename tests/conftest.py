@@ -222,26 +222,30 @@ def thread_share(cores: int, workers: int) -> int | None:
     return max(1, min(TEST_THREADS, 2 * cores // workers))
 
 
-#: Cores a pytest-xdist worker needs before it gets a slice of its own (see core_slice).
+#: Cores a pytest-xdist worker's slice holds at least: `musubi train` refuses more CPU ranks than the cores its
+#: process may use (launch/admission.py), and most tests launch 2 ranks.
 SLICE_MIN_CORES = 2
 
 
 def core_slice(allowed: list[int], workers: int, worker: int) -> list[int] | None:
-    """The cores of xdist worker number `worker` of `workers`: its own contiguous slice of `allowed`, or None
-    when a slice would hold fewer than SLICE_MIN_CORES (the 2-core machine's three workers share both cores).
-    The launcher splits a job's ranks over the cores the launching process may use (its affinity, as under a
-    Slurm cgroup: topology/cores.py read_cpus), so a worker's jobs stay in its slice. Without it, on the GPU
-    machine (16 cores, 8 workers) every concurrent test's ranks were pinned to the same cores 0-7 and 8-15
-    with 8 threads each: the scenario drills' 33-ms steps took 200 ms and a 150-s bench timed out."""
-    share = len(allowed) // max(1, workers)
-    if share < SLICE_MIN_CORES:
+    """The cores of xdist worker number `worker` of `workers`: a contiguous slice of `allowed`, its share of them
+    but at least SLICE_MIN_CORES; disjoint where there are that many cores a worker, else wrapped round so that no
+    core is in more than ceil(workers x SLICE_MIN_CORES / cores) slices. None when the slice would be every core
+    (the 2-core machine's three workers share both). The launcher splits a job's ranks over the cores the launching
+    process may use (its affinity, as under a Slurm cgroup: topology/cores.py read_cpus), so a worker's jobs stay
+    in its slice. Without it, on the GPU machine (16 cores, 8 workers) every concurrent test's ranks were pinned to
+    the same cores 0-7 and 8-15 with 8 threads each: the scenario drills' 33-ms steps took 200 ms and a 150-s bench
+    timed out; with 24 workers on 32 cores a soak's hang was never detected in 3.5 minutes."""
+    cores = sorted(allowed)
+    share = max(SLICE_MIN_CORES, len(cores) // max(1, workers))
+    if share >= len(cores):
         return None
     start = (worker % workers) * share  # a worker xdist started to replace a crashed one reuses a slice
-    return sorted(allowed)[start:start + share]
+    return [cores[(start + i) % len(cores)] for i in range(share)]
 
 
 def _share_cores_between_workers(config: pytest.Config) -> None:
-    """In an xdist worker: its own slice of the cores where the machine has enough (core_slice), torch's
+    """In an xdist worker: its own slice of the cores where the machine has more than 2 (core_slice), torch's
     threads set to its share of the cores (see thread_share), and OMP_NUM_THREADS for the jobs it starts to
     half of it (most launch two ranks; unset, the launcher would give each rank cores / ranks, as if the
     machine were the job's alone)."""

@@ -113,7 +113,8 @@ def test_many_xdist_workers_on_a_big_machine_share_its_cores() -> None:
 def test_xdist_workers_on_a_big_machine_get_disjoint_core_slices_their_jobs_stay_in(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """8 workers on 16 cores pinned every test's ranks to the same cores 0-7 and 8-15 (the GPU machine): each
-    worker now gets its own slice, and a job it launches splits that slice between its ranks."""
+    worker now gets its own slice (of 2 cores at least, wrapped round where there are fewer a worker), and a job
+    it launches splits that slice between its ranks."""
     from musubi.contract.env import MUSUBI_CPUS
     from musubi.launch.pin_plan import plan_pinning
 
@@ -123,6 +124,12 @@ def test_xdist_workers_on_a_big_machine_get_disjoint_core_slices_their_jobs_stay
     assert core_slice(list(range(16)), 8, 9) == slices[1]  # a replacement worker's number wraps around
     assert core_slice([0, 1], 3, 0) is None and core_slice([0, 1], 2, 1) is None  # the 2-core machine: shared
     assert core_slice(list(range(64)), 24, 23) == [46, 47]
+    # 24 workers on 32 cores (the 2x H200 machine): 2 cores each still (a 2-rank launch needs 2), no core in more
+    # than 2 slices, where without slices every test's ranks shared cores 0-15 and 16-31
+    wrapped = [core_slice(list(range(32)), 24, w) for w in range(24)]
+    assert all(s is not None and len(s) == 2 for s in wrapped)
+    assert max(sum(c in s for s in wrapped if s) for c in range(32)) == 2
+    assert core_slice([0, 1, 2], 3, 1) == [2, 0]
     # The launcher plans the ranks' cores inside the launching process's affinity (worker 2's slice here).
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(slices[2]))
     assert plan_pinning(True, "cpu", 2, {}).env == {MUSUBI_CPUS: "4;5"}
