@@ -41,8 +41,10 @@ SOCKET_NAME = "spare.sock"
 PID_NAME = "spare.pid"
 #: The spare writes why it will not serve here (its imports failed, threads alive): the clients fall back.
 REFUSED_NAME = "refused.txt"
-#: The spare's output until the launcher hands it the job's log (the job's folder does not exist when it starts).
+#: The spare's output until the launcher names the job's log (the job's folder does not exist when it starts).
 LOG_NAME = "spare.log"
+#: The launcher writes the job's log path here once the job's folder exists; the spare then writes there.
+LOG_PATH_NAME = "log-path"
 #: Signals torchrun (or a user) sends a rank, forwarded to the rank the spare forked.
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 #: A wait between looks for the socket while the spare still imports (s).

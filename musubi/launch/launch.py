@@ -29,8 +29,8 @@ from musubi.launch.request import RunFinished, TrainRequest, TrainResult
 from musubi.launch.spare import (
     WarmSpare,
     agent_command,
-    attach_log,
     client_command,
+    name_log,
     start_spare,
     stop_spare,
     wanted,
@@ -246,6 +246,8 @@ def spawn(req: TrainRequest, run_dir: Path, job_dir: Path, record: dict, nproc: 
             spare = start_spare(record["config"], env)
         except OSError as e:  # no folder for its socket: the ranks start the plain way, and the log says why
             (logs / f"spare{node}.log").write_text(f"warm spare not started: {e}\n", encoding="utf-8")
+    if spare is not None:  # before the agent's fork: its line lands in the job's log
+        name_log(spare, logs / f"spare{node}.log")
     argv = torchrun_argv(job_dir, nproc, req.resume, req.max_steps, restarts, req.probe_only, pins.torchrun_args,
                          rdzv, from_start=bool(record.get("from_start")),
                          entry=client_command(spare) if spare is not None else None,
@@ -266,8 +268,6 @@ def spawn(req: TrainRequest, run_dir: Path, job_dir: Path, record: dict, nproc: 
         if spare is not None:
             stop_spare(spare)
         raise
-    if spare is not None:  # after torchrun started: the wait for the spare's imports overlaps the agent's start
-        attach_log(spare, logs / f"spare{node}.log")
     s = Spawned(proc, run_dir, job_dir, record, node, started, follower=rdzv is not None and not rdzv.is_first,
                 spare=spare)
     if req.probe_only:

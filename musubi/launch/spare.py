@@ -15,8 +15,8 @@ with `train.warm_spare: false` or MUSUBI_WARM_SPARE=0; a client that finds no re
 plain way.
 
 The spare starts as soon as the launch's cheap checks passed, before the job's folder exists (nothing is written
-there before a refusal): it reads the job's config from its own folder and writes its output there until `attach_log`
-hands it the job's log. Meanwhile its imports overlap the launcher's other work, and the launcher has it fork a child
+there before a refusal): it reads the job's config from its own folder and writes its output there until `name_log`
+names the job's log. Meanwhile its imports overlap the launcher's other work, and the launcher has it fork a child
 for the checks that need torch (`run_in_spare`, launch/task_checks.py), so the launcher never imports torch itself.
 """
 
@@ -60,8 +60,7 @@ class WarmSpare:
 
     proc: subprocess.Popen
     folder: Path
-    log: Path | None = None  # the job's log its output belongs in (set once the job's folder exists)
-    attached: bool = False  # the spare writes to `log` itself (attach_log); else stop_spare copies its output there
+    log: Path | None = None  # the job's log its output belongs in (name_log, once the job's folder exists)
 
 
 def wanted(train: dict, env: dict[str, str]) -> bool:
@@ -86,7 +85,7 @@ def socket_folder(env: dict[str, str]) -> Path:
 def start_spare(config: dict, env: dict[str, str]) -> WarmSpare:
     """Start the spare for the job of `config` (its resolved config) with the ranks' environment as far as the checks
     know it (its imports read OMP_NUM_THREADS and the like; a rank follows its own thread count, worker/spare.py);
-    its output goes to its own folder until attach_log. It dies with this process (PR_SET_PDEATHSIG)."""
+    its output goes to its own folder until name_log. It dies with this process (PR_SET_PDEATHSIG)."""
     folder = socket_folder(env)
     # The job's folder must not exist before the launch's checks passed: the spare reads the config from its own.
     (folder / RUN_FILES.job).write_text(json.dumps({"config": config}), encoding="utf-8")
@@ -101,22 +100,13 @@ def start_spare(config: dict, env: dict[str, str]) -> WarmSpare:
     return WarmSpare(proc, folder)
 
 
-def attach_log(spare: WarmSpare, log_path: Path, ready_s: float = READY_S) -> bool:
-    """Hand the spare the job's log (its output so far is copied into it first); False when it does not serve (it
-    refused, died or is not ready in time): stop_spare then copies its output there."""
+def name_log(spare: WarmSpare, log_path: Path) -> None:
+    """Tell the spare the job's log (its folder exists now): the spare copies its output so far into it and writes
+    there from its next turn or fork on; one it never took (it refused or died first) stop_spare copies there."""
     spare.log = log_path
-    try:
-        sock = spare_client.connect(str(spare.folder), ready_s)
-    except spare_client.Unavailable:
-        return False
-    with sock, open(log_path, "a", encoding="utf-8") as log:
-        try:
-            spare_client.send_message(sock, {"log": True}, [log.fileno()])
-            reply, _ = spare_client.receive_message(sock)
-        except OSError:
-            return False
-    spare.attached = bool(reply and reply.get("log") == "attached")
-    return spare.attached
+    tmp = spare.folder / (spare_client.LOG_PATH_NAME + ".tmp")
+    tmp.write_text(str(log_path.absolute()), encoding="utf-8")
+    os.replace(tmp, spare.folder / spare_client.LOG_PATH_NAME)
 
 
 def run_in_spare(spare: WarmSpare, module: str, args: list[str], ready_s: float = READY_S) -> int | None:
@@ -183,7 +173,8 @@ def stop_spare(spare: WarmSpare, grace_s: float = 5.0) -> None:
             spare.proc.kill()  # its ranks die with it (PR_SET_PDEATHSIG)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 spare.proc.wait(timeout=5)
-    if spare.log is not None and not spare.attached:
+    early = spare.folder / spare_client.LOG_NAME  # removed by the spare once it took the job's log
+    if spare.log is not None and early.exists():
         with contextlib.suppress(OSError), open(spare.log, "a", encoding="utf-8") as log:
-            log.write((spare.folder / spare_client.LOG_NAME).read_text(encoding="utf-8", errors="replace"))
+            log.write(early.read_text(encoding="utf-8", errors="replace"))
     shutil.rmtree(spare.folder, ignore_errors=True)

@@ -2,8 +2,8 @@
 
 `python -m musubi.worker.spare SPARE_DIR JOB_DIR LAUNCHER_PID`, started by the launcher (launch/spare.py)
 once the launch's cheap checks passed, before the job's folder exists: JOB_DIR holds the job's job.json (the
-launcher's copy in SPARE_DIR), and its output goes to SPARE_DIR/spare.log until the launcher hands it the job's
-log (a `{"log": true}` message with the file's fd). It imports torch, torch.distributed and its checkpoint package, torch._dynamo, torchrun
+launcher's copy in SPARE_DIR), and its output goes to SPARE_DIR/spare.log until the launcher names the job's log
+in SPARE_DIR/log-path. It imports torch, torch.distributed and its checkpoint package, torch._dynamo, torchrun
 (torch.distributed.run), the rank's modules and the job's task module (no CUDA call, no parallel torch op),
 freezes those objects out of the collector's reach, checks that no thread would outlive a fork, and listens on
 `SPARE_DIR/spare.sock` (the folder is 0700, and a peer of another uid is refused by SO_PEERCRED). A thin client
@@ -49,7 +49,14 @@ from typing import NoReturn
 from musubi.contract.env import MUSUBI_CLIENT_PID
 from musubi.contract.exits import EXIT_FAILED, EXIT_OK
 from musubi.contract.run_files import RUN_FILES
-from musubi.contract.spare_client import LOG_NAME, REFUSED_NAME, SOCKET_NAME, receive_message, send_message
+from musubi.contract.spare_client import (
+    LOG_NAME,
+    LOG_PATH_NAME,
+    REFUSED_NAME,
+    SOCKET_NAME,
+    receive_message,
+    send_message,
+)
 from musubi.tasks import registry
 
 log = logging.getLogger("musubi.spare")
@@ -202,12 +209,14 @@ class Spare:
     entries: tuple[str, ...]  # the modules a client may ask for (the allowlist)
     threads: str | None = None  # OMP_NUM_THREADS when the spare imported torch (its thread pools' size)
     children: dict[int, Child] = field(default_factory=dict)  # by pid
+    log_taken: bool = False  # writes to the job's log (take_log)
     stop_asked: bool = False  # set by a signal handler; serve() acts on it
     stopping: bool = False
 
     def serve(self) -> None:
         """Accept clients and reap ranks until asked to stop and no rank is left."""
         while not (self.stopping and not self.children):
+            self.take_log()
             for key, _ in self.sel.select(timeout=0.5):
                 kind, payload = key.data
                 if kind == "accept" and not self.stop_asked:
@@ -241,9 +250,6 @@ class Spare:
         except OSError:
             conn.close()
             return
-        if req is not None and req.get("log") is True and len(fds) == 1:
-            self.take_log(conn, fds[0])
-            return
         if req is None or len(fds) != 3:
             for fd in fds:
                 os.close(fd)
@@ -266,6 +272,7 @@ class Spare:
             for fd in fds:
                 os.close(fd)
             return
+        self.take_log()
         sys.stdout.flush()
         sys.stderr.flush()
         # A signal between the fork and the child's own handlers waits (blocked) for the defaults, not ours.
@@ -288,24 +295,33 @@ class Spare:
         except OSError:
             _kill(pid, signal.SIGKILL)
 
-    def take_log(self, conn: socket.socket, fd: int) -> None:
-        """The launcher's job log (its folder exists now): what the spare wrote so far is copied into it, then its
-        stdout and stderr write there."""
+    def take_log(self) -> None:
+        """Once the launcher named the job's log (SPARE_DIR/log-path, written when the job's folder exists): what
+        the spare wrote so far is copied into it, then its stdout and stderr write there. Looked for on every turn
+        of the loop and before every fork, so each fork's line lands in the job's log."""
+        if self.log_taken:
+            return
+        try:
+            target = (self.spare_dir / LOG_PATH_NAME).read_text(encoding="utf-8").strip()
+        except OSError:
+            return  # not named yet
+        self.log_taken = True
         sys.stdout.flush()
         sys.stderr.flush()
+        early = self.spare_dir / LOG_NAME
         try:
-            with contextlib.suppress(OSError):
-                os.write(fd, (self.spare_dir / LOG_NAME).read_bytes())
+            fd = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        except OSError:
+            return  # the launcher copies the early output there when it stops the spare
+        try:
+            os.write(fd, early.read_bytes())
             os.dup2(fd, 1)
             os.dup2(fd, 2)
-            reply = {"log": "attached"}
-        except OSError as e:
-            reply = {"log": f"not attached: {e}"}
+            early.unlink()  # copied: the launcher must not copy it again
+        except OSError:
+            pass
         finally:
             os.close(fd)
-        with contextlib.suppress(OSError):
-            send_message(conn, reply)
-        conn.close()
 
     def own_fds(self, conn: socket.socket) -> list[int]:
         """Every fd the spare holds (a rank closes them all): the selector, the listener, the connections."""
