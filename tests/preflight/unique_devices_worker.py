@@ -1,8 +1,10 @@
-"""Per-rank program for the check_unique_devices test: `torchrun --nproc-per-node 2 -m ... OUT_DIR`."""
+"""Per-rank program for the check_unique_devices test: `torchrun --nproc-per-node 2 -m ... OUT_DIR`, or `forked`
+started by torch.multiprocessing (tests/preflight/test_runtime.py)."""
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -11,8 +13,8 @@ from musubi.contract.world import init_world, shutdown_world
 from musubi.worker.devices import DeviceIdentity, check_unique_devices
 
 
-def main() -> None:
-    out = Path(sys.argv[1])
+def run(out: Path) -> None:
+    """This rank's three checks (CPU ranks, distinct GPUs, one shared GPU), written to OUT/rank{r}.json."""
     world = init_world(60, "cpu")
     seen: dict[str, str | None] = {}
     check_unique_devices(world)  # CPU ranks: a no-op, no collective
@@ -27,6 +29,17 @@ def main() -> None:
             seen[case] = str(e)
     (out / f"rank{world.rank}.json").write_text(json.dumps(seen), encoding="utf-8")
     shutdown_world()
+
+
+def forked(rank: int, world_size: int, port: int, out: str) -> None:
+    """One rank started by torch.multiprocessing: the environment torchrun would give it, then `run`."""
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    run(Path(out))
+
+
+def main() -> None:
+    run(Path(sys.argv[1]))
 
 
 if __name__ == "__main__":
