@@ -11,9 +11,9 @@ freezes those objects out of the collector's reach, checks that no thread would 
 becomes that entry's process, sends the client the child's pid, and its wait status when it ends. The launcher
 starts torchrun's agent through such a client (entry `musubi.contract.rendezvous`), and the agent starts one
 per rank (entry `musubi.worker.worker`); the launcher also has it fork the launch's checks that need torch
-(entry `musubi.launch.task_checks`), so that the launcher never imports torch. Only the entries named on the spare's command line are served
-(`--entry`, by default the rank's and the agent's: a client cannot have the spare run any other module; the tests name a tiny
-one, and `--warm` other modules to import). The agent and each rank then start in milliseconds, and a restart
+(entry `musubi.launch.task_checks`), so that the launcher never imports torch. Only the entries named on the
+spare's command line are served (`--entry`, by default the rank's and the agent's: a client cannot have the spare
+run any other module; the tests name a tiny one, and `--warm` other modules to import). The agent and each rank then start in milliseconds, and a restart
 by torchrun (--max-restarts) forks from the same warm spare: torch is imported once per launch and node, not
 once by the agent and once per rank and restart.
 
