@@ -29,6 +29,7 @@ from musubi.fleet.jobs import gpu_env
 from musubi.records.evidence import machine_key, median_rate, train_records
 from musubi.store.db import cache_key, db_path, lookup_baseline, store_baseline
 from musubi.store.rundir import write_json
+from musubi.topology.cores import usable_cores
 
 log = logging.getLogger("musubi.fleet")
 
@@ -58,7 +59,7 @@ def rank_env(devices: list[int], device: int, kind: str, pin: bool) -> dict[str,
     """The baseline rank's devices, threads and cores: what a fleet job's rank on `device` gets (LocalFleet: the
     cores shared by the fleet's devices, on the CPU pinned to the slot's own cores), not every core of the machine
     (on a busy CPU, two spinning intra-op threads made a step ~10x slower than the job's pinned ranks)."""
-    threads = max(1, (os.cpu_count() or 1) // max(1, len(devices)))
+    threads = max(1, usable_cores() // max(1, len(devices)))
     cpus = None
     if pin and kind == "cpu":
         from musubi.fleet.machine import cpus_value

@@ -46,6 +46,7 @@ from musubi.store.db import db_path
 from musubi.store.rundir import read_json, write_json
 from musubi.store.startup import EVAL_GPU_DONE, components, mark, marks_of, summary_line
 from musubi.telemetry.watch import current_stragglers, describe
+from musubi.topology.cores import usable_cores
 
 log = logging.getLogger("musubi.fleet")
 
@@ -230,8 +231,8 @@ class LocalFleet:
         self.running: dict[str, _Running] = {}
         self.predicted: dict[str, Any] | None = None  # the first plan: predicted makespan and timeline
         self.startup: dict[str, float] = {}  # the fleet's own start-up before this (run.startup_parts)
-        # CPU threads per rank: the machine's cores shared by every device's rank.
-        self.threads = max(1, (os.cpu_count() or 1) // max(1, len(devices)))
+        # CPU threads per rank: the cores this fleet may use shared by every device's rank.
+        self.threads = max(1, usable_cores() // max(1, len(devices)))
         # Each device's own cores: a job's ranks are pinned to the cores of its GPUs (never another job's).
         self.cores = device_cores(list(devices), topology, kind) if spec.machine.pin_cpus else None
         if first:

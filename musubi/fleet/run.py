@@ -32,6 +32,7 @@ from musubi.fleet.stop import FleetInterrupted, check_unlocked, run_lock
 from musubi.store.db import db_path
 from musubi.store.rundir import default_run_dir, env_record, read_json, run_record, write_json
 from musubi.store.startup import chain
+from musubi.topology.cores import usable_cores
 
 if TYPE_CHECKING:  # the executor imports torch: a refused fleet never waits for it
     from musubi.fleet.local import JobState
@@ -175,7 +176,7 @@ def machine(req: FleetRequest) -> tuple[list[int], str]:
         ids = [int(x) for x in visible.split(",")] if visible and all(x.strip().isdigit() for x in
                                                                          visible.split(",")) else list(range(gpus))
         return ids[:gpus], kind
-    slots = req.cpu_slots or max(1, min(2, os.cpu_count() or 1))
+    slots = req.cpu_slots or max(1, min(2, usable_cores()))
     return list(range(slots)), "cpu"
 
 

@@ -8,7 +8,6 @@ under a second, and nothing is written before a refusal.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -20,14 +19,6 @@ from musubi.tasks.data_line import describe_data
 
 #: Changes listed in an error line before "(+N more)".
 _SHOWN_CHANGES = 3
-
-
-def usable_cores() -> int:
-    """CPU cores this process may run on (its affinity mask, else the machine's count)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # not Linux
-        return os.cpu_count() or 1
 
 
 def check_cpu_ranks(nproc: int, cores: int, oversubscribe: bool) -> None:

@@ -36,6 +36,7 @@ from musubi.launch.spare import (
     wanted,
 )
 from musubi.store.startup import mark
+from musubi.topology.cores import usable_cores
 
 
 @dataclass
@@ -153,7 +154,7 @@ def worker_env(kind: str, nproc: int, deterministic: bool, job_dir: Path | None 
 
     env.update(single_node_env(env))  # one node: the ranks' gloo/NCCL sockets listen on loopback only
     # Split the cores between ranks instead of letting each rank spawn one thread per core.
-    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    env.setdefault("OMP_NUM_THREADS", str(max(1, usable_cores() // nproc)))
     if deterministic:
         env.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # required by deterministic cuBLAS
     return env

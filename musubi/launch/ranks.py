@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from musubi.contract.errors import ConfigError
 from musubi.launch import admission
+from musubi.topology.cores import usable_cores
 from musubi.topology.visible import visible_gpus
 
 
@@ -31,7 +32,7 @@ def resolve_world(nproc: int | None, device: str | None, oversubscribe: bool = F
         return n, kind
     if kind != "cpu":
         raise ConfigError(f"--device {kind!r}: use cuda or cpu")
-    cores = admission.usable_cores()
+    cores = usable_cores()
     if nproc is not None:
         admission.check_cpu_ranks(nproc, cores, oversubscribe)
     return nproc or max(1, min(2, cores)), kind

@@ -22,6 +22,16 @@ SYSFS_CPU = Path("/sys/devices/system/cpu")
 SYSFS_NODE = Path("/sys/devices/system/node")
 
 
+def usable_cores() -> int:
+    """CPU cores this process may run on: its affinity mask (a Slurm allocation, a container's cpuset, a test
+    worker's slice), else the machine's count. Never os.cpu_count() alone: inside an allocation of 8 of 64 cores
+    that would size every rank's threads for the whole machine."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        return os.cpu_count() or 1
+
+
 @dataclass(frozen=True)
 class Cpu:
     """One logical CPU this process may run on."""

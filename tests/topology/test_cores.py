@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -92,3 +94,21 @@ def test_nodes_with_gpus_of_other_jobs_are_never_shared_out() -> None:
     cpus = machine(2, 16)
     plan = partition_cores([0, 1], {0: 0, 1: 0}, cpus, reserved=frozenset({1}))  # GPUs 4-7 (node 1) not ours
     assert all(c < 16 or 32 <= c < 48 for s in plan.sets.values() for c in s)
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="affinity masks are Linux's")
+def test_thread_counts_follow_the_affinity_not_the_machine(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Inside an allocation (Slurm, a cpuset, a test worker's slice) the ranks' threads are sized for the cores
+    the process may use, not for every core of the machine."""
+    from musubi.launch.launch import worker_env
+    from musubi.topology.cores import usable_cores
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    before = os.sched_getaffinity(0)
+    try:
+        os.sched_setaffinity(0, {min(before)})
+        assert usable_cores() == 1
+        assert worker_env("cpu", 1, False)["OMP_NUM_THREADS"] == "1"
+    finally:
+        os.sched_setaffinity(0, before)
+    assert usable_cores() == len(before)
