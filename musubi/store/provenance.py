@@ -12,6 +12,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from musubi.config.version import VERSION
+
 #: Distributions whose version changes training results or speed (recorded when installed).
 PACKAGES = ("musubi-train", "torch", "torchvision", "numpy", "pillow", "pydantic", "pyyaml", "typer", "rich",
             "nvidia-ml-py", "psutil", "torchmetrics", "faster-coco-eval", "pycocotools", "onnx", "onnxruntime", "onnxscript",
@@ -20,12 +22,15 @@ PACKAGES = ("musubi-train", "torch", "torchvision", "numpy", "pillow", "pydantic
 
 
 def package_versions() -> dict[str, str]:
-    """{distribution: version} of the installed PACKAGES."""
+    """{distribution: version} of the installed PACKAGES; Musubi's own always (run from a checkout on PYTHONPATH,
+    as on a machine without internet, it has no distribution: its version is the code's)."""
     out: dict[str, str] = {}
     for name in PACKAGES:
         try:
             out[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
+            if name == "musubi-train":
+                out[name] = VERSION
             continue
     return out
 

@@ -50,3 +50,21 @@ def test_env_record_reads_torchvision_without_importing_it() -> None:
                          env=dict(os.environ, PYTHONPATH=repo_on_path(REPO)))
     # the same interpreter and site-packages: the probe read the version this process imported
     assert res.stdout.split() == ["imported:", "False", torchvision.__version__], res.stdout + res.stderr
+
+
+def test_env_names_musubi_where_it_runs_from_a_checkout(monkeypatch) -> None:
+    """On the GPU machine Musubi runs from PYTHONPATH (no internet, no install): no distribution, still its row."""
+    from importlib import metadata
+
+    import musubi
+
+    real = metadata.version
+
+    def version(name: str) -> str:
+        if name == "musubi-train":
+            raise metadata.PackageNotFoundError(name)
+        return real(name)
+
+    monkeypatch.setattr(metadata, "version", version)
+    rows = CliRunner().invoke(app, ["env"]).output.split("packages:\n")[1].splitlines()
+    assert rows[0].split() == ["musubi-train", musubi.__version__]
