@@ -5,8 +5,8 @@ the same one line and exit code with the spare as without it; a crash in a task'
 before.
 
 One fresh interpreter (no torch imported, as the `musubi` command starts) runs the cases through the CLI, in an order
-that keeps torch out of it until the last: two refusals, one real 2-rank launch with the preflight on, then the crash
-(read again in process, so torch is imported after it). The comparison side runs in pytest's process, which has torch:
+that keeps torch out of it until the last: two refusals, one real 2-rank launch with the preflight on, a --resume of
+it with another model, then the crash (read again in process, so torch is imported after it). The comparison side runs in pytest's process, which has torch:
 there the launcher reads the task itself and starts no spare before the checks passed.
 """
 
@@ -33,25 +33,29 @@ CASES: dict[str, dict] = {
     "task refuses": {"task": REFUSING, "model_args": {"refuse": "config"}},
     "metric not reported": {"checkpoint": {"keep_best": 1, "best_metric": "accuracy"}, "train": {"epochs": 1}},
     "trains": {"train": {"epochs": 1}},
+    # --resume of the run "trains" made, with a model of another width: the checkpoint's signature refuses it
+    "resume another model": {"train": {"epochs": 1}, "model_args": {"hidden": 64}},
     "task crashes": {"task": REFUSING, "model_args": {"refuse": "crash"}},
 }
+#: What a case adds to `musubi train JOB --nproc 2 --device cpu --out RUN`.
+RESUME = ["--resume", "--allow-changes", "model_args"]
 
 SCRIPT = """
 import json, sys
 from typer.testing import CliRunner
 from musubi.cli import app
 out = {}
-for name, job, run in json.loads(sys.argv[1]):
-    res = CliRunner().invoke(app, ["train", job, "--nproc", "2", "--device", "cpu", "--out", run])
+for name, job, run, extra in json.loads(sys.argv[1]):
+    res = CliRunner().invoke(app, ["train", job, "--nproc", "2", "--device", "cpu", "--out", run, *extra])
     out[name] = {"code": res.exit_code, "output": res.output, "torch": "torch" in sys.modules,
                  "exception": repr(res.exception) if res.exception is not None and res.exit_code not in (0, 2) else None}
 print("RESULT " + json.dumps(out))
 """
 
 
-def cli_train(job: Path, run: Path) -> tuple[int, str]:
+def cli_train(job: Path, run: Path, *extra: str) -> tuple[int, str]:
     """`musubi train` in this process (torch imported: no spare before the checks passed)."""
-    res = CliRunner().invoke(app, ["train", str(job), "--nproc", "2", "--device", "cpu", "--out", str(run)])
+    res = CliRunner().invoke(app, ["train", str(job), "--nproc", "2", "--device", "cpu", "--out", str(run), *extra])
     return res.exit_code, res.output
 
 
@@ -66,7 +70,9 @@ def fresh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, dict
     cases = []
     for name, changes in CASES.items():
         (tmp / name).mkdir()
-        cases.append([name, str(write_tiny_job(tmp / name, **changes)), str(tmp / name / "run")])
+        resume = name == "resume another model"
+        cases.append([name, str(write_tiny_job(tmp / name, **changes)), str(tmp / ("trains" if resume else name) / "run"),
+                      RESUME if resume else []])
     env = dict(os.environ, MUSUBI_DEVICE="cpu", CUDA_VISIBLE_DEVICES="")
     env.pop(MUSUBI_WARM_SPARE, None)
     res = subprocess.run([sys.executable, "-c", SCRIPT, json.dumps(cases)], cwd=REPO, env=env, capture_output=True,
@@ -108,6 +114,21 @@ def test_a_refusal_reads_the_same_with_and_without_the_spare(fresh: tuple[Path, 
     assert (spared["code"], error_lines(spared["output"])) == (code, error_lines(out)) == (2, error_lines(out))
     assert len(error_lines(out)) == 1, out
     assert not (tmp / case / "run").exists() and not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_resume_of_another_model_is_refused_alike(fresh: tuple[Path, dict], tmp_path: Path) -> None:
+    """The spare's child builds the changed model on the meta device; the launcher compares its signature with the
+    checkpoint's, with the line it always had (the comparison side: this process reads it, against the same run)."""
+    tmp, results = fresh
+    spared = results["resume another model"]
+    run = tmp / "trains" / "run"
+    job_json = (run / "tiny" / "job.json").read_text()
+    code, out = cli_train(write_tiny_job(tmp_path, **CASES["resume another model"]), run, *RESUME)
+    assert (spared["code"], error_lines(spared["output"])) == (code, error_lines(out))
+    assert code == 2 and len(error_lines(out)) == 1 and "checkpoint is of another model" in out, out
+    assert (run / "tiny" / "job.json").read_text() == job_json  # refused before anything was written
 
 
 @pytest.mark.slow
