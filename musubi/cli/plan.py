@@ -73,6 +73,7 @@ def _why(p: Prediction, micro: int) -> list[tuple[str, str]]:
         rows.append((f"  data-parallel traffic ({dpc.tier})",
                      f"{_num(dpc.bytes_per_gpu / 1e9)} GB per GPU at {dpc.gbps:.3g} GB/s = {dpc.busy_s:.3g} s"))
         tail = f", of which the last gradient bucket {dpc.tail_s:.3g} s" if dpc.tail_s > 0 else ""
+        tail += f", the parameter all-gather after the step {dpc.after_step_s:.3g} s" if dpc.after_step_s > 0 else ""
         rows.append(("  compute it can hide under", f"{dpc.window_s:.3g} s (exposed {dpc.exposed_s:.3g} s{tail})"))
     return rows if len(rows) > 1 else []
 

@@ -19,7 +19,10 @@ SCHEDULES = ("1f1b", "interleaved", "zb")
 #: flash3: FlashAttention-3 / cuDNN fused attention (Transformer Engine, SDPA's cuDNN backend; Hopper only,
 #: elsewhere what FA2 gets).
 ATTENTION = ("flash", "flash1", "flash3", "unfused")
-OVERLAPS = ("dp", "pp", "tp", "cp", "ep")
+#: `param`: a sharded (ZeRO-1/2) optimizer's all-gather of its updated parameters overlaps the next forward
+#: (Megatron-LM --overlap-param-gather, Apex DistributedFusedAdam overlap_param_sync); a list without it
+#: (`overlap=dp,pp,cp`) runs that gather after the step, as those flags' defaults, DeepSpeed ZeRO-1/2 and nanotron do.
+OVERLAPS = ("dp", "pp", "tp", "cp", "ep", "param")
 #: Where weight-sharded (ZeRO-3 / FSDP) gathers and reduce-scatters cross nodes. nic: at one GPU's own
 #: NIC, what DeepSpeed ZeRO-3's per-parameter collectives moved on Selene in 2021 (Narayanan 2021
 #: Table 2: ~21-23 GB/s per A100, flat from 384 to 1,536 GPUs). node: one flat buffer per unit (PyTorch
@@ -28,7 +31,7 @@ GATHERS = ("nic", "node")
 #: What a modern stack overlaps by default: gradient reduce and parameter gather (DP/FSDP),
 #: pipeline sends, context-parallel ring exchange. TP collectives stay exposed unless the
 #: framework overlaps them with GEMMs (TransformerEngine userbuffers): add `overlap=...,tp`.
-DEFAULT_OVERLAP = frozenset({"dp", "pp", "cp"})
+DEFAULT_OVERLAP = frozenset({"dp", "pp", "cp", "param"})
 
 _INT_KEYS = ("tp", "pp", "dp", "cp", "ep", "vpp", "zero", "micro", "recompute_layers")
 _KEYS = (*_INT_KEYS, "recompute", "sp", "schedule", "attention", "gather", "overlap")

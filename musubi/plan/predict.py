@@ -54,6 +54,7 @@ class DataParallelComm:
     window_s: float  # compute they may overlap with (0: issued after it, or overlap off)
     tier: str  # the slowest tier they cross ("" without data parallelism)
     tail_s: float = 0.0  # of exposed_s: the last gradient bucket's collectives, which run after the backward
+    after_step_s: float = 0.0  # of exposed_s: a sharded optimizer's parameter all-gather run after its step
 
 
 @dataclass
@@ -245,9 +246,14 @@ def _dp_comm(layout: Layout, dense_bytes: float, expert_bytes: float, weight_rat
     pass; when a pass has less compute than traffic, the rest is exposed.
     Bucketed gradient collectives (DDP, ZeRO-1/2) hide under the last micro-batch's backward except
     their last bucket, which is ready only when the backward ends (`_bucket_tail`).
+    A ZeRO-1/2 optimizer's all-gather of its updated parameters hides under the next forward (all but the
+    first bucket) only where the stack overlaps it (`param` in the layout's overlap: Megatron-LM
+    --overlap-param-gather, Apex overlap_param_sync); otherwise it runs after the step with nothing to hide
+    under, the default of those flags, of DeepSpeed ZeRO-1/2 and of nanotron's ZeroDistributedOptimizer.
     """
     overlapped = "dp" in layout.overlap
     tail = 0.0  # ZeRO-3's per-unit traffic has its own first-unit exposure (exposed_of below)
+    after_step = 0.0
     if layout.zero >= 3 and layout.gather == "nic":  # gather=node keeps the node-aggregated rings
         dp_link, edp_link = dp_link.one_nic(), edp_link.one_nic()
     links = ((dense_bytes, dp_link), (expert_bytes, edp_link))
@@ -268,13 +274,19 @@ def _dp_comm(layout: Layout, dense_bytes: float, expert_bytes: float, weight_rat
         scatter = sum(_bucketed(reduce_scatter_s, b, ln, k) for (b, ln), k in zip(links, counts, strict=True))
         gather = sum(_bucketed(all_gather_s, b * weight_ratio, ln, k) for (b, ln), k in zip(links, counts, strict=True))
         busy = scatter + gather
+        gather_hides = overlapped and "param" in layout.overlap
         if overlapped:
             s_tail, g_tail = _bucket_tail(layout, links, grad_bytes, weight_ratio, bucket_bytes)
-            exposed = (_overlapped_with_tail(scatter, s_tail, bwd_mb, contention)
-                       + _overlapped_with_tail(gather, g_tail, fwd_mb, contention))
-            tail = min(s_tail, scatter) + min(g_tail, gather)
+            exposed = _overlapped_with_tail(scatter, s_tail, bwd_mb, contention)
+            tail = min(s_tail, scatter)
+            if gather_hides:
+                exposed += _overlapped_with_tail(gather, g_tail, fwd_mb, contention)
+                tail += min(g_tail, gather)
+            else:
+                exposed += gather
         else:
             exposed = scatter + gather
+        after_step = 0.0 if gather_hides else gather
         sent = sum(_ring_bytes(b * (1 + weight_ratio), ln) for b, ln in links)
         window = bwd_mb + fwd_mb
     else:
@@ -286,7 +298,7 @@ def _dp_comm(layout: Layout, dense_bytes: float, expert_bytes: float, weight_rat
     used = [ln for b, ln in links if b > 0 and ln.size > 1]
     slowest = min(used, key=lambda ln: ln.busbw) if used else None
     return DataParallelComm(busy, exposed, sent, slowest.busbw / 1e9 if slowest else 0.0,
-                            window if overlapped else 0.0, slowest.tier if slowest else "", tail)
+                            window if overlapped else 0.0, slowest.tier if slowest else "", tail, after_step)
 
 
 def _finish(spec: ModelSpec, cluster: Cluster, layout: Layout, global_batch: int, seq: int, step_raw: float,
