@@ -119,6 +119,14 @@ def agree_buffers(model: nn.Module, world: World) -> None:
                 offset += b.numel()
 
 
+def state_owner(model: nn.Module) -> nn.Module:
+    """The module whose state DCP reads and writes: DDP's inner module, else the model itself (FSDP2 shards in place).
+    The keys are the same either way (DCP strips DDP's `module.`), but through the wrapper torch 2.11 puts the prefix
+    back module by module and skips a module registered under two names: D-FINE's `class_embed` is also its
+    decoder's, and every resume of it failed with "Missing key(s)" on torch 2.11 (torch 2.14 handles it)."""
+    return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
+
+
 def save_state(model: nn.Module, optimizer: torch.optim.Optimizer, rank_state: dict[str, torch.Tensor],
                world: World) -> dict[str, Any]:
     """Collective: the DCP state dict of one rank: model, optimizer (sharded under FSDP) and this rank's own state.
@@ -128,9 +136,10 @@ def save_state(model: nn.Module, optimizer: torch.optim.Optimizer, rank_state: d
     next step uses (DDP broadcasts them at its next forward).
     """
     agree_buffers(model, world)
+    owner = state_owner(model)
     return {
-        "model": get_model_state_dict(model),
-        "optim": get_optimizer_state_dict(model, optimizer),
+        "model": get_model_state_dict(owner),
+        "optim": get_optimizer_state_dict(owner, optimizer),
         _rank_key(world.rank): rank_state,
     }
 
@@ -232,9 +241,10 @@ def load_checkpoint(
             f"needs the same world size: use --nproc {marker['world_size']}"
         )
     trainer_state = json.loads((ckpt.path / STATE_FILE).read_text(encoding="utf-8"))
+    owner = state_owner(model)
     state: dict[str, Any] = {
-        "model": get_model_state_dict(model),
-        "optim": get_optimizer_state_dict(model, optimizer),
+        "model": get_model_state_dict(owner),
+        "optim": get_optimizer_state_dict(owner, optimizer),
         _rank_key(world.rank): rank_template,
     }
     reader = SafeFileSystemReader(str(ckpt.path))
@@ -244,8 +254,8 @@ def load_checkpoint(
         raise ConfigError(
             f"{ckpt.path}: cannot be loaded ({reader.refusal_or(e)}); move it aside to resume from an earlier one"
         ) from None
-    set_model_state_dict(model, state["model"])
-    set_optimizer_state_dict(model, optimizer, state["optim"])
+    set_model_state_dict(owner, state["model"])
+    set_optimizer_state_dict(owner, optimizer, state["optim"])
     return trainer_state, state[_rank_key(world.rank)]
 
 

@@ -52,7 +52,10 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 @pytest.mark.timeout(300)
 def test_every_rank_saves_at_the_agreed_steps(run: dict[str, Any]) -> None:
     saves, choices = run["saves"], run["choices"]
-    assert saves[0] == saves[1] and len(saves[0]) >= 3, saves
+    # How many saves depends on the machine's step time (the rule's interval is in seconds): 3 or more on the 2-core
+    # machine, 2 on the GPU machine's faster cores (56 and the last step). What must hold anywhere: the same steps
+    # on both ranks, at least one of them mid-run.
+    assert saves[0] == saves[1] and any(s != STEPS for s in saves[0]), saves
     agreed = {c["step"] + c["every_steps"] for c in choices}
     # every save but the last step's falls where an agreement put it (ranks that disagreed would hang in DCP)
     assert all(s in agreed for s in saves[0] if s != STEPS), (saves[0], agreed)
