@@ -171,12 +171,15 @@ def process_alive(pid: int) -> bool:
 
 
 class Forwarder:
-    """Signal handlers that pass each forwarded signal on to the rank (kept while its pid is not known yet)."""
+    """Signal handlers that pass each forwarded signal on to the rank (kept while its pid is not known yet). A
+    signal this process started with ignored stays ignored and is not forwarded: under `nohup` (SIGHUP) or as a
+    shell's background job (SIGINT, SIGQUIT) a rank started the plain way would ignore it too."""
 
-    def __init__(self) -> None:
+    def __init__(self, ignored: list[int]) -> None:
         self.pid: int | None = None
         self.pending: list[int] = []
-        for sig in FORWARDED:
+        self.forwarded = [sig for sig in FORWARDED if int(sig) not in ignored]
+        for sig in self.forwarded:
             signal.signal(sig, self.handle)
 
     def handle(self, signum: int, frame: object) -> None:  # noqa: ARG002
@@ -198,7 +201,7 @@ class Forwarder:
 
     def restore(self) -> None:
         """Default handlers back (before an exec or a death by signal); a signal kept is delivered to ourselves."""
-        for sig in FORWARDED:
+        for sig in self.forwarded:
             signal.signal(sig, signal.SIG_DFL if sig != signal.SIGINT else signal.default_int_handler)
         for sig in self.pending:
             die_by(sig)
@@ -224,10 +227,26 @@ def fall_back(module: str, args: list[str], why: str, forwarder: Forwarder | Non
     os.execv(sys.executable, [sys.executable, "-m", module, *args])
 
 
-def request(module: str, args: list[str], started: float) -> dict:
-    """What the spare needs to become this rank: its module, argv, working directory, environment, process state."""
+def request(module: str, args: list[str], started: float, ignored: list[int] | None = None) -> dict:
+    """What the spare needs to become this rank: its module, argv, working directory, environment, process state
+    (`ignored`: the signals this client started with ignored, see ignored_signals; by default those ignored now)."""
     return {"module": module, "argv": args, "cwd": os.getcwd(), "env": dict(os.environ), "started": started,
-            "affinity": sorted(os.sched_getaffinity(0)), "umask": _umask()}
+            "affinity": sorted(os.sched_getaffinity(0)), "umask": _umask(),
+            "ignored": ignored_signals() if ignored is None else ignored}
+
+
+def ignored_signals() -> list[int]:
+    """The signals ignored as this interpreter started: inherited through exec (nohup's SIGHUP, a background job's
+    SIGINT and SIGQUIT) and Python's own (SIGPIPE, SIGXFSZ). A process the spare forks ignores the same, as a
+    process started the plain way by our parent would."""
+    out = []
+    for sig in signal.valid_signals():
+        try:
+            if signal.getsignal(sig) == signal.SIG_IGN:
+                out.append(int(sig))
+        except (OSError, ValueError):  # a signal Python cannot query
+            continue
+    return out
 
 
 def _umask() -> int:
@@ -244,13 +263,14 @@ def run(argv: list[str]) -> int:
         sys.stderr.write("usage: spare_client.py SPARE_DIR READY_S MODULE -- [the module's arguments]\n")
         return exits().EXIT_CONFIG
     spare_dir, module, args = argv[0], argv[2], argv[4:]
-    forwarder = Forwarder()
+    ignored = ignored_signals()  # before the forwarder's handlers replace any
+    forwarder = Forwarder(ignored)
     try:
         sock = connect(spare_dir, float(argv[1]))
     except (Unavailable, ValueError) as e:
         fall_back(module, args, str(e), forwarder)
     try:
-        send_message(sock, request(module, args, started), [0, 1, 2])
+        send_message(sock, request(module, args, started, ignored), [0, 1, 2])
         reply, _ = receive_message(sock)
     except OSError as e:
         fall_back(module, args, f"the warm spare's connection failed ({e})", forwarder)

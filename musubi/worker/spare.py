@@ -387,9 +387,7 @@ def become(entry: str, req: dict, fds: list[int], spare_pid: int, spare_fds: lis
         for target, fd in enumerate(fds):
             os.dup2(fd, target)
             os.close(fd)
-        for sig in STOPPING:
-            signal.signal(sig, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.default_int_handler)  # what a new interpreter has
+        follow_ignored_signals(set(req.get("ignored", ())))
         signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPPING)  # blocked around the fork (Spare.accept)
         os.chdir(req["cwd"])
         os.environ.clear()
@@ -425,6 +423,26 @@ def become(entry: str, req: dict, fds: list[int], spare_pid: int, spare_fds: lis
             sys.stderr.flush()
         finally:
             os._exit(code)  # as worker.py's __main__: no interpreter teardown (gloo threads)
+
+
+def follow_ignored_signals(ignored: set[int]) -> None:
+    """In a forked process: the signal dispositions a new interpreter started by its client's parent would have.
+    Those the client started with ignored stay ignored (nohup's SIGHUP, `trap '' USR2`, Python's SIGPIPE); every
+    other one is back to its default, SIGINT to Python's KeyboardInterrupt: the spare's own stop handlers and what
+    the spare inherited ignored from the launcher (a background job's SIGQUIT) are not the rank's, whose client
+    torchrun's agent started with SIGQUIT caught, hence at its default."""
+    for sig in signal.valid_signals():
+        if sig in (signal.SIGKILL, signal.SIGSTOP):
+            continue
+        try:
+            if int(sig) in ignored:
+                signal.signal(sig, signal.SIG_IGN)
+            elif sig == signal.SIGINT:
+                signal.signal(sig, signal.default_int_handler)
+            elif sig in STOPPING or signal.getsignal(sig) == signal.SIG_IGN:
+                signal.signal(sig, signal.SIG_DFL)
+        except (OSError, ValueError):  # a signal Python may not set (e.g. one the C library reserves)
+            continue
 
 
 def follow_thread_count(imported: str | None) -> None:

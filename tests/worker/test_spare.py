@@ -282,13 +282,21 @@ def test_a_zombie_spare_counts_as_ended() -> None:
 # ends every process of the launch (the spare dies with the launcher, its children with the spare).
 
 
-def musubi_train(job: Path, out: Path) -> subprocess.Popen:
-    """`musubi train JOB` on 2 CPU ranks, its output piped."""
+def musubi_train(job: Path, out: Path, nohup: bool = False) -> subprocess.Popen:
+    """`musubi train JOB` on 2 CPU ranks, its output piped; `nohup`: started with SIGHUP ignored as nohup does,
+    SIGQUIT as a shell's background job has it, and SIGUSR2 as `trap '' USR2` would (torchrun catches none but it)."""
     env = dict(os.environ, MUSUBI_DEVICE="cpu", CUDA_VISIBLE_DEVICES="")
     env.pop(MUSUBI_WARM_SPARE, None)
     return subprocess.Popen([sys.executable, "-m", "musubi.cli", "train", str(job), "--nproc", "2", "--device", "cpu",
                              "--out", str(out), "--no-check"], cwd=REPO, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+                            stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=ignore_hup_and_usr2 if nohup else None)
+
+
+def ignore_hup_and_usr2() -> None:
+    """In the child before exec: SIGHUP, SIGQUIT and SIGUSR2 ignored (an ignored disposition survives exec)."""
+    for sig in (signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR2):
+        signal.signal(sig, signal.SIG_IGN)
 
 
 @dataclass
@@ -305,7 +313,7 @@ class Live:
 @pytest.fixture(scope="module")
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
     tmp = tmp_path_factory.mktemp("live")
-    proc = musubi_train(write_tiny_job(tmp, train={"epochs": 5000}), tmp / "run")
+    proc = musubi_train(write_tiny_job(tmp, train={"epochs": 5000}), tmp / "run", nohup=True)
     jd = tmp / "run" / "tiny"
     spare_dir = None
     try:
@@ -330,10 +338,10 @@ def unix_inodes(folder: Path) -> set[str]:
     return {f"socket:[{f[6]}]" for f in (ln.split() for ln in lines) if len(f) > 7 and f[7].startswith(str(folder))}
 
 
-def signal_state(pid: int) -> dict[str, str]:
-    """The blocked and ignored signal masks of `pid`."""
+def signal_state(pid: int) -> dict[str, int]:
+    """The blocked, ignored and caught signal masks of `pid`."""
     rows = (ln.split(":") for ln in Path(f"/proc/{pid}/status").read_text().splitlines())
-    return {k: v.strip() for k, v in rows if k in ("SigBlk", "SigIgn")}
+    return {k: int(v.strip(), 16) for k, v in rows if k in ("SigBlk", "SigIgn", "SigCgt")}
 
 
 @pytest.mark.slow
@@ -353,11 +361,23 @@ def test_torchruns_agent_is_forked_by_the_spare_with_a_fresh_processs_state(live
     fds = {os.readlink(f"/proc/{live.agent}/fd/{fd}") for fd in os.listdir(f"/proc/{live.agent}/fd")}
     spare_fds = unix_inodes(live.spare_dir) | {str(live.job_dir / "logs" / "spare.log"), "anon_inode:[pidfd]"}
     assert unix_inodes(live.spare_dir) and not fds & spare_fds, fds & spare_fds
-    # Signals neither blocked nor ignored beyond what a new interpreter ignores (SIGPIPE, SIGXFSZ)
-    fresh = subprocess.run([sys.executable, "-c", "print(open('/proc/self/status').read())"], capture_output=True,
-                           text=True, check=True).stdout
-    assert signal_state(live.agent) == {k: v.strip() for k, v in (ln.split(":") for ln in fresh.splitlines() if ":" in ln)
-                                        if k in ("SigBlk", "SigIgn")}
+    # No signal blocked; every signal a process does not handle itself ignored exactly when its client ignores it:
+    # the client is a new interpreter started where the plain process would be (Python's SIGPIPE and SIGXFSZ; the
+    # launch runs with SIGHUP, SIGQUIT and SIGUSR2 ignored, as under nohup in a background job).
+    def bit(sig: int) -> int:
+        return 1 << (sig - 1)
+
+    state, plain = signal_state(live.agent), signal_state(client[0].pid)
+    assert state["SigBlk"] == 0 and state["SigIgn"] == plain["SigIgn"] & ~state["SigCgt"], (state, plain)
+    assert plain["SigIgn"] & bit(signal.SIGHUP) and state["SigIgn"] & bit(signal.SIGUSR2), (state, plain)
+    # A rank's client was started by the agent, which catches SIGQUIT: it has it at its default, and so must the
+    # rank (the spare, the launcher's child, inherited it ignored)
+    ranks = [p for p in psutil.Process(live.spare_pid).children() if p.pid != live.agent]
+    rank_plain = signal_state(rank_clients[0].pid)
+    assert len(ranks) == 2 and not rank_plain["SigIgn"] & bit(signal.SIGQUIT), (ranks, rank_plain)
+    for rank in ranks:
+        mine = signal_state(rank.pid)
+        assert mine["SigBlk"] == 0 and mine["SigIgn"] == rank_plain["SigIgn"] & ~mine["SigCgt"], (mine, rank_plain)
 
 
 @pytest.mark.slow
