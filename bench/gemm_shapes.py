@@ -26,8 +26,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
-import os
 import shutil
 import subprocess
 import sys
@@ -38,6 +36,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.result_file import result_path, write_result  # noqa: E402
 from musubi.plan.attention import flash_rate_fraction  # noqa: E402
 from musubi.plan.catalog import get_gpu  # noqa: E402
 from musubi.plan.cluster import make_cluster  # noqa: E402
@@ -207,14 +206,6 @@ def measure_attention(torch: Any, dev: str, gpu: str, quick: bool, min_s: float)
     return out
 
 
-def default_out(card: str) -> Path:
-    """$OUT/gemm_shapes.json on the lent machine, else a dated file under bench/results."""
-    if os.environ.get("OUT"):
-        return Path(os.environ["OUT"]) / "gemm_shapes.json"
-    slug = card.replace(" ", "-").replace("/", "-")
-    return REPO / "bench" / "results" / f"gemm-shapes-{dt.date.today().isoformat()}-{slug}.json"
-
-
 def main(argv: list[str] | None = None) -> int:
     """Run the three measurements and write the JSON; 2 on a bad option."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -244,10 +235,8 @@ def main(argv: list[str] | None = None) -> int:
     result["attention"] = measure_attention(torch, args.device, args.gpu, args.quick, args.min_s)
     result["sustained"] = measure_sustained(torch, args.device, args.sustain_s, args.quick) if args.sustain_s > 0 \
         else []
-    out = args.out or default_out(card)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1), encoding="utf-8")
-    print(f"wrote {out}")
+    slug = card.replace(" ", "-").replace("/", "-")
+    write_result(result, result_path(args.out, "gemm_shapes.json", f"gemm-shapes-{{date}}-{slug}"))
     return 0
 
 

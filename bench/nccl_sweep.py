@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import os
 import sys
 import time
@@ -32,6 +31,8 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from bench.result_file import result_path, write_result  # noqa: E402
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
 
@@ -170,12 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{r['collective']:15s} {r['bytes']:>12d} B  {r['seconds'] * 1e6:10.1f} us  busbw "
               f"{r['busbw_gbps']:7.1f} GB/s  predicted {r['predicted_s'] * 1e6:10.1f} us  "
               f"x{r['measured_over_predicted']:.2f}", flush=True)
-    default = (Path(os.environ["OUT"]) / "nccl_sweep.json" if os.environ.get("OUT") else
-               REPO / "bench" / "results" / f"nccl-sweep-{dt.date.today().isoformat()}.json")
-    out = args.out or default
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1), encoding="utf-8")
-    print(f"wrote {out}")
+    write_result(result, result_path(args.out, "nccl_sweep.json", "nccl-sweep-{date}"))
     return 0
 
 

@@ -30,6 +30,9 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from bench.result_file import result_path, write_result  # noqa: E402
 
 
 def _sync(torch: Any, dev: str) -> None:
@@ -182,12 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     card = torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu"
     result = {"card": card, "torch": torch.__version__, "date": dt.datetime.now(dt.timezone.utc).isoformat(
         timespec="seconds"), **row}
-    default = (Path(os.environ["OUT"]) / "overlap_contention.json" if os.environ.get("OUT") else
-               REPO / "bench" / "results" / f"overlap-contention-{dt.date.today().isoformat()}-{args.mode}.json")
-    out = args.out or default
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1), encoding="utf-8")
-    print(f"wrote {out}")
+    write_result(result, result_path(args.out, "overlap_contention.json", f"overlap-contention-{{date}}-{args.mode}"))
     return 0
 
 
