@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 from bench.plan_blind_gather import csv_text as first_set_csv_text
-from bench.plan_blind_gather import params_b
+from bench.plan_blind_gather import params_b, write_set
 
 OUT = Path(__file__).resolve().parent / "plan_blind_runs3.csv"
 HEADER = (
@@ -290,11 +290,7 @@ def csv_text(rows: list[dict[str, object]]) -> str:
 
 def main(argv: list[str]) -> int:
     """Write the CSV (to OUT.csv, or over bench/plan_blind_runs3.csv) and say how many rows."""
-    path = Path(argv[0]) if argv else OUT
-    rows = blind_rows()
-    path.write_text(csv_text(rows), encoding="utf-8")
-    print(f"{len(rows)} rows -> {path}")
-    return 0
+    return write_set(argv, OUT, blind_rows(), HEADER)
 
 
 if __name__ == "__main__":

@@ -273,13 +273,18 @@ def csv_text(rows: list[dict[str, object]], header: str = HEADER) -> str:
     return out.getvalue()
 
 
-def main(argv: list[str]) -> int:
-    """Write the CSV (to OUT.csv, or over bench/plan_blind_runs.csv) and say how many rows."""
-    path = Path(argv[0]) if argv else OUT
-    rows = blind_rows()
-    path.write_text(csv_text(rows), encoding="utf-8")
+def write_set(argv: list[str], default: Path, rows: list[dict[str, object]], header: str = HEADER) -> int:
+    """A set's gatherer's command line: write the CSV of `rows` under `header` to argv[0], or over `default`, and
+    say how many rows."""
+    path = Path(argv[0]) if argv else default
+    path.write_text(csv_text(rows, header), encoding="utf-8")
     print(f"{len(rows)} rows -> {path}")
     return 0
+
+
+def main(argv: list[str]) -> int:
+    """Write the CSV (to OUT.csv, or over bench/plan_blind_runs.csv) and say how many rows."""
+    return write_set(argv, OUT, blind_rows())
 
 
 if __name__ == "__main__":
