@@ -85,6 +85,7 @@ def _print_validation(console: Console) -> None:
         HELDOUT_CSV,
         NEVERSEEN_CSV,
         check_table,
+        range_coverage,
         table_text,
     )
 
@@ -103,6 +104,9 @@ def _print_validation(console: Console) -> None:
     console.print(table_text("held-out set from the printed layouts only (what `musubi plan --layout` gets; the "
                              "planner fills micro, vpp, recompute): " + HELDOUT_CSV.name,
                              check_table(HELDOUT_CSV, published=True)), highlight=False, markup=False)
+    inside, rows, outside = range_coverage(HELDOUT_CSV)
+    console.print(f"  measured inside the printed range over unnamed stack facts: {inside} of {rows} rows"
+                  + (f" (outside: {', '.join(outside)})" if outside else ""), highlight=False, markup=False)
     console.print(table_text("gathered set (FSDP/ZeRO-2 runs, no fit reads it): " + GATHERED_CSV.name,
                              check_table(GATHERED_CSV)), highlight=False, markup=False)
     console.print(table_text("never-seen set (split off before modelling, issue 48): " + NEVERSEEN_CSV.name,

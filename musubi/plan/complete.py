@@ -156,28 +156,58 @@ def fits_instead(spec: ModelSpec, cluster: Cluster, layout: Layout, given: froze
     return min(strict, key=lambda p: p.step_time_s) if strict else None
 
 
-#: Stack facts a layout may leave out, and the values a stack of the last five years may have.
+#: Stack facts a layout may leave out, and the values a stack of the last five years may have. `overlap`:
+#: the default (dp, pp, cp, param), none, or also the layer collectives (tp, ep: Transformer Engine's userbuffers
+#: in NeMo); `sp`: sequence parallelism (Megatron-LM from 2022) on, or off as every stack before it; `recompute`:
+#: what the fill chose, or full recompute of every layer, the convention of the 2021-22 stacks (Megatron-LM
+#: before selective recompute, DeepSpeed's pipeline engine, metaseq), whose runs checkpointed every layer even
+#: where memory allowed less. The planner's point estimate is the modern stack; the range spans the rest.
 STACK_ALTERNATIVES: dict[str, tuple[str, ...]] = {"attention": ("flash", "flash1", "flash3", "unfused"),
-                                                  "overlap": ("default", "none"), "gather": ("nic", "node")}
+                                                  "overlap": ("default", "none", "all"), "gather": ("nic", "node"),
+                                                  "sp": ("default", "no"), "recompute": ("filled", "full")}
+#: `overlap=all`: every collective the planner knows how to hide.
+ALL_OVERLAP = frozenset({"dp", "pp", "cp", "param", "tp", "ep"})
+
+
+def _open_stack_facts(layout: Layout, given: frozenset[str]) -> list[str]:
+    """The stack facts of STACK_ALTERNATIVES that the layout leaves unnamed and that change its step."""
+    out = []
+    for key in STACK_ALTERNATIVES:
+        if key in given or (key == "recompute" and "recompute_layers" in given):
+            continue
+        if (key == "gather" and layout.zero < 3) or (key == "sp" and layout.tp <= 1):
+            continue
+        if key == "recompute" and layout.recompute == "full" and not layout.recompute_layers:
+            continue  # already every layer
+        out.append(key)
+    return out
+
+
+def _stack_change(key: str, value: str, layout: Layout) -> dict[str, object]:
+    """The Layout fields one stack-fact value sets."""
+    if key == "overlap":
+        return {"overlap": {"default": layout.overlap, "none": frozenset(), "all": ALL_OVERLAP}[value]}
+    if key == "sp":
+        return {} if value == "default" else {"sp": False}
+    if key == "recompute":
+        return {} if value == "filled" else {"recompute": "full", "recompute_layers": 0}
+    return {key: value}
 
 
 def stack_range(spec: ModelSpec, cluster: Cluster, layout: Layout, given: frozenset[str], global_batch: int,
                 eff: Efficiency = DEFAULT_EFFICIENCY, precision: str = "bf16",
                 memory_precision: str = "mixed") -> tuple[Prediction, Prediction, list[str]] | None:
     """The fastest and slowest predictions over the stack facts the layout does not name (attention kernel,
-    communication overlap, how sharded gathers cross nodes), and the names of those facts; None when the
-    layout names them all."""
-    unknown = [k for k in STACK_ALTERNATIVES if k not in given and not (k == "gather" and layout.zero < 3)]
+    communication overlap, how sharded gathers cross nodes, sequence parallelism, recomputation convention), and
+    the names of those facts; None when the layout names them all."""
+    unknown = _open_stack_facts(layout, given)
     if not unknown or isinstance(spec, GenericSpec):
         return None
     preds = []
     for values in itertools.product(*(STACK_ALTERNATIVES[k] for k in unknown)):
         changes: dict[str, object] = {}
         for key, value in zip(unknown, values, strict=True):
-            if key == "overlap":
-                changes[key] = layout.overlap if value == "default" else frozenset()
-            else:
-                changes[key] = value
+            changes.update(_stack_change(key, value, layout))
         preds.append(predict(spec, cluster, replace(layout, **changes), global_batch, eff, precision,
                              memory_precision))
     preds.sort(key=lambda p: p.step_time_s)

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from musubi.plan.catalog import get_gpu
 from musubi.plan.cluster import Cluster, make_cluster
-from musubi.plan.complete import complete_layout
+from musubi.plan.complete import complete_layout, stack_range
 from musubi.plan.efficiency import DEFAULT_EFFICIENCY, Efficiency
 from musubi.plan.layout import DEFAULT_OVERLAP, Layout, given_keys, parse_layout
 from musubi.plan.predict import Prediction, predict
@@ -145,6 +145,33 @@ def predict_published(row: dict[str, str], eff: Efficiency = DEFAULT_EFFICIENCY)
 def check_published(row: dict[str, str], eff: Efficiency = DEFAULT_EFFICIENCY) -> Check:
     """Predict one row from its published layout alone (the CLI's defaults for the rest) and compare."""
     return compare(row, predict_published(row, eff))
+
+
+def published_range(row: dict[str, str], eff: Efficiency = DEFAULT_EFFICIENCY) -> tuple[float, float]:
+    """The signed errors of the two ends of `musubi plan --layout PUBLISHED`'s range over the stack facts the printed
+    layout leaves unsaid (complete.stack_range), low first; both the point estimate's error when it names them all."""
+    cluster = row_cluster(row)
+    text = row["published_layout"]
+    spec, batch = row_spec(row), int(row["global_batch_seqs"])
+    layout, _ = complete_layout(spec, cluster, parse_layout(text), given_keys(text), batch, eff)
+    spread = stack_range(spec, cluster, layout, given_keys(text), batch, eff)
+    if spread is None:
+        error = compare(row, predict(spec, cluster, layout, batch, eff)).error
+        return error, error
+    a, b = compare(row, spread[0]).error, compare(row, spread[1]).error
+    return min(a, b), max(a, b)
+
+
+def range_coverage(path: Path, eff: Efficiency = DEFAULT_EFFICIENCY) -> tuple[int, int, list[str]]:
+    """How many rows of a table with printed layouts have their published figure inside the range `musubi plan
+    --layout` prints: (inside, rows, the names of the rows outside)."""
+    rows = [row for row in load_rows(path) if row.get("published_layout")]
+    outside = []
+    for row in rows:
+        low, high = published_range(row, eff)
+        if not low <= 0 <= high:
+            outside.append(row["name"])
+    return len(rows) - len(outside), len(rows), outside
 
 
 def check_table(path: Path, eff: Efficiency = DEFAULT_EFFICIENCY, published: bool = False) -> list[Check]:

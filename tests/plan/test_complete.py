@@ -62,9 +62,9 @@ def test_stack_range_brackets_the_default_and_closes_when_named() -> None:
     layout = parse_layout(text)
     default = predict(GPT3, cluster, layout, 6144)
     fast, slow, unknown = stack_range(GPT3, cluster, layout, given_keys(text), 6144)  # type: ignore[misc]
-    assert unknown == ["attention", "overlap"]
+    assert unknown == ["attention", "overlap", "sp"]  # recompute is named; sp is open at tp 8
     assert fast.step_time_s <= default.step_time_s < slow.step_time_s
-    assert stack_range(GPT3, cluster, layout, given_keys(text + ",attention=flash,overlap=dp"), 6144) is None
+    assert stack_range(GPT3, cluster, layout, given_keys(text + ",attention=flash,overlap=dp,sp=yes"), 6144) is None
 
 
 def test_cli_json_reports_what_it_filled_and_the_range() -> None:
