@@ -21,7 +21,9 @@ from typing import Any
 
 import yaml
 
-from musubi.checkpoint.checkpoint import best_checkpoint, latest_checkpoint
+# committed.py reads markers without torch: a Python caller of musubi.train pays no torch import here (the
+# launcher on CPU imports none either)
+from musubi.checkpoint.committed import best_checkpoint, latest_checkpoint
 from musubi.contract.errors import ConfigError
 from musubi.contract.run_files import RUN_FILES
 from musubi.evaluate.python_api import Exported, as_keywords, evaluate, export, load

@@ -41,9 +41,10 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 # The torch-free part (marker, verification) lives in committed.py; its names are re-exported for importers.
-from musubi.checkpoint.committed import CHECKPOINT_DIR, Committed, listing, sha256, step_dir
+from musubi.checkpoint.committed import CHECKPOINT_DIR, Committed, by_score, listing, sha256, step_dir
 from musubi.checkpoint.committed import MARKER as MARKER
 from musubi.checkpoint.committed import STATE_FILE as STATE_FILE
+from musubi.checkpoint.committed import best_checkpoint as best_checkpoint
 from musubi.checkpoint.committed import committed_checkpoints as committed_checkpoints
 from musubi.checkpoint.committed import latest_checkpoint as latest_checkpoint
 from musubi.checkpoint.committed import verify as verify
@@ -161,20 +162,6 @@ def commit(d: Path, step: int, trainer_state: dict[str, Any], world_size: int,
     _fsync_write(d / MARKER, json.dumps(marker, indent=1))
 
 
-def _by_score(committed: list[Committed], metric: str, mode: str) -> list[Committed]:
-    """Checkpoints whose marker holds `metric`, best first (`mode` max: larger is better)."""
-    scored = [c for c in committed if isinstance(c.marker.get("metric", {}).get(metric), (int, float))]
-    return sorted(scored, key=lambda c: c.marker["metric"][metric], reverse=mode == "max")
-
-
-def best_checkpoint(root: Path, metric: str | None, mode: str = "max") -> Committed | None:
-    """The committed checkpoint with the best validation `metric` in its marker, or None if none holds it."""
-    if not metric:
-        return None
-    ranked = _by_score(committed_checkpoints(root, warn=False), metric, mode)
-    return ranked[0] if ranked else None
-
-
 def retain(root: Path, keep_last: int, keep_best: int = 0, best_metric: str | None = None,
            best_mode: str = "max") -> list[Path]:
     """Delete committed checkpoints beyond the newest `keep_last` and the `keep_best` best, and
@@ -182,7 +169,7 @@ def retain(root: Path, keep_last: int, keep_best: int = 0, best_metric: str | No
     committed = committed_checkpoints(root, warn=False)
     keep = {c.path for c in committed[-keep_last:]}
     if keep_best and best_metric:
-        keep |= {c.path for c in _by_score(committed, best_metric, best_mode)[:keep_best]}
+        keep |= {c.path for c in by_score(committed, best_metric, best_mode)[:keep_best]}
     newest = committed[-1].step if committed else -1
     deleted = []
     for d in sorted(root.iterdir()):

@@ -126,3 +126,17 @@ def latest_checkpoint(root: Path, checksums: bool = False, warn: bool = True) ->
         if found is not None:
             return found
     return None
+
+
+def by_score(committed: list[Committed], metric: str, mode: str) -> list[Committed]:
+    """Checkpoints whose marker holds `metric`, best first (`mode` max: larger is better)."""
+    scored = [c for c in committed if isinstance(c.marker.get("metric", {}).get(metric), (int, float))]
+    return sorted(scored, key=lambda c: c.marker["metric"][metric], reverse=mode == "max")
+
+
+def best_checkpoint(root: Path, metric: str | None, mode: str = "max") -> Committed | None:
+    """The committed checkpoint with the best validation `metric` in its marker, or None if none holds it."""
+    if not metric:
+        return None
+    ranked = by_score(committed_checkpoints(root, warn=False), metric, mode)
+    return ranked[0] if ranked else None
