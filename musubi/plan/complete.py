@@ -161,10 +161,13 @@ def fits_instead(spec: ModelSpec, cluster: Cluster, layout: Layout, given: froze
 #: in NeMo); `sp`: sequence parallelism (Megatron-LM from 2022) on, or off as every stack before it; `recompute`:
 #: what the fill chose, or full recompute of every layer, the convention of the 2021-22 stacks (Megatron-LM
 #: before selective recompute, DeepSpeed's pipeline engine, metaseq), whose runs checkpointed every layer even
-#: where memory allowed less. The planner's point estimate is the modern stack; the range spans the rest.
+#: where memory allowed less; `grads`: gradients reduced in bf16, or in fp32 as Megatron-LM before Core and
+#: DeepSpeed's BF16 optimizer did (layout.GRADS). The planner's point estimate is the modern stack; the range
+#: spans the rest.
 STACK_ALTERNATIVES: dict[str, tuple[str, ...]] = {"attention": ("flash", "flash1", "flash3", "unfused"),
                                                   "overlap": ("default", "none", "all"), "gather": ("nic", "node"),
-                                                  "sp": ("default", "no"), "recompute": ("filled", "full")}
+                                                  "sp": ("default", "no"), "recompute": ("filled", "full"),
+                                                  "grads": ("default", "fp32")}
 #: `overlap=all`: every collective the planner knows how to hide.
 ALL_OVERLAP = frozenset({"dp", "pp", "cp", "param", "tp", "ep"})
 
@@ -177,6 +180,8 @@ def _open_stack_facts(layout: Layout, given: frozenset[str]) -> list[str]:
             continue
         if (key == "gather" and layout.zero < 3) or (key == "sp" and layout.tp <= 1):
             continue
+        if key == "grads" and ((layout.dp or 1) * layout.cp <= 1 or layout.grads == "fp32"):
+            continue  # no data-parallel reduction, or already fp32
         if key == "recompute" and layout.recompute == "full" and not layout.recompute_layers:
             continue  # already every layer
         out.append(key)
@@ -191,6 +196,8 @@ def _stack_change(key: str, value: str, layout: Layout) -> dict[str, object]:
         return {} if value == "default" else {"sp": False}
     if key == "recompute":
         return {} if value == "filled" else {"recompute": "full", "recompute_layers": 0}
+    if key == "grads":
+        return {} if value == "default" else {"grads": "fp32"}
     return {key: value}
 
 
@@ -198,7 +205,8 @@ def stack_range(spec: ModelSpec, cluster: Cluster, layout: Layout, given: frozen
                 eff: Efficiency = DEFAULT_EFFICIENCY, precision: str = "bf16",
                 memory_precision: str = "mixed") -> tuple[Prediction, Prediction, list[str]] | None:
     """The fastest and slowest predictions over the stack facts the layout does not name (attention kernel,
-    communication overlap, how sharded gathers cross nodes, sequence parallelism, recomputation convention), and
+    communication overlap, how sharded gathers cross nodes, sequence parallelism, recomputation convention, the
+    gradients' reduction dtype), and
     the names of those facts; None when the layout names them all."""
     unknown = _open_stack_facts(layout, given)
     if not unknown or isinstance(spec, GenericSpec):

@@ -28,13 +28,19 @@ OVERLAPS = ("dp", "pp", "tp", "cp", "ep", "param")
 #: Table 2: ~21-23 GB/s per A100, flat from 384 to 1,536 GPUs). node: one flat buffer per unit (PyTorch
 #: FSDP / FSDP2), which NCCL's rings spread over every NIC of the node like any large collective.
 GATHERS = ("nic", "node")
+#: The dtype gradients are accumulated and reduced in across data-parallel ranks. bf16: the modern default
+#: (Megatron-Core's grad_reduce_in_fp32 off, PyTorch FSDP's mixed precision). fp32: Megatron-LM before Core,
+#: which turned on fp32 gradient accumulation and all-reduce whenever bf16 was on (arguments.py:
+#: accumulate_allreduce_grads_in_fp32), and DeepSpeed's BF16 optimizer; twice the gradient bytes on the wire and
+#: 4 bytes of main gradient a parameter in memory (the `mixed-fp32-grads` accounting).
+GRADS = ("bf16", "fp32")
 #: What a modern stack overlaps by default: gradient reduce and parameter gather (DP/FSDP),
 #: pipeline sends, context-parallel ring exchange. TP collectives stay exposed unless the
 #: framework overlaps them with GEMMs (TransformerEngine userbuffers): add `overlap=...,tp`.
 DEFAULT_OVERLAP = frozenset({"dp", "pp", "cp", "param"})
 
 _INT_KEYS = ("tp", "pp", "dp", "cp", "ep", "vpp", "zero", "micro", "recompute_layers")
-_KEYS = (*_INT_KEYS, "recompute", "sp", "schedule", "attention", "gather", "overlap")
+_KEYS = (*_INT_KEYS, "recompute", "sp", "schedule", "attention", "gather", "grads", "overlap")
 
 
 @dataclass(frozen=True)
@@ -58,6 +64,7 @@ class Layout:
     schedule: str | None = None  # None: interleaved when vpp > 1, else 1f1b
     attention: str = "flash"
     gather: str = "nic"  # how sharded collectives cross nodes (GATHERS); only with zero=3
+    grads: str = "bf16"  # the dtype gradients are reduced in (GRADS)
     overlap: frozenset[str] = field(default=DEFAULT_OVERLAP)
 
     @property
@@ -96,6 +103,8 @@ class Layout:
             parts.append(f"attention={self.attention}")
         if self.gather != "nic" and self.zero >= 3:
             parts.append(f"gather={self.gather}")
+        if self.grads != "bf16":
+            parts.append(f"grads={self.grads}")
         if self.overlap != DEFAULT_OVERLAP:
             parts.append(f"overlap={','.join(sorted(self.overlap)) or 'none'}")
         return ",".join(parts)
@@ -155,6 +164,8 @@ def parse_layout(text: str) -> Layout:
             values[key] = _choice(key, value, ATTENTION)
         elif key == "gather":
             values[key] = _choice(key, value, GATHERS)
+        elif key == "grads":
+            values[key] = _choice(key, value, GRADS)
         elif key == "sp":
             values[key] = _bool(key, value)
         else:  # overlap: this item and every following item without "="

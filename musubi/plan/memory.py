@@ -271,6 +271,12 @@ def _generic_memory(spec: GenericSpec, layout: Layout, precision: Precision) -> 
     return MemoryBreakdown(weights / GIB, grads / GIB, optim / GIB, acts / GIB, buffers / GIB, RESERVE_GIB)
 
 
+def layout_precision(layout: Layout, precision: str) -> str:
+    """The byte accounting of `precision` under the layout's gradient dtype: `grads=fp32` keeps fp32 main
+    gradients (mixed -> mixed-fp32-grads); any other precision already says what its gradients are."""
+    return "mixed-fp32-grads" if layout.grads == "fp32" and precision == "mixed" else precision
+
+
 def estimate_memory(spec: ModelSpec, layout: Layout, global_batch: int | None = None,
                     precision: str = "mixed") -> MemoryBreakdown:
     """Peak memory of the most loaded GPU of a resolved layout (dp filled in), by component.
@@ -281,6 +287,7 @@ def estimate_memory(spec: ModelSpec, layout: Layout, global_batch: int | None = 
         raise PlanError("estimate_memory needs a resolved layout (dp given); use resolve_layout first")
     if precision not in PRECISIONS:
         raise PlanError(f"unknown precision {precision!r}; known: {', '.join(PRECISIONS)}")
+    precision = layout_precision(layout, precision)
     batch = global_batch if global_batch is not None else (layout.dp * layout.micro)
     check_layout(layout, spec, batch)
     if isinstance(spec, GenericSpec):

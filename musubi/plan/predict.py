@@ -30,6 +30,7 @@ from musubi.plan.memory import (
     MemoryBreakdown,
     estimate_memory,
     heaviest_middle_rank,
+    layout_precision,
     rank_chunks,
     recomputed_share,
     stage_layers,
@@ -453,6 +454,7 @@ def predict(spec: ModelSpec, cluster: Cluster, layout: Layout, global_batch: int
     """Predict one layout (dp may be left out: the rest of the GPUs) for `global_batch` sequences per step."""
     layout = resolve_layout(layout, cluster.n_gpus)
     check_layout(layout, spec, global_batch)
+    memory_precision = layout_precision(layout, memory_precision)  # grads=fp32: fp32 main gradients on the wire
     if isinstance(spec, GenericSpec):
         return _predict_generic(spec, cluster, layout, global_batch, eff, precision, memory_precision)
     return _predict_transformer(spec, cluster, layout, global_batch, eff, precision, memory_precision)

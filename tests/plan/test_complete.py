@@ -75,7 +75,7 @@ def test_cli_json_reports_what_it_filled_and_the_range() -> None:
     assert data["filled"] == {"micro": "4"}  and "micro=4" in data["layout"]
     low, high = data["range"]["mfu"]
     # zero=3: how its gathers cross nodes (gather=nic|node) is a stack fact too (tests/plan/test_gather.py).
-    assert low < data["mfu"] < high and data["range"]["spans"] == ["attention", "overlap", "gather"]
+    assert low < data["mfu"] < high and data["range"]["spans"] == ["attention", "overlap", "gather", "grads"]
 
 
 def test_heldout_from_printed_layouts_within_bound() -> None:

@@ -25,10 +25,11 @@ def test_an_unsaid_stack_spans_sequence_parallelism_recompute_and_layer_overlap(
     layout, filled = complete_layout(GPT3, cluster, parse_layout(text), given_keys(text), 2048)
     assert filled["recompute"] != "full"  # the fill keeps activations where memory allows
     fast, slow, unknown = stack_range(GPT3, cluster, layout, given_keys(text), 2048)  # type: ignore[misc]
-    assert unknown == ["attention", "overlap", "sp", "recompute"]
-    # the 2021-22 stack: every layer recomputed, no sequence parallelism, unfused softmax, nothing overlapped
+    assert unknown == ["attention", "overlap", "sp", "recompute", "grads"]
+    # the 2021-22 stack: every layer recomputed, no sequence parallelism, unfused softmax, nothing overlapped,
+    # fp32 gradients
     assert slow.layout.startswith("tp=8,pp=8") and "recompute=full" in slow.layout and "sp=no" in slow.layout
-    assert "attention=unfused" in slow.layout
+    assert "attention=unfused" in slow.layout and "grads=fp32" in slow.layout
     assert fast.step_time_s < slow.step_time_s / 1.5
 
 
