@@ -1,9 +1,9 @@
-"""Every blind set of published runs (bench/plan_blind_runs{,2,3}.csv) parses, names catalog GPUs and sources, is
+"""Every blind set of published runs (bench/plan_blind_runs{,2,3,4}.csv) parses, names catalog GPUs and sources, is
 what its gather script writes, and shares no source with the validation tables or an earlier set.
 
 No test here predicts a row: each set is scored once, by hand (`python bench/plan_blind_score.py --csv ...`), so
 that nobody tunes the planner against it through the test suite. A set's own derived figures are tested beside
-its gatherer (test_blind_runs{,2,3}.py).
+its gatherer (test_blind_runs{,2,3,4}.py).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import pytest
 
 from bench import plan_blind2_gather as gather2
 from bench import plan_blind3_gather as gather3
+from bench import plan_blind4_gather as gather4
 from bench import plan_blind_gather as gather1
 from bench import plan_blind_score as blind
 from musubi.plan.catalog import get_gpu
@@ -39,7 +40,8 @@ class BlindSet:
 
 SETS = [BlindSet("first", blind.BLIND_CSV, gather1, 20, True, (), False),
         BlindSet("second", gather2.OUT, gather2, 25, False, (blind.BLIND_CSV,), True),
-        BlindSet("third", gather3.OUT, gather3, 25, False, (blind.BLIND_CSV, gather2.OUT), True)]
+        BlindSet("third", gather3.OUT, gather3, 25, False, (blind.BLIND_CSV, gather2.OUT), True),
+        BlindSet("fourth", gather4.OUT, gather4, 25, False, (blind.BLIND_CSV, gather2.OUT, gather3.OUT), True)]
 ROWS = [(s, row) for s in SETS for row in blind.load_rows(s.csv)]
 
 
