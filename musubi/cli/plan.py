@@ -22,6 +22,7 @@ from musubi.plan.complete import (
     complete_layout,
     faster_over_memory,
     fits_instead,
+    range_by_fact,
     stack_range,
 )
 from musubi.plan.efficiency import DEFAULT_EFFICIENCY
@@ -162,13 +163,31 @@ def _print_search(console: Console, result: SearchResult, spec: ModelSpec, clust
             console.print(Text(f"  {kind} x{count}: {example}"), highlight=False, soft_wrap=True)
 
 
-def _range_json(spread: tuple[Prediction, Prediction, list[str]] | None) -> dict[str, Any] | None:
-    """The stack-assumption range as JSON: step time and MFU at both ends, and the facts it spans."""
+#: The stack range: fastest and slowest prediction, the facts it spans, and each fact varied alone
+#: (complete.range_by_fact: fact -> fastest value, its step ratio, slowest value, its step ratio).
+Spread = tuple[Prediction, Prediction, list[str], dict[str, tuple[str, float, str, float]]]
+
+
+def _range_json(spread: Spread | None) -> dict[str, Any] | None:
+    """The stack-assumption range as JSON: step time and MFU at both ends, the facts it spans, and each fact's
+    own reach (step time relative to the point estimate at its fastest and slowest value), widest first."""
     if spread is None:
         return None
-    fast, slow, unknown = spread
+    fast, slow, unknown, by_fact = spread
     return {"spans": unknown, "step_time_s": [fast.step_time_s, slow.step_time_s], "mfu": [slow.mfu, fast.mfu],
-            "model_tflops_per_gpu": [slow.model_tflops_per_gpu, fast.model_tflops_per_gpu]}
+            "model_tflops_per_gpu": [slow.model_tflops_per_gpu, fast.model_tflops_per_gpu],
+            "by_fact": {k: {"fast": fv, "fast_step_ratio": fr, "slow": sv, "slow_step_ratio": sr}
+                        for k, (fv, fr, sv, sr) in by_fact.items()}}
+
+
+def _reach(by_fact: dict[str, tuple[str, float, str, float]]) -> str:
+    """Each fact's own reach as text, widest first: `recompute (full +34 %)`, `overlap (all -11 %, none +4 %)`."""
+    parts = []
+    for key, (fast_value, fast, slow_value, slow) in by_fact.items():
+        ends = [f"{value} {100 * (ratio - 1):+.0f} %" for value, ratio in ((fast_value, fast), (slow_value, slow))
+                if abs(ratio - 1) >= 0.005]
+        parts.append(f"{key} ({', '.join(ends) or 'under 1 %'})")
+    return ", ".join(parts)
 
 
 def _json_search(result: SearchResult) -> dict[str, Any]:
@@ -213,7 +232,7 @@ def _inputs(model: str | None, spec: Path | None, gpu: str | None, gpus: int | N
 
 
 def _show_layout(console: Console, as_json: bool, one: Prediction, cluster: Cluster, micro: int,
-                 filled: dict[str, Any], spread: tuple[Prediction, Prediction, list[str]] | None,
+                 filled: dict[str, Any], spread: Spread | None,
                  report: dict[str, Any] | None, over: Prediction | None = None,
                  instead: Prediction | None = None) -> None:
     """One layout's prediction: the table, the range over what --layout left unsaid, the knobs the planner chose,
@@ -240,10 +259,11 @@ def _show_layout(console: Console, as_json: bool, one: Prediction, cluster: Clus
                       f"{cluster.gpu.memory_gib:g}: over by {_pct(margin['over_by'])}, within the memory model's "
                       f"{FILL_MEMORY_TOLERANCE:.0%} error; {alt}", highlight=False)
     if spread is not None:
-        fast, slow, unknown = spread
+        fast, slow, unknown, by_fact = spread
         console.print(f"range over what --layout does not say ({', '.join(unknown)}): MFU "
                       f"{_pct(slow.mfu)} to {_pct(fast.mfu)}, step {fast.step_time_s:.3g} to "
                       f"{slow.step_time_s:.3g} s (name them in --layout to pin them)", highlight=False)
+        console.print(f"  each alone, step against this estimate: {_reach(by_fact)}", highlight=False)
     if filled:
         console.print("chosen by the planner (not in --layout; fastest that fits, within the memory model's "
                       f"{FILL_MEMORY_TOLERANCE:.0%} error): "
@@ -263,7 +283,9 @@ def _evaluate_layout(model_spec: ModelSpec, cluster: Cluster, layout: str, batch
     given, parsed = given_keys(layout), parse_layout(layout)
     one_layout, filled = complete_layout(model_spec, cluster, parsed, given, batch, eff, precision)
     one = predict(model_spec, cluster, one_layout, batch, eff, precision)
-    spread = stack_range(model_spec, cluster, one_layout, given, batch, eff, precision)
+    ends = stack_range(model_spec, cluster, one_layout, given, batch, eff, precision)
+    spread = None if ends is None else (*ends, range_by_fact(model_spec, cluster, one_layout, given, batch, eff,
+                                                             precision))
     over = faster_over_memory(model_spec, cluster, parsed, given, batch, eff, precision)
     instead = fits_instead(model_spec, cluster, parsed, given, batch, eff, precision) if filled else None
     return one_layout, filled, one, spread, over, instead

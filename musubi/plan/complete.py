@@ -220,3 +220,22 @@ def stack_range(spec: ModelSpec, cluster: Cluster, layout: Layout, given: frozen
                              memory_precision))
     preds.sort(key=lambda p: p.step_time_s)
     return preds[0], preds[-1], unknown
+
+
+def range_by_fact(spec: ModelSpec, cluster: Cluster, layout: Layout, given: frozenset[str], global_batch: int,
+                  eff: Efficiency = DEFAULT_EFFICIENCY, precision: str = "bf16",
+                  memory_precision: str = "mixed") -> dict[str, tuple[str, float, str, float]]:
+    """Each unnamed stack fact varied alone from the point estimate: fact -> (fastest value, its step / the point
+    estimate's, slowest value, its step / the point estimate's), widest first; what to pin first to narrow the
+    range. Empty when the layout names every fact."""
+    if isinstance(spec, GenericSpec):
+        return {}
+    base = predict(spec, cluster, layout, global_batch, eff, precision, memory_precision).step_time_s
+    out: dict[str, tuple[str, float, str, float]] = {}
+    for key in _open_stack_facts(layout, given):
+        steps = sorted((predict(spec, cluster, replace(layout, **_stack_change(key, value, layout)), global_batch,
+                                eff, precision, memory_precision).step_time_s / base, value)
+                       for value in STACK_ALTERNATIVES[key])
+        (fast, fast_value), (slow, slow_value) = steps[0], steps[-1]
+        out[key] = (fast_value, fast, slow_value, slow)
+    return dict(sorted(out.items(), key=lambda kv: kv[1][1] / kv[1][3]))  # widest (smallest fast / slow) first

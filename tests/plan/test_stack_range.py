@@ -9,12 +9,16 @@ the recomputation convention and overlapping the layer collectives.
 
 from __future__ import annotations
 
+import json
+
 from musubi.plan.catalog import get_gpu
 from musubi.plan.cluster import make_cluster
-from musubi.plan.complete import ALL_OVERLAP, complete_layout, stack_range
+from musubi.plan.complete import ALL_OVERLAP, complete_layout, range_by_fact, stack_range
 from musubi.plan.layout import given_keys, parse_layout
+from musubi.plan.predict import predict
 from musubi.plan.spec import preset
 from musubi.plan.validate import HELDOUT_CSV, range_coverage
+from tests.plan.test_command import run
 
 GPT3 = preset("gpt3-175b")
 
@@ -54,3 +58,32 @@ def test_the_range_holds_most_held_out_figures() -> None:
     inside, rows, outside = range_coverage(HELDOUT_CSV)
     assert rows == 24 and inside >= 17, outside
     assert all(name.startswith(("ptdp-", "bloom-")) for name in outside)
+
+
+def test_each_fact_alone_says_what_to_pin_first() -> None:
+    """GPT-3 175B, TP 8 x PP 8 on 1,024 A100 (the fill keeps every activation): recomputing every layer alone
+    slows the step by about a third, more than any other fact, so it comes first; each fact alone stays inside
+    the whole range, and the point estimate is one end of every fact that it already takes."""
+    cluster = make_cluster(get_gpu("A100-80GB"), 1024)
+    text = "tp=8,pp=8"
+    layout, _ = complete_layout(GPT3, cluster, parse_layout(text), given_keys(text), 2048)
+    fast, slow, unknown = stack_range(GPT3, cluster, layout, given_keys(text), 2048)  # type: ignore[misc]
+    reach = range_by_fact(GPT3, cluster, layout, given_keys(text), 2048)
+    assert set(reach) == set(unknown) and next(iter(reach)) == "recompute"
+    assert reach["recompute"][2] == "full" and 1.2 < reach["recompute"][3] < 1.5
+    assert reach["overlap"][0] == "all" and reach["overlap"][1] < 1.0 < reach["overlap"][3]
+    point = predict(GPT3, cluster, layout, 2048).step_time_s
+    for _, fast_ratio, _, slow_ratio in reach.values():
+        assert fast.step_time_s <= fast_ratio * point * (1 + 1e-9) and slow_ratio * point <= slow.step_time_s * (1 + 1e-9)
+    ratios = [r[1] / r[3] for r in reach.values()]
+    assert ratios == sorted(ratios)  # widest first
+
+
+def test_the_cli_prints_each_facts_reach() -> None:
+    args = ("--model", "gpt3-175b", "--gpu", "A100-80GB", "--gpus", "1024", "--global-batch", "2048",
+            "--layout", "tp=8,pp=8")
+    code, out = run(*args)
+    assert code == 0 and "each alone, step against this estimate: recompute (full +3" in out
+    code, out = run(*args, "--json")
+    by_fact = json.loads(out)["range"]["by_fact"]
+    assert code == 0 and by_fact["recompute"]["slow"] == "full" and by_fact["recompute"]["slow_step_ratio"] > 1.2
