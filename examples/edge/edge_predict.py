@@ -1,6 +1,6 @@
 """An edge consumer of a Musubi deployment manifest: onnxruntime, numpy and Pillow, nothing else.
 
-    python edge_predict.py manifest.json image.jpg [--model NAME] [--conf 0.25] [--json]
+    python edge_predict.py manifest.json image.jpg [more.jpg ...] [--model NAME] [--conf 0.25] [--json]
 
 Reads manifest.json (what `musubi run` or `musubi registry manifest` writes), picks
 the top model (the best leaderboard rank among the promoted ones, or --model),
@@ -8,6 +8,8 @@ checks its file's sha256, reads the image as the model's recipe says (resize,
 scale, normalisation), runs it with ONNX Runtime (tiling the frame and merging the
 tiles' detections when the manifest says the model was trained and measured on
 slices) and prints each detection with its class name, in the image's own pixels.
+Several images share one check of the file and one ONNX Runtime session (--json: one
+line of JSON an image).
 Everything it needs is in the manifest: no Musubi, no torch.
 """
 
@@ -178,63 +180,80 @@ def detect(session: ort.InferenceSession, x: np.ndarray, rule: dict[str, Any] | 
     return b[keep], s[keep], lab[keep]
 
 
-def run(manifest_path: Path, image: Path, name: str | None = None, conf: float | None = None) -> dict[str, Any]:
-    """The top (or named) model of the manifest on one image: its detections (or class) with names."""
-    manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
-    entry = pick_model(manifest, name)
-    recipe = entry.get("recipe")
-    if not isinstance(recipe, dict) or not isinstance(recipe.get("input"), dict):
-        raise EdgeError(f"{entry.get('name')}: the manifest holds no inference recipe; export and register it again")
-    path = model_file(entry, manifest_path.parent)
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    classes = entry.get("classes") or recipe.get("classes") or []
-    out: dict[str, Any] = {"model": f"{entry['name']} v{entry['version']}", "file": str(path), "image": str(image)}
-    if recipe["task"] == "classification":
-        logits = session.run(None, {session.get_inputs()[0].name: read_classification_input(image, recipe["input"])
-                                    [None]})[0][0]
-        p = np.exp(logits - logits.max())
-        p /= p.sum()
-        k = int(p.argmax())
-        out["class"] = {"label": k, "name": classes[k] if k < len(classes) else str(k), "score": float(p[k])}
+class Model:
+    """The manifest's top (or named) model, its file checked and one ONNX Runtime session made for every image."""
+
+    def __init__(self, manifest_path: Path, name: str | None = None) -> None:
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+        self.entry = pick_model(manifest, name)
+        recipe = self.entry.get("recipe")
+        if not isinstance(recipe, dict) or not isinstance(recipe.get("input"), dict):
+            raise EdgeError(f"{self.entry.get('name')}: the manifest holds no inference recipe; export and register "
+                            "it again")
+        self.recipe: dict[str, Any] = recipe
+        self.path = model_file(self.entry, manifest_path.parent)
+        # a session costs seconds for a detector: made once, not once an image
+        self.session = ort.InferenceSession(str(self.path), providers=["CPUExecutionProvider"])
+        self.classes: list[str] = self.entry.get("classes") or recipe.get("classes") or []
+
+    def run(self, image: Path, conf: float | None = None) -> dict[str, Any]:
+        """The model on one image: its detections (or class) with names."""
+        entry, recipe, session, classes = self.entry, self.recipe, self.session, self.classes
+        out: dict[str, Any] = {"model": f"{entry['name']} v{entry['version']}", "file": str(self.path),
+                               "image": str(image)}
+        if recipe["task"] == "classification":
+            logits = session.run(None, {session.get_inputs()[0].name: read_classification_input(
+                image, recipe["input"])[None]})[0][0]
+            p = np.exp(logits - logits.max())
+            p /= p.sum()
+            k = int(p.argmax())
+            out["class"] = {"label": k, "name": classes[k] if k < len(classes) else str(k), "score": float(p[k])}
+            return out
+        x, w, h = read_detection_input(image, recipe["input"])
+        boxes, scores, labels = detect(session, x, recipe.get("slice"))
+        sx, sy = w / x.shape[2], h / x.shape[1]  # model-input pixels -> the image's own
+        found = []
+        for box, score, label in zip(boxes.tolist(), scores.tolist(), labels.tolist(), strict=True):
+            if (conf is not None and score < conf) or not 1 <= label <= len(classes):
+                continue
+            found.append({"name": classes[label - 1], "label": int(label), "score": float(score),
+                          "box": [box[0] * sx, box[1] * sy, box[2] * sx, box[3] * sy]})
+        out["detections"] = found
         return out
-    x, w, h = read_detection_input(image, recipe["input"])
-    boxes, scores, labels = detect(session, x, recipe.get("slice"))
-    sx, sy = w / x.shape[2], h / x.shape[1]  # model-input pixels -> the image's own
-    found = []
-    for box, score, label in zip(boxes.tolist(), scores.tolist(), labels.tolist(), strict=True):
-        if (conf is not None and score < conf) or not 1 <= label <= len(classes):
-            continue
-        found.append({"name": classes[label - 1], "label": int(label), "score": float(score),
-                      "box": [box[0] * sx, box[1] * sy, box[2] * sx, box[3] * sy]})
-    out["detections"] = found
-    return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Command line: print the named detections (or --json)."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("manifest", type=Path)
-    parser.add_argument("image", type=Path)
-    parser.add_argument("--model", help="a model name of the manifest (default: the best ranked)")
-    parser.add_argument("--conf", type=float, help="keep detections scoring at least this")
-    parser.add_argument("--json", action="store_true", help="print the result as JSON")
-    args = parser.parse_args(argv)
-    try:
-        result = run(args.manifest, args.image, args.model, args.conf)
-    except (EdgeError, OSError, ValueError, KeyError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    if args.json:
-        print(json.dumps(result))
-        return 0
+def show(result: dict[str, Any]) -> None:
+    """Print one image's result as lines: the model and image, then each detection (or the class)."""
     print(f"{result['model']} on {result['image']}")
     if "class" in result:
         print(f"{result['class']['name']} {result['class']['score']:.3f}")
-        return 0
+        return
     for d in result["detections"]:
         x1, y1, x2, y2 = d["box"]
         print(f"{d['name']:<16} {d['score']:.3f}  [{x1:.1f}, {y1:.1f}, {x2:.1f}, {y2:.1f}]")
     print(f"{len(result['detections'])} detection(s)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line: print the named detections (or --json, one line an image)."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("manifest", type=Path)
+    parser.add_argument("image", type=Path, nargs="+", help="one or more images, run by one session in turn")
+    parser.add_argument("--model", help="a model name of the manifest (default: the best ranked)")
+    parser.add_argument("--conf", type=float, help="keep detections scoring at least this")
+    parser.add_argument("--json", action="store_true", help="print each image's result as one line of JSON")
+    args = parser.parse_args(argv)
+    try:
+        model = Model(args.manifest, args.model)
+        for image in args.image:
+            result = model.run(image, args.conf)
+            if args.json:
+                print(json.dumps(result))
+            else:
+                show(result)
+    except (EdgeError, OSError, ValueError, KeyError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -89,13 +89,15 @@ def _export(plan: ExportPlan, example: torch.Tensor, path: Path, opset: int, exp
     raise ConfigError(f"export: torch.onnx.export failed ({'; '.join(errors)})")
 
 
-def _graph_io(path: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]], int]:
-    """(inputs, outputs, opset) of an ONNX file, after onnx.checker has accepted it."""
+def _graph_io(path: Path, model: Any = None) -> tuple[list[dict[str, Any]], list[dict[str, Any]], int]:
+    """(inputs, outputs, opset) of an ONNX file (`model`: its ModelProto where already loaded), after onnx.checker
+    has accepted the file."""
     import onnx
 
-    model = onnx.load(str(path))
+    model = onnx.load(str(path)) if model is None else model
     try:
-        onnx.checker.check_model(model)
+        # the file by its path: checked in C++ without serialising the (hundreds of MB) proto in Python again
+        onnx.checker.check_model(str(path))
     except onnx.checker.ValidationError as e:
         raise ConfigError(f"{path}: the exported graph is not valid ONNX ({one_line(e)})") from None
 
@@ -282,8 +284,8 @@ def export_loaded(job: JobModel, opset: int = DEFAULT_OPSET, parity_inputs: int 
     try:
         used = _export(plan, example, tmp, opset, exporters)
         recipe = inference_recipe(job)
-        stamp_onnx(tmp, recipe)  # class names and preprocessing travel inside the file (metadata_props)
-        inputs, outputs, real_opset = _graph_io(tmp)
+        stamped = stamp_onnx(tmp, recipe)  # class names and preprocessing travel inside the file (metadata_props)
+        inputs, outputs, real_opset = _graph_io(tmp, stamped)
         samples = _parity_batches(job, plan, max(1, parity_inputs))
         parity = check_parity(plan, tmp, samples, recipe.get("classes"), opset)
         if plan.compare == "detections" and parity.get("torch_detections", 0) == 0:

@@ -93,8 +93,9 @@ def inference_recipe(job: JobModel) -> dict[str, Any]:
     return out
 
 
-def stamp_onnx(path: Path, recipe: dict[str, Any]) -> None:
-    """Write the recipe and the class names into an ONNX file's metadata_props (in place)."""
+def stamp_onnx(path: Path, recipe: dict[str, Any]) -> Any:
+    """Write the recipe and the class names into an ONNX file's metadata_props (in place); return the stamped
+    ModelProto (the exporter reads its inputs and outputs from it instead of loading the file again)."""
     import onnx
 
     model = onnx.load(str(path))
@@ -105,6 +106,7 @@ def stamp_onnx(path: Path, recipe: dict[str, Any]) -> None:
         entry = model.metadata_props.add()
         entry.key, entry.value = key, json.dumps(value)
     onnx.save(model, str(path))
+    return model
 
 
 def onnx_recipe(path: Path) -> dict[str, Any] | None:

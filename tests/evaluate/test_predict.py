@@ -229,9 +229,10 @@ def test_edge_script_imports_only_onnxruntime_numpy_and_pillow() -> None:
         {"numpy", "onnxruntime", "PIL"}
 
 
-def edge_json(manifest: Path, image: Path) -> dict[str, Any]:
-    """The edge script's `--json` answer for one image, from its own main() loaded in this process (the same code
-    a run as a program executes; the test runs it as a program too, where it must stand alone)."""
+def edge_json(manifest: Path, images: list[Path]) -> list[dict[str, Any]]:
+    """The edge script's `--json` answers for the images (one line each, one session for all), from its own main()
+    loaded in this process (the same code a run as a program executes; the test runs it as a program too, where
+    it must stand alone)."""
     import contextlib
     import importlib.util
     import io
@@ -242,9 +243,11 @@ def edge_json(manifest: Path, image: Path) -> dict[str, Any]:
     spec.loader.exec_module(module)
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
-        code = module.main([str(manifest), str(image), "--json"])
+        code = module.main([str(manifest), *map(str, images), "--json"])
     assert code == 0, printed.getvalue()
-    return json.loads(printed.getvalue())
+    answers = [json.loads(line) for line in printed.getvalue().splitlines()]
+    assert [a["image"] for a in answers] == list(map(str, images))  # one line an image, in order
+    return answers
 
 
 @pytest.mark.slow
@@ -284,8 +287,9 @@ def test_edge_script_gives_predicts_boxes_from_the_manifest_alone(fixture: str, 
     reference = predicted(fixture).rows  # the job through torch (`musubi predict`, = evaluation's)
     ids = {1: 3, 2: 7}  # label -> the annotation file's category id
     rows = []
-    for image in sorted(images.iterdir()):
-        for d in edge_json(manifest, image)["detections"]:
+    files = sorted(images.iterdir())
+    for image, answer in zip(files, edge_json(manifest, files), strict=True):
+        for d in answer["detections"]:
             x1, y1, x2, y2 = d["box"]
             rows.append({"file_name": image.name, "category_id": ids[d["label"]], "bbox": [x1, y1, x2 - x1, y2 - y1],
                          "score": d["score"], "name": d["name"]})
