@@ -39,7 +39,7 @@ GRADS = ("bf16", "fp32")
 #: framework overlaps them with GEMMs (TransformerEngine userbuffers): add `overlap=...,tp`.
 DEFAULT_OVERLAP = frozenset({"dp", "pp", "cp", "param"})
 
-_INT_KEYS = ("tp", "pp", "dp", "cp", "ep", "vpp", "zero", "micro", "recompute_layers")
+_INT_KEYS = ("tp", "pp", "dp", "cp", "ep", "vpp", "zero", "micro", "recompute_layers", "bucket_mb")
 _KEYS = (*_INT_KEYS, "recompute", "sp", "schedule", "attention", "gather", "grads", "overlap")
 
 
@@ -65,6 +65,10 @@ class Layout:
     attention: str = "flash"
     gather: str = "nic"  # how sharded collectives cross nodes (GATHERS); only with zero=3
     grads: str = "bf16"  # the dtype gradients are reduced in (GRADS)
+    #: MiB of gradients per data-parallel bucket (each bucket is one collective that pays its ring or tree
+    #: latency); 0: the stack's default (Megatron-Core's max(40M, 1M x dp) parameters for transformers, PyTorch
+    #: DDP's 25 MiB for generic models). Apex/NeMo's DistributedFusedAdam: 100.
+    bucket_mb: int = 0
     overlap: frozenset[str] = field(default=DEFAULT_OVERLAP)
 
     @property
@@ -105,6 +109,8 @@ class Layout:
             parts.append(f"gather={self.gather}")
         if self.grads != "bf16":
             parts.append(f"grads={self.grads}")
+        if self.bucket_mb:
+            parts.append(f"bucket_mb={self.bucket_mb}")
         if self.overlap != DEFAULT_OVERLAP:
             parts.append(f"overlap={','.join(sorted(self.overlap)) or 'none'}")
         return ",".join(parts)
@@ -151,9 +157,10 @@ def parse_layout(text: str) -> Layout:
                 number = int(value)
             except ValueError:
                 raise PlanError(f"layout {key}={value}: expected a whole number") from None
-            low = 0 if key in ("zero", "recompute_layers") else 1
+            low = 0 if key in ("zero", "recompute_layers", "bucket_mb") else 1
             if number < low or (key == "zero" and number > 3):
-                bound = {"zero": "0..3", "recompute_layers": ">= 0 (0: every layer)"}.get(key, ">= 1")
+                bound = {"zero": "0..3", "recompute_layers": ">= 0 (0: every layer)",
+                         "bucket_mb": ">= 0 (0: the stack's default)"}.get(key, ">= 1")
                 raise PlanError(f"layout {key}={value}: must be {bound}")
             values[key] = number
         elif key == "recompute":

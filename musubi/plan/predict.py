@@ -192,6 +192,13 @@ def torch_ddp_bucket_bytes(dp_size: int, grad_bytes: float) -> float:
     return float(DDP_BUCKET_BYTES)
 
 
+def fixed_bucket_bytes(mib: int) -> Callable[[int, float], float]:
+    """Buckets of `mib` MiB of gradients whatever the group size (a layout's `bucket_mb`: Apex's 100, DDP's 25)."""
+    def bucket(dp_size: int, grad_bytes: float) -> float:
+        return float(mib * 2**20)
+    return bucket
+
+
 def gradient_buckets(nbytes: float, dp_size: int, grad_bytes: float,
                      bucket_bytes: Callable[[int, float], float] = megatron_bucket_bytes) -> int:
     """Gradient buckets of `nbytes` on a data-parallel group of `dp_size`: each is a collective that pays its latency."""
@@ -402,7 +409,8 @@ def _predict_transformer(spec: TransformerSpec, cluster: Cluster, layout: Layout
     dense_p, expert_p = max(params, key=sum)
     dpc = _dp_comm(layout, dense_p * grad_bytes, expert_p * grad_bytes, weight_ratio, dp_link, edp_link, m,
                    slow_f, slow_b, units=max(1, round(layers_slow)) + 1, recomputed=share,
-                   contention=eff.contention, grad_bytes=grad_bytes)
+                   contention=eff.contention, grad_bytes=grad_bytes,
+                   bucket_bytes=fixed_bucket_bytes(layout.bucket_mb) if layout.bucket_mb else megatron_bucket_bytes)
     dp_exposed = dpc.exposed_s
     comm.add(dp_link, dpc.busy_s, dp_exposed)
 
@@ -435,7 +443,8 @@ def _predict_generic(spec: GenericSpec, cluster: Cluster, layout: Layout, global
     prec = PRECISIONS[memory_precision]
     comm = _Comm()
     dpc = _dp_comm(layout, spec.params * prec.grads, 0.0, prec.weights / prec.grads, dp_link, dp_link, m, fwd, bwd,
-                   contention=eff.contention, grad_bytes=prec.grads, bucket_bytes=torch_ddp_bucket_bytes)
+                   contention=eff.contention, grad_bytes=prec.grads,
+                   bucket_bytes=fixed_bucket_bytes(layout.bucket_mb) if layout.bucket_mb else torch_ddp_bucket_bytes)
     dp_exposed = dpc.exposed_s
     comm.add(dp_link, dpc.busy_s, dp_exposed)
     owned = spec.params / (dp if layout.zero >= 1 else 1)

@@ -1,4 +1,6 @@
-"""`grads=fp32`: gradients accumulated and reduced in fp32 (layout.GRADS), a stack fact the range spans.
+"""`grads=fp32` and `bucket_mb=N`: the data-parallel stack facts a printed layout leaves out.
+
+`grads=fp32`: gradients accumulated and reduced in fp32 (layout.GRADS), a stack fact the range spans.
 
 Source: Megatron-LM before Core turned fp32 gradient accumulation and all-reduce on whenever bf16 was
 (`arguments.py`: accumulate_allreduce_grads_in_fp32), and its distributed optimizer keeps fp32 main gradients
@@ -19,7 +21,7 @@ from musubi.plan.complete import complete_layout, stack_range
 from musubi.plan.errors import PlanError
 from musubi.plan.layout import given_keys, parse_layout
 from musubi.plan.memory import estimate_memory_gib
-from musubi.plan.predict import predict
+from musubi.plan.predict import gradient_buckets, megatron_bucket_bytes, predict
 from musubi.plan.spec import TransformerSpec, preset
 
 LLAMA8 = preset("llama3-8b")
@@ -81,3 +83,38 @@ def test_named_stack_facts_give_megatron_llamas_distributed_optimizer_slope() ->
     bf16 = {n: predict(LLAMA13, make_cluster(gpu, n), parse_layout(text.replace(",grads=fp32", "")), 2048)
             for n in (256, 512)}
     assert bf16[512].tokens_per_s / bf16[256].tokens_per_s / 2 - 1 > predicted + 0.02  # fp32 carries part of it
+
+
+def test_bucket_mb_sets_how_many_collectives_a_step_pays_latency_for() -> None:
+    """`bucket_mb=100` (Apex DistributedFusedAdam's bucket_cap_mb): 10 GB of gradients are 96 collectives however
+    large the group, where Megatron-Core's max(40M, 1M x dp) parameters make 20 at 256 ranks; each pays its ring's
+    latency, so at 32 nodes the fixed buckets cost more."""
+    nbytes = 5e9 * 2
+    assert gradient_buckets(nbytes, 256, 2.0, megatron_bucket_bytes) == 20
+    layout = parse_layout("dp=256,zero=1,micro=2,bucket_mb=100")
+    assert layout.bucket_mb == 100 and "bucket_mb=100" in dataclasses.replace(layout, dp=256).text()
+    with pytest.raises(PlanError, match="bucket_mb=-1: must be >= 0"):
+        parse_layout("bucket_mb=-1")
+    cluster = make_cluster(get_gpu("A100-80GB"), 256)
+    fixed = predict(NEMO_5B, cluster, layout, 2048).data_parallel
+    default = predict(NEMO_5B, cluster, parse_layout("dp=256,zero=1,micro=2"), 2048).data_parallel
+    assert fixed is not None and default is not None
+    assert fixed.bytes_per_gpu == pytest.approx(default.bytes_per_gpu) and fixed.busy_s > 1.3 * default.busy_s
+
+
+#: GPT 5B as the NeMo launcher's conf/training/gpt3/5b.yaml trains it (second blind set, seen since its scoring).
+NEMO_5B = TransformerSpec(name="gpt-5b", layers=24, hidden=4096, heads=32, vocab=50304, seq=2048, mlp="gelu",
+                          bias=True, norm="layernorm", learned_positions=True, tied_embeddings=True, dropout=True)
+
+
+def test_named_stack_facts_give_the_nemo_launchers_slope() -> None:
+    """NeMo launcher GPT 5B (2022), 8 -> 256 A100 at a fixed 2,048-sequence batch: 5,043 -> 4,529 tokens/s a GPU
+    (-10.2 %); from the printed layout the planner gives -2.6 %. NeMo's distributed optimizer (Apex
+    DistributedFusedAdam) defaults, as NeMo's own docs table them (docs/source/features/parallelisms.rst:
+    grad_sync_dtype = dtype = fp32, overlap_grad_sync True, overlap_param_sync False, bucket_cap_mb 100), named:
+    -9.2 %. The updated weights' all-gather runs after the step in 100 MB pieces, each a ring of 255 hops at 32
+    nodes, a constant 0.12 s while the compute shrinks 32x. Nothing fitted; the level (+30 %) is not explained."""
+    text = "dp={n},zero=1,micro=2,recompute=none,overlap=dp,pp,cp,grads=fp32,bucket_mb=100"
+    rate = {n: predict(NEMO_5B, make_cluster(get_gpu("A100-80GB"), n), parse_layout(text.format(n=n)),
+                       2048).tokens_per_s / n for n in (8, 256)}
+    assert rate[256] / rate[8] - 1 == pytest.approx(4528.5 / 5043.1 - 1, abs=0.02)
