@@ -161,7 +161,7 @@ def fits_instead(spec: ModelSpec, cluster: Cluster, layout: Layout, given: froze
 #: in NeMo); `sp`: sequence parallelism (Megatron-LM from 2022) on, or off as every stack before it; `recompute`:
 #: what the fill chose, or full recompute of every layer, the convention of the 2021-22 stacks (Megatron-LM
 #: before selective recompute, DeepSpeed's pipeline engine, metaseq), whose runs checkpointed every layer even
-#: where memory allowed less; `grads`: gradients reduced in bf16, or in fp32 as Megatron-LM before Core and
+#: where memory allowed less; `grads`: gradients reduced in bf16, or in fp32 as Megatron-LM's bf16 runs and
 #: DeepSpeed's BF16 optimizer did (layout.GRADS). The planner's point estimate is the modern stack; the range
 #: spans the rest.
 STACK_ALTERNATIVES: dict[str, tuple[str, ...]] = {"attention": ("flash", "flash1", "flash3", "unfused"),

@@ -29,9 +29,10 @@ OVERLAPS = ("dp", "pp", "tp", "cp", "ep", "param")
 #: FSDP / FSDP2), which NCCL's rings spread over every NIC of the node like any large collective.
 GATHERS = ("nic", "node")
 #: The dtype gradients are accumulated and reduced in across data-parallel ranks. bf16: the modern default
-#: (Megatron-Core's grad_reduce_in_fp32 off, PyTorch FSDP's mixed precision). fp32: Megatron-LM before Core,
-#: which turned on fp32 gradient accumulation and all-reduce whenever bf16 was on (arguments.py:
-#: accumulate_allreduce_grads_in_fp32), and DeepSpeed's BF16 optimizer; twice the gradient bytes on the wire and
+#: (Megatron-Core's DistributedDataParallelConfig.grad_reduce_in_fp32 off, PyTorch FSDP with a bf16 reduce_dtype).
+#: fp32: Megatron-LM's training scripts turn fp32 gradient accumulation and all-reduce on whenever bf16 is on
+#: (megatron/training/arguments.py: accumulate_allreduce_grads_in_fp32; newer versions opt out with
+#: --grad-reduce-in-bf16), Apex/NeMo's DistributedFusedAdam syncs in its fp32 dtype, DeepSpeed's BF16 optimizer; twice the gradient bytes on the wire and
 #: 4 bytes of main gradient a parameter in memory (the `mixed-fp32-grads` accounting).
 GRADS = ("bf16", "fp32")
 #: What a modern stack overlaps by default: gradient reduce and parameter gather (DP/FSDP),

@@ -2,8 +2,8 @@
 
 `grads=fp32`: gradients accumulated and reduced in fp32 (layout.GRADS), a stack fact the range spans.
 
-Source: Megatron-LM before Core turned fp32 gradient accumulation and all-reduce on whenever bf16 was
-(`arguments.py`: accumulate_allreduce_grads_in_fp32), and its distributed optimizer keeps fp32 main gradients
+Source: Megatron-LM's training scripts turn fp32 gradient accumulation and all-reduce on whenever bf16 is on
+(`megatron/training/arguments.py`: accumulate_allreduce_grads_in_fp32; newer versions opt out with --grad-reduce-in-bf16), and its distributed optimizer keeps fp32 main gradients
 (its `distrib_optimizer.md` table: 6 + 12/d bytes a parameter, the `mixed-fp32-grads` accounting). The
 reduce-scatter (all-reduce without ZeRO) moves 4 bytes a gradient instead of 2; the parameter all-gather still
 moves bf16 weights.
