@@ -201,6 +201,26 @@ def _logits(out: Any) -> torch.Tensor:
     return out.logits if hasattr(out, "logits") else out
 
 
+#: BatchNorm layers, run in eval mode by the size check's meta forward (see meta_training_forward).
+BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
+
+
+def meta_training_forward(model: nn.Module, size: int) -> torch.Tensor:
+    """The logits of a training forward of 2 `size`-px images through a meta-device model, its BatchNorm layers in
+    eval mode meanwhile: on meta, training-mode BatchNorm runs torch's Python decomposition of the batch statistics
+    (about half of the forward's CPU on BatchNorm-heavy nets), and eval mode gives the same shapes. Its one
+    training-only refusal, one value per channel, cannot happen at batch 2 (BatchNorm's check is batch x H x W)."""
+    norms = [m for m in model.modules() if isinstance(m, BATCH_NORMS)]
+    model.train()
+    for m in norms:
+        m.eval()
+    try:
+        return _logits(model(torch.empty(2, 3, size, size)))
+    finally:
+        for m in norms:
+            m.train()
+
+
 # -- task ------------------------------------------------------------------
 class ClassificationTask(Task):
     """Image classification: cross-entropy on (image [B,3,S,S], label [B]) batches."""
@@ -294,8 +314,7 @@ class ClassificationTask(Task):
         try:
             with torch.device("meta"):
                 model = create_model(self.spec.model, self.num_classes(), args)
-                # batch 2: BatchNorm refuses one value per channel in training mode
-                _logits(model.train()(torch.empty(2, 3, size, size)))
+                meta_training_forward(model, size)
         except NotImplementedError:
             return None, None
         except (ConfigError, RuntimeError, ValueError, AssertionError, IndexError) as e:

@@ -16,6 +16,7 @@ from musubi.tasks.classification import (
     DEFAULT_IMAGE_SIZE,
     ClassificationTask,
     create_model,
+    meta_training_forward,
     torchvision_models,
 )
 
@@ -73,3 +74,18 @@ def test_auxiliary_heads_are_left_out_so_every_parameter_learns() -> None:
     assert all(p.grad is not None for p in model.parameters()), "a parameter got no gradient"
     assert isinstance(torchvision.models.googlenet(weights=None, aux_logits=True, init_weights=False).aux1,
                       torch.nn.Module)  # the heads exist when asked: it is the default here that leaves them out
+
+
+def test_the_size_checks_forward_runs_batchnorm_in_eval_mode_and_gives_it_back_in_training_mode() -> None:
+    """The size check's meta forward (`meta_training_forward`) holds BatchNorm in eval mode (its training-mode
+    statistics are Python decompositions on meta) and no other layer: the logits' shape is the plain training
+    forward's, and every layer is in training mode again afterwards."""
+    with torch.device("meta"):
+        model = create_model("resnet18", 3, {})
+        seen: list[bool] = []
+        model.bn1.register_forward_hook(lambda m, i, o: seen.append(m.training))
+        model.fc.register_forward_hook(lambda m, i, o: seen.append(m.training))
+        logits = meta_training_forward(model, 64)
+        assert logits.shape == model.train()(torch.empty(2, 3, 64, 64)).shape == (2, 3)
+    assert seen[:2] == [False, True]  # BatchNorm in eval mode, the rest in training mode
+    assert all(m.training for m in model.modules())
