@@ -283,6 +283,34 @@ def pytest_configure(config: pytest.Config) -> None:
         _share_cores_between_workers(config)
 
 
+#: The suite's spare server (tests/support/spare_server.py), where this process started one.
+SPARE_SERVER = pytest.StashKey[tuple]()
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Where this process runs a slow test (a launch), start a spare server and name it to every launch: each
+    launch's warm spare is then forked from it, not an interpreter importing torch (3-6 s of CPU a launch). Not
+    in xdist's controller, which runs no test."""
+    from tests.support import spare_server
+
+    config = session.config
+    runs_tests = hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", None)
+    if runs_tests and spare_server.wanted(dict(os.environ)) and any(
+            item.get_closest_marker("slow") for item in session.items):
+        proc, folder = spare_server.start_server()
+        config.stash[SPARE_SERVER] = (proc, folder)
+        os.environ[spare_server.MUSUBI_SPARE_SERVER] = str(folder)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Stop the suite's spare server, if this process started one."""
+    started = config.stash.get(SPARE_SERVER, None)
+    if started is not None:
+        from tests.support import spare_server
+
+        spare_server.stop_server(*started)
+
+
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
     """Name the tests that started torchrun outside the slow tier (they are marked from the next run on)."""
     unmarked = config.stash.get(UNMARKED_LAUNCHES, [])

@@ -38,3 +38,6 @@ MUSUBI_RUN_ID = "MUSUBI_RUN_ID"
 MUSUBI_CLIENT_PID = "MUSUBI_CLIENT_PID"
 #: `0` turns the launch's warm spare off (ranks start a fresh interpreter each), whatever train.warm_spare says.
 MUSUBI_WARM_SPARE = "MUSUBI_WARM_SPARE"
+#: The folder of a running spare server (worker/spare_server.py): a launch has it fork its warm spare instead of
+#: starting one that imports torch; unset, or the server gone, the spare starts the plain way.
+MUSUBI_SPARE_SERVER = "MUSUBI_SPARE_SERVER"

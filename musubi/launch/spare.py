@@ -18,6 +18,11 @@ The spare starts as soon as the launch's cheap checks passed, before the job's f
 there before a refusal): it reads the job's config from its own folder and writes its output there until `name_log`
 names the job's log. Meanwhile its imports overlap the launcher's other work, and the launcher has it fork a child
 for the checks that need torch (`run_in_spare`, launch/task_checks.py), so the launcher never imports torch itself.
+
+With MUSUBI_SPARE_SERVER naming a running spare server (worker/spare_server.py, a zygote that imported all of that
+once), the launcher has the server fork its spare (`served`) instead of starting an interpreter: the same command
+line, environment, folder, signals and fds, a `ServedProcess` in place of the Popen. A server gone, refused or not
+ready within SERVER_READY_S: the spare starts the plain way.
 """
 
 from __future__ import annotations
@@ -25,7 +30,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import select
 import shutil
+import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -34,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from musubi.contract import spare_client
-from musubi.contract.env import MUSUBI_WARM_SPARE
+from musubi.contract.env import MUSUBI_SPARE_SERVER, MUSUBI_WARM_SPARE
 from musubi.contract.exits import EXIT_SPARE_GONE
 from musubi.contract.run_files import RUN_FILES
 
@@ -48,17 +56,83 @@ AGENT_MODULE = "musubi.contract.rendezvous"
 TASK_CHECKS_MODULE = "musubi.launch.task_checks"
 #: What the launcher's spare may fork (its allowlist, on its command line).
 ENTRIES = (WORKER_MODULE, AGENT_MODULE, TASK_CHECKS_MODULE)
+#: Seconds a launcher waits for a spare server (MUSUBI_SPARE_SERVER) still importing before it starts its spare
+#: the plain way: the server imports what the plain spare would, so waiting costs no more time and saves its CPU.
+SERVER_READY_S = 60.0
 #: Seconds a rank's client waits for the spare to finish its imports before it starts the plain way. The
 #: spare starts before torchrun, which imports torch too, so a client rarely waits long; a waiting client
 #: loses nothing against importing by itself, so the wait is generous.
 READY_S = 60.0
 
 
+class ServedProcess:
+    """A spare a spare server forked (worker/spare_server.py): what the launcher uses of a Popen (pid, poll, wait,
+    signals), its end read from the server's connection. Not the launcher's child: signals go through a pidfd (never
+    to a pid reused after the server reaped it), and closing the connection has the server kill it."""
+
+    def __init__(self, sock: socket.socket, pid: int) -> None:
+        self.sock: socket.socket | None = sock
+        self.pid = pid
+        self.returncode: int | None = None
+        try:
+            self.pidfd: int | None = os.pidfd_open(pid)
+        except OSError:  # ended and reaped already: its status is on the connection
+            self.pidfd = None
+
+    def ended(self, timeout: float | None) -> bool:
+        """Whether it has ended, waiting up to `timeout` s (None: forever) for the server's word."""
+        if self.returncode is None and self.sock is not None:
+            if select.select([self.sock], [], [], timeout)[0]:
+                try:
+                    end, _ = spare_client.receive_message(self.sock)
+                except OSError:
+                    end = None
+                # No word: the server died, and the spare with it (PR_SET_PDEATHSIG, SIGKILL).
+                self.returncode = (os.waitstatus_to_exitcode(int(end["status"])) if end and "status" in end
+                                   else -signal.SIGKILL)
+                self.close()
+        return self.returncode is not None
+
+    def poll(self) -> int | None:
+        """Its exit code (negative: the signal), or None while it runs."""
+        self.ended(0)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        """Its exit code once it ended; subprocess.TimeoutExpired after `timeout` s."""
+        if not self.ended(timeout):
+            raise subprocess.TimeoutExpired(SPARE_MODULE, timeout or 0.0)
+        return self.returncode  # type: ignore[return-value]
+
+    def send_signal(self, sig: int) -> None:
+        """Signal it unless it ended."""
+        if self.pidfd is not None and self.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                signal.pidfd_send_signal(self.pidfd, sig)
+
+    def terminate(self) -> None:
+        """SIGTERM (its stop: no more clients, SIGTERM to its children)."""
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        """SIGKILL (its children die with it)."""
+        self.send_signal(signal.SIGKILL)
+
+    def close(self) -> None:
+        """Drop the connection and the pidfd (the server kills a spare whose connection closed)."""
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+        if self.pidfd is not None:
+            os.close(self.pidfd)
+            self.pidfd = None
+
+
 @dataclass
 class WarmSpare:
     """A started spare: its process and its 0700 folder (socket, pid, refusal, the job's config, its early output)."""
 
-    proc: subprocess.Popen
+    proc: subprocess.Popen | ServedProcess
     folder: Path
     log: Path | None = None  # the job's log its output belongs in (name_log, once the job's folder exists)
 
@@ -89,15 +163,47 @@ def start_spare(config: dict, env: dict[str, str]) -> WarmSpare:
     folder = socket_folder(env)
     # The job's folder must not exist before the launch's checks passed: the spare reads the config from its own.
     (folder / RUN_FILES.job).write_text(json.dumps({"config": config}), encoding="utf-8")
-    entries = [f"--entry={m}" for m in ENTRIES]
-    with open(folder / spare_client.LOG_NAME, "a", encoding="utf-8") as log:
-        # A session of its own: a Ctrl-C at the terminal is the launcher's to handle, not the spare's.
-        proc = subprocess.Popen([sys.executable, "-m", SPARE_MODULE, str(folder), str(folder), str(os.getpid()),
-                                 *entries], env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                start_new_session=True)
+    argv = [str(folder), str(folder), str(os.getpid()), *[f"--entry={m}" for m in ENTRIES]]
+    server = env.get(MUSUBI_SPARE_SERVER, "").strip()
+    proc = served(server, argv, env, folder / spare_client.LOG_NAME) if server else None
+    if proc is None:
+        with open(folder / spare_client.LOG_NAME, "a", encoding="utf-8") as log:
+            # A session of its own: a Ctrl-C at the terminal is the launcher's to handle, not the spare's.
+            proc = subprocess.Popen([sys.executable, "-m", SPARE_MODULE, *argv], env=env, stdin=subprocess.DEVNULL,
+                                    stdout=log, stderr=log, start_new_session=True)
     # Written here, not by the spare: a client learns at once of a spare that died before it could write anything.
     (folder / spare_client.PID_NAME).write_text(f"{proc.pid}\n", encoding="ascii")
     return WarmSpare(proc, folder)
+
+
+def served(server: str, argv: list[str], env: dict[str, str], log_path: Path,
+           ready_s: float = SERVER_READY_S) -> ServedProcess | None:
+    """The spare forked by the spare server in folder `server` for the command line `argv`, as `python -m` of it
+    started here with `env` would be (the server's become: environment, folder, signals, session, fds 0/1/2 here
+    /dev/null and the spare's log); None when the server is gone, refused or not ready in time, and the caller
+    starts the spare itself."""
+    try:
+        sock = spare_client.connect(server, ready_s)
+    except spare_client.Unavailable:
+        return None
+    # What a Popen child would have: this process's environment replaced by `env`, what it ignores (spare_client's
+    # request: ignored now, which exec keeps), and this interpreter (the server refuses another one's).
+    req = spare_client.request(SPARE_MODULE, [*argv, "--served"], time.time())
+    req["env"] = dict(env)
+    req["python"] = sys.executable
+    try:
+        with open(os.devnull, encoding="utf-8") as null, open(log_path, "a", encoding="utf-8") as log:
+            spare_client.send_message(sock, req, [null.fileno(), log.fileno(), log.fileno()])
+        reply, _ = spare_client.receive_message(sock)
+    except OSError:
+        reply = None
+    if reply is None or "pid" not in reply:
+        sock.close()
+        with contextlib.suppress(OSError), open(log_path, "a", encoding="utf-8") as log:
+            log.write(f"spare server {server} not used ({(reply or {}).get('refused', 'no answer')}); "
+                      "the warm spare starts in a fresh interpreter\n")
+        return None
+    return ServedProcess(sock, int(reply["pid"]))
 
 
 def name_log(spare: WarmSpare, log_path: Path) -> None:
@@ -173,6 +279,8 @@ def stop_spare(spare: WarmSpare, grace_s: float = 5.0) -> None:
             spare.proc.kill()  # its ranks die with it (PR_SET_PDEATHSIG)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 spare.proc.wait(timeout=5)
+    if isinstance(spare.proc, ServedProcess):
+        spare.proc.close()
     early = spare.folder / spare_client.LOG_NAME  # removed by the spare once it took the job's log
     if spare.log is not None and early.exists():
         with contextlib.suppress(OSError), open(spare.log, "a", encoding="utf-8") as log:

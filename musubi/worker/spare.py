@@ -23,6 +23,10 @@ connection closes (torchrun SIGKILLed it) has its rank SIGKILLed. The spare dies
 (PR_SET_PDEATHSIG), and its ranks die with the spare; SIGTERM makes it stop accepting, pass SIGTERM to its
 ranks and exit once they ended. Anything it cannot do is written to SPARE_DIR/refused.txt: the clients then
 start their ranks the plain way.
+
+The same loop is a spare server's (`--server`, worker/spare_server.py): its one entry is this module, so each launch's
+spare is forked from a process that imported torch once for many launches (`--served`: the launcher is not the
+spare's parent; the server kills it when the launcher's connection closes).
 """
 
 from __future__ import annotations
@@ -69,6 +73,8 @@ AGENT_MODULES = ("torch.distributed.run",)
 WORKER_ENTRY = "musubi.worker.worker"
 #: torchrun's agent behind the bound rendezvous (contract/rendezvous.py), the same kind of entry.
 AGENT_ENTRY = "musubi.contract.rendezvous"
+#: This module: the one entry a spare server (worker/spare_server.py) serves, a launch's whole spare.
+SPARE_ENTRY = "musubi.worker.spare"
 #: Seconds a connected client gets to send its request (a stalled one must not hold the spare).
 REQUEST_TIMEOUT_S = 10.0
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
@@ -208,6 +214,8 @@ class Spare:
     sel: selectors.BaseSelector
     entries: tuple[str, ...]  # the modules a client may ask for (the allowlist)
     threads: str | None = None  # OMP_NUM_THREADS when the spare imported torch (its thread pools' size)
+    base_path: list[str] | None = None  # a server's sys.path past its own cwd and PYTHONPATH (fresh_path); else None
+    start_env: dict[str, str] | None = None  # a server's environment as it started (import_time_mismatch)
     children: dict[int, Child] = field(default_factory=dict)  # by pid
     log_taken: bool = False  # writes to the job's log (take_log)
     stop_asked: bool = False  # set by a signal handler; serve() acts on it
@@ -262,6 +270,10 @@ class Spare:
             served = " and ".join([", ".join(self.entries[:-1]), self.entries[-1]] if len(self.entries) > 1
                                    else self.entries)
             why = f"the warm spare runs {served} only, not {entry!r}"
+        elif req.get("python", sys.executable) != sys.executable:  # its modules are this interpreter's
+            why = f"the warm spare runs {sys.executable}, not {req.get('python')}"
+        elif self.start_env is not None and (name := import_time_mismatch(req.get("env", {}), self.start_env)):
+            why = f"{name} differs from the spare server's (read as its imports ran)"
         elif (threads := live_threads()) > 1:  # never fork beside a thread: the client starts the plain way
             why = f"{threads} threads alive in the warm spare"
             self.refuse(why)
@@ -279,9 +291,9 @@ class Spare:
         signal.pthread_sigmask(signal.SIG_BLOCK, STOPPING)
         pid = os.fork()
         if pid == 0:
-            become(entry, req, fds, os.getppid(), self.own_fds(conn), client, self.threads)
+            become(entry, req, fds, os.getppid(), self.own_fds(conn), client, self.threads, self.base_path)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPPING)
-        what = {AGENT_ENTRY: "torchrun agent", WORKER_ENTRY: "rank"}.get(entry, entry)
+        what = {AGENT_ENTRY: "torchrun agent", WORKER_ENTRY: "rank", SPARE_ENTRY: "warm spare"}.get(entry, entry)
         print(f"{what} pid {pid} forked for client pid {client}", file=sys.stderr, flush=True)
         for fd in fds:
             os.close(fd)
@@ -372,10 +384,11 @@ def _kill(pid: int, sig: int) -> None:
 
 
 def become(entry: str, req: dict, fds: list[int], spare_pid: int, spare_fds: list[int], client: int,
-           threads: str | None = None) -> NoReturn:
-    """In the forked child: take over the client's fds, environment and state, run the entry (a rank or torchrun's
-    agent), end as a new interpreter running it would (its exit code; an uncaught Ctrl-C by SIGINT). `threads`: the
-    spare's OMP_NUM_THREADS when it imported torch."""
+           threads: str | None = None, base_path: list[str] | None = None) -> NoReturn:
+    """In the forked child: take over the client's fds, environment and state, run the entry (a rank, torchrun's
+    agent, or a launch's spare forked by a server), end as a new interpreter running it would (its exit code; an
+    uncaught Ctrl-C by SIGINT). `threads`: the spare's OMP_NUM_THREADS when it imported torch; `base_path`: a
+    server's sys.path past its cwd and PYTHONPATH (the child's are the request's)."""
     code = EXIT_FAILED
     try:
         for fd in spare_fds:
@@ -392,7 +405,12 @@ def become(entry: str, req: dict, fds: list[int], spare_pid: int, spare_fds: lis
         os.chdir(req["cwd"])
         os.environ.clear()
         os.environ.update(req["env"])
-        if entry != AGENT_ENTRY:  # the agent's ranks must not inherit it: each is named by its own client
+        if base_path is not None:  # `python -m` from the client's folder with its PYTHONPATH, not the server's
+            sys.path[:] = fresh_path(base_path)
+            importlib.invalidate_caches()  # a module written since the server listed a folder must be found
+            sys.dont_write_bytecode = bool(os.environ.get("PYTHONDONTWRITEBYTECODE"))
+            set_by_imports()
+        if entry not in (AGENT_ENTRY, SPARE_ENTRY):  # those fork processes that are named by their own clients
             os.environ[MUSUBI_CLIENT_PID] = str(client)  # torchrun's log names this rank by its client's pid
         os.umask(int(req["umask"]))
         os.sched_setaffinity(0, req["affinity"])  # torchrun's NUMA binding (numactl) bound the client
@@ -448,11 +466,64 @@ def follow_ignored_signals(ignored: set[int]) -> None:
 def follow_thread_count(imported: str | None) -> None:
     """torch's intra-op threads as OMP_NUM_THREADS says in this process's environment, as a new interpreter would
     have them: the pools were sized from the spare's environment at its import (OpenMP and MKL read it once), and
-    the spare starts before the launcher knows the ranks' pinning."""
+    the spare starts before the launcher knows the ranks' pinning. Unset here but set at the import: OpenMP's
+    default, a thread per core this process may run on."""
     wanted = os.environ.get("OMP_NUM_THREADS", "").strip()
     torch = sys.modules.get("torch")
-    if torch is not None and wanted != (imported or "").strip() and wanted.isdigit() and int(wanted) > 0:
+    if torch is None or wanted == (imported or "").strip():
+        return
+    if wanted.isdigit() and int(wanted) > 0:
         torch.set_num_threads(int(wanted))
+    elif not wanted:
+        torch.set_num_threads(len(os.sched_getaffinity(0)))
+
+
+#: Variables read as the interpreter starts or torch and its thread libraries import (PYTHONHASHSEED, TORCH_LOGS,
+#: TORCHDYNAMO_*, MKL_*): a server whose value differs from a launch's cannot fork that launch's spare.
+IMPORT_TIME_PREFIXES = ("PYTHON", "TORCH", "PYTORCH", "OMP_", "GOMP_", "KMP_", "MKL_", "OPENBLAS_")
+#: What the values torch's import sets in os.environ derive from (its inductor cache dir: the temp dir and the user).
+IMPORT_INPUTS = ("TMPDIR", "TEMP", "TMP", "USER", "LOGNAME", "USERNAME", "LNAME")
+#: Those a forked spare follows itself: sys.path (fresh_path), the intra-op threads (follow_thread_count), bytecode
+#: writing, and what torch's import sets in os.environ (set_by_imports).
+FOLLOWED = ("PYTHONPATH", "OMP_NUM_THREADS", "PYTHONDONTWRITEBYTECODE", "TORCHINDUCTOR_CACHE_DIR")
+
+
+def set_by_imports() -> None:
+    """In a spare forked by a server, once its environment is the launch's: what the imports write into os.environ,
+    written again from it (torch's import sets TORCHINDUCTOR_CACHE_DIR, the given one made absolute or its default
+    under the temp dir)."""
+    cache_dirs = sys.modules.get("torch._inductor.runtime.cache_dir_utils")
+    if cache_dirs is not None:
+        cache_dirs.cache_dir()
+
+
+#: Read when a process group is made, after the fork, from the launch's environment (the launcher sets them per job).
+AFTER_IMPORT_PREFIXES = ("TORCH_NCCL_",)
+
+
+def import_time_mismatch(env: dict[str, str], start: dict[str, str]) -> str | None:
+    """The first variable read at start-up or import whose value in `env` differs from `start` (the server's
+    environment as it started), or None."""
+    names = {k for k in (*env, *start) if (k.startswith(IMPORT_TIME_PREFIXES) or k in IMPORT_INPUTS)
+             and k not in FOLLOWED and not k.startswith(AFTER_IMPORT_PREFIXES)}
+    return next((k for k in sorted(names) if env.get(k) != start.get(k)), None)
+
+
+def python_path(env: dict[str, str]) -> list[str]:
+    """The folders PYTHONPATH puts on a new interpreter's sys.path, as it puts them (absolute, an empty entry the
+    working folder)."""
+    value = env.get("PYTHONPATH", "")
+    return [os.path.abspath(p) if p else os.getcwd() for p in value.split(os.pathsep)] if value else []
+
+
+def server_base_path() -> list[str]:
+    """This interpreter's sys.path without what its start put first: `-m`'s working folder and PYTHONPATH's."""
+    return sys.path[1 + len(python_path(dict(os.environ))):]
+
+
+def fresh_path(base: list[str]) -> list[str]:
+    """The sys.path `python -m` would start with here (this working folder, this environment's PYTHONPATH)."""
+    return [os.getcwd(), *python_path(dict(os.environ)), *base]
 
 
 def listen(spare_dir: Path) -> socket.socket:
@@ -480,15 +551,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                          "rank's and torchrun's agent: the allowlist)")
     ap.add_argument("--warm", default=",".join(RANK_MODULES + AGENT_MODULES),
                     help="modules to import before serving, comma-separated")
+    ap.add_argument("--server", action="store_true",
+                    help="a spare server (worker/spare_server.py): it forks whole spares, each with the sys.path of "
+                         "its request's folder and PYTHONPATH")
+    ap.add_argument("--served", action="store_true",
+                    help="forked by a spare server, which kills it when the launcher's connection closes (the "
+                         "launcher is not its parent)")
     args = ap.parse_args(argv)
-    args.entries = tuple(args.entries or (WORKER_ENTRY, AGENT_ENTRY))
+    args.entries = tuple(args.entries or ((SPARE_ENTRY,) if args.server else (WORKER_ENTRY, AGENT_ENTRY)))
     return args
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, started: float | None = None) -> int:  # noqa: ARG001 - an entry's shape
     """`SPARE_DIR JOB_DIR LAUNCHER_PID`: warm up, then serve ranks until stopped. Whatever fails before it
     serves is written to SPARE_DIR/refused.txt at once: a client must not wait out READY_S for a spare that
-    died (a dead child of the launcher is a zombie until reaped, alive to a signal 0)."""
+    died (a dead child of the launcher is a zombie until reaped, alive to a signal 0). `started`: when a server's
+    client asked for this spare (unused: an entry's main takes it)."""
     args = parse_args(argv)
     try:
         return run(args)
@@ -501,11 +579,15 @@ def main(argv: list[str] | None = None) -> int:
 def run(args: argparse.Namespace) -> int:
     """Warm up, listen, serve (main's body)."""
     spare_dir, job_dir = args.spare_dir, args.job_dir
-    why = unsupported(args.parent)
+    # A served spare's parent is the server: it dies with the server (become), and the server kills it when the
+    # launcher's connection closes, so only the pidfd check is left here.
+    why = unsupported(os.getppid() if args.served else args.parent)
     if why is not None:
         refuse(spare_dir, why)
         return EXIT_FAILED
     threads = os.environ.get("OMP_NUM_THREADS")  # what torch's thread pools are sized from (follow_thread_count)
+    base = server_base_path() if args.server else None  # before any import could add to sys.path
+    start_env = dict(os.environ) if args.server else None
     gc.disable()  # the imports' objects live as long as the process: no collection need walk them (worker.py)
     t0 = time.monotonic()
     try:
@@ -524,7 +606,8 @@ def run(args: argparse.Namespace) -> int:
         refuse(spare_dir, "the warm spare's imports initialized CUDA (a forked rank could not use it)")
         return EXIT_FAILED
     sel = selectors.DefaultSelector()
-    spare = Spare(spare_dir, listen(spare_dir), sel, args.entries, threads)
+    spare = Spare(spare_dir, listen(spare_dir), sel, args.entries, threads,
+                  base_path=base, start_env=start_env)
     sel.register(spare.listener, selectors.EVENT_READ, ("accept", None))
     for sig in STOPPING:
         signal.signal(sig, spare.ask_stop)

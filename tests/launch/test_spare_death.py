@@ -21,7 +21,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from musubi.contract.env import MUSUBI_INJECT, MUSUBI_WARM_SPARE
+from musubi.contract.env import MUSUBI_INJECT, MUSUBI_SPARE_SERVER, MUSUBI_WARM_SPARE
 from musubi.contract.exits import EXIT_SPARE_GONE
 from musubi.launch.spare import WarmSpare, died
 from tests.conftest import REPO, write_tiny_job
@@ -38,6 +38,7 @@ def musubi_train(job: Path, out: Path) -> subprocess.Popen:
     """`musubi train JOB` on 2 CPU ranks with the warm spare on, every batch stalled, its output piped."""
     env = dict(os.environ, MUSUBI_DEVICE="cpu", CUDA_VISIBLE_DEVICES="", **{MUSUBI_INJECT: STALL})
     env.pop(MUSUBI_WARM_SPARE, None)
+    env.pop(MUSUBI_SPARE_SERVER, None)  # the launcher's own spare, its child (test_spare_server.py: a served one)
     return subprocess.Popen([sys.executable, "-m", "musubi.cli", "train", str(job), "--nproc", "2", "--device", "cpu",
                              "--out", str(out), "--no-check"], cwd=REPO, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)

@@ -26,7 +26,7 @@ import psutil
 import pytest
 
 from musubi.contract import spare_client
-from musubi.contract.env import MUSUBI_WARM_SPARE
+from musubi.contract.env import MUSUBI_SPARE_SERVER, MUSUBI_WARM_SPARE
 from musubi.contract.exits import EXIT_SPARE_GONE
 from musubi.launch.launch import torchrun_argv
 from musubi.launch.spare import WarmSpare, agent_command, client_command, stop_spare, wanted
@@ -287,6 +287,7 @@ def musubi_train(job: Path, out: Path, nohup: bool = False) -> subprocess.Popen:
     SIGQUIT as a shell's background job has it, and SIGUSR2 as `trap '' USR2` would (torchrun catches none but it)."""
     env = dict(os.environ, MUSUBI_DEVICE="cpu", CUDA_VISIBLE_DEVICES="")
     env.pop(MUSUBI_WARM_SPARE, None)
+    env.pop(MUSUBI_SPARE_SERVER, None)  # the launcher's own spare, its child (test_spare_server.py: a served one)
     return subprocess.Popen([sys.executable, "-m", "musubi.cli", "train", str(job), "--nproc", "2", "--device", "cpu",
                              "--out", str(out), "--no-check"], cwd=REPO, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True,
