@@ -202,7 +202,8 @@ def _json_search(result: SearchResult) -> dict[str, Any]:
 def _inputs(model: str | None, spec: Path | None, gpu: str | None, gpus: int | None, nodes: int | None,
             seq: int | None, global_batch: int | None, topology: Path | None,
             calibrate: list[Path] | None,
-            nic_gbps: float | None = None) -> tuple[ModelSpec, Cluster, int, Any, dict[str, Any] | None]:
+            nic_gbps: float | None = None,
+            fabric: str = "ib") -> tuple[ModelSpec, Cluster, int, Any, dict[str, Any] | None]:
     """The planner's inputs from the options: model, cluster (catalog GPU, or fitted to a measured node), global
     batch, efficiency constants (calibrated or default) and the calibration's report; PlanError naming a bad one."""
     if gpu is None or gpus is None:
@@ -221,7 +222,7 @@ def _inputs(model: str | None, spec: Path | None, gpu: str | None, gpus: int | N
         if nic_gbps <= 0:
             raise PlanError(f"--nic-gbps {nic_gbps:g}: must be > 0 (GB/s per GPU per direction)")
         catalog_gpu = dataclasses.replace(catalog_gpu, nic_gbps=nic_gbps)
-    cluster = make_cluster(catalog_gpu, gpus, nodes)
+    cluster = make_cluster(catalog_gpu, gpus, nodes, fabric)
     batch = global_batch if global_batch is not None else model_spec.global_batch
     if not batch:
         raise PlanError(f"{model_spec.name} has no default batch; give --global-batch SEQUENCES")
@@ -299,6 +300,9 @@ def plan_command(
     nodes: int | None = typer.Option(None, "--nodes", help="Number of nodes (default: catalog node size)."),
     nic_gbps: float | None = typer.Option(None, "--nic-gbps", help="Network GB/s per GPU per direction (NICs per "
                                           "node x line rate / GPUs per node; default: the catalog's build)."),
+    fabric: str = typer.Option("ib", "--fabric", help="Inter-node fabric class: ib (non-blocking fat tree, flat "
+                               "bus bandwidth), roce-ecmp or efa (bus bandwidth falls with nodes: published "
+                               "nccl-tests; musubi/plan/fabric.py)."),
     seq: int | None = typer.Option(None, "--seq", help="Sequence length in tokens (default: the spec's)."),
     global_batch: int | None = typer.Option(None, "--global-batch", help="Sequences (samples) per step."),
     layout: str | None = typer.Option(None, "--layout", help="Evaluate one layout: tp=8,pp=16,dp=64,cp=1,"
@@ -323,7 +327,7 @@ def plan_command(
         if top < 1:
             raise PlanError(f"--top {top}: must be >= 1")
         model_spec, cluster, batch, eff, report = _inputs(model, spec, gpu, gpus, nodes, seq, global_batch,
-                                                          topology, calibrate, nic_gbps)
+                                                          topology, calibrate, nic_gbps, fabric)
         if layout is not None:
             one_layout, filled, one, spread, over, instead = _evaluate_layout(model_spec, cluster, layout, batch,
                                                                               eff, precision)

@@ -85,7 +85,7 @@ def calibrate(data: dict[str, Any], base: Efficiency = DEFAULT_EFFICIENCY) -> tu
         raise PlanError("calibration allreduce_busbw_gbps: expected a mapping tier -> GB/s")
     for tier, value in busbw.items():
         frac = _fraction(f"allreduce_busbw_gbps.{tier}", value, _tier_rate(gpu, tier))
-        eff = replace(eff, **{tier: frac})
+        eff = replace(eff, **{tier: frac}, measured=eff.measured | {tier})  # a measured network beats --fabric
         report[tier] = frac
     if "step_time_s" in data:
         eff = _fit_step(data, gpu, eff, precision)

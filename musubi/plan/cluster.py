@@ -6,16 +6,18 @@ from dataclasses import dataclass, replace
 
 from musubi.plan.catalog import GPU
 from musubi.plan.errors import PlanError
+from musubi.plan.fabric import check_fabric
 from musubi.topology.model import NodeTopology, link_gbps
 
 
 @dataclass(frozen=True)
 class Cluster:
-    """n_gpus of one GPU type, gpus_per_node to a node (NVLink domains may span nodes: NVL72)."""
+    """n_gpus of one GPU type, gpus_per_node to a node (NVLink domains may span nodes: NVL72), on a fabric class."""
 
     gpu: GPU
     n_gpus: int
     gpus_per_node: int
+    fabric: str = "ib"  # the inter-node fabric class (fabric.FABRICS): how bus bandwidth holds up with nodes
 
     @property
     def nodes(self) -> int:
@@ -28,19 +30,20 @@ class Cluster:
         return min(self.gpu.nvlink_domain, self.n_gpus)
 
 
-def make_cluster(gpu: GPU, n_gpus: int, nodes: int | None = None) -> Cluster:
-    """A cluster of `n_gpus`; `nodes` (when given) sets GPUs per node, else the catalog's node size."""
+def make_cluster(gpu: GPU, n_gpus: int, nodes: int | None = None, fabric: str = "ib") -> Cluster:
+    """A cluster of `n_gpus`; `nodes` (when given) sets GPUs per node, else the catalog's node size; `fabric`: FABRICS."""
     if n_gpus < 1:
         raise PlanError(f"--gpus {n_gpus}: must be >= 1")
+    check_fabric(fabric)
     if nodes is None:
-        return Cluster(gpu, n_gpus, min(gpu.gpus_per_node, n_gpus))
+        return Cluster(gpu, n_gpus, min(gpu.gpus_per_node, n_gpus), fabric)
     if nodes < 1 or n_gpus % nodes:
         raise PlanError(f"--nodes {nodes} does not divide --gpus {n_gpus}; give GPUs per node x nodes")
     per_node = n_gpus // nodes
     if per_node > gpu.gpus_per_node and gpu.nvlink_domain < per_node:
         raise PlanError(f"--gpus {n_gpus} on --nodes {nodes} is {per_node} GPUs per node; a {gpu.name} "
                         f"node holds {gpu.gpus_per_node}")
-    return Cluster(gpu, n_gpus, per_node)
+    return Cluster(gpu, n_gpus, per_node, fabric)
 
 
 def fit_to_topology(gpu: GPU, topo: NodeTopology) -> GPU:

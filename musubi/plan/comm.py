@@ -30,6 +30,7 @@ from dataclasses import dataclass, replace
 
 from musubi.plan.cluster import Cluster
 from musubi.plan.efficiency import Efficiency
+from musubi.plan.fabric import fabric_share
 
 TIERS = ("nvlink", "pcie", "network")
 
@@ -109,6 +110,13 @@ def _intra(cluster: Cluster, eff: Efficiency) -> tuple[str, float]:
     return "pcie", gpu.pcie_gbps * 1e9 * eff.pcie
 
 
+def network_share(cluster: Cluster, eff: Efficiency, nodes: int) -> float:
+    """Share of the NIC line rate a ring across `nodes` nodes gets: measured (--calibrate), else the fabric's."""
+    if "network" in eff.measured:
+        return eff.network
+    return fabric_share(cluster.fabric, nodes, eff.network)
+
+
 def place_group(cluster: Cluster, eff: Efficiency, stride: int, size: int) -> Link:
     """The link of a group of `size` ranks spaced `stride` apart in rank order (tp stride 1, ...)."""
     gpu = cluster.gpu
@@ -126,7 +134,7 @@ def place_group(cluster: Cluster, eff: Efficiency, stride: int, size: int) -> Li
         return Link("pcie", size, bw, bw, eff.latency_s["pcie"], size, intra="pcie",
                     gather_share=eff.gather_share, **calls)
     local = max(1, min(size, node // stride))
-    nic = gpu.nic_gbps * 1e9 * eff.network
+    nic = gpu.nic_gbps * 1e9 * network_share(cluster, eff, -(-size // local))
     busbw = min(intra_bw, local * nic)
     # all-to-all: (local-1)/(size-1) of the traffic stays inside the node, the rest uses this GPU's NIC.
     inside = (local - 1) / (size - 1)
