@@ -14,6 +14,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from musubi.contract.env import MUSUBI_SPARE_SERVER
+
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -26,11 +28,22 @@ def _default_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+def _cmdline(p: psutil.Process) -> str:
+    """A process's command line, empty once it is gone (a loader worker may end between the listing and this)."""
+    try:
+        return " ".join(p.cmdline())
+    except psutil.Error:
+        return ""
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_interrupted_train_stops_its_ranks_and_says_so(tiny_job, tmp_path: Path, sig: int) -> None:
     job = tiny_job(train={"epochs": 5000})  # far longer than the test waits (200 epochs once ended in 7 s)
     out = tmp_path / "run"
     env = dict(os.environ, MUSUBI_DEVICE="cpu", CUDA_VISIBLE_DEVICES="")
+    # The launcher's own spare, so that its ranks are the launcher's descendants this test watches stop (a spare
+    # forked by a spare server is the server's child; tests/worker/test_spare_server.py covers that one's death).
+    env.pop(MUSUBI_SPARE_SERVER, None)
     proc = subprocess.Popen([sys.executable, "-m", "musubi.cli", "train", str(job), "--nproc", "2", "--device", "cpu",
                              "--out", str(out), "--no-check"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, preexec_fn=_default_sigint)
@@ -40,7 +53,7 @@ def test_interrupted_train_stops_its_ranks_and_says_so(tiny_job, tmp_path: Path,
         assert proc.poll() is None and time.monotonic() < deadline, "training never started"
         time.sleep(0.5)
     ranks = psutil.Process(proc.pid).children(recursive=True)
-    assert ranks
+    assert any("musubi.worker." in _cmdline(p) for p in ranks), ranks  # the ranks (or their spare) too
     proc.send_signal(sig)  # to `musubi train` alone, as a terminal's Ctrl-C or a scheduler's TERM would
     output, _ = proc.communicate(timeout=90)
     assert proc.returncode == 130, output
