@@ -264,19 +264,8 @@ class Spare:
             conn.close()
             return
         conn.settimeout(None)
-        why = None
         entry = req.get("module")
-        if entry not in self.entries:  # never a module a client names: only the launch's own entries
-            served = " and ".join([", ".join(self.entries[:-1]), self.entries[-1]] if len(self.entries) > 1
-                                   else self.entries)
-            why = f"the warm spare runs {served} only, not {entry!r}"
-        elif req.get("python", sys.executable) != sys.executable:  # its modules are this interpreter's
-            why = f"the warm spare runs {sys.executable}, not {req.get('python')}"
-        elif self.start_env is not None and (name := import_time_mismatch(req.get("env", {}), self.start_env)):
-            why = f"{name} differs from the spare server's (read as its imports ran)"
-        elif (threads := live_threads()) > 1:  # never fork beside a thread: the client starts the plain way
-            why = f"{threads} threads alive in the warm spare"
-            self.refuse(why)
+        why = self.refusal(entry, req)
         if why is not None:
             with contextlib.suppress(OSError):
                 send_message(conn, {"refused": why})
@@ -306,6 +295,22 @@ class Spare:
             send_message(conn, {"pid": pid})
         except OSError:
             _kill(pid, signal.SIGKILL)
+
+    def refusal(self, entry: str | None, req: dict) -> str | None:
+        """Why this request is not forked here (the client then starts its process the plain way), or None."""
+        if entry not in self.entries:  # never a module a client names: only the launch's own entries
+            served = " and ".join([", ".join(self.entries[:-1]), self.entries[-1]] if len(self.entries) > 1
+                                   else self.entries)
+            return f"the warm spare runs {served} only, not {entry!r}"
+        if req.get("python", sys.executable) != sys.executable:  # its modules are this interpreter's
+            return f"the warm spare runs {sys.executable}, not {req.get('python')}"
+        if self.start_env is not None and (name := import_time_mismatch(req.get("env", {}), self.start_env)):
+            return f"{name} differs from the spare server's (read as its imports ran)"
+        if (threads := live_threads()) > 1:  # never fork beside a thread: the client starts the plain way
+            why = f"{threads} threads alive in the warm spare"
+            self.refuse(why)
+            return why
+        return None
 
     def take_log(self) -> None:
         """Once the launcher named the job's log (SPARE_DIR/log-path, written when the job's folder exists): what
