@@ -109,14 +109,16 @@ def receive_message(sock: socket.socket, max_fds: int = 0) -> tuple[dict | None,
 
 
 def process_created() -> float:
-    """Wall-clock time this process was created (what psutil's create_time() reads, from /proc)."""
+    """Wall-clock time this process was created, to a clock tick (10 ms). Its start in /proc counts ticks since
+    boot; measured back from now on the boot clock, not added to /proc/stat's btime as psutil's create_time() does:
+    btime is whole seconds, so that sum is up to 1 s early (a rank forked in 0.1 s then seemed to start before the
+    launcher that asked for it)."""
     try:
         with open("/proc/self/stat", encoding="ascii") as f:
             ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22: start time, clock ticks since boot
-        with open("/proc/stat", encoding="ascii") as f:
-            btime = next(int(line.split()[1]) for line in f if line.startswith("btime"))
-        return btime + ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError, StopIteration):
+        age = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
+        return time.time() - max(0.0, age)
+    except (OSError, ValueError, IndexError, AttributeError):
         return time.time()
 
 

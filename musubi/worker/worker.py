@@ -16,9 +16,8 @@ import sys
 import time
 from pathlib import Path
 
-import psutil
-
 from musubi.contract.exits import EXIT_OK
+from musubi.contract.spare_client import process_created
 from musubi.store import startup
 from musubi.worker.exits import RankEnd, crashed, refused_restart
 from musubi.worker.pinning import pin_rank
@@ -66,7 +65,7 @@ def run(args: argparse.Namespace, started: float | None = None) -> int:
     pinned = pin_rank(int(os.environ.get("LOCAL_RANK", "0")))
     t_start = time.time()
     if rank == 0:  # the one rank that writes the start-up marks (store/startup.py)
-        startup.mark(args.job_dir, "worker", started if started is not None else psutil.Process().create_time())
+        startup.mark(args.job_dir, "worker", started if started is not None else process_created())
     job = None
     try:
         # torch and every module of the rank: after argument parsing (a fast --help) and the pinning
