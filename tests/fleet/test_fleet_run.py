@@ -10,6 +10,7 @@ import yaml
 from typer.testing import CliRunner
 
 from musubi.cli import app
+from musubi.contract.run_files import RUN_FILES
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -89,6 +90,12 @@ def test_fleet_runs_retries_and_ranks(tmp_path: Path, monkeypatch) -> None:
     board = json.loads((out / "leaderboard.json").read_text())
     rows = board["rows"] if isinstance(board, dict) else board
     assert {r["job"] for r in rows} >= {"r18-a", "r18-b", "ext-flaky"}
+    # export_top 1: the external job wrote no model.onnx, so the best task job of its table is exported and
+    # registered (one, not both), and the checklist says the table shipped
+    shipped = [j for j in ("r18-a", "r18-b") if (out / j / RUN_FILES.export / RUN_FILES.registered).is_file()]
+    assert len(shipped) == 1 and (out / shipped[0] / RUN_FILES.export / RUN_FILES.onnx).is_file(), shipped
+    export = [i for i in checklist.values() if i["check"] == "export"]
+    assert [i["status"] for i in export] == ["PASS"] and "1 of the top 1 exported" in export[0]["found"], export
     # resume: finished jobs are skipped, the broken one is tried again (and fails again)
     monkeypatch.delenv("MUSUBI_INJECT")
     res = CliRunner().invoke(app, ["run", str(fleet(tmp_path, broken=True)), "--out", str(out), "--device", "cpu",
