@@ -10,8 +10,10 @@ fetched snapshots at the commits pinned in `url`. Every number below was read in
 a row derives (dp from the GPU count, the global batch in sequences from a printed token count) is
 computed here so that the arithmetic can be checked. `assumed` says what the source did not print.
 
-Two sources gave rows. ServiceNow's Fast-LLM documentation (tokens/s per GPU for SmolLM2-135M on 8
-A100 and 8 H100, Llama-3.1-8B and Mistral-7B on 32 H100, ZeRO data parallel). MosaicML's MosaicGPT
+Three sources gave rows. ServiceNow's Fast-LLM documentation (tokens/s per GPU for SmolLM2-135M on 8
+A100 and 8 H100, Llama-3.1-8B and Mistral-7B on 32 H100, ZeRO data parallel). torchao's training
+workflow page (its bfloat16 baseline: torchtitan Llama 3 8B, FSDP2 on 8 H100; the same configuration
+as the first set's torchtitan 8-GPU row, measured again by another team). MosaicML's MosaicGPT
 throughput tables in mosaicml/examples (FSDP FULL_SHARD with full activation checkpointing on A100
 80GB and 40GB, 8 to 256 GPUs): these are an older, separately measured table of the same framework
 family as the validation set's llm-foundry MPT rows (another repository, other numbers, other
@@ -42,12 +44,15 @@ HEADER = (
     "# Scored once by bench/plan_blind_score.py --csv bench/plan_blind_runs5.csv from `published_layout` alone.\n"
     "# Compared by tokens/s per GPU as printed; written by bench/plan_blind5_gather.py. The mosaicgpt- rows are\n"
     "# the same framework family as the validation set's MPT rows (an older table, another repository): score them\n"
-    "# apart with --apart mosaicgpt- if they should not count as blind.\n"
+    "# apart with --apart mosaicgpt- if they should not count as blind. The torchao- row is the first set's torchtitan\n"
+    "# 8-GPU FSDP configuration measured again by another team.\n"
     "# arch: llama (gated 3-matrix MLP, RoPE, untied); gpt (GELU, LayerNorm, biases, learned positions, tied).\n")
 
 FASTLLM = "https://github.com/ServiceNow/Fast-LLM/blob/"
 FASTLLM_QS = FASTLLM + "7ba5a991096e43073636d3a96f861d447f6c2892/docs/quick-start.md"
 FASTLLM_README = FASTLLM + "ac1447d95518afbaf49b5db071c0875aff8bb269/README.md"
+TORCHAO = ("https://github.com/pytorch/ao/blob/36027d82d1ad9949597ea16002ff4940374b1b94/"
+           "docs/source/workflows/training.md")
 MOSAIC = "https://github.com/mosaicml/examples/blob/63e6f0da232fe78fc7386b7d985f1422a09abb68/llm/"
 
 # MosaicGPT shapes from llm/yamls/mosaic_gpt/*.yaml at MOSAIC's commit: (layers, d_model, heads)
@@ -155,6 +160,26 @@ def fastllm_rows(add) -> None:  # type: ignore[no-untyped-def]
                 "from 2025-01: not printed with the figure, left to the planner; " + FASTLLM_COMMON)
 
 
+def torchao_row(add) -> None:  # type: ignore[no-untyped-def]
+    """torchao's bfloat16 baseline row: torchtitan Llama 3 8B with FSDP2 on one node of 8 H100."""
+    add(name="torchao-llama3-8b-fsdp2-h100-8g", regime="fsdp", source="PyTorch2025-torchao-float8-training-benchmarks",
+        url=TORCHAO,
+        table="'e2e training benchmarks', NVIDIA H100: 'Single-node training on 8xH100 GPUs, batch size 1, sequence "
+              "length 8192, steps 100, torch.compile, FSDP2, per-op SAC'; row Llama3-8b, none (bfloat16): peak "
+              "memory 47.65 GB, median tokens/second 6150",
+        gpu="H100-SXM", n_gpus=8, arch="llama", layers=32, hidden=4096, heads=32, kv_heads=8, ffn=14336,
+        vocab=128256, seq=8192, global_batch_seqs=8, micro_batch=1, tp=1, pp=1, dp=8, zero_stage=3,
+        recompute="selective", sequence_parallel="", attention="flash", measured_tokens_per_s_per_gpu=6150,
+        published_layout="dp=8,zero=3,micro=1,recompute=selective,attention=flash",
+        assumed="median of torchtitan's logged tps (tokens/s per GPU; benchmarks/float8/training/"
+                "parse_torchtitan_logs.py at this commit reads the 'tps:' field), the bfloat16 row only (the float8 "
+                "rows and the MI300X and B200 tables left out); torchtitan's llama3_8b.toml (benchmarks/float8/"
+                "training/llama3.sh at this commit) with --training.local-batch-size=1, so 8 sequences a step; "
+                "Llama 3 8B shape (32 x 4096, 32 heads, 8 KV heads, SwiGLU 14,336, vocab 128,256, untied); FSDP2 "
+                "full sharding = ZeRO-3; per-op SAC = selective recompute; SDPA attention (flash kernel on H100, "
+                "bf16); pytorch 2.7.0a0, torchao 0.10.0, torchtitan 0.0.2 as printed; one node, NVLink")
+
+
 def blind_rows() -> list[dict[str, object]]:
     """Every row of the fifth blind set, in the CSV's column names."""
     rows: list[dict[str, object]] = []
@@ -177,6 +202,7 @@ def blind_rows() -> list[dict[str, object]]:
         rows.append(r)
 
     fastllm_rows(add)
+    torchao_row(add)
     mosaic_rows(add)
     return rows
 
