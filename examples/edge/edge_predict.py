@@ -183,7 +183,7 @@ def detect(session: ort.InferenceSession, x: np.ndarray, rule: dict[str, Any] | 
 class Model:
     """The manifest's top (or named) model, its file checked and one ONNX Runtime session made for every image."""
 
-    def __init__(self, manifest_path: Path, name: str | None = None) -> None:
+    def __init__(self, manifest_path: Path, name: str | None = None, threads: int | None = None) -> None:
         manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
         self.entry = pick_model(manifest, name)
         recipe = self.entry.get("recipe")
@@ -192,8 +192,13 @@ class Model:
                             "it again")
         self.recipe: dict[str, Any] = recipe
         self.path = model_file(self.entry, manifest_path.parent)
-        # a session costs seconds for a detector: made once, not once an image
-        self.session = ort.InferenceSession(str(self.path), providers=["CPUExecutionProvider"])
+        # a session costs seconds for a detector: made once, not once an image. ONNX Runtime's default thread
+        # pool is one spinning thread a core: right on a device that runs nothing else, not beside other work
+        options = ort.SessionOptions()
+        if threads:
+            options.intra_op_num_threads = threads
+            options.inter_op_num_threads = 1
+        self.session = ort.InferenceSession(str(self.path), sess_options=options, providers=["CPUExecutionProvider"])
         self.classes: list[str] = self.entry.get("classes") or recipe.get("classes") or []
 
     def run(self, image: Path, conf: float | None = None) -> dict[str, Any]:
@@ -242,9 +247,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", help="a model name of the manifest (default: the best ranked)")
     parser.add_argument("--conf", type=float, help="keep detections scoring at least this")
     parser.add_argument("--json", action="store_true", help="print each image's result as one line of JSON")
+    parser.add_argument("--threads", type=int, help="ONNX Runtime's intra-op threads (default: one a core; set it "
+                        "where the device runs other work beside the model)")
     args = parser.parse_args(argv)
+    if args.threads is not None and args.threads < 1:
+        parser.error(f"--threads {args.threads}: give 1 or more (or leave it out: one a core)")
     try:
-        model = Model(args.manifest, args.model)
+        model = Model(args.manifest, args.model, args.threads)
         for image in args.image:
             result = model.run(image, args.conf)
             if args.json:

@@ -229,6 +229,18 @@ def test_edge_script_imports_only_onnxruntime_numpy_and_pillow() -> None:
         {"numpy", "onnxruntime", "PIL"}
 
 
+def test_edge_script_refuses_a_thread_count_below_one(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("edge_predict", EDGE)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    with pytest.raises(SystemExit) as stop:
+        module.main([str(tmp_path / "manifest.json"), str(tmp_path / "frame.jpg"), "--threads", "0"])
+    assert stop.value.code == 2 and "--threads 0: give 1 or more" in capsys.readouterr().err
+
+
 def edge_json(manifest: Path, images: list[Path]) -> list[dict[str, Any]]:
     """The edge script's `--json` answers for the images (one line each, one session for all), from its own main()
     loaded in this process (the same code a run as a program executes; the test runs it as a program too, where
@@ -243,7 +255,8 @@ def edge_json(manifest: Path, images: list[Path]) -> list[dict[str, Any]]:
     spec.loader.exec_module(module)
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
-        code = module.main([str(manifest), *map(str, images), "--json"])
+        # one intra-op thread: ONNX Runtime's default pool spins a thread a core beside the suite's other work
+        code = module.main([str(manifest), *map(str, images), "--json", "--threads", "1"])
     assert code == 0, printed.getvalue()
     answers = [json.loads(line) for line in printed.getvalue().splitlines()]
     assert [a["image"] for a in answers] == list(map(str, images))  # one line an image, in order
@@ -297,7 +310,7 @@ def test_edge_script_gives_predicts_boxes_from_the_manifest_alone(fixture: str, 
     shipped = musubi.predict(entry["name"], images, device="cpu", db=db).rows  # the manifest's file, through predict
     assert unmatched(rows, shipped) == []
     assert {r["name"] for r in rows} == {"person", "car"}
-    shown = subprocess.run([sys.executable, str(EDGE), str(manifest), str(images / "frame_0.jpg")],
+    shown = subprocess.run([sys.executable, str(EDGE), str(manifest), str(images / "frame_0.jpg"), "--threads", "1"],
                            capture_output=True, text=True, timeout=300, check=False)
     assert shown.returncode == 0 and "detection(s)" in shown.stdout and ("car " in shown.stdout or
                                                                           "person " in shown.stdout), shown.stdout
