@@ -28,11 +28,12 @@ import itertools
 from dataclasses import replace
 
 from musubi.plan.cluster import Cluster
+from musubi.plan.compute import has_eager_work
 from musubi.plan.efficiency import DEFAULT_EFFICIENCY, Efficiency
 from musubi.plan.errors import PlanError
 from musubi.plan.layout import RECOMPUTE, Layout, resolve_layout
 from musubi.plan.predict import Prediction, predict
-from musubi.plan.spec import GenericSpec, ModelSpec
+from musubi.plan.spec import GenericSpec, ModelSpec, TransformerSpec
 
 #: The knobs the planner may choose when a layout leaves them out.
 FILLABLE = ("micro", "vpp", "recompute", "zero")
@@ -162,22 +163,25 @@ def fits_instead(spec: ModelSpec, cluster: Cluster, layout: Layout, given: froze
 #: what the fill chose, or full recompute of every layer, the convention of the 2021-22 stacks (Megatron-LM
 #: before selective recompute, DeepSpeed's pipeline engine, metaseq), whose runs checkpointed every layer even
 #: where memory allowed less; `grads`: gradients reduced in bf16, or in fp32 as Megatron-LM's bf16 runs and
-#: DeepSpeed's BF16 optimizer did (layout.GRADS). The planner's point estimate is the modern stack; the range
-#: spans the rest.
+#: DeepSpeed's BF16 optimizer did (layout.GRADS); `kernels`: norms, RoPE and SwiGLU as the reference code's PyTorch
+#: ops or fused (layout.KERNELS). The planner's point estimate is the modern stack (its kernels: the reference
+#: code's unless named); the range spans the rest.
 STACK_ALTERNATIVES: dict[str, tuple[str, ...]] = {"attention": ("flash", "flash1", "flash3", "unfused"),
                                                   "overlap": ("default", "none", "all"), "gather": ("nic", "node"),
                                                   "sp": ("default", "no"), "recompute": ("filled", "full"),
-                                                  "grads": ("default", "fp32")}
+                                                  "grads": ("default", "fp32"), "kernels": ("eager", "fused")}
 #: `overlap=all`: every collective the planner knows how to hide.
 ALL_OVERLAP = frozenset({"dp", "pp", "cp", "param", "tp", "ep"})
 
 
-def _open_stack_facts(layout: Layout, given: frozenset[str]) -> list[str]:
+def _open_stack_facts(layout: Layout, given: frozenset[str], spec: ModelSpec | None = None) -> list[str]:
     """The stack facts of STACK_ALTERNATIVES that the layout leaves unnamed and that change its step."""
     out = []
     for key in STACK_ALTERNATIVES:
         if key in given or (key == "recompute" and "recompute_layers" in given):
             continue
+        if key == "kernels" and isinstance(spec, TransformerSpec) and not has_eager_work(spec):
+            continue  # LayerNorm, GELU and learned positions: the same kernels either way
         if (key == "gather" and layout.zero < 3) or (key == "sp" and layout.tp <= 1):
             continue
         if key == "grads" and ((layout.dp or 1) * layout.cp <= 1 or layout.grads == "fp32"):
@@ -208,7 +212,7 @@ def stack_range(spec: ModelSpec, cluster: Cluster, layout: Layout, given: frozen
     communication overlap, how sharded gathers cross nodes, sequence parallelism, recomputation convention, the
     gradients' reduction dtype), and
     the names of those facts; None when the layout names them all."""
-    unknown = _open_stack_facts(layout, given)
+    unknown = _open_stack_facts(layout, given, spec)
     if not unknown or isinstance(spec, GenericSpec):
         return None
     preds = []
@@ -232,7 +236,7 @@ def range_by_fact(spec: ModelSpec, cluster: Cluster, layout: Layout, given: froz
         return {}
     base = predict(spec, cluster, layout, global_batch, eff, precision, memory_precision).step_time_s
     out: dict[str, tuple[str, float, str, float]] = {}
-    for key in _open_stack_facts(layout, given):
+    for key in _open_stack_facts(layout, given, spec):
         steps = sorted((predict(spec, cluster, replace(layout, **_stack_change(key, value, layout)), global_batch,
                                 eff, precision, memory_precision).step_time_s / base, value)
                        for value in STACK_ALTERNATIVES[key])

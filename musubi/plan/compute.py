@@ -36,6 +36,16 @@ _DROPOUT_MASK_BYTES = 2
 #: cost nothing backward (the gradient passes through), norms, softmax and dropout read the
 #: saved tensor and the incoming gradient and write one (~1.5x their forward).
 ELEMENTWISE_BWD = 1.0
+#: Extra forward HBM bytes per element of an eager (unfused, PyTorch-op) stack over the fused kernel, counted op by op
+#: from Hugging Face transformers' Llama (models/llama/modeling_llama.py): LlamaRMSNorm is .to(fp32) (read 2, write
+#: 4), .pow(2) (4 + 4), .mean (4), x * rsqrt (4 + 4), .to(bf16) (4 + 2), weight * x (2 + 2) = 36 bytes against the
+#: fused kernel's 4; apply_rotary_pos_emb is q * cos (2 + 2), -x2 on half the elements (1 + 1), torch.cat (2 + 2),
+#: * sin (2 + 2), + (4 + 2) = 20 against 4 for each element of q and k; act_fn(gate) * up is silu (2 + 2) and a
+#: product (4 + 2) = 10 against the fused 6. LayerNorm (torch's native kernel) and bias-GELU (the bias in the GEMM,
+#: then one GELU) cost what the fused kernels do.
+EAGER_RMSNORM_EXTRA = 32
+EAGER_ROPE_EXTRA = 16
+EAGER_SWIGLU_EXTRA = 4
 
 
 @dataclass
@@ -152,7 +162,9 @@ def layer_times(spec: TransformerSpec, layout: Layout, dev: Device, groups: Grou
     act = (4 if spec.mlp == "gelu" else 6) * tokens * act_width  # bias-GELU or SwiGLU: read + write
     rope = 0.0 if spec.learned_positions else 4 * tokens * (h + kvd) / t  # rotate q and k in place
     moe_bytes = 4 * ACT_BYTES * tokens * spec.top_k * h if moe else 0.0  # permute + unpermute, both ways
-    elem_fwd = (replicated + act + rope + moe_bytes) / dev.hbm
+    eager = eager_extra_bytes(spec, tokens, h / t if sp else h, act_width, (h + kvd) / t) \
+        if layout.kernels == "eager" else 0.0
+    elem_fwd = (replicated + act + rope + moe_bytes + eager) / dev.hbm
     core_elem = core_bytes / dev.hbm
 
     out.gemm_fwd = gemm
@@ -179,6 +191,24 @@ def layer_times(spec: TransformerSpec, layout: Layout, dev: Device, groups: Grou
         out.cp_fwd = ring
         out.cp_bwd = 2 * ring  # K, V forward again and dK, dV back
     return out
+
+
+def has_eager_work(spec: TransformerSpec) -> bool:
+    """Whether eager and fused kernels differ for this architecture (RMSNorm, RoPE or SwiGLU present)."""
+    return spec.norm == "rmsnorm" or not spec.learned_positions or spec.mlp == "swiglu"
+
+
+def eager_extra_bytes(spec: TransformerSpec, tokens: float, norm_width: float, act_width: float,
+                      rope_width: float) -> float:
+    """Forward HBM bytes an eager stack's norms, RoPE and SwiGLU move beyond the fused kernels, for `tokens` tokens.
+
+    `norm_width`: the elements a token's norm sees on this GPU (h, or h / tp with sequence parallelism), two norms a
+    layer; `act_width`: the MLP's local hidden width; `rope_width`: the local widths of q and k together.
+    """
+    norm = EAGER_RMSNORM_EXTRA * 2 * norm_width if spec.norm == "rmsnorm" else 0.0
+    rope = 0.0 if spec.learned_positions else EAGER_ROPE_EXTRA * rope_width
+    act = EAGER_SWIGLU_EXTRA * act_width if spec.mlp == "swiglu" else 0.0
+    return tokens * (norm + rope + act)
 
 
 def logits_times(spec: TransformerSpec, layout: Layout, dev: Device) -> tuple[float, float]:

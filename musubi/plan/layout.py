@@ -35,13 +35,23 @@ GATHERS = ("nic", "node")
 #: --grad-reduce-in-bf16), Apex/NeMo's DistributedFusedAdam syncs in its fp32 dtype, DeepSpeed's BF16 optimizer; twice the gradient bytes on the wire and
 #: 4 bytes of main gradient a parameter in memory (the `mixed-fp32-grads` accounting).
 GRADS = ("bf16", "fp32")
+#: How the memory-bound kernels outside attention are written. eager (the default): the PyTorch ops of the
+#: architecture's reference code, Hugging Face transformers' Llama (LlamaRMSNorm upcasts to fp32, squares, averages,
+#: scales and casts back; apply_rotary_pos_emb multiplies, negates, concatenates and adds; LlamaMLP's
+#: act_fn(gate) * up), each op a kernel that reads and writes HBM (compute.eager_extra_bytes counts them); what
+#: DeepSpeed and HF Trainer runs execute, and what PyTorch stacks run unless they opt into fused kernels
+#: (PaddleNLP's use_fused_rms_norm / use_fused_rope flags, torchtitan's torch.compile). fused: one kernel each
+#: (Megatron-Core/Transformer Engine's RMSNorm, fused RoPE and SwiGLU; XLA's fusions in MaxText and Pax; nanotron's
+#: Triton RMSNorm): name it. LayerNorm (torch's own kernel) and GELU cost the same either way.
+KERNELS = ("eager", "fused")
+DEFAULT_KERNELS = "eager"
 #: What a modern stack overlaps by default: gradient reduce and parameter gather (DP/FSDP),
 #: pipeline sends, context-parallel ring exchange. TP collectives stay exposed unless the
 #: framework overlaps them with GEMMs (TransformerEngine userbuffers): add `overlap=...,tp`.
 DEFAULT_OVERLAP = frozenset({"dp", "pp", "cp", "param"})
 
 _INT_KEYS = ("tp", "pp", "dp", "cp", "ep", "vpp", "zero", "micro", "recompute_layers", "bucket_mb")
-_KEYS = (*_INT_KEYS, "recompute", "sp", "schedule", "attention", "gather", "grads", "overlap")
+_KEYS = (*_INT_KEYS, "recompute", "sp", "schedule", "attention", "gather", "grads", "kernels", "overlap")
 
 
 @dataclass(frozen=True)
@@ -66,6 +76,7 @@ class Layout:
     attention: str = "flash"
     gather: str = "nic"  # how sharded collectives cross nodes (GATHERS); only with zero=3
     grads: str = "bf16"  # the dtype gradients are reduced in (GRADS)
+    kernels: str = DEFAULT_KERNELS  # how norms, RoPE and the MLP activation are written (KERNELS)
     #: MiB of gradients per data-parallel bucket (each bucket is one collective that pays its ring or tree
     #: latency); 0: the stack's default (Megatron-Core's max(40M, 1M x dp) parameters for transformers, PyTorch
     #: DDP's 25 MiB for generic models). Apex/NeMo's DistributedFusedAdam: 100.
@@ -110,6 +121,8 @@ class Layout:
             parts.append(f"gather={self.gather}")
         if self.grads != "bf16":
             parts.append(f"grads={self.grads}")
+        if self.kernels != DEFAULT_KERNELS:
+            parts.append(f"kernels={self.kernels}")
         if self.bucket_mb:
             parts.append(f"bucket_mb={self.bucket_mb}")
         if self.overlap != DEFAULT_OVERLAP:
@@ -174,6 +187,8 @@ def parse_layout(text: str) -> Layout:
             values[key] = _choice(key, value, GATHERS)
         elif key == "grads":
             values[key] = _choice(key, value, GRADS)
+        elif key == "kernels":
+            values[key] = _choice(key, value, KERNELS)
         elif key == "sp":
             values[key] = _bool(key, value)
         else:  # overlap: this item and every following item without "="

@@ -281,21 +281,25 @@ def _dp_comm(layout: Layout, dense_bytes: float, expert_bytes: float, weight_rat
         counts = [gradient_buckets(b, ln.size, grad_bytes, bucket_bytes) for b, ln in links]
         scatter = sum(_bucketed(reduce_scatter_s, b, ln, k) for (b, ln), k in zip(links, counts, strict=True))
         gather = sum(_bucketed(all_gather_s, b * weight_ratio, ln, k) for (b, ln), k in zip(links, counts, strict=True))
-        busy = scatter + gather
+        # ZeRO-2 keeps only its own shard of the gradients, so it cannot accumulate the rest over micro-batches:
+        # the reduce-scatter runs after every backward (DeepSpeed's maintainers, deepspeedai/DeepSpeed#2252),
+        # each one with its own last bucket. ZeRO-1 keeps full gradients and reduces once a step.
+        scatters = m if layout.zero == 2 else 1
+        busy = scatters * scatter + gather
         gather_hides = overlapped and "param" in layout.overlap
         if overlapped:
             s_tail, g_tail = _bucket_tail(layout, links, grad_bytes, weight_ratio, bucket_bytes)
-            exposed = _overlapped_with_tail(scatter, s_tail, bwd_mb, contention)
-            tail = min(s_tail, scatter)
+            exposed = scatters * _overlapped_with_tail(scatter, s_tail, bwd_mb, contention)
+            tail = scatters * min(s_tail, scatter)
             if gather_hides:
                 exposed += _overlapped_with_tail(gather, g_tail, fwd_mb, contention)
                 tail += min(g_tail, gather)
             else:
                 exposed += gather
         else:
-            exposed = scatter + gather
+            exposed = scatters * scatter + gather
         after_step = 0.0 if gather_hides else gather
-        sent = sum(_ring_bytes(b * (1 + weight_ratio), ln) for b, ln in links)
+        sent = sum(_ring_bytes(b * (scatters + weight_ratio), ln) for b, ln in links)
         window = bwd_mb + fwd_mb
     else:
         busy = sum(_bucketed(all_reduce_s, b, ln, gradient_buckets(b, ln.size, grad_bytes, bucket_bytes)) for b, ln in links)
