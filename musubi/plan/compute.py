@@ -46,6 +46,10 @@ ELEMENTWISE_BWD = 1.0
 EAGER_RMSNORM_EXTRA = 32
 EAGER_ROPE_EXTRA = 16
 EAGER_SWIGLU_EXTRA = 4
+#: The loss of transformers' LlamaForCausalLM: logits.float() (read 2, write 4), the shifted logits' .contiguous()
+#: copy (4 + 4) and CrossEntropyLoss's log-softmax over fp32 (4 + 4): 22 bytes a logit against the fused loss's 10
+#: (logits_times); backward as much again, as the other memory-bound kernels.
+EAGER_LOSS_EXTRA = 12
 
 
 @dataclass
@@ -217,4 +221,6 @@ def logits_times(spec: TransformerSpec, layout: Layout, dev: Device) -> tuple[fl
     vocab = spec.vocab / layout.tp
     fwd = gemm_s(dev, tokens, spec.hidden, vocab)
     loss_bytes = 10 * tokens * vocab  # read bf16 logits, write fp32 softmax, read it back for the loss
+    if layout.kernels == "eager" and has_eager_work(spec):
+        loss_bytes += EAGER_LOSS_EXTRA * tokens * vocab
     return fwd + loss_bytes / dev.hbm, 2 * fwd + loss_bytes / dev.hbm

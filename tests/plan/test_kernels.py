@@ -21,6 +21,7 @@ from musubi.plan.catalog import get_gpu
 from musubi.plan.cluster import make_cluster
 from musubi.plan.complete import complete_layout, range_by_fact, stack_range
 from musubi.plan.compute import (
+    EAGER_LOSS_EXTRA,
     EAGER_RMSNORM_EXTRA,
     EAGER_ROPE_EXTRA,
     EAGER_SWIGLU_EXTRA,
@@ -44,13 +45,17 @@ RMSNORM_OPS = {"to(float32)": (2, 4), "pow(2)": (4, 4), "mean(-1)": (4, 0), "x *
 #: per element of q (and of k): -x2 touches half the elements.
 ROPE_OPS = {"q * cos": (2, 2), "-x2": (1, 1), "cat": (2, 2), "* sin": (2, 2), "+": (4, 2)}
 SWIGLU_OPS = {"silu(gate)": (2, 2), "* up": (4, 2)}
-#: What the fused kernels the planner prices move (compute.py): read and write once; SwiGLU reads two, writes one.
-FUSED = {"rmsnorm": 4, "rope": 4, "swiglu": 6}
+#: LlamaForCausalLM's loss, per logit: logits.float(), the shift's .contiguous(), CrossEntropyLoss's log-softmax in fp32.
+LOSS_OPS = {"float()": (2, 4), "contiguous()": (4, 4), "log_softmax": (4, 4)}
+#: What the fused kernels the planner prices move (compute.py): read and write once; SwiGLU reads two, writes one;
+#: the fused loss reads the bf16 logits, writes the fp32 softmax and reads it back.
+FUSED = {"rmsnorm": 4, "rope": 4, "swiglu": 6, "loss": 10}
 
 
 @pytest.mark.parametrize(("ops", "fused", "extra"), [(RMSNORM_OPS, FUSED["rmsnorm"], EAGER_RMSNORM_EXTRA),
                                                      (ROPE_OPS, FUSED["rope"], EAGER_ROPE_EXTRA),
-                                                     (SWIGLU_OPS, FUSED["swiglu"], EAGER_SWIGLU_EXTRA)])
+                                                     (SWIGLU_OPS, FUSED["swiglu"], EAGER_SWIGLU_EXTRA),
+                                                     (LOSS_OPS, FUSED["loss"], EAGER_LOSS_EXTRA)])
 def test_the_extra_bytes_are_the_ops_of_the_reference_code(ops: dict[str, tuple[int, int]], fused: int,
                                                            extra: int) -> None:
     assert sum(r + w for r, w in ops.values()) == fused + extra
@@ -63,6 +68,19 @@ def test_extra_bytes_of_a_layer_by_architecture() -> None:
     assert eager_extra_bytes(LLAMA8, 1000, h, f, h + kv) == 1000 * (32 * 2 * h + 16 * (h + kv) + 4 * f)
     assert has_eager_work(LLAMA8) and not has_eager_work(GPT3)
     assert eager_extra_bytes(GPT3, 1000, GPT3.hidden, GPT3.ffn, 2 * GPT3.hidden) == 0
+
+
+def test_the_eager_loss_adds_its_bytes_a_logit_and_only_on_llama_shapes() -> None:
+    """Llama 3 8B (vocab 128,256) at micro-batch 1: the eager loss moves 12 more bytes a logit each way; GPT-3's
+    loss (Megatron's fused cross-entropy) does not move."""
+    from musubi.plan.compute import Device, logits_times
+    dev = Device(flops=1e15, peak=1e15, hbm=1e12, gemm_memory=0.5, flash=0.5, flash1=0.3, flash3=0.5)
+    layout = parse_layout("micro=1")
+    eager_f, eager_b = logits_times(LLAMA8, layout, dev)
+    fused_f, fused_b = logits_times(LLAMA8, dataclasses.replace(layout, kernels="fused"), dev)
+    extra = 12 * LLAMA8.seq * LLAMA8.vocab / 1e12
+    assert eager_f - fused_f == pytest.approx(extra) and eager_b - fused_b == pytest.approx(extra)
+    assert logits_times(GPT3, layout, dev) == logits_times(GPT3, dataclasses.replace(layout, kernels="fused"), dev)
 
 
 def test_the_key_parses_prints_and_defaults_to_eager() -> None:
