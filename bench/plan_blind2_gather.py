@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from bench.plan_blind_gather import csv_text as first_set_csv_text
-from bench.plan_blind_gather import params_b, write_set
+from bench.plan_blind_gather import finish_row, params_b, write_set
 
 OUT = Path(__file__).resolve().parent / "plan_blind_runs2.csv"
 HEADER = (
@@ -65,17 +65,7 @@ def blind_rows() -> list[dict[str, object]]:
     rows: list[dict[str, object]] = []
 
     def add(**r: object) -> None:
-        r.setdefault("memory_precision", "mixed")
-        r.setdefault("overlap", "")
-        r.setdefault("known_off", "")
-        r.setdefault("flops_convention", "")
-        r.setdefault("gather", "")
-
-        def num(key: str) -> int:
-            return int(str(r.get(key) or 0))
-        r["params_b"] = params_b(str(r["arch"]), num("layers"), num("hidden"), num("heads"), num("kv_heads"),
-                                 num("ffn"), num("vocab"), num("seq"))
-        rows.append(r)
+        rows.append(finish_row(r))
 
     # Nemotron-4 15B, Table 2: 8-way TP + DP with a distributed optimizer, batch ramp at 4096 tokens a sequence
     for dp, n, sec, mfu, gbs in ((96, 768, 0.57, 34.3, 384), (192, 1536, 0.58, 33.3, 768), (288, 2304, 0.64, 30.5, 1152)):

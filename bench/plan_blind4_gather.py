@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 from bench.plan_blind_gather import csv_text as first_set_csv_text
-from bench.plan_blind_gather import params_b, write_set
+from bench.plan_blind_gather import finish_row, write_set
 
 OUT = Path(__file__).resolve().parent / "plan_blind_runs4.csv"
 HEADER = (
@@ -44,21 +44,7 @@ def blind_rows() -> list[dict[str, object]]:
     rows: list[dict[str, object]] = []
 
     def add(**r: object) -> None:
-        r.setdefault("memory_precision", "mixed")
-        r.setdefault("overlap", "")
-        r.setdefault("known_off", "")
-        r.setdefault("flops_convention", "")
-        r.setdefault("gather", "")
-        r.setdefault("cp", 1)
-        r.setdefault("vpp", "")
-        r.setdefault("measured_tflops_per_gpu", "")
-        r.setdefault("measured_fraction_of_peak", "")
-
-        def num(key: str) -> int:
-            return int(str(r.get(key) or 0))
-        r["params_b"] = params_b(str(r["arch"]), num("layers"), num("hidden"), num("heads"), num("kv_heads"),
-                                 num("ffn"), num("vocab"), num("seq"))
-        rows.append(r)
+        rows.append(finish_row(r, cp=1))
 
     # --- InternLM training performance: the 7B model from 8 to 1024 A100-80GB, ZeRO-1 over all data-parallel ranks --
     internlm_7b = dict(gpu="A100-80GB", arch="llama", layers=32, hidden=4096, heads=32, kv_heads=32, ffn=11008,

@@ -50,17 +50,27 @@ def params_b(arch: str, layers: int, h: int, heads: int, kv: int, ffn: int, voca
     return round((layers * (attn + mlp + bias + 4 * h) + emb + pos) / 1e9, 2)
 
 
+def finish_row(r: dict[str, object], **defaults: object) -> dict[str, object]:
+    """A gathered row as every set writes it: mixed-precision memory unless it says otherwise, `defaults` (a set's own,
+    e.g. cp=1) where it says nothing, and its parameter count from its shape (params_b). Columns left out are written
+    empty (csv_text)."""
+    r.setdefault("memory_precision", "mixed")
+    for key, value in defaults.items():
+        r.setdefault(key, value)
+
+    def num(key: str) -> int:
+        return int(str(r.get(key) or 0))
+    r["params_b"] = params_b(str(r["arch"]), num("layers"), num("hidden"), num("heads"), num("kv_heads"),
+                             num("ffn"), num("vocab"), num("seq"))
+    return r
+
+
 def blind_rows() -> list[dict[str, object]]:
     """Every blind row, in the CSV's column names."""
     rows: list[dict[str, object]] = []
 
     def add(**r: object) -> None:
-        r.setdefault("memory_precision", "mixed")
-        def num(key: str) -> int:
-            return int(str(r.get(key) or 0))
-        r["params_b"] = params_b(str(r["arch"]), num("layers"), num("hidden"), num("heads"), num("kv_heads"),
-                                 num("ffn"), num("vocab"), num("seq"))
-        rows.append(r)
+        rows.append(finish_row(r))
 
     # Llama 3.1 70B BF16, TP4 PP4 CP2 VP5 MBS1 GA64
     for n, tps, gbs in ((64, 71235, 128), (512, 563372, 1024), (2048, 2248957, 4096)):
