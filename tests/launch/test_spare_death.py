@@ -14,7 +14,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +25,7 @@ from musubi.contract.exits import EXIT_SPARE_GONE
 from musubi.launch.spare import WarmSpare, died
 from tests.conftest import REPO, write_tiny_job
 from tests.support.runs import bitwise_equal, final_state
+from tests.support.waiting import wait_for
 
 #: 128 samples / (8 per rank x 2 ranks): 8 steps an epoch, 32 in all; a checkpoint every 8 steps; each batch
 #: delayed 100 ms, so the spare dies well before the end (the kill lands within a step of the first checkpoint).
@@ -42,15 +42,6 @@ def musubi_train(job: Path, out: Path) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "musubi.cli", "train", str(job), "--nproc", "2", "--device", "cpu",
                              "--out", str(out), "--no-check"], cwd=REPO, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
-
-
-def wait_for(pred, timeout: float) -> bool:  # noqa: ANN001 - a no-argument predicate
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if pred():
-            return True
-        time.sleep(0.05)
-    return False
 
 
 @dataclass

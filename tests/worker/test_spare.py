@@ -31,6 +31,7 @@ from musubi.contract.exits import EXIT_SPARE_GONE
 from musubi.launch.launch import torchrun_argv
 from musubi.launch.spare import WarmSpare, agent_command, client_command, stop_spare, wanted
 from tests.conftest import write_tiny_job
+from tests.support.waiting import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 ENTRY = "tests.support.spare_entry"
@@ -48,15 +49,6 @@ def client(folder: Path, *args: str, ready_s: float = 30.0, **env: str) -> subpr
     argv = client_command(WarmSpare(None, folder), ready_s, ENTRY)[1:]  # type: ignore[arg-type]
     return subprocess.Popen([*argv, *args], cwd=REPO, env={**os.environ, "SPARE_PROBE": "from-client", **env},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def wait_for(pred, timeout: float = 20.0) -> bool:  # noqa: ANN001 - a no-argument predicate
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if pred():
-            return True
-        time.sleep(0.02)
-    return False
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,18 +22,10 @@ from musubi.contract.spare_client import LOG_NAME, SOCKET_NAME
 from musubi.launch.spare import ServedProcess, died, start_spare, stop_spare
 from tests.conftest import write_tiny_job
 from tests.support.runs import bitwise_equal, final_state, train
+from tests.support.waiting import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 PROBE = {"name": "probe", "task": "tests.support.state_probe:make"}
-
-
-def wait_for(pred, timeout: float = 60.0) -> bool:  # noqa: ANN001 - a no-argument predicate
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if pred():
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def ignore_usr2() -> None:
@@ -73,7 +64,7 @@ def launch_env(probe_out: Path, server: Path | None) -> dict[str, str]:
 
 def probed(spare, out: Path) -> dict:  # noqa: ANN001 - a WarmSpare
     path = out / f"{spare.proc.pid}.json"
-    assert wait_for(path.exists), (spare.proc.poll(), (spare.folder / LOG_NAME).read_text())
+    assert wait_for(path.exists, timeout=60), (spare.proc.poll(), (spare.folder / LOG_NAME).read_text())
     return json.loads(path.read_text())
 
 
@@ -183,7 +174,7 @@ def test_a_served_spare_dies_with_its_launcher(server, tmp_path: Path) -> None:
         seen = json.loads(launcher.stdout.readline())  # type: ignore[union-attr]
         assert seen["served"] == "ServedProcess", seen
         spare = psutil.Process(seen["pid"])
-        assert wait_for((tmp_path / f"{seen['pid']}.json").exists)
+        assert wait_for((tmp_path / f"{seen['pid']}.json").exists, timeout=60)
         launcher.kill()
         launcher.wait(timeout=30)
         spare.wait(timeout=30)  # the server saw the launcher's connection close and killed it
