@@ -25,6 +25,7 @@ from musubi.config.fleet import CommandJob, FleetSpec, TaskJob
 from musubi.config.load import load_fleet
 from musubi.contract.errors import ConfigError
 from musubi.contract.run_files import RUN_FILES
+from musubi.contract.spare_client import process_created
 from musubi.data.job_version import dataset_env
 from musubi.fleet.jobs import check_command
 from musubi.fleet.machine import SHOW, check_topology, device_unit
@@ -93,18 +94,6 @@ def startup_parts(marks: dict[str, float]) -> dict[str, float]:
     if "process" in marks:
         out["in all"] = round(last - start, 3)
     return out
-
-
-def process_start() -> float | None:
-    """This process's start, wall clock, to ~10 ms: its age from /proc (uptime less its start in clock ticks).
-    psutil's create_time counts from the boot time in whole seconds, up to a second off (it put the start
-    0.6 s before the parent spawned it). None where /proc is not there."""
-    try:
-        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
-        uptime = float(Path("/proc/uptime").read_text().split()[0])
-        return time.time() - (uptime - ticks / os.sysconf("SC_CLK_TCK"))
-    except (OSError, ValueError, IndexError):
-        return None
 
 
 def _mark(req: FleetRequest, name: str) -> None:
@@ -195,9 +184,7 @@ def run_fleet(req: FleetRequest, console: Console | None = None) -> tuple[Path, 
     """Run a fleet to the end; returns the run directory and every job's final state."""
     console = console or Console()
     _mark(req, "imported")
-    started = process_start()
-    if started is not None:
-        req.marks.setdefault("process", started)
+    req.marks.setdefault("process", process_created())  # this process's start, to a clock tick (contract)
     earlier = None
     if req.resume and req.out is not None:
         earlier = recorded_executor(req.out)

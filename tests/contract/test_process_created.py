@@ -1,4 +1,5 @@
-"""A process's creation time, as the start-up marks read it (contract/spare_client.process_created)."""
+"""A process's creation time, as the start-up marks read it (contract/spare_client.process_created: the worker's
+and the fleet's first mark)."""
 
 from __future__ import annotations
 
