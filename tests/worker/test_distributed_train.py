@@ -148,8 +148,8 @@ def test_fsdp_matches_ddp(two_ranks: tuple[Path, Path], tmp_path: Path) -> None:
     is the resume matrix's (tests/checkpoint/resume_matrix/test_resume_fsdp.py: a GPT with accumulation, every
     tensor of every checkpoint compared, DTensor shards gathered), which this file's MLP once repeated.
 
-    No loader worker under FSDP2 (the batches are the same; a validation loader's worker forked beside FSDP2's
-    gloo threads is the unconfirmed suspect of the resume matrix's INTERMITTENT case)."""
+    No loader worker under FSDP2: the batches are the same, and the resume matrix forks loader workers beside
+    FSDP2 already (musubi/worker/feed/forking.py says what a fork must not meet)."""
     job, ddp_dir = two_ranks
     fsdp = ["--set", "train.strategy=fsdp", "--set", "data.workers=0"]
     code, out = train(str(job), "--nproc", "2", "--out", str(tmp_path / "fsdp"), *fsdp)

@@ -87,24 +87,18 @@ CASES: dict[str, tuple[dict[str, Any], list[int]]] = {
     }, [3, 6]),
 }
 
-#: Hung once (of three full suites, 2026-11-26) after the last step of its second resume (evaluation or
-#: final save under FSDP2 on gloo, both ranks idle); passed alone and in the other runs. Skipped until the
-#: hang is understood, so one intermittent case cannot stall CI for its 420 s timeout.
-#: Not reproduced since: 20 runs of its stop/resume/resume sequence (`musubi train` outside pytest, one and
-#: two at a time, load 2-24 on 2 cores) all ended; none of its collectives is taken by one rank only.
-#: 4 more sequences on an idle machine (session 7) ended too; the suspect (the validation loader's worker
-#: forked beside gloo's and the checkpoint's threads) is unconfirmed.
-INTERMITTENT = {"user-task-batchnorm-fsdp-accumulation"}
+# Both FSDP2 cases hung now and then after an epoch's last step (one was skipped for it): a rank waited forever for
+# its validation loader's worker, which had never returned from os.fork(), forked while a gloo thread of the rank
+# entered Python (python/cpython#112275, Python before 3.11.10). Ranks on such a Python now fork loader workers only
+# once the rank is quiet (musubi/worker/feed/forking.py).
 
 
 def params(*names: str) -> list[Any]:
-    """The named cases as pytest parameters, skipped where intermittent or an extra is missing."""
+    """The named cases as pytest parameters, skipped where an extra is missing."""
     return [pytest.param(name, marks=_marks(name)) for name in names]
 
 
 def _marks(case: str) -> list[pytest.MarkDecorator]:
-    if case in INTERMITTENT:
-        return [pytest.mark.skip(reason="intermittent hang under FSDP2 after a second resume: see INTERMITTENT")]
     if CASES[case][0]["model"] in detr.MODELS and find_spec("transformers") is None:
         return [pytest.mark.skip(reason="needs the transformers extra")]
     return []
