@@ -10,23 +10,27 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import torch
 import torch.distributed as dist
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader, TensorDataset, default_collate
 
 from musubi.config.load import job_from_dict
 from musubi.contract.world import World
 from musubi.tasks.registry import build_task
 from musubi.worker import trainer as trainer_module
+from musubi.worker.feed import loader_probe
+from musubi.worker.feed import loaders as loaders_module
 from musubi.worker.feed.forking import (
     fork_needs_quiet,
     quiet_before_fork,
     starts_workers,
     wait_for_quiet,
 )
-from musubi.worker.feed.loaders import HostEpochs, ValFeed
+from musubi.worker.feed.loader_probe import measure_workers
+from musubi.worker.feed.loaders import HostEpochs, TrainFeed, ValFeed
 from musubi.worker.feed.sampler import ResumableDistributedSampler
 from musubi.worker.trainer import RunOptions, Trainer
 
@@ -143,3 +147,26 @@ def test_the_trainer_settles_its_saves_before_forks_only_where_python_needs_it(
     t = _trainer(tmp_path / "new")
     assert not any(isinstance(h, functools.partial) for h in (t.val.before_fork, t.feed.reader.before_fork))
     del t
+
+
+def test_the_worker_probe_waits_for_quiet_before_each_candidate_forks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`data.workers: measure` forks a loader per candidate count at setup, after the process group's first
+    collectives: on such a Python each waits for quiet (no save is in flight then)."""
+    calls: list[int] = []
+    _, rates = measure_workers(TensorDataset(torch.arange(64.0)), default_collate, batch=4, max_workers=2, batches=2,
+                               before_fork=lambda: calls.append(1))
+    assert len(calls) == len(rates) >= 1
+    seen: dict[str, Any] = {}
+
+    def fake_measure(*args: Any, **kwargs: Any) -> tuple[int, dict[int, float]]:
+        seen.update(kwargs)
+        return 1, {1: 1.0}
+
+    monkeypatch.setattr(loader_probe, "measure_workers", fake_measure)
+    spec = job_from_dict({"name": "job", "task": "lm", "model": "gpt",
+                          "data": {"synthetic": {"train_size": 16, "val_size": 8, "seq_len": 8, "vocab": 32}}})
+    task = build_task(spec)
+    for needs, hook in ((True, wait_for_quiet), (False, None)):
+        monkeypatch.setattr(loaders_module, "fork_needs_quiet", lambda needs=needs: needs)
+        TrainFeed(task, CPU, 4, 0, "measure", False)
+        assert (seen["before_fork"] is wait_for_quiet) == (hook is not None)

@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader, Dataset, Subset
 from musubi.contract.errors import ConfigError
 from musubi.contract.world import World
 from musubi.tasks.base import Task
-from musubi.worker.feed.forking import starts_workers
+from musubi.worker.feed.forking import fork_needs_quiet, starts_workers, wait_for_quiet
 from musubi.worker.feed.loader_plan import LoaderPlan, plan_loader
 from musubi.worker.feed.prefetch import DevicePrefetcher
 from musubi.worker.feed.sampler import ResumableDistributedSampler, ShardedEvalSampler
@@ -118,9 +118,10 @@ class TrainFeed:
                 from musubi.worker.feed.loader_plan import auto_workers
                 from musubi.worker.feed.loader_probe import measure_workers
 
+                # No save is in flight yet: quiet only means gloo's threads asleep (forking.py).
                 workers, self.measured = measure_workers(ds, task.collate, batch, auto_workers(
                     int(os.environ.get("LOCAL_WORLD_SIZE", "1"))), spec.data.prefetch, pin and world.is_cuda,
-                    seed=seed)
+                    seed=seed, before_fork=wait_for_quiet if fork_needs_quiet() else lambda: None)
                 task.spec.data.workers = workers  # validation and restarts of this process reuse the count
             self.generator = torch.Generator()  # the loader's worker seeds (HostEpochs.read seeds it an epoch)
             # Workers (auto: this rank's cores), pinning, prefetch and persistence from data.* (loader_plan).
