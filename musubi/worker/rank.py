@@ -17,6 +17,7 @@ import gc
 import json
 import logging
 import os
+import platform
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,7 @@ from musubi.tasks.registry import build_task
 from musubi.worker.batching import decide_batch
 from musubi.worker.devices import check_unique_devices
 from musubi.worker.exits import RankEnd, crashed, write_error
+from musubi.worker.fork_guard import quiet_forks
 from musubi.worker.log_window import NonFiniteLoss
 from musubi.worker.pinning import OVERSUBSCRIBED, Pinning, configure_threads
 from musubi.worker.plan_record import write_plan_record
@@ -112,6 +114,8 @@ class Rank:
         if wait_for_gate():
             self.mark("gate")
         self.console = setup_logging(world, self.job_dir / RUN_FILES.logs)
+        if quiet_forks():  # gloo's threads now exist: forks wait for them to sleep (fork_guard.py)
+            log.info("forks wait for a quiet rank (Python %s: python/cpython#112275)", platform.python_version())
         if self.restarts >= 2:
             defect = stop_on_repeat(self.job_dir, world, self.launch, self.restarts)
             if defect is not None:
@@ -181,6 +185,7 @@ class Rank:
         opts = RunOptions(resume=args.resume or args.resume_if_any or self.restarts > 0, stop_at_step=args.stop_at_step)
         self.trainer = trainer = Trainer(self.spec, self.task, world, self.job_dir, opts, self.console,
                                          plan=self.plan, injector=self.injector, heartbeat=self.heartbeat)
+        quiet_forks(trainer.checkpointer.wait)  # and, from the main thread, for the save in flight
         self.mark("model")
         if opts.resume:
             trainer.resume(automatic=not args.resume)

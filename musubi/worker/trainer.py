@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import gc
 import logging
 import random
@@ -33,7 +32,6 @@ from musubi.tasks.base import Task
 from musubi.tasks.data_line import describe_data
 from musubi.worker.bn_stats import recalibrate_bn, restore_bn, snapshot_bn
 from musubi.worker.early_stop import EarlyStop
-from musubi.worker.feed.forking import fork_needs_quiet, quiet_before_fork
 from musubi.worker.feed.loaders import TrainFeed, ValFeed
 from musubi.worker.log_window import LogWindow, PendingLine, agree_parts, check_finite, queue_line
 from musubi.worker.ordered_reduce import needs_ordered_reduce, ordered_allreduce_hook
@@ -188,10 +186,6 @@ class Trainer:
                                        scheduler=self.scheduler, scaler=self.scaler)
         self.checkpointer = Checkpointer(self.ckpt_root, spec.checkpoint, world, self.injector, self.states,
                                          task.primary_metric, self.telemetry.path, validated=bool(self.val))
-        if fork_needs_quiet():  # this Python's forked loader workers can hang inside os.fork() (forking.py)
-            quiet = functools.partial(quiet_before_fork, self.checkpointer.wait)
-            self.feed.call_before_fork(quiet)
-            self.val.before_fork = quiet
         #: checkpoint.every_steps auto: the interval rank 0 measures and chooses, every rank agrees on (save_cadence.py).
         self.cadence = AutoCadence(spec.checkpoint, world, job_dir, self.checkpointer, self.steps_per_epoch,
                                    self.model, self.optimizer) \

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from musubi.store.startup import LAUNCHER, components, marks_of
+from musubi.worker.fork_guard import fork_needs_quiet
 from tests.conftest import write_tiny_job
 from tests.support.runs import final_state, train
 
@@ -143,13 +144,21 @@ def test_the_ranks_were_forked_by_the_warm_spare(two_ranks: tuple[Path, Path]) -
     assert "warm spare not used" not in (jd / "logs" / "torchrun.log").read_text()
 
 
+def test_each_rank_makes_its_forks_wait_for_quiet_where_python_needs_it(two_ranks: tuple[Path, Path]) -> None:
+    """On Python 3.11.0-3.11.9 (this machine's 3.11.7) every rank registers the fork guard once its process group
+    exists (musubi/worker/fork_guard.py); on a Python with the fix none does."""
+    _, jd = two_ranks
+    logs = [(jd / "logs" / f"rank{r}.log").read_text() for r in (0, 1)]
+    assert all(("forks wait for a quiet rank" in log) is fork_needs_quiet() for log in logs), logs[0][-2000:]
+
+
 def test_fsdp_matches_ddp(two_ranks: tuple[Path, Path], tmp_path: Path) -> None:
     """FSDP2 (fully_shard) on 2 gloo ranks: the same weights as the module's DDP run. FSDP2's stop/resume, bitwise,
     is the resume matrix's (tests/checkpoint/resume_matrix/test_resume_fsdp.py: a GPT with accumulation, every
     tensor of every checkpoint compared, DTensor shards gathered), which this file's MLP once repeated.
 
     No loader worker under FSDP2: the batches are the same, and the resume matrix forks loader workers beside
-    FSDP2 already (musubi/worker/feed/forking.py says what a fork must not meet)."""
+    FSDP2 already (musubi/worker/fork_guard.py says what a fork must not meet)."""
     job, ddp_dir = two_ranks
     fsdp = ["--set", "train.strategy=fsdp", "--set", "data.workers=0"]
     code, out = train(str(job), "--nproc", "2", "--out", str(tmp_path / "fsdp"), *fsdp)

@@ -37,10 +37,8 @@ def candidates(max_workers: int) -> list[int]:
 
 def measure_workers(ds: Dataset, collate: Callable[[list[Any]], Any], batch: int, max_workers: int,
                     prefetch: int = 2, pin: bool = False, batches: int = 6, seed: int = 0,
-                    clock: Callable[[], float] = time.perf_counter,
-                    before_fork: Callable[[], Any] = lambda: None) -> tuple[int, dict[int, float]]:
-    """(workers chosen, samples/s per count tried) for this dataset, batch and machine; `before_fork` is called
-    before each candidate's workers are forked (forking.py)."""
+                    clock: Callable[[], float] = time.perf_counter) -> tuple[int, dict[int, float]]:
+    """(workers chosen, samples/s per count tried) for this dataset, batch and machine."""
     rates: dict[int, float] = {}
     n_samples = batch * (batches + 1)
     for w in candidates(max_workers):
@@ -50,7 +48,6 @@ def measure_workers(ds: Dataset, collate: Callable[[list[Any]], Any], batch: int
                                 generator=g)
         loader = DataLoader(ds, batch_size=batch, sampler=sampler, collate_fn=collate, num_workers=w,
                             prefetch_factor=prefetch, pin_memory=pin, drop_last=True)
-        before_fork()
         it = iter(loader)
         next(it)  # worker start-up and the first decode: not the steady state
         t0 = clock()

@@ -14,7 +14,6 @@ from torch.utils.data import DataLoader, Dataset, Subset
 from musubi.contract.errors import ConfigError
 from musubi.contract.world import World
 from musubi.tasks.base import Task
-from musubi.worker.feed.forking import fork_needs_quiet, starts_workers, wait_for_quiet
 from musubi.worker.feed.loader_plan import LoaderPlan, plan_loader
 from musubi.worker.feed.prefetch import DevicePrefetcher
 from musubi.worker.feed.sampler import ResumableDistributedSampler, ShardedEvalSampler
@@ -66,9 +65,6 @@ class HostEpochs:
         self.loader, self.sampler, self.generator, self.seed, self.batch = loader, sampler, generator, seed, batch
         #: The loader's iterator of the epoch being read (its worker processes); None before the first.
         self.current: Any = None
-        #: Called before a pass that forks the loader's workers (see forking.py); set only where reads run in
-        #: the rank's main thread, the one that runs its collectives.
-        self.before_fork: Callable[[], Any] = lambda: None
 
     def read(self, epoch: int, micro: int, end: int) -> Iterator[tuple[int, Any]]:
         """(epoch, host batch) from micro-batch `micro` of `epoch` to the end of epoch `end` - 1."""
@@ -77,8 +73,6 @@ class HostEpochs:
             # A private generator: DataLoader would otherwise draw worker seeds from the
             # global RNG at every iter(), which a resumed run would draw at another time.
             self.generator.manual_seed(self.seed * 7919 + epoch)
-            if starts_workers(self.loader):
-                self.before_fork()
             self.current = iter(self.loader)
             for host in self.current:
                 yield epoch, host
@@ -118,10 +112,9 @@ class TrainFeed:
                 from musubi.worker.feed.loader_plan import auto_workers
                 from musubi.worker.feed.loader_probe import measure_workers
 
-                # No save is in flight yet: quiet only means gloo's threads asleep (forking.py).
                 workers, self.measured = measure_workers(ds, task.collate, batch, auto_workers(
                     int(os.environ.get("LOCAL_WORLD_SIZE", "1"))), spec.data.prefetch, pin and world.is_cuda,
-                    seed=seed, before_fork=wait_for_quiet if fork_needs_quiet() else lambda: None)
+                    seed=seed)
                 task.spec.data.workers = workers  # validation and restarts of this process reuse the count
             self.generator = torch.Generator()  # the loader's worker seeds (HostEpochs.read seeds it an epoch)
             # Workers (auto: this rank's cores), pinning, prefetch and persistence from data.* (loader_plan).
@@ -171,12 +164,6 @@ class TrainFeed:
             self.before_batch()
             self.section("h2d")  # on a CUDA rank: the training stream's wait for the batch prepared ahead
             yield tagged[1]
-
-    def call_before_fork(self, fn: Callable[[], Any]) -> None:
-        """Have `fn` called before the loader forks its workers (see forking.py), where the reads run in the calling
-        thread; a prefetch thread's reads (CUDA ranks) fork while the main thread runs collectives, so not there."""
-        if not self.on_device and not self.prefetcher.threaded:
-            self.reader.before_fork = fn
 
     def _stream_at(self, epoch: int, micro: int) -> Iterator[tuple[int, Any]]:
         """The prepared-batch stream positioned at (epoch, micro): the running one where it is there or a few
@@ -282,8 +269,6 @@ class ValFeed:
 
     def __init__(self, task: Task, world: World, batch: int, workers: int | str, pin: bool) -> None:
         self.task, self.world = task, world
-        #: Called before a pass that forks the loader's workers, every pass (they are not kept): see forking.py.
-        self.before_fork: Callable[[], Any] = lambda: None
         ds = task.val_dataset()
         self.loader: DataLoader | None = None
         self.size = 0
@@ -304,7 +289,5 @@ class ValFeed:
     def batches(self) -> Iterator[Any]:
         """Device batches of this rank's shard."""
         assert self.loader is not None
-        if starts_workers(self.loader):
-            self.before_fork()
         for host_batch in self.loader:
             yield self.task.to_device(host_batch, self.world.device)

@@ -89,8 +89,8 @@ CASES: dict[str, tuple[dict[str, Any], list[int]]] = {
 
 # Both FSDP2 cases hung now and then after an epoch's last step (one was skipped for it): a rank waited forever for
 # its validation loader's worker, which had never returned from os.fork(), forked while a gloo thread of the rank
-# entered Python (python/cpython#112275, Python before 3.11.10). Ranks on such a Python now fork loader workers only
-# once the rank is quiet (musubi/worker/feed/forking.py).
+# entered Python (python/cpython#112275, Python before 3.11.10). Ranks on such a Python now make every fork wait
+# for a quiet rank (musubi/worker/fork_guard.py).
 
 
 def params(*names: str) -> list[Any]:

@@ -1,4 +1,4 @@
-"""When a loader forks its worker processes, and what must be quiet in the rank first.
+"""Every fork of a rank waits until the rank is quiet, on the Pythons whose forked children can hang.
 
 CPython 3.11.0-3.11.9 and 3.10 before 3.10.15 take the lock of the interpreter's thread list in a forked
 child before they re-create it (python/cpython#112275, fixed by #112336 in 3.11.10). A fork made while
@@ -15,10 +15,13 @@ validation loader's worker hung inside os.fork() once in about 60 runs; the thre
 headed by its rank's runloop thread, and gdb on a live rank shows the runloop creating a thread state from
 ~AsyncAllgatherWork at every all-gather.
 
-So on such a Python a rank forks loader workers only when its work is quiet: the save in flight has ended
-(its collectives run on a gloo group of their own, whose threads do the same), and every other thread of the
-process sleeps in the kernel. A thread creating a thread state is running code, never asleep, and with no
-collective left to run, gloo's threads stay asleep until the fork is done.
+So on such a Python a rank makes every fork wait until its work is quiet, through one at-fork hook
+(os.register_at_fork) rather than at each place that forks: loader workers (training, validation,
+`data.workers: measure`'s probe) and anything a user's dataset forks. Quiet means the save in flight has
+ended (its collectives run on a gloo group of their own, whose threads do the same; waited for only by forks
+from the main thread, the one that starts saves), and every other thread of the process sleeps in the kernel.
+A thread creating a thread state is running code, never asleep, and with no collective left to run, gloo's
+threads stay asleep until the fork is done.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-log = logging.getLogger("musubi.feed")
+log = logging.getLogger("musubi.fork")
 
 #: The longest a rank waits for its other threads to sleep before it forks anyway (a thread busy for longer is
 #: computing, not destroying a collective: it holds no lock of the interpreter's).
@@ -42,14 +45,6 @@ def fork_needs_quiet(version: tuple[int, ...] | None = None) -> bool:
     """Whether this Python's forked children can hang on a thread that enters Python during the fork."""
     v = tuple(sys.version_info[:3]) if version is None else tuple(version[:3])
     return (3, 10, 0) <= v < (3, 10, 15) or (3, 11, 0) <= v < (3, 11, 10)
-
-
-def starts_workers(loader: Any) -> bool:
-    """Whether iterating the DataLoader `loader` now forks worker processes: it has workers and keeps none alive
-    from an earlier pass (persistent workers are forked once, at the first pass)."""
-    if loader.num_workers <= 0:
-        return False
-    return not loader.persistent_workers or getattr(loader, "_iterator", None) is None
 
 
 def busy_threads() -> list[str]:
@@ -85,10 +80,30 @@ def wait_for_quiet(timeout_s: float = QUIET_WAIT_S, poll_s: float = 0.002) -> li
         time.sleep(poll_s)
 
 
-def quiet_before_fork(settle: Callable[[], Any]) -> None:
-    """Before a loader forks on such a Python: `settle()` (the checkpoint in flight), then wait for quiet."""
-    settle()
+#: Whether this process's forks wait for quiet (the at-fork hook is registered once: it cannot be removed).
+_quiet = False
+#: The rank's wait for its save in flight (Checkpointer.wait), once it has a checkpointer.
+_settle: Callable[[], Any] | None = None
+
+
+def quiet_forks(settle: Callable[[], Any] | None = None) -> bool:
+    """On such a Python, make every later os.fork() of this process wait for quiet first; `settle`: the wait for
+    the save in flight, called first by forks from the main thread. Returns whether forks wait (False elsewhere).
+    A rank calls it once its process group exists, and again with its checkpointer's wait."""
+    global _quiet, _settle
+    if not fork_needs_quiet():
+        return False
+    if not _quiet:
+        os.register_at_fork(before=_before_fork)
+        _quiet = True
+    if settle is not None:
+        _settle = settle
+    return True
+
+
+def _before_fork() -> None:
+    if _settle is not None and threading.current_thread() is threading.main_thread():
+        _settle()
     busy = wait_for_quiet()
     if busy:
-        log.info("loader workers forked beside %d busy thread(s) after %.0f s: %s", len(busy), QUIET_WAIT_S,
-                 ", ".join(busy[:4]))
+        log.info("forked beside %d busy thread(s) after %.0f s: %s", len(busy), QUIET_WAIT_S, ", ".join(busy[:4]))
