@@ -88,7 +88,10 @@ def main() -> int:
         cpu_env = dict(env, CUDA_VISIBLE_DEVICES="", MUSUBI_DEVICE="cpu")
         cpu_log = open(Path(tempfile.gettempdir()) / "musubi-cpu-suite.log", "w")  # noqa: SIM115
         # tests/slurm installs Slurm with apt-get where none runs: the lent machines have no network.
-        cpu_args = ["-m", "not gpu", "tests", "--ignore=tests/gpu", "--ignore=tests/slurm"]
+        # Its own basetemp: a failed test's folder is kept (tmp_path_retention_policy), and its launches' logs come
+        # back in an archive (launches that failed there with "torchrun exited with 1" left no log otherwise).
+        cpu_base = Path(tempfile.mkdtemp(prefix="musubi-cpu-suite-"))
+        cpu_args = ["-m", "not gpu", "tests", "--ignore=tests/gpu", "--ignore=tests/slurm", f"--basetemp={cpu_base}"]
         # Niced: the CPU suite shares the cores with the GPU tests' ranks, which must not wait on it.
         cpu = (subprocess.Popen(pytest_cmd(cpu_args, a.cpu_workers), cwd=REPO, env=cpu_env, stdout=cpu_log,
                                 stderr=subprocess.STDOUT, preexec_fn=lambda: os.nice(10)), cpu_log, time.time())
@@ -154,7 +157,7 @@ def main() -> int:
                                     f"{time.time() - c0:.0f} s, {a.cpu_workers} xdist workers", "",
                                     *text[-200:]]) + "\n", encoding="utf-8")
         print(f"CPU suite: exit {proc.returncode}; {text[-1] if text else ''}\nwritten: {cpath}")
-        paths += [cpath, Path(log.name)]
+        paths += [cpath, Path(log.name), run_logs(cpu_base, "cpu-suite-run-logs.tgz")]
         copy_out(paths[3:])
     return 0 if rc == 0 else 1
 
@@ -176,15 +179,17 @@ def interrupt(proc: subprocess.Popen, group: bool, grace_s: float = 25.0) -> Non
         proc.wait()
 
 
-def run_logs(basetemp: Path) -> Path:
-    """The launches' small text records (rank and torchrun logs, start-up marks, summaries) as one archive."""
+def run_logs(basetemp: Path, name: str = "gpu-tier-run-logs.tgz") -> Path:
+    """The launches' small text records (rank and torchrun logs, start-up marks, exit records, summaries) as one
+    archive."""
     import tarfile
 
     keep = {"startup.jsonl", "summary.json", "goodput.json", "fleet.json", "metrics.jsonl", "checklist.json"}
-    path = Path(tempfile.gettempdir()) / "gpu-tier-run-logs.tgz"
+    path = Path(tempfile.gettempdir()) / name
     with tarfile.open(path, "w:gz") as tar:
         for f in sorted(basetemp.rglob("*")):
-            if f.is_file() and (f.name in keep or f.suffix == ".log") and f.stat().st_size < 4_000_000:
+            if f.is_file() and (f.name in keep or f.suffix == ".log" or f.parent.name == "exits") \
+                    and f.stat().st_size < 4_000_000:
                 tar.add(f, arcname=str(f.relative_to(basetemp)))
     return path
 

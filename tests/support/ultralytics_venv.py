@@ -32,12 +32,12 @@ def ultralytics_python() -> Path:
     with open(VENV.parent / f"{VENV.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if ready.is_file() and ready.read_text() == ULTRALYTICS and python.exists():
+            # The venv was built beside another checkout's venv, perhaps one deleted since (its .pth then led
+            # nowhere: no numpy, and every Ultralytics job failed): it reaches this one's packages from now on.
+            link_packages(python)
             return python
         subprocess.run([sys.executable, "-m", "venv", "--clear", str(VENV)], check=True)
-        site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                              check=True, capture_output=True, text=True).stdout.strip()
-        # After its own site-packages (.pth lines are appended to sys.path): its own packages win.
-        Path(site, "zz-musubi-venv.pth").write_text(sysconfig.get_paths()["purelib"] + "\n", encoding="utf-8")
+        link_packages(python)
         done = subprocess.run([str(python), "-m", "pip", "install", "-q", ULTRALYTICS], capture_output=True,
                               text=True)
         if done.returncode != 0:
@@ -47,3 +47,13 @@ def ultralytics_python() -> Path:
             raise RuntimeError(f"pip install {ULTRALYTICS} into {VENV} failed:\n{said[-3000:]}")
         ready.write_text(ULTRALYTICS, encoding="utf-8")
         return python
+
+
+def link_packages(python: Path) -> None:
+    """Point the venv's .pth at this interpreter's site-packages, after the venv's own (.pth lines are appended
+    to sys.path: its own packages win). Written only when it differs, under the caller's lock."""
+    site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          check=True, capture_output=True, text=True).stdout.strip()
+    pth, line = Path(site, "zz-musubi-venv.pth"), sysconfig.get_paths()["purelib"] + "\n"
+    if not pth.is_file() or pth.read_text(encoding="utf-8") != line:
+        pth.write_text(line, encoding="utf-8")

@@ -21,6 +21,7 @@ from musubi.contract.exits import EXIT_SPARE_GONE
 from musubi.contract.spare_client import LOG_NAME, SOCKET_NAME
 from musubi.launch.spare import ServedProcess, died, start_spare, stop_spare
 from tests.conftest import write_tiny_job
+from tests.support.pythonpath import repo_on_path
 from tests.support.runs import bitwise_equal, final_state, train
 from tests.support.waiting import wait_for
 
@@ -44,7 +45,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[subproces
     env.pop(MUSUBI_SPARE_SERVER, None)
     with open(folder.parent / (folder.name + ".log"), "w") as log:
         proc = subprocess.Popen([sys.executable, "-m", "musubi.worker.spare_server", str(folder)], cwd=cwd, env={
-            **env, "PYTHONPATH": f"{REPO}:{cwd}"}, stdout=log, stderr=log, preexec_fn=ignore_usr2)
+            **env, "PYTHONPATH": os.pathsep.join([repo_on_path(REPO), str(cwd)])}, stdout=log, stderr=log, preexec_fn=ignore_usr2)
     assert wait_for(lambda: (folder / SOCKET_NAME).exists(), timeout=120), proc.poll()
     yield proc, folder
     if proc.poll() is None:
@@ -54,7 +55,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[subproces
 
 def launch_env(probe_out: Path, server: Path | None) -> dict[str, str]:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "STATE_PROBE_OUT": str(probe_out), "LAUNCH_ONLY": "1",
-           "PYTHONPATH": f"{probe_out.parent}:{REPO}", "PYTHONUNBUFFERED": "1"}
+           "PYTHONPATH": os.pathsep.join([str(probe_out.parent), repo_on_path(REPO)]), "PYTHONUNBUFFERED": "1"}
     env.pop(MUSUBI_SPARE_SERVER, None)
     env.pop("TORCHINDUCTOR_CACHE_DIR", None)  # as a launcher that never imported torch: the spare's import sets it
     if server is not None:
