@@ -522,8 +522,14 @@ def python_path(env: dict[str, str]) -> list[str]:
 
 
 def server_base_path() -> list[str]:
-    """This interpreter's sys.path without what its start put first: `-m`'s working folder and PYTHONPATH's."""
-    return sys.path[1 + len(python_path(dict(os.environ))):]
+    """This interpreter's sys.path without what its start put first: `-m`'s working folder and PYTHONPATH's.
+
+    Skipped by value, not counted: the start drops repeats (`site.removeduppaths`: a PYTHONPATH folder equal to the
+    working folder or listed twice), and a count then cut the standard library off the base. The spares forked from
+    such a server could not import what the server had not (torchrun's agent: "unknown encoding: idna")."""
+    given, rest = set(python_path(dict(os.environ))), sys.path[1:]
+    start = next((i for i, folder in enumerate(rest) if folder not in given), len(rest))
+    return rest[start:]
 
 
 def fresh_path(base: list[str]) -> list[str]:

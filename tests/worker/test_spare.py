@@ -492,3 +492,22 @@ def test_a_forked_rank_takes_the_thread_count_its_environment_gives(monkeypatch:
         assert torch.get_num_threads() == other
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("repeats", [False, True])
+def test_a_servers_base_path_is_the_standard_one_whatever_pythonpath_repeats(tmp_path: Path, repeats: bool) -> None:
+    """The base a server forks its spares on is the sys.path a `python -m` started without PYTHONPATH has past its
+    first folder, also when PYTHONPATH names the working folder or a folder twice (the start drops those repeats)."""
+    repo = str(Path(__file__).resolve().parents[2])
+    extra = tmp_path / "extra"
+    extra.mkdir()
+    folders = [repo, str(extra), repo, str(tmp_path)] if repeats else [repo, str(extra)]
+    code = "import json, sys; from musubi.worker.spare import server_base_path; print(json.dumps(server_base_path()))"
+    (extra / "print_base.py").write_text(code, encoding="utf-8")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    base = json.loads(subprocess.run([sys.executable, "-m", "print_base"], cwd=tmp_path, capture_output=True,
+                                     text=True, check=True, env={**env, "PYTHONPATH": os.pathsep.join(folders)}
+                                     ).stdout)
+    standard = json.loads(subprocess.run([sys.executable, "-c", "import json, sys; print(json.dumps(sys.path[1:]))"],
+                                         cwd=tmp_path, capture_output=True, text=True, check=True, env=env).stdout)
+    assert base == standard
