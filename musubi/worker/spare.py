@@ -533,8 +533,9 @@ def server_base_path() -> list[str]:
 
 
 def fresh_path(base: list[str]) -> list[str]:
-    """The sys.path `python -m` would start with here (this working folder, this environment's PYTHONPATH)."""
-    return [os.getcwd(), *python_path(dict(os.environ)), *base]
+    """The sys.path `python -m` would start with here: this working folder, then this environment's PYTHONPATH and
+    the base without repeats (the start drops those past the first folder, which it puts there afterwards)."""
+    return [os.getcwd(), *dict.fromkeys([*python_path(dict(os.environ)), *base])]
 
 
 def listen(spare_dir: Path) -> socket.socket:

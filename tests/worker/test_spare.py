@@ -501,7 +501,8 @@ def test_a_servers_base_path_is_the_standard_one_whatever_pythonpath_repeats(tmp
     repo = str(Path(__file__).resolve().parents[2])
     extra = tmp_path / "extra"
     extra.mkdir()
-    folders = [repo, str(extra), repo, str(tmp_path)] if repeats else [repo, str(extra)]
+    given = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]  # the GPU machine's pydantic
+    folders = [repo, str(extra), *([repo, str(tmp_path)] if repeats else []), *given]
     code = "import json, sys; from musubi.worker.spare import server_base_path; print(json.dumps(server_base_path()))"
     (extra / "print_base.py").write_text(code, encoding="utf-8")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}

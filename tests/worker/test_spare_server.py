@@ -55,7 +55,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[subproces
 
 def launch_env(probe_out: Path, server: Path | None) -> dict[str, str]:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "STATE_PROBE_OUT": str(probe_out), "LAUNCH_ONLY": "1",
-           "PYTHONPATH": os.pathsep.join([str(probe_out.parent), repo_on_path(REPO)]), "PYTHONUNBUFFERED": "1"}
+           # The repository twice, as a caller's PYTHONPATH may name it: the start drops the repeat.
+           "PYTHONPATH": os.pathsep.join([str(probe_out.parent), repo_on_path(REPO), str(REPO)]),
+           "PYTHONUNBUFFERED": "1"}
     env.pop(MUSUBI_SPARE_SERVER, None)
     env.pop("TORCHINDUCTOR_CACHE_DIR", None)  # as a launcher that never imported torch: the spare's import sets it
     if server is not None:
