@@ -273,11 +273,36 @@ def _share_cores_between_workers(config: pytest.Config) -> None:
 LENT_OUT = "OUT"
 
 
+#: What the whole suite keeps on disk at its peak (2.1 GB measured, 3 workers: the module fixtures' runs and the
+#: tests under way; a passing test's tmp_path is removed at its teardown), with room for the launches' logs.
+SUITE_DISK_BYTES = 3 * 2**30
+
+
+def disk_shortfall(folder: str, need: int = SUITE_DISK_BYTES) -> str | None:
+    """One line naming the shortfall where `folder`'s file system has less than `need` bytes free, else None."""
+    import shutil
+
+    where = Path(folder)
+    while not where.exists() and where != where.parent:  # a --basetemp not made yet: its file system
+        where = where.parent
+    free = shutil.disk_usage(where).free
+    if free >= need:
+        return None
+    return (f"only {free / 2**30:.1f} GiB free under {folder}; the suite needs {need / 2**30:.0f} GiB there for its "
+            f"runs: free some space (old pytest-of-* folders, fresh clones) or point TMPDIR elsewhere")
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """Record torchrun launches where every report arrives (the main process, also under pytest-xdist);
-    in a worker, take only its share of the cores. In every process, no $OUT: a test writes under its tmp_path."""
+    in a worker, take only its share of the cores. In every process, no $OUT: a test writes under its tmp_path.
+    The main process first checks the disk: a full one failed hundreds of tests with "No space left on device"."""
     os.environ.pop(LENT_OUT, None)  # before collection and module fixtures (the rehearsal's is one)
     if not hasattr(config, "workerinput"):  # an xdist worker: its reports go to the main process
+        import tempfile
+
+        short = disk_shortfall(str(config.option.basetemp or tempfile.gettempdir()))
+        if short and config.option.collectonly is False:
+            pytest.exit(short, returncode=4)
         config.pluginmanager.register(_LaunchRecorder(config), "musubi-launch-recorder")
     else:
         _share_cores_between_workers(config)

@@ -8,7 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import committed_durations, core_slice, slowest_files_first, starts_torchrun, thread_share
+from tests.conftest import (
+    committed_durations,
+    core_slice,
+    disk_shortfall,
+    slowest_files_first,
+    starts_torchrun,
+    thread_share,
+)
 
 pytest_plugins = ["pytester"]
 CONFTEST = Path(__file__).resolve().parent / "conftest.py"
@@ -153,3 +160,11 @@ def test_the_suite_writes_nothing_into_a_lent_machines_out(pytester: pytest.Pyte
     """)
     monkeypatch.setenv("OUT", str(pytester.path / "lent-out"))
     pytester.runpytest_subprocess("-p", "no:cacheprovider").assert_outcomes(passed=1)
+
+
+def test_the_suite_names_a_disk_too_full_for_it_before_it_starts(tmp_path: Path) -> None:
+    """Less free space than the suite needs: one line with the figures and the fix (CI once failed 383 tests with
+    "No space left on device"); enough: nothing. A --basetemp not made yet is measured on its file system."""
+    assert disk_shortfall(str(tmp_path), need=0) is None
+    line = disk_shortfall(str(tmp_path / "not" / "made"), need=2**62)
+    assert line is not None and "GiB free under" in line and "free some space" in line and "\n" not in line
