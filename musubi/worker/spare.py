@@ -62,6 +62,7 @@ from musubi.contract.spare_client import (
     send_message,
 )
 from musubi.tasks import registry
+from musubi.worker.spare_path import fresh_path, server_base_path
 
 log = logging.getLogger("musubi.spare")
 
@@ -512,30 +513,6 @@ def import_time_mismatch(env: dict[str, str], start: dict[str, str]) -> str | No
     names = {k for k in (*env, *start) if (k.startswith(IMPORT_TIME_PREFIXES) or k in IMPORT_INPUTS)
              and k not in FOLLOWED and not k.startswith(AFTER_IMPORT_PREFIXES)}
     return next((k for k in sorted(names) if env.get(k) != start.get(k)), None)
-
-
-def python_path(env: dict[str, str]) -> list[str]:
-    """The folders PYTHONPATH puts on a new interpreter's sys.path, as it puts them (absolute, an empty entry the
-    working folder)."""
-    value = env.get("PYTHONPATH", "")
-    return [os.path.abspath(p) if p else os.getcwd() for p in value.split(os.pathsep)] if value else []
-
-
-def server_base_path() -> list[str]:
-    """This interpreter's sys.path without what its start put first: `-m`'s working folder and PYTHONPATH's.
-
-    Skipped by value, not counted: the start drops repeats (`site.removeduppaths`: a PYTHONPATH folder equal to the
-    working folder or listed twice), and a count then cut the standard library off the base. The spares forked from
-    such a server could not import what the server had not (torchrun's agent: "unknown encoding: idna")."""
-    given, rest = set(python_path(dict(os.environ))), sys.path[1:]
-    start = next((i for i, folder in enumerate(rest) if folder not in given), len(rest))
-    return rest[start:]
-
-
-def fresh_path(base: list[str]) -> list[str]:
-    """The sys.path `python -m` would start with here: this working folder, then this environment's PYTHONPATH and
-    the base without repeats (the start drops those past the first folder, which it puts there afterwards)."""
-    return [os.getcwd(), *dict.fromkeys([*python_path(dict(os.environ)), *base])]
 
 
 def listen(spare_dir: Path) -> socket.socket:

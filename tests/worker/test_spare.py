@@ -503,7 +503,7 @@ def test_a_servers_base_path_is_the_standard_one_whatever_pythonpath_repeats(tmp
     extra.mkdir()
     given = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]  # the GPU machine's pydantic
     folders = [repo, str(extra), *([repo, str(tmp_path)] if repeats else []), *given]
-    code = "import json, sys; from musubi.worker.spare import server_base_path; print(json.dumps(server_base_path()))"
+    code = "import json, sys; from musubi.worker.spare_path import server_base_path; print(json.dumps(server_base_path()))"
     (extra / "print_base.py").write_text(code, encoding="utf-8")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     base = json.loads(subprocess.run([sys.executable, "-m", "print_base"], cwd=tmp_path, capture_output=True,
