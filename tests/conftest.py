@@ -273,8 +273,8 @@ def _share_cores_between_workers(config: pytest.Config) -> None:
 LENT_OUT = "OUT"
 
 
-#: What the whole suite keeps on disk at its peak (2.1 GB measured, 3 workers: the module fixtures' runs and the
-#: tests under way; a passing test's tmp_path is removed at its teardown), with room for the launches' logs.
+#: What the whole suite keeps on disk at its peak (the module fixtures' runs and the tests under way; a passing
+#: test's tmp_path is removed at its teardown; measured in docs/testing.md, "Session 27"), with some room to spare.
 SUITE_DISK_BYTES = 3 * 2**30
 
 
@@ -301,7 +301,7 @@ def pytest_configure(config: pytest.Config) -> None:
         import tempfile
 
         short = disk_shortfall(str(config.option.basetemp or tempfile.gettempdir()))
-        if short and config.option.collectonly is False:
+        if short and not config.option.collectonly:
             pytest.exit(short, returncode=4)
         config.pluginmanager.register(_LaunchRecorder(config), "musubi-launch-recorder")
     else:

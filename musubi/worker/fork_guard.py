@@ -10,10 +10,9 @@ Python's own threads take that lock only while they hold the GIL, which the fork
 threads that take it without the GIL are C++ threads entering Python: gloo's `pt_gloo_runloop` threads
 destroy each finished collective, and where its tensors have Python objects (FSDP2's all-gathers) the
 destructor creates a Python thread state for the decref (pybind11's gil_scoped_acquire -> PyThreadState_New),
-after the collective's waiter has already moved on. Seen here (2 CPU ranks, FSDP2, Python 3.11.7): the
-validation loader's worker hung inside os.fork() once in about 60 runs; the thread list it inherited was
-headed by its rank's runloop thread, and gdb on a live rank shows the runloop creating a thread state from
-~AsyncAllgatherWork at every all-gather.
+after the collective's waiter has already moved on. How it was found (a validation loader's worker hung
+inside os.fork() beside 2 FSDP2 CPU ranks; the thread list it inherited headed by its rank's runloop thread)
+and what the wait costs: docs/testing.md ("Session 26"), docs/guides/data.md.
 
 So on such a Python a rank makes every fork wait until its work is quiet, through one at-fork hook
 (os.register_at_fork) rather than at each place that forks: loader workers (training, validation,
